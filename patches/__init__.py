@@ -1,0 +1,83 @@
+"""Every place where sglang-sparsespec touches SGLang 0.5.17 internals.
+
+``HOOKS`` is the single list of SGLang symbols we hook, each with the reason; ``apply()``
+registers them with SGLang's ``HookRegistry`` and registers the PILLAR algorithm through
+``SpeculativeAlgorithm.register``. Nothing outside this package imports SGLang internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import cuda_graph, kv_cache_builder, reserved_tokens, triton_verify
+from .spec_algo import ALGORITHM_NAME, PillarSpecAlgo, validate_server_args
+
+
+@dataclass(frozen=True)
+class Hook:
+    target: str  # dotted path of the SGLang symbol
+    kind: str  # HookType member name
+    fn: Callable
+    why: str
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook(
+        "sglang.srt.mem_cache.kv_cache_builder.get_draft_kv_pool",
+        "AROUND",
+        kv_cache_builder.no_draft_pool_for_pillar,
+        "scheduler start-up dereferences draft_worker.draft_worker.draft_runner; PILLAR has no draft pool",
+    ),
+    Hook(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info",
+        "AROUND",
+        cuda_graph.graph_runner_spec_info,
+        "TARGET_VERIFY graph capture gets no spec metadata for plugin algorithms; give it EAGLE's topk=1 dummy",
+    ),
+    Hook(
+        "sglang.srt.speculative.spec_info.create_dummy_verify_input",
+        "AROUND",
+        cuda_graph.warmup_dummy_verify_input,
+        "runner warm-up builds the same dummy verify input (base_runner imports it by name)",
+    ),
+    Hook(
+        "sglang.srt.managers.utils.compute_num_reserved_tokens",
+        "AROUND",
+        reserved_tokens.reserve_verify_window,
+        "requests near the context limit need room for the k+1 verify slots, as EAGLE gets",
+    ),
+    Hook(
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend",
+        "AROUND",
+        triton_verify.capture_verify_scores,
+        "PillarAttn selection reads the verify pass's attention probabilities (logits + LSE)",
+    ),
+)
+
+_applied = False
+
+
+def _factory(server_args):
+    from .worker import PillarWorker
+
+    return PillarWorker
+
+
+def apply() -> None:
+    """Register PILLAR and its hooks; idempotent within a process."""
+    global _applied
+    if _applied:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    SpeculativeAlgorithm.register(
+        ALGORITHM_NAME,
+        supports_overlap=True,
+        validate_server_args=validate_server_args,
+        spec_class=PillarSpecAlgo,
+    )(_factory)
+    for hook in HOOKS:
+        HookRegistry.register(hook.target, hook.fn, HookType[hook.kind])
+    _applied = True

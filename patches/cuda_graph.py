@@ -1,0 +1,55 @@
+"""Dummy verify inputs for CUDA-graph capture and warm-up.
+
+``DecodeCudaGraphRunner.get_spec_info`` and ``spec_info.create_dummy_verify_input``
+return ``None`` for plugin algorithms, so the target's TARGET_VERIFY graph would be
+captured without spec metadata (no hidden-state capture, no tree mask). PILLAR verifies
+exactly like EAGLE with topk=1, so it gets EAGLE's dummy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .spec_algo import is_pillar
+
+
+def _eagle_style_dummy(server_args, custom_mask):
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    return EagleVerifyInput(
+        draft_token=None,
+        custom_mask=custom_mask,
+        positions=None,
+        retrieve_index=None,
+        retrieve_next_token=None,
+        retrieve_next_sibling=None,
+        retrieve_cum_len=None,
+        spec_steps=server_args.speculative_num_steps,
+        topk=1,
+        draft_token_num=server_args.speculative_num_draft_tokens,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        seq_lens_sum=None,
+        seq_lens_cpu=None,
+    )
+
+
+def graph_runner_spec_info(original, runner, num_tokens: int):
+    """AROUND ``DecodeCudaGraphRunner.get_spec_info(self, num_tokens)``."""
+    mr = runner.model_runner
+    if not is_pillar(mr.spec_algorithm) or mr.is_draft_worker:
+        return original(runner, num_tokens)
+    spec_info = _eagle_style_dummy(mr.server_args, runner.buffers.custom_mask)
+    spec_info.hidden_states = torch.zeros(
+        (num_tokens, mr.model_config.hidden_size), dtype=mr.dtype, device=mr.device
+    )
+    return spec_info
+
+
+def warmup_dummy_verify_input(
+    original, spec_algorithm, server_args, custom_mask, num_tokens_per_req, is_draft_worker
+):
+    """AROUND ``spec_info.create_dummy_verify_input`` (used by runner warm-up)."""
+    if not is_pillar(spec_algorithm) or is_draft_worker:
+        return original(spec_algorithm, server_args, custom_mask, num_tokens_per_req, is_draft_worker)
+    return _eagle_style_dummy(server_args, custom_mask)

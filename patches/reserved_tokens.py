@@ -1,0 +1,16 @@
+"""``managers.utils.compute_num_reserved_tokens``: room for k+1 verify slots.
+
+Stock SGLang reserves output slots for drafts only for EAGLE; PILLAR also writes k
+draft tokens and a k+1-token verify past the committed length, so a request near the
+context limit must keep that headroom or its ``req_to_token`` row overflows.
+"""
+
+from __future__ import annotations
+
+from .spec_algo import ALGORITHM_NAME
+
+
+def reserve_verify_window(original, server_args):
+    if (server_args.speculative_algorithm or "").upper() == ALGORITHM_NAME:
+        return server_args.speculative_num_draft_tokens
+    return original(server_args)

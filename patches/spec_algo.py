@@ -1,0 +1,111 @@
+"""The PILLAR entry in SGLang's speculative-algorithm registry.
+
+``SpeculativeAlgorithm.register`` is SGLang's public plugin API; this module adds the
+three methods a bare ``CustomSpecAlgo`` lacks but the scheduler calls unconditionally
+(``need_topk``, ``carries_draft_hidden_states``, ``create_future_map``) and the
+server-argument validation that runs in the launching process.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+from sglang_sparsespec.config import PillarConfig
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+ALGORITHM_NAME = "PILLAR"
+DEFAULT_NUM_STEPS = 8
+DEFAULT_MAX_RUNNING_REQUESTS = 256
+SUPPORTED_ATTENTION_BACKENDS = ("triton",)
+
+
+class PillarSpecAlgo(CustomSpecAlgo):
+    """Self-speculation: the target drafts for itself, so no draft model, no draft KV."""
+
+    def need_topk(self) -> bool:
+        # The relay carries only the bonus token; drafts are a topk=1 chain.
+        return False
+
+    def carries_draft_hidden_states(self) -> bool:
+        return False
+
+    def has_draft_kv(self) -> bool:
+        # Draft KV lands in the target pool at the positions verify rewrites.
+        return False
+
+    def create_future_map(
+        self,
+        device,
+        req_to_token_pool,
+        needs_cpu_seq_lens: bool = True,
+        needs_confidence_relay: bool = False,
+    ):
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+
+
+def is_pillar(algorithm: object) -> bool:
+    return isinstance(algorithm, PillarSpecAlgo)
+
+
+def _backends(sa: ServerArgs) -> set[str]:
+    names = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend}
+    return {n for n in names if n is not None}
+
+
+def validate_server_args(sa: ServerArgs) -> None:
+    """Reject what PILLAR cannot run and fill the spec shape fields SGLang reads.
+
+    Runs in the launching process inside ``ServerArgs.__post_init__``; scheduler
+    processes receive the already-validated, pickled ServerArgs.
+    """
+
+    def reject(msg: str) -> None:
+        raise ValueError(f"--speculative-algorithm {ALGORITHM_NAME}: {msg}")
+
+    if sa.page_size not in (None, 1):
+        reject(f"needs --page-size 1 (token-granular KV for per-token sparse lists), got {sa.page_size}")
+    backends = _backends(sa)
+    if not backends or not backends <= set(SUPPORTED_ATTENTION_BACKENDS):
+        reject(
+            f"supports --attention-backend {'/'.join(SUPPORTED_ATTENTION_BACKENDS)} only, "
+            f"got {sorted(backends) or 'the default'}; pass --attention-backend triton"
+        )
+    if sa.speculative_draft_model_path is not None:
+        reject("drafts with the target model itself; remove --speculative-draft-model-path")
+    if getattr(sa, "enable_dp_attention", False):
+        reject("does not support --enable-dp-attention")
+    if sa.pp_size != 1:
+        reject(f"does not support pipeline parallelism (--pp-size {sa.pp_size})")
+    if sa.tp_size != 1:
+        reject(f"supports --tp-size 1 only for now, got {sa.tp_size}")
+    if sa.speculative_eagle_topk not in (None, 1):
+        reject(f"drafts a single chain; --speculative-eagle-topk must be 1, got {sa.speculative_eagle_topk}")
+    if getattr(sa, "speculative_adaptive", False):
+        reject("does not support --speculative-adaptive")
+    if sa.speculative_accept_threshold_single != 1.0 or sa.speculative_accept_threshold_acc != 1.0:
+        reject("is lossless; --speculative-accept-threshold-* must stay 1.0")
+    if sa.enable_mixed_chunk:
+        reject("cannot mix prefill chunks into decode batches; remove --enable-mixed-chunk")
+
+    num_steps = sa.speculative_num_steps or DEFAULT_NUM_STEPS
+    if sa.speculative_num_draft_tokens not in (None, num_steps + 1):
+        reject(
+            f"verifies k+1 tokens: --speculative-num-draft-tokens must be {num_steps + 1} "
+            f"for --speculative-num-steps {num_steps}, got {sa.speculative_num_draft_tokens}"
+        )
+    PillarConfig.from_env(num_steps)  # fail here, in the launcher, on bad SPARSESPEC_* values
+    sa.speculative_num_steps = num_steps
+    sa.speculative_eagle_topk = 1
+    sa.speculative_num_draft_tokens = num_steps + 1
+    # Drafts are *sampled* from the sparse model's distribution, so the verify must use
+    # exact rejection sampling with those draft probabilities to stay lossless.
+    sa.speculative_use_rejection_sampling = True
+    if sa.max_running_requests is None:
+        # Draft buffers (k full-vocabulary distributions per request) are sized by this.
+        sa.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS

@@ -1,0 +1,212 @@
+"""``PillarWorker``: SGLang's speculative-worker contract for PILLAR.
+
+One decode round (all on the GPU, no host synchronisation, overlap-scheduler safe):
+
+1. draft  — ``PillarDraftRunner``: k sparse DECODE steps of the target model (one CUDA
+            graph), sampling each draft token from the sparse model's distribution;
+2. verify — SGLang's own topk=1 EAGLE verify (TARGET_VERIFY graph of the target model,
+            full attention over all k+1 tokens, exact rejection sampling against the
+            recorded draft distributions, bonus token when all drafts pass);
+3. select — PillarAttn: top-K positions per request from the attention mass the verify
+            pass captured (``VerifyScoreSink``), stored for the next round.
+
+Prefill batches run the plain target forward and seed each request with a streaming
+plan (sinks + recent window) so the first round after prefill is already sparse.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
+from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input, run_eagle_verify
+from sglang.srt.speculative.spec_utils import get_plan_stream
+
+from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.selection.policy import SelectionPlan, pillar_plan, streaming_plan
+from sglang_sparsespec.selection.scores import VerifyScoreSink
+
+from .draft_runner import PillarDraftRunner, PlanState
+from .triton_verify import attach_score_sink
+
+logger = logging.getLogger(__name__)
+
+
+class PillarWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
+        super().__init__()
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self.model_runner = target_worker.model_runner
+        self.device = server_args.device
+        self.cfg = PillarConfig.from_env(server_args.speculative_num_steps)
+        self.topk = 1
+        self.speculative_num_steps = self.cfg.num_steps
+        self.speculative_num_draft_tokens = self.cfg.num_steps + 1
+        self.plan_stream, self.plan_stream_ctx = get_plan_stream(self.device)
+        self.state: PlanState | None = None
+        self.sink: VerifyScoreSink | None = None
+        self.draft_runner: PillarDraftRunner | None = None
+        logger.info("PILLAR config: %s", self.cfg)
+
+    @property
+    def draft_worker(self):
+        # The target model drafts for itself: there is no draft worker or draft model.
+        return None
+
+    # ---- start-up, in the order the scheduler calls it ------------------------------
+    def alloc_memory_pool(self, **kwargs):
+        self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+        rows, self.max_context_len = self.req_to_token_pool.req_to_token.shape
+        self.kmax = self.cfg.max_budget(self.max_context_len)
+        self.max_bs = self.model_runner.max_running_requests
+        self.state = PlanState.allocate(rows, self.kmax, self.device)
+        k = self.cfg.num_steps
+        # Longest draft list: selection + tail (a streaming tail can take the whole budget)
+        # + this round's k tokens.
+        self.list_width = self.kmax + max(self.kmax, self.cfg.recent_window + k + 1) + k
+        k_idx = torch.arange(k, dtype=torch.long, device=self.device)
+        self._chain_parents = (k_idx - 1).repeat(self.max_bs, 1)
+        self._chain_scores_index = k_idx.repeat(self.max_bs, 1)
+
+    def init_attention_backends(self):
+        if self.cfg.policy is not SelectionPolicy.PILLAR:
+            return
+        mc = self.model_runner.model_config
+        backend = self.model_runner.attn_backend
+        # The total prefix of one verify batch is bounded by the KV pool (+1 slot per
+        # padded graph row, whose length is 1).
+        cap = self.token_to_kv_pool_allocator.size + self.max_bs + 1
+        self.sink = VerifyScoreSink(
+            num_kv_heads=backend.num_kv_head,
+            num_q_heads=backend.num_head,
+            cap=cap,
+            max_q_rows=self._max_graph_bs() * self.speculative_num_draft_tokens,
+            layers=list(range(mc.num_hidden_layers)),
+            device=self.device,
+        )
+        # Must precede the target's CUDA-graph capture (the scheduler calls
+        # init_cuda_graphs after every backend is initialised), so the score kernels
+        # are recorded into the TARGET_VERIFY graph.
+        attach_score_sink(backend, self.sink)
+
+    def _capture_bs(self) -> list[int]:
+        from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
+
+        if self.server_args.disable_cuda_graph:
+            return []
+        return list(get_batch_sizes_to_capture(self.model_runner)[0])
+
+    def _max_graph_bs(self) -> int:
+        # Padded verify graphs may run wider than max_running_requests.
+        return max([self.max_bs, *self._capture_bs()])
+
+    def init_cuda_graphs(self):
+        capture_bs = self._capture_bs()
+        self.draft_runner = PillarDraftRunner(
+            self.model_runner,
+            self.cfg,
+            self.state,
+            max_bs=self.max_bs,
+            capture_bs=capture_bs,
+            list_width=self.list_width,
+        )
+        if capture_bs:
+            self.draft_runner.capture()
+
+    # ---- per step --------------------------------------------------------------------
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            return self._prefill(batch, on_publish)
+        return self._decode_round(batch, on_publish, grammar_barrier)
+
+    def _prefill(self, batch, on_publish):
+        result = self._target_worker.forward_batch_generation(batch)
+        # spec-v2 convention: seq_lens counts tokens with KV; the sampled token has none yet.
+        result.new_seq_lens = batch.seq_lens
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        self._store(batch.req_pool_indices, streaming_plan(self.cfg, batch.seq_lens, self.kmax))
+        result.next_draft_input = self._next_draft_input(result.next_token_ids)
+        return result
+
+    def _decode_round(self, batch, on_publish, grammar_barrier):
+        draft_input = batch.spec_info
+        bs = batch.seq_lens.shape[0]
+        verify_lens = batch.seq_lens
+        drafts = self.draft_runner.run(
+            batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info
+        )
+        batch.spec_info = build_eagle_verify_input(
+            batch,
+            draft_input,
+            self._chain_parents[:bs],
+            self._chain_scores_index[:bs],
+            drafts.tokens,
+            drafts.probs,
+            target_worker=self._target_worker,
+            topk=1,
+            num_steps=self.speculative_num_steps,
+            num_draft_tokens=self.speculative_num_draft_tokens,
+            tree_mask_mode=default_tree_mask_mode(),
+            device=self.device,
+        )
+        result = run_eagle_verify(
+            batch,
+            target_worker=self._target_worker,
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+            plan_stream=self.plan_stream,
+            plan_stream_ctx=self.plan_stream_ctx,
+            topk=1,
+            num_steps=self.speculative_num_steps,
+            num_draft_tokens=self.speculative_num_draft_tokens,
+            device=self.device,
+            metadata_ready_pre_pad=False,
+            finalize_tree_path=True,
+            grammar_barrier=grammar_barrier,
+        )
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        if self.sink is not None:
+            scores = self.sink.rows(verify_lens, self.max_context_len)
+            plan = pillar_plan(self.cfg, scores, verify_lens, result.new_seq_lens, self.kmax)
+        else:
+            plan = streaming_plan(self.cfg, result.new_seq_lens, self.kmax)
+        self._store(batch.req_pool_indices, plan)
+        result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
+        return result
+
+    def _store(self, req_pool_indices: torch.Tensor, plan: SelectionPlan) -> None:
+        idx = req_pool_indices.to(torch.int64)
+        self.state.sel_pos[idx] = plan.sel_pos
+        self.state.sel_cnt[idx] = plan.sel_cnt
+        self.state.tail_start[idx] = plan.tail_start
+
+    @staticmethod
+    def _next_draft_input(bonus_tokens: torch.Tensor) -> EagleDraftInput:
+        # topk_p / topk_index are sliced unconditionally by the non-overlap scheduler's
+        # filter/merge, so they must exist even though PILLAR relays only the bonus token.
+        return EagleDraftInput(
+            bonus_tokens=bonus_tokens,
+            topk_index=bonus_tokens.view(-1, 1).to(torch.int64),
+            topk_p=torch.ones((bonus_tokens.shape[0], 1), dtype=torch.float32, device=bonus_tokens.device),
+        )
+
+    # ---- the rest of the BaseSpecWorker contract ---------------------------------------
+    def clear_cache_pool(self):
+        # The KV pool is the target's and is cleared by the scheduler; stale plans are
+        # harmless because every request's first forward (prefill) rewrites its row.
+        pass
+
+    def update_weights_from_disk(self, recv_req):
+        return self._target_worker.update_weights_from_disk(recv_req)
+
+    def update_weights_from_tensor(self, recv_req):
+        return self._target_worker.update_weights_from_tensor(recv_req)
+
+    def update_weights_from_ipc(self, recv_req):
+        return self._target_worker.update_weights_from_ipc(recv_req)

@@ -1,0 +1,85 @@
+"""PILLAR run-time configuration.
+
+SGLang owns the command line, so the knobs SGLang already has keep their SGLang flags
+(``--speculative-num-steps`` is k), and the PILLAR-only knobs come from environment
+variables. Environment variables reach every scheduler subprocess unchanged, which is
+what a multi-process server needs: the config is re-read, not pickled.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+ENV_PREFIX = "SPARSESPEC_"
+
+
+class SelectionPolicy(str, Enum):
+    """Which KV positions a draft step attends to, besides the recent tail."""
+
+    PILLAR = "pillar"  # top-K by attention mass captured in the previous verify pass
+    STREAMING = "streaming"  # attention sinks + a recent window (MagicDec-style baseline)
+
+
+@dataclass(frozen=True)
+class PillarConfig:
+    """Knobs of one PILLAR server.
+
+    Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``min_budget >= 1``;
+    ``recent_window >= 0``; ``sink_tokens >= 0``.
+    """
+
+    num_steps: int = 8
+    budget_ratio: float = 0.05
+    min_budget: int = 128
+    recent_window: int = 16
+    sink_tokens: int = 4
+    policy: SelectionPolicy = SelectionPolicy.PILLAR
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError(f"PILLAR needs --speculative-num-steps >= 1, got {self.num_steps}")
+        if not 0.0 < self.budget_ratio <= 1.0:
+            raise ValueError(f"{ENV_PREFIX}BUDGET_RATIO must be in (0, 1], got {self.budget_ratio}")
+        if self.min_budget < 1:
+            raise ValueError(f"{ENV_PREFIX}MIN_BUDGET must be >= 1, got {self.min_budget}")
+        if self.recent_window < 0 or self.sink_tokens < 0:
+            raise ValueError(f"{ENV_PREFIX}RECENT_WINDOW and {ENV_PREFIX}SINK_TOKENS must be >= 0")
+
+    def budget(self, context_len: int) -> int:
+        """Draft KV budget B(L) = max(min_budget, ceil(ratio * L)), never above L."""
+        return min(context_len, max(self.min_budget, math.ceil(self.budget_ratio * context_len)))
+
+    def max_budget(self, max_context_len: int) -> int:
+        """Largest budget any request can reach; sizes the static selection buffers."""
+        return self.budget(max_context_len)
+
+    @classmethod
+    def from_env(cls, num_steps: int, env: dict[str, str] | None = None) -> PillarConfig:
+        env = os.environ if env is None else env
+
+        def read(name: str, cast, default):
+            raw = env.get(ENV_PREFIX + name)
+            if raw is None or raw == "":
+                return default
+            try:
+                return cast(raw)
+            except ValueError:
+                raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a valid {cast.__name__}") from None
+
+        policy_raw = env.get(ENV_PREFIX + "POLICY", SelectionPolicy.PILLAR.value).lower()
+        try:
+            policy = SelectionPolicy(policy_raw)
+        except ValueError:
+            choices = ", ".join(p.value for p in SelectionPolicy)
+            raise ValueError(f"{ENV_PREFIX}POLICY={policy_raw!r}; choose one of: {choices}") from None
+        return cls(
+            num_steps=num_steps,
+            budget_ratio=read("BUDGET_RATIO", float, cls.budget_ratio),
+            min_budget=read("MIN_BUDGET", int, cls.min_budget),
+            recent_window=read("RECENT_WINDOW", int, cls.recent_window),
+            sink_tokens=read("SINK_TOKENS", int, cls.sink_tokens),
+            policy=policy,
+        )

@@ -1,0 +1,110 @@
+"""Plugin loading, hook application and ServerArgs validation through SGLang's real code."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang.srt.plugins import load_plugins  # noqa: E402
+
+load_plugins()
+
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+
+from sglang_sparsespec.patches import HOOKS  # noqa: E402
+from sglang_sparsespec.patches.spec_algo import PillarSpecAlgo  # noqa: E402
+
+
+def _args(model_dir, **overrides) -> ServerArgs:
+    base = dict(
+        model_path=str(model_dir),
+        attention_backend="triton",
+        speculative_algorithm="pillar",
+        skip_tokenizer_init=True,
+        device="cpu",
+    )
+    base.update(overrides)
+    return ServerArgs(**base)
+
+
+def test_entry_point_is_declared():
+    eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
+    assert any(ep.value == "sglang_sparsespec.plugin:register" for ep in eps)
+
+
+def test_pillar_is_registered_with_scheduler_methods():
+    algo = SpeculativeAlgorithm.from_string("Pillar")
+    assert isinstance(algo, PillarSpecAlgo)
+    assert algo.supports_overlap and algo.is_speculative() and not algo.is_eagle()
+    assert algo.need_topk() is False and algo.carries_draft_hidden_states() is False
+
+
+def test_every_hook_is_applied():
+    import pkgutil
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    for hook in HOOKS:
+        assert hook.target in HookRegistry._patched, hook.target
+        owner_path, _, attr = hook.target.rpartition(".")
+        patched = getattr(pkgutil.resolve_name(owner_path), attr)
+        # HookRegistry's wrapper keeps the SGLang original as __wrapped__.
+        assert getattr(patched, "__wrapped__", None) is not None, hook.target
+        assert hook.why
+
+
+def test_hooked_functions_dispatch_to_pillar(llama_config_dir):
+    from sglang.srt.managers.utils import compute_num_reserved_tokens
+    from sglang.srt.mem_cache import kv_cache_builder
+
+    sa = _args(llama_config_dir, speculative_num_steps=6)
+    assert compute_num_reserved_tokens(sa) == 7
+    algo = SpeculativeAlgorithm.from_string("PILLAR")
+    assert kv_cache_builder.get_draft_kv_pool(draft_worker=object(), spec_algorithm=algo, server_args=sa) is None
+
+
+def test_defaults_fill_spec_shape_fields(llama_config_dir):
+    sa = _args(llama_config_dir)
+    assert sa.speculative_algorithm == "PILLAR"
+    assert (sa.speculative_num_steps, sa.speculative_eagle_topk, sa.speculative_num_draft_tokens) == (8, 1, 9)
+    assert sa.speculative_use_rejection_sampling is True
+    assert sa.page_size == 1
+    assert sa.max_running_requests == 256
+    assert sa.disable_overlap_schedule is False
+
+
+def test_num_steps_flag_sets_k(llama_config_dir):
+    sa = _args(llama_config_dir, speculative_num_steps=4, max_running_requests=32)
+    assert (sa.speculative_num_steps, sa.speculative_num_draft_tokens, sa.max_running_requests) == (4, 5, 32)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(page_size=16), "--page-size 1"),
+        (dict(attention_backend="flashinfer"), "--attention-backend triton"),
+        (dict(speculative_num_draft_tokens=5), "--speculative-num-draft-tokens must be 9"),
+        (dict(speculative_eagle_topk=4), "--speculative-eagle-topk must be 1"),
+        (dict(tp_size=2), "--tp-size 1"),
+        (dict(speculative_accept_threshold_single=0.5), "lossless"),
+    ],
+)
+def test_unsupported_flags_fail_with_one_line(llama_config_dir, overrides, message):
+    with pytest.raises(ValueError) as err:
+        _args(llama_config_dir, **overrides)
+    text = str(err.value)
+    assert message in text and "\n" not in text and text.startswith("--speculative-algorithm PILLAR")
+
+
+def test_bad_environment_knob_fails_in_launcher(llama_config_dir, monkeypatch):
+    monkeypatch.setenv("SPARSESPEC_POLICY", "oracle")
+    with pytest.raises(ValueError, match="SPARSESPEC_POLICY"):
+        _args(llama_config_dir)
+    monkeypatch.setenv("SPARSESPEC_POLICY", "streaming")
+    monkeypatch.setenv("SPARSESPEC_BUDGET_RATIO", "1.5")
+    with pytest.raises(ValueError, match="BUDGET_RATIO"):
+        _args(llama_config_dir)

@@ -208,8 +208,8 @@ class PillarDraftRunner:
                     self._load_padding(0, bs)
                     stream.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(stream):
-                        # Warm up twice: Triton JIT and autotune must not run under capture.
-                        self._run_steps(bs, greedy)
+                        # One eager warm-up: Triton JIT must not run under capture (the
+                        # kernels involved do not autotune, so a second pass adds nothing).
                         self._run_steps(bs, greedy)
                     torch.cuda.current_stream().wait_stream(stream)
                     graph = torch.cuda.CUDAGraph()

@@ -68,7 +68,7 @@ def step_indices(
     """
     bs, width = slots.shape
     lens = base_len + (step + 1)
-    kv_indptr[0] = 0
+    kv_indptr[:1].zero_()  # not `= 0`: a host scalar copy is illegal under graph capture
     kv_indptr[1 : bs + 1] = torch.cumsum(lens, dim=0)
     col = torch.arange(width, device=slots.device)[None, :]
     dest = kv_indptr[:bs, None].to(torch.int64) + col

@@ -1,0 +1,289 @@
+"""GPU microbenchmark of the PillarAttn kernels (one layer, one step).
+
+    python -m benchmarks.kernels_bench --out benchmarks/results/kernels_h100.json
+
+(a) sparse decode attention at a 5 % budget + a 16-token tail vs full-context decode with SGLang's
+    Triton kernel and FlashInfer (if importable), plus SGLang's kernel on a head-shared index list of
+    the same length (same bytes, no per-head lists); achieved bandwidth = K/V/index bytes gathered / time;
+(b) score capture for a verify batch (k + 1 = 9 rows per request) over the prefix, fp32 and fp16 output;
+(c) top-K selection, one launch per layer and one launch for all layers (amortized per layer),
+    against torch.topk + sort.
+Shapes: Qwen3-8B (H_q=32, H_kv=8, D=128, 36 layers) and SmolLM2-135M (9, 3, 64, 30 layers), L in
+{4K, 16K, 32K}, batch 1..128. Every kernel is captured in a CUDA graph and replayed by
+triton.testing.do_bench, which clears L2 before each run (medians, microseconds).
+Writes JSON (device, date, git commit, versions, rows) to --out and prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+from benchmarks.meta import device_name, git_commit, package_version
+from sglang_sparsespec.kernels._common import num_sms
+from sglang_sparsespec.kernels.score_capture import score_capture
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
+from sglang_sparsespec.kernels.topk_select import topk_select
+
+BUDGET_RATIO = 0.05
+TAIL = 16  # recent verified tokens + drafts + current token
+VERIFY_ROWS = 9  # k = 8 drafts + 1
+SGLANG_MAX_KV_SPLITS = 8  # SGLang's --triton-attention-num-kv-splits default
+DEVICE = "cuda"
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    h_q: int
+    h_kv: int
+    d: int
+    num_layers: int
+
+
+SHAPES = (Shape("qwen3-8b", 32, 8, 128, 36), Shape("smollm2-135m", 9, 3, 64, 30))
+
+
+def bench_us(fn: Callable[[], object]) -> float:
+    """Median GPU time of `fn` replayed from a CUDA graph, L2 flushed before each replay."""
+    fn()  # compile / plan outside the capture
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    ms = triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median")
+    del graph
+    return ms * 1e3
+
+
+def budget(seq_len: int) -> int:
+    return math.ceil(BUDGET_RATIO * seq_len)
+
+
+def make_pool(shape: Shape, bs: int, seq_len: int):
+    """KV pool with each request's tokens in one contiguous slot range, as a fresh prefill leaves them."""
+    slots = bs * seq_len + 1
+    k = torch.randn(slots, shape.h_kv, shape.d, device=DEVICE, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    req_to_token = (1 + torch.arange(bs * seq_len, device=DEVICE, dtype=torch.int32)).view(bs, seq_len)
+    return k, v, req_to_token
+
+
+def random_selection(bs: int, h_kv: int, cand: int, cnt: int, kmax: int) -> torch.Tensor:
+    """Sorted random positions in [0, cand), `cnt` per (request, KV head), -1 padded to kmax."""
+    pos = torch.rand(bs * h_kv, cand, device=DEVICE).topk(cnt, dim=1).indices.sort(dim=1).values
+    sel = torch.full((bs, h_kv, kmax), -1, dtype=torch.int32, device=DEVICE)
+    sel[:, :, :cnt] = pos.view(bs, h_kv, cnt).to(torch.int32)
+    return sel
+
+
+def sglang_decode(shape: Shape, q, k, v, kv_indptr, kv_indices, seq_lens) -> Callable[[], object] | str:
+    try:
+        from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+        from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton
+    except Exception as exc:  # an optional baseline: report why it is missing instead of failing
+        return f"unavailable: {exc!r}"
+    bs = q.shape[0]
+    o = torch.empty_like(q)
+    logits = torch.empty(bs, shape.h_q, SGLANG_MAX_KV_SPLITS, shape.d, dtype=torch.float32, device=DEVICE)
+    lse = torch.empty(bs, shape.h_q, SGLANG_MAX_KV_SPLITS, dtype=torch.float32, device=DEVICE)
+    splits = torch.empty(bs, dtype=torch.int32, device=DEVICE)
+    sms = num_sms(q.device)
+    # The split heuristic SGLang's Triton backend runs each step (triton_backend.get_num_kv_splits).
+    get_num_kv_splits_triton[(1,)](
+        splits, seq_lens, bs, 1, shape.h_q, shape.h_kv, SGLANG_MAX_KV_SPLITS, sms,
+        MAX_NUM_SEQ=max(256, triton.next_power_of_2(bs)),
+    )  # fmt: skip
+    return lambda: decode_attention_fwd(
+        q, k, v, o, kv_indptr, kv_indices, logits, lse, splits, SGLANG_MAX_KV_SPLITS, shape.d**-0.5, 1.0, 1.0
+    )
+
+
+def flashinfer_decode(shape: Shape, q, k, v, kv_indptr, kv_indices) -> Callable[[], object] | str:
+    try:
+        import flashinfer
+    except Exception as exc:
+        return f"unavailable: {exc!r}"
+    bs = q.shape[0]
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
+    last_page_len = torch.ones(bs, dtype=torch.int32, device=DEVICE)
+    errors = []
+    for tensor_cores in (False, True):
+        try:
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores)
+            wrapper.plan(
+                kv_indptr, kv_indices.to(torch.int32), last_page_len, shape.h_q, shape.h_kv, shape.d, 1,
+                q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+            )  # fmt: skip
+            cache = (k.unsqueeze(1), v.unsqueeze(1))  # [slots, page_size=1, H_kv, D]
+            wrapper.run(q, cache)
+            return lambda: wrapper.run(q, cache)
+        except Exception as exc:
+            errors.append(repr(exc))
+    return "failed: " + " | ".join(errors)
+
+
+def timed_or_note(fn: Callable[[], object] | str) -> float | str:
+    """Time a baseline; one that cannot be captured in a CUDA graph is timed eagerly (L2 still flushed)."""
+    if isinstance(fn, str):
+        return fn
+    try:
+        return bench_us(fn)
+    except Exception as exc:
+        print(f"note: baseline timed without a CUDA graph ({exc!r})", flush=True)
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3
+
+
+def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
+    k, v, req_to_token = make_pool(shape, bs, seq_len)
+    q = torch.randn(bs, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
+    seq_lens = torch.full((bs,), seq_len, dtype=torch.int64, device=DEVICE)
+    tail_start = seq_lens - TAIL
+    cnt = budget(seq_len)
+    kmax = triton.cdiv(cnt, 128) * 128
+    sel = random_selection(bs, shape.h_kv, seq_len - TAIL, cnt, kmax)
+    sel_cnt = torch.full((bs,), cnt, dtype=torch.int32, device=DEVICE)
+    rpi = torch.arange(bs, device=DEVICE)
+    o = torch.empty_like(q)
+    row: dict = dict(shape=shape.name, bs=bs, seq_len=seq_len, selected=cnt, tail=TAIL)
+    row["sparse_us"] = bench_us(
+        lambda: sparse_decode_fwd(q, k, v, o, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5)
+    )
+    n = cnt + TAIL
+    gathered = bs * shape.h_kv * n * (2 * shape.d * k.element_size() + 4) + bs * shape.h_kv * cnt * 4
+    row["sparse_GBps"] = gathered / row["sparse_us"] / 1e3
+
+    full_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * seq_len
+    full_indices = req_to_token.flatten().to(torch.int64)
+    row["sglang_full_us"] = timed_or_note(sglang_decode(shape, q, k, v, full_indptr, full_indices, seq_lens))
+    if isinstance(row["sglang_full_us"], float):  # K/V plus the int64 slot index each KV-head program reads
+        full_bytes = bs * shape.h_kv * seq_len * (2 * shape.d * k.element_size() + 8)
+        row["sglang_full_GBps"] = full_bytes / row["sglang_full_us"] / 1e3
+    row["flashinfer_full_us"] = timed_or_note(flashinfer_decode(shape, q, k, v, full_indptr, full_indices))
+    # Same number of tokens per request but one list for all heads: what a shared-index sparse path costs.
+    shared_pos = torch.cat([sel[:, 0, :cnt].long(), tail_start[:, None] + torch.arange(TAIL, device=DEVICE)], dim=1)
+    shared_indices = torch.gather(req_to_token, 1, shared_pos).flatten().to(torch.int64)
+    shared_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * n
+    row["sglang_shared_sparse_us"] = timed_or_note(
+        sglang_decode(shape, q, k, v, shared_indptr, shared_indices, torch.full_like(seq_lens, n))
+    )
+    if isinstance(row["sglang_full_us"], float):
+        row["speedup_vs_sglang_full"] = row["sglang_full_us"] / row["sparse_us"]
+    return row
+
+
+def bench_score_capture(shape: Shape, bs: int, seq_len: int) -> dict:
+    k, _, req_to_token = make_pool(shape, bs, seq_len)
+    tokens = bs * VERIFY_ROWS
+    q = torch.randn(tokens, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
+    lse = torch.full((tokens, shape.h_q), 10.0, device=DEVICE)
+    qo_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * VERIFY_ROWS
+    kv_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * seq_len
+    kv_indices = req_to_token.flatten().to(torch.int64)
+    row = dict(shape=shape.name, bs=bs, seq_len=seq_len, verify_rows=VERIFY_ROWS)
+    for dtype, name in ((torch.float32, "fp32"), (torch.float16, "fp16")):
+        out = torch.empty(shape.h_kv, bs * seq_len, device=DEVICE, dtype=dtype)
+        us = bench_us(lambda o=out: score_capture(q, k, lse, qo_indptr, kv_indptr, kv_indices, o, shape.d**-0.5))
+        moved = bs * seq_len * shape.h_kv * (shape.d * k.element_size() + 8) + out.numel() * out.element_size()
+        row[f"{name}_out_us"] = us
+        row[f"{name}_out_GBps"] = moved / us / 1e3
+    return row
+
+
+def bench_selection(shape: Shape, bs: int, seq_len: int) -> dict:
+    cand = seq_len - TAIL
+    cnt = budget(seq_len)
+    kmax = triton.cdiv(cnt, 128) * 128
+    rows_all = shape.num_layers * shape.h_kv
+    scores = torch.rand(rows_all, bs * seq_len, device=DEVICE)
+    scores16 = scores.half()
+    seg_start = torch.arange(bs, device=DEVICE, dtype=torch.int32) * seq_len
+    seg_len = torch.full((bs,), cand, dtype=torch.int32, device=DEVICE)
+    k = torch.full((bs,), cnt, dtype=torch.int32, device=DEVICE)
+    out_cnt = torch.empty(bs, dtype=torch.int32, device=DEVICE)
+    out_layer = torch.empty(bs, shape.h_kv, kmax, dtype=torch.int32, device=DEVICE)
+    out_all = torch.empty(bs, rows_all, kmax, dtype=torch.int32, device=DEVICE)
+    layer_scores = scores[: shape.h_kv]
+    row = dict(shape=shape.name, bs=bs, seq_len=seq_len, candidates=cand, k=cnt)
+    row["per_layer_launch_us"] = bench_us(lambda: topk_select(layer_scores, seg_start, seg_len, k, out_layer, out_cnt))
+    all_us = bench_us(lambda: topk_select(scores, seg_start, seg_len, k, out_all, out_cnt))
+    row["all_layers_launch_us"] = all_us
+    row["all_layers_per_layer_us"] = all_us / shape.num_layers
+    # fp16 scores: 16-bit keys, two radix passes instead of four; also a smaller tile.
+    for block_n in (4096, 1024):
+        us = bench_us(lambda bn=block_n: topk_select(scores16, seg_start, seg_len, k, out_all, out_cnt, block_n=bn))
+        row[f"all_layers_per_layer_fp16_bn{block_n}_us"] = us / shape.num_layers
+    padded = layer_scores.view(shape.h_kv, bs, seq_len)[:, :, :cand]
+    row["torch_topk_sort_per_layer_us"] = bench_us(lambda: padded.topk(cnt, dim=2, sorted=False).indices.sort(dim=2))
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    fmt = lambda x: f"{x:.1f}" if isinstance(x, float) else str(x)  # noqa: E731
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(fmt(r.get(key, "")) for key in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON result path")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 128])
+    parser.add_argument("--lens", type=int, nargs="+", default=[4096, 16384, 32768])
+    parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES], choices=[s.name for s in SHAPES])
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("kernels_bench needs a CUDA GPU")
+    started = time.time()
+    sections: dict[str, list[dict]] = {"sparse_decode": [], "score_capture": [], "selection": []}
+    for shape in (s for s in SHAPES if s.name in args.shapes):
+        for seq_len in args.lens:
+            for bs in args.batches:
+                sections["sparse_decode"].append(bench_decode(shape, bs, seq_len))
+                sections["score_capture"].append(bench_score_capture(shape, bs, seq_len))
+                sections["selection"].append(bench_selection(shape, bs, seq_len))
+                torch.cuda.empty_cache()
+                print(f"done {shape.name} L={seq_len} bs={bs} ({time.time() - started:.0f}s)", flush=True)
+    result = {
+        "device": device_name(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git_commit": git_commit(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "sglang": package_version("sglang"),
+        "flashinfer": package_version("flashinfer-python") or package_version("flashinfer"),
+        "config": dict(
+            budget_ratio=BUDGET_RATIO, tail=TAIL, verify_rows=VERIFY_ROWS, sglang_max_kv_splits=SGLANG_MAX_KV_SPLITS,
+            shapes=[asdict(s) for s in SHAPES if s.name in args.shapes], timing="CUDA graph replay, L2 flushed, median",
+        ),  # fmt: skip
+        "wall_s": time.time() - started,
+        **sections,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"\n{result['device']}  {result['date_utc']}  commit {result['git_commit']}  wall {result['wall_s']:.0f}s")
+    for name, rows in sections.items():
+        print(f"\n### {name} (microseconds per layer per step)\n\n{markdown(rows)}")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,391 @@
+"""Losslessness and acceptance check: stock SGLang vs PILLAR on the same greedy requests.
+
+    python -m benchmarks.lossless --model M --data-dir D --out F.json \\
+        [--num-prompts 32] [--max-new-tokens 1024] [--num-steps 8] \\
+        [--accept-temps 0,0.6 --accept-max-new-tokens 2048] [--temperature T]
+
+With ``--temperature 0`` (default) the stock server answers the prompts greedily (twice,
+to measure its own run-to-run determinism, unless --no-stock-repeat), then a PILLAR server
+answers the same requests, and the token ids are compared. Greedy speculative decoding is
+exact in exact arithmetic, but verification runs the target on k+1 tokens per request
+where stock runs 1, so floating-point rounding differs and two near-tied logits can flip
+after many tokens; a divergence before ``--early-divergence`` tokens (64) is far more
+likely a bug than rounding, and fails the run. ``--temperature T > 0`` skips the stock
+server and only records acceptance (sampled outputs cannot be compared token by token).
+``--accept-temps`` adds acceptance-only passes against the same PILLAR server start.
+
+Writes F.json (rewritten after every stage, so a killed job keeps what it had) and F.log.
+Exit code 0 = PASS (or acceptance-only OK) with every pass finished, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.client import GenOutput, generate_all
+from benchmarks.configs import ServerConfig, parse_env, resolve_config
+from benchmarks.meta import new_run_id, run_metadata
+from benchmarks.runlog import Deadline, RunLog, write_json
+from benchmarks.server import Server, ServerError, install_signal_handlers, log_tail
+from benchmarks.workload import DEFAULT_DATASETS, Prompt, build_prompts, load_tokenizer
+
+# A divergence is explained by rounding when the candidate took stock's runner-up token where
+# stock's top-2 log-probability gap was at most this (a few bf16 ulps of a logit of ~10-30).
+NEAR_TIE_NATS = 0.25
+STOP_RESERVE_S = 25.0  # kept back from every pass timeout so the server can still be stopped
+MIN_START_S = 60.0  # don't launch a server with less budget left than this
+
+
+@dataclass
+class PassResult:
+    """One batch of requests against one server. ``outputs`` is in prompt order when status == 'ok'."""
+
+    server: str
+    temperature: float
+    max_new_tokens: int
+    top2: bool = False  # also fetch the top-2 log-probabilities of every output token
+    status: str = "skipped"  # ok | failed | skipped
+    error: str | None = None
+    wall_s: float | None = None
+    outputs: list[GenOutput] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "server": self.server,
+            "temperature": self.temperature,
+            "max_new_tokens": self.max_new_tokens,
+            "status": self.status,
+            "error": self.error,
+            "wall_s": self.wall_s,
+        }
+        if self.status == "ok":
+            doc.update(acceptance_summary(self.outputs, self.wall_s))
+        return doc
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token; the shorter length if one is a strict prefix; None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def acceptance_summary(outputs: Sequence[GenOutput], wall_s: float | None = None) -> dict[str, Any]:
+    """Overall accept length = all output tokens / all verify steps (SGLang's per-request definition, pooled)."""
+    spec = [o for o in outputs if o.verify_ct]
+    total_tokens = sum(o.completion_tokens for o in outputs)
+    per_req = [o.accept_length for o in outputs]
+    doc: dict[str, Any] = {
+        "num_requests": len(outputs),
+        "output_tokens": total_tokens,
+        "output_tok_per_s": total_tokens / wall_s if wall_s else None,
+        "requests_with_spec_counters": len(spec),
+        "accept_length_overall": None,
+        "accept_length_mean": None,
+        "accept_length_per_request": [None if a is None else round(a, 4) for a in per_req],
+    }
+    if spec:
+        doc["accept_length_overall"] = sum(o.completion_tokens for o in spec) / sum(o.verify_ct or 0 for o in spec)
+        doc["accept_length_mean"] = statistics.fmean(o.accept_length or 0.0 for o in spec)
+    return doc
+
+
+def compare_outputs(
+    reference: Sequence[GenOutput],
+    candidate: Sequence[GenOutput],
+    early: int,
+    prompts: Sequence[Prompt] | None = None,
+    decode: Any = None,
+) -> dict[str, Any]:
+    """Token identity of ``candidate`` against ``reference`` (same prompt order).
+
+    Divergences before ``early`` tokens are listed in ``early_divergences``. For each
+    diverged request a window of ids around the divergence is kept (and its text when
+    ``decode`` is given) so the JSON shows what went wrong without carrying every token.
+    """
+    if len(reference) != len(candidate):
+        raise ValueError(f"cannot compare {len(reference)} reference outputs with {len(candidate)} candidates")
+    requests = []
+    for i, (ref, cand) in enumerate(zip(reference, candidate)):
+        div = first_divergence(ref.output_ids, cand.output_ids)
+        rec: dict[str, Any] = {
+            "index": i,
+            "source": prompts[i].source if prompts else None,
+            "prompt_len": len(prompts[i].input_ids) if prompts else None,
+            "reference_len": len(ref.output_ids),
+            "candidate_len": len(cand.output_ids),
+            "identical": div is None,
+            "first_divergence": div,
+            "reference_finish": ref.finish_reason,
+            "candidate_finish": cand.finish_reason,
+            "accept_length": cand.accept_length,
+        }
+        if div is not None and ref.margin is not None and div < len(ref.output_ids) and div < len(cand.output_ids):
+            rec["reference_margin"] = round(ref.margin[div], 5)
+            rec["candidate_is_runner_up"] = cand.output_ids[div] == ref.runner_up[div]
+            rec["near_tie"] = rec["candidate_is_runner_up"] and ref.margin[div] <= NEAR_TIE_NATS
+        if div is not None:
+            lo, hi = max(0, div - 4), div + 8
+            rec["reference_window"] = ref.output_ids[lo:hi]
+            rec["candidate_window"] = cand.output_ids[lo:hi]
+            if decode is not None:
+                rec["reference_text"] = decode(ref.output_ids[lo:hi])
+                rec["candidate_text"] = decode(cand.output_ids[lo:hi])
+        requests.append(rec)
+    divs = [r["first_divergence"] for r in requests if r["first_divergence"] is not None]
+    n_identical = sum(r["identical"] for r in requests)
+    margins = [m for ref in reference if ref.margin for m in ref.margin]
+    return {
+        "num_requests": len(requests),
+        "identical": n_identical,
+        "fraction_identical": n_identical / len(requests) if requests else None,
+        "early_threshold": early,
+        "early_divergences": [r["index"] for r in requests if r["first_divergence"] is not None and r["first_divergence"] < early],
+        "first_divergence_min": min(divs) if divs else None,
+        "first_divergence_median": statistics.median(divs) if divs else None,
+        # Where the stock pass carried its top-2 log-probabilities: how many divergences are
+        # near-ties (see NEAR_TIE_NATS), and the scale of stock's margins for comparison.
+        "near_tie_nats": NEAR_TIE_NATS,
+        "divergences_near_tie": sum(bool(r.get("near_tie")) for r in requests) if margins else None,
+        "unexplained_early_divergences": [
+            r["index"] for r in requests
+            if r["first_divergence"] is not None and r["first_divergence"] < early and not r.get("near_tie")
+        ],
+        "reference_margin_median": statistics.median(margins) if margins else None,
+        "reference_margin_frac_near_tie": sum(m <= NEAR_TIE_NATS for m in margins) / len(margins) if margins else None,
+        "requests": requests,
+    }
+
+
+def run_passes(
+    config: ServerConfig,
+    passes: list[PassResult],
+    prompts: Sequence[Prompt],
+    args: argparse.Namespace,
+    deadline: Deadline,
+    log: RunLog,
+) -> dict[str, Any]:
+    """Start one server, run ``passes`` in order (filling them in), stop it; returns the server record."""
+    name, env = config.name, {**args.env, **dict(config.env)}
+    record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "startup_s": None, "error": None}
+    if not deadline.allows(MIN_START_S):
+        log.line(f"{name}: skipped, {deadline.remaining():.0f} s of budget left")
+        for p in passes:
+            p.error = "time budget"
+        return record
+    server = Server.sglang(args.model, config.flags, log_path=args.server_log_dir / f"{name}.server.log", env=env)
+    record["command"] = server.argv
+    with server:
+        log.line(f"{name}: starting server: {shlex.join(server.argv[1:])}")
+        try:
+            record["startup_s"] = server.start(timeout_s=min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S))
+        except ServerError as e:
+            record.update(status="failed", error=str(e))
+            log.line(f"{name}: server failed to start: {str(e).splitlines()[0]}")
+            log.block(f"{name} server log tail", log_tail(server.log_path, 200))
+            for p in passes:
+                p.status, p.error = "failed", "server failed to start"
+            return record
+        record["status"] = "ok"
+        log.line(f"{name}: server up after {record['startup_s']:.0f} s")
+        for i, p in enumerate(passes):
+            label = f"{name} pass {i + 1}/{len(passes)} (T={p.temperature}, max_new={p.max_new_tokens})"
+            if not deadline.allows(STOP_RESERVE_S + 10):
+                p.error = "time budget"
+                log.line(f"{label}: SKIPPED (time budget)")
+                continue
+            sampling = {"temperature": p.temperature, "max_new_tokens": p.max_new_tokens}
+            t0 = time.monotonic()
+            try:
+                p.outputs = generate_all(
+                    server, [q.input_ids for q in prompts], sampling,
+                    concurrency=args.concurrency or len(prompts),
+                    timeout_s=deadline.remaining() - STOP_RESERVE_S,
+                    top2=p.top2,
+                )  # fmt: skip
+                p.status, p.wall_s = "ok", time.monotonic() - t0
+                acc = acceptance_summary(p.outputs, p.wall_s)
+                al = acc["accept_length_overall"]
+                log.line(
+                    f"{label}: {acc['output_tokens']} tokens in {p.wall_s:.1f} s"
+                    + (f", accept length {al:.3f}" if al is not None else "")
+                )
+            except Exception as e:  # a failed pass must not lose the others' results
+                p.status, p.error, p.wall_s = "failed", f"{type(e).__name__}: {e}", time.monotonic() - t0
+                log.line(f"{label}: FAILED: {p.error.splitlines()[0]}")
+                if server.proc is None or server.proc.poll() is not None:
+                    record.update(status="died", error=p.error)
+                    break
+        log.block(f"{name} server log tail", log_tail(server.log_path, 40))
+    for p in passes:
+        if p.status == "skipped" and p.error is None:
+            p.error = "server died"
+    return record
+
+
+def verdict(identity_mode: bool, identity: dict[str, Any] | None, main_pass: PassResult) -> str:
+    """PASS/FAIL judge the greedy identity check; OK is an acceptance-only run whose main pass finished."""
+    if main_pass.status != "ok" or (identity_mode and identity is None):
+        return "INCOMPLETE"
+    if not identity_mode:
+        return "OK"
+    # Early divergences fail the run unless stock itself was at a near-tie there: greedy
+    # speculation is exact up to the rounding of the k+1-token verify kernel.
+    return "FAIL" if identity["unexplained_early_divergences"] else "PASS"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="model folder (also the tokenizer)")
+    p.add_argument("--data-dir", required=True, type=Path, help="folder with aime24.jsonl / amc23.jsonl")
+    p.add_argument("--out", required=True, type=Path, help="result JSON path; the log goes beside it (.log)")
+    p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS))
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=1024)
+    p.add_argument("--num-steps", type=int, default=8, help="PILLAR draft steps k")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: identity check; >0: acceptance only")
+    p.add_argument("--accept-temps", default="", help="extra acceptance-only PILLAR passes, e.g. 0,0.6")
+    p.add_argument("--accept-max-new-tokens", type=int, default=None, help="default: --max-new-tokens")
+    p.add_argument("--concurrency", type=int, default=0, help="requests in flight (0 = all at once)")
+    p.add_argument("--early-divergence", type=int, default=64)
+    p.add_argument("--no-stock-repeat", action="store_true", help="skip the stock determinism pass")
+    p.add_argument("--controls", default="", help="more configs to check against stock, e.g. ngram,pillar-streaming")
+    p.add_argument("--extra-server-args", default="", help='flags for both servers; use the = form: --extra-server-args="--x 1"')
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
+    p.add_argument("--startup-timeout", type=float, default=400.0)
+    p.add_argument("--time-budget", type=float, default=560.0, help="seconds for the whole invocation")
+    p.add_argument("--run-id", default=None)
+    p.add_argument("--server-log-dir", type=Path, default=None, help="full server logs (default: a temp dir)")
+    args = p.parse_args(argv)
+    if args.num_prompts < 1 or args.max_new_tokens < 1 or args.num_steps < 1:
+        p.error("--num-prompts, --max-new-tokens and --num-steps must be >= 1")
+    if args.temperature < 0:
+        p.error("--temperature must be >= 0")
+    try:
+        args.accept_temps = [float(t) for t in args.accept_temps.split(",") if t.strip()]
+    except ValueError:
+        p.error(f"--accept-temps must be comma-separated numbers, got {args.accept_temps!r}")
+    try:
+        args.env = parse_env(args.env)
+    except ValueError as e:
+        p.error(str(e))
+    args.extra_server_args = tuple(shlex.split(args.extra_server_args))
+    args.datasets = tuple(d for d in args.datasets.split(",") if d)
+    args.controls = [c for c in args.controls.split(",") if c]
+    for name in args.controls:
+        try:
+            resolve_config(name)
+        except ValueError as e:
+            p.error(str(e))
+    args.run_id = args.run_id or new_run_id()
+    args.server_log_dir = args.server_log_dir or Path(tempfile.mkdtemp(prefix="sparsespec-bench-"))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    install_signal_handlers()
+    deadline = Deadline(args.time_budget)
+    log = RunLog(args.out.with_suffix(".log"))
+    doc: dict[str, Any] = {
+        "kind": "lossless",
+        "schema": 1,
+        "meta": run_metadata(args.run_id),
+        "settings": {
+            "model": args.model,
+            "datasets": list(args.datasets),
+            "num_prompts": args.num_prompts,
+            "max_new_tokens": args.max_new_tokens,
+            "num_steps": args.num_steps,
+            "temperature": args.temperature,
+            "accept_temps": args.accept_temps,
+            "accept_max_new_tokens": args.accept_max_new_tokens or args.max_new_tokens,
+            "concurrency": args.concurrency or args.num_prompts,
+            "extra_server_args": list(args.extra_server_args),
+            "env": args.env,
+        },
+        "servers": {},
+        "stock_repeat": None,
+        "identity": None,
+        "acceptance": [],
+        "verdict": "INCOMPLETE",
+        "all_passes_ok": False,
+    }
+    write_json(args.out, doc)
+    log.line(f"lossless run {args.run_id} on {doc['meta']['device']}; server logs in {args.server_log_dir}")
+
+    tokenizer = load_tokenizer(args.model)
+    prompts = build_prompts(tokenizer, args.data_dir, args.num_prompts, args.datasets)
+    log.line(f"{len(prompts)} prompts, {sum(len(p.input_ids) for p in prompts)} prompt tokens")
+
+    identity_mode = args.temperature == 0
+    stock_passes: list[PassResult] = []
+    if identity_mode:
+        stock = resolve_config("stock", args.extra_server_args)
+        # The first stock pass is the reference and carries top-2 log-probabilities, so every
+        # divergence can be classified; the repeat measures stock's own run-to-run noise.
+        stock_passes = [PassResult("stock", 0.0, args.max_new_tokens, top2=i == 0) for i in range(1 if args.no_stock_repeat else 2)]
+        doc["servers"]["stock"] = run_passes(stock, stock_passes, prompts, args, deadline, log)
+        if len(stock_passes) == 2 and all(p.status == "ok" for p in stock_passes):
+            rep = compare_outputs(stock_passes[0].outputs, stock_passes[1].outputs, args.early_divergence)
+            rep.pop("requests")
+            doc["stock_repeat"] = rep
+            log.line(f"stock vs stock: {rep['identical']}/{rep['num_requests']} identical")
+        write_json(args.out, doc)
+
+    stock_ok = bool(stock_passes) and stock_passes[0].status == "ok"
+
+    def identity(name: str, candidate: PassResult) -> dict[str, Any] | None:
+        if not (identity_mode and stock_ok and candidate.status == "ok"):
+            return None
+        ident = compare_outputs(stock_passes[0].outputs, candidate.outputs, args.early_divergence, prompts, tokenizer.decode)
+        log.line(
+            f"identity {name} vs stock: {ident['identical']}/{ident['num_requests']} token-identical; "
+            f"early (<{args.early_divergence}) divergences: {ident['early_divergences'] or 'none'}; "
+            f"first divergence min {ident['first_divergence_min']}, median {ident['first_divergence_median']}; "
+            f"near-tie divergences {ident['divergences_near_tie']}; unexplained early: "
+            f"{ident['unexplained_early_divergences'] or 'none'}"
+        )
+        return ident
+
+    pillar = resolve_config(f"pillar-k{args.num_steps}", args.extra_server_args)
+    accept_max = args.accept_max_new_tokens or args.max_new_tokens
+    pillar_passes = [PassResult("pillar", args.temperature, args.max_new_tokens)]
+    pillar_passes += [PassResult("pillar", t, accept_max) for t in args.accept_temps]
+    doc["servers"]["pillar"] = run_passes(pillar, pillar_passes, prompts, args, deadline, log)
+    doc["acceptance"] = [p.summary() for p in pillar_passes]
+    main_pass = pillar_passes[0]
+    doc["identity"] = identity("pillar", main_pass)
+    write_json(args.out, doc)
+
+    # Controls: other speculative configs through the same greedy check, e.g. SGLang's own NGRAM,
+    # which verifies with the same TARGET_VERIFY kernels and so shows the verify numerics' share.
+    doc["controls"] = {}
+    for name in args.controls:
+        control = PassResult(name, args.temperature, args.max_new_tokens)
+        record = run_passes(resolve_config(name, args.extra_server_args), [control], prompts, args, deadline, log)
+        doc["servers"][name] = record
+        doc["controls"][name] = {"pass": control.summary(), "identity": identity(name, control)}
+        write_json(args.out, doc)
+    doc["verdict"] = verdict(identity_mode, doc["identity"], main_pass)
+    doc["all_passes_ok"] = all(p.status == "ok" for p in stock_passes + pillar_passes)
+    write_json(args.out, doc)
+    for a in doc["acceptance"]:
+        al = a.get("accept_length_overall")
+        log.line(f"acceptance T={a['temperature']} max_new={a['max_new_tokens']}: {a['status']}" + (f", {al:.3f}" if al else ""))
+    log.line(f"LOSSLESS VERDICT: {doc['verdict']} (all passes ok: {doc['all_passes_ok']}) -> {args.out}")
+    return 0 if doc["verdict"] in ("PASS", "OK") and doc["all_passes_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

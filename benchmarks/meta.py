@@ -1,0 +1,73 @@
+"""Provenance recorded with every result file: device, date, code versions."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+COMMIT_ENV = "SPARSESPEC_GIT_COMMIT"
+
+
+def new_run_id() -> str:
+    """UTC timestamp; pass the same ``--run-id`` to several invocations that belong to one comparison."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+
+
+def device_name() -> str:
+    """GPU model as nvidia-smi reports it (first GPU), else torch's name, else 'cpu'."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip()  # fmt: skip
+        if out:
+            return out.splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import torch  # slow import, only when nvidia-smi is missing
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return "cpu"
+
+
+def git_commit(repo: Path = REPO_ROOT) -> str:
+    """HEAD of ``repo``; the GPU node gets a copy of the tree without .git, so it reads $SPARSESPEC_GIT_COMMIT."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get(COMMIT_ENV, "unknown")
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def run_metadata(run_id: str) -> dict[str, str | None]:
+    return {
+        "run_id": run_id,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": device_name(),
+        "hostname": platform.node(),
+        "git_commit": git_commit(),
+        "sglang_version": package_version("sglang"),
+        "sglang_sparsespec_version": package_version("sglang-sparsespec"),
+        "torch_version": package_version("torch"),
+        "python": platform.python_version(),
+    }

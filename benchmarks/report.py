@@ -1,0 +1,248 @@
+"""Merge result JSONs into markdown tables (and PNG plots when matplotlib is installed).
+
+    python -m benchmarks.report [--results-dir benchmarks/results] [--out SUMMARY.md]
+
+Ratios compare a config with the ``stock`` config of the same run id (one GPU session),
+the same workload and the same concurrency; across runs the hardware state differs
+(clocks, neighbours), so no cross-run ratio is ever printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
+CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
+
+
+def load_results(results_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Result documents (kind throughput/lossless) in ``results_dir``, plus notes about skipped files."""
+    docs, notes = [], []
+    for path in sorted(Path(results_dir).glob("*.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            notes.append(f"skipped {path.name}: {e}")
+            continue
+        if isinstance(doc, dict) and doc.get("kind") in ("throughput", "lossless"):
+            doc["_file"] = path.name
+            docs.append(doc)
+        else:
+            notes.append(f"skipped {path.name}: not a benchmark result")
+    return docs, notes
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _config_rank(name: str) -> tuple[int, str]:
+    base = name.split("-k")[0]
+    return (CONFIG_ORDER.index(base) if base in CONFIG_ORDER else len(CONFIG_ORDER), name)
+
+
+def workload_key(doc: dict[str, Any]) -> tuple[Any, ...]:
+    w = doc.get("workload", {})
+    return (w.get("kind"), w.get("output_len"), w.get("input_len"), w.get("temperature"))
+
+
+def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (config, concurrency) run, with ``ratio_vs_stock`` filled where a stock row matches."""
+    rows = []
+    for doc in docs:
+        if doc.get("kind") != "throughput":
+            continue
+        for run in doc.get("runs", []):
+            m = run.get("metrics") or {}
+            rows.append({
+                "run_id": doc["meta"]["run_id"],
+                "device": doc["meta"].get("device"),
+                "workload": workload_key(doc),
+                "config": doc["config"]["name"],
+                "concurrency": run["concurrency"],
+                "num_prompts": run.get("num_prompts"),
+                "status": run["status"],
+                "metrics": m,
+                "tok_s": m.get("output_throughput") if run["status"] == "ok" else None,
+            })  # fmt: skip
+    base = {
+        (r["run_id"], r["workload"], r["concurrency"]): r["tok_s"]
+        for r in rows
+        if r["config"] == "stock" and r["tok_s"]
+    }
+    for r in rows:
+        b = base.get((r["run_id"], r["workload"], r["concurrency"]))
+        r["ratio_vs_stock"] = r["tok_s"] / b if (b and r["tok_s"] is not None) else None
+    rows.sort(key=lambda r: (r["run_id"], str(r["workload"]), _config_rank(r["config"]), r["concurrency"]))
+    return rows
+
+
+THROUGHPUT_HEADERS = (
+    "config", "conc", "reqs", "out tok/s", "vs stock", "TPOT med ms", "TPOT p99 ms",
+    "ITL med ms", "ITL p99 ms", "TTFT med ms", "accept len", "status",
+)  # fmt: skip
+
+
+def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
+    def cells(r: dict[str, Any]) -> list[str]:
+        m = r["metrics"]
+        return [
+            r["config"], r["concurrency"], fmt(r["num_prompts"], "d"), fmt(r["tok_s"], ".0f"),
+            fmt(r["ratio_vs_stock"], ".2f", "x"), fmt(m.get("median_tpot_ms")), fmt(m.get("p99_tpot_ms")),
+            fmt(m.get("median_itl_ms")), fmt(m.get("p99_itl_ms")), fmt(m.get("median_ttft_ms"), ".1f"),
+            fmt(m.get("accept_length")), r["status"],
+        ]  # fmt: skip
+
+    return markdown_table(THROUGHPUT_HEADERS, (cells(r) for r in rows))
+
+
+def describe_workload(key: tuple[Any, ...]) -> str:
+    kind, out_len, in_len, temp = key
+    prompt = "AIME24+AMC23 chat prompts" if kind == "aime" else f"random token ids, {in_len} in"
+    return f"{prompt}, {out_len} output tokens (ignore_eos), temperature {temp}"
+
+
+def throughput_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    rows = throughput_rows(docs)
+    if not rows:
+        return ""
+    out = []
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["run_id"], r["workload"]), []).append(r)
+    meta_by_run = {d["meta"]["run_id"]: d["meta"] for d in docs if d.get("kind") == "throughput"}
+    for (run_id, wkey), group in groups.items():
+        meta = meta_by_run[run_id]
+        out.append(
+            f"### Throughput, run {run_id}\n\n{meta.get('device')}; sglang {meta.get('sglang_version')}; "
+            f"commit {str(meta.get('git_commit'))[:12]}; {describe_workload(wkey)}.\n"
+        )
+        out.append(throughput_table(group) + "\n")
+    return "\n".join(out)
+
+
+LOSSLESS_HEADERS = (
+    "run", "device", "k", "prompts", "max new", "verdict", "identical", "early div", "first div min/med",
+    "stock self-identical", "accept len (T=0)",
+)  # fmt: skip
+ACCEPT_HEADERS = ("run", "k", "temperature", "max new", "prompts", "accept len overall", "per-request mean", "status")
+
+
+def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    docs = [d for d in docs if d.get("kind") == "lossless"]
+    if not docs:
+        return ""
+    rows, acc_rows = [], []
+    for d in sorted(docs, key=lambda d: d["meta"]["run_id"]):
+        s, ident, rep = d["settings"], d.get("identity"), d.get("stock_repeat")
+        main = (d.get("acceptance") or [{}])[0]
+        rows.append([
+            d["meta"]["run_id"], d["meta"].get("device"), s["num_steps"], s["num_prompts"], s["max_new_tokens"],
+            d.get("verdict"),
+            f"{ident['identical']}/{ident['num_requests']}" if ident else "-",
+            (",".join(map(str, ident["early_divergences"])) or "none") if ident else "-",
+            f"{fmt(ident['first_divergence_min'], 'd')}/{fmt(ident['first_divergence_median'], '.0f')}" if ident else "-",
+            f"{rep['identical']}/{rep['num_requests']}" if rep else "-",
+            fmt(main.get("accept_length_overall")) if main.get("temperature") == 0 else "-",
+        ])  # fmt: skip
+        for a in d.get("acceptance", []):
+            acc_rows.append([
+                d["meta"]["run_id"], s["num_steps"], a["temperature"], a["max_new_tokens"], a.get("num_requests", "-"),
+                fmt(a.get("accept_length_overall"), ".3f"), fmt(a.get("accept_length_mean"), ".3f"), a["status"],
+            ])  # fmt: skip
+    return (
+        "### Losslessness (greedy, stock vs PILLAR token ids)\n\n" + markdown_table(LOSSLESS_HEADERS, rows)
+        + "\n\n### PILLAR acceptance\n\n" + markdown_table(ACCEPT_HEADERS, acc_rows) + "\n"
+    )  # fmt: skip
+
+
+def plot_throughput(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path] | str:
+    """One PNG per (run, workload): output tok/s and accept length vs concurrency. A note if no matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed; plots skipped (pip install matplotlib)."
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in throughput_rows(docs):
+        if r["tok_s"] is not None:
+            groups.setdefault((r["run_id"], r["workload"]), []).append(r)
+    paths = []
+    for (run_id, wkey), rows in groups.items():
+        fig, (ax_t, ax_a) = plt.subplots(1, 2, figsize=(11, 4))
+        for config in sorted({r["config"] for r in rows}, key=_config_rank):
+            pts = sorted((r["concurrency"], r["tok_s"], r["metrics"].get("accept_length")) for r in rows if r["config"] == config)
+            (line,) = ax_t.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config)
+            acc = [(c, a) for c, _, a in pts if a]
+            if acc:
+                ax_a.plot([c for c, _ in acc], [a for _, a in acc], marker="o", label=config, color=line.get_color())
+        ax_a.set_ylim(bottom=1.0)  # 1 token per step = no speculation
+        concs = sorted({r["concurrency"] for r in rows})
+        for ax, ylabel in ((ax_t, "output tokens/s"), (ax_a, "accept length (tokens/verify)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(concs, [str(c) for c in concs])
+            ax.set_xlabel("concurrency")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+            if ax.lines:
+                ax.legend()
+        fig.suptitle(f"run {run_id}: {describe_workload(wkey)}", fontsize=9)
+        fig.tight_layout()
+        path = out_dir / f"throughput_{run_id}_{wkey[0]}_{wkey[1]}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -> str:
+    parts = [
+        "# Benchmark summary\n",
+        f"Generated by `python -m benchmarks.report` from {len(docs)} result files. "
+        "`vs stock` = output tok/s divided by the stock config's in the same run and concurrency; "
+        "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n",
+    ]
+    for section in (throughput_markdown(docs), lossless_markdown(docs)):
+        if section:
+            parts.append(section)
+    parts += [f"- {n}" for n in notes]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS)
+    p.add_argument("--out", type=Path, default=None, help="default: <results-dir>/SUMMARY.md")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    if not args.results_dir.is_dir():
+        p.error(f"results dir not found: {args.results_dir}")
+    docs, notes = load_results(args.results_dir)
+    notes = list(notes)
+    if not args.no_plots:
+        plots = plot_throughput(docs, args.results_dir)
+        if isinstance(plots, str):
+            notes.append(plots)
+        else:
+            notes += [f"plot: ![{q.stem}]({q.name})" for q in plots]
+    out = args.out or args.results_dir / "SUMMARY.md"
+    out.write_text(summary_markdown(docs, notes), encoding="utf-8")
+    print(f"wrote {out} ({len(docs)} result files)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

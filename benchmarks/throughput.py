@@ -1,0 +1,364 @@
+"""Serving throughput per config and concurrency, measured with SGLang's bench_serving.
+
+    python -m benchmarks.throughput --model M --data-dir D --out DIR \\
+        --configs stock,pillar[,ngram,stock-flashinfer,pillar-k4] --concurrency 1,16,64 \\
+        --output-len 2048 [--num-prompts-per-conc N] [--time-budget 540] [--run-id ID]
+
+Each config's server starts once; every concurrency runs against it with fixed-length
+outputs (ignore_eos) on the AIME24+AMC23 chat prompts (``--workload random-ids`` for
+random token ids instead). Writes ``DIR/throughput_<run>_<config>.json`` per config
+(rewritten after every run) and ``DIR/throughput_<run>.log``, prints a progress line per
+run and a markdown table at the end. A server that dies or fails to start marks its
+runs failed and the next config goes on; runs that no longer fit ``--time-budget`` are
+skipped and listed. Exit code 0 when nothing failed (skips allowed), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.configs import ServerConfig, parse_env, resolve_config
+from benchmarks.meta import new_run_id, run_metadata
+from benchmarks.report import throughput_rows, throughput_table
+from benchmarks.runlog import Deadline, RunLog, write_json
+from benchmarks.server import Server, ServerError, http_json, install_signal_handlers, log_tail
+from benchmarks.workload import DEFAULT_DATASETS, build_prompts, load_tokenizer, prompt_token_stats, write_bench_serving_file
+
+BENCH_MODULE = "sglang.benchmark.serving"  # what `python -m sglang.bench_serving` forwards to in 0.5.17
+STOP_RESERVE_S = 25.0  # budget kept back so the server can always be stopped and the JSON written
+MIN_START_S = 90.0  # don't launch a server unless this much budget is left (start alone takes 75-200 s)
+MIN_RUN_S = 20.0
+
+METRIC_KEYS = (
+    "completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+    "input_throughput", "output_throughput", "total_throughput",
+    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+    "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
+    "mean_e2e_latency_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms",
+    "concurrency", "max_concurrent_requests", "max_output_tokens_per_s", "accept_length",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every request looks like. ``dataset_files`` maps num_prompts -> custom-dataset JSONL (aime only)."""
+
+    kind: str  # "aime" | "random-ids"
+    output_len: int
+    input_len: int | None
+    temperature: float
+    dataset_files: dict[int, Path]
+
+    def bench_args(self, num_prompts: int) -> list[str]:
+        if self.kind == "aime":
+            return [
+                "--dataset-name", "custom", "--dataset-path", str(self.dataset_files[num_prompts]),
+                "--sharegpt-output-len", str(self.output_len),
+            ]  # fmt: skip
+        return [
+            "--dataset-name", "random-ids", "--random-input-len", str(self.input_len),
+            "--random-output-len", str(self.output_len), "--random-range-ratio", "1.0", "--tokenize-prompt",
+        ]  # fmt: skip
+
+
+def bench_command(
+    base_url: str, model: str, workload: Workload, concurrency: int, num_prompts: int, output_file: Path
+) -> list[str]:
+    return [
+        sys.executable, "-m", BENCH_MODULE,
+        "--backend", "sglang", "--base-url", base_url, "--model", model, "--tokenizer", model,
+        *workload.bench_args(num_prompts),
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+        "--temperature", str(workload.temperature), "--seed", "1",
+        "--output-file", str(output_file), "--disable-tqdm",
+    ]  # fmt: skip
+
+
+def parse_bench_result(path: Path) -> dict[str, Any]:
+    """Metrics of the last result line bench_serving appended to ``path``; ValueError if there is none."""
+    try:
+        lines = [l for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+    except OSError as e:
+        raise ValueError(f"no bench_serving result at {path}: {e}") from None
+    if not lines:
+        raise ValueError(f"bench_serving result file {path} is empty")
+    try:
+        result = json.loads(lines[-1])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"bench_serving result in {path} is not JSON: {e}") from None
+    if not isinstance(result, dict) or result.get("output_throughput") is None:
+        raise ValueError(f"bench_serving result in {path} has no output_throughput")
+    return {k: result.get(k) for k in METRIC_KEYS}
+
+
+def default_num_prompts(concurrency: int) -> int:
+    # Two waves of requests: the second starts while the first drains, so the batch stays
+    # near full for most of the run; at least 4 so concurrency 1 averages a few requests.
+    return max(2 * concurrency, 4)
+
+
+def run_watched(argv: Sequence[str], log_path: Path, timeout_s: float, server: Server) -> int:
+    """Run a client subprocess (own process group), killing it if the server dies or time runs out.
+
+    Returns its exit code; raises ServerError / TimeoutError after killing it.
+    """
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    end = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+            server.check_alive()
+            if time.monotonic() > end:
+                raise TimeoutError(f"bench_serving still running after {timeout_s:.0f} s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def reset_spec_counters(server: Server) -> bool:
+    """Zero the server's running accept-length average so each run reports its own.
+
+    In 0.5.17 any accepted /set_internal_state call resets the counters that /server_info's
+    avg_spec_accept_length is computed from; an empty update is accepted and changes nothing else.
+    """
+    try:
+        reply = http_json(server.base_url + "/set_internal_state", {"server_args": {}}, timeout=30)
+    except (OSError, ValueError):
+        return False
+    return bool(reply) and all(reply)
+
+
+def server_info(server: Server) -> dict[str, Any] | None:
+    try:
+        info = http_json(server.base_url + "/server_info", timeout=30)
+    except (OSError, ValueError):
+        return None
+    info.pop("internal_states", None)  # per-step state, not configuration
+    return info
+
+
+def run_config(
+    config: ServerConfig,
+    concurrencies: Sequence[int],
+    num_prompts: dict[int, int],
+    workload: Workload,
+    doc: dict[str, Any],
+    out_path: Path,
+    args: argparse.Namespace,
+    deadline: Deadline,
+    log: RunLog,
+) -> None:
+    """Start the config's server, run every concurrency, stop it; fills ``doc`` and rewrites ``out_path``."""
+    runs = doc["runs"] = [
+        {"concurrency": c, "num_prompts": num_prompts[c], "status": "skipped", "error": None, "wall_s": None, "metrics": None}
+        for c in concurrencies
+    ]
+    srv = doc["server"]
+    if not deadline.allows(MIN_START_S):
+        srv.update(status="skipped", error=f"time budget ({deadline.remaining():.0f} s left)")
+        for r in runs:
+            r["error"] = "time budget"
+        log.line(f"{config.name}: SKIPPED (time budget, {deadline.remaining():.0f} s left)")
+        write_json(out_path, doc)
+        return
+    server = Server.sglang(
+        args.model, config.flags, log_path=args.work_dir / f"{config.name}.server.log", env={**args.env, **dict(config.env)}
+    )
+    srv["command"] = server.argv
+    with server:
+        log.line(f"{config.name}: starting server")
+        try:
+            srv["startup_s"] = server.start(timeout_s=min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S))
+        except ServerError as e:
+            srv.update(status="failed", error=str(e))
+            for r in runs:
+                r.update(status="failed", error="server failed to start")
+            log.line(f"{config.name}: FAILED to start: {str(e).splitlines()[0]}")
+            log.block(f"{config.name} server log tail", log_tail(server.log_path, 200))
+            write_json(out_path, doc)
+            return
+        srv["status"] = "ok"
+        srv["server_info"] = server_info(server)
+        log.line(f"{config.name}: server up after {srv['startup_s']:.0f} s")
+        for r in runs:
+            c, n = r["concurrency"], r["num_prompts"]
+            if srv["status"] != "ok":
+                r.update(status="failed", error="server died earlier")
+                continue
+            if not deadline.allows(STOP_RESERVE_S + MIN_RUN_S):
+                r["error"] = "time budget"
+                log.line(f"{config.name} c={c}: SKIPPED (time budget)")
+                continue
+            if config.speculative and not reset_spec_counters(server):
+                r["accept_length_note"] = "counter reset failed: accept length is cumulative since server start"
+            result_file = args.work_dir / f"bench_{config.name}_c{c}.jsonl"
+            result_file.unlink(missing_ok=True)
+            bench_log = args.work_dir / f"bench_{config.name}_c{c}.log"
+            cmd = bench_command(server.base_url, args.model, workload, c, n, result_file)
+            t0 = time.monotonic()
+            try:
+                code = run_watched(cmd, bench_log, deadline.remaining() - STOP_RESERVE_S, server)
+                r["wall_s"] = time.monotonic() - t0
+                if code != 0:
+                    raise RuntimeError(f"bench_serving exited with code {code}")
+                r["metrics"] = parse_bench_result(result_file)
+                done = r["metrics"]["completed"]
+                r["status"] = "ok" if done == n else "failed"
+                if done != n:
+                    r["error"] = f"only {done}/{n} requests completed"
+            except ServerError as e:
+                r.update(status="failed", error=str(e), wall_s=time.monotonic() - t0)
+                srv.update(status="died", error=str(e).splitlines()[0])
+            except (TimeoutError, RuntimeError, ValueError) as e:
+                r.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.monotonic() - t0)
+            if r["status"] != "ok":
+                log.block(f"{config.name} c={c} bench_serving log tail", log_tail(bench_log, 80))
+                log.block(f"{config.name} c={c} server log tail", log_tail(server.log_path, 80))
+            log.line(progress_line(config.name, r))
+            write_json(out_path, doc)
+        log.block(f"{config.name} server log tail", log_tail(server.log_path, 40))
+    write_json(out_path, doc)
+
+
+def progress_line(config: str, run: dict[str, Any]) -> str:
+    head = f"{config} c={run['concurrency']} n={run['num_prompts']}"
+    m = run.get("metrics")
+    if run["status"] != "ok" or not m:
+        return f"{head}: {run['status'].upper()} ({str(run.get('error')).splitlines()[0]})"
+    acc = f", accept {m['accept_length']:.2f}" if m.get("accept_length") else ""
+    return (
+        f"{head}: {m['output_throughput']:.0f} out tok/s, TPOT med {m['median_tpot_ms']:.2f} ms "
+        f"p99 {m['p99_tpot_ms']:.2f} ms, TTFT med {m['median_ttft_ms']:.0f} ms{acc} ({run['wall_s']:.0f} s)"
+    )
+
+
+def parse_int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"{flag} must be comma-separated integers, got {text!r}")
+    if not values or min(values) < 1:
+        parser.error(f"{flag} needs positive integers, got {text!r}")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="model folder (also the tokenizer)")
+    p.add_argument("--data-dir", type=Path, default=None, help="folder with aime24.jsonl / amc23.jsonl")
+    p.add_argument("--out", required=True, type=Path, help="output folder (on the GPU node: $OUT)")
+    p.add_argument("--configs", default="stock,pillar")
+    p.add_argument("--concurrency", default="1,16,64")
+    p.add_argument("--output-len", type=int, default=2048)
+    p.add_argument("--num-prompts-per-conc", type=int, default=None, help="default: max(2*concurrency, 4)")
+    p.add_argument("--workload", choices=("aime", "random-ids"), default="aime")
+    p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS))
+    p.add_argument("--random-input-len", type=int, default=200, help="prompt tokens for --workload random-ids")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--extra-server-args", default="", help='flags for every server; use the = form: --extra-server-args="--x 1"')
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
+    p.add_argument("--startup-timeout", type=float, default=400.0)
+    p.add_argument("--time-budget", type=float, default=540.0, help="seconds for the whole invocation")
+    p.add_argument("--run-id", default=None, help="share one id across invocations of one comparison")
+    p.add_argument("--work-dir", type=Path, default=None, help="server/bench logs and prompt files (default: temp dir)")
+    args = p.parse_args(argv)
+    args.config_names = [c for c in args.configs.split(",") if c]
+    try:
+        args.server_configs = [resolve_config(c, tuple(shlex.split(args.extra_server_args))) for c in args.config_names]
+    except ValueError as e:
+        p.error(str(e))
+    if len(set(args.config_names)) != len(args.config_names):
+        p.error(f"--configs lists a config twice: {args.configs}")
+    args.concurrencies = parse_int_list(args.concurrency, "--concurrency", p)
+    if args.output_len < 4:
+        p.error("--output-len must be >= 4 (bench_serving rejects shorter fixed outputs)")
+    if args.num_prompts_per_conc is not None and args.num_prompts_per_conc < 1:
+        p.error("--num-prompts-per-conc must be >= 1")
+    if args.workload == "aime" and args.data_dir is None:
+        p.error("--workload aime needs --data-dir")
+    try:
+        args.env = parse_env(args.env)
+    except ValueError as e:
+        p.error(str(e))
+    args.datasets = tuple(d for d in args.datasets.split(",") if d)
+    args.run_id = args.run_id or new_run_id()
+    args.work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="sparsespec-bench-"))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    install_signal_handlers()
+    deadline = Deadline(args.time_budget)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    log = RunLog(args.out / f"throughput_{args.run_id}.log")
+    meta = run_metadata(args.run_id)
+    log.line(f"throughput run {args.run_id} on {meta['device']}; logs and prompt files in {args.work_dir}")
+
+    num_prompts = {c: args.num_prompts_per_conc or default_num_prompts(c) for c in args.concurrencies}
+    workload_doc: dict[str, Any] = {
+        "kind": args.workload,
+        "output_len": args.output_len,
+        "input_len": args.random_input_len if args.workload == "random-ids" else None,
+        "temperature": args.temperature,
+        "ignore_eos": True,
+        "request_rate": "inf",
+        "num_prompts": {str(c): n for c, n in num_prompts.items()},
+    }
+    files: dict[int, Path] = {}
+    if args.workload == "aime":
+        tokenizer = load_tokenizer(args.model)
+        for n in sorted(set(num_prompts.values())):
+            prompts = build_prompts(tokenizer, args.data_dir, n, args.datasets)
+            files[n] = args.work_dir / f"prompts_{n}.jsonl"
+            write_bench_serving_file(files[n], prompts)
+        workload_doc.update(datasets=list(args.datasets), prompt_tokens=prompt_token_stats(prompts))
+    workload = Workload(args.workload, args.output_len, workload_doc["input_len"], args.temperature, files)
+
+    docs = []
+    for config in args.server_configs:
+        doc: dict[str, Any] = {
+            "kind": "throughput",
+            "schema": 1,
+            "meta": meta,
+            "config": {"name": config.name, "flags": list(config.flags), "env": {**args.env, **dict(config.env)}},
+            "workload": workload_doc,
+            "server": {"status": "pending", "startup_s": None, "error": None},
+            "runs": [],
+        }
+        run_config(
+            config, args.concurrencies, num_prompts, workload, doc,
+            args.out / f"throughput_{args.run_id}_{config.name}.json", args, deadline, log,
+        )  # fmt: skip
+        docs.append(doc)
+
+    statuses = [r["status"] for d in docs for r in d["runs"]]
+    skipped = [f"{d['config']['name']} c={r['concurrency']}" for d in docs for r in d["runs"] if r["status"] == "skipped"]
+    print("\n" + throughput_table(throughput_rows(docs)) + "\n", flush=True)
+    if skipped:
+        log.line(f"SKIPPED {len(skipped)} runs for the time budget: {', '.join(skipped)}")
+    log.line(f"done: {statuses.count('ok')} ok, {statuses.count('failed')} failed, {len(skipped)} skipped -> {args.out}")
+    return 1 if "failed" in statuses else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

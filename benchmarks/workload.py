@@ -1,0 +1,95 @@
+"""Reasoning prompts (AIME 2024, AMC 2023) rendered with the model's chat template.
+
+The data files are JSON lines with a ``problem`` field; they live outside the repository
+(``--data-dir``). Prompts are taken in file order, datasets in the given order, and
+cycled when more are requested than there are problems, so every config of a comparison
+sees exactly the same requests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+DEFAULT_DATASETS = ("aime24", "amc23")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A chat-templated prompt: ``text`` is what a text client sends, ``input_ids`` its tokens."""
+
+    source: str  # "<dataset>:<line index>"
+    text: str
+    input_ids: list[int]
+
+
+def load_problems(data_dir: Path, datasets: Sequence[str] = DEFAULT_DATASETS) -> list[tuple[str, str]]:
+    """(source, problem) pairs from ``<data_dir>/<name>.jsonl``, in file order."""
+    problems: list[tuple[str, str]] = []
+    for name in datasets:
+        path = Path(data_dir) / f"{name}.jsonl"
+        if not path.is_file():
+            raise ValueError(f"prompt file not found: {path}")
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(l for l in f if l.strip()):
+                row = json.loads(line)
+                if not isinstance(row.get("problem"), str) or not row["problem"].strip():
+                    raise ValueError(f"{path} line {i + 1}: no 'problem' string")
+                problems.append((f"{name}:{i}", row["problem"]))
+    if not problems:
+        raise ValueError(f"no problems in {data_dir} for datasets {list(datasets)}")
+    return problems
+
+
+def load_tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer  # heavy import, only when prompts are built
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def render(tokenizer: Any, source: str, problem: str) -> Prompt:
+    messages = [{"role": "user", "content": problem + INSTRUCTION}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # The template already wrote every special token it wants; don't let encode add a BOS twice.
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return Prompt(source=source, text=text, input_ids=list(ids))
+
+
+def build_prompts(
+    tokenizer: Any, data_dir: Path, num_prompts: int, datasets: Sequence[str] = DEFAULT_DATASETS
+) -> list[Prompt]:
+    """``num_prompts`` prompts, cycling through the problems when there are fewer."""
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+    problems = load_problems(data_dir, datasets)
+    rendered: dict[int, Prompt] = {}
+    out = []
+    for i in range(num_prompts):
+        j = i % len(problems)
+        if j not in rendered:
+            rendered[j] = render(tokenizer, *problems[j])
+        out.append(rendered[j])
+    return out
+
+
+def write_bench_serving_file(path: Path, prompts: Sequence[Prompt]) -> None:
+    """Write prompts in bench_serving's ``custom`` dataset format (JSONL, first two conversation turns).
+
+    The text is already chat-templated, so bench_serving must run without
+    --apply-chat-template; the assistant turn is a placeholder because the output
+    length is fixed with --sharegpt-output-len.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for p in prompts:
+            convs = [{"role": "user", "content": p.text}, {"role": "assistant", "content": "placeholder answer"}]
+            f.write(json.dumps({"conversations": convs}) + "\n")
+
+
+def prompt_token_stats(prompts: Sequence[Prompt]) -> dict[str, float]:
+    lens = [len(p.input_ids) for p in prompts]
+    return {"min": min(lens), "mean": sum(lens) / len(lens), "max": max(lens), "unique": len({p.source for p in prompts})}

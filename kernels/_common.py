@@ -1,0 +1,35 @@
+"""Launch helpers shared by the PillarAttn kernels (host-side, no device syncs)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`; a small stand-in on CPU (interpreter runs)."""
+    if device.type != "cuda":
+        return 2
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def default_num_splits(programs_per_split: int, device: torch.device, cap: int = 32) -> int:
+    """Static split count so that about two waves of programs fill the GPU.
+
+    It depends only on static sizes (batch and head counts), never on sequence
+    lengths, so a launch with it is CUDA-graph safe.
+    """
+    want = -(-2 * num_sms(device) // max(programs_per_split, 1))
+    return max(1, min(cap, want))
+
+
+def check_int_vector(name: str, t: torch.Tensor, n: int) -> None:
+    """ValueError unless `t` is an integer tensor of shape [n] (metadata only, no sync)."""
+    if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1 or t.shape[0] != n:
+        raise ValueError(f"{name} must be an int32/int64 tensor of shape [{n}], got {t.dtype} {tuple(t.shape)}")

@@ -1,0 +1,349 @@
+"""PillarAttn sparse decode attention (one query per request, the draft step).
+
+Request b, KV head h attends over the union of
+  (a) its selected positions  sel_pos[r, h, :sel_cnt[r]]  with r = sel_rows[b] (or b), kept only
+      where 0 <= pos < tail_start[b] (so the union with the tail has no duplicates), and
+  (b) the shared tail  tail_start[b] <= pos < seq_lens[b]  (recent verified tokens, this round's
+      drafts, and the current token, whose KV is already written),
+and every position is mapped to its KV slot through req_to_token[req_pool_indices[b], pos].
+Selections stay position-based (sorted, as topk_select writes them), so they survive slot changes.
+
+Flash-decoding in two stages like SGLang's decode kernel: stage 1 runs a program per
+(request, KV head, split) that handles the whole GQA group with tl.dot and writes a normalized
+partial output and its LSE; stage 2 merges the splits. Split boundaries come from the device
+lengths, the grid only from static sizes, so launches are CUDA-graph safe. bf16/fp16 inputs,
+fp32 accumulation, natural-log softmax, optional tanh logit soft-cap. An empty attention set
+yields a zero output row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_int_vector, default_num_splits
+
+
+@triton.jit
+def _sparse_decode_stage1(
+    Q,
+    K_Buffer,
+    V_Buffer,
+    Req_to_token,
+    Req_pool_indices,
+    Sel_pos,
+    Sel_cnt,
+    Sel_rows,
+    Tail_start,
+    Seq_lens,
+    Mid_O,
+    Mid_lse,
+    sm_scale,
+    stride_qb,
+    stride_qh,
+    stride_kbs,
+    stride_kh,
+    stride_vbs,
+    stride_vh,
+    stride_rt,
+    stride_sb,
+    stride_sh,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    KMAX: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    LOGIT_CAP: tl.constexpr,
+    HAS_SEL_ROWS: tl.constexpr,
+):
+    cur_b = tl.program_id(0).to(tl.int64)
+    cur_kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    if HAS_SEL_ROWS:
+        sel_row = tl.load(Sel_rows + cur_b).to(tl.int64)
+    else:
+        sel_row = cur_b
+    req_row = Req_to_token + tl.load(Req_pool_indices + cur_b).to(tl.int64) * stride_rt
+    sel_base = Sel_pos + sel_row * stride_sb + cur_kv_head * stride_sh
+    cnt = tl.minimum(tl.maximum(tl.load(Sel_cnt + sel_row).to(tl.int32), 0), KMAX)
+    tail_start = tl.load(Tail_start + cur_b).to(tl.int32)
+    seq_len = tl.load(Seq_lens + cur_b).to(tl.int32)
+    total = cnt + tl.maximum(seq_len - tail_start, 0)
+
+    # Virtual index j < cnt is the j-th selected position, j >= cnt is tail position tail_start + j - cnt.
+    chunk = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_start = split * chunk
+    split_end = tl.minimum(split_start + chunk, total)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < GROUP
+    cur_heads = cur_kv_head * GROUP + offs_h
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+
+    e_max = tl.full([BLOCK_H], -float("inf"), tl.float32)
+    e_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    if split_end > split_start:
+        q = tl.load(
+            Q + cur_b * stride_qb + cur_heads[:, None] * stride_qh + offs_d[None, :],
+            mask=mask_h[:, None] & mask_d[None, :],
+            other=0.0,
+        )
+        for start_n in range(split_start, split_end, BLOCK_N):
+            offs_j = start_n + tl.arange(0, BLOCK_N)
+            in_range = offs_j < split_end
+            in_sel = offs_j < cnt
+            sel_pos = tl.load(sel_base + offs_j, mask=in_range & in_sel, other=-1)
+            pos = tl.where(in_sel, sel_pos, tail_start + offs_j - cnt)
+            valid = in_range & (pos >= 0) & (pos < tl.where(in_sel, tail_start, seq_len))
+            slot = tl.load(req_row + pos, mask=valid, other=0).to(tl.int64)
+            k = tl.load(
+                K_Buffer + slot[None, :] * stride_kbs + cur_kv_head * stride_kh + offs_d[:, None],
+                mask=valid[None, :] & mask_d[:, None],
+                other=0.0,
+            )
+            qk = tl.dot(q.to(k.dtype), k).to(tl.float32) * sm_scale
+            if LOGIT_CAP > 0:
+                qk = LOGIT_CAP * (2.0 * tl.sigmoid(2.0 * qk / LOGIT_CAP) - 1.0)
+            qk = tl.where(valid[None, :], qk, -float("inf"))
+            v = tl.load(
+                V_Buffer + slot[:, None] * stride_vbs + cur_kv_head * stride_vh + offs_d[None, :],
+                mask=valid[:, None] & mask_d[None, :],
+                other=0.0,
+            )
+            # A tile can be fully masked (dropped selections), so keep the running max finite.
+            n_e_max = tl.maximum(tl.maximum(tl.max(qk, 1), e_max), -1e20)
+            re_scale = tl.exp(e_max - n_e_max)
+            p = tl.exp(qk - n_e_max[:, None])
+            acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            e_sum = e_sum * re_scale + tl.sum(p, 1)
+            e_max = n_e_max
+
+    # Every split writes (an empty one: lse = -inf, zeros) so stage 2 needs no length logic.
+    has = e_sum > 0
+    mid = cur_b * stride_mb + cur_heads * stride_mh + split * stride_ms
+    tl.store(
+        Mid_O + mid[:, None] + offs_d[None, :],
+        acc / tl.where(has, e_sum, 1.0)[:, None],
+        mask=mask_h[:, None] & mask_d[None, :],
+    )
+    lse = tl.where(has, e_max + tl.log(tl.where(has, e_sum, 1.0)), -float("inf"))
+    tl.store(Mid_lse + cur_b * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
+
+
+@triton.jit
+def _sparse_decode_stage2(
+    Mid_O,
+    Mid_lse,
+    Out,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    cur_b = tl.program_id(0).to(tl.int64)
+    cur_head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    base = cur_b * stride_mb + cur_head * stride_mh
+    lse = tl.load(Mid_lse + cur_b * stride_lb + cur_head * stride_lh + offs_s, mask=mask_s, other=-float("inf"))
+    m = tl.maximum(tl.max(lse, 0), -1e20)
+    w = tl.exp(lse - m)
+    denom = tl.sum(w, 0)
+    parts = tl.load(
+        Mid_O + base + offs_s[:, None] * stride_ms + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    o = tl.sum(w[:, None] * parts, 0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(Out + cur_b * stride_ob + cur_head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
+
+
+def sparse_decode_fwd(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    sel_pos: torch.Tensor,
+    sel_cnt: torch.Tensor,
+    tail_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float = 0.0,
+    sel_rows: torch.Tensor | None = None,
+    num_kv_splits: int | None = None,
+) -> torch.Tensor:
+    """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
+
+    q, o: [bs, H_q, D] (o in q's dtype); k_buffer, v_buffer: [pool_slots, H_kv, D] page_size-1 cache.
+    req_to_token: [pool_reqs, max_ctx] int32; req_pool_indices, tail_start, seq_lens: [bs] int tensors.
+    sel_pos: [N, H_kv, Kmax] int32 sorted positions (-1 padded), e.g. a layer slice of topk_select's
+    output; sel_cnt: [N] int32 valid entries (clamped to [0, Kmax]); sel_rows: optional [bs] row of
+    request b in sel_pos/sel_cnt (e.g. req_pool_indices), default b.
+    sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
+    num_kv_splits: static split count; default fills about two GPU waves for this batch size.
+    """
+    if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
+        shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
+        raise ValueError(f"q [bs, H_q, D] and equal k/v buffers [slots, H_kv, D] expected, got {shapes}")
+    bs, h_q, d = q.shape
+    h_kv = k_buffer.shape[1]
+    if h_q % h_kv:
+        raise ValueError(f"H_q={h_q} is not a multiple of H_kv={h_kv}")
+    if o.shape != q.shape or o.dtype != q.dtype or o.stride(2) != 1 or q.stride(2) != 1:
+        raise ValueError(
+            f"o must match q ({q.dtype} {tuple(q.shape)}) with contiguous last dims, got {o.dtype} {tuple(o.shape)}"
+        )
+    if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32 or req_to_token.stride(1) != 1:
+        raise ValueError("req_to_token must be a row-major int32 [pool_reqs, max_ctx] tensor")
+    for name, t in (("req_pool_indices", req_pool_indices), ("tail_start", tail_start), ("seq_lens", seq_lens)):
+        check_int_vector(name, t, bs)
+    if sel_pos.dim() != 3 or sel_pos.dtype != torch.int32 or sel_pos.shape[1] != h_kv or sel_pos.stride(2) != 1:
+        raise ValueError(
+            f"sel_pos must be int32 [N, {h_kv}, Kmax] with a contiguous last dim, "
+            f"got {sel_pos.dtype} {tuple(sel_pos.shape)}"
+        )
+    check_int_vector("sel_cnt", sel_cnt, sel_pos.shape[0])
+    if sel_rows is not None:
+        check_int_vector("sel_rows", sel_rows, bs)
+    elif sel_pos.shape[0] < bs:
+        raise ValueError(f"sel_pos has {sel_pos.shape[0]} rows for a batch of {bs}")
+    group = h_q // h_kv
+    if num_kv_splits is None:
+        num_kv_splits = default_num_splits(bs * h_kv, q.device)
+    block_d = triton.next_power_of_2(d)
+    mid_o = torch.empty((bs, h_q, num_kv_splits, d), dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty((bs, h_q, num_kv_splits), dtype=torch.float32, device=q.device)
+    _sparse_decode_stage1[(bs, h_kv, num_kv_splits)](
+        q,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_pool_indices,
+        sel_pos,
+        sel_cnt,
+        sel_rows,
+        tail_start,
+        seq_lens,
+        mid_o,
+        mid_lse,
+        sm_scale,
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        req_to_token.stride(0),
+        sel_pos.stride(0),
+        sel_pos.stride(1),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        GROUP=group,
+        KMAX=sel_pos.shape[2],
+        D=d,
+        BLOCK_D=block_d,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=32,
+        NUM_SPLITS=num_kv_splits,
+        LOGIT_CAP=logit_cap,
+        HAS_SEL_ROWS=sel_rows is not None,
+        num_warps=4,
+        num_stages=2,
+    )
+    _sparse_decode_stage2[(bs, h_q)](
+        mid_o,
+        mid_lse,
+        o,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        o.stride(0),
+        o.stride(1),
+        D=d,
+        BLOCK_D=block_d,
+        NUM_SPLITS=num_kv_splits,
+        BLOCK_S=triton.next_power_of_2(num_kv_splits),
+        num_warps=4,
+    )
+    return o
+
+
+def sparse_attend_positions(
+    sel_pos: torch.Tensor,
+    sel_cnt: torch.Tensor,
+    tail_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    b: int,
+    row: int,
+    h: int,
+) -> torch.Tensor:
+    """Sorted positions request b / KV head h attends to (the union defined in the module docstring)."""
+    cnt = min(max(int(sel_cnt[row]), 0), sel_pos.shape[2])
+    ts, sl = int(tail_start[b]), int(seq_lens[b])
+    sel = sel_pos[row, h, :cnt].long()
+    sel = sel[(sel >= 0) & (sel < ts)]
+    tail = torch.arange(ts, max(sl, ts), device=sel.device)
+    return torch.cat([sel, tail])
+
+
+def sparse_decode_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    sel_pos: torch.Tensor,
+    sel_cnt: torch.Tensor,
+    tail_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float = 0.0,
+    sel_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Plain-torch `sparse_decode_fwd` (fp32 math, loops over requests and KV heads; for tests)."""
+    bs, h_q, _ = q.shape
+    h_kv = k_buffer.shape[1]
+    group = h_q // h_kv
+    for b in range(bs):
+        row = int(sel_rows[b]) if sel_rows is not None else b
+        for h in range(h_kv):
+            pos = sparse_attend_positions(sel_pos, sel_cnt, tail_start, seq_lens, b, row, h)
+            heads = slice(h * group, (h + 1) * group)
+            if pos.numel() == 0:
+                o[b, heads] = 0
+                continue
+            slots = req_to_token[int(req_pool_indices[b]), pos].long()
+            k, v = k_buffer[slots, h].float(), v_buffer[slots, h].float()  # [n, D]
+            s = (q[b, heads].to(k_buffer.dtype).float() @ k.T) * sm_scale  # [G, n]
+            if logit_cap > 0:
+                s = logit_cap * torch.tanh(s / logit_cap)
+            o[b, heads] = (torch.softmax(s, dim=-1) @ v).to(o.dtype)
+    return o

@@ -1,0 +1,591 @@
+"""CPU tests of the benchmark harness: pure logic, plus the server lifecycle and both entry points
+driven against a fake loopback "SGLang server" (a small http.server script) and a fake bench_serving.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+# benchmarks/ is a folder at the repository root, not an installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import configs, lossless, report, server, throughput, workload  # noqa: E402
+from benchmarks.client import GenOutput, generate_all, parse_generate_reply  # noqa: E402
+
+FAKE_SERVER = textwrap.dedent(
+    r'''
+    import json, os, subprocess, sys, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    argv = sys.argv[1:]
+    port = int(argv[argv.index("--port") + 1])
+    spec = "--speculative-algorithm" in argv
+    mode = os.environ.get("FAKE_MODE", "ok")
+    print("fake server starting", argv, flush=True)
+    if mode == "exit_early":
+        print("boom: CUDA out of memory (fake)", flush=True)
+        sys.exit(3)
+    if os.environ.get("FAKE_CHILD_PIDFILE"):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open(os.environ["FAKE_CHILD_PIDFILE"], "w").write(str(child.pid))
+    diverge_at = int(os.environ.get("FAKE_DIVERGE_AT", "-1"))
+    served = [0]
+
+    def tokens(ids, n):
+        return [(sum(ids) + 7 * i) % 5000 for i in range(n)]
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def reply(self, code, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health_generate":
+                return self.reply(503 if mode == "never_healthy" else 200, {})
+            if self.path == "/server_info":
+                return self.reply(200, {"version": "fake", "internal_states": [{"x": 1}]})
+            self.reply(404, {})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/set_internal_state":
+                return self.reply(200, [True])
+            if self.path != "/generate":
+                return self.reply(404, {})
+            ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
+            out = tokens(ids, n)
+            if spec and diverge_at >= 0 and sum(ids) % 2 == 0:
+                out[diverge_at] += 1
+            meta = {"completion_tokens": n, "finish_reason": {"type": "length", "length": n}}
+            if spec:
+                meta.update(spec_verify_ct=(n + 2) // 3, spec_accept_length=n / ((n + 2) // 3))
+            served[0] += 1
+            if mode == "die_on_second_generate" and served[0] == 2:
+                time.sleep(0.3)  # crash mid-request, without replying
+                os._exit(9)
+            self.reply(200, {"text": "x", "output_ids": out, "meta_info": meta})
+
+    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+    '''
+)
+
+FAKE_BENCH = textwrap.dedent(
+    r'''
+    import json, sys, urllib.request
+    a = sys.argv[1:]
+    get = lambda k: a[a.index(k) + 1]
+    urllib.request.urlopen(get("--base-url") + "/health_generate", timeout=5).read()
+    n, c = int(get("--num-prompts")), int(get("--max-concurrency"))
+    res = {"completed": n, "duration": 2.0, "total_output_tokens": n * 16, "output_throughput": 100.0 * c,
+           "median_tpot_ms": 5.0, "p99_tpot_ms": 9.0, "median_itl_ms": 4.0, "p99_itl_ms": 8.0,
+           "median_ttft_ms": 30.0, "accept_length": float(get("--accept")) if "--accept" in a else None,
+           "server_info": {"big": "dropped"}}
+    open(get("--output-file"), "a").write(json.dumps(res) + "\n")
+    '''
+)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A word-level tokenizer with a chat template, saved like a model folder's tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "<|user|>", "<|assistant|>"] + [f"w{i}" for i in range(50)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    fast.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+    )
+    path = tmp_path_factory.mktemp("tok")
+    fast.save_pretrained(path)
+    return path
+
+
+@pytest.fixture()
+def data_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "aime24.jsonl").write_text("".join(json.dumps({"problem": f"w{i} w{i + 1}"}) + "\n" for i in range(3)))
+    (d / "amc23.jsonl").write_text(json.dumps({"problem": "w9 w8 w7", "answer": "1"}) + "\n\n")
+    return d
+
+
+@pytest.fixture()
+def fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Route Server.sglang to the fake server script (same flags, so spec vs stock still shows)."""
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    monkeypatch.setattr(
+        server, "launch_command",
+        lambda model, flags, host, port: [sys.executable, str(script), "--host", host, "--port", str(port), *flags],
+    )  # fmt: skip
+    return script
+
+
+def fake_server(tmp_path: Path, **env: str) -> server.Server:
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    port = server.free_port()
+    argv = [sys.executable, str(script), "--port", str(port)]
+    return server.Server(argv, port=port, log_path=tmp_path / "srv.log", env=env)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def wait_dead(pid: int, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def test_configs_flags_and_names() -> None:
+    stock = configs.resolve_config("stock")
+    assert stock.flags[:2] == ("--attention-backend", "triton") and not stock.speculative
+    assert "--disable-radix-cache" in stock.flags
+    k4 = configs.resolve_config("pillar-k4", ("--foo", "1"))
+    i = k4.flags.index("--speculative-num-steps")
+    assert k4.speculative and k4.flags[i + 1] == "4" and k4.flags[-2:] == ("--foo", "1")
+    assert configs.resolve_config("pillar").flags[i + 1] == "8"
+    assert "flashinfer" in configs.resolve_config("stock-flashinfer").flags
+    with pytest.raises(ValueError, match="unknown config"):
+        configs.resolve_config("eagle")
+    with pytest.raises(ValueError, match="at least 1"):
+        configs.resolve_config("pillar-k0")
+    assert configs.parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    with pytest.raises(ValueError, match="KEY=VAL"):
+        configs.parse_env(["A"])
+
+
+def test_config_flags_parse_with_sglang_cli() -> None:
+    """Every flag we pass exists in SGLang 0.5.17's launch_server parser (catches renamed flags before GPU time)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    for name in ("stock", "stock-flashinfer", "ngram", "pillar-k4"):
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        ns = parser.parse_args(["--model-path", "m", *configs.resolve_config(name).flags])
+        assert ns.disable_radix_cache and ns.cuda_graph_max_bs_decode == 256 and ns.page_size == 1
+    assert ns.speculative_algorithm == "PILLAR" and ns.speculative_num_steps == 4
+
+
+# --------------------------------------------------------------------------- pure logic
+
+
+def test_first_divergence() -> None:
+    fd = lossless.first_divergence
+    assert fd([1, 2, 3], [1, 2, 3]) is None
+    assert fd([1, 2, 3], [1, 9, 3]) == 1
+    assert fd([1, 2, 3], [1, 2]) == 2
+    assert fd([], [5]) == 0
+    assert fd([], []) is None
+
+
+def g(ids: list[int], verify: int | None = None) -> GenOutput:
+    return GenOutput(output_ids=ids, completion_tokens=len(ids), verify_ct=verify, finish_reason="length")
+
+
+def test_compare_outputs_and_acceptance() -> None:
+    ref = [g(list(range(100))), g(list(range(100))), g(list(range(100)))]
+    late = list(range(100))
+    late[80] = -1
+    early = list(range(100))
+    early[10] = -1
+    cand = [g(list(range(100)), 25), g(late, 50), g(early, 40)]
+    rep = lossless.compare_outputs(ref, cand, early=64, decode=lambda ids: " ".join(map(str, ids)))
+    assert rep["identical"] == 1 and rep["fraction_identical"] == pytest.approx(1 / 3)
+    assert rep["early_divergences"] == [2]
+    assert rep["first_divergence_min"] == 10 and rep["first_divergence_median"] == 45
+    r2 = rep["requests"][2]
+    assert r2["reference_window"] == list(range(6, 18)) and r2["candidate_window"][4] == -1
+    assert r2["candidate_text"].startswith("6 7 8 9 -1")
+    assert rep["requests"][0]["accept_length"] == 4.0
+    assert rep["unexplained_early_divergences"] == [2] and rep["divergences_near_tie"] is None
+    with pytest.raises(ValueError):
+        lossless.compare_outputs(ref, cand[:2], early=64)
+
+    # With stock's top-2 margins: an early flip to stock's runner-up at a tiny margin is
+    # rounding; the same flip at a wide margin, or to another token, is not.
+    def with_top2(ids: list[int], margin_at: dict[int, float]) -> GenOutput:
+        return GenOutput(ids, len(ids), None, "length", runner_up=[-1] * len(ids),
+                         margin=[margin_at.get(i, 3.0) for i in range(len(ids))])  # fmt: skip
+
+    ref2 = [with_top2(list(range(20)), {5: 0.1}), with_top2(list(range(20)), {5: 2.0}), with_top2(list(range(20)), {5: 0.1})]
+    flip = list(range(20))
+    flip[5] = -1
+    other = list(range(20))
+    other[5] = -7
+    rep2 = lossless.compare_outputs(ref2, [g(flip), g(flip), g(other)], early=64)
+    assert [r.get("near_tie") for r in rep2["requests"]] == [True, False, False]
+    assert rep2["requests"][1]["reference_margin"] == 2.0 and rep2["requests"][2]["candidate_is_runner_up"] is False
+    assert rep2["divergences_near_tie"] == 1 and rep2["unexplained_early_divergences"] == [1, 2]
+    assert rep2["reference_margin_frac_near_tie"] == pytest.approx(2 / 60)
+
+    acc = lossless.acceptance_summary(cand, wall_s=2.0)
+    assert acc["accept_length_overall"] == pytest.approx(300 / 115)
+    assert acc["accept_length_mean"] == pytest.approx((4 + 2 + 2.5) / 3)
+    assert acc["output_tok_per_s"] == 150.0 and acc["requests_with_spec_counters"] == 3
+    none = lossless.acceptance_summary([g([1, 2])])
+    assert none["accept_length_overall"] is None and none["accept_length_per_request"] == [None]
+
+
+def test_verdict() -> None:
+    ok = lossless.PassResult("pillar", 0.0, 8, status="ok")
+    assert lossless.verdict(True, {"early_divergences": [], "unexplained_early_divergences": []}, ok) == "PASS"
+    assert lossless.verdict(True, {"early_divergences": [3], "unexplained_early_divergences": []}, ok) == "PASS"
+    assert lossless.verdict(True, {"early_divergences": [3], "unexplained_early_divergences": [3]}, ok) == "FAIL"
+    assert lossless.verdict(True, None, ok) == "INCOMPLETE"
+    assert lossless.verdict(False, None, ok) == "OK"
+    assert lossless.verdict(False, None, lossless.PassResult("pillar", 0.6, 8, status="failed")) == "INCOMPLETE"
+
+
+def test_parse_generate_reply() -> None:
+    reply = {
+        "text": "hi",
+        "output_ids": [5, 6, 7, 8],
+        "meta_info": {"completion_tokens": 4, "finish_reason": {"type": "stop", "matched": 2}, "spec_verify_ct": 2},
+    }
+    out = parse_generate_reply(reply)
+    assert out.output_ids == [5, 6, 7, 8] and out.finish_reason == "stop" and out.accept_length == 2.0
+    stock = parse_generate_reply({"output_ids": [1], "meta_info": {"completion_tokens": 1, "finish_reason": None}})
+    assert stock.verify_ct is None and stock.accept_length is None
+    with pytest.raises(ValueError, match="unexpected"):
+        parse_generate_reply({"error": {"message": "bad"}})
+    top = parse_generate_reply({
+        "output_ids": [5, 6],
+        "meta_info": {"completion_tokens": 2, "output_top_logprobs": [[[-0.1, 5, None], [-0.3, 9, None]], [[-1.0, 6, None], [-1.0, 4, None]]]},
+    })  # fmt: skip
+    assert top.runner_up == [9, 4] and top.margin == pytest.approx([0.2, 0.0])
+    with pytest.raises(ValueError, match="output_top_logprobs"):
+        parse_generate_reply({"output_ids": [5, 6], "meta_info": {"output_top_logprobs": [[[-0.1, 5, None], [-0.3, 9, None]]]}})
+
+
+def test_parse_bench_result(tmp_path: Path) -> None:
+    f = tmp_path / "r.jsonl"
+    with pytest.raises(ValueError, match="no bench_serving result"):
+        throughput.parse_bench_result(f)
+    f.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        throughput.parse_bench_result(f)
+    f.write_text(json.dumps({"completed": 3}) + "\n")
+    with pytest.raises(ValueError, match="output_throughput"):
+        throughput.parse_bench_result(f)
+    first = {"output_throughput": 1.0, "completed": 1}
+    last = {"output_throughput": 812.5, "completed": 8, "median_tpot_ms": 3.2, "accept_length": 3.1, "server_info": {}}
+    f.write_text(json.dumps(first) + "\n" + json.dumps(last) + "\n")
+    m = throughput.parse_bench_result(f)
+    assert m["output_throughput"] == 812.5 and m["accept_length"] == 3.1 and m["p99_itl_ms"] is None
+    assert "server_info" not in m
+    assert throughput.default_num_prompts(1) == 4 and throughput.default_num_prompts(64) == 128
+
+
+def test_bench_command_workloads(tmp_path: Path) -> None:
+    aime = throughput.Workload("aime", 2048, None, 0.0, {8: tmp_path / "p8.jsonl"})
+    cmd = throughput.bench_command("http://h:1", "/m", aime, 4, 8, tmp_path / "o.jsonl")
+    assert cmd[1:3] == ["-m", "sglang.benchmark.serving"]
+    assert cmd[cmd.index("--dataset-name") + 1] == "custom" and cmd[cmd.index("--sharegpt-output-len") + 1] == "2048"
+    assert cmd[cmd.index("--max-concurrency") + 1] == "4" and "--apply-chat-template" not in cmd
+    rnd = throughput.Workload("random-ids", 512, 200, 0.0, {})
+    cmd = throughput.bench_command("http://h:1", "/m", rnd, 1, 4, tmp_path / "o.jsonl")
+    assert "--tokenize-prompt" in cmd and cmd[cmd.index("--random-range-ratio") + 1] == "1.0"
+
+
+# --------------------------------------------------------------------------- workload
+
+
+def test_workload_prompts_and_bench_file(tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path) -> None:
+    tok = workload.load_tokenizer(str(tiny_tokenizer_dir))
+    prompts = workload.build_prompts(tok, data_dir, 6)
+    assert [p.source for p in prompts] == ["aime24:0", "aime24:1", "aime24:2", "amc23:0", "aime24:0", "aime24:1"]
+    assert prompts[0].text.startswith("<|user|> w0 w1\nPlease reason step by step")
+    assert prompts[0].text.rstrip().endswith("<|assistant|>")
+    assert prompts[0].input_ids[:3] == [1, 3, 4] and prompts[0].input_ids == prompts[4].input_ids
+    stats = workload.prompt_token_stats(prompts)
+    assert stats["unique"] == 4 and stats["min"] <= stats["mean"] <= stats["max"]
+    with pytest.raises(ValueError, match="not found"):
+        workload.build_prompts(tok, data_dir, 2, datasets=("nope",))
+    with pytest.raises(ValueError, match=">= 1"):
+        workload.build_prompts(tok, data_dir, 0)
+    (data_dir / "bad.jsonl").write_text(json.dumps({"question": "x"}) + "\n")
+    with pytest.raises(ValueError, match="no 'problem'"):
+        workload.load_problems(data_dir, ("bad",))
+
+    # The file must load through bench_serving's own 'custom' dataset reader, fixed output length.
+    from sglang.benchmark.datasets.custom import sample_custom_requests
+
+    path = tmp_path / "bench.jsonl"
+    workload.write_bench_serving_file(path, prompts)
+    rows = sample_custom_requests(str(path), 6, tok, fixed_output_len=64)
+    assert len(rows) == 6 and {r.output_len for r in rows} == {64}
+    assert sorted(r.prompt for r in rows) == sorted(p.text for p in prompts)
+
+
+# --------------------------------------------------------------------------- server lifecycle
+
+
+def test_server_early_death_reports_log_tail(tmp_path: Path) -> None:
+    srv = fake_server(tmp_path, FAKE_MODE="exit_early")
+    t0 = time.monotonic()
+    with pytest.raises(server.ServerError, match="exited with code 3") as e:
+        with srv:
+            srv.start(timeout_s=60, poll_s=0.1)
+    assert "CUDA out of memory (fake)" in str(e.value) and time.monotonic() - t0 < 20
+    assert srv.proc is None
+
+
+def test_server_startup_timeout_kills_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    srv = fake_server(tmp_path, FAKE_MODE="never_healthy", FAKE_CHILD_PIDFILE=str(pidfile))
+    with pytest.raises(server.ServerError, match="not healthy after"):
+        srv.start(timeout_s=2, poll_s=0.2)
+    assert srv.proc is None and wait_dead(int(pidfile.read_text()))
+
+
+def test_server_healthy_then_stop_kills_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    srv = fake_server(tmp_path, FAKE_CHILD_PIDFILE=str(pidfile))
+    with srv:
+        assert srv.start(timeout_s=30, poll_s=0.1) < 30
+        leader = srv.proc.pid
+        srv.check_alive()
+        assert server.http_json(srv.base_url + "/server_info")["version"] == "fake"
+        child = int(pidfile.read_text())
+        assert pid_alive(child)
+    assert wait_dead(leader) and wait_dead(child)
+    srv.stop()  # idempotent
+
+
+def test_server_death_mid_run_detected(tmp_path: Path) -> None:
+    srv = fake_server(tmp_path, FAKE_MODE="die_on_second_generate")
+    with srv:
+        srv.start(timeout_s=30, poll_s=0.1)
+        out = generate_all(srv, [[2, 3]], {"max_new_tokens": 5}, concurrency=1, timeout_s=20)
+        assert out[0].output_ids == [5, 12, 19, 26, 33]
+        with pytest.raises(server.ServerError, match="exited with code 9"):
+            generate_all(srv, [[2, 3]] * 3, {"max_new_tokens": 5}, concurrency=1, timeout_s=20)
+
+
+def test_sigterm_to_harness_stops_server(tmp_path: Path) -> None:
+    """A harness killed with SIGTERM (the tool's timeout) must take its server group down with it."""
+    pidfile, ready = tmp_path / "child.pid", tmp_path / "ready"
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    harness = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+        from pathlib import Path
+        from benchmarks import server
+        server.install_signal_handlers()
+        port = server.free_port()
+        s = server.Server([sys.executable, {str(script)!r}, "--port", str(port)], port=port,
+                          log_path=Path({str(tmp_path / "h.log")!r}), env={{"FAKE_CHILD_PIDFILE": {str(pidfile)!r}}})
+        with s:
+            s.start(timeout_s=30, poll_s=0.1)
+            Path({str(ready)!r}).write_text(str(s.proc.pid))
+            time.sleep(120)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", harness])
+    try:
+        end = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        leader = int(ready.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert wait_dead(leader) and wait_dead(int(pidfile.read_text()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# --------------------------------------------------------------------------- entry points end to end
+
+
+def test_lossless_end_to_end_pass_and_fail(
+    fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    common = ["--model", str(tiny_tokenizer_dir), "--data-dir", str(data_dir), "--num-prompts", "4",
+              "--max-new-tokens", "80", "--server-log-dir", str(tmp_path / "logs")]  # fmt: skip
+    out = tmp_path / "pass.json"
+    assert lossless.main([*common, "--out", str(out), "--accept-temps", "0.6", "--accept-max-new-tokens", "30"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["verdict"] == "PASS" and doc["all_passes_ok"]
+    assert doc["identity"]["identical"] == 4 and doc["stock_repeat"]["identical"] == 4
+    assert [a["temperature"] for a in doc["acceptance"]] == [0.0, 0.6]
+    assert doc["acceptance"][0]["accept_length_overall"] == pytest.approx(80 / 27)
+    assert doc["acceptance"][1]["max_new_tokens"] == 30
+    assert "--speculative-num-steps" in doc["servers"]["pillar"]["flags"]
+    assert "LOSSLESS VERDICT: PASS" in out.with_suffix(".log").read_text()
+
+    monkeypatch.setenv("FAKE_DIVERGE_AT", "10")
+    bad = tmp_path / "fail.json"
+    assert lossless.main([*common, "--out", str(bad), "--no-stock-repeat"]) == 1
+    doc = json.loads(bad.read_text())
+    assert doc["verdict"] == "FAIL" and doc["stock_repeat"] is None
+    even = [i for i, r in enumerate(doc["identity"]["requests"]) if not r["identical"]]
+    assert even and doc["identity"]["early_divergences"] == even
+    assert all(doc["identity"]["requests"][i]["first_divergence"] == 10 for i in even)
+
+    monkeypatch.setenv("FAKE_MODE", "exit_early")
+    dead = tmp_path / "dead.json"
+    assert lossless.main([*common, "--out", str(dead), "--temperature", "0.7"]) == 1
+    doc = json.loads(dead.read_text())
+    assert doc["verdict"] == "INCOMPLETE" and doc["servers"]["pillar"]["status"] == "failed"
+    assert "stock" not in doc["servers"] and "CUDA out of memory" in doc["servers"]["pillar"]["error"]
+
+
+def test_throughput_end_to_end(
+    fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    bench = tmp_path / "fake_bench.py"
+    bench.write_text(FAKE_BENCH)
+    real = throughput.bench_command
+
+    def fake_bench_command(base_url, model, wl, c, n, output_file):  # type: ignore[no-untyped-def]
+        real(base_url, model, wl, c, n, output_file)  # still builds (validates the workload files exist)
+        assert wl.dataset_files[n].is_file()
+        accept = ["--accept", "2.5"] if "pillar" in output_file.name else []
+        return [sys.executable, str(bench), "--base-url", base_url, *accept,
+                "--num-prompts", str(n), "--max-concurrency", str(c), "--output-file", str(output_file)]  # fmt: skip
+
+    monkeypatch.setattr(throughput, "bench_command", fake_bench_command)
+    out = tmp_path / "out"
+    args = ["--model", str(tiny_tokenizer_dir), "--data-dir", str(data_dir), "--out", str(out),
+            "--configs", "stock,pillar", "--concurrency", "1,2", "--output-len", "16", "--run-id", "R1",
+            "--work-dir", str(tmp_path / "work")]  # fmt: skip
+    assert throughput.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "| pillar | 2 | 4 | 200 | 1.00x |" in printed
+    stock = json.loads((out / "throughput_R1_stock.json").read_text())
+    pillar = json.loads((out / "throughput_R1_pillar.json").read_text())
+    assert stock["server"]["status"] == "ok" and stock["server"]["server_info"] == {"version": "fake"}
+    assert [r["status"] for r in stock["runs"]] == ["ok", "ok"] and stock["runs"][0]["num_prompts"] == 4
+    assert pillar["runs"][1]["metrics"]["accept_length"] == 2.5 and pillar["meta"]["run_id"] == "R1"
+    assert stock["workload"]["prompt_tokens"]["unique"] == 4
+    assert sorted(p.name for p in out.iterdir()) == ["throughput_R1.log", "throughput_R1_pillar.json", "throughput_R1_stock.json"]
+
+    # A server that never becomes healthy: its config is recorded as failed.
+    monkeypatch.setenv("FAKE_MODE", "never_healthy")
+    out2 = tmp_path / "out2"
+    args2 = [*args[:5], str(out2), "--configs", "stock", "--concurrency", "1", "--startup-timeout", "2", "--run-id", "R2",
+             "--work-dir", str(tmp_path / "work2")]  # fmt: skip
+    assert throughput.main(args2) == 1
+    doc = json.loads((out2 / "throughput_R2_stock.json").read_text())
+    assert doc["server"]["status"] == "failed" and doc["runs"][0]["status"] == "failed"
+
+    # Not enough budget to start a server: everything is skipped, which is not a failure.
+    monkeypatch.delenv("FAKE_MODE")
+    out3 = tmp_path / "out3"
+    args3 = [*args[:5], str(out3), "--configs", "stock,pillar", "--time-budget", "30", "--run-id", "R3",
+             "--work-dir", str(tmp_path / "work3")]  # fmt: skip
+    assert throughput.main(args3) == 0
+    assert "SKIPPED 6 runs for the time budget" in (out3 / "throughput_R3.log").read_text()
+
+
+# --------------------------------------------------------------------------- report
+
+
+def tp_doc(run_id: str, config: str, tok_s: dict[int, float | None], accept: float | None = None) -> dict:
+    runs = [
+        {"concurrency": c, "num_prompts": 2 * c, "status": "ok" if v else "failed", "error": None, "wall_s": 1.0,
+         "metrics": {"output_throughput": v, "median_tpot_ms": 2.0, "p99_tpot_ms": 3.0, "accept_length": accept} if v else None}
+        for c, v in tok_s.items()
+    ]  # fmt: skip
+    return {
+        "kind": "throughput",
+        "meta": {"run_id": run_id, "device": "H100", "sglang_version": "0.5.17", "git_commit": "abc"},
+        "config": {"name": config},
+        "workload": {"kind": "aime", "output_len": 2048, "input_len": None, "temperature": 0.0},
+        "runs": runs,
+    }
+
+
+def test_report_ratios_within_run_only() -> None:
+    docs = [
+        tp_doc("A", "pillar", {1: 300.0, 16: 1000.0}, accept=3.2),
+        tp_doc("A", "stock", {1: 100.0, 16: 2000.0}),
+        tp_doc("B", "pillar", {1: 500.0}),  # no stock in run B: no ratio
+        tp_doc("A", "ngram", {1: None}),
+    ]
+    rows = report.throughput_rows(docs)
+    by = {(r["run_id"], r["config"], r["concurrency"]): r for r in rows}
+    assert by[("A", "pillar", 1)]["ratio_vs_stock"] == 3.0 and by[("A", "pillar", 16)]["ratio_vs_stock"] == 0.5
+    assert by[("B", "pillar", 1)]["ratio_vs_stock"] is None and by[("A", "ngram", 1)]["ratio_vs_stock"] is None
+    assert [r["config"] for r in rows if r["run_id"] == "A"] == ["stock", "stock", "ngram", "pillar", "pillar"]
+    md = report.throughput_markdown(docs)
+    assert "| pillar | 1 | 2 | 300 | 3.00x | 2.00 | 3.00 | - | - | - | 3.20 | ok |" in md
+    assert "| ngram | 1 | 2 | - | - |" in md and "### Throughput, run B" in md
+
+
+def lossless_doc() -> dict:
+    return {
+        "kind": "lossless",
+        "meta": {"run_id": "L1", "device": "H100"},
+        "settings": {"num_steps": 8, "num_prompts": 32, "max_new_tokens": 1024},
+        "verdict": "FAIL",
+        "identity": {"identical": 30, "num_requests": 32, "early_divergences": [4], "first_divergence_min": 12,
+                     "first_divergence_median": 400.5},
+        "stock_repeat": {"identical": 32, "num_requests": 32},
+        "acceptance": [
+            {"temperature": 0.0, "max_new_tokens": 1024, "num_requests": 32, "accept_length_overall": 3.456,
+             "accept_length_mean": 3.4, "status": "ok"},
+            {"temperature": 0.6, "max_new_tokens": 2048, "status": "failed"},
+        ],
+    }  # fmt: skip
+
+
+def test_report_main_writes_summary(tmp_path: Path) -> None:
+    (tmp_path / "t.json").write_text(json.dumps(tp_doc("A", "stock", {1: 100.0})))
+    (tmp_path / "l.json").write_text(json.dumps(lossless_doc()))
+    (tmp_path / "junk.json").write_text("{not json")
+    (tmp_path / "other.json").write_text("[1, 2]")
+    assert report.main(["--results-dir", str(tmp_path)]) == 0
+    md = (tmp_path / "SUMMARY.md").read_text()
+    assert "from 2 result files" in md and "skipped junk.json" in md and "skipped other.json" in md
+    assert "| L1 | H100 | 8 | 32 | 1024 | FAIL | 30/32 | 4 | 12/400 | 32/32 | 3.46 |" in md
+    assert "| L1 | 8 | 0.6 | 2048 | - | - | - | failed |" in md
+    try:
+        import matplotlib  # noqa: F401
+
+        assert (tmp_path / "throughput_A_aime_2048.png").stat().st_size > 0
+    except ImportError:
+        assert "plots skipped" in md
+    with pytest.raises(SystemExit):
+        report.main(["--results-dir", str(tmp_path / "missing")])

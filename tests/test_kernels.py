@@ -1,0 +1,349 @@
+"""PillarAttn Triton kernels vs their plain-torch references.
+
+Without a GPU the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, set below before
+triton is imported); with CUDA available and TRITON_INTERPRET unset they run compiled on the GPU,
+so `pytest tests/test_kernels.py` on an H100 checks the real kernels with the same cases.
+Outputs are pre-filled with NaN / poison so entries a kernel fails to write (or writes but must
+not) show up as mismatches against the reference, which receives the same pre-filled buffers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
+INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
+DEVICE = "cpu" if INTERPRET else "cuda"
+
+import importlib  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime import interpreter as _interp  # noqa: E402
+
+from sglang_sparsespec.kernels import score_capture as _sc_mod  # noqa: E402
+from sglang_sparsespec.kernels import sparse_decode as _sd_mod  # noqa: E402
+from sglang_sparsespec.kernels import topk_select as _ts_mod  # noqa: E402
+
+if INTERPRET:
+    # Triton decides interpreted vs compiled when a kernel is decorated: re-decorate if some earlier
+    # import in this process created the modules before TRITON_INTERPRET was set.
+    for _mod, _kernel in (
+        (_sc_mod, "_score_capture_kernel"),
+        (_ts_mod, "_topk_select_kernel"),
+        (_sd_mod, "_sparse_decode_stage1"),
+    ):
+        if not isinstance(getattr(_mod, _kernel), _interp.InterpretedFunction):
+            importlib.reload(_mod)
+
+    # The interpreter (triton 3.8) multiplies the raw uint16 bit patterns in tl.dot on bf16
+    # operands; widen them to fp32 first, which is what the GPU's bf16 MMA computes exactly.
+    _orig_create_dot = _interp.InterpreterBuilder.create_dot
+
+    def _bf16_safe_dot(self, a, b, d, *args):
+        def widen(h):
+            if h.dtype != tl.bfloat16:
+                return h
+            return _interp.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+        return _orig_create_dot(self, widen(a), widen(b), d, *args)
+
+    _interp.InterpreterBuilder.create_dot = _bf16_safe_dot
+
+score_capture, score_capture_ref = _sc_mod.score_capture, _sc_mod.score_capture_ref
+topk_select, topk_select_ref = _ts_mod.topk_select, _ts_mod.topk_select_ref
+sparse_decode_fwd, sparse_decode_ref = _sd_mod.sparse_decode_fwd, _sd_mod.sparse_decode_ref
+
+D = 64
+POISON = 777
+
+
+def _indptr(lens: list[int]) -> torch.Tensor:
+    return torch.tensor([0] + np.cumsum(lens).tolist(), dtype=torch.int32, device=DEVICE)
+
+
+def _kv_pool(num_slots: int, h_kv: int, dtype=torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    k = torch.randn(num_slots, h_kv, D, device=DEVICE).to(dtype)
+    v = torch.randn(num_slots, h_kv, D, device=DEVICE).to(dtype)
+    return k, v
+
+
+def _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, sm_scale, logit_cap=0.0):
+    """LSE of each verify row's full attention: the whole prefix plus the causal part of the extend."""
+    group = q.shape[1] // k_buffer.shape[1]
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
+    for b in range(len(qo) - 1):
+        n_q = qo[b + 1] - qo[b]
+        keys = torch.cat([k_buffer[kv_indices[kv[b] : kv[b + 1]].long()], k_ext[qo[b] : qo[b + 1]]]).float()
+        keys = keys.repeat_interleave(group, dim=1)  # [P + n_q, H_q, D]
+        s = torch.einsum("ihd,thd->iht", q[qo[b] : qo[b + 1]].float(), keys) * sm_scale
+        if logit_cap > 0:
+            s = logit_cap * torch.tanh(s / logit_cap)
+        prefix = kv[b + 1] - kv[b]
+        causal = torch.arange(n_q, device=q.device)[:, None] >= torch.arange(n_q, device=q.device)[None, :]
+        s[:, :, prefix:] = s[:, :, prefix:].masked_fill(~causal[:, None, :], float("-inf"))
+        lse[qo[b] : qo[b + 1]] = torch.logsumexp(s, dim=-1)
+    return lse
+
+
+def _run_score_capture(group, prefix_lens, qo_lens, out_dtype, logit_cap, num_splits):
+    h_kv = 2
+    h_q = h_kv * group
+    sm_scale = D**-0.5
+    total = sum(prefix_lens)
+    num_slots = total + 16
+    k_buffer, _ = _kv_pool(num_slots, h_kv)
+    kv_indices = (torch.randperm(num_slots - 1, device=DEVICE)[:total] + 1).to(torch.int64)
+    qo_indptr, kv_indptr = _indptr(qo_lens), _indptr(prefix_lens)
+    q = torch.randn(sum(qo_lens), h_q, D, device=DEVICE).to(torch.bfloat16)
+    k_ext = torch.randn(sum(qo_lens), h_kv, D, device=DEVICE).to(torch.bfloat16)
+    lse = _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, sm_scale, logit_cap)
+    out = torch.full((h_kv, total + 7), float("nan"), dtype=out_dtype, device=DEVICE)
+    expected = out.clone()
+    score_capture(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, out, sm_scale, logit_cap, num_splits=num_splits)
+    score_capture_ref(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, expected, sm_scale, logit_cap)
+    return out, expected, kv_indptr
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_score_capture_ragged(group):
+    torch.manual_seed(10 + group)
+    # Ragged prefixes including L = 1 and an empty prefix; ragged verify widths.
+    prefix_lens, qo_lens = [37, 1, 0, 200], [4, 3, 4, 1]
+    out, expected, kv_indptr = _run_score_capture(group, prefix_lens, qo_lens, torch.float32, 0.0, num_splits=2)
+    total = kv_indptr[-1].item()
+    assert not out[:, :total].isnan().any()
+    assert out[:, total:].isnan().all()  # beyond the batch's prefixes nothing is written
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-6, equal_nan=True)
+    # The scores are mean softmax probabilities: in [0, 1] and each request's mass is at most 1.
+    assert (expected[:, :total] >= 0).all() and (expected[:, :total] <= 1).all()
+    for b in range(len(prefix_lens)):
+        assert (expected[:, kv_indptr[b] : kv_indptr[b + 1]].sum(dim=1) <= 1 + 1e-5).all()
+
+
+def test_score_capture_wide_request_softcap_fp16():
+    torch.manual_seed(20)
+    # One request far wider than the batch mean takes several row blocks of the kernel.
+    out, expected, _ = _run_score_capture(3, [9, 40, 5, 1], [1, 12, 1, 1], torch.float16, 5.0, num_splits=3)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-3, atol=1e-5, equal_nan=True)
+
+
+def test_score_capture_accumulates_layers():
+    torch.manual_seed(30)
+    prefix_lens, qo_lens = [23, 5, 64], [3, 3, 3]
+    h_kv, group = 2, 3
+    total = sum(prefix_lens)
+    k_buffer, _ = _kv_pool(total + 4, h_kv)
+    kv_indices = (torch.randperm(total + 3, device=DEVICE)[:total] + 1).to(torch.int64)
+    qo_indptr, kv_indptr = _indptr(qo_lens), _indptr(prefix_lens)
+    out = torch.full((h_kv, total + 5), float("nan"), dtype=torch.float32, device=DEVICE)
+    expected = out.clone()
+    for layer in range(3):  # layer 0 overwrites the NaN poison, later layers add
+        q = torch.randn(sum(qo_lens), h_kv * group, D, device=DEVICE).to(torch.bfloat16)
+        k_ext = torch.randn(sum(qo_lens), h_kv, D, device=DEVICE).to(torch.bfloat16)
+        lse = _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, D**-0.5)
+        args = (q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices)
+        score_capture(*args, out, D**-0.5, accumulate=layer > 0, num_splits=2)
+        score_capture_ref(*args, expected, D**-0.5, accumulate=layer > 0)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-6, equal_nan=True)
+    assert not out[:, :total].isnan().any() and out[:, total:].isnan().all()
+    # Three layers of mean probabilities: every request's summed mass is at most 3.
+    for b in range(len(prefix_lens)):
+        assert (expected[:, kv_indptr[b] : kv_indptr[b + 1]].sum(dim=1) <= 3 + 1e-4).all()
+
+
+def _run_topk(scores, lens, ks, kmax, out_rows=None, n_out=None, block_n=4096):
+    bs = len(lens)
+    starts = _indptr(lens)[:-1]
+    seg_len = torch.tensor(lens, dtype=torch.int64, device=DEVICE)
+    k = torch.tensor(ks, dtype=torch.int32, device=DEVICE)
+    n_out = n_out or bs
+    out = torch.full((n_out, scores.shape[0], kmax), POISON, dtype=torch.int32, device=DEVICE)
+    cnt = torch.full((n_out,), POISON, dtype=torch.int32, device=DEVICE)
+    exp_out, exp_cnt = out.clone(), cnt.clone()
+    topk_select(scores, starts, seg_len, k, out, cnt, out_rows, block_n=block_n)
+    topk_select_ref(scores, starts, seg_len, k, exp_out, exp_cnt, out_rows)
+    return out, cnt, exp_out, exp_cnt
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_topk_select_edge_cases(dtype):
+    torch.manual_seed(30)
+    # K < n, K == n, K > n, n = 0, K = 0, K > Kmax, n = 1 with K = 1.
+    lens = [50, 7, 3, 0, 30, 40, 1]
+    ks = [10, 7, 5, 3, 0, 100, 1]
+    kmax = 16
+    rows = 3  # e.g. 1 layer x 3 KV heads
+    scores = torch.randn(rows, sum(lens) + 5, device=DEVICE)
+    scores = (scores * 4).round() / 4  # many ties
+    scores[1, 3:9] = float("-inf")
+    scores[2, :20] = -0.0
+    scores = scores.to(dtype)
+    out_rows = torch.tensor([5, 0, 8, 2, 7, 3, 1], dtype=torch.int64, device=DEVICE)
+    out, cnt, exp_out, exp_cnt = _run_topk(scores, lens, ks, kmax, out_rows, n_out=10)
+    assert torch.equal(cnt, exp_cnt) and torch.equal(out, exp_out)
+    assert cnt[4].item() == POISON and cnt[6].item() == POISON  # rows no request maps to stay untouched
+    assert cnt[5].item() == 10 and cnt[0].item() == 7 and cnt[8].item() == 3 and cnt[2].item() == 0
+    assert cnt[7].item() == 0 and cnt[3].item() == kmax and cnt[1].item() == 1
+    assert (out[0, :, :7] == torch.arange(7, device=DEVICE, dtype=torch.int32)).all()
+    assert (out[2] == -1).all() and (out[7] == -1).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_topk_select_long_rows_and_ties(dtype):
+    torch.manual_seed(31)
+    lens = [2500, 1100]
+    scores = torch.rand(2, sum(lens), device=DEVICE)
+    # Request 1, row 1: 200 clear winners at 0.9 and a 600-long tie block at 0.5 that the cut splits.
+    scores[1, lens[0] : lens[0] + 600] = 0.5
+    scores[1, lens[0] + 600 : lens[0] + 900] = 0.1
+    scores[1, lens[0] + 900 :] = 0.9
+    scores = scores.to(dtype)
+    # Small tiles: the row spans many loop steps, so the carries between steps are exercised.
+    out, cnt, exp_out, exp_cnt = _run_topk(scores, lens, [137, 250], kmax=256, block_n=256)
+    assert torch.equal(cnt, exp_cnt) and torch.equal(out, exp_out)
+    sel = out[0, 0, :137]
+    assert (sel[1:] > sel[:-1]).all()  # sorted ascending, no duplicates
+    kth = scores[0, : lens[0]].float().topk(137).values[-1]
+    assert (scores[0, sel.long()] >= kth).all()
+    # Ties at the cut go to the lowest positions.
+    want = torch.cat([torch.arange(50), torch.arange(900, 1100)]).to(device=DEVICE, dtype=torch.int32)
+    assert torch.equal(out[1, 1, :250], want)
+
+
+def _make_decode_case(group, specs, kmax, h_kv=2, max_ctx=160):
+    """specs: per request (seq_len, tail_start, cnt, n_beyond_tail), n_beyond_tail of the selected
+    positions placed at or after tail_start (the kernel must drop them: the tail already has them)."""
+    bs = len(specs)
+    num_slots = sum(s[0] for s in specs) + 8
+    k_buffer, v_buffer = _kv_pool(num_slots, h_kv)
+    pool_reqs = bs + 3
+    req_to_token = torch.zeros(pool_reqs, max_ctx, dtype=torch.int32, device=DEVICE)
+    req_pool_indices = torch.randperm(pool_reqs, device=DEVICE)[:bs]
+    free = (torch.randperm(num_slots - 1, device=DEVICE) + 1).to(torch.int32)
+    n_sel_rows = bs + 2
+    sel_rows = torch.randperm(n_sel_rows, device=DEVICE)[:bs]
+    sel_pos = torch.full((n_sel_rows, h_kv, kmax), -1, dtype=torch.int32, device=DEVICE)
+    sel_cnt = torch.full((n_sel_rows,), POISON, dtype=torch.int32, device=DEVICE)
+    used = 0
+    for b, (seq_len, tail_start, cnt, beyond) in enumerate(specs):
+        req_to_token[req_pool_indices[b], :seq_len] = free[used : used + seq_len]
+        used += seq_len
+        row = sel_rows[b]
+        sel_cnt[row] = cnt
+        for h in range(h_kv):
+            inside = torch.randperm(tail_start, device=DEVICE)[: cnt - beyond]
+            outside = torch.randint(tail_start, max(seq_len, tail_start + 1), (beyond,), device=DEVICE).unique()
+            pos = torch.cat([inside, outside]).sort().values
+            sel_pos[row, h, : pos.numel()] = pos.to(torch.int32)
+    q = torch.randn(bs, h_kv * group, D, device=DEVICE).to(torch.bfloat16)
+    ints = lambda i: torch.tensor([s[i] for s in specs], dtype=torch.int64, device=DEVICE)  # noqa: E731
+    return dict(
+        q=q, k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token, req_pool_indices=req_pool_indices,
+        sel_pos=sel_pos, sel_cnt=sel_cnt, tail_start=ints(1), seq_lens=ints(0), sm_scale=D**-0.5, sel_rows=sel_rows,
+    )
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_sparse_decode_ragged(group):
+    torch.manual_seed(40 + group)
+    kmax = 48
+    specs = [
+        (150, 90, 40, 3),  # 100 entries over 2 splits; a few selections fall in the tail: not counted twice
+        (40, 33, 0, 0),  # budget 0: tail only
+        (1, 0, 0, 0),  # L = 1: only the current token
+        (70, 60, 48, 0),  # full budget (cnt == Kmax)
+        (25, 25, 5, 0),  # empty tail: selections only
+        (30, 30, 0, 0),  # nothing to attend to: zero output
+    ]
+    case = _make_decode_case(group, specs, kmax)
+    o = torch.full_like(case["q"], float("nan"))
+    expected = o.clone()
+    sparse_decode_fwd(o=o, num_kv_splits=3, **case)
+    sparse_decode_ref(o=expected, **case)
+    assert not o.isnan().any()
+    assert (o[5] == 0).all()
+    torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_sparse_decode_softcap_default_rows_and_splits():
+    torch.manual_seed(50)
+    case = _make_decode_case(2, [(70, 60, 16, 0), (9, 4, 4, 0)], kmax=16)
+    case["sel_pos"], case["sel_cnt"] = case["sel_pos"][case["sel_rows"]], case["sel_cnt"][case["sel_rows"]]
+    case["sel_rows"] = None
+    case["logit_cap"] = 2.0
+    o = torch.full_like(case["q"], float("nan"))
+    expected = o.clone()
+    sparse_decode_fwd(o=o, **case)
+    sparse_decode_ref(o=expected, **case)
+    torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_capture_select_decode_pipeline():
+    """Scores of two layers in one [L, H_kv, cap] buffer, one selection launch over all layers, then
+    per-layer sparse decode on the layer slices: checks that the documented layouts compose."""
+    torch.manual_seed(60)
+    group, h_kv, num_layers, kmax = 3, 2, 2, 8
+    prefix_lens, qo_lens = [30, 5], [3, 3]
+    cap = sum(prefix_lens) + 4
+    scores = torch.full((num_layers, h_kv, cap), float("nan"), device=DEVICE)
+    qo_indptr, kv_indptr = _indptr(qo_lens), _indptr(prefix_lens)
+    num_slots = 64
+    kv_indices = (torch.randperm(num_slots - 1, device=DEVICE)[: sum(prefix_lens)] + 1).to(torch.int32)
+    q = torch.randn(sum(qo_lens), h_kv * group, D, device=DEVICE).to(torch.bfloat16)
+    k_ext = torch.randn(sum(qo_lens), h_kv, D, device=DEVICE).to(torch.bfloat16)
+    buffers = [_kv_pool(num_slots, h_kv) for _ in range(num_layers)]
+    for layer, (k_buffer, _) in enumerate(buffers):
+        lse = _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, D**-0.5)
+        score_capture(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, scores[layer], D**-0.5)
+    budget = torch.tensor([6, 9], device=DEVICE)
+    # Candidates: all but the last 2 prefix positions of each request.
+    cand = torch.tensor(prefix_lens, device=DEVICE) - 2
+    sel = torch.empty(2, num_layers * h_kv, kmax, dtype=torch.int32, device=DEVICE)
+    cnt = torch.empty(2, dtype=torch.int32, device=DEVICE)
+    exp_sel, exp_cnt = torch.empty_like(sel), torch.empty_like(cnt)
+    flat = scores.view(num_layers * h_kv, cap)
+    topk_select(flat, kv_indptr[:-1], cand, budget, sel, cnt)
+    topk_select_ref(flat, kv_indptr[:-1], cand, budget, exp_sel, exp_cnt)
+    assert cnt.tolist() == [6, 3] and torch.equal(sel, exp_sel)
+
+    req_to_token = torch.zeros(2, 40, dtype=torch.int32, device=DEVICE)
+    for b in range(2):
+        req_to_token[b, : prefix_lens[b]] = kv_indices[kv_indptr[b] : kv_indptr[b + 1]]
+    seq_lens = torch.tensor(prefix_lens, device=DEVICE)
+    tail_start = seq_lens - 2
+    qd = torch.randn(2, h_kv * group, D, device=DEVICE).to(torch.bfloat16)
+    rpi = torch.arange(2, device=DEVICE)
+    for layer, (k_buffer, v_buffer) in enumerate(buffers):
+        sel_layer = sel[:, layer * h_kv : (layer + 1) * h_kv]
+        o = torch.full_like(qd, float("nan"))
+        expected = o.clone()
+        args = (qd, k_buffer, v_buffer)
+        sparse_decode_fwd(*args, o, req_to_token, rpi, sel_layer, cnt, tail_start, seq_lens, D**-0.5)
+        sparse_decode_ref(*args, expected, req_to_token, rpi, sel_layer, cnt, tail_start, seq_lens, D**-0.5)
+        torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_bad_inputs_raise_value_error():
+    q = torch.zeros(4, 5, D, dtype=torch.bfloat16, device=DEVICE)
+    k_buffer = torch.zeros(8, 2, D, dtype=torch.bfloat16, device=DEVICE)
+    ind = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="multiple"):
+        score_capture(q, k_buffer, torch.zeros(4, 5, device=DEVICE), ind, ind, ind,
+                      torch.zeros(2, 8, device=DEVICE), 1.0)
+    q = torch.zeros(4, 4, D, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="lse"):
+        score_capture(q, k_buffer, torch.zeros(4, 4, device=DEVICE, dtype=torch.float16), ind, ind, ind,
+                      torch.zeros(2, 8, device=DEVICE), 1.0)
+    scores = torch.zeros(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="out must be int32"):
+        topk_select(scores, ind, ind, ind, torch.zeros(3, 2, 4, dtype=torch.int64, device=DEVICE),
+                    torch.zeros(3, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="seg_len"):
+        topk_select(scores, ind, ind[:2], ind, torch.zeros(3, 2, 4, dtype=torch.int32, device=DEVICE),
+                    torch.zeros(3, dtype=torch.int32, device=DEVICE))

@@ -40,7 +40,13 @@ def device_name() -> str:
 
 
 def git_commit(repo: Path = REPO_ROOT) -> str:
-    """HEAD of ``repo``; the GPU node gets a copy of the tree without .git, so it reads $SPARSESPEC_GIT_COMMIT."""
+    """$SPARSESPEC_GIT_COMMIT if set, else HEAD of ``repo``.
+
+    The variable wins: the GPU node's copy of the tree may carry a stale .git whose HEAD is
+    not the commit being measured, and whoever launches the job knows which one it is.
+    """
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     try:
         out = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
@@ -49,7 +55,7 @@ def git_commit(repo: Path = REPO_ROOT) -> str:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get(COMMIT_ENV, "unknown")
+    return "unknown"
 
 
 def package_version(name: str) -> str | None:

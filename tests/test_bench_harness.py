@@ -591,7 +591,12 @@ def lossless_doc() -> dict:
         "settings": {"num_steps": 8, "num_prompts": 32, "max_new_tokens": 1024},
         "verdict": "FAIL",
         "identity": {"identical": 30, "num_requests": 32, "early_divergences": [4], "first_divergence_min": 12,
-                     "first_divergence_median": 400.5},
+                     "first_divergence_median": 400.5, "divergences_near_tie": 1, "unexplained_early_divergences": [4],
+                     "reference_margin_median": 5.25,
+                     "requests": [{"index": 4, "reference_margin": 1.5}, {"index": 9, "reference_margin": 0.125}]},
+        "controls": {"ngram": {"identity": {"identical": 32, "num_requests": 32, "early_divergences": [],
+                                            "first_divergence_min": None, "first_divergence_median": None,
+                                            "requests": []}}},
         "stock_repeat": {"identical": 32, "num_requests": 32},
         "acceptance": [
             {"temperature": 0.0, "max_new_tokens": 1024, "num_requests": 32, "accept_length_overall": 3.456,
@@ -609,7 +614,8 @@ def test_report_main_writes_summary(tmp_path: Path) -> None:
     assert report.main(["--results-dir", str(tmp_path)]) == 0
     md = (tmp_path / "SUMMARY.md").read_text()
     assert "from 2 result files" in md and "skipped junk.json" in md and "skipped other.json" in md
-    assert "| L1 | H100 | 8 | 32 | 1024 | FAIL | 30/32 | 4 | 12/400 | 32/32 | 3.46 |" in md
+    assert "| L1 | pillar | 8 | 32 | 1024 | FAIL | 30/32 | 1 | 1/2 | 4 | 1.500 | 12/400 | 32/32 | 5.25 |" in md
+    assert "| L1 | ngram | - | 32 | 1024 | - | 32/32 | 0 | - | none | - | -/- | 32/32 | 5.25 |" in md
     assert "| L1 | 8 | 0.6 | 2048 | - | - | - | failed |" in md
     try:
         import matplotlib  # noqa: F401

@@ -1,15 +1,15 @@
-"""Per-request sampling distributions, draft sampling and exact rejection sampling.
+"""Per-request sampling distributions and draft sampling for the PILLAR worker.
 
-The PILLAR worker drafts k tokens with the target model under sparse attention, keeping
-the distribution q each draft was sampled from, then verifies k+1 positions with full
-attention, which gives the target distributions p. :func:`rejection_sample` accepts a
-prefix of the drafts and emits one recovered or bonus token so that the emitted sequence
-has exactly the law of sampling from p autoregressively (Leviathan et al., Chen et al.).
+The PILLAR worker drafts k tokens with the target model under sparse attention: each draft
+is sampled with :func:`sample` from :func:`target_probs` of its logits, and that
+distribution q is kept. The drafts and q ([bs, k, V], row j = the distribution draft j was
+sampled from) go to SGLang's own verify, which computes the target distributions p with
+full attention and runs its exact rejection sampling (``chain_speculative_sampling_triton``).
 
 Everything here is shape-static, vectorised over the batch and free of host syncs (no
 ``.item()``, no value-dependent Python branches, no data-dependent shapes), so it can run
-inside the decode step and inside CUDA graphs. Randomness comes from ``torch.rand`` and
-``Tensor.exponential_``, which CUDA graphs support through the generator's philox offset.
+inside the decode step and inside CUDA graphs. Randomness comes from ``Tensor.exponential_``,
+which CUDA graphs support through the generator's philox offset.
 
 Filtering follows SGLang's "joint" semantics (its pytorch sampling backend and FlashInfer's
 ``filter_apply_order="joint"``): after temperature and softmax, a token is kept iff its rank
@@ -25,8 +25,6 @@ import torch
 
 # Temperatures below this mean greedy (SGLang's own cut-off, sampling_params._SAMPLING_EPS).
 GREEDY_EPS = 1e-6
-# Fills the output slots after each request's last emitted token; never a valid token id.
-PAD_TOKEN = -1
 
 
 @dataclass
@@ -63,31 +61,6 @@ class SamplingRows:
     @property
     def batch_size(self) -> int:
         return self.temperature.shape[0]
-
-
-def build_rows_from_sglang_like(
-    temperatures: torch.Tensor,
-    top_ps: torch.Tensor,
-    top_ks: torch.Tensor,
-    min_ps: torch.Tensor | None = None,
-    filter_top: bool = True,
-) -> SamplingRows:
-    """SamplingRows from SGLang's SamplingBatchInfo tensors.
-
-    temperatures: [bs, 1] or [bs]; top_ps, min_ps: [bs]; top_ks: [bs] (TOP_K_ALL = 2**30 is
-    >= any vocabulary, hence disabled). Pass min_ps=None when ``need_min_p_sampling`` is
-    False, and filter_top=False only when neither ``need_top_p_sampling`` nor a non-greedy
-    top-k is in use.
-    """
-    if temperatures.dim() == 2 and temperatures.shape[1] != 1:
-        raise ValueError(f"temperatures must be [bs, 1] or [bs], got {tuple(temperatures.shape)}")
-    return SamplingRows(
-        temperature=temperatures.reshape(-1).to(torch.float32),
-        top_p=top_ps.to(torch.float32),
-        top_k=top_ks.to(torch.int32),
-        min_p=None if min_ps is None else min_ps.to(torch.float32),
-        filter_top=filter_top,
-    )
 
 
 def _per_position(t: torch.Tensor, repeats: int) -> torch.Tensor:
@@ -155,61 +128,3 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     # A zero draw would turn a zero weight into 0/0 = nan, which argmax would pick.
     race.clamp_(min=torch.finfo(probs.dtype).tiny)
     return (probs / race).argmax(dim=-1)
-
-
-def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Unnormalised recovery weights max(p - q, 0); p itself where they vanish (p == q).
-
-    Normalising is left out on purpose: :func:`sample` is invariant to row scaling.
-    """
-    r = (p - q).clamp_(min=0.0)
-    return torch.where(r.sum(dim=-1, keepdim=True) > 0, r, p)
-
-
-def rejection_sample(
-    target_p: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    draft_p: torch.Tensor,
-    generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Verify k drafts per request against the target distributions.
-
-    target_p: [bs, k+1, V] float; row j is the target distribution for output position j
-        (after the last verified token and drafts 0..j-1).
-    draft_tokens: [bs, k] integer; draft j was sampled from draft_p[:, j].
-    draft_p: [bs, k, V] float, e.g. :func:`target_probs` of the draft logits.
-    Returns (tokens [bs, k+1] int64, accept_lens [bs] int32 in 1..k+1). tokens[b, :n] are
-    the accepted drafts, tokens[b, n] the recovered token (sampled from max(p - q, 0) at the
-    first rejection) or the bonus token (sampled from target_p[b, k]) and the rest PAD_TOKEN;
-    accept_lens = n + 1. Draft j is accepted with probability min(1, p(x)/q(x)), tested
-    as u * q < p in float64 so that one-hot (greedy) rows are decided exactly and q(x) = 0
-    never divides; the run stops at the first rejection.
-    """
-    if target_p.dim() != 3 or draft_p.dim() != 3 or draft_tokens.dim() != 2:
-        raise ValueError("expected target_p [bs, k+1, V], draft_tokens [bs, k], draft_p [bs, k, V]")
-    bs, k1, vocab = target_p.shape
-    k = k1 - 1
-    if k < 1 or tuple(draft_tokens.shape) != (bs, k) or tuple(draft_p.shape) != (bs, k, vocab):
-        raise ValueError(
-            f"shape mismatch: target_p {tuple(target_p.shape)}, draft_tokens "
-            f"{tuple(draft_tokens.shape)}, draft_p {tuple(draft_p.shape)} (need k >= 1)"
-        )
-    if draft_tokens.is_floating_point():
-        raise ValueError(f"draft_tokens must be integer, got {draft_tokens.dtype}")
-    dev = target_p.device
-    drafts = draft_tokens.to(torch.int64)
-    p_x = target_p[:, :k].gather(2, drafts[..., None]).squeeze(-1).to(torch.float64)
-    q_x = draft_p.gather(2, drafts[..., None]).squeeze(-1).to(torch.float64)
-    u = torch.rand(bs, k, dtype=torch.float64, device=dev, generator=generator)
-    accepted = u * q_x < p_x
-    n = accepted.to(torch.int32).cumprod(dim=1).sum(dim=1)  # leading accepts, int64 [bs]
-    batch = torch.arange(bs, device=dev)
-    p_n = target_p[batch, n]
-    # Past the last draft (all accepted) q is zero, so the residual is the bonus row p_k.
-    q_n = draft_p[batch, n.clamp(max=k - 1)] * (n < k).to(draft_p.dtype)[:, None]
-    last = sample(_residual(p_n, q_n), generator=generator)
-    col = torch.arange(k1, device=dev)[None, :]
-    tokens = torch.cat([drafts, last[:, None]], dim=1)
-    tokens = torch.where(col == n[:, None], last[:, None], tokens)
-    tokens = torch.where(col > n[:, None], PAD_TOKEN, tokens)
-    return tokens, (n + 1).to(torch.int32)

@@ -27,6 +27,7 @@ from benchmarks.configs import parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import Server, ServerError, http_json, install_signal_handlers, log_tail
+from benchmarks.workload import load_tokenizer
 
 QUESTION = "Find the sum of all positive integers n such that n^2 - 19n + 99 is a perfect square. Think step by step."
 MAX_TOKENS = 96
@@ -135,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     deadline = Deadline(args.time_budget)
     log = RunLog(args.out.with_suffix(".log"))
     cfg = args.server_config
-    env = {**args.env, **dict(cfg.env)}
+    env = cfg.environment(args.env)
     doc: dict[str, Any] = {
         "kind": "api_smoke",
         "schema": 1,
@@ -156,8 +157,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_json(args.out, doc)
             return 1
         doc["server"] = {"status": "ok", "startup_s": startup}
-        from benchmarks.workload import load_tokenizer
-
         tok = load_tokenizer(args.model)
         prompt_text = tok.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True)
         doc["checks"] = run_checks(server.base_url, "default", prompt_text, timeout=max(30.0, deadline.remaining() - 20))

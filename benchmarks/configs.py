@@ -40,6 +40,10 @@ class ServerConfig:
     flags: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
 
+    def environment(self, base: dict[str, str]) -> dict[str, str]:
+        """The server's environment: ``base`` (the caller's ``--env``) plus what this config needs."""
+        return {**base, **dict(self.env)}
+
     @property
     def speculative(self) -> bool:
         return "--speculative-algorithm" in self.flags

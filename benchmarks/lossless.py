@@ -14,8 +14,9 @@ divergence where stock's own top-2 gap was <= NEAR_TIE_NATS is rounding (a "near
 other divergence before ``--early-divergence`` tokens (64) fails the run as a likely bug.
 ``--controls ngram`` runs SGLang's own NGRAM through the same check, which shows the
 share of divergences that SGLang's verify kernels cause by themselves.
-``--rejudge F.json`` re-applies the classification to a stored result (no GPU). ``--temperature T > 0`` skips the stock
-server and only records acceptance (sampled outputs cannot be compared token by token).
+``--rejudge F.json`` re-applies the classification to a stored result (no GPU).
+``--temperature T > 0`` skips the stock server and only records acceptance (sampled
+outputs cannot be compared token by token).
 ``--accept-temps`` adds acceptance-only passes against the same PILLAR server start.
 
 Writes F.json (rewritten after every stage, so a killed job keeps what it had) and F.log.
@@ -196,7 +197,7 @@ def run_passes(
     log: RunLog,
 ) -> dict[str, Any]:
     """Start one server, run ``passes`` in order (filling them in), stop it; returns the server record."""
-    name, env = config.name, {**args.env, **dict(config.env)}
+    name, env = config.name, config.environment(args.env)
     record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "startup_s": None, "error": None}
     if not deadline.allows(MIN_START_S):
         log.line(f"{name}: skipped, {deadline.remaining():.0f} s of budget left")
@@ -253,9 +254,10 @@ def run_passes(
     return record
 
 
-def verdict(identity_mode: bool, identity: dict[str, Any] | None, main_pass: PassResult) -> str:
-    """PASS/FAIL judge the greedy identity check; OK is an acceptance-only run whose main pass finished."""
-    if main_pass.status != "ok" or (identity_mode and identity is None):
+def verdict(identity_mode: bool, identity: dict[str, Any] | None, main_ok: bool) -> str:
+    """PASS/FAIL judge the greedy identity check; OK is an acceptance-only run whose main
+    (first PILLAR) pass finished; ``main_ok`` says whether it did."""
+    if not main_ok or (identity_mode and identity is None):
         return "INCOMPLETE"
     if not identity_mode:
         return "OK"
@@ -332,7 +334,7 @@ def rejudge(path: Path) -> int:
             classify_divergences(ident)
     main_ok = bool(doc["acceptance"]) and doc["acceptance"][0]["status"] == "ok"
     identity_mode = doc["settings"]["temperature"] == 0
-    new = verdict(identity_mode, doc["identity"], PassResult("pillar", 0.0, 0, status="ok" if main_ok else "failed"))
+    new = verdict(identity_mode, doc["identity"], main_ok)
     doc["rejudged"] = {"previous_verdict": doc["verdict"], "by_commit": git_commit(), "near_tie_nats": NEAR_TIE_NATS}
     doc["verdict"] = new
     write_json(path, doc)
@@ -427,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["servers"][name] = record
         doc["controls"][name] = {"pass": control.summary(), "identity": identity(name, control)}
         write_json(args.out, doc)
-    doc["verdict"] = verdict(identity_mode, doc["identity"], main_pass)
+    doc["verdict"] = verdict(identity_mode, doc["identity"], main_pass.status == "ok")
     doc["all_passes_ok"] = all(p.status == "ok" for p in stock_passes + pillar_passes)
     write_json(args.out, doc)
     for a in doc["acceptance"]:

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lossless import NEAR_TIE_NATS
+
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
 
@@ -155,12 +157,6 @@ def _identity_cells(ident: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def lossless_near_tie() -> float:
-    from benchmarks.lossless import NEAR_TIE_NATS
-
-    return NEAR_TIE_NATS
-
-
 def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
     docs = [d for d in docs if d.get("kind") == "lossless"]
     if not docs:
@@ -186,7 +182,7 @@ def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
     return (
         "### Losslessness (greedy token ids vs stock)\n\n"
         "A divergence is a *near tie* when stock's own top-2 log-probability gap at that token was at most "
-        f"{lossless_near_tie()} nats (bf16 rounding of the k+1-token verify kernel can flip it); unexplained "
+        f"{NEAR_TIE_NATS} nats (bf16 rounding of the k+1-token verify kernel can flip it); unexplained "
         "early divergences fail the run. Controls are other speculative configs through the same check.\n\n"
         + markdown_table(LOSSLESS_HEADERS, rows)
         + "\n\n### PILLAR acceptance\n\n" + markdown_table(ACCEPT_HEADERS, acc_rows) + "\n"

@@ -180,7 +180,7 @@ def run_config(
         write_json(out_path, doc)
         return
     server = Server.sglang(
-        args.model, config.flags, log_path=args.work_dir / f"{config.name}.server.log", env={**args.env, **dict(config.env)}
+        args.model, config.flags, log_path=args.work_dir / f"{config.name}.server.log", env=config.environment(args.env)
     )
     srv["command"] = server.argv
     with server:
@@ -340,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kind": "throughput",
             "schema": 1,
             "meta": meta,
-            "config": {"name": config.name, "flags": list(config.flags), "env": {**args.env, **dict(config.env)}},
+            "config": {"name": config.name, "flags": list(config.flags), "env": config.environment(args.env)},
             "workload": workload_doc,
             "server": {"status": "pending", "startup_s": None, "error": None},
             "runs": [],

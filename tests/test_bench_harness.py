@@ -179,6 +179,9 @@ def test_configs_flags_and_names() -> None:
     i = k4.flags.index("--speculative-num-steps")
     assert k4.speculative and k4.flags[i + 1] == "4" and k4.flags[-2:] == ("--foo", "1")
     assert configs.resolve_config("pillar").flags[i + 1] == "8"
+    streaming = configs.resolve_config("pillar-k4-streaming")
+    assert streaming.flags == k4.flags[:-2] and dict(streaming.env) == {"SPARSESPEC_POLICY": "streaming"}
+    assert streaming.environment({"A": "1"}) == {"A": "1", "SPARSESPEC_POLICY": "streaming"} and k4.env == ()
     assert "flashinfer" in configs.resolve_config("stock-flashinfer").flags
     with pytest.raises(ValueError, match="unknown config"):
         configs.resolve_config("eagle")
@@ -265,13 +268,12 @@ def test_compare_outputs_and_acceptance() -> None:
 
 
 def test_verdict() -> None:
-    ok = lossless.PassResult("pillar", 0.0, 8, status="ok")
-    assert lossless.verdict(True, {"early_divergences": [], "unexplained_early_divergences": []}, ok) == "PASS"
-    assert lossless.verdict(True, {"early_divergences": [3], "unexplained_early_divergences": []}, ok) == "PASS"
-    assert lossless.verdict(True, {"early_divergences": [3], "unexplained_early_divergences": [3]}, ok) == "FAIL"
-    assert lossless.verdict(True, None, ok) == "INCOMPLETE"
-    assert lossless.verdict(False, None, ok) == "OK"
-    assert lossless.verdict(False, None, lossless.PassResult("pillar", 0.6, 8, status="failed")) == "INCOMPLETE"
+    assert lossless.verdict(True, {"early_divergences": [], "unexplained_early_divergences": []}, True) == "PASS"
+    assert lossless.verdict(True, {"early_divergences": [3], "unexplained_early_divergences": []}, True) == "PASS"
+    assert lossless.verdict(True, {"early_divergences": [3], "unexplained_early_divergences": [3]}, True) == "FAIL"
+    assert lossless.verdict(True, None, True) == "INCOMPLETE"
+    assert lossless.verdict(False, None, True) == "OK"
+    assert lossless.verdict(False, None, False) == "INCOMPLETE"
 
 
 def test_rejudge_rewrites_verdict_from_stored_margins(tmp_path: Path) -> None:

@@ -26,7 +26,13 @@ from typing import Any
 from benchmarks.configs import parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import Server, ServerError, http_json, install_signal_handlers, log_tail
+from benchmarks.server import (
+    Server,
+    ServerError,
+    http_json,
+    install_signal_handlers,
+    log_tail,
+)
 from benchmarks.workload import load_tokenizer
 
 QUESTION = "Find the sum of all positive integers n such that n^2 - 19n + 99 is a perfect square. Think step by step."

@@ -3,7 +3,8 @@
 A 0.5.17 non-streaming ``/generate`` reply is ``{"text", "output_ids", "meta_info"}``;
 ``meta_info`` carries ``completion_tokens``, ``finish_reason`` and, for speculative
 servers once a request was verified at least once, ``spec_verify_ct`` and
-``spec_accept_length`` (= completion_tokens / spec_verify_ct, bonus token included).
+``spec_accept_length`` (= completion_tokens / spec_verify_ct, bonus token included) and
+``spec_correct_drafts_histogram`` (entry n = verify steps that accepted n drafts).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from benchmarks.server import Server, http_json
 class GenOutput:
     """One finished request. ``verify_ct`` is None on a non-speculative server.
 
-    With ``top2`` requested: ``runner_up[i]`` is the second most likely token at output
+    ``accept_histogram[n]``: verify steps of this request that accepted n drafts (None if
+    the server reports none). With ``top2`` requested: ``runner_up[i]`` is the second most likely token at output
     position i and ``margin[i]`` the log-probability gap (nats) between the best and it.
     """
 
@@ -31,6 +33,7 @@ class GenOutput:
     finish_reason: str | None
     runner_up: list[int] | None = None
     margin: list[float] | None = None
+    accept_histogram: list[int] | None = None
 
     @property
     def accept_length(self) -> float | None:
@@ -62,6 +65,9 @@ def parse_generate_reply(reply: Any) -> GenOutput:
         finish_reason=finish,
         runner_up=runner_up,
         margin=margin,
+        accept_histogram=[int(n) for n in meta["spec_correct_drafts_histogram"]]
+        if meta.get("spec_correct_drafts_histogram")
+        else None,
     )
 
 

@@ -27,8 +27,8 @@ COMMON_FLAGS: tuple[str, ...] = (
 DEFAULT_PILLAR_STEPS = 8
 NGRAM_DRAFT_TOKENS = 8
 
-_PILLAR_NAME = re.compile(r"pillar(?:-k(\d+))?(-streaming)?")
-KNOWN_CONFIGS = ("stock", "stock-flashinfer", "ngram", "pillar", "pillar-k<N>", "pillar[-k<N>]-streaming")
+_PILLAR_NAME = re.compile(r"pillar(?:-k(\d+))?(?:-(coarse|streaming|oracle))?")
+KNOWN_CONFIGS = ("stock", "stock-flashinfer", "ngram", "pillar", "pillar-k<N>", "pillar[-k<N>]-{coarse,streaming,oracle}")
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,9 @@ class ServerConfig:
 
 
 def resolve_config(name: str, extra_flags: tuple[str, ...] = ()) -> ServerConfig:
-    """Flags of a named config; ``pillar-k4`` means PILLAR with 4 draft steps (``pillar`` = 8),
-    a ``-streaming`` suffix the sink + recent-window draft policy instead of PillarAttn."""
+    """Flags of a named config; ``pillar-k4`` means PILLAR with 4 draft steps (``pillar`` = 8);
+    a ``-coarse`` / ``-streaming`` / ``-oracle`` suffix selects that draft policy
+    (SPARSESPEC_POLICY) instead of per-layer, per-KV-head PillarAttn."""
     env: tuple[tuple[str, str], ...] = ()
     if name == "stock":
         method: tuple[str, ...] = ("--attention-backend", "triton")
@@ -73,7 +74,7 @@ def resolve_config(name: str, extra_flags: tuple[str, ...] = ()) -> ServerConfig
             "--speculative-num-steps", str(steps),
         )  # fmt: skip
         if m.group(2):
-            env = (("SPARSESPEC_POLICY", "streaming"),)
+            env = (("SPARSESPEC_POLICY", m.group(2)),)
     else:
         raise ValueError(f"unknown config {name!r}; choose from {', '.join(KNOWN_CONFIGS)}")
     return ServerConfig(name=name, flags=method + COMMON_FLAGS + tuple(extra_flags), env=env)

@@ -31,17 +31,16 @@ import shlex
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.client import GenOutput, generate_all
-from benchmarks.configs import ServerConfig, parse_env, resolve_config
+from benchmarks.client import GenOutput
+from benchmarks.configs import parse_env, resolve_config
 from benchmarks.meta import git_commit, new_run_id, run_metadata
+from benchmarks.passes import PassResult, run_passes
 from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import Server, ServerError, install_signal_handlers, log_tail
+from benchmarks.server import install_signal_handlers
 from benchmarks.workload import DEFAULT_DATASETS, Prompt, build_prompts, load_tokenizer
 
 # A divergence is explained by rounding when stock's top-2 log-probability gap at that position
@@ -49,35 +48,6 @@ from benchmarks.workload import DEFAULT_DATASETS, Prompt, build_prompts, load_to
 # took the listed runner-up is recorded but not required: bf16 logits often tie exactly (gap 0),
 # and among tied tokens the top-logprob list need not be in argmax's order.
 NEAR_TIE_NATS = 0.25
-STOP_RESERVE_S = 25.0  # kept back from every pass timeout so the server can still be stopped
-MIN_START_S = 60.0  # don't launch a server with less budget left than this
-
-
-@dataclass
-class PassResult:
-    """One batch of requests against one server. ``outputs`` is in prompt order when status == 'ok'."""
-
-    server: str
-    temperature: float
-    max_new_tokens: int
-    top2: bool = False  # also fetch the top-2 log-probabilities of every output token
-    status: str = "skipped"  # ok | failed | skipped
-    error: str | None = None
-    wall_s: float | None = None
-    outputs: list[GenOutput] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "server": self.server,
-            "temperature": self.temperature,
-            "max_new_tokens": self.max_new_tokens,
-            "status": self.status,
-            "error": self.error,
-            "wall_s": self.wall_s,
-        }
-        if self.status == "ok":
-            doc.update(acceptance_summary(self.outputs, self.wall_s))
-        return doc
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -86,26 +56,6 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def acceptance_summary(outputs: Sequence[GenOutput], wall_s: float | None = None) -> dict[str, Any]:
-    """Overall accept length = all output tokens / all verify steps (SGLang's per-request definition, pooled)."""
-    spec = [o for o in outputs if o.verify_ct]
-    total_tokens = sum(o.completion_tokens for o in outputs)
-    per_req = [o.accept_length for o in outputs]
-    doc: dict[str, Any] = {
-        "num_requests": len(outputs),
-        "output_tokens": total_tokens,
-        "output_tok_per_s": total_tokens / wall_s if wall_s else None,
-        "requests_with_spec_counters": len(spec),
-        "accept_length_overall": None,
-        "accept_length_mean": None,
-        "accept_length_per_request": [None if a is None else round(a, 4) for a in per_req],
-    }
-    if spec:
-        doc["accept_length_overall"] = sum(o.completion_tokens for o in spec) / sum(o.verify_ct or 0 for o in spec)
-        doc["accept_length_mean"] = statistics.fmean(o.accept_length or 0.0 for o in spec)
-    return doc
 
 
 def compare_outputs(
@@ -186,72 +136,6 @@ def classify_divergences(ident: dict[str, Any]) -> None:
         r["index"] for r in requests
         if r["first_divergence"] is not None and r["first_divergence"] < early and not r.get("near_tie")
     ]  # fmt: skip
-
-
-def run_passes(
-    config: ServerConfig,
-    passes: list[PassResult],
-    prompts: Sequence[Prompt],
-    args: argparse.Namespace,
-    deadline: Deadline,
-    log: RunLog,
-) -> dict[str, Any]:
-    """Start one server, run ``passes`` in order (filling them in), stop it; returns the server record."""
-    name, env = config.name, config.environment(args.env)
-    record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "startup_s": None, "error": None}
-    if not deadline.allows(MIN_START_S):
-        log.line(f"{name}: skipped, {deadline.remaining():.0f} s of budget left")
-        for p in passes:
-            p.error = "time budget"
-        return record
-    server = Server.sglang(args.model, config.flags, log_path=args.server_log_dir / f"{name}.server.log", env=env)
-    record["command"] = server.argv
-    with server:
-        log.line(f"{name}: starting server: {shlex.join(server.argv[1:])}")
-        try:
-            record["startup_s"] = server.start(timeout_s=min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S))
-        except ServerError as e:
-            record.update(status="failed", error=str(e))
-            log.line(f"{name}: server failed to start: {str(e).splitlines()[0]}")
-            log.block(f"{name} server log tail", log_tail(server.log_path, 200))
-            for p in passes:
-                p.status, p.error = "failed", "server failed to start"
-            return record
-        record["status"] = "ok"
-        log.line(f"{name}: server up after {record['startup_s']:.0f} s")
-        for i, p in enumerate(passes):
-            label = f"{name} pass {i + 1}/{len(passes)} (T={p.temperature}, max_new={p.max_new_tokens})"
-            if not deadline.allows(STOP_RESERVE_S + 10):
-                p.error = "time budget"
-                log.line(f"{label}: SKIPPED (time budget)")
-                continue
-            sampling = {"temperature": p.temperature, "max_new_tokens": p.max_new_tokens}
-            t0 = time.monotonic()
-            try:
-                p.outputs = generate_all(
-                    server, [q.input_ids for q in prompts], sampling,
-                    concurrency=args.concurrency or len(prompts),
-                    timeout_s=deadline.remaining() - STOP_RESERVE_S,
-                    top2=p.top2,
-                )  # fmt: skip
-                p.status, p.wall_s = "ok", time.monotonic() - t0
-                acc = acceptance_summary(p.outputs, p.wall_s)
-                al = acc["accept_length_overall"]
-                log.line(
-                    f"{label}: {acc['output_tokens']} tokens in {p.wall_s:.1f} s"
-                    + (f", accept length {al:.3f}" if al is not None else "")
-                )
-            except Exception as e:  # a failed pass must not lose the others' results
-                p.status, p.error, p.wall_s = "failed", f"{type(e).__name__}: {e}", time.monotonic() - t0
-                log.line(f"{label}: FAILED: {p.error.splitlines()[0]}")
-                if server.proc is None or server.proc.poll() is not None:
-                    record.update(status="died", error=p.error)
-                    break
-        log.block(f"{name} server log tail", log_tail(server.log_path, 40))
-    for p in passes:
-        if p.status == "skipped" and p.error is None:
-            p.error = "server died"
-    return record
 
 
 def verdict(identity_mode: bool, identity: dict[str, Any] | None, main_ok: bool) -> str:

@@ -33,8 +33,20 @@ from benchmarks.configs import ServerConfig, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.report import throughput_rows, throughput_table
 from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import Server, ServerError, http_json, install_signal_handlers, log_tail
-from benchmarks.workload import DEFAULT_DATASETS, build_prompts, load_tokenizer, prompt_token_stats, write_bench_serving_file
+from benchmarks.server import (
+    Server,
+    ServerError,
+    http_json,
+    install_signal_handlers,
+    log_tail,
+)
+from benchmarks.workload import (
+    DEFAULT_DATASETS,
+    build_prompts,
+    load_tokenizer,
+    prompt_token_stats,
+    write_bench_serving_file,
+)
 
 BENCH_MODULE = "sglang.benchmark.serving"  # what `python -m sglang.bench_serving` forwards to in 0.5.17
 STOP_RESERVE_S = 25.0  # budget kept back so the server can always be stopped and the JSON written

@@ -1,12 +1,12 @@
 """The k sparse draft steps of a PILLAR round, run by the *target* model.
 
-Each step is an ordinary SGLang DECODE forward of the target model whose attention
-reads a short per-request KV list (selected positions + recent tail + this round's
-tokens, see ``sglang_sparsespec.spec.draft_layout``) through a private instance of
-SGLang's Triton attention backend. The whole k-step loop — index building, k forwards,
-draft sampling — is captured as one CUDA graph per batch-size bucket, so a round costs
-one graph launch for drafting plus the target's own TARGET_VERIFY graph for verifying.
-Batches larger than the largest bucket run the same loop eagerly.
+Each step is an ordinary SGLang DECODE forward of the target model under
+``PillarDraftBackend``, whose attention reads, per layer and KV head, only the request's
+planned positions plus the recent tail and this round's tokens (``PlanState``). The whole
+k-step loop — k forwards and draft sampling — is captured as one CUDA graph per
+batch-size bucket, so a round costs one graph launch for drafting plus the target's own
+TARGET_VERIFY graph for verifying. Batches larger than the largest bucket run the same
+loop eagerly.
 """
 
 from __future__ import annotations
@@ -16,32 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_sparsespec.config import PillarConfig
-from sglang_sparsespec.spec.draft_layout import round_slots, step_indices
+from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.spec.sampling import SamplingRows, sample, target_probs
 
+from .draft_attention import DraftStepInputs, PillarDraftBackend
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PlanState:
-    """Per-request draft plans, indexed by ``req_pool_idx`` (row 0 = padding row).
-
-    sel_pos [rows, kmax] int32, sel_cnt [rows] int32, tail_start [rows] int32.
-    Row 0 stays all-zero: padded graph rows read an empty selection.
-    """
-
-    sel_pos: torch.Tensor
-    sel_cnt: torch.Tensor
-    tail_start: torch.Tensor
-
-    @classmethod
-    def allocate(cls, rows: int, kmax: int, device: torch.device) -> PlanState:
-        return cls(
-            sel_pos=torch.full((rows, kmax), -1, dtype=torch.int32, device=device),
-            sel_cnt=torch.zeros(rows, dtype=torch.int32, device=device),
-            tail_start=torch.zeros(rows, dtype=torch.int32, device=device),
-        )
 
 
 @dataclass
@@ -61,24 +42,14 @@ class PillarDraftRunner:
         state: PlanState,
         max_bs: int,
         capture_bs: list[int],
-        list_width: int,
     ):
-        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
         self.mr = model_runner
         self.cfg = cfg
         self.state = state
         self.k = cfg.num_steps
-        self.width = list_width
         self.max_bs = max_bs
         self.device = model_runner.device
         vocab = model_runner.model_config.vocab_size
-        # A private backend: its forward_metadata is ours alone, so draft planning never
-        # disturbs the target backend that the verify graph was captured with.
-        self.backend = TritonAttnBackend(model_runner)
-        num_heads = self.backend.num_head
-        v_dim = model_runner.model_config.v_head_dim
-        splits = self.backend.max_kv_splits
         with torch.device(self.device):
             self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64)
             self.seq_lens = torch.ones(max_bs, dtype=torch.int64)
@@ -87,13 +58,19 @@ class PillarDraftRunner:
             self.top_p = torch.ones(max_bs, dtype=torch.float32)
             self.top_k = torch.ones(max_bs, dtype=torch.int32)
             self.min_p = torch.zeros(max_bs, dtype=torch.float32)
-            self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32)
-            self.kv_indices = torch.zeros(max_bs * list_width + 1, dtype=torch.int64)
-            self.num_kv_splits = torch.ones(max_bs, dtype=torch.int32)
-            self.attn_logits = torch.empty((max_bs, num_heads, splits, v_dim), dtype=torch.float32)
-            self.attn_lse = torch.empty((max_bs, num_heads, splits), dtype=torch.float32)
+            self.inputs = DraftStepInputs(
+                req_pool_indices=self.req_pool_indices,
+                tail_start=torch.zeros(max_bs, dtype=torch.int32),
+                sel_cnt=torch.zeros(max_bs, dtype=torch.int32),
+                seq_lens=torch.ones(max_bs, dtype=torch.int64),
+            )
             self.out_tokens = torch.zeros((max_bs, self.k), dtype=torch.int64)
             self.out_probs = torch.zeros((max_bs, self.k, vocab), dtype=torch.float32)
+        # A private backend: draft attention never touches the target backend's metadata,
+        # which the verify graph was captured with.
+        self.backend = PillarDraftBackend(
+            model_runner, state, self.inputs, oracle=cfg.policy is SelectionPolicy.ORACLE
+        )
         # Keyed by (batch-size bucket, greedy): all-greedy batches draft by argmax and
         # skip the draft distributions, which their verify never reads.
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
@@ -101,25 +78,6 @@ class PillarDraftRunner:
         self._forward_batches: dict[int, object] = {}
 
     # ---- forward-batch scaffolding -------------------------------------------------
-    def _metadata(self, bs: int):
-        from sglang.srt.layers.attention.triton_backend import ForwardMetadata
-
-        return ForwardMetadata(
-            attn_logits=self.attn_logits[:bs],
-            attn_lse=self.attn_lse[:bs],
-            max_extend_len=None,
-            num_kv_splits=self.num_kv_splits[:bs],
-            kv_indptr=self.kv_indptr[: bs + 1],
-            kv_indices=self.kv_indices,
-            qo_indptr=None,
-            custom_mask=None,
-            mask_indptr=None,
-            window_kv_indptr=None,
-            window_kv_indices=None,
-            window_num_kv_splits=None,
-            window_kv_offsets=None,
-        )
-
     def _forward_batch(self, bs: int):
         from sglang.srt.layers.dp_attention import DpPaddingMode
         from sglang.srt.model_executor.forward_batch_info import (
@@ -151,22 +109,20 @@ class PillarDraftRunner:
 
     # ---- the k-step loop (eager body == captured body) ----------------------------
     def _run_steps(self, bs: int, greedy: bool) -> None:
-        from sglang.srt.layers.dp_attention import set_dp_buffer_len, set_is_extend_in_batch
-        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+        from sglang.srt.layers.dp_attention import (
+            set_dp_buffer_len,
+            set_is_extend_in_batch,
+        )
+        from sglang.srt.model_executor.forward_context import (
+            ForwardContext,
+            forward_context,
+        )
 
         req_to_token = self.mr.req_to_token_pool.req_to_token
         rpi = self.req_pool_indices[:bs]
         lens = self.seq_lens[:bs]
-        slots, base_len = round_slots(
-            req_to_token,
-            rpi,
-            lens,
-            self.state.sel_pos[rpi],
-            self.state.sel_cnt[rpi],
-            self.state.tail_start[rpi],
-            self.k,
-            self.width,
-        )
+        self.inputs.tail_start[:bs] = self.state.tail_start[rpi]
+        self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
         rows = SamplingRows(
             temperature=self.temperature[:bs],
             top_p=self.top_p[:bs],
@@ -174,16 +130,14 @@ class PillarDraftRunner:
             min_p=self.min_p[:bs],
         )
         fb = self._forward_batch(bs)
-        self.backend.forward_metadata = self._metadata(bs)
         fb.mark_forward_metadata_ready()
         set_dp_buffer_len(None, bs, False, None)
         set_is_extend_in_batch(False)
         tokens = self.bonus[:bs]
         with forward_context(ForwardContext(attn_backend=self.backend)):
             for step in range(self.k):
-                list_lens = step_indices(slots, base_len, step, self.kv_indptr, self.kv_indices)
-                self.backend.get_num_kv_splits(self.num_kv_splits[:bs], list_lens)
                 positions = lens + step
+                self.inputs.seq_lens[:bs] = positions + 1
                 fb.input_ids = tokens
                 fb.positions = positions
                 fb.out_cache_loc = req_to_token[rpi, positions].to(torch.int64)

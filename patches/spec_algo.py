@@ -90,6 +90,8 @@ def validate_server_args(sa: ServerArgs) -> None:
         reject("does not support --speculative-adaptive")
     if sa.speculative_accept_threshold_single != 1.0 or sa.speculative_accept_threshold_acc != 1.0:
         reject("is lossless; --speculative-accept-threshold-* must stay 1.0")
+    if sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "fp16", "float16"):
+        reject(f"needs a 16-bit KV cache (its Triton kernels read K/V unscaled), got --kv-cache-dtype {sa.kv_cache_dtype}")
     if sa.enable_mixed_chunk:
         reject("cannot mix prefill chunks into decode batches; remove --enable-mixed-chunk")
 

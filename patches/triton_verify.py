@@ -24,11 +24,7 @@ def attach_score_sink(backend, sink: VerifyScoreSink) -> None:
 
 def capture_verify_scores(original, backend, q, k, v, layer, forward_batch, *args, **kwargs):
     sink: VerifyScoreSink | None = getattr(backend, SINK_ATTR, None)
-    if (
-        sink is None
-        or not forward_batch.forward_mode.is_target_verify()
-        or not sink.wants(layer.layer_id)
-    ):
+    if sink is None or not forward_batch.forward_mode.is_target_verify():
         return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
 
     inner = backend.extend_attention_fwd

@@ -7,8 +7,9 @@ One decode round (all on the GPU, no host synchronisation, overlap-scheduler saf
 2. verify — SGLang's own topk=1 EAGLE verify (TARGET_VERIFY graph of the target model,
             full attention over all k+1 tokens, exact rejection sampling against the
             recorded draft distributions, bonus token when all drafts pass);
-3. select — PillarAttn: top-K positions per request from the attention mass the verify
-            pass captured (``VerifyScoreSink``), stored for the next round.
+3. select — the policy's ``Selector`` writes each request's next plan; PillarAttn takes
+            the top-K positions per (layer, KV head) from the attention mass the verify
+            pass captured (``VerifyScoreSink``, recorded inside the TARGET_VERIFY graph).
 
 Prefill batches run the plain target forward and seed each request with a streaming
 plan (sinks + recent window) so the first round after prefill is already sparse.
@@ -22,14 +23,18 @@ import torch
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
-from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input, run_eagle_verify
+from sglang.srt.speculative.eagle_worker_common import (
+    build_eagle_verify_input,
+    run_eagle_verify,
+)
 from sglang.srt.speculative.spec_utils import get_plan_stream
 
 from sglang_sparsespec.config import PillarConfig, SelectionPolicy
-from sglang_sparsespec.selection.policy import SelectionPlan, pillar_plan, streaming_plan
 from sglang_sparsespec.selection.scores import VerifyScoreSink
+from sglang_sparsespec.selection.selectors import Selector, make_selector
+from sglang_sparsespec.selection.state import PlanState
 
-from .draft_runner import PillarDraftRunner, PlanState
+from .draft_runner import PillarDraftRunner
 from .triton_verify import attach_score_sink
 
 logger = logging.getLogger(__name__)
@@ -48,7 +53,7 @@ class PillarWorker(BaseSpecWorker):
         self.speculative_num_draft_tokens = self.cfg.num_steps + 1
         self.plan_stream, self.plan_stream_ctx = get_plan_stream(self.device)
         self.state: PlanState | None = None
-        self.sink: VerifyScoreSink | None = None
+        self.selector: Selector | None = None
         self.draft_runner: PillarDraftRunner | None = None
         logger.info("PILLAR config: %s", self.cfg)
 
@@ -63,35 +68,38 @@ class PillarWorker(BaseSpecWorker):
         rows, self.max_context_len = self.req_to_token_pool.req_to_token.shape
         self.kmax = self.cfg.max_budget(self.max_context_len)
         self.max_bs = self.model_runner.max_running_requests
-        self.state = PlanState.allocate(rows, self.kmax, self.device)
-        k = self.cfg.num_steps
-        # Longest draft list: selection + tail (a streaming tail can take the whole budget)
-        # + this round's k tokens.
-        self.list_width = self.kmax + max(self.kmax, self.cfg.recent_window + k + 1) + k
-        k_idx = torch.arange(k, dtype=torch.long, device=self.device)
+        k_idx = torch.arange(self.cfg.num_steps, dtype=torch.long, device=self.device)
         self._chain_parents = (k_idx - 1).repeat(self.max_bs, 1)
         self._chain_scores_index = k_idx.repeat(self.max_bs, 1)
 
     def init_attention_backends(self):
-        if self.cfg.policy is not SelectionPolicy.PILLAR:
-            return
         mc = self.model_runner.model_config
         backend = self.model_runner.attn_backend
-        # The total prefix of one verify batch is bounded by the KV pool (+1 slot per
-        # padded graph row, whose length is 1).
-        cap = self.token_to_kv_pool_allocator.size + self.max_bs + 1
-        self.sink = VerifyScoreSink(
-            num_kv_heads=backend.num_kv_head,
-            num_q_heads=backend.num_head,
-            cap=cap,
-            max_q_rows=self._max_graph_bs() * self.speculative_num_draft_tokens,
-            layers=list(range(mc.num_hidden_layers)),
-            device=self.device,
+        rows = self.req_to_token_pool.req_to_token.shape[0]
+        per_head = self.cfg.policy is SelectionPolicy.PILLAR
+        self.state = PlanState.allocate(
+            rows, mc.num_hidden_layers, backend.num_kv_head, per_head, self.kmax, self.device
         )
-        # Must precede the target's CUDA-graph capture (the scheduler calls
-        # init_cuda_graphs after every backend is initialised), so the score kernels
-        # are recorded into the TARGET_VERIFY graph.
-        attach_score_sink(backend, self.sink)
+        sink = None
+        if self.cfg.policy.uses_verify_scores:
+            # The total prefix of one verify batch is bounded by the KV pool and by the
+            # widest batch times the context length (+1 slot per padded graph row).
+            max_rows = self._max_graph_bs()
+            cap = min(self.token_to_kv_pool_allocator.size, max_rows * self.max_context_len) + max_rows + 1
+            sink = VerifyScoreSink(
+                num_layers=mc.num_hidden_layers,
+                num_kv_heads=backend.num_kv_head,
+                num_q_heads=backend.num_head,
+                cap=cap,
+                max_q_rows=max_rows * self.speculative_num_draft_tokens,
+                per_layer=per_head,
+                device=self.device,
+            )
+            # Must precede the target's CUDA-graph capture (the scheduler calls
+            # init_cuda_graphs after every backend is initialised), so the score kernels
+            # are recorded into the TARGET_VERIFY graph.
+            attach_score_sink(backend, sink)
+        self.selector = make_selector(self.cfg, self.state, sink)
 
     def _capture_bs(self) -> list[int]:
         from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
@@ -112,7 +120,6 @@ class PillarWorker(BaseSpecWorker):
             self.state,
             max_bs=self.max_bs,
             capture_bs=capture_bs,
-            list_width=self.list_width,
         )
         if capture_bs:
             self.draft_runner.capture()
@@ -129,7 +136,7 @@ class PillarWorker(BaseSpecWorker):
         result.new_seq_lens = batch.seq_lens
         if on_publish is not None:
             on_publish(result.new_seq_lens)
-        self._store(batch.req_pool_indices, streaming_plan(self.cfg, batch.seq_lens, self.kmax))
+        self.selector.after_prefill(batch.req_pool_indices, batch.seq_lens)
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
         return result
 
@@ -171,20 +178,9 @@ class PillarWorker(BaseSpecWorker):
         )
         if on_publish is not None:
             on_publish(result.new_seq_lens)
-        if self.sink is not None:
-            scores = self.sink.rows(verify_lens, self.max_context_len)
-            plan = pillar_plan(self.cfg, scores, verify_lens, result.new_seq_lens, self.kmax)
-        else:
-            plan = streaming_plan(self.cfg, result.new_seq_lens, self.kmax)
-        self._store(batch.req_pool_indices, plan)
+        self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens)
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result
-
-    def _store(self, req_pool_indices: torch.Tensor, plan: SelectionPlan) -> None:
-        idx = req_pool_indices.to(torch.int64)
-        self.state.sel_pos[idx] = plan.sel_pos
-        self.state.sel_cnt[idx] = plan.sel_cnt
-        self.state.tail_start[idx] = plan.tail_start
 
     @staticmethod
     def _next_draft_input(bonus_tokens: torch.Tensor) -> EagleDraftInput:

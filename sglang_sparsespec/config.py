@@ -19,8 +19,19 @@ ENV_PREFIX = "SPARSESPEC_"
 class SelectionPolicy(str, Enum):
     """Which KV positions a draft step attends to, besides the recent tail."""
 
-    PILLAR = "pillar"  # top-K by attention mass captured in the previous verify pass
-    STREAMING = "streaming"  # attention sinks + a recent window (MagicDec-style baseline)
+    # PillarAttn: top-K per (layer, KV head) by the attention mass of the previous verify pass.
+    PILLAR = "pillar"
+    # The same scores summed over layers and KV heads: one set per request shared by all.
+    COARSE = "coarse"
+    # Attention sinks + a recent window of the same budget (the MagicDec baseline).
+    STREAMING = "streaming"
+    # Analysis only: each draft query's own exact top-K per (layer, KV head), recomputed
+    # from full attention at every draft step (an upper bound on what selection can do).
+    ORACLE = "oracle"
+
+    @property
+    def uses_verify_scores(self) -> bool:
+        return self in (SelectionPolicy.PILLAR, SelectionPolicy.COARSE)
 
 
 @dataclass(frozen=True)

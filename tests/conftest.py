@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import triton_env  # noqa: F401  (sets TRITON_INTERPRET before any kernel is decorated)
 
 # SmolLM2-135M-Instruct's architecture: enough for SGLang to resolve a model config
 # without weights (ServerArgs validation never loads weights).

@@ -17,7 +17,16 @@ import pytest
 # benchmarks/ is a folder at the repository root, not an installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import configs, lossless, report, server, throughput, workload  # noqa: E402
+from benchmarks import (  # noqa: E402
+    acceptance,
+    configs,
+    lossless,
+    passes,
+    report,
+    server,
+    throughput,
+    workload,
+)
 from benchmarks.client import GenOutput, generate_all, parse_generate_reply  # noqa: E402
 
 FAKE_SERVER = textwrap.dedent(
@@ -72,8 +81,11 @@ FAKE_SERVER = textwrap.dedent(
             if spec and diverge_at >= 0 and sum(ids) % 2 == 0:
                 out[diverge_at] += 1
             meta = {"completion_tokens": n, "finish_reason": {"type": "length", "length": n}}
-            if spec:
-                meta.update(spec_verify_ct=(n + 2) // 3, spec_accept_length=n / ((n + 2) // 3))
+            if spec and os.environ.get("SPARSESPEC_POLICY") == "streaming":  # accepts no draft
+                meta.update(spec_verify_ct=n, spec_accept_length=1.0, spec_correct_drafts_histogram=[n])
+            elif spec:  # accepts 2 drafts per verify step
+                ct = (n + 2) // 3
+                meta.update(spec_verify_ct=ct, spec_accept_length=n / ct, spec_correct_drafts_histogram=[0, 0, ct])
             served[0] += 1
             if mode == "die_on_second_generate" and served[0] == 2:
                 time.sleep(0.3)  # crash mid-request, without replying
@@ -182,9 +194,13 @@ def test_configs_flags_and_names() -> None:
     streaming = configs.resolve_config("pillar-k4-streaming")
     assert streaming.flags == k4.flags[:-2] and dict(streaming.env) == {"SPARSESPEC_POLICY": "streaming"}
     assert streaming.environment({"A": "1"}) == {"A": "1", "SPARSESPEC_POLICY": "streaming"} and k4.env == ()
+    for policy in ("coarse", "oracle"):
+        assert dict(configs.resolve_config(f"pillar-{policy}").env) == {"SPARSESPEC_POLICY": policy}
     assert "flashinfer" in configs.resolve_config("stock-flashinfer").flags
     with pytest.raises(ValueError, match="unknown config"):
         configs.resolve_config("eagle")
+    with pytest.raises(ValueError, match="unknown config"):
+        configs.resolve_config("pillar-magic")
     with pytest.raises(ValueError, match="at least 1"):
         configs.resolve_config("pillar-k0")
     assert configs.parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
@@ -259,12 +275,26 @@ def test_compare_outputs_and_acceptance() -> None:
     assert rep2["divergences_near_tie"] == 2 and rep2["unexplained_early_divergences"] == [1]
     assert rep2["reference_margin_frac_near_tie"] == pytest.approx(2 / 60)
 
-    acc = lossless.acceptance_summary(cand, wall_s=2.0)
+    acc = passes.acceptance_summary(cand, wall_s=2.0)
     assert acc["accept_length_overall"] == pytest.approx(300 / 115)
     assert acc["accept_length_mean"] == pytest.approx((4 + 2 + 2.5) / 3)
     assert acc["output_tok_per_s"] == 150.0 and acc["requests_with_spec_counters"] == 3
-    none = lossless.acceptance_summary([g([1, 2])])
+    none = passes.acceptance_summary([g([1, 2])])
     assert none["accept_length_overall"] is None and none["accept_length_per_request"] == [None]
+    assert "accept_rate_by_position" not in none
+
+
+def test_acceptance_by_draft_position() -> None:
+    # k = 3: request A's 4 verify steps accepted 0, 3, 3, 1 drafts; B's 2 steps 2, 3.
+    a = GenOutput([0] * 11, 11, 4, "length", accept_histogram=[1, 1, 0, 2])
+    b = GenOutput([0] * 7, 7, 2, "length", accept_histogram=[0, 0, 1, 1])
+    acc = passes.acceptance_summary([a, b])
+    assert acc["correct_drafts_histogram"] == [1, 1, 1, 3]
+    # >= 1 draft accepted in 5 of 6 steps, >= 2 in 4, all 3 in 3.
+    assert acc["accept_rate_by_position"] == pytest.approx([5 / 6, 4 / 6, 3 / 6], abs=1e-4)
+    assert acc["conditional_accept_by_position"] == pytest.approx([5 / 6, 4 / 5, 3 / 4], abs=1e-4)
+    # Consistency with the accept length: 1 + mean drafts accepted per step.
+    assert 1 + sum(acc["accept_rate_by_position"]) == pytest.approx(acc["accept_length_overall"], abs=1e-3)
 
 
 def test_verdict() -> None:
@@ -309,10 +339,14 @@ def test_parse_generate_reply() -> None:
     reply = {
         "text": "hi",
         "output_ids": [5, 6, 7, 8],
-        "meta_info": {"completion_tokens": 4, "finish_reason": {"type": "stop", "matched": 2}, "spec_verify_ct": 2},
-    }
+        "meta_info": {
+            "completion_tokens": 4, "finish_reason": {"type": "stop", "matched": 2}, "spec_verify_ct": 2,
+            "spec_correct_drafts_histogram": [1, 0, 1],
+        },
+    }  # fmt: skip
     out = parse_generate_reply(reply)
     assert out.output_ids == [5, 6, 7, 8] and out.finish_reason == "stop" and out.accept_length == 2.0
+    assert out.accept_histogram == [1, 0, 1]
     stock = parse_generate_reply({"output_ids": [1], "meta_info": {"completion_tokens": 1, "finish_reason": None}})
     assert stock.verify_ct is None and stock.accept_length is None
     with pytest.raises(ValueError, match="unexpected"):
@@ -467,6 +501,26 @@ def test_sigterm_to_harness_stops_server(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- entry points end to end
+
+
+def test_acceptance_end_to_end(fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "acc.json"
+    argv = ["--model", str(tiny_tokenizer_dir), "--data-dir", str(data_dir), "--num-prompts", "3",
+            "--max-new-tokens", "30", "--configs", "pillar,pillar-streaming", "--temps", "0,0.6",
+            "--out", str(out), "--server-log-dir", str(tmp_path / "logs")]  # fmt: skip
+    assert acceptance.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["all_passes_ok"] and doc["settings"]["ignore_eos"] is True
+    pillar, streaming = doc["results"]["pillar"], doc["results"]["pillar-streaming"]
+    assert [p["temperature"] for p in pillar] == [0.0, 0.6]
+    assert pillar[0]["accept_length_overall"] == pytest.approx(3.0)
+    assert pillar[0]["accept_rate_by_position"] == [1.0, 1.0]
+    # The policy reached the server through the config's environment.
+    assert streaming[0]["accept_length_overall"] == 1.0 and streaming[0]["correct_drafts_histogram"] == [90]
+    assert doc["servers"]["pillar-streaming"]["env"] == {"SPARSESPEC_POLICY": "streaming"}
+    assert "| pillar | 0.6 | 3.00 | 1.00 1.00 | ok |" in out.with_suffix(".log").read_text()
+    with pytest.raises(SystemExit):  # the last --configs wins: a non-speculative config is refused
+        acceptance.main([*argv, "--configs", "stock"])
 
 
 def test_lossless_end_to_end_pass_and_fail(

@@ -1,62 +1,21 @@
 """PillarAttn Triton kernels vs their plain-torch references.
 
-Without a GPU the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, set below before
-triton is imported); with CUDA available and TRITON_INTERPRET unset they run compiled on the GPU,
-so `pytest tests/test_kernels.py` on an H100 checks the real kernels with the same cases.
+Without a GPU the kernels run in Triton's CPU interpreter (see triton_env.py); with CUDA
+available they run compiled, so `pytest tests/test_kernels.py` on an H100 checks the real
+kernels with the same cases.
 Outputs are pre-filled with NaN / poison so entries a kernel fails to write (or writes but must
 not) show up as mismatches against the reference, which receives the same pre-filled buffers.
 """
 
 from __future__ import annotations
 
-import os
-
+import numpy as np
+import pytest
 import torch
-
-if "TRITON_INTERPRET" not in os.environ:
-    os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
-INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
-DEVICE = "cpu" if INTERPRET else "cuda"
-
-import importlib  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.runtime import interpreter as _interp  # noqa: E402
-
-from sglang_sparsespec.kernels import score_capture as _sc_mod  # noqa: E402
-from sglang_sparsespec.kernels import sparse_decode as _sd_mod  # noqa: E402
-from sglang_sparsespec.kernels import topk_select as _ts_mod  # noqa: E402
-
-if INTERPRET:
-    # Triton decides interpreted vs compiled when a kernel is decorated: re-decorate if some earlier
-    # import in this process created the modules before TRITON_INTERPRET was set.
-    for _mod, _kernel in (
-        (_sc_mod, "_score_capture_kernel"),
-        (_ts_mod, "_topk_select_kernel"),
-        (_sd_mod, "_sparse_decode_stage1"),
-    ):
-        if not isinstance(getattr(_mod, _kernel), _interp.InterpretedFunction):
-            importlib.reload(_mod)
-
-    # The interpreter (triton 3.8) multiplies the raw uint16 bit patterns in tl.dot on bf16
-    # operands; widen them to fp32 first, which is what the GPU's bf16 MMA computes exactly.
-    _orig_create_dot = _interp.InterpreterBuilder.create_dot
-
-    def _bf16_safe_dot(self, a, b, d, *args):
-        def widen(h):
-            if h.dtype != tl.bfloat16:
-                return h
-            return _interp.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
-
-        return _orig_create_dot(self, widen(a), widen(b), d, *args)
-
-    _interp.InterpreterBuilder.create_dot = _bf16_safe_dot
-
-score_capture, score_capture_ref = _sc_mod.score_capture, _sc_mod.score_capture_ref
-topk_select, topk_select_ref = _ts_mod.topk_select, _ts_mod.topk_select_ref
-sparse_decode_fwd, sparse_decode_ref = _sd_mod.sparse_decode_fwd, _sd_mod.sparse_decode_ref
+from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_ref
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
+from sglang_sparsespec.kernels.topk_select import topk_select, topk_select_ref
+from triton_env import DEVICE
 
 D = 64
 POISON = 777

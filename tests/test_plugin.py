@@ -14,7 +14,6 @@ load_plugins()
 
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
-
 from sglang_sparsespec.patches import HOOKS  # noqa: E402
 from sglang_sparsespec.patches.spec_algo import PillarSpecAlgo  # noqa: E402
 
@@ -91,6 +90,7 @@ def test_num_steps_flag_sets_k(llama_config_dir):
         (dict(speculative_eagle_topk=4), "--speculative-eagle-topk must be 1"),
         (dict(tp_size=2), "--tp-size 1"),
         (dict(speculative_accept_threshold_single=0.5), "lossless"),
+        (dict(kv_cache_dtype="fp8_e4m3"), "16-bit KV cache"),
     ],
 )
 def test_unsupported_flags_fail_with_one_line(llama_config_dir, overrides, message):
@@ -101,7 +101,7 @@ def test_unsupported_flags_fail_with_one_line(llama_config_dir, overrides, messa
 
 
 def test_bad_environment_knob_fails_in_launcher(llama_config_dir, monkeypatch):
-    monkeypatch.setenv("SPARSESPEC_POLICY", "oracle")
+    monkeypatch.setenv("SPARSESPEC_POLICY", "magic")
     with pytest.raises(ValueError, match="SPARSESPEC_POLICY"):
         _args(llama_config_dir)
     monkeypatch.setenv("SPARSESPEC_POLICY", "streaming")

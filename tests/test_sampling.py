@@ -3,35 +3,20 @@ does with the drafts: SGLang's own rejection-sampling verify, ``chain_speculativ
 
 The PILLAR worker samples each draft with ``sample(target_probs(...))`` and hands the drafts and
 their distributions q to SGLang's verify, which (non-greedy batches, rejection sampling on) runs
-that Triton kernel. Without a GPU the kernel runs in Triton's CPU interpreter (TRITON_INTERPRET=1,
-set below before triton is imported, as in test_kernels.py); with CUDA available and
-TRITON_INTERPRET unset it runs compiled on the GPU, with more Monte-Carlo samples.
+that Triton kernel. Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py);
+with CUDA available it runs compiled, with more Monte-Carlo samples.
 """
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from sglang.kernels.ops.speculative.reject_sampling import (
+    chain_speculative_sampling_triton,
+)
+from triton_env import DEVICE, INTERPRET
 
-if "TRITON_INTERPRET" not in os.environ:
-    os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
-INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
-DEVICE = "cpu" if INTERPRET else "cuda"
-
-import importlib  # noqa: E402
-
-import pytest  # noqa: E402
-from sglang.kernels.ops.speculative import reject_sampling as _rs_mod  # noqa: E402
-from triton.runtime import interpreter as _interp  # noqa: E402
-
-from sglang_sparsespec.spec.sampling import SamplingRows, sample, target_probs  # noqa: E402
-
-if INTERPRET and not isinstance(_rs_mod.speculative_sampling_classic_kernel, _interp.InterpretedFunction):
-    # Triton decides interpreted vs compiled when a kernel is decorated: re-decorate if some earlier
-    # import in this process created the module before TRITON_INTERPRET was set.
-    _rs_mod = importlib.reload(_rs_mod)
-chain_speculative_sampling_triton = _rs_mod.chain_speculative_sampling_triton
+from sglang_sparsespec.spec.sampling import SamplingRows, sample, target_probs
 
 
 def _rows(temps, top_ps, top_ks, min_ps=None, device="cpu") -> SamplingRows:

@@ -1,4 +1,7 @@
-"""Draft-plan math (budget, PillarAttn top-K, streaming seed, per-step KV lists) vs plain Python."""
+"""Draft-plan logic (budget, windows, selectors, plan layout, ORACLE) vs plain Python/torch.
+
+The selectors run the real Triton selection kernel (interpreted on CPU, see triton_env.py).
+"""
 
 from __future__ import annotations
 
@@ -6,14 +9,37 @@ import math
 
 import pytest
 import torch
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
+from triton_env import DEVICE
 
-from sglang_sparsespec.config import PillarConfig
-from sglang_sparsespec.selection.policy import budget, pillar_plan, streaming_plan
-from sglang_sparsespec.spec.draft_layout import round_slots, step_indices
+from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.selection.oracle import oracle_select
+from sglang_sparsespec.selection.policy import budget, draft_window, streaming_plan
+from sglang_sparsespec.selection.scores import VerifyScoreSink
+from sglang_sparsespec.selection.selectors import (
+    OracleSelector,
+    ScoredSelector,
+    StreamingSelector,
+    make_selector,
+)
+from sglang_sparsespec.selection.state import PlanState
+
+POISON = 777
 
 
 def _budget_ref(cfg: PillarConfig, length: int) -> int:
     return min(length, max(cfg.min_budget, math.ceil(cfg.budget_ratio * length)))
+
+
+def _window_ref(cfg: PillarConfig, verify: int, new: int, kmax: int) -> tuple[int, int]:
+    tail = max(0, verify - cfg.recent_window)
+    return tail, max(0, min(_budget_ref(cfg, new) - (new - tail), tail, kmax))
+
+
+def _top_positions(scores: torch.Tensor, count: int) -> list[int]:
+    """Positions of the `count` largest scores, ascending (scores are distinct)."""
+    order = sorted(range(scores.numel()), key=lambda t: -float(scores[t]))
+    return sorted(order[:count])
 
 
 def test_budget_rule():
@@ -23,27 +49,19 @@ def test_budget_rule():
     assert cfg.budget(8192) == 410
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_pillar_plan_matches_reference(seed):
+@pytest.mark.parametrize("seed", range(3))
+def test_draft_window_matches_reference(seed):
     gen = torch.Generator().manual_seed(seed)
     cfg = PillarConfig(num_steps=4, budget_ratio=0.1, min_budget=8, recent_window=3)
-    bs, width, kmax = 6, 96, cfg.max_budget(96)
-    verify = torch.randint(1, 90, (bs,), generator=gen)
-    accepted = torch.randint(1, cfg.num_steps + 2, (bs,), generator=gen)
-    new = verify + accepted
-    scores = torch.rand(bs, width, generator=gen)  # distinct values: no ties
-    plan = pillar_plan(cfg, scores, verify, new, kmax)
-    for b in range(bs):
+    verify = torch.randint(1, 90, (16,), generator=gen)
+    new = verify + torch.randint(1, cfg.num_steps + 2, (16,), generator=gen)
+    kmax = cfg.max_budget(96)
+    tail, count = draft_window(cfg, verify, new, kmax)
+    for b in range(16):
         v, n = int(verify[b]), int(new[b])
-        tail = max(0, v - cfg.recent_window)
-        count = max(0, min(_budget_ref(cfg, n) - (n - tail), tail, kmax))
-        best = sorted(sorted(range(tail), key=lambda t: -float(scores[b, t]))[:count])
-        assert int(plan.tail_start[b]) == tail
-        assert int(plan.sel_cnt[b]) == count
-        assert plan.sel_pos[b, :count].tolist() == best
-        assert (plan.sel_pos[b, count:] == -1).all()
-        # Selected + tail never exceeds the budget, and the tail covers every new token.
-        assert count + (n - tail) <= max(_budget_ref(cfg, n), n - tail)
+        assert (int(tail[b]), int(count[b])) == _window_ref(cfg, v, n, kmax)
+        # Selected + tail never exceeds the budget unless the tail alone does.
+        assert int(count[b]) + (n - int(tail[b])) <= max(_budget_ref(cfg, n), n - int(tail[b]))
 
 
 def test_streaming_plan_is_sinks_plus_recent():
@@ -55,28 +73,155 @@ def test_streaming_plan_is_sinks_plus_recent():
     assert plan.tail_start.tolist() == [3, 4, 44, 954]
 
 
-def test_draft_lists_are_selection_then_contiguous_tail():
-    k, kmax, width = 3, 4, 16
-    req_to_token = torch.arange(5 * 64, dtype=torch.int32).view(5, 64) + 1000
-    rpi = torch.tensor([2, 4])
-    seq_lens = torch.tensor([20, 7])
-    sel_pos = torch.tensor([[1, 5, 9, -1], [-1, -1, -1, -1]], dtype=torch.int32)
-    sel_cnt = torch.tensor([3, 0], dtype=torch.int32)
-    tail_start = torch.tensor([17, 0], dtype=torch.int32)
-    slots, base = round_slots(req_to_token, rpi, seq_lens, sel_pos, sel_cnt, tail_start, k, width)
-    assert base.tolist() == [6, 7]
-    indptr = torch.full((3,), -5, dtype=torch.int32)
-    indices = torch.full((2 * width + 1,), -9, dtype=torch.int64)
-    for step in range(k):
-        lens = step_indices(slots, base, step, indptr, indices)
-        expect = [
-            [1, 5, 9] + list(range(17, 20 + step + 1)),
-            list(range(0, 7 + step + 1)),
-        ]
-        assert lens.tolist() == [len(e) for e in expect]
-        assert indptr.tolist() == [0, len(expect[0]), len(expect[0]) + len(expect[1])]
-        flat = [1000 + 64 * int(r) + p for r, e in zip(rpi, expect) for p in e]
-        assert indices[: len(flat)].tolist() == flat
+def _state(per_head: bool, rows=6, layers=2, h_kv=3, kmax=12) -> PlanState:
+    state = PlanState.allocate(rows, layers, h_kv, per_head, kmax, torch.device(DEVICE))
+    state.sel_pos.fill_(POISON)
+    state.sel_cnt.fill_(POISON)
+    state.tail_start.fill_(POISON)
+    return state
+
+
+def _verify_batch(cfg: PillarConfig, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    rpi = torch.tensor([4, 1, 3], device=DEVICE)
+    verify = torch.tensor([40, 9, 25], device=DEVICE)
+    new = verify + torch.randint(1, cfg.num_steps + 2, (3,), generator=gen).to(DEVICE)
+    return gen, rpi, verify, new
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_pillar_selector_picks_top_k_per_layer_and_head(seed):
+    cfg = PillarConfig(num_steps=4, budget_ratio=0.3, min_budget=6, recent_window=2)
+    layers, h_kv, kmax = 2, 3, 12
+    gen, rpi, verify, new = _verify_batch(cfg, seed)
+    cap = int(verify.sum()) + 5
+    sink = VerifyScoreSink(layers, h_kv, h_kv * 2, cap, max_q_rows=64, per_layer=True, device=torch.device(DEVICE))
+    assert sink.mass.dtype == torch.float16
+    sink.mass.copy_(torch.randperm(layers * h_kv * cap, generator=gen).view(layers, h_kv, cap).half() / 1024)
+    state = _state(per_head=True, layers=layers, h_kv=h_kv, kmax=kmax)
+    selector = make_selector(PillarConfig(**{**cfg.__dict__, "policy": SelectionPolicy.PILLAR}), state, sink)
+    assert isinstance(selector, ScoredSelector)
+    selector.after_verify(rpi, verify, new)
+    starts = [0, 40, 49]
+    for b, row in enumerate(rpi.tolist()):
+        tail, count = _window_ref(cfg, int(verify[b]), int(new[b]), kmax)
+        assert (int(state.tail_start[row]), int(state.sel_cnt[row])) == (tail, count)
+        for layer in range(layers):
+            view = state.layer(layer)
+            for h in range(h_kv):
+                scores = sink.mass[layer, h, starts[b] : starts[b] + tail].float()
+                assert view[row, h, :count].tolist() == _top_positions(scores, count)
+                assert (view[row, h, count:] == -1).all()
+    untouched = [r for r in range(6) if r not in rpi.tolist()]
+    assert (state.sel_pos[untouched] == POISON).all() and (state.sel_cnt[untouched] == POISON).all()
+
+
+def test_coarse_selector_shares_one_set_summed_over_layers_and_heads():
+    cfg = PillarConfig(num_steps=4, budget_ratio=0.3, min_budget=6, recent_window=2, policy=SelectionPolicy.COARSE)
+    layers, h_kv, kmax = 2, 3, 12
+    gen, rpi, verify, new = _verify_batch(cfg, 7)
+    cap = int(verify.sum()) + 5
+    sink = VerifyScoreSink(layers, h_kv, h_kv * 2, cap, max_q_rows=64, per_layer=False, device=torch.device(DEVICE))
+    sink.mass.copy_(torch.rand(1, h_kv, cap, generator=gen))
+    state = _state(per_head=False, layers=layers, h_kv=h_kv, kmax=kmax)
+    make_selector(cfg, state, sink).after_verify(rpi, verify, new)
+    total = sink.mass[0].sum(0)
+    for b, (row, start) in enumerate(zip(rpi.tolist(), [0, 40, 49])):
+        tail, count = _window_ref(cfg, int(verify[b]), int(new[b]), kmax)
+        expect = _top_positions(total[start : start + tail], count)
+        for layer in range(layers):
+            for h in range(h_kv):
+                assert state.layer(layer)[row, h, :count].tolist() == expect
+
+
+def test_prefill_seed_and_streaming_and_oracle_windows():
+    cfg = PillarConfig(num_steps=2, budget_ratio=0.5, min_budget=4, recent_window=2, sink_tokens=2)
+    rpi = torch.tensor([2, 5], device=DEVICE)
+    lens = torch.tensor([30, 3], device=DEVICE)
+    seed = streaming_plan(cfg, lens, kmax=10)
+    for per_head, selector_cls in ((True, StreamingSelector), (False, OracleSelector)):
+        state = _state(per_head=per_head, kmax=10)
+        selector = selector_cls(cfg, state)
+        selector.after_prefill(rpi, lens)
+        # Every (layer, head) set of a row holds the seed: sinks then -1.
+        for layer in range(state.num_layers):
+            assert torch.equal(state.layer(layer)[rpi], seed.sel_pos[:, None, :].expand(2, 3, 10))
+        assert state.sel_cnt[rpi].tolist() == seed.sel_cnt.tolist()
+        assert state.tail_start[rpi].tolist() == seed.tail_start.tolist()
+    new = lens + 2
+    StreamingSelector(cfg, state).after_verify(rpi, lens, new)
+    assert state.tail_start[rpi].tolist() == streaming_plan(cfg, new, 10).tail_start.tolist()
+    OracleSelector(cfg, state).after_verify(rpi, lens, new)
+    tail, count = draft_window(cfg, lens, new, 10)
+    assert state.tail_start[rpi].tolist() == tail.tolist() and state.sel_cnt[rpi].tolist() == count.tolist()
+
+
+def test_scored_selector_rejects_mismatched_state():
+    sink = VerifyScoreSink(2, 3, 6, 16, 8, per_layer=True, device=torch.device(DEVICE))
+    with pytest.raises(ValueError, match="candidate rows"):
+        ScoredSelector(PillarConfig(), _state(per_head=False), sink)
+    with pytest.raises(ValueError, match="needs a verify score sink"):
+        make_selector(PillarConfig(), _state(per_head=True), None)
+
+
+def _paged_request_kv(gen, rows, width, slots, h_kv, d):
+    req_to_token = torch.randperm(slots - 1, generator=gen)[: rows * width].view(rows, width).to(torch.int32) + 1
+    k_buffer = torch.randn(slots, h_kv, d, generator=gen).to(torch.bfloat16)
+    v_buffer = torch.randn(slots, h_kv, d, generator=gen).to(torch.bfloat16)
+    return req_to_token.to(DEVICE), k_buffer.to(DEVICE), v_buffer.to(DEVICE)
+
+
+def test_oracle_select_is_exact_top_k_of_the_query():
+    gen = torch.Generator().manual_seed(3)
+    h_kv, group, d, width, kmax = 2, 3, 32, 48, 8
+    req_to_token, k_buffer, _ = _paged_request_kv(gen, 4, width, 512, h_kv, d)
+    rpi = torch.tensor([3, 0, 2], device=DEVICE)
+    seq_lens = torch.tensor([40, 5, 48], device=DEVICE)
+    tail_start = torch.tensor([30, 4, 0], device=DEVICE, dtype=torch.int32)
+    count = torch.tensor([6, 9, 3], device=DEVICE, dtype=torch.int32)
+    q = torch.randn(3, h_kv * group, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    out_pos = torch.full((4, h_kv, kmax), POISON, dtype=torch.int32, device=DEVICE)
+    out_cnt = torch.full((4,), POISON, dtype=torch.int32, device=DEVICE)
+    oracle_select(q, k_buffer, req_to_token, rpi, seq_lens, tail_start, count, d**-0.5, 0.0, out_pos, out_cnt)
+    assert out_cnt[:3].tolist() == [6, 4, 0]
+    for b in range(3):
+        n = int(seq_lens[b])
+        keys = k_buffer[req_to_token[int(rpi[b]), :n].long()].float()  # [n, H_kv, D]
+        for h in range(h_kv):
+            qh = q[b, h * group : (h + 1) * group].float()
+            probs = torch.softmax(qh @ keys[:, h].T * d**-0.5, dim=-1).mean(0)
+            cnt = int(out_cnt[b])
+            assert out_pos[b, h, :cnt].tolist() == _top_positions(probs[: int(tail_start[b])], cnt)
+            assert (out_pos[b, h, cnt:] == -1).all()
+
+
+@pytest.mark.parametrize("per_head", [True, False])
+def test_sparse_decode_reads_plan_layer_views(per_head):
+    """The draft backend's call: sel_pos = state.layer(l) (head stride 0 when shared), rows = rpi."""
+    gen = torch.Generator().manual_seed(11)
+    h_kv, group, d, width, kmax, layers = 2, 2, 32, 40, 6, 2
+    req_to_token, k_buffer, v_buffer = _paged_request_kv(gen, 5, width, 400, h_kv, d)
+    state = PlanState.allocate(5, layers, h_kv, per_head, kmax, torch.device(DEVICE))
+    rpi = torch.tensor([4, 2], device=DEVICE)
+    groups = state.sel_pos.shape[1]
+    for row in rpi.tolist():
+        for g in range(groups):
+            pos = torch.randperm(20, generator=gen)[:kmax].sort().values
+            state.sel_pos[row, g] = pos.to(torch.int32)
+    state.sel_cnt[rpi] = torch.tensor([6, 3], dtype=torch.int32, device=DEVICE)
+    tail_start = torch.tensor([20, 25], dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.tensor([31, 27], device=DEVICE)
+    q = torch.randn(2, h_kv * group, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    for layer in range(layers):
+        view = state.layer(layer)
+        assert view.shape == (5, h_kv, kmax)
+        args = (q, k_buffer, v_buffer)
+        rest = (req_to_token, rpi, view, state.sel_cnt, tail_start, seq_lens, d**-0.5)
+        o = torch.full_like(q, float("nan"))
+        expected = o.clone()
+        sparse_decode_fwd(*args, o, *rest, sel_rows=rpi)
+        sparse_decode_ref(*args, expected, *rest, sel_rows=rpi)
+        torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_config_from_env_rejects_bad_values():
@@ -84,3 +229,5 @@ def test_config_from_env_rejects_bad_values():
         PillarConfig.from_env(8, {"SPARSESPEC_MIN_BUDGET": "x"})
     cfg = PillarConfig.from_env(4, {"SPARSESPEC_POLICY": "STREAMING", "SPARSESPEC_MIN_BUDGET": "64"})
     assert (cfg.num_steps, cfg.policy.value, cfg.min_budget) == (4, "streaming", 64)
+    assert [p.value for p in SelectionPolicy] == ["pillar", "coarse", "streaming", "oracle"]
+    assert [p.uses_verify_scores for p in SelectionPolicy] == [True, True, False, False]

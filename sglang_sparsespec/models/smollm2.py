@@ -172,7 +172,12 @@ def _convert(gguf: Path, dst: Path) -> None:
     """Write config, weights, tokenizer and generation config converted from `gguf` into `dst`."""
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig, LlamaForCausalLM
+    from transformers import (
+        AutoConfig,
+        AutoTokenizer,
+        GenerationConfig,
+        LlamaForCausalLM,
+    )
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     src = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name, "local_files_only": True}

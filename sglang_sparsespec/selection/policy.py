@@ -1,9 +1,4 @@
-"""Which KV positions each request's draft steps attend to.
-
-A *plan* is made at the end of every target forward (prefill or verify) and stored per
-request; the next draft round reads it. The draft list of a request is
-
-    selected positions (sorted, < tail_start)  ∪  [tail_start, seq_len)  ∪  this round's drafts
+"""Budget rule and the score-free parts of a draft plan (see ``state.py`` for the layout).
 
 Everything here is shape-static tensor code with no host synchronisation, so it can run
 inside the overlap scheduler's forward step.
@@ -15,17 +10,16 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig
 
 
 @dataclass
 class SelectionPlan:
-    """Per-request draft attention plan; bs = rows of the batch it was made for.
+    """One shared position set per request; bs = rows of the batch it was made for.
 
     sel_pos:    [bs, kmax] int32 — selected positions ascending, then -1 padding.
     sel_cnt:    [bs] int32 — number of valid entries in ``sel_pos`` (<= kmax).
-    tail_start: [bs] int32 — first position of the always-attended recent tail;
-                every selected position is < tail_start <= seq_len.
+    tail_start: [bs] int32 — every selected position is < tail_start <= seq_len.
     """
 
     sel_pos: torch.Tensor
@@ -56,37 +50,20 @@ def streaming_plan(cfg: PillarConfig, seq_lens: torch.Tensor, kmax: int) -> Sele
     return SelectionPlan(sel_pos.to(torch.int32), sinks.to(torch.int32), tail_start.to(torch.int32))
 
 
-def pillar_plan(
-    cfg: PillarConfig,
-    scores: torch.Tensor,
-    verify_lens: torch.Tensor,
-    new_lens: torch.Tensor,
-    kmax: int,
-) -> SelectionPlan:
-    """Top-K positions by the attention mass the verify queries gave them.
+def draft_window(
+    cfg: PillarConfig, verify_lens: torch.Tensor, new_lens: torch.Tensor, kmax: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tail_start, count) [bs] int64 of a scored plan made after a verify pass.
 
-    scores:      [bs, S] float — mass per prefix position; entries at >= verify_lens are ignored.
-    verify_lens: [bs] — prefix length the verify pass attended to (scored positions).
-    new_lens:    [bs] — committed length after acceptance (>= verify_lens).
-    The tail [verify_len - recent_window, new_len) is always attended, and the budget
-    left after the tail goes to the best-scored positions before it.
+    verify_lens: prefix length the verify queries attended to (the scored positions);
+    new_lens: committed length after acceptance (>= verify_lens). The tail
+    [verify_len - recent_window, new_len) is always attended — the verify block's own
+    positions have no usable scores — and the budget left after it buys ``count`` of the
+    best-scored positions before ``tail_start``.
     """
-    if kmax > scores.shape[1]:
-        raise ValueError(f"kmax={kmax} exceeds the scored width {scores.shape[1]}")
     vlen = verify_lens.to(torch.int64)
     nlen = new_lens.to(torch.int64)
     tail_start = torch.clamp(vlen - cfg.recent_window, min=0)
     count = budget(cfg, nlen) - (nlen - tail_start)
     count = torch.minimum(count.clamp(min=0), torch.clamp(tail_start, max=kmax))
-
-    positions = torch.arange(scores.shape[1], device=scores.device)
-    eligible = positions[None, :] < tail_start[:, None]
-    masked = torch.where(eligible, scores.float(), float("-inf"))
-    _, top = torch.topk(masked, kmax, dim=1, sorted=True)
-    rank = torch.arange(kmax, device=scores.device)[None, :]
-    keep = rank < count[:, None]
-    # Dropped ranks sort to the end; then they are marked -1.
-    big = torch.iinfo(torch.int64).max
-    ordered, _ = torch.sort(torch.where(keep, top, big), dim=1)
-    sel_pos = torch.where(ordered == big, -1, ordered)
-    return SelectionPlan(sel_pos.to(torch.int32), count.to(torch.int32), tail_start.to(torch.int32))
+    return tail_start, count

@@ -2,9 +2,9 @@
 
 During a verify forward every layer's attention kernel also returns the log-sum-exp of
 each query row; the score-capture kernel turns logits and LSE back into probabilities
-and adds, per KV head, the mass each prefix position received (averaged over the GQA
-group and the k+1 verify rows). This sink owns the static buffers that the kernels
-write — static so the writes can live inside the target's TARGET_VERIFY CUDA graph.
+and writes, per KV head, the mass each prefix position received (averaged over the GQA
+group and the k+1 verify rows). This sink owns the static buffers those kernels write —
+static so the writes can live inside the target's TARGET_VERIFY CUDA graph.
 """
 
 from __future__ import annotations
@@ -17,37 +17,35 @@ from sglang_sparsespec.kernels.score_capture import score_capture
 class VerifyScoreSink:
     """Static score-capture buffers of one server.
 
-    mass: [H_kv, cap] float32, flat over the verify batch in SGLang ``kv_indptr`` order:
-          mass[h, kv_indptr[b] + t] is the summed-over-layers mass of prefix position t
-          of batch row b. ``cap`` bounds the total prefix of any verify batch.
-    lse:  [max_rows, H_q] float32 scratch for the attention kernel's LSE output.
-    Layers listed in ``layers`` are scored; the first of them overwrites, the others add.
+    mass: [S, H_kv, cap], flat over the verify batch in SGLang ``kv_indptr`` order:
+          mass[s, h, kv_indptr[b] + t] is the mass of prefix position t of batch row b.
+          per_layer=True: S = num_layers, slice s = layer, fp16 (2 bytes per score keeps
+          the radix selection to two passes); per_layer=False: S = 1, the sum over layers,
+          fp32 (the first layer overwrites, the others add).
+    lse:  [max_rows, H_q] fp32 scratch for the attention kernel's LSE output.
+    ``cap`` bounds the total prefix of any verify batch.
     """
 
     def __init__(
         self,
+        num_layers: int,
         num_kv_heads: int,
         num_q_heads: int,
         cap: int,
         max_q_rows: int,
-        layers: list[int],
+        per_layer: bool,
         device: torch.device,
     ):
-        if not layers:
-            raise ValueError("score capture needs at least one layer")
-        self.layers = frozenset(layers)
-        self.first_layer = min(layers)
+        self.per_layer = per_layer
         self.cap = cap
-        self.mass = torch.zeros((num_kv_heads, cap), dtype=torch.float32, device=device)
+        slices, dtype = (num_layers, torch.float16) if per_layer else (1, torch.float32)
+        self.mass = torch.zeros((slices, num_kv_heads, cap), dtype=dtype, device=device)
         self.lse = torch.empty((max_q_rows, num_q_heads), dtype=torch.float32, device=device)
 
     def lse_buffer(self, num_rows: int, num_heads: int) -> torch.Tensor:
         if num_rows > self.lse.shape[0]:
             raise RuntimeError(f"verify batch of {num_rows} query rows exceeds the LSE buffer")
         return self.lse[:num_rows, :num_heads]
-
-    def wants(self, layer_id: int) -> bool:
-        return layer_id in self.layers
 
     def capture_layer(
         self,
@@ -68,20 +66,24 @@ class VerifyScoreSink:
             qo_indptr,
             kv_indptr,
             kv_indices,
-            self.mass,
+            self.mass[layer_id] if self.per_layer else self.mass[0],
             sm_scale,
             logit_cap=logit_cap,
-            accumulate=layer_id != self.first_layer,
+            accumulate=not self.per_layer and layer_id != 0,
         )
 
-    def rows(self, verify_lens: torch.Tensor, width: int) -> torch.Tensor:
-        """Per-request mass [bs, width] (summed over KV heads and scored layers).
+    def candidates(self) -> torch.Tensor:
+        """[R, cap] selection rows: R = num_layers * H_kv (row l * H_kv + h), or 1 (all summed)."""
+        if self.per_layer:
+            return self.mass.view(-1, self.cap)
+        return self.mass[0].sum(0, keepdim=True)
 
-        Rows follow the verify batch order; positions >= verify_lens[b] hold garbage
-        that the selection masks out. No host synchronisation.
+    @staticmethod
+    def starts(verify_lens: torch.Tensor) -> torch.Tensor:
+        """Flat offset of each verify row's prefix ([bs] int64, no host synchronisation).
+
+        Real rows come first in a (possibly padded) verify batch, so their offsets are the
+        exclusive prefix sums of their own lengths.
         """
         lens = verify_lens.to(torch.int64)
-        starts = torch.cumsum(lens, 0) - lens
-        col = torch.arange(width, device=lens.device)
-        flat = (starts[:, None] + col[None, :]).clamp(max=self.cap - 1)
-        return self.mass[:, flat].sum(0)
+        return torch.cumsum(lens, 0) - lens

@@ -1,0 +1,92 @@
+"""``PillarDraftBackend``: SGLang's Triton backend with PillarAttn sparse decode attention.
+
+The draft steps of a PILLAR round are ordinary DECODE forwards of the target model run
+under this backend (through SGLang's forward context). Its decode attention writes the
+step's K/V like the stock backend, then attends, per layer and KV head, only to that
+request's planned positions plus the recent tail (``kernels/sparse_decode.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from sglang.srt.layers.attention.triton_backend import (
+    TritonAttnBackend,
+    logit_capping_mod,
+)
+from sglang_sparsespec.kernels._common import default_num_splits
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
+
+from sglang_sparsespec.selection.oracle import oracle_select
+from sglang_sparsespec.selection.state import PlanState
+
+
+@dataclass
+class DraftStepInputs:
+    """Static per-step buffers the draft runner fills before each forward ([max_bs] each).
+
+    req_pool_indices int64; tail_start int32 (the plan's, gathered per round);
+    sel_cnt int32 (the plan's, batch order); seq_lens int64 = current position + 1
+    (the current token's K/V is written before it attends).
+    """
+
+    req_pool_indices: torch.Tensor
+    tail_start: torch.Tensor
+    sel_cnt: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+class PillarDraftBackend(TritonAttnBackend):
+    def __init__(self, model_runner, state: PlanState, inputs: DraftStepInputs, oracle: bool):
+        super().__init__(model_runner)
+        self.state = state
+        self.inputs = inputs
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.oracle = oracle
+        if oracle:
+            max_bs = inputs.req_pool_indices.shape[0]
+            self.oracle_pos = torch.empty(
+                (max_bs, state.num_kv_heads, state.kmax), dtype=torch.int32, device=model_runner.device
+            )
+            self.oracle_cnt = torch.empty(max_bs, dtype=torch.int32, device=model_runner.device)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
+            raise NotImplementedError("PILLAR drafting does not support sliding-window attention layers")
+        if layer.qk_head_dim != layer.v_head_dim:
+            raise NotImplementedError("PILLAR drafting needs equal K and V head dims")
+        q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        bs = q.shape[0]
+        if save_kv_cache:
+            self._set_kv_buffer(forward_batch, layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale)
+        k_buffer = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_buffer = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        logit_cap = logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
+        rpi, tail_start, seq_lens = (t[:bs] for t in (self.inputs.req_pool_indices, self.inputs.tail_start, self.inputs.seq_lens))
+        if self.oracle:
+            oracle_select(
+                q, k_buffer, self.req_to_token, rpi, seq_lens, tail_start, self.inputs.sel_cnt[:bs],
+                layer.scaling, logit_cap, self.oracle_pos, self.oracle_cnt,
+            )
+            sel_pos, sel_cnt, sel_rows = self.oracle_pos, self.oracle_cnt, None
+        else:
+            sel_pos, sel_cnt, sel_rows = self.state.layer(layer.layer_id), self.state.sel_cnt, rpi
+        o = torch.empty_like(q)
+        sparse_decode_fwd(
+            q,
+            k_buffer,
+            v_buffer,
+            o,
+            self.req_to_token,
+            rpi,
+            sel_pos,
+            sel_cnt,
+            tail_start,
+            seq_lens,
+            layer.scaling,
+            logit_cap=logit_cap,
+            sel_rows=sel_rows,
+            num_kv_splits=default_num_splits(bs * k_buffer.shape[1], q.device),
+        )
+        return o.view(bs, -1)

@@ -278,19 +278,6 @@ def main() -> None:
         raise SystemExit("kernels_bench needs a CUDA GPU")
     started = time.time()
     sections: dict[str, list[dict]] = {"sparse_decode": [], "score_capture": [], "selection": []}
-    for shape in (s for s in SHAPES if s.name in args.shapes):
-        for seq_len in args.lens:
-            for bs in args.batches:
-                sections["sparse_decode"].append(bench_decode(shape, bs, seq_len))
-                sections["score_capture"].append(bench_score_capture(shape, bs, seq_len))
-                sections["selection"].append(bench_selection(shape, bs, seq_len))
-                capture, select = sections["score_capture"][-1], sections["selection"][-1]
-                if isinstance(capture.get("verify_attn_us"), float):
-                    # What PILLAR adds per verify layer: fp16 capture + its share of one all-layer selection.
-                    added = capture["fp16_out_us"] + select["all_layers_per_layer_fp16_bn4096_us"]
-                    capture["capture_plus_select_frac_of_verify_attn"] = added / capture["verify_attn_us"]
-                torch.cuda.empty_cache()
-                print(f"done {shape.name} L={seq_len} bs={bs} ({time.time() - started:.0f}s)", flush=True)
     result = {
         "device": device_name(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -303,10 +290,27 @@ def main() -> None:
             budget_ratio=BUDGET_RATIO, tail=TAIL, verify_rows=VERIFY_ROWS, sglang_max_kv_splits=SGLANG_MAX_KV_SPLITS,
             shapes=[asdict(s) for s in SHAPES if s.name in args.shapes], timing="CUDA graph replay, L2 flushed, median",
         ),  # fmt: skip
-        "wall_s": time.time() - started,
+        "complete": False,
         **sections,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    for shape in (s for s in SHAPES if s.name in args.shapes):
+        for seq_len in args.lens:
+            for bs in args.batches:
+                sections["sparse_decode"].append(bench_decode(shape, bs, seq_len))
+                sections["score_capture"].append(bench_score_capture(shape, bs, seq_len))
+                sections["selection"].append(bench_selection(shape, bs, seq_len))
+                capture, select = sections["score_capture"][-1], sections["selection"][-1]
+                if isinstance(capture.get("verify_attn_us"), float):
+                    # What PILLAR adds per verify layer: fp16 capture + its share of one all-layer selection.
+                    added = capture["fp16_out_us"] + select["all_layers_per_layer_fp16_bn4096_us"]
+                    capture["capture_plus_select_frac_of_verify_attn"] = added / capture["verify_attn_us"]
+                torch.cuda.empty_cache()
+                result["wall_s"] = time.time() - started
+                # Rewritten after every shape point, so a killed run keeps what it measured.
+                args.out.write_text(json.dumps(result, indent=1))
+                print(f"done {shape.name} L={seq_len} bs={bs} ({time.time() - started:.0f}s)", flush=True)
+    result["complete"] = True
     args.out.write_text(json.dumps(result, indent=1))
     print(f"\n{result['device']}  {result['date_utc']}  commit {result['git_commit']}  wall {result['wall_s']:.0f}s")
     for name, rows in sections.items():

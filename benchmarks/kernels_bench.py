@@ -279,6 +279,7 @@ def main() -> None:
     started = time.time()
     sections: dict[str, list[dict]] = {"sparse_decode": [], "score_capture": [], "selection": []}
     result = {
+        "kind": "kernels",
         "device": device_name(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git_commit": git_commit(),

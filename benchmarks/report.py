@@ -22,8 +22,20 @@ DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
 
 
+REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels")
+
+
+def result_kind(doc: Any) -> str | None:
+    """The result kind of a JSON document; kernels_bench files before it wrote ``kind`` have its sections."""
+    if not isinstance(doc, dict):
+        return None
+    if "kind" not in doc and {"sparse_decode", "score_capture", "selection"} <= doc.keys():
+        return "kernels"
+    return doc.get("kind")
+
+
 def load_results(results_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Result documents (kind throughput/lossless) in ``results_dir``, plus notes about skipped files."""
+    """Result documents (the ``REPORTED_KINDS``) in ``results_dir``, plus notes about skipped files."""
     docs, notes = [], []
     for path in sorted(Path(results_dir).glob("*.json")):
         try:
@@ -31,7 +43,9 @@ def load_results(results_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
         except (OSError, json.JSONDecodeError) as e:
             notes.append(f"skipped {path.name}: {e}")
             continue
-        if isinstance(doc, dict) and doc.get("kind") in ("throughput", "lossless"):
+        kind = result_kind(doc)
+        if kind in REPORTED_KINDS:
+            doc["kind"] = kind
             doc["_file"] = path.name
             docs.append(doc)
         else:
@@ -189,6 +203,76 @@ def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
     )  # fmt: skip
 
 
+ACCEPTANCE_HEADERS = ("run", "config", "server env", "T", "new tokens", "accept len", ">= j drafts accepted, j = 1..k")
+
+
+def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Draft policies side by side: accept length and the share of verify steps accepting >= j drafts."""
+    rows = []
+    for d in sorted((d for d in docs if d.get("kind") == "acceptance"), key=lambda d: d["meta"]["run_id"]):
+        s = d["settings"]
+        for config, passes in d["results"].items():
+            env = {**s.get("env", {}), **d["servers"].get(config, {}).get("env", {})}
+            env_text = " ".join(f"{k.removeprefix('SPARSESPEC_')}={v}" for k, v in sorted(env.items())) or "-"
+            for a in passes:
+                rates = " ".join(f"{r:.2f}" for r in a.get("accept_rate_by_position") or []) or "-"
+                rows.append([d["meta"]["run_id"], config, env_text, a["temperature"], s["max_new_tokens"],
+                             fmt(a.get("accept_length_overall"), ".2f"), rates])  # fmt: skip
+    if not rows:
+        return ""
+    return (
+        "### Draft policies (acceptance)\n\n"
+        "Same prompts and fixed-length outputs for every policy; `oracle` selects each draft query's own "
+        "exact top-K (an upper bound, analysis only). Server env lists PILLAR knobs that differ from the "
+        "defaults of the commit that ran.\n\n" + markdown_table(ACCEPTANCE_HEADERS, rows) + "\n"
+    )
+
+
+def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Kernel microbenchmarks: sparse draft attention vs full decode, score-capture and selection cost."""
+    parts = []
+    for d in (d for d in docs if d.get("kind") == "kernels"):
+        head = f"{d['device']}; commit {str(d['git_commit'])[:12]}; {d['config']['timing']}; microseconds per layer."
+        dec = [[r["shape"], r["bs"], r["seq_len"], r["selected"] + r["tail"], fmt(r["sparse_us"], ".1f"),
+                fmt(r["sparse_GBps"], ".0f"), fmt(_num(r.get("sglang_full_us")), ".1f"),
+                fmt(_num(r.get("flashinfer_full_us")), ".1f"), fmt(_ratio(r.get("sglang_full_us"), r["sparse_us"]), ".1f", "x"),
+                fmt(_ratio(r.get("flashinfer_full_us"), r["sparse_us"]), ".1f", "x")]
+               for r in d["sparse_decode"]]  # fmt: skip
+        cap = [[r["shape"], r["bs"], r["seq_len"], fmt(r["fp16_out_us"], ".1f"), fmt(_num(r.get("verify_attn_us")), ".1f"),
+                fmt(_pct(r.get("fp16_capture_frac_of_verify_attn")), ".0f", "%"),
+                fmt(_pct(r.get("capture_plus_select_frac_of_verify_attn")), ".0f", "%")]
+               for r in d["score_capture"]]  # fmt: skip
+        sel = [[r["shape"], r["bs"], r["seq_len"], r["k"], fmt(r["all_layers_launch_us"], ".0f"),
+                fmt(r["all_layers_per_layer_fp16_bn4096_us"], ".1f"), fmt(r["torch_topk_sort_per_layer_us"], ".1f")]
+               for r in d["selection"]]  # fmt: skip
+        parts.append(
+            f"### Kernels ({d['_file']})\n\n{head}\n\n"
+            "Sparse draft attention (5% budget + 16-token tail, per-KV-head lists) vs full-context decode:\n\n"
+            + markdown_table(("shape", "bs", "L", "attended", "sparse us", "sparse GB/s", "SGLang triton full us",
+                              "FlashInfer full us", "vs triton", "vs FlashInfer"), dec)  # fmt: skip
+            + "\n\nScore capture (fp16 scores) against the verify attention it follows (SGLang's Triton extend "
+            "kernel, k+1 = 9 causal rows, LSE on); `+ select` adds the per-layer share of one all-layer top-K:\n\n"
+            + markdown_table(("shape", "bs", "L", "capture us", "verify attn us", "capture", "capture + select"), cap)
+            + "\n\nTop-K selection over all (layer, KV head) rows, fp32 scores in one launch; fp16 per layer; "
+            "torch.topk + sort per layer for reference:\n\n"
+            + markdown_table(("shape", "bs", "L", "K", "all layers us (fp32)", "per layer us (fp16)", "torch per layer us"), sel)
+            + "\n"
+        )  # fmt: skip
+    return "\n".join(parts)
+
+
+def _num(v: Any) -> float | None:
+    return v if isinstance(v, (int, float)) else None
+
+
+def _ratio(a: Any, b: float) -> float | None:
+    return a / b if isinstance(a, (int, float)) and b else None
+
+
+def _pct(v: Any) -> float | None:
+    return 100 * v if isinstance(v, (int, float)) else None
+
+
 def plot_throughput(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path] | str:
     """One PNG per (run, workload): output tok/s and accept length vs concurrency. A note if no matplotlib."""
     try:
@@ -230,6 +314,48 @@ def plot_throughput(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]
     return paths
 
 
+def acceptance_rows(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (acceptance run, config, temperature) pass that reported per-position rates."""
+    rows = []
+    for d in (d for d in docs if d.get("kind") == "acceptance"):
+        for config, passes in d["results"].items():
+            env = {**d["settings"].get("env", {}), **d["servers"].get(config, {}).get("env", {})}
+            knobs = " ".join(f"{k.removeprefix('SPARSESPEC_')}={v}" for k, v in sorted(env.items()) if k != "SPARSESPEC_POLICY")
+            for a in passes:
+                if a.get("accept_rate_by_position"):
+                    label = config + (f" ({knobs})" if knobs else "")
+                    rows.append({"label": label, "temperature": a["temperature"], "rates": a["accept_rate_by_position"]})
+    return rows
+
+
+def plot_acceptance(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """``acceptance_by_position.png``: share of verify steps accepting >= j drafts, one panel per temperature."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = acceptance_rows(docs)
+    temps = sorted({r["temperature"] for r in rows})
+    if not temps:
+        return []
+    fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
+    for ax, temp in zip(axes[0], temps):
+        for r in (r for r in rows if r["temperature"] == temp):
+            ax.plot(range(1, len(r["rates"]) + 1), r["rates"], marker="o", label=r["label"])
+        ax.set_title(f"temperature {temp}", fontsize=9)
+        ax.set_xlabel("draft position j")
+        ax.set_ylabel("verify steps accepting >= j drafts")
+        ax.set_ylim(0, 1)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out_dir / "acceptance_by_position.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return [path]
+
+
 def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -> str:
     parts = [
         "# Benchmark summary\n",
@@ -237,7 +363,7 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = ()) 
         "`vs stock` = output tok/s divided by the stock config's in the same run and concurrency; "
         "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n",
     ]
-    for section in (throughput_markdown(docs), lossless_markdown(docs)):
+    for section in (throughput_markdown(docs), lossless_markdown(docs), acceptance_markdown(docs), kernels_markdown(docs)):
         if section:
             parts.append(section)
     parts += [f"- {n}" for n in notes]
@@ -259,6 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(plots, str):
             notes.append(plots)
         else:
+            plots += plot_acceptance(docs, args.results_dir)
             notes += [f"plot: ![{q.stem}]({q.name})" for q in plots]
     out = args.out or args.results_dir / "SUMMARY.md"
     out.write_text(summary_markdown(docs, notes), encoding="utf-8")

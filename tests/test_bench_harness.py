@@ -518,6 +518,8 @@ def test_acceptance_end_to_end(fake_sglang: Path, tiny_tokenizer_dir: Path, data
     # The policy reached the server through the config's environment.
     assert streaming[0]["accept_length_overall"] == 1.0 and streaming[0]["correct_drafts_histogram"] == [90]
     assert doc["servers"]["pillar-streaming"]["env"] == {"SPARSESPEC_POLICY": "streaming"}
+    knobs = doc["servers"]["pillar-streaming"]["pillar_config"]
+    assert knobs["policy"] == "streaming" and knobs["num_steps"] == 8 and knobs["recent_window"] == 64
     assert "| pillar | 0.6 | 3.00 | 1.00 1.00 | ok |" in out.with_suffix(".log").read_text()
     with pytest.raises(SystemExit):  # the last --configs wins: a non-speculative config is refused
         acceptance.main([*argv, "--configs", "stock"])
@@ -681,3 +683,29 @@ def test_report_main_writes_summary(tmp_path: Path) -> None:
         assert "plots skipped" in md
     with pytest.raises(SystemExit):
         report.main(["--results-dir", str(tmp_path / "missing")])
+
+
+def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
+    acc = {
+        "kind": "acceptance", "meta": {"run_id": "A1"}, "settings": {"max_new_tokens": 4096, "env": {"SPARSESPEC_RECENT_WINDOW": "64"}},
+        "servers": {"pillar-streaming": {"env": {"SPARSESPEC_POLICY": "streaming"}}},
+        "results": {"pillar-streaming": [{"temperature": 0.6, "status": "ok", "accept_length_overall": 6.25,
+                                          "accept_rate_by_position": [0.9, 0.8]}]},
+    }  # fmt: skip
+    dec = {"shape": "s", "bs": 4, "seq_len": 1024, "selected": 52, "tail": 16, "sparse_us": 10.0, "sparse_GBps": 100.0,
+           "sglang_full_us": 40.0, "flashinfer_full_us": "unavailable: ImportError()"}  # fmt: skip
+    cap = {"shape": "s", "bs": 4, "seq_len": 1024, "fp16_out_us": 5.0, "verify_attn_us": 50.0,
+           "fp16_capture_frac_of_verify_attn": 0.1, "capture_plus_select_frac_of_verify_attn": 0.12}  # fmt: skip
+    sel = {"shape": "s", "bs": 4, "seq_len": 1024, "k": 52, "all_layers_launch_us": 30.0,
+           "all_layers_per_layer_fp16_bn4096_us": 0.5, "torch_topk_sort_per_layer_us": 60.0}  # fmt: skip
+    # A kernels_bench file written before it recorded its kind is recognised by its sections.
+    kern = {"device": "GPU", "git_commit": "abc", "config": {"timing": "graphs"},
+            "sparse_decode": [dec], "score_capture": [cap], "selection": [sel]}  # fmt: skip
+    (tmp_path / "acc.json").write_text(json.dumps(acc))
+    (tmp_path / "kernels.json").write_text(json.dumps(kern))
+    assert report.main(["--results-dir", str(tmp_path), "--no-plots"]) == 0
+    md = (tmp_path / "SUMMARY.md").read_text()
+    assert "| A1 | pillar-streaming | POLICY=streaming RECENT_WINDOW=64 | 0.6 | 4096 | 6.25 | 0.90 0.80 |" in md
+    assert "| s | 4 | 1024 | 68 | 10.0 | 100 | 40.0 | - | 4.0x | - |" in md
+    assert "| s | 4 | 1024 | 5.0 | 50.0 | 10% | 12% |" in md
+    assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md

@@ -33,6 +33,7 @@ from sglang_sparsespec.config import PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
+from sglang_sparsespec.spec.timing import RoundTimer, format_report
 
 from .draft_runner import PillarDraftRunner
 from .triton_verify import attach_score_sink
@@ -55,6 +56,13 @@ class PillarWorker(BaseSpecWorker):
         self.state: PlanState | None = None
         self.selector: Selector | None = None
         self.draft_runner: PillarDraftRunner | None = None
+        self.timer: RoundTimer | None = None
+        if self.cfg.timing_every:
+            self.timer = RoundTimer(
+                self.cfg.timing_every,
+                lambda: torch.cuda.Event(enable_timing=True),
+                lambda report: logger.info(format_report(report)),
+            )
         logger.info("PILLAR config: %s", self.cfg)
 
     @property
@@ -144,9 +152,13 @@ class PillarWorker(BaseSpecWorker):
         draft_input = batch.spec_info
         bs = batch.seq_lens.shape[0]
         verify_lens = batch.seq_lens
+        if self.timer is not None:
+            self.timer.start(bs)
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info
         )
+        if self.timer is not None:
+            self.timer.mark("draft")
         batch.spec_info = build_eagle_verify_input(
             batch,
             draft_input,
@@ -176,9 +188,15 @@ class PillarWorker(BaseSpecWorker):
             finalize_tree_path=True,
             grammar_barrier=grammar_barrier,
         )
+        if self.timer is not None:
+            self.timer.mark("verify")
+        # Before on_publish: publishing lets the schedule stream start preparing the next
+        # batch, and the selection must read this round's seq_lens before anything reuses them.
+        self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens)
+        if self.timer is not None:
+            self.timer.mark("select")
         if on_publish is not None:
             on_publish(result.new_seq_lens)
-        self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens)
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result
 

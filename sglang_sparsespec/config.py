@@ -51,6 +51,9 @@ class PillarConfig:
     recent_window: int = 64
     sink_tokens: int = 4
     policy: SelectionPolicy = SelectionPolicy.PILLAR
+    # > 0: log the mean GPU time of the draft, verify and select phases every this many
+    # rounds (one host sync each time); for step-time breakdowns, off in serving.
+    timing_every: int = 0
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
@@ -59,8 +62,10 @@ class PillarConfig:
             raise ValueError(f"{ENV_PREFIX}BUDGET_RATIO must be in (0, 1], got {self.budget_ratio}")
         if self.min_budget < 1:
             raise ValueError(f"{ENV_PREFIX}MIN_BUDGET must be >= 1, got {self.min_budget}")
-        if self.recent_window < 0 or self.sink_tokens < 0:
-            raise ValueError(f"{ENV_PREFIX}RECENT_WINDOW and {ENV_PREFIX}SINK_TOKENS must be >= 0")
+        if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
+            raise ValueError(
+                f"{ENV_PREFIX}RECENT_WINDOW, {ENV_PREFIX}SINK_TOKENS and {ENV_PREFIX}STEP_TIMING must be >= 0"
+            )
 
     def budget(self, context_len: int) -> int:
         """Draft KV budget B(L) = max(min_budget, ceil(ratio * L)), never above L."""
@@ -96,4 +101,5 @@ class PillarConfig:
             recent_window=read("RECENT_WINDOW", int, cls.recent_window),
             sink_tokens=read("SINK_TOKENS", int, cls.sink_tokens),
             policy=policy,
+            timing_every=read("STEP_TIMING", int, cls.timing_every),
         )

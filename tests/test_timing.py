@@ -1,0 +1,60 @@
+"""RoundTimer bookkeeping with fake events, and the report line round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.spec.timing import (
+    PhaseReport,
+    RoundTimer,
+    format_report,
+    parse_reports,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.synced = 0
+
+    def event(self):
+        clock = self
+
+        class Ev:
+            def record(self) -> None:
+                self.t = clock.now
+
+            def synchronize(self) -> None:
+                clock.synced += 1
+
+            def elapsed_time(self, end) -> float:
+                return end.t - self.t
+
+        return Ev()
+
+
+def test_round_timer_means_per_phase_and_syncs_once_per_interval():
+    clock, reports = FakeClock(), []
+    timer = RoundTimer(2, clock.event, reports.append)
+    for bs, (d, v, s) in [(4, (3.0, 2.0, 0.5)), (8, (5.0, 4.0, 1.5)), (2, (1.0, 1.0, 1.0))]:
+        timer.start(bs)
+        for phase, dt in zip(("draft", "verify", "select"), (d, v, s)):
+            clock.now += dt
+            timer.mark(phase)
+    assert clock.synced == 1 and len(reports) == 1  # the third round waits for the next interval
+    assert reports[0] == PhaseReport(rounds=2, batch=6.0, ms={"draft": 4.0, "verify": 3.0, "select": 1.0})
+    with pytest.raises(RuntimeError, match="out of order"):
+        timer.start(1)
+        timer.mark("verify")
+
+
+def test_report_line_round_trip_and_config_knob():
+    r = PhaseReport(rounds=50, batch=31.5, ms={"draft": 1.25, "verify": 2.5, "select": 0.125})
+    log = f"[2026-11-23] INFO {format_report(r)}\nnoise\n[x] {format_report(r)}"
+    assert parse_reports(log) == [r, r]
+    assert PillarConfig.from_env(8, {"SPARSESPEC_STEP_TIMING": "50"}).timing_every == 50
+    with pytest.raises(ValueError, match="STEP_TIMING"):
+        PillarConfig.from_env(8, {"SPARSESPEC_STEP_TIMING": "-1"})
+    with pytest.raises(ValueError, match=">= 1 round"):
+        RoundTimer(0, FakeClock().event, print)

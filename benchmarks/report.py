@@ -22,7 +22,7 @@ DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
 
 
-REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels")
+REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim")
 
 
 def result_kind(doc: Any) -> str | None:
@@ -261,6 +261,28 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
+SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "policy", "accept len", "rounds", "lossless")
+
+
+def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """CPU reference rounds (benchmarks/policy_sim.py): accept length per policy and knobs."""
+    rows = []
+    for d in sorted((d for d in docs if d.get("kind") == "policy_sim"), key=lambda d: d["_file"]):
+        s = d["settings"]
+        for policy, r in d["results"].items():
+            div = r.get("first_divergence_from_greedy", "unchecked")
+            lossless = "unchecked" if div == "unchecked" else ("yes" if div is None else f"diverged at {div}")
+            rows.append([d["_file"], s["source"], s["max_new_tokens"], s["recent_window"], s["min_budget"], policy,
+                         fmt(r["accept_length"], ".2f"), r["rounds"], lossless])  # fmt: skip
+    if not rows:
+        return ""
+    return (
+        "### Draft policies in the CPU reference (policy_sim)\n\n"
+        "Greedy rounds re-run in the model's own HF attention on CPU (fp32), same plans as the worker; "
+        "`lossless` = output equals plain greedy decoding.\n\n" + markdown_table(SIM_HEADERS, rows) + "\n"
+    )
+
+
 def _num(v: Any) -> float | None:
     return v if isinstance(v, (int, float)) else None
 
@@ -363,7 +385,8 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = ()) 
         "`vs stock` = output tok/s divided by the stock config's in the same run and concurrency; "
         "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n",
     ]
-    for section in (throughput_markdown(docs), lossless_markdown(docs), acceptance_markdown(docs), kernels_markdown(docs)):
+    for section in (throughput_markdown(docs), lossless_markdown(docs), acceptance_markdown(docs), policy_sim_markdown(docs),
+                    kernels_markdown(docs)):
         if section:
             parts.append(section)
     parts += [f"- {n}" for n in notes]

@@ -701,6 +701,9 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     # A kernels_bench file written before it recorded its kind is recognised by its sections.
     kern = {"device": "GPU", "git_commit": "abc", "config": {"timing": "graphs"},
             "sparse_decode": [dec], "score_capture": [cap], "selection": [sel]}  # fmt: skip
+    sim = {"kind": "policy_sim", "settings": {"source": "aime24:1", "max_new_tokens": 1500, "recent_window": 16, "min_budget": 128},
+           "results": {"pillar": {"accept_length": 5.976, "rounds": 251, "first_divergence_from_greedy": None}}}  # fmt: skip
+    (tmp_path / "sim.json").write_text(json.dumps(sim))
     (tmp_path / "acc.json").write_text(json.dumps(acc))
     (tmp_path / "kernels.json").write_text(json.dumps(kern))
     assert report.main(["--results-dir", str(tmp_path), "--no-plots"]) == 0
@@ -709,3 +712,4 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     assert "| s | 4 | 1024 | 68 | 10.0 | 100 | 40.0 | - | 4.0x | - |" in md
     assert "| s | 4 | 1024 | 5.0 | 50.0 | 10% | 12% |" in md
     assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md
+    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | pillar | 5.98 | 251 | yes |" in md

@@ -38,6 +38,12 @@ class DraftStepInputs:
 
 
 class PillarDraftBackend(TritonAttnBackend):
+    """Decode attention of the draft steps; everything else is the stock Triton backend.
+
+    With ``oracle`` the positions come from ``oracle_select`` on the step's own query
+    (analysis only); otherwise from the plan of each request's pool row in ``state``.
+    """
+
     def __init__(self, model_runner, state: PlanState, inputs: DraftStepInputs, oracle: bool):
         super().__init__(model_runner)
         self.state = state
@@ -59,14 +65,16 @@ class PillarDraftBackend(TritonAttnBackend):
         q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         bs = q.shape[0]
         if save_kv_cache:
-            self._set_kv_buffer(forward_batch, layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale)
+            loc = forward_batch.out_cache_loc
+            self._set_kv_buffer(forward_batch, layer, loc, k, v, layer.k_scale, layer.v_scale)
         k_buffer = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buffer = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
         logit_cap = logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
-        rpi, tail_start, seq_lens = (t[:bs] for t in (self.inputs.req_pool_indices, self.inputs.tail_start, self.inputs.seq_lens))
+        inputs = self.inputs
+        rpi, tail_start, seq_lens = inputs.req_pool_indices[:bs], inputs.tail_start[:bs], inputs.seq_lens[:bs]
         if self.oracle:
             oracle_select(
-                q, k_buffer, self.req_to_token, rpi, seq_lens, tail_start, self.inputs.sel_cnt[:bs],
+                q, k_buffer, self.req_to_token, rpi, seq_lens, tail_start, inputs.sel_cnt[:bs],
                 layer.scaling, logit_cap, self.oracle_pos, self.oracle_cnt,
             )
             sel_pos, sel_cnt, sel_rows = self.oracle_pos, self.oracle_cnt, None

@@ -24,6 +24,7 @@ from benchmarks import (  # noqa: E402
     passes,
     report,
     server,
+    step_times,
     throughput,
     workload,
 )
@@ -87,6 +88,11 @@ FAKE_SERVER = textwrap.dedent(
                 ct = (n + 2) // 3
                 meta.update(spec_verify_ct=ct, spec_accept_length=n / ct, spec_correct_drafts_histogram=[0, 0, ct])
             served[0] += 1
+            time.sleep(0.002 * n)  # decode time grows with the output length
+            if spec and os.environ.get("SPARSESPEC_STEP_TIMING"):
+                # One report per request; the batch is the whole prompt set of a step_times point.
+                print(f"INFO PILLAR step timing: rounds=10 batch={int(os.environ.get('FAKE_BATCH', '2'))}.00 "
+                      "draft_ms=1.5000 verify_ms=2.0000 select_ms=0.5000", flush=True)
             if mode == "die_on_second_generate" and served[0] == 2:
                 time.sleep(0.3)  # crash mid-request, without replying
                 os._exit(9)
@@ -713,3 +719,25 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     assert "| s | 4 | 1024 | 5.0 | 50.0 | 10% | 12% |" in md
     assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md
     assert "| sim.json | aime24:1 | 1500 | 16 | 128 | pillar | 5.98 | 251 | yes |" in md
+
+
+def test_step_times_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
+    out = tmp_path / "steps.json"
+    argv = ["--shape", "qwen3-1.7b", "--out", str(out), "--contexts", "8,16", "--batches", "2",
+            "--decode-tokens", "10,60", "--accept", "6.0", "--work-dir", str(tmp_path / "w")]  # fmt: skip
+    assert step_times.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert json.loads((tmp_path / "w" / "qwen3-1.7b" / "config.json").read_text())["num_hidden_layers"] == 28
+    stock, pillar = doc["servers"]["stock"], doc["servers"]["pillar"]
+    assert "--load-format" in stock["flags"] and "--skip-tokenizer-init" in stock["flags"]
+    assert pillar["env"] == {"SPARSESPEC_STEP_TIMING": "10"} and stock["env"] == {}
+    assert [(r["context"], r["batch"]) for r in stock["rows"]] == [(8, 2), (16, 2)]
+    # The fake sleeps 2 ms per output token per request: the M1/M2 difference recovers it.
+    assert all(1.0 < r["step_ms"] < 10.0 for r in stock["rows"])
+    assert all(r["round_ms"] == pytest.approx(4.0) and r["timed_rounds"] >= 10 for r in pillar["rows"])
+    proj = doc["projection"]
+    assert len(proj) == 2 and all(p["projected_speedup"] == pytest.approx(6.0 * s["step_ms"] / 4.0)
+                                  for p, s in zip(proj, stock["rows"]))  # fmt: skip
+    assert doc["settings"]["weights"].startswith("dummy")
+    with pytest.raises(SystemExit):
+        step_times.main(["--shape", "nope", "--out", str(out)])

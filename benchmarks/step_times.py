@@ -1,0 +1,200 @@
+"""Step-time breakdown on Qwen3 shapes with dummy weights: stock decode step vs PILLAR phases.
+
+    python -m benchmarks.step_times --shape qwen3-1.7b --out F.json \\
+        [--contexts 1024,4096,16384] [--batches 16,64] [--configs stock,pillar] [--accept 6.0]
+
+Random weights make any speculation look perfect, so this measures only *time per step*, which
+does not depend on acceptance. Per (context L, batch B) on one server start per config:
+- stock: B requests of L random prompt ids decode M1 and then M2 tokens (ignore_eos); the decode
+  step time is (wall(M2) - wall(M1)) / (M2 - M1), which cancels the prefill;
+- PILLAR (SPARSESPEC_STEP_TIMING): mean GPU ms of the draft (k sparse steps), verify and select
+  phases per round, from the server's timing lines logged during the M2 pass.
+With an acceptance length measured on a real model (--accept, tokens per round), the projected
+speedup is accept * stock_step / pillar_round — labelled a projection in the JSON. Writes F.json
+(rewritten after every point) and F.log. Every B x (L + M2) must fit the KV pool, or the server
+queues requests and the times mix batch sizes: Qwen3-8B at 16 x 32K (about 75 GB of KV) needs an
+H200; PILLAR rows only count rounds that ran at >= 90% of the requested batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.client import generate_all
+from benchmarks.configs import resolve_config
+from benchmarks.meta import new_run_id, run_metadata
+from benchmarks.runlog import Deadline, RunLog, write_json
+from benchmarks.server import Server, ServerError, install_signal_handlers, log_tail
+from sglang_sparsespec.spec.timing import PHASES, parse_reports
+
+# Shapes of the public Qwen3 configs (no weights are read: --load-format dummy).
+_QWEN3_COMMON = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128, "hidden_act": "silu",
+    "attention_bias": False, "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645,
+}  # fmt: skip
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3-1.7b": {**_QWEN3_COMMON, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "tie_word_embeddings": True},
+    "qwen3-8b": {**_QWEN3_COMMON, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
+}  # fmt: skip
+TIMING_EVERY = 10
+STOP_RESERVE_S = 25.0
+
+
+def write_model_folder(shape: str, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(SHAPES[shape], indent=1))
+    return folder
+
+
+def random_prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1000, 100000) for _ in range(length)] for _ in range(n)]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", required=True, help=f"one of {', '.join(SHAPES)}, or a folder with a config.json")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--contexts", default="1024,4096,16384")
+    p.add_argument("--batches", default="16,64")
+    p.add_argument("--configs", default="stock,pillar")
+    p.add_argument("--decode-tokens", default="32,160", help="M1,M2: the two output lengths per point")
+    p.add_argument("--accept", type=float, default=None, help="accept length measured on a real model, for the projection")
+    p.add_argument("--extra-server-args", default="")
+    p.add_argument("--startup-timeout", type=float, default=400.0)
+    p.add_argument("--time-budget", type=float, default=560.0)
+    p.add_argument("--run-id", default=None)
+    p.add_argument("--work-dir", type=Path, default=None)
+    args = p.parse_args(argv)
+    try:
+        args.contexts = [int(x) for x in args.contexts.split(",")]
+        args.batches = [int(x) for x in args.batches.split(",")]
+        args.m1, args.m2 = (int(x) for x in args.decode_tokens.split(","))
+    except ValueError as e:
+        p.error(str(e))
+    if not 0 < args.m1 < args.m2:
+        p.error("--decode-tokens needs 0 < M1 < M2")
+    args.configs = [c for c in args.configs.split(",") if c]
+    if args.shape not in SHAPES and not (Path(args.shape) / "config.json").is_file():
+        p.error(f"--shape {args.shape!r}: not a known shape or a folder with config.json")
+    args.extra_server_args = tuple(args.extra_server_args.split())
+    args.run_id = args.run_id or new_run_id()
+    args.work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="sparsespec-steps-"))
+    return args
+
+
+def measure_point(server: Server, length: int, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Walls of the M1 and M2 passes and the PILLAR timing reports logged during the M2 pass."""
+    prompts = random_prompts(batch, length, seed=length * 1000 + batch)
+    walls = {}
+    reports = []
+    for m in (args.m1, args.m2):
+        offset = server.log_path.stat().st_size if server.log_path.exists() else 0
+        sampling = {"temperature": 0.0, "max_new_tokens": m, "ignore_eos": True}
+        t0 = time.monotonic()
+        outs = generate_all(server, prompts, sampling, concurrency=batch, timeout_s=240)
+        walls[m] = time.monotonic() - t0
+        if any(o.completion_tokens != m for o in outs):
+            raise RuntimeError(f"expected {m} tokens per request at L={length}, B={batch}")
+        with open(server.log_path, "rb") as f:
+            f.seek(offset)
+            reports = parse_reports(f.read().decode("utf-8", "replace"))
+    row: dict[str, Any] = {"context": length, "batch": batch, "wall_m1_s": walls[args.m1], "wall_m2_s": walls[args.m2]}
+    row["step_ms"] = 1000 * (walls[args.m2] - walls[args.m1]) / (args.m2 - args.m1)
+    # Rounds at the full batch only: ramp-up and drain rounds run smaller batches.
+    full = [r for r in reports if r.batch >= 0.9 * batch]
+    if full:
+        n = sum(r.rounds for r in full)
+        for p in PHASES:
+            row[f"{p}_ms"] = sum(r.ms[p] * r.rounds for r in full) / n
+        row["round_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
+        row["timed_rounds"] = n
+    return row
+
+
+def run_config(name: str, model: Path, args: argparse.Namespace, deadline: Deadline, log: RunLog) -> dict[str, Any]:
+    ctx = max(args.contexts) + args.m2 + 64
+    extra = ("--load-format", "dummy", "--skip-tokenizer-init", "--context-length", str(ctx),
+             "--max-running-requests", str(max(args.batches)), "--cuda-graph-max-bs-decode", str(max(args.batches)),
+             *args.extra_server_args)  # fmt: skip
+    config = resolve_config(name, extra)
+    env = {"SPARSESPEC_STEP_TIMING": str(TIMING_EVERY)} if config.speculative else {}
+    record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "rows": []}
+    server = Server.sglang(str(model), config.flags, log_path=args.work_dir / f"{name}.server.log", env=env)
+    with server:
+        try:
+            record["startup_s"] = server.start(timeout_s=min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S))
+        except ServerError as e:
+            record.update(status="failed", error=str(e))
+            log.line(f"{name}: server failed to start: {str(e).splitlines()[0]}")
+            log.block(f"{name} server log tail", log_tail(server.log_path, 100))
+            return record
+        record["status"] = "ok"
+        for length in args.contexts:
+            for batch in args.batches:
+                if not deadline.allows(STOP_RESERVE_S + 30):
+                    log.line(f"{name} L={length} B={batch}: SKIPPED (time budget)")
+                    continue
+                try:
+                    row = measure_point(server, length, batch, args)
+                except Exception as e:  # one point failing must not lose the others
+                    row = {"context": length, "batch": batch, "error": f"{type(e).__name__}: {e}"}
+                    if server.proc is None or server.proc.poll() is not None:
+                        record.update(status="died", error=row["error"])
+                        record["rows"].append(row)
+                        break
+                record["rows"].append(row)
+                log.line(f"{name} L={length} B={batch}: " + ", ".join(
+                    f"{k}={v:.3f}" for k, v in row.items() if k.endswith("_ms")) + (f" ERROR {row['error']}" if "error" in row else ""))  # fmt: skip
+    return record
+
+
+def projections(servers: dict[str, dict[str, Any]], accept: float | None) -> list[dict[str, Any]]:
+    """accept * stock step / PILLAR round per (L, B) measured by both; a projection, not a measurement."""
+    if accept is None or "stock" not in servers:
+        return []
+    stock = {(r["context"], r["batch"]): r for r in servers["stock"]["rows"] if "step_ms" in r}
+    out = []
+    for name, rec in servers.items():
+        for r in rec["rows"] if name != "stock" else []:
+            key = (r["context"], r["batch"])
+            if "round_ms" in r and key in stock:
+                out.append({"config": name, "context": key[0], "batch": key[1], "accept_assumed": accept,
+                            "projected_speedup": accept * stock[key]["step_ms"] / r["round_ms"]})  # fmt: skip
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    install_signal_handlers()
+    deadline = Deadline(args.time_budget)
+    log = RunLog(args.out.with_suffix(".log"))
+    model = Path(args.shape) if args.shape not in SHAPES else write_model_folder(args.shape, args.work_dir / args.shape)
+    doc: dict[str, Any] = {"kind": "step_times", "schema": 1, "meta": run_metadata(args.run_id),
+                           "settings": {"shape": args.shape, "contexts": args.contexts, "batches": args.batches,
+                                        "decode_tokens": [args.m1, args.m2], "accept_assumed": args.accept,
+                                        "weights": "dummy (random): times only"},
+                           "servers": {}, "projection": []}  # fmt: skip
+    write_json(args.out, doc)
+    for name in args.configs:
+        doc["servers"][name] = run_config(name, model, args, deadline, log)
+        doc["projection"] = projections(doc["servers"], args.accept)
+        write_json(args.out, doc)
+    ok = all(r["status"] == "ok" and not any("error" in x for x in r["rows"]) for r in doc["servers"].values())
+    log.line(f"wrote {args.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,7 @@ from typing import Any
 from benchmarks.client import GenOutput, generate_all
 from benchmarks.configs import ServerConfig
 from benchmarks.runlog import Deadline, RunLog
-from benchmarks.server import Server, ServerError, log_tail
+from benchmarks.server import Server, log_tail, start_recorded
 from benchmarks.workload import Prompt
 from sglang_sparsespec.config import PillarConfig
 
@@ -114,16 +114,10 @@ def run_passes(
     record["command"] = server.argv
     with server:
         log.line(f"{name}: starting server: {shlex.join(server.argv[1:])}")
-        try:
-            record["startup_s"] = server.start(timeout_s=min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S))
-        except ServerError as e:
-            record.update(status="failed", error=str(e))
-            log.line(f"{name}: server failed to start: {str(e).splitlines()[0]}")
-            log.block(f"{name} server log tail", log_tail(server.log_path, 200))
+        if not start_recorded(server, name, record, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log):
             for p in passes:
                 p.status, p.error = "failed", "server failed to start"
             return record
-        record["status"] = "ok"
         log.line(f"{name}: server up after {record['startup_s']:.0f} s")
         for i, p in enumerate(passes):
             label = f"{name} pass {i + 1}/{len(passes)} (T={p.temperature}, max_new={p.max_new_tokens})"

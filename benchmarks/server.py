@@ -23,7 +23,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks.runlog import RunLog
 
 DEFAULT_HEALTH_PATH = "/health_generate"  # 200 only once a 1-token generation went through
 _LIVE: set[Server] = set()
@@ -246,3 +249,18 @@ def install_signal_handlers() -> None:
 
 
 atexit.register(stop_all)
+
+
+def start_recorded(server: Server, name: str, record: dict[str, Any], timeout_s: float, log: RunLog) -> bool:
+    """Start ``server`` and record the outcome in ``record``: ``startup_s`` and status ok, or status
+    failed with the error, a log line and the server log's tail. Returns whether it is up."""
+    try:
+        record["startup_s"] = server.start(timeout_s=timeout_s)
+    except ServerError as e:
+        record.update(status="failed", error=str(e))
+        log.line(f"{name}: server failed to start: {str(e).splitlines()[0]}")
+        log.block(f"{name} server log tail", log_tail(server.log_path, 200))
+        return False
+    record["status"] = "ok"
+    return True
+

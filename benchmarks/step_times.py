@@ -32,7 +32,7 @@ from benchmarks.client import generate_all
 from benchmarks.configs import resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import Server, ServerError, install_signal_handlers, log_tail
+from benchmarks.server import Server, install_signal_handlers, start_recorded
 from sglang_sparsespec.spec.timing import PHASES, parse_reports
 
 # Shapes of the public Qwen3 configs (no weights are read: --load-format dummy).
@@ -133,14 +133,8 @@ def run_config(name: str, model: Path, args: argparse.Namespace, deadline: Deadl
     record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "rows": []}
     server = Server.sglang(str(model), config.flags, log_path=args.work_dir / f"{name}.server.log", env=env)
     with server:
-        try:
-            record["startup_s"] = server.start(timeout_s=min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S))
-        except ServerError as e:
-            record.update(status="failed", error=str(e))
-            log.line(f"{name}: server failed to start: {str(e).splitlines()[0]}")
-            log.block(f"{name} server log tail", log_tail(server.log_path, 100))
+        if not start_recorded(server, name, record, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log):
             return record
-        record["status"] = "ok"
         for length in args.contexts:
             for batch in args.batches:
                 if not deadline.allows(STOP_RESERVE_S + 30):

@@ -39,6 +39,7 @@ from benchmarks.server import (
     http_json,
     install_signal_handlers,
     log_tail,
+    start_recorded,
 )
 from benchmarks.workload import (
     DEFAULT_DATASETS,
@@ -197,17 +198,11 @@ def run_config(
     srv["command"] = server.argv
     with server:
         log.line(f"{config.name}: starting server")
-        try:
-            srv["startup_s"] = server.start(timeout_s=min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S))
-        except ServerError as e:
-            srv.update(status="failed", error=str(e))
+        if not start_recorded(server, config.name, srv, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log):
             for r in runs:
                 r.update(status="failed", error="server failed to start")
-            log.line(f"{config.name}: FAILED to start: {str(e).splitlines()[0]}")
-            log.block(f"{config.name} server log tail", log_tail(server.log_path, 200))
             write_json(out_path, doc)
             return
-        srv["status"] = "ok"
         srv["server_info"] = server_info(server)
         log.line(f"{config.name}: server up after {srv['startup_s']:.0f} s")
         for r in runs:

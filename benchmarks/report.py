@@ -203,6 +203,15 @@ def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
     )  # fmt: skip
 
 
+def _server_env(doc: dict[str, Any], config: str) -> dict[str, str]:
+    """The environment an acceptance run gave ``config``'s server: run-wide --env plus the config's own."""
+    return {**doc["settings"].get("env", {}), **doc["servers"].get(config, {}).get("env", {})}
+
+
+def _knobs_text(env: dict[str, str], skip: tuple[str, ...] = ()) -> str:
+    return " ".join(f"{k.removeprefix('SPARSESPEC_')}={v}" for k, v in sorted(env.items()) if k not in skip)
+
+
 ACCEPTANCE_HEADERS = ("run", "config", "server env", "T", "new tokens", "accept len", ">= j drafts accepted, j = 1..k")
 
 
@@ -212,8 +221,7 @@ def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
     for d in sorted((d for d in docs if d.get("kind") == "acceptance"), key=lambda d: d["meta"]["run_id"]):
         s = d["settings"]
         for config, passes in d["results"].items():
-            env = {**s.get("env", {}), **d["servers"].get(config, {}).get("env", {})}
-            env_text = " ".join(f"{k.removeprefix('SPARSESPEC_')}={v}" for k, v in sorted(env.items())) or "-"
+            env_text = _knobs_text(_server_env(d, config)) or "-"
             for a in passes:
                 rates = " ".join(f"{r:.2f}" for r in a.get("accept_rate_by_position") or []) or "-"
                 rows.append([d["meta"]["run_id"], config, env_text, a["temperature"], s["max_new_tokens"],
@@ -341,8 +349,7 @@ def acceptance_rows(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for d in (d for d in docs if d.get("kind") == "acceptance"):
         for config, passes in d["results"].items():
-            env = {**d["settings"].get("env", {}), **d["servers"].get(config, {}).get("env", {})}
-            knobs = " ".join(f"{k.removeprefix('SPARSESPEC_')}={v}" for k, v in sorted(env.items()) if k != "SPARSESPEC_POLICY")
+            knobs = _knobs_text(_server_env(d, config), skip=("SPARSESPEC_POLICY",))
             for a in passes:
                 if a.get("accept_rate_by_position"):
                     label = config + (f" ({knobs})" if knobs else "")

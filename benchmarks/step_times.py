@@ -98,7 +98,6 @@ def measure_point(server: Server, length: int, batch: int, args: argparse.Namesp
     """Walls of the M1 and M2 passes and the PILLAR timing reports logged during the M2 pass."""
     prompts = random_prompts(batch, length, seed=length * 1000 + batch)
     walls = {}
-    reports = []
     for m in (args.m1, args.m2):
         offset = server.log_path.stat().st_size if server.log_path.exists() else 0
         sampling = {"temperature": 0.0, "max_new_tokens": m, "ignore_eos": True}
@@ -107,9 +106,10 @@ def measure_point(server: Server, length: int, batch: int, args: argparse.Namesp
         walls[m] = time.monotonic() - t0
         if any(o.completion_tokens != m for o in outs):
             raise RuntimeError(f"expected {m} tokens per request at L={length}, B={batch}")
-        with open(server.log_path, "rb") as f:
-            f.seek(offset)
-            reports = parse_reports(f.read().decode("utf-8", "replace"))
+    # offset is the log size before the M2 pass: its reports are the ones that count.
+    with open(server.log_path, "rb") as f:
+        f.seek(offset)
+        reports = parse_reports(f.read().decode("utf-8", "replace"))
     row: dict[str, Any] = {"context": length, "batch": batch, "wall_m1_s": walls[args.m1], "wall_m2_s": walls[args.m2]}
     row["step_ms"] = 1000 * (walls[args.m2] - walls[args.m1]) / (args.m2 - args.m1)
     # Rounds at the full batch only: ramp-up and drain rounds run smaller batches.

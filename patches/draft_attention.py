@@ -15,7 +15,6 @@ from sglang.srt.layers.attention.triton_backend import (
     TritonAttnBackend,
     logit_capping_mod,
 )
-from sglang_sparsespec.kernels._common import default_num_splits
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 
 from sglang_sparsespec.selection.oracle import oracle_select
@@ -95,6 +94,5 @@ class PillarDraftBackend(TritonAttnBackend):
             layer.scaling,
             logit_cap=logit_cap,
             sel_rows=sel_rows,
-            num_kv_splits=default_num_splits(bs * k_buffer.shape[1], q.device),
         )
         return o.view(bs, -1)

@@ -122,7 +122,8 @@ class PillarDraftRunner:
         rpi = self.req_pool_indices[:bs]
         lens = self.seq_lens[:bs]
         self.inputs.tail_start[:bs] = self.state.tail_start[rpi]
-        self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
+        if self.backend.oracle:  # only the oracle reads the counts in batch order
+            self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
         rows = SamplingRows(
             temperature=self.temperature[:bs],
             top_p=self.top_p[:bs],

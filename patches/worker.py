@@ -73,7 +73,7 @@ class PillarWorker(BaseSpecWorker):
     # ---- start-up, in the order the scheduler calls it ------------------------------
     def alloc_memory_pool(self, **kwargs):
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
-        rows, self.max_context_len = self.req_to_token_pool.req_to_token.shape
+        self.max_context_len = self.req_to_token_pool.req_to_token.shape[1]
         self.kmax = self.cfg.max_budget(self.max_context_len)
         self.max_bs = self.model_runner.max_running_requests
         k_idx = torch.arange(self.cfg.num_steps, dtype=torch.long, device=self.device)

@@ -72,6 +72,11 @@ class VerifyScoreSink:
             accumulate=not self.per_layer and layer_id != 0,
         )
 
+    @property
+    def num_candidate_rows(self) -> int:
+        """Rows of :meth:`candidates`: num_layers * H_kv, or 1."""
+        return self.mass.shape[0] * self.mass.shape[1] if self.per_layer else 1
+
     def candidates(self) -> torch.Tensor:
         """[R, cap] selection rows: R = num_layers * H_kv (row l * H_kv + h), or 1 (all summed)."""
         if self.per_layer:

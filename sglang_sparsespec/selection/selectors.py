@@ -59,7 +59,7 @@ class ScoredSelector(Selector):
 
     def __init__(self, cfg: PillarConfig, state: PlanState, sink: VerifyScoreSink):
         super().__init__(cfg, state)
-        if sink.candidates().shape[0] != state.sel_pos.shape[1]:
+        if sink.num_candidate_rows != state.sel_pos.shape[1]:
             raise ValueError("plan sets per request must match the sink's candidate rows")
         self.sink = sink
 

@@ -246,8 +246,10 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
                 fmt(_num(r.get("flashinfer_full_us")), ".1f"), fmt(_ratio(r.get("sglang_full_us"), r["sparse_us"]), ".1f", "x"),
                 fmt(_ratio(r.get("flashinfer_full_us"), r["sparse_us"]), ".1f", "x")]
                for r in d["sparse_decode"]]  # fmt: skip
-        cap = [[r["shape"], r["bs"], r["seq_len"], fmt(r["fp16_out_us"], ".1f"), fmt(_num(r.get("verify_attn_us")), ".1f"),
-                fmt(_pct(r.get("fp16_capture_frac_of_verify_attn")), ".0f", "%"),
+        cap = [[r["shape"], r["bs"], r["seq_len"], fmt(_num(r.get("verify_attn_us")), ".1f"),
+                fmt(_num(r.get("split_verify_attn_us")), ".1f"), fmt(_num(r.get("split_verify_GBps")), ".0f"),
+                fmt(_ratio(r.get("verify_attn_us"), r.get("split_verify_attn_us")), ".1f", "x"), fmt(r["fp16_out_us"], ".1f"),
+                fmt(_pct(r.get("capture_plus_select_frac_of_split_verify")), ".0f", "%"),
                 fmt(_pct(r.get("capture_plus_select_frac_of_verify_attn")), ".0f", "%")]
                for r in d["score_capture"]]  # fmt: skip
         sel = [[r["shape"], r["bs"], r["seq_len"], r["k"], fmt(r["all_layers_launch_us"], ".0f"),
@@ -258,9 +260,11 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
             "Sparse draft attention (5% budget + 16-token tail, per-KV-head lists) vs full-context decode:\n\n"
             + markdown_table(("shape", "bs", "L", "attended", "sparse us", "sparse GB/s", "SGLang triton full us",
                               "FlashInfer full us", "vs triton", "vs FlashInfer"), dec)  # fmt: skip
-            + "\n\nScore capture (fp16 scores) against the verify attention it follows (SGLang's Triton extend "
-            "kernel, k+1 = 9 causal rows, LSE on); `+ select` adds the per-layer share of one all-layer top-K:\n\n"
-            + markdown_table(("shape", "bs", "L", "capture us", "verify attn us", "capture", "capture + select"), cap)
+            + "\n\nVerify attention (k+1 = 9 causal rows per request over the prefix, LSE on): SGLang's Triton "
+            "extend kernel vs PILLAR's split-KV kernel (GB/s = prefix K/V/index bytes / time), and what PILLAR adds "
+            "per verify layer (fp16 score capture + the per-layer share of one all-layer top-K) relative to each:\n\n"
+            + markdown_table(("shape", "bs", "L", "SGLang verify us", "split verify us", "split GB/s", "speedup",
+                              "capture us", "capture + select / split", "capture + select / SGLang"), cap)
             + "\n\nTop-K selection over all (layer, KV head) rows, fp32 scores in one launch; fp16 per layer; "
             "torch.topk + sort per layer for reference:\n\n"
             + markdown_table(("shape", "bs", "L", "K", "all layers us (fp32)", "per layer us (fp16)", "torch per layer us"), sel)
@@ -295,8 +299,8 @@ def _num(v: Any) -> float | None:
     return v if isinstance(v, (int, float)) else None
 
 
-def _ratio(a: Any, b: float) -> float | None:
-    return a / b if isinstance(a, (int, float)) and b else None
+def _ratio(a: Any, b: Any) -> float | None:
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
 
 
 def _pct(v: Any) -> float | None:

@@ -53,8 +53,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook(
         "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend",
         "AROUND",
-        triton_verify.capture_verify_scores,
-        "PillarAttn selection reads the verify pass's attention probabilities (logits + LSE)",
+        triton_verify.pillar_verify,
+        "PILLAR's verify runs the split-KV verify kernel (SGLang's extend kernel is far below bandwidth), "
+        "and PillarAttn selection reads its attention probabilities (logits + LSE)",
     ),
 )
 

@@ -29,14 +29,14 @@ from sglang.srt.speculative.eagle_worker_common import (
 )
 from sglang.srt.speculative.spec_utils import get_plan_stream
 
-from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig, SelectionPolicy, VerifyKernel
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.spec.timing import RoundTimer, format_report
 
 from .draft_runner import PillarDraftRunner
-from .triton_verify import attach_score_sink
+from .triton_verify import VerifyHooks, attach_verify
 
 logger = logging.getLogger(__name__)
 
@@ -103,10 +103,10 @@ class PillarWorker(BaseSpecWorker):
                 per_layer=per_head,
                 device=self.device,
             )
-            # Must precede the target's CUDA-graph capture (the scheduler calls
-            # init_cuda_graphs after every backend is initialised), so the score kernels
-            # are recorded into the TARGET_VERIFY graph.
-            attach_score_sink(backend, sink)
+        # Must precede the target's CUDA-graph capture (the scheduler calls init_cuda_graphs
+        # after every backend is initialised), so the verify kernels are recorded into the
+        # TARGET_VERIFY graph.
+        attach_verify(backend, VerifyHooks(sink, split_kernel=self.cfg.verify_kernel is VerifyKernel.SPLIT))
         self.selector = make_selector(self.cfg, self.state, sink)
 
     def _capture_bs(self) -> list[int]:

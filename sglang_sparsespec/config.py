@@ -34,6 +34,16 @@ class SelectionPolicy(str, Enum):
         return self in (SelectionPolicy.PILLAR, SelectionPolicy.COARSE)
 
 
+class VerifyKernel(str, Enum):
+    """Attention kernel of the verify pass (Triton backend)."""
+
+    # kernels/verify_attention.py: split-KV, one K/V read per KV head for the whole GQA group
+    # and all k + 1 rows; falls back to SGLANG for the cases it does not serve.
+    SPLIT = "split"
+    # SGLang's own extend kernel (for A/B measurements).
+    SGLANG = "sglang"
+
+
 @dataclass(frozen=True)
 class PillarConfig:
     """Knobs of one PILLAR server.
@@ -54,6 +64,7 @@ class PillarConfig:
     # > 0: log the mean GPU time of the draft, verify and select phases every this many
     # rounds (one host sync each time); for step-time breakdowns, off in serving.
     timing_every: int = 0
+    verify_kernel: VerifyKernel = VerifyKernel.SPLIT
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
@@ -88,18 +99,21 @@ class PillarConfig:
             except ValueError:
                 raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a valid {cast.__name__}") from None
 
-        policy_raw = env.get(ENV_PREFIX + "POLICY", SelectionPolicy.PILLAR.value).lower()
-        try:
-            policy = SelectionPolicy(policy_raw)
-        except ValueError:
-            choices = ", ".join(p.value for p in SelectionPolicy)
-            raise ValueError(f"{ENV_PREFIX}POLICY={policy_raw!r}; choose one of: {choices}") from None
+        def choice(name: str, enum: type[Enum], default: Enum):
+            raw = env.get(ENV_PREFIX + name, default.value).lower()
+            try:
+                return enum(raw)
+            except ValueError:
+                choices = ", ".join(e.value for e in enum)
+                raise ValueError(f"{ENV_PREFIX}{name}={raw!r}; choose one of: {choices}") from None
+
         return cls(
             num_steps=num_steps,
             budget_ratio=read("BUDGET_RATIO", float, cls.budget_ratio),
             min_budget=read("MIN_BUDGET", int, cls.min_budget),
             recent_window=read("RECENT_WINDOW", int, cls.recent_window),
             sink_tokens=read("SINK_TOKENS", int, cls.sink_tokens),
-            policy=policy,
+            policy=choice("POLICY", SelectionPolicy, cls.policy),
             timing_every=read("STEP_TIMING", int, cls.timing_every),
+            verify_kernel=choice("VERIFY_KERNEL", VerifyKernel, cls.verify_kernel),
         )

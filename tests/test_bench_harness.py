@@ -700,7 +700,8 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     }  # fmt: skip
     dec = {"shape": "s", "bs": 4, "seq_len": 1024, "selected": 52, "tail": 16, "sparse_us": 10.0, "sparse_GBps": 100.0,
            "sglang_full_us": 40.0, "flashinfer_full_us": "unavailable: ImportError()"}  # fmt: skip
-    cap = {"shape": "s", "bs": 4, "seq_len": 1024, "fp16_out_us": 5.0, "verify_attn_us": 50.0,
+    cap = {"shape": "s", "bs": 4, "seq_len": 1024, "fp16_out_us": 5.0, "verify_attn_us": 50.0, "split_verify_attn_us": 20.0,
+           "split_verify_GBps": 900.0, "capture_plus_select_frac_of_split_verify": 0.3,
            "fp16_capture_frac_of_verify_attn": 0.1, "capture_plus_select_frac_of_verify_attn": 0.12}  # fmt: skip
     sel = {"shape": "s", "bs": 4, "seq_len": 1024, "k": 52, "all_layers_launch_us": 30.0,
            "all_layers_per_layer_fp16_bn4096_us": 0.5, "torch_topk_sort_per_layer_us": 60.0}  # fmt: skip
@@ -716,7 +717,7 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     md = (tmp_path / "SUMMARY.md").read_text()
     assert "| A1 | pillar-streaming | POLICY=streaming RECENT_WINDOW=64 | 0.6 | 4096 | 6.25 | 0.90 0.80 |" in md
     assert "| s | 4 | 1024 | 68 | 10.0 | 100 | 40.0 | - | 4.0x | - |" in md
-    assert "| s | 4 | 1024 | 5.0 | 50.0 | 10% | 12% |" in md
+    assert "| s | 4 | 1024 | 50.0 | 20.0 | 900 | 2.5x | 5.0 | 30% | 12% |" in md
     assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md
     assert "| sim.json | aime24:1 | 1500 | 16 | 128 | pillar | 5.98 | 251 | yes |" in md
 

@@ -15,6 +15,10 @@ import torch
 from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from sglang_sparsespec.kernels.topk_select import topk_select, topk_select_ref
+from sglang_sparsespec.kernels.verify_attention import (
+    verify_attention_fwd,
+    verify_attention_ref,
+)
 from triton_env import DEVICE
 
 D = 64
@@ -32,21 +36,11 @@ def _kv_pool(num_slots: int, h_kv: int, dtype=torch.bfloat16) -> tuple[torch.Ten
 
 
 def _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, sm_scale, logit_cap=0.0):
-    """LSE of each verify row's full attention: the whole prefix plus the causal part of the extend."""
-    group = q.shape[1] // k_buffer.shape[1]
+    """LSE of each verify row's full attention (prefix + causal chain), from the verify reference."""
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
-    for b in range(len(qo) - 1):
-        n_q = qo[b + 1] - qo[b]
-        keys = torch.cat([k_buffer[kv_indices[kv[b] : kv[b + 1]].long()], k_ext[qo[b] : qo[b + 1]]]).float()
-        keys = keys.repeat_interleave(group, dim=1)  # [P + n_q, H_q, D]
-        s = torch.einsum("ihd,thd->iht", q[qo[b] : qo[b + 1]].float(), keys) * sm_scale
-        if logit_cap > 0:
-            s = logit_cap * torch.tanh(s / logit_cap)
-        prefix = kv[b + 1] - kv[b]
-        causal = torch.arange(n_q, device=q.device)[:, None] >= torch.arange(n_q, device=q.device)[None, :]
-        s[:, :, prefix:] = s[:, :, prefix:].masked_fill(~causal[:, None, :], float("-inf"))
-        lse[qo[b] : qo[b + 1]] = torch.logsumexp(s, dim=-1)
+    max_extend = int((qo_indptr[1:] - qo_indptr[:-1]).max())
+    args = (q, k_ext, k_ext, torch.empty_like(q), k_buffer, k_buffer, qo_indptr, kv_indptr, kv_indices)
+    verify_attention_ref(*args, max_extend, sm_scale, logit_cap, lse=lse)
     return lse
 
 
@@ -288,6 +282,64 @@ def test_capture_select_decode_pipeline():
         torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
+def _make_verify_case(group, prefix_lens, qo_lens, pad_rows=3):
+    h_kv = 2
+    total = sum(prefix_lens)
+    k_buffer, v_buffer = _kv_pool(total + 16, h_kv)
+    kv_indices = (torch.randperm(total + 15, device=DEVICE)[:total] + 1).to(torch.int64)
+    t = sum(qo_lens) + pad_rows  # padded rows no request owns: must stay untouched
+    q = torch.randn(t, h_kv * group, D, device=DEVICE).to(torch.bfloat16)
+    k_ext, v_ext = (torch.randn(t, h_kv, D, device=DEVICE).to(torch.bfloat16) for _ in range(2))
+    return (q, k_ext, v_ext), (k_buffer, v_buffer, _indptr(qo_lens), _indptr(prefix_lens), kv_indices)
+
+
+def _run_verify(group, prefix_lens, qo_lens, max_extend, logit_cap=0.0, num_kv_splits=None):
+    (q, k_ext, v_ext), rest = _make_verify_case(group, prefix_lens, qo_lens)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device=DEVICE)
+    exp_o, exp_lse = o.clone(), lse.clone()
+    verify_attention_fwd(q, k_ext, v_ext, o, *rest, max_extend, D**-0.5, logit_cap, lse=lse, num_kv_splits=num_kv_splits)
+    verify_attention_ref(q, k_ext, v_ext, exp_o, *rest, max_extend, D**-0.5, logit_cap, lse=exp_lse)
+    torch.testing.assert_close(o.float(), exp_o.float(), rtol=2e-2, atol=2e-2, equal_nan=True)
+    torch.testing.assert_close(lse, exp_lse, rtol=1e-4, atol=1e-4, equal_nan=True)
+    return o, lse
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_verify_attention_ragged(group):
+    torch.manual_seed(70 + group)
+    # Ragged prefixes (L = 1, an empty prefix, several BLOCK_N tiles over 3 splits), ragged widths.
+    o, lse = _run_verify(group, [37, 1, 0, 200], [4, 3, 4, 1], max_extend=4, num_kv_splits=3)
+    assert not o[:12].isnan().any() and not lse[:12].isnan().any()
+    assert o[12:].isnan().all() and lse[12:].isnan().all()
+
+
+def test_verify_attention_softcap_default_splits_and_row_bound():
+    torch.manual_seed(80)
+    # The second request has more rows than max_extend: rows past the bound are not written.
+    o, _ = _run_verify(2, [70, 9, 130], [3, 5, 3], max_extend=3, logit_cap=3.0)
+    assert o[3:6].isfinite().all() and o[6:8].isnan().all() and o[8:11].isfinite().all()
+
+
+def test_verify_attention_matches_sglang_extend_kernel():
+    """Same numbers as SGLang's own extend kernel on a topk=1 verify batch (causal, no custom mask)."""
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    torch.manual_seed(90)
+    prefix_lens, qo_lens = [50, 3, 120], [4, 4, 4]
+    (q, k_ext, v_ext), (k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices) = _make_verify_case(
+        3, prefix_lens, qo_lens, pad_rows=0
+    )
+    o, ours = torch.empty_like(q), torch.empty_like(q)
+    lse, our_lse = (torch.empty(q.shape[:2], device=DEVICE) for _ in range(2))
+    extend_attention_fwd(q, k_ext, v_ext, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, None, True,
+                         None, 4, 1.0, 1.0, D**-0.5, lse_extend=lse)  # fmt: skip
+    verify_attention_fwd(q, k_ext, v_ext, ours, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, 4, D**-0.5,
+                         lse=our_lse)  # fmt: skip
+    torch.testing.assert_close(ours.float(), o.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(our_lse, lse, rtol=1e-3, atol=1e-3)
+
+
 def test_bad_inputs_raise_value_error():
     q = torch.zeros(4, 5, D, dtype=torch.bfloat16, device=DEVICE)
     k_buffer = torch.zeros(8, 2, D, dtype=torch.bfloat16, device=DEVICE)
@@ -303,6 +355,10 @@ def test_bad_inputs_raise_value_error():
     with pytest.raises(ValueError, match="out must be int32"):
         topk_select(scores, ind, ind, ind, torch.zeros(3, 2, 4, dtype=torch.int64, device=DEVICE),
                     torch.zeros(3, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="k_ext"):
+        verify_attention_fwd(q, k_buffer[:3], k_buffer[:3], q, k_buffer, k_buffer, ind, ind, ind, 1, 1.0)
+    with pytest.raises(ValueError, match="max_extend"):
+        verify_attention_fwd(q, q[:, :2], q[:, :2], q, k_buffer, k_buffer, ind, ind, ind, 0, 1.0)
     with pytest.raises(ValueError, match="seg_len"):
         topk_select(scores, ind, ind[:2], ind, torch.zeros(3, 2, 4, dtype=torch.int32, device=DEVICE),
                     torch.zeros(3, dtype=torch.int32, device=DEVICE))

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.configs import parse_env, resolve_config
+from benchmarks.configs import CONFIGS_HELP, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.passes import PassResult, run_passes
 from benchmarks.runlog import Deadline, RunLog, write_json
@@ -38,7 +38,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", required=True, help="model folder (also the tokenizer)")
     p.add_argument("--data-dir", type=Path, required=True, help="folder with aime24.jsonl / amc23.jsonl")
     p.add_argument("--out", type=Path, required=True, help="result JSON path; the log goes beside it (.log)")
-    p.add_argument("--configs", default=DEFAULT_CONFIGS)
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, help=CONFIGS_HELP)
     p.add_argument("--temps", default="0,0.6")
     p.add_argument("--datasets", default="aime24")
     p.add_argument("--num-prompts", type=int, default=32)

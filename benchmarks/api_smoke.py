@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.configs import parse_env, resolve_config
+from benchmarks.configs import file_stem, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import (
@@ -152,7 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "checks": [],
         "all_ok": False,
     }
-    server = Server.sglang(args.model, cfg.flags, log_path=args.server_log_dir / f"{cfg.name}.server.log", env=env)
+    log_path = args.server_log_dir / f"{file_stem(cfg.name)}.server.log"
+    server = Server.sglang(args.model, cfg.flags, log_path=log_path, env=env)
     with server:
         log.line(f"{cfg.name}: starting server")
         try:

@@ -2,6 +2,8 @@
 
 Every configuration shares ``COMMON_FLAGS`` so that only the decoding method (and, for
 ``stock-flashinfer``, the attention backend) differs between rows of a results table.
+A PILLAR config name may carry knob suffixes, ``pillar-streaming:verify_kernel=sglang:recent_window=16``:
+each ``:knob=value`` sets ``SPARSESPEC_<KNOB>=value`` for that server only.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from sglang_sparsespec.config import ENV_PREFIX, PillarConfig
 
 # --disable-radix-cache: the AIME workload repeats prompts once N exceeds the 70 problems,
 # and prefix hits would then depend on run order and on how many requests each config
@@ -27,8 +31,34 @@ COMMON_FLAGS: tuple[str, ...] = (
 DEFAULT_PILLAR_STEPS = 8
 NGRAM_DRAFT_TOKENS = 8
 
+_FIXED: dict[str, tuple[str, ...]] = {
+    "stock": ("--attention-backend", "triton"),
+    "stock-flashinfer": ("--attention-backend", "flashinfer"),
+    "ngram": ("--attention-backend", "triton", "--speculative-algorithm", "NGRAM",
+              "--speculative-num-draft-tokens", str(NGRAM_DRAFT_TOKENS)),
+}  # fmt: skip
 _PILLAR_NAME = re.compile(r"pillar(?:-k(\d+))?(?:-(coarse|streaming|oracle))?")
-KNOWN_CONFIGS = ("stock", "stock-flashinfer", "ngram", "pillar", "pillar-k<N>", "pillar[-k<N>]-{coarse,streaming,oracle}")
+_KNOB = re.compile(r"([a-z_]+)=(.+)")
+KNOWN_CONFIGS = (*_FIXED, "pillar", "pillar-k<N>", "pillar[-k<N>]-{coarse,streaming,oracle}",
+                 "<pillar config>:<knob>=<value>[:...]")  # fmt: skip
+CONFIGS_HELP = f"comma-separated config names: {', '.join(KNOWN_CONFIGS)} (knobs: see benchmarks/README.md)"
+
+
+def _pillar_knobs() -> tuple[str, ...]:
+    """The variables PillarConfig.from_env reads (without the prefix), found by running it on an environment
+    that records every read: a knob added there is accepted here, with no second list to keep in step."""
+    read: list[str] = []
+
+    class Recorder(dict):
+        def get(self, key: str, default: str | None = None) -> str | None:
+            read.append(key.removeprefix(ENV_PREFIX))
+            return default
+
+    PillarConfig.from_env(DEFAULT_PILLAR_STEPS, Recorder())
+    return tuple(read)
+
+
+PILLAR_KNOBS = _pillar_knobs()
 
 
 @dataclass(frozen=True)
@@ -52,32 +82,61 @@ class ServerConfig:
 def resolve_config(name: str, extra_flags: tuple[str, ...] = ()) -> ServerConfig:
     """Flags of a named config; ``pillar-k4`` means PILLAR with 4 draft steps (``pillar`` = 8);
     a ``-coarse`` / ``-streaming`` / ``-oracle`` suffix selects that draft policy
-    (SPARSESPEC_POLICY) instead of per-layer, per-KV-head PillarAttn."""
-    env: tuple[tuple[str, str], ...] = ()
-    if name == "stock":
-        method: tuple[str, ...] = ("--attention-backend", "triton")
-    elif name == "stock-flashinfer":
-        method = ("--attention-backend", "flashinfer")
-    elif name == "ngram":
-        method = (
-            "--attention-backend", "triton",
-            "--speculative-algorithm", "NGRAM",
-            "--speculative-num-draft-tokens", str(NGRAM_DRAFT_TOKENS),
-        )  # fmt: skip
-    elif m := _PILLAR_NAME.fullmatch(name):
-        steps = int(m.group(1)) if m.group(1) else DEFAULT_PILLAR_STEPS
-        if steps < 1:
-            raise ValueError(f"config {name!r}: PILLAR needs at least 1 draft step")
-        method = (
-            "--attention-backend", "triton",
-            "--speculative-algorithm", "PILLAR",
-            "--speculative-num-steps", str(steps),
-        )  # fmt: skip
-        if m.group(2):
-            env = (("SPARSESPEC_POLICY", m.group(2)),)
+    (SPARSESPEC_POLICY) instead of per-layer, per-KV-head PillarAttn; ``:knob=value`` suffixes
+    set other PILLAR knobs. The name keeps its suffixes, so results tell the variants apart."""
+    base, *knobs = name.split(":")
+    if m := _PILLAR_NAME.fullmatch(base):
+        method, env = _pillar(name, m, knobs)
+    elif base in _FIXED and not knobs:
+        method, env = _FIXED[base], {}
+    elif base in _FIXED:
+        raise ValueError(f"config {name!r}: :knob=value suffixes are PILLAR knobs; {base!r} takes none")
     else:
         raise ValueError(f"unknown config {name!r}; choose from {', '.join(KNOWN_CONFIGS)}")
-    return ServerConfig(name=name, flags=method + COMMON_FLAGS + tuple(extra_flags), env=env)
+    return ServerConfig(name=name, flags=method + COMMON_FLAGS + tuple(extra_flags), env=tuple(env.items()))
+
+
+def _pillar(name: str, m: re.Match[str], knobs: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Flags and environment of a PILLAR config; the knobs are checked by PillarConfig itself, so a bad
+    value fails here (at argument parsing) and not on the GPU node."""
+    steps = int(m.group(1)) if m.group(1) else DEFAULT_PILLAR_STEPS
+    if steps < 1:
+        raise ValueError(f"config {name!r}: PILLAR needs at least 1 draft step")
+    method = (
+        "--attention-backend", "triton",
+        "--speculative-algorithm", "PILLAR",
+        "--speculative-num-steps", str(steps),
+    )  # fmt: skip
+    env = {f"{ENV_PREFIX}POLICY": m.group(2)} if m.group(2) else {}
+    for knob in knobs:
+        key, value = _knob(name, knob)
+        if key in env and m.group(2) and key == f"{ENV_PREFIX}POLICY":
+            raise ValueError(f"config {name!r}: the -{m.group(2)} suffix already sets the policy; drop {knob!r}")
+        if key in env:
+            raise ValueError(f"config {name!r}: {knob.split('=')[0]} given twice")
+        env[key] = value
+    try:
+        PillarConfig.from_env(steps, env)
+    except ValueError as e:
+        raise ValueError(f"config {name!r}: {e}") from None
+    return method, env
+
+
+def _knob(name: str, knob: str) -> tuple[str, str]:
+    """``recent_window=16`` -> (SPARSESPEC_RECENT_WINDOW, 16), for the knobs PillarConfig reads."""
+    m = _KNOB.fullmatch(knob)
+    if not m:
+        raise ValueError(f"config {name!r}: suffix {knob!r} is not <knob>=<value> (lower-case knob, non-empty value)")
+    if m.group(1).upper() not in PILLAR_KNOBS:
+        known = ", ".join(k.lower() for k in PILLAR_KNOBS)
+        raise ValueError(f"config {name!r}: unknown PILLAR knob {m.group(1)!r}; choose from {known}")
+    return ENV_PREFIX + m.group(1).upper(), m.group(2)
+
+
+def file_stem(name: str) -> str:
+    """``name`` as part of a file name: files come back from the GPU node only when named in letters,
+    digits, '.', '_' and '-' (``pillar:verify_kernel=sglang`` -> ``pillar.verify_kernel-sglang``)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name.replace(":", ".").replace("=", "-"))
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks.client import GenOutput, generate_all
-from benchmarks.configs import ServerConfig
+from benchmarks.configs import ServerConfig, file_stem
 from benchmarks.runlog import Deadline, RunLog
 from benchmarks.server import Server, log_tail, start_recorded
 from benchmarks.workload import Prompt
@@ -110,7 +110,8 @@ def run_passes(
         for p in passes:
             p.error = "time budget"
         return record
-    server = Server.sglang(args.model, config.flags, log_path=args.server_log_dir / f"{name}.server.log", env=env)
+    log_path = args.server_log_dir / f"{file_stem(name)}.server.log"
+    server = Server.sglang(args.model, config.flags, log_path=log_path, env=env)
     record["command"] = server.argv
     with server:
         log.line(f"{name}: starting server: {shlex.join(server.argv[1:])}")

@@ -16,13 +16,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.configs import file_stem
 from benchmarks.lossless import NEAR_TIE_NATS
 
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
 
 
-REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim")
+REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times")
 
 
 def result_kind(doc: Any) -> str | None:
@@ -273,6 +274,75 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
+STEP_HEADERS = ("config", "L", "B", "stock decode step ms", "draft ms / round", "draft ms / step", "verify ms",
+                "select ms", "round ms")  # fmt: skip
+CAPTURE_HEADERS = ("config", "L", "B", "capture ms", "select ms", "share of verify step")
+
+
+def _num_steps(flags: Sequence[str]) -> int | None:
+    """k of a recorded PILLAR server (its --speculative-num-steps flag)."""
+    return int(flags[flags.index("--speculative-num-steps") + 1]) if "--speculative-num-steps" in flags else None
+
+
+def _step_rows(d: dict[str, Any]) -> list[list[str]]:
+    """One row per measured (config, L, B) with PILLAR phase times, stock's decode step at the same point."""
+    stock = {(r["context"], r["batch"]): r.get("step_ms") for r in d["servers"].get("stock", {}).get("rows", [])}
+    proj = {(p["config"], p["context"], p["batch"]): p["projected_speedup"] for p in d.get("projection", [])}
+    with_proj = d["settings"].get("accept_assumed") is not None
+    rows = []
+    for name, rec in d["servers"].items():
+        k = _num_steps(rec["flags"])
+        for r in (r for r in rec["rows"] if "round_ms" in r):
+            point = (r["context"], r["batch"])
+            rows.append([name, *point, fmt(stock.get(point), ".3f"), fmt(r["draft_ms"], ".3f"),
+                         fmt(r["draft_ms"] / k if k else None, ".3f"), fmt(r["verify_ms"], ".3f"),
+                         fmt(r["select_ms"], ".3f"), fmt(r["round_ms"], ".3f")]
+                        + ([fmt(proj.get((name, *point)), ".2f", "x")] if with_proj else []))  # fmt: skip
+    return rows
+
+
+def _not_measured(d: dict[str, Any]) -> list[str]:
+    """Servers that did not run and points skipped or failed, with the recorded reason."""
+    out = [f"{name}: server {rec['status']}" for name, rec in d["servers"].items() if rec["status"] != "ok"]
+    for name, rec in d["servers"].items():
+        out += [f"{name} L={r['context']} B={r['batch']}: {r.get('skipped') or r.get('error')}"
+                for r in rec["rows"] if "skipped" in r or "error" in r]  # fmt: skip
+    return out
+
+
+def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Per step_times run: stock decode step vs PILLAR's phases per (L, B), the projection, the capture cost."""
+    parts = []
+    for d in sorted((d for d in docs if d.get("kind") == "step_times"), key=lambda d: d["meta"]["run_id"]):
+        meta, s = d["meta"], d["settings"]
+        accept = s.get("accept_assumed")
+        headers = STEP_HEADERS + ((f"projected speedup (accept {accept:g})",) if accept is not None else ())
+        cap = [[c["config"], c["context"], c["batch"], fmt(c["capture_ms"], ".3f"), fmt(c["select_ms"], ".3f"),
+                fmt(_pct(c["capture_select_frac_of_verify"]), ".0f", "%")]
+               for c in d.get("capture_overhead", [])]  # fmt: skip
+        missing = "".join(f"\n- not measured: {n}" for n in _not_measured(d))
+        m1, m2 = s["decode_tokens"]
+        parts.append(
+            f"#### Step times, run {meta['run_id']} ({d['_file']})\n\n{meta.get('device')}; commit "
+            f"{str(meta.get('git_commit'))[:12]}; shape {s['shape']}; M1/M2 = {m1}/{m2} output tokens; "
+            "dummy weights: times only.\n\n" + markdown_table(headers, _step_rows(d)) + "\n" + missing
+            + ("\n\nScore capture (verify minus the streaming twin's verify) and selection, per round:\n\n"
+               + markdown_table(CAPTURE_HEADERS, cap) if cap else "") + "\n"
+        )  # fmt: skip
+    if not parts:
+        return ""
+    return (
+        "### Step times (dummy weights)\n\n"
+        "Per context L and batch B with random weights, so only times mean anything. Stock decode step = wall "
+        "time difference of two output lengths / their token difference (host overheads included); PILLAR phases "
+        "= mean GPU ms per round from `SPARSESPEC_STEP_TIMING` (draft = k sparse steps, draft / step = draft / k). "
+        "The projected speedup is a projection, not a measurement: an accept length measured on a real model x "
+        "stock step / PILLAR round. Capture = verify ms of a score-using policy minus its streaming twin's (same "
+        "flags and knobs, `SPARSESPEC_POLICY=streaming`: no score capture, no LSE); share = (capture + select) / "
+        "(verify + select).\n\n" + "\n".join(parts)
+    )
+
+
 SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "policy", "accept len", "rounds", "lossless")
 
 
@@ -389,6 +459,55 @@ def plot_acceptance(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]
     return [path]
 
 
+def plot_step_times(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """``step_times_<run>_<shape>.png``: ms vs context, one panel per batch size; stock decode step, and per
+    PILLAR config (one line style each) its draft step and verify step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for d in (d for d in docs if d.get("kind") == "step_times"):
+        measured = [r for rec in d["servers"].values() for r in rec["rows"] if "step_ms" in r]
+        if not measured:
+            continue
+        batches, contexts = sorted({r["batch"] for r in measured}), sorted({r["context"] for r in measured})
+        pillar = [name for name, rec in d["servers"].items() if any("round_ms" in r for r in rec["rows"])]
+        fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4), squeeze=False)
+        for ax, batch in zip(axes[0], batches):
+            _step_lines(ax, d, batch, pillar)
+            ax.set_title(f"batch {batch}", fontsize=9)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(contexts, [str(c) for c in contexts])
+            ax.set_xlabel("context L (tokens)")
+            ax.set_ylabel("ms")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7, handlelength=4)  # long enough to show each config's line style
+        meta = d["meta"]
+        fig.suptitle(f"run {meta['run_id']}: {d['settings']['shape']}, {meta.get('device')}, dummy weights", fontsize=9)
+        fig.tight_layout()
+        path = out_dir / f"step_times_{file_stem(meta['run_id'])}_{file_stem(Path(d['settings']['shape']).name)}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _step_lines(ax: Any, d: dict[str, Any], batch: int, pillar: Sequence[str]) -> None:
+    def series(rec: dict[str, Any], key: str, per: int = 1) -> tuple[list[int], list[float]]:
+        pts = sorted((r["context"], r[key] / per) for r in rec["rows"] if r["batch"] == batch and key in r)
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    if "stock" in d["servers"]:
+        ax.plot(*series(d["servers"]["stock"], "step_ms"), color="black", marker="o", label="stock decode step")
+    for i, name in enumerate(pillar):
+        rec, style = d["servers"][name], ("-", "--", ":", "-.")[i % 4]
+        draft = series(rec, "draft_ms", _num_steps(rec["flags"]) or 1)
+        ax.plot(*draft, color="C0", linestyle=style, marker=".", label=f"{name} draft step")
+        ax.plot(*series(rec, "verify_ms"), color="C3", linestyle=style, marker=".", label=f"{name} verify step")
+
+
 def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -> str:
     parts = [
         "# Benchmark summary\n",
@@ -397,7 +516,7 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = ()) 
         "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n",
     ]
     for section in (throughput_markdown(docs), lossless_markdown(docs), acceptance_markdown(docs), policy_sim_markdown(docs),
-                    kernels_markdown(docs)):
+                    kernels_markdown(docs), step_times_markdown(docs)):
         if section:
             parts.append(section)
     parts += [f"- {n}" for n in notes]
@@ -419,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(plots, str):
             notes.append(plots)
         else:
-            plots += plot_acceptance(docs, args.results_dir)
+            plots += plot_acceptance(docs, args.results_dir) + plot_step_times(docs, args.results_dir)
             notes += [f"plot: ![{q.stem}]({q.name})" for q in plots]
     out = args.out or args.results_dir / "SUMMARY.md"
     out.write_text(summary_markdown(docs, notes), encoding="utf-8")

@@ -1,7 +1,7 @@
 """Step-time breakdown on Qwen3 shapes with dummy weights: stock decode step vs PILLAR phases.
 
     python -m benchmarks.step_times --shape qwen3-1.7b --out F.json \\
-        [--contexts 1024,4096,16384] [--batches 16,64] [--configs stock,pillar] [--accept 6.0]
+        [--contexts 1024,4096,16384] [--batches 16,64] [--configs stock,pillar,pillar-streaming] [--accept 6.0]
 
 Random weights make any speculation look perfect, so this measures only *time per step*, which
 does not depend on acceptance. Per (context L, batch B) on one server start per config:
@@ -10,10 +10,14 @@ does not depend on acceptance. Per (context L, batch B) on one server start per 
 - PILLAR (SPARSESPEC_STEP_TIMING): mean GPU ms of the draft (k sparse steps), verify and select
   phases per round, from the server's timing lines logged during the M2 pass.
 With an acceptance length measured on a real model (--accept, tokens per round), the projected
-speedup is accept * stock_step / pillar_round — labelled a projection in the JSON. Writes F.json
-(rewritten after every point) and F.log. Every B x (L + M2) must fit the KV pool, or the server
-queues requests and the times mix batch sizes: Qwen3-8B at 16 x 32K (about 75 GB of KV) needs an
-H200; PILLAR rows only count rounds that ran at >= 90% of the requested batch.
+speedup is accept * stock_step / pillar_round — labelled a projection in the JSON. A PILLAR config
+whose policy uses verify scores (pillar, coarse) measured next to its streaming twin (same flags and
+knobs, SPARSESPEC_POLICY=streaming, which captures no scores) gives the score-capture cost: the
+difference of their verify phases (``capture_overhead``). Writes F.json (rewritten after every point)
+and F.log. Every B x (L + M2) must fit the KV pool, or the server queues requests and the times mix
+batch sizes: points that do not fit the pool the server reports are skipped (recorded with the
+reason); Qwen3-8B at 16 x 32K (about 75 GB of KV) needs an H200. PILLAR rows only count rounds that
+ran at >= 90% of the requested batch.
 """
 
 from __future__ import annotations
@@ -29,10 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.client import generate_all
-from benchmarks.configs import resolve_config
+from benchmarks.configs import (
+    CONFIGS_HELP,
+    ServerConfig,
+    file_stem,
+    parse_env,
+    resolve_config,
+)
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import Server, install_signal_handlers, start_recorded
+from benchmarks.server import Server, http_json, install_signal_handlers, start_recorded
+from sglang_sparsespec.config import ENV_PREFIX, PillarConfig, SelectionPolicy
 from sglang_sparsespec.spec.timing import PHASES, parse_reports
 
 # Shapes of the public Qwen3 configs (no weights are read: --load-format dummy).
@@ -49,6 +60,9 @@ SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 TIMING_EVERY = 10
 STOP_RESERVE_S = 25.0
+# KV slots per request beyond prompt + output: room for the draft tokens a speculative round
+# allocates past the committed ones, so a point that fits never runs at the pool's very edge.
+KV_SLACK = 16
 
 
 def write_model_folder(shape: str, folder: Path) -> Path:
@@ -68,10 +82,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--contexts", default="1024,4096,16384")
     p.add_argument("--batches", default="16,64")
-    p.add_argument("--configs", default="stock,pillar")
+    p.add_argument("--configs", default="stock,pillar", help=CONFIGS_HELP)
     p.add_argument("--decode-tokens", default="32,160", help="M1,M2: the two output lengths per point")
     p.add_argument("--accept", type=float, default=None, help="accept length measured on a real model, for the projection")
     p.add_argument("--extra-server-args", default="")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
     p.add_argument("--startup-timeout", type=float, default=400.0)
     p.add_argument("--time-budget", type=float, default=560.0)
     p.add_argument("--run-id", default=None)
@@ -85,13 +100,49 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(str(e))
     if not 0 < args.m1 < args.m2:
         p.error("--decode-tokens needs 0 < M1 < M2")
-    args.configs = [c for c in args.configs.split(",") if c]
     if args.shape not in SHAPES and not (Path(args.shape) / "config.json").is_file():
         p.error(f"--shape {args.shape!r}: not a known shape or a folder with config.json")
     args.extra_server_args = tuple(args.extra_server_args.split())
+    names = [c for c in args.configs.split(",") if c]
+    if len(set(names)) != len(names):
+        p.error(f"--configs lists a config twice: {args.configs}")
+    try:
+        args.env = parse_env(args.env)
+        args.configs = [resolve_config(c, server_flags(args)) for c in names]
+        for c in args.configs:  # --env may set PILLAR knobs too: a bad value fails here, not on the GPU
+            pillar_policy(c.flags, c.environment(args.env))
+    except ValueError as e:
+        p.error(str(e))
     args.run_id = args.run_id or new_run_id()
     args.work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="sparsespec-steps-"))
     return args
+
+
+def server_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """Flags of every server on top of its config's: dummy weights, contexts and batches of this run."""
+    ctx = max(args.contexts) + args.m2 + 64
+    return ("--load-format", "dummy", "--skip-tokenizer-init", "--context-length", str(ctx),
+            "--max-running-requests", str(max(args.batches)), "--cuda-graph-max-bs-decode", str(max(args.batches)),
+            *args.extra_server_args)  # fmt: skip
+
+
+def kv_pool_tokens(server: Server) -> int | None:
+    """Tokens the server's KV pool holds. SGLang 0.5.17's /server_info merges in the scheduler's start-up
+    info (Scheduler.get_init_info), whose ``max_total_num_tokens`` is the pool size; None if unreadable."""
+    try:
+        info = http_json(server.base_url + "/server_info", timeout=30)
+    except (OSError, ValueError):
+        return None
+    pool = info.get("max_total_num_tokens") if isinstance(info, dict) else None
+    return pool if isinstance(pool, int) else None
+
+
+def pool_skip_reason(length: int, batch: int, pool: int | None, args: argparse.Namespace) -> str | None:
+    """Why (L, B) cannot run as one batch: requests that do not fit the KV pool would queue."""
+    need = batch * (length + args.m2 + KV_SLACK)
+    if pool is None or need <= pool:
+        return None
+    return f"KV pool: {batch} x ({length} + {args.m2} + {KV_SLACK}) = {need} tokens > {pool}"
 
 
 def measure_point(server: Server, length: int, batch: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -123,22 +174,27 @@ def measure_point(server: Server, length: int, batch: int, args: argparse.Namesp
     return row
 
 
-def run_config(name: str, model: Path, args: argparse.Namespace, deadline: Deadline, log: RunLog) -> dict[str, Any]:
-    ctx = max(args.contexts) + args.m2 + 64
-    extra = ("--load-format", "dummy", "--skip-tokenizer-init", "--context-length", str(ctx),
-             "--max-running-requests", str(max(args.batches)), "--cuda-graph-max-bs-decode", str(max(args.batches)),
-             *args.extra_server_args)  # fmt: skip
-    config = resolve_config(name, extra)
-    env = {"SPARSESPEC_STEP_TIMING": str(TIMING_EVERY)} if config.speculative else {}
+def run_config(
+    config: ServerConfig, model: Path, args: argparse.Namespace, deadline: Deadline, log: RunLog
+) -> dict[str, Any]:
+    name = config.name
+    timing = {f"{ENV_PREFIX}STEP_TIMING": str(TIMING_EVERY)} if config.speculative else {}
+    env = config.environment({**timing, **args.env})
     record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "rows": []}
-    server = Server.sglang(str(model), config.flags, log_path=args.work_dir / f"{name}.server.log", env=env)
+    server = Server.sglang(str(model), config.flags, log_path=args.work_dir / f"{file_stem(name)}.server.log", env=env)
     with server:
         if not start_recorded(server, name, record, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log):
             return record
+        pool = record["kv_pool_tokens"] = kv_pool_tokens(server)
+        log.line(f"{name}: KV pool " + ("size unknown, no point skipped for it" if pool is None else f"{pool} tokens"))
         for length in args.contexts:
             for batch in args.batches:
                 if not deadline.allows(STOP_RESERVE_S + 30):
                     log.line(f"{name} L={length} B={batch}: SKIPPED (time budget)")
+                    continue
+                if reason := pool_skip_reason(length, batch, pool, args):
+                    record["rows"].append({"context": length, "batch": batch, "skipped": reason})
+                    log.line(f"{name} L={length} B={batch}: SKIPPED ({reason})")
                     continue
                 try:
                     row = measure_point(server, length, batch, args)
@@ -169,6 +225,48 @@ def projections(servers: dict[str, dict[str, Any]], accept: float | None) -> lis
     return out
 
 
+def capture_overhead(servers: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (L, B): score capture = verify of a score-using PILLAR config - verify of its streaming twin
+    (which captures no scores and writes no LSE), with the config's own selection next to it."""
+    out = []
+    for name, rec in servers.items():
+        twin = streaming_twin(rec, servers)
+        if twin is None:
+            continue
+        theirs = {(r["context"], r["batch"]): r for r in servers[twin]["rows"] if "verify_ms" in r}
+        for r in rec["rows"]:
+            t = theirs.get((r["context"], r["batch"]))
+            if t is None or "verify_ms" not in r:
+                continue
+            capture, select = r["verify_ms"] - t["verify_ms"], r["select_ms"]
+            out.append({"config": name, "twin": twin, "context": r["context"], "batch": r["batch"],
+                        "capture_ms": capture, "select_ms": select,
+                        "capture_select_frac_of_verify": (capture + select) / (r["verify_ms"] + select)})  # fmt: skip
+    return out
+
+
+def streaming_twin(rec: dict[str, Any], servers: dict[str, dict[str, Any]]) -> str | None:
+    """The server that differs from ``rec`` only by SPARSESPEC_POLICY=streaming, if ``rec`` uses verify scores."""
+    policy = pillar_policy(rec["flags"], rec["env"])
+    if policy is None or not policy.uses_verify_scores:
+        return None
+    key = f"{ENV_PREFIX}POLICY"
+    rest = {k: v for k, v in rec["env"].items() if k != key}
+    for name, other in servers.items():
+        if (other["flags"] == rec["flags"] and pillar_policy(other["flags"], other["env"]) is SelectionPolicy.STREAMING
+                and {k: v for k, v in other["env"].items() if k != key} == rest):  # fmt: skip
+            return name
+    return None
+
+
+def pillar_policy(flags: Sequence[str], env: dict[str, str]) -> SelectionPolicy | None:
+    """The draft policy of a PILLAR server with these flags and environment, resolved as the server resolves
+    it (ValueError for a bad knob); None for other servers."""
+    if "PILLAR" not in flags:
+        return None
+    return PillarConfig.from_env(int(flags[flags.index("--speculative-num-steps") + 1]), env).policy
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     install_signal_handlers()
@@ -178,12 +276,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc: dict[str, Any] = {"kind": "step_times", "schema": 1, "meta": run_metadata(args.run_id),
                            "settings": {"shape": args.shape, "contexts": args.contexts, "batches": args.batches,
                                         "decode_tokens": [args.m1, args.m2], "accept_assumed": args.accept,
-                                        "weights": "dummy (random): times only"},
-                           "servers": {}, "projection": []}  # fmt: skip
+                                        "env": args.env, "weights": "dummy (random): times only"},
+                           "servers": {}, "projection": [], "capture_overhead": []}  # fmt: skip
     write_json(args.out, doc)
-    for name in args.configs:
-        doc["servers"][name] = run_config(name, model, args, deadline, log)
+    for config in args.configs:
+        doc["servers"][config.name] = run_config(config, model, args, deadline, log)
         doc["projection"] = projections(doc["servers"], args.accept)
+        doc["capture_overhead"] = capture_overhead(doc["servers"])
         write_json(args.out, doc)
     ok = all(r["status"] == "ok" and not any("error" in x for x in r["rows"]) for r in doc["servers"].values())
     log.line(f"wrote {args.out}")

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.configs import ServerConfig, parse_env, resolve_config
+from benchmarks.configs import (
+    CONFIGS_HELP,
+    ServerConfig,
+    file_stem,
+    parse_env,
+    resolve_config,
+)
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.report import throughput_rows, throughput_table
 from benchmarks.runlog import Deadline, RunLog, write_json
@@ -193,7 +199,8 @@ def run_config(
         write_json(out_path, doc)
         return
     server = Server.sglang(
-        args.model, config.flags, log_path=args.work_dir / f"{config.name}.server.log", env=config.environment(args.env)
+        args.model, config.flags, log_path=args.work_dir / f"{file_stem(config.name)}.server.log",
+        env=config.environment(args.env),
     )
     srv["command"] = server.argv
     with server:
@@ -216,9 +223,9 @@ def run_config(
                 continue
             if config.speculative and not reset_spec_counters(server):
                 r["accept_length_note"] = "counter reset failed: accept length is cumulative since server start"
-            result_file = args.work_dir / f"bench_{config.name}_c{c}.jsonl"
+            result_file = args.work_dir / f"bench_{file_stem(config.name)}_c{c}.jsonl"
             result_file.unlink(missing_ok=True)
-            bench_log = args.work_dir / f"bench_{config.name}_c{c}.log"
+            bench_log = args.work_dir / f"bench_{file_stem(config.name)}_c{c}.log"
             cmd = bench_command(server.base_url, args.model, workload, c, n, result_file)
             t0 = time.monotonic()
             try:
@@ -272,7 +279,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", required=True, help="model folder (also the tokenizer)")
     p.add_argument("--data-dir", type=Path, default=None, help="folder with aime24.jsonl / amc23.jsonl")
     p.add_argument("--out", required=True, type=Path, help="output folder (on the GPU node: $OUT)")
-    p.add_argument("--configs", default="stock,pillar")
+    p.add_argument("--configs", default="stock,pillar", help=CONFIGS_HELP)
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--output-len", type=int, default=2048)
     p.add_argument("--num-prompts-per-conc", type=int, default=None, help="default: max(2*concurrency, 4)")
@@ -354,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         run_config(
             config, args.concurrencies, num_prompts, workload, doc,
-            args.out / f"throughput_{args.run_id}_{config.name}.json", args, deadline, log,
+            args.out / f"throughput_{args.run_id}_{file_stem(config.name)}.json", args, deadline, log,
         )  # fmt: skip
         docs.append(doc)
 

@@ -5,6 +5,7 @@ driven against a fake loopback "SGLang server" (a small http.server script) and 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -68,7 +69,10 @@ FAKE_SERVER = textwrap.dedent(
             if self.path == "/health_generate":
                 return self.reply(503 if mode == "never_healthy" else 200, {})
             if self.path == "/server_info":
-                return self.reply(200, {"version": "fake", "internal_states": [{"x": 1}]})
+                info = {"version": "fake", "internal_states": [{"x": 1}]}
+                if os.environ.get("FAKE_POOL_TOKENS"):  # SGLang's KV pool size (max_total_num_tokens)
+                    info["max_total_num_tokens"] = int(os.environ["FAKE_POOL_TOKENS"])
+                return self.reply(200, info)
             self.reply(404, {})
 
         def do_POST(self):
@@ -91,8 +95,10 @@ FAKE_SERVER = textwrap.dedent(
             time.sleep(0.002 * n)  # decode time grows with the output length
             if spec and os.environ.get("SPARSESPEC_STEP_TIMING"):
                 # One report per request; the batch is the whole prompt set of a step_times point.
+                # The streaming policy captures no scores: its verify is 0.5 ms shorter.
+                verify = 1.5 if os.environ.get("SPARSESPEC_POLICY") == "streaming" else 2.0
                 print(f"INFO PILLAR step timing: rounds=10 batch={int(os.environ.get('FAKE_BATCH', '2'))}.00 "
-                      "draft_ms=1.5000 verify_ms=2.0000 select_ms=0.5000", flush=True)
+                      f"draft_ms=1.5000 verify_ms={verify:.4f} select_ms=0.5000", flush=True)
             if mode == "die_on_second_generate" and served[0] == 2:
                 time.sleep(0.3)  # crash mid-request, without replying
                 os._exit(9)
@@ -212,6 +218,33 @@ def test_configs_flags_and_names() -> None:
     assert configs.parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
     with pytest.raises(ValueError, match="KEY=VAL"):
         configs.parse_env(["A"])
+
+
+def test_config_knob_suffixes() -> None:
+    # The knob list is what PillarConfig.from_env reads, not a copy of it.
+    knobs = ("BUDGET_RATIO", "MIN_BUDGET", "RECENT_WINDOW", "SINK_TOKENS", "POLICY", "STEP_TIMING", "VERIFY_KERNEL")
+    assert configs.PILLAR_KNOBS == knobs
+    name = "pillar-streaming:verify_kernel=sglang:recent_window=16"
+    cfg = configs.resolve_config(name, ("--foo", "1"))
+    assert cfg.name == name and cfg.flags == configs.resolve_config("pillar-streaming", ("--foo", "1")).flags
+    assert dict(cfg.env) == {"SPARSESPEC_POLICY": "streaming", "SPARSESPEC_VERIFY_KERNEL": "sglang",
+                             "SPARSESPEC_RECENT_WINDOW": "16"}  # fmt: skip
+    assert dict(configs.resolve_config("pillar-k4:policy=coarse").env) == {"SPARSESPEC_POLICY": "coarse"}
+    bad = {
+        "stock:recent_window=16": "PILLAR knobs; 'stock' takes none",
+        "pillar:foo=1": "unknown PILLAR knob 'foo'",
+        "pillar:recent_window": "not <knob>=<value>",
+        "pillar:recent_window=x": "RECENT_WINDOW='x' is not a valid int",
+        "pillar:budget_ratio=2": "BUDGET_RATIO must be in",
+        "pillar:verify_kernel=fast": "VERIFY_KERNEL='fast'; choose one of: split, sglang",
+        "pillar-streaming:policy=pillar": "the -streaming suffix already sets the policy",
+        "pillar:sink_tokens=1:sink_tokens=2": "sink_tokens given twice",
+    }
+    for name, message in bad.items():
+        with pytest.raises(ValueError, match=re.escape(message)) as e:
+            configs.resolve_config(name)
+        assert str(e.value).startswith(f"config {name!r}") and "\n" not in str(e.value)
+    assert configs.file_stem("pillar:verify_kernel=sglang") == "pillar.verify_kernel-sglang"
 
 
 def test_config_flags_parse_with_sglang_cli() -> None:
@@ -607,10 +640,14 @@ def test_throughput_end_to_end(
     # Not enough budget to start a server: everything is skipped, which is not a failure.
     monkeypatch.delenv("FAKE_MODE")
     out3 = tmp_path / "out3"
-    args3 = [*args[:5], str(out3), "--configs", "stock,pillar", "--time-budget", "30", "--run-id", "R3",
-             "--work-dir", str(tmp_path / "work3")]  # fmt: skip
+    args3 = [*args[:5], str(out3), "--configs", "stock,pillar:recent_window=16", "--time-budget", "30",
+             "--run-id", "R3", "--work-dir", str(tmp_path / "work3")]  # fmt: skip
     assert throughput.main(args3) == 0
     assert "SKIPPED 6 runs for the time budget" in (out3 / "throughput_R3.log").read_text()
+    # A knob suffix keeps its name in the JSON; the file name uses only characters that come back from the node.
+    knob = json.loads((out3 / "throughput_R3_pillar.recent_window-16.json").read_text())
+    assert knob["config"]["name"] == "pillar:recent_window=16"
+    assert knob["config"]["env"] == {"SPARSESPEC_RECENT_WINDOW": "16"}
 
 
 # --------------------------------------------------------------------------- report
@@ -722,6 +759,48 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     assert "| sim.json | aime24:1 | 1500 | 16 | 128 | pillar | 5.98 | 251 | yes |" in md
 
 
+def test_report_step_times_section(tmp_path: Path) -> None:
+    def rec(name: str, rows: list[dict], status: str = "ok") -> dict:
+        cfg = configs.resolve_config(name)
+        return {"flags": list(cfg.flags), "env": dict(cfg.env), "status": status, "rows": rows}
+
+    def pillar_row(verify: float, select: float) -> dict:
+        return {"context": 1024, "batch": 16, "step_ms": 4.0, "draft_ms": 16.0, "verify_ms": verify,
+                "select_ms": select, "round_ms": 16.0 + verify + select}  # fmt: skip
+
+    pool_skip = "KV pool: 16 x (4096 + 160 + 16) = 68352 tokens > 60000"
+    servers = {
+        "stock": rec("stock", [{"context": 1024, "batch": 16, "step_ms": 10.0},
+                               {"context": 4096, "batch": 16, "skipped": pool_skip}]),
+        "pillar": rec("pillar", [pillar_row(12.0, 2.0)]),
+        "pillar-streaming": rec("pillar-streaming", [pillar_row(10.0, 0.5)]),
+        "pillar-k4": rec("pillar-k4", [], status="failed"),
+    }  # fmt: skip
+    doc = {"kind": "step_times", "meta": {"run_id": "S1", "device": "H100", "git_commit": "0123456789abcdef"},
+           "settings": {"shape": "qwen3-1.7b", "decode_tokens": [32, 160], "accept_assumed": 6.0}, "servers": servers,
+           "projection": step_times.projections(servers, 6.0),
+           "capture_overhead": step_times.capture_overhead(servers)}  # fmt: skip
+    (tmp_path / "steps.json").write_text(json.dumps(doc))
+    assert report.main(["--results-dir", str(tmp_path)]) == 0
+    md = (tmp_path / "SUMMARY.md").read_text()
+    assert "H100; commit 0123456789ab; shape qwen3-1.7b; M1/M2 = 32/160 output tokens; dummy weights: times only." in md
+    assert "| stock decode step ms | draft ms / round | draft ms / step | verify ms | select ms | round ms " \
+           "| projected speedup (accept 6) |" in md and "is a projection, not a measurement" in md
+    # draft per step = 16 ms / k = 8; projection = 6 x 10 ms / 30 ms.
+    assert "| pillar | 1024 | 16 | 10.000 | 16.000 | 2.000 | 12.000 | 2.000 | 30.000 | 2.00x |" in md
+    assert "| pillar-streaming | 1024 | 16 | 10.000 | 16.000 | 2.000 | 10.000 | 0.500 | 26.500 | 2.26x |" in md
+    # capture = 12 - 10 ms; share = (2 + 2) / (12 + 2).
+    assert "| pillar | 1024 | 16 | 2.000 | 2.000 | 29% |" in md
+    assert "- not measured: pillar-k4: server failed" in md and "- not measured: stock L=4096 B=16: KV pool: 16 x" in md
+    try:
+        import matplotlib  # noqa: F401
+
+        assert (tmp_path / "step_times_S1_qwen3-1.7b.png").stat().st_size > 0
+        assert "plot: ![step_times_S1_qwen3-1.7b](step_times_S1_qwen3-1.7b.png)" in md
+    except ImportError:
+        assert "plots skipped" in md
+
+
 def test_step_times_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     out = tmp_path / "steps.json"
     argv = ["--shape", "qwen3-1.7b", "--out", str(out), "--contexts", "8,16", "--batches", "2",
@@ -740,5 +819,41 @@ def test_step_times_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     assert len(proj) == 2 and all(p["projected_speedup"] == pytest.approx(6.0 * s["step_ms"] / 4.0)
                                   for p, s in zip(proj, stock["rows"]))  # fmt: skip
     assert doc["settings"]["weights"].startswith("dummy")
+    assert doc["capture_overhead"] == [] and stock["kv_pool_tokens"] is None
     with pytest.raises(SystemExit):
         step_times.main(["--shape", "nope", "--out", str(out)])
+
+
+def test_step_times_pool_skips_and_capture_overhead(
+    fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # B x (L + M2 + 16): 2 x (8 + 60 + 16) = 168 tokens fit a 170-token pool, 2 x (16 + 60 + 16) = 184 do not.
+    monkeypatch.setenv("FAKE_POOL_TOKENS", "170")
+    out = tmp_path / "steps.json"
+    names = "stock,pillar:verify_kernel=sglang,pillar-streaming,pillar-streaming:verify_kernel=sglang"
+    argv = ["--shape", "qwen3-1.7b", "--out", str(out), "--contexts", "8,16", "--batches", "2",
+            "--decode-tokens", "10,60", "--work-dir", str(tmp_path / "w"),
+            "--env", "SPARSESPEC_MIN_BUDGET=64"]  # fmt: skip
+    assert step_times.main([*argv, "--configs", names]) == 0
+    doc = json.loads(out.read_text())
+    servers = doc["servers"]
+    assert list(servers) == names.split(",") and doc["settings"]["env"] == {"SPARSESPEC_MIN_BUDGET": "64"}
+    for rec in servers.values():
+        assert rec["kv_pool_tokens"] == 170
+        assert [r.get("skipped") for r in rec["rows"]] == [None, "KV pool: 2 x (16 + 60 + 16) = 184 tokens > 170"]
+    assert servers["stock"]["env"] == {"SPARSESPEC_MIN_BUDGET": "64"}
+    assert servers["pillar:verify_kernel=sglang"]["env"] == {
+        "SPARSESPEC_STEP_TIMING": "10", "SPARSESPEC_MIN_BUDGET": "64", "SPARSESPEC_VERIFY_KERNEL": "sglang"
+    }
+    assert servers["pillar-streaming"]["rows"][0]["verify_ms"] == pytest.approx(1.5)  # the policy reached the server
+    assert "stock L=16 B=2: SKIPPED (KV pool" in out.with_suffix(".log").read_text()
+    assert (tmp_path / "w" / "pillar.verify_kernel-sglang.server.log").is_file()
+    # The twin has the same knobs (verify kernel included); streaming servers capture nothing and have none.
+    (cap,) = doc["capture_overhead"]
+    assert cap["config"] == "pillar:verify_kernel=sglang" and cap["twin"] == "pillar-streaming:verify_kernel=sglang"
+    assert (cap["context"], cap["batch"]) == (8, 2) and cap["capture_ms"] == pytest.approx(0.5)
+    assert cap["select_ms"] == pytest.approx(0.5) and cap["capture_select_frac_of_verify"] == pytest.approx(1.0 / 2.5)
+    for bad in (["--configs", "pillar:verify_kernel=fast"], ["--configs", "pillar", "--env", "SPARSESPEC_POLICY=x"],
+                ["--configs", "stock,stock"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            step_times.main([*argv, *bad])

@@ -130,6 +130,20 @@ def describe_workload(key: tuple[Any, ...]) -> str:
     return f"{prompt}, {out_len} output tokens (ignore_eos), temperature {temp}"
 
 
+STREAM_INTERVAL_1_NOTE = (
+    "**Bounded by streaming, not decoding:** at stream interval 1 SGLang's per-token streaming path capped what "
+    "reached the client (stock: a flat ~13-14K tok/s from 32 to 256 requests at 2K tokens while the scheduler "
+    "logged 45-64K; 34K tok/s at stream interval 8 for 256 x 4K). Speculative configs send one event per round, "
+    "so their ratios here are inflated. Kept for the record; compare runs at stream interval 8.\n"
+)
+
+
+def stream_interval(flags: Sequence[str]) -> int:
+    """The server's --stream-interval (SGLang's default is 1)."""
+    flags = list(flags)
+    return int(flags[flags.index("--stream-interval") + 1]) if "--stream-interval" in flags else 1
+
+
 def throughput_markdown(docs: Sequence[dict[str, Any]]) -> str:
     rows = throughput_rows(docs)
     if not rows:
@@ -139,12 +153,18 @@ def throughput_markdown(docs: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         groups.setdefault((r["run_id"], r["workload"]), []).append(r)
     meta_by_run = {d["meta"]["run_id"]: d["meta"] for d in docs if d.get("kind") == "throughput"}
+    intervals: dict[str, set[int]] = {}
+    for d in (d for d in docs if d.get("kind") == "throughput"):
+        intervals.setdefault(d["meta"]["run_id"], set()).add(stream_interval(d.get("config", {}).get("flags", [])))
     for (run_id, wkey), group in groups.items():
         meta = meta_by_run[run_id]
+        interval = "/".join(map(str, sorted(intervals.get(run_id, {1}))))
         out.append(
             f"### Throughput, run {run_id}\n\n{meta.get('device')}; sglang {meta.get('sglang_version')}; "
-            f"commit {str(meta.get('git_commit'))[:12]}; {describe_workload(wkey)}.\n"
+            f"commit {str(meta.get('git_commit'))[:12]}; {describe_workload(wkey)}; stream interval {interval}.\n"
         )
+        if interval == "1":
+            out.append(STREAM_INTERVAL_1_NOTE)
         out.append(throughput_table(group) + "\n")
     return "\n".join(out)
 
@@ -237,6 +257,24 @@ def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
     )
 
 
+def verify_kernel_table(d: dict[str, Any]) -> str:
+    """Verify attention of a kernels_bench file: SGLang's extend kernel vs the split kernel, plus what PILLAR adds."""
+    rows = [[r["shape"], r["bs"], r["seq_len"], fmt(_num(r.get("verify_attn_us")), ".1f"),
+             fmt(_num(r.get("split_verify_attn_us")), ".1f"), fmt(_num(r.get("split_verify_GBps")), ".0f"),
+             fmt(_ratio(r.get("verify_attn_us"), r.get("split_verify_attn_us")), ".1f", "x"), fmt(r["fp16_out_us"], ".1f"),
+             fmt(_pct(r.get("capture_plus_select_frac_of_split_verify")), ".0f", "%"),
+             fmt(_pct(r.get("capture_plus_select_frac_of_verify_attn")), ".0f", "%")]
+            for r in d["score_capture"]]  # fmt: skip
+    return (
+        "Verify attention (k+1 = 9 causal rows per request over the prefix, LSE on), microseconds per layer: "
+        "SGLang's Triton extend kernel vs PILLAR's split-KV kernel (GB/s = prefix K/V/index bytes / time), and "
+        "what PILLAR adds per verify layer (fp16 score capture + the per-layer share of one all-layer top-K) "
+        "relative to each:\n\n"
+        + markdown_table(("shape", "bs", "L", "SGLang verify us", "split verify us", "split GB/s", "speedup",
+                          "capture us", "capture + select / split", "capture + select / SGLang"), rows)
+    )  # fmt: skip
+
+
 def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
     """Kernel microbenchmarks: sparse draft attention vs full decode, score-capture and selection cost."""
     parts = []
@@ -247,12 +285,6 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
                 fmt(_num(r.get("flashinfer_full_us")), ".1f"), fmt(_ratio(r.get("sglang_full_us"), r["sparse_us"]), ".1f", "x"),
                 fmt(_ratio(r.get("flashinfer_full_us"), r["sparse_us"]), ".1f", "x")]
                for r in d["sparse_decode"]]  # fmt: skip
-        cap = [[r["shape"], r["bs"], r["seq_len"], fmt(_num(r.get("verify_attn_us")), ".1f"),
-                fmt(_num(r.get("split_verify_attn_us")), ".1f"), fmt(_num(r.get("split_verify_GBps")), ".0f"),
-                fmt(_ratio(r.get("verify_attn_us"), r.get("split_verify_attn_us")), ".1f", "x"), fmt(r["fp16_out_us"], ".1f"),
-                fmt(_pct(r.get("capture_plus_select_frac_of_split_verify")), ".0f", "%"),
-                fmt(_pct(r.get("capture_plus_select_frac_of_verify_attn")), ".0f", "%")]
-               for r in d["score_capture"]]  # fmt: skip
         sel = [[r["shape"], r["bs"], r["seq_len"], r["k"], fmt(r["all_layers_launch_us"], ".0f"),
                 fmt(r["all_layers_per_layer_fp16_bn4096_us"], ".1f"), fmt(r["torch_topk_sort_per_layer_us"], ".1f")]
                for r in d["selection"]]  # fmt: skip
@@ -261,11 +293,7 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
             "Sparse draft attention (5% budget + 16-token tail, per-KV-head lists) vs full-context decode:\n\n"
             + markdown_table(("shape", "bs", "L", "attended", "sparse us", "sparse GB/s", "SGLang triton full us",
                               "FlashInfer full us", "vs triton", "vs FlashInfer"), dec)  # fmt: skip
-            + "\n\nVerify attention (k+1 = 9 causal rows per request over the prefix, LSE on): SGLang's Triton "
-            "extend kernel vs PILLAR's split-KV kernel (GB/s = prefix K/V/index bytes / time), and what PILLAR adds "
-            "per verify layer (fp16 score capture + the per-layer share of one all-layer top-K) relative to each:\n\n"
-            + markdown_table(("shape", "bs", "L", "SGLang verify us", "split verify us", "split GB/s", "speedup",
-                              "capture us", "capture + select / split", "capture + select / SGLang"), cap)
+            + "\n\n" + verify_kernel_table(d)
             + "\n\nTop-K selection over all (layer, KV head) rows, fp32 scores in one launch; fp16 per layer; "
             "torch.topk + sort per layer for reference:\n\n"
             + markdown_table(("shape", "bs", "L", "K", "all layers us (fp32)", "per layer us (fp16)", "torch per layer us"), sel)
@@ -523,11 +551,39 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = ()) 
     return "\n".join(parts).rstrip() + "\n"
 
 
+README_BEGIN = "<!-- results:begin: generated by `python -m benchmarks.report --readme README.md` -->"
+README_END = "<!-- results:end -->"
+
+
+def readme_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """The README's generated results: throughput runs not bounded by streaming, the newest lossless run, the
+    draft policies, the step-time breakdown and the verify-kernel table of the newest kernels file with one."""
+    tput = [d for d in docs if d.get("kind") == "throughput" and stream_interval(d["config"]["flags"]) > 1]
+    lossless = sorted((d for d in docs if d.get("kind") == "lossless"), key=lambda d: d["meta"]["run_id"])[-1:]
+    kernels = [d for d in docs if d.get("kind") == "kernels" and "split_verify_attn_us" in d["score_capture"][0]]
+    parts = [throughput_markdown(tput), lossless_markdown(lossless), acceptance_markdown(docs), step_times_markdown(docs)]
+    if kernels:
+        d = max(kernels, key=lambda d: d.get("date_utc", ""))
+        parts.append(f"### Verify kernel ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}.\n\n"
+                     + verify_kernel_table(d) + "\n")  # fmt: skip
+    return "\n".join(p for p in parts if p).rstrip() + "\n"
+
+
+def replace_readme_results(path: Path, generated: str) -> None:
+    """Rewrite the text between README_BEGIN and README_END in `path`; the rest of the file is left as is."""
+    text = path.read_text(encoding="utf-8")
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{path}: needs the lines {README_BEGIN!r} and {README_END!r} around the generated results")
+    path.write_text(text[: start + len(README_BEGIN)] + "\n\n" + generated + "\n" + text[end:], encoding="utf-8")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS)
     p.add_argument("--out", type=Path, default=None, help="default: <results-dir>/SUMMARY.md")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--readme", type=Path, default=None, help="also rewrite this file's generated results block")
     args = p.parse_args(argv)
     if not args.results_dir.is_dir():
         p.error(f"results dir not found: {args.results_dir}")
@@ -543,6 +599,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or args.results_dir / "SUMMARY.md"
     out.write_text(summary_markdown(docs, notes), encoding="utf-8")
     print(f"wrote {out} ({len(docs)} result files)")
+    if args.readme is not None:
+        replace_readme_results(args.readme, readme_markdown(docs))
+        print(f"rewrote the results block of {args.readme}")
     return 0
 
 

@@ -801,6 +801,25 @@ def test_report_step_times_section(tmp_path: Path) -> None:
         assert "plots skipped" in md
 
 
+def test_report_rewrites_only_the_readme_results_block(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    kern = {"kind": "kernels", "device": "GPU", "git_commit": "abc", "date_utc": "2026", "config": {"timing": "graphs"},
+            "sparse_decode": [], "selection": [],
+            "score_capture": [{"shape": "s", "bs": 4, "seq_len": 1024, "fp16_out_us": 5.0, "verify_attn_us": 50.0,
+                               "split_verify_attn_us": 20.0, "split_verify_GBps": 900.0}]}  # fmt: skip
+    (results / "kernels.json").write_text(json.dumps(kern))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_BEGIN}\nstale table\n{report.README_END}\noutro\n")
+    assert report.main(["--results-dir", str(results), "--no-plots", "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith(f"{report.README_END}\noutro\n") and "stale" not in text
+    assert "| s | 4 | 1024 | 50.0 | 20.0 | 900 | 2.5x | 5.0 | - | - |" in text
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="results:begin"):
+        report.main(["--results-dir", str(results), "--no-plots", "--readme", str(readme)])
+
+
 def test_step_times_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     out = tmp_path / "steps.json"
     argv = ["--shape", "qwen3-1.7b", "--out", str(out), "--contexts", "8,16", "--batches", "2",

@@ -78,14 +78,17 @@ def _score_capture_kernel(
         # Rows are (verify query i, head g of the group) pairs packed as r = i * GROUP + g. The launcher
         # sizes BLOCK_M for the batch's mean verify width, so this loop normally runs once and Q stays in
         # registers across the whole K sweep; wider requests take more row blocks instead of dropping rows.
+        # The tiles are transposed (positions x rows): the per-position sum over rows is then a reduction
+        # along the tile's second axis, which stays inside a warp, as the attention kernels' row sums do,
+        # instead of a cross-warp reduction through shared memory on every tile.
         for m0 in range(0, n_rows, BLOCK_M):
             offs_r = m0 + tl.arange(0, BLOCK_M)
             mask_r = offs_r < n_rows
             row_t = qo_start + offs_r // GROUP
             row_h = cur_kv_head * GROUP + offs_r % GROUP
-            q = tl.load(
-                Q + row_t[:, None] * stride_qt + row_h[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_r[:, None] & mask_d[None, :],
+            q_t = tl.load(
+                Q + row_t[None, :] * stride_qt + row_h[None, :] * stride_qh + offs_d[:, None],
+                mask=mask_r[None, :] & mask_d[:, None],
                 other=0.0,
             )
             lse = tl.load(Lse + row_t * stride_lt + row_h * stride_lh, mask=mask_r, other=0.0)
@@ -94,17 +97,17 @@ def _score_capture_kernel(
                 mask_n = offs_n < split_end
                 slot = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
                 k = tl.load(
-                    K_Buffer + slot[None, :] * stride_kbs + cur_kv_head * stride_kh + offs_d[:, None],
-                    mask=mask_n[None, :] & mask_d[:, None],
+                    K_Buffer + slot[:, None] * stride_kbs + cur_kv_head * stride_kh + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :],
                     other=0.0,
                 )
-                # Mirror SGLang's extend kernel exactly (q cast to the cache dtype, fp32 accumulate,
-                # then scale and cap) so exp(s - lse) is that kernel's softmax probability.
-                s = tl.dot(q.to(k.dtype), k).to(tl.float32) * sm_scale
+                # Same logit as the attention kernels (q cast to the cache dtype, fp32 accumulate, then
+                # scale and cap), so exp(s - lse) is their softmax probability.
+                s = tl.dot(k, q_t.to(k.dtype)).to(tl.float32) * sm_scale
                 if LOGIT_CAP > 0:
                     s = LOGIT_CAP * (2.0 * tl.sigmoid(2.0 * s / LOGIT_CAP) - 1.0)
-                p = tl.where(mask_r[:, None] & mask_n[None, :], tl.exp(s - lse[:, None]), 0.0)
-                contrib = tl.sum(p, 0) * inv_rows
+                p = tl.where(mask_n[:, None] & mask_r[None, :], tl.exp(s - lse[None, :]), 0.0)
+                contrib = tl.sum(p, 1) * inv_rows
                 # Later row blocks (and, with ACCUMULATE, earlier layers) left partial sums here.
                 if ACCUMULATE:
                     contrib += tl.load(out_row + offs_n, mask=mask_n, other=0.0).to(tl.float32)

@@ -557,13 +557,13 @@ README_END = "<!-- results:end -->"
 
 def readme_markdown(docs: Sequence[dict[str, Any]]) -> str:
     """The README's generated results: throughput runs not bounded by streaming, the newest lossless run, the
-    draft policies, the step-time breakdown and the verify-kernel table of the newest kernels file with one."""
+    draft policies, the step-time breakdown and the verify-kernel table of the widest kernels sweep with one."""
     tput = [d for d in docs if d.get("kind") == "throughput" and stream_interval(d["config"]["flags"]) > 1]
     lossless = sorted((d for d in docs if d.get("kind") == "lossless"), key=lambda d: d["meta"]["run_id"])[-1:]
     kernels = [d for d in docs if d.get("kind") == "kernels" and "split_verify_attn_us" in d["score_capture"][0]]
     parts = [throughput_markdown(tput), lossless_markdown(lossless), acceptance_markdown(docs), step_times_markdown(docs)]
     if kernels:
-        d = max(kernels, key=lambda d: d.get("date_utc", ""))
+        d = max(kernels, key=lambda d: (len(d["score_capture"]), d.get("date_utc", "")))  # the widest sweep
         parts.append(f"### Verify kernel ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}.\n\n"
                      + verify_kernel_table(d) + "\n")  # fmt: skip
     return "\n".join(p for p in parts if p).rstrip() + "\n"

@@ -55,6 +55,7 @@ def _score_capture_kernel(
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     ACCUMULATE: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
 ):
     cur_b = tl.program_id(0)
     cur_kv_head = tl.program_id(1)
@@ -78,36 +79,42 @@ def _score_capture_kernel(
         # Rows are (verify query i, head g of the group) pairs packed as r = i * GROUP + g. The launcher
         # sizes BLOCK_M for the batch's mean verify width, so this loop normally runs once and Q stays in
         # registers across the whole K sweep; wider requests take more row blocks instead of dropping rows.
-        # The tiles are transposed (positions x rows): the per-position sum over rows is then a reduction
-        # along the tile's second axis, which stays inside a warp, as the attention kernels' row sums do,
-        # instead of a cross-warp reduction through shared memory on every tile.
+        # TRANSPOSED tiles are positions x rows: the per-position sum over rows is then a reduction along
+        # the tile's second axis (inside a warp) instead of a cross-warp one on every tile. Measured on the
+        # H100 at L = 16K (kernels_capture_*h100.json): 25-31% faster for head dim 64, but for head dim
+        # 128 -12% at batch 4 and +61% at batch 64, so the launcher enables it for head dims <= 64 only.
         for m0 in range(0, n_rows, BLOCK_M):
             offs_r = m0 + tl.arange(0, BLOCK_M)
             mask_r = offs_r < n_rows
             row_t = qo_start + offs_r // GROUP
             row_h = cur_kv_head * GROUP + offs_r % GROUP
-            q_t = tl.load(
-                Q + row_t[None, :] * stride_qt + row_h[None, :] * stride_qh + offs_d[:, None],
-                mask=mask_r[None, :] & mask_d[:, None],
-                other=0.0,
-            )
+            q_rows = Q + row_t * stride_qt + row_h * stride_qh
+            if TRANSPOSED:
+                q = tl.load(q_rows[None, :] + offs_d[:, None], mask=mask_r[None, :] & mask_d[:, None], other=0.0)
+            else:
+                q = tl.load(q_rows[:, None] + offs_d[None, :], mask=mask_r[:, None] & mask_d[None, :], other=0.0)
             lse = tl.load(Lse + row_t * stride_lt + row_h * stride_lh, mask=mask_r, other=0.0)
             for start_n in range(split_start, split_end, BLOCK_N):
                 offs_n = start_n + tl.arange(0, BLOCK_N)
                 mask_n = offs_n < split_end
                 slot = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
-                k = tl.load(
-                    K_Buffer + slot[:, None] * stride_kbs + cur_kv_head * stride_kh + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :],
-                    other=0.0,
-                )
+                k_pos = K_Buffer + slot * stride_kbs + cur_kv_head * stride_kh
                 # Same logit as the attention kernels (q cast to the cache dtype, fp32 accumulate, then
                 # scale and cap), so exp(s - lse) is their softmax probability.
-                s = tl.dot(k, q_t.to(k.dtype)).to(tl.float32) * sm_scale
+                if TRANSPOSED:
+                    k = tl.load(k_pos[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+                    s = tl.dot(k, q.to(k.dtype)).to(tl.float32) * sm_scale
+                else:
+                    k = tl.load(k_pos[None, :] + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+                    s = tl.dot(q.to(k.dtype), k).to(tl.float32) * sm_scale
                 if LOGIT_CAP > 0:
                     s = LOGIT_CAP * (2.0 * tl.sigmoid(2.0 * s / LOGIT_CAP) - 1.0)
-                p = tl.where(mask_n[:, None] & mask_r[None, :], tl.exp(s - lse[None, :]), 0.0)
-                contrib = tl.sum(p, 1) * inv_rows
+                if TRANSPOSED:
+                    p = tl.where(mask_n[:, None] & mask_r[None, :], tl.exp(s - lse[None, :]), 0.0)
+                    contrib = tl.sum(p, 1) * inv_rows
+                else:
+                    p = tl.where(mask_r[:, None] & mask_n[None, :], tl.exp(s - lse[:, None]), 0.0)
+                    contrib = tl.sum(p, 0) * inv_rows
                 # Later row blocks (and, with ACCUMULATE, earlier layers) left partial sums here.
                 if ACCUMULATE:
                     contrib += tl.load(out_row + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -130,6 +137,7 @@ def score_capture(
     logit_cap: float = 0.0,
     num_splits: int | None = None,
     accumulate: bool = False,
+    transposed: bool | None = None,
 ) -> torch.Tensor:
     """Write PillarAttn scores of one layer into `out` (see the module docstring) and return it.
 
@@ -143,6 +151,7 @@ def score_capture(
     out: [H_kv, cap] float tensor (fp32/fp16/bf16), last dim contiguous.
     sm_scale: logit scale including any k_scale, as given to the attention kernel.
     num_splits: static prefix splits per (request, KV head); default fills about two GPU waves.
+    transposed: tile orientation (a speed choice only); default: transposed for head dims <= 64.
     Sizes that vary per step are read on the device only, so the call is CUDA-graph safe.
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or q.shape[-1] != k_buffer.shape[-1]:
@@ -193,6 +202,7 @@ def score_capture(
         NUM_SPLITS=num_splits,
         LOGIT_CAP=logit_cap,
         ACCUMULATE=accumulate,
+        TRANSPOSED=d <= 64 if transposed is None else transposed,
         num_warps=8 if block_m >= 128 else 4,
         num_stages=2,
     )

@@ -44,7 +44,7 @@ def _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, sm_scale, 
     return lse
 
 
-def _run_score_capture(group, prefix_lens, qo_lens, out_dtype, logit_cap, num_splits):
+def _run_score_capture(group, prefix_lens, qo_lens, out_dtype, logit_cap, num_splits, transposed=None):
     h_kv = 2
     h_q = h_kv * group
     sm_scale = D**-0.5
@@ -58,17 +58,20 @@ def _run_score_capture(group, prefix_lens, qo_lens, out_dtype, logit_cap, num_sp
     lse = _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, sm_scale, logit_cap)
     out = torch.full((h_kv, total + 7), float("nan"), dtype=out_dtype, device=DEVICE)
     expected = out.clone()
-    score_capture(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, out, sm_scale, logit_cap, num_splits=num_splits)
+    score_capture(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, out, sm_scale, logit_cap, num_splits=num_splits,
+                  transposed=transposed)
     score_capture_ref(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, expected, sm_scale, logit_cap)
     return out, expected, kv_indptr
 
 
-@pytest.mark.parametrize("group", [1, 3])
-def test_score_capture_ragged(group):
+@pytest.mark.parametrize("group, transposed", [(1, True), (3, True), (3, False)])
+def test_score_capture_ragged(group, transposed):
     torch.manual_seed(10 + group)
-    # Ragged prefixes including L = 1 and an empty prefix; ragged verify widths.
+    # Ragged prefixes including L = 1 and an empty prefix; ragged verify widths; both tile orientations.
     prefix_lens, qo_lens = [37, 1, 0, 200], [4, 3, 4, 1]
-    out, expected, kv_indptr = _run_score_capture(group, prefix_lens, qo_lens, torch.float32, 0.0, num_splits=2)
+    out, expected, kv_indptr = _run_score_capture(
+        group, prefix_lens, qo_lens, torch.float32, 0.0, num_splits=2, transposed=transposed
+    )
     total = kv_indptr[-1].item()
     assert not out[:, :total].isnan().any()
     assert out[:, total:].isnan().all()  # beyond the batch's prefixes nothing is written
@@ -79,10 +82,13 @@ def test_score_capture_ragged(group):
         assert (expected[:, kv_indptr[b] : kv_indptr[b + 1]].sum(dim=1) <= 1 + 1e-5).all()
 
 
-def test_score_capture_wide_request_softcap_fp16():
+@pytest.mark.parametrize("transposed", [True, False])
+def test_score_capture_wide_request_softcap_fp16(transposed):
     torch.manual_seed(20)
     # One request far wider than the batch mean takes several row blocks of the kernel.
-    out, expected, _ = _run_score_capture(3, [9, 40, 5, 1], [1, 12, 1, 1], torch.float16, 5.0, num_splits=3)
+    out, expected, _ = _run_score_capture(
+        3, [9, 40, 5, 1], [1, 12, 1, 1], torch.float16, 5.0, num_splits=3, transposed=transposed
+    )
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-3, atol=1e-5, equal_nan=True)
 
 

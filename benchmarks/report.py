@@ -92,6 +92,8 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "status": run["status"],
                 "metrics": m,
                 "tok_s": m.get("output_throughput") if run["status"] == "ok" else None,
+                "commit": str(doc["meta"].get("git_commit"))[:12],
+                "stream_interval": stream_interval(doc["config"].get("flags", [])),
             })  # fmt: skip
     base = {
         (r["run_id"], r["workload"], r["concurrency"]): r["tok_s"]
@@ -155,7 +157,7 @@ def throughput_markdown(docs: Sequence[dict[str, Any]]) -> str:
     meta_by_run = {d["meta"]["run_id"]: d["meta"] for d in docs if d.get("kind") == "throughput"}
     intervals: dict[str, set[int]] = {}
     for d in (d for d in docs if d.get("kind") == "throughput"):
-        intervals.setdefault(d["meta"]["run_id"], set()).add(stream_interval(d.get("config", {}).get("flags", [])))
+        intervals.setdefault(d["meta"]["run_id"], set()).add(stream_interval(d["config"].get("flags", [])))
     for (run_id, wkey), group in groups.items():
         meta = meta_by_run[run_id]
         interval = "/".join(map(str, sorted(intervals.get(run_id, {1}))))
@@ -431,18 +433,58 @@ def plot_throughput(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]
         concs = sorted({r["concurrency"] for r in rows})
         for ax, ylabel in ((ax_t, "output tokens/s"), (ax_a, "accept length (tokens/verify)")):
             ax.set_xscale("log", base=2)
-            ax.set_xticks(concs, [str(c) for c in concs])
-            ax.set_xlabel("concurrency")
-            ax.set_ylabel(ylabel)
-            ax.grid(True, alpha=0.3)
-            if ax.lines:
-                ax.legend()
-        fig.suptitle(f"run {run_id}: {describe_workload(wkey)}", fontsize=9)
-        fig.tight_layout()
-        path = out_dir / f"throughput_{run_id}_{wkey[0]}_{wkey[1]}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+            _style_axes(ax, concs, "concurrency", ylabel)
+        title = f"run {run_id}: {describe_workload(wkey)}"
+        paths.append(_save_figure(fig, title, out_dir / f"throughput_{run_id}_{wkey[0]}_{wkey[1]}.png"))
+    return paths
+
+
+def _style_axes(ax: Any, ticks: Sequence[int], xlabel: str, ylabel: str) -> None:
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if ax.lines:
+        ax.legend()
+
+
+def _save_figure(fig: Any, title: str, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_throughput_vs_length(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """One PNG per (commit, prompt kind, temperature, concurrency) measured at two or more output lengths:
+    output tok/s and the ratio to stock vs output length. Runs at stream interval 1 are left out (bounded by
+    streaming, see STREAM_INTERVAL_1_NOTE); ratios come from stock rows of the same run, as in the tables."""
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in throughput_rows(docs):
+        if r["tok_s"] is not None and r["stream_interval"] > 1:
+            kind, out_len, _, temp = r["workload"]
+            groups.setdefault((r["commit"], kind, temp, r["concurrency"]), []).append({**r, "out_len": out_len})
+    paths = []
+    for (commit, kind, temp, conc), rows in sorted(groups.items()):
+        lengths = sorted({r["out_len"] for r in rows})
+        if len(lengths) < 2:
+            continue
+        fig, (ax_t, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
+        for config in sorted({r["config"] for r in rows}, key=_config_rank):
+            pts = sorted((r["out_len"], r["tok_s"], r["ratio_vs_stock"]) for r in rows if r["config"] == config)
+            (line,) = ax_t.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config)
+            ratios = [(n, q) for n, _, q in pts if q is not None]
+            ax_r.plot([n for n, _ in ratios], [q for _, q in ratios], marker="o", label=config, color=line.get_color())
+        for ax, ylabel in ((ax_t, "output tokens/s"), (ax_r, "vs stock (same run)")):
+            _style_axes(ax, lengths, "output tokens per request", ylabel)
+        title = f"commit {commit}: {kind} prompts, temperature {temp}, concurrency {conc}"
+        paths.append(_save_figure(fig, title, out_dir / f"throughput_vs_length_{commit}_{kind}_c{conc}.png"))
     return paths
 
 
@@ -480,11 +522,7 @@ def plot_acceptance(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]
         ax.set_ylim(0, 1)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out_dir / "acceptance_by_position.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return [_save_figure(fig, "", out_dir / "acceptance_by_position.png")]
 
 
 def plot_step_times(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
@@ -513,12 +551,9 @@ def plot_step_times(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7, handlelength=4)  # long enough to show each config's line style
         meta = d["meta"]
-        fig.suptitle(f"run {meta['run_id']}: {d['settings']['shape']}, {meta.get('device')}, dummy weights", fontsize=9)
-        fig.tight_layout()
-        path = out_dir / f"step_times_{file_stem(meta['run_id'])}_{file_stem(Path(d['settings']['shape']).name)}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+        title = f"run {meta['run_id']}: {d['settings']['shape']}, {meta.get('device')}, dummy weights"
+        name = f"step_times_{file_stem(meta['run_id'])}_{file_stem(Path(d['settings']['shape']).name)}.png"
+        paths.append(_save_figure(fig, title, out_dir / name))
     return paths
 
 
@@ -558,7 +593,7 @@ README_END = "<!-- results:end -->"
 def readme_markdown(docs: Sequence[dict[str, Any]]) -> str:
     """The README's generated results: throughput runs not bounded by streaming, the newest lossless run, the
     draft policies, the step-time breakdown and the verify-kernel table of the widest kernels sweep with one."""
-    tput = [d for d in docs if d.get("kind") == "throughput" and stream_interval(d["config"]["flags"]) > 1]
+    tput = [d for d in docs if d.get("kind") == "throughput" and stream_interval(d["config"].get("flags", [])) > 1]
     lossless = sorted((d for d in docs if d.get("kind") == "lossless"), key=lambda d: d["meta"]["run_id"])[-1:]
     kernels = [d for d in docs if d.get("kind") == "kernels" and "split_verify_attn_us" in d["score_capture"][0]]
     parts = [throughput_markdown(tput), lossless_markdown(lossless), acceptance_markdown(docs), step_times_markdown(docs)]
@@ -594,7 +629,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(plots, str):
             notes.append(plots)
         else:
-            plots += plot_acceptance(docs, args.results_dir) + plot_step_times(docs, args.results_dir)
+            plots += plot_throughput_vs_length(docs, args.results_dir) + plot_acceptance(docs, args.results_dir)
+            plots += plot_step_times(docs, args.results_dir)
             notes += [f"plot: ![{q.stem}]({q.name})" for q in plots]
     out = args.out or args.results_dir / "SUMMARY.md"
     out.write_text(summary_markdown(docs, notes), encoding="utf-8")

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
+from ._tiles import attend_tile, finish_partial, load_kv_tile, merge_splits
 
 
 @triton.jit
@@ -107,37 +108,16 @@ def _sparse_decode_stage1(
             pos = tl.where(in_sel, sel_pos, tail_start + offs_j - cnt)
             valid = in_range & (pos >= 0) & (pos < tl.where(in_sel, tail_start, seq_len))
             slot = tl.load(req_row + pos, mask=valid, other=0).to(tl.int64)
-            k = tl.load(
-                K_Buffer + slot[None, :] * stride_kbs + cur_kv_head * stride_kh + offs_d[:, None],
-                mask=valid[None, :] & mask_d[:, None],
-                other=0.0,
+            k, v = load_kv_tile(
+                K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d
             )
-            qk = tl.dot(q.to(k.dtype), k).to(tl.float32) * sm_scale
-            if LOGIT_CAP > 0:
-                qk = LOGIT_CAP * (2.0 * tl.sigmoid(2.0 * qk / LOGIT_CAP) - 1.0)
-            qk = tl.where(valid[None, :], qk, -float("inf"))
-            v = tl.load(
-                V_Buffer + slot[:, None] * stride_vbs + cur_kv_head * stride_vh + offs_d[None, :],
-                mask=valid[:, None] & mask_d[None, :],
-                other=0.0,
-            )
-            # A tile can be fully masked (dropped selections), so keep the running max finite.
-            n_e_max = tl.maximum(tl.maximum(tl.max(qk, 1), e_max), -1e20)
-            re_scale = tl.exp(e_max - n_e_max)
-            p = tl.exp(qk - n_e_max[:, None])
-            acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-            e_sum = e_sum * re_scale + tl.sum(p, 1)
-            e_max = n_e_max
+            # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
+            e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
 
     # Every split writes (an empty one: lse = -inf, zeros) so stage 2 needs no length logic.
-    has = e_sum > 0
+    part, lse = finish_partial(e_max, e_sum, acc)
     mid = cur_b * stride_mb + cur_heads * stride_mh + split * stride_ms
-    tl.store(
-        Mid_O + mid[:, None] + offs_d[None, :],
-        acc / tl.where(has, e_sum, 1.0)[:, None],
-        mask=mask_h[:, None] & mask_d[None, :],
-    )
-    lse = tl.where(has, e_max + tl.log(tl.where(has, e_sum, 1.0)), -float("inf"))
+    tl.store(Mid_O + mid[:, None] + offs_d[None, :], part, mask=mask_h[:, None] & mask_d[None, :])
     tl.store(Mid_lse + cur_b * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
 
 
@@ -166,15 +146,12 @@ def _sparse_decode_stage2(
     mask_d = offs_d < D
     base = cur_b * stride_mb + cur_head * stride_mh
     lse = tl.load(Mid_lse + cur_b * stride_lb + cur_head * stride_lh + offs_s, mask=mask_s, other=-float("inf"))
-    m = tl.maximum(tl.max(lse, 0), -1e20)
-    w = tl.exp(lse - m)
-    denom = tl.sum(w, 0)
     parts = tl.load(
         Mid_O + base + offs_s[:, None] * stride_ms + offs_d[None, :],
         mask=mask_s[:, None] & mask_d[None, :],
         other=0.0,
     )
-    o = tl.sum(w[:, None] * parts, 0) / tl.where(denom > 0, denom, 1.0)
+    o, _ = merge_splits(lse, parts)
     tl.store(Out + cur_b * stride_ob + cur_head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
 
 

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
+from ._tiles import attend_tile, finish_partial, load_kv_tile, merge_splits
 
 
 @triton.jit
@@ -100,26 +101,10 @@ def _verify_stage1(
                 offs_n = start_n + tl.arange(0, BLOCK_N)
                 valid = offs_n < hi
                 slot = tl.load(kv_indices + kv_start + offs_n, mask=valid, other=0).to(tl.int64)
-                k = tl.load(
-                    K_Buffer + slot[None, :] * stride_kbs + cur_kv_head * stride_kh + offs_d[:, None],
-                    mask=valid[None, :] & mask_d[:, None],
-                    other=0.0,
+                k, v = load_kv_tile(
+                    K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d
                 )
-                qk = tl.dot(q.to(k.dtype), k).to(tl.float32) * sm_scale
-                if LOGIT_CAP > 0:
-                    qk = LOGIT_CAP * (2.0 * tl.sigmoid(2.0 * qk / LOGIT_CAP) - 1.0)
-                qk = tl.where(valid[None, :], qk, -float("inf"))
-                v = tl.load(
-                    V_Buffer + slot[:, None] * stride_vbs + cur_kv_head * stride_vh + offs_d[None, :],
-                    mask=valid[:, None] & mask_d[None, :],
-                    other=0.0,
-                )
-                n_e_max = tl.maximum(tl.maximum(tl.max(qk, 1), e_max), -1e20)
-                re_scale = tl.exp(e_max - n_e_max)
-                p = tl.exp(qk - n_e_max[:, None])
-                acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-                e_sum = e_sum * re_scale + tl.sum(p, 1)
-                e_max = n_e_max
+                e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
         else:
             # The verify tokens themselves: one BLOCK_E tile, causal (row i sees j <= i).
             offs_e = tl.arange(0, BLOCK_E)
@@ -129,31 +114,19 @@ def _verify_stage1(
                 mask=valid_e[None, :] & mask_d[:, None],
                 other=0.0,
             )
-            qk = tl.dot(q.to(k.dtype), k).to(tl.float32) * sm_scale
-            if LOGIT_CAP > 0:
-                qk = LOGIT_CAP * (2.0 * tl.sigmoid(2.0 * qk / LOGIT_CAP) - 1.0)
-            seen = valid_e[None, :] & (offs_e[None, :] <= row_q[:, None])
-            qk = tl.where(seen, qk, -float("inf"))
             v = tl.load(
                 V_Ext + (qo_start + offs_e)[:, None] * stride_vet + cur_kv_head * stride_veh + offs_d[None, :],
                 mask=valid_e[:, None] & mask_d[None, :],
                 other=0.0,
             )
-            e_max = tl.maximum(tl.max(qk, 1), -1e20)
-            p = tl.exp(qk - e_max[:, None])
-            acc = tl.dot(p.to(v.dtype), v).to(tl.float32)
-            e_sum = tl.sum(p, 1)
+            seen = valid_e[None, :] & (offs_e[None, :] <= row_q[:, None])
+            e_max, e_sum, acc = attend_tile(q, k, v, seen, e_max, e_sum, acc, sm_scale, LOGIT_CAP)
 
     # Every split writes (an empty one: lse = -inf, zeros) so stage 2 needs no length logic.
-    has = e_sum > 0
+    part, lse = finish_partial(e_max, e_sum, acc)
     tok = qo_start + row_q
     mid = tok * stride_mt + heads * stride_mh + split * stride_ms
-    tl.store(
-        Mid_O + mid[:, None] + offs_d[None, :],
-        acc / tl.where(has, e_sum, 1.0)[:, None],
-        mask=mask_r[:, None] & mask_d[None, :],
-    )
-    lse = tl.where(has, e_max + tl.log(tl.where(has, e_sum, 1.0)), -float("inf"))
+    tl.store(Mid_O + mid[:, None] + offs_d[None, :], part, mask=mask_r[:, None] & mask_d[None, :])
     tl.store(Mid_lse + tok * stride_lt + heads * stride_lh + split, lse, mask=mask_r)
 
 
@@ -190,18 +163,15 @@ def _verify_stage2(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = (offs_d < D) & owned
     lse = tl.load(Mid_lse + tok * stride_lt + head * stride_lh + offs_s, mask=mask_s, other=-float("inf"))
-    m = tl.maximum(tl.max(lse, 0), -1e20)
-    w = tl.exp(lse - m)
-    denom = tl.sum(w, 0)
     parts = tl.load(
         Mid_O + tok * stride_mt + head * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :],
         mask=mask_s[:, None] & mask_d[None, :],
         other=0.0,
     )
-    o = tl.sum(w[:, None] * parts, 0) / tl.where(denom > 0, denom, 1.0)
+    o, total_lse = merge_splits(lse, parts)
     tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
     if HAS_LSE:
-        tl.store(Lse + tok * stride_st + head * stride_sh, m + tl.log(denom), mask=owned)
+        tl.store(Lse + tok * stride_st + head * stride_sh, total_lse, mask=owned)
 
 
 def verify_attention_fwd(
@@ -225,10 +195,13 @@ def verify_attention_fwd(
     """Verify attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
     q, o: [T, H_q, D] (o in q's dtype; T >= qo_indptr[bs]); k_ext, v_ext: [T, H_kv, D] the verify
-    tokens' own K/V; k_buffer, v_buffer: [slots, H_kv, D] page_size-1 cache. qo_indptr, kv_indptr: [bs + 1] int offsets;
-    kv_indices: prefix slots. max_extend: static row count per request (k + 1); a request's rows
-    past it, and rows no request owns, are not written. lse: optional [T, H_q] fp32 out, natural log, over prefix and
-    chain. num_kv_splits: static prefix split count, default about two GPU waves.
+    tokens' own K/V; k_buffer, v_buffer: [slots, H_kv, D] page_size-1 cache.
+    qo_indptr, kv_indptr: [bs + 1] int offsets; kv_indices: prefix slots.
+    max_extend: static row count per request (k + 1); a request's rows past it, and rows no request
+    owns, are not written.
+    lse: optional [T, H_q] fp32 out, natural log, over prefix and chain.
+    num_kv_splits: static prefix split count, default about two GPU waves.
+    block_n, num_warps: tile width along the prefix and warps per program (speed only).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"

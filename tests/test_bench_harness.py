@@ -653,7 +653,8 @@ def test_throughput_end_to_end(
 # --------------------------------------------------------------------------- report
 
 
-def tp_doc(run_id: str, config: str, tok_s: dict[int, float | None], accept: float | None = None) -> dict:
+def tp_doc(run_id: str, config: str, tok_s: dict[int, float | None], accept: float | None = None,
+           out_len: int = 2048, flags: tuple[str, ...] = ()) -> dict:
     runs = [
         {"concurrency": c, "num_prompts": 2 * c, "status": "ok" if v else "failed", "error": None, "wall_s": 1.0,
          "metrics": {"output_throughput": v, "median_tpot_ms": 2.0, "p99_tpot_ms": 3.0, "accept_length": accept} if v else None}
@@ -662,8 +663,8 @@ def tp_doc(run_id: str, config: str, tok_s: dict[int, float | None], accept: flo
     return {
         "kind": "throughput",
         "meta": {"run_id": run_id, "device": "H100", "sglang_version": "0.5.17", "git_commit": "abc"},
-        "config": {"name": config},
-        "workload": {"kind": "aime", "output_len": 2048, "input_len": None, "temperature": 0.0},
+        "config": {"name": config, "flags": list(flags)},
+        "workload": {"kind": "aime", "output_len": out_len, "input_len": None, "temperature": 0.0},
         "runs": runs,
     }
 
@@ -683,6 +684,24 @@ def test_report_ratios_within_run_only() -> None:
     md = report.throughput_markdown(docs)
     assert "| pillar | 1 | 2 | 300 | 3.00x | 2.00 | 3.00 | - | - | - | 3.20 | ok |" in md
     assert "| ngram | 1 | 2 | - | - |" in md and "### Throughput, run B" in md
+
+
+def test_report_stream_interval_runs_and_length_plot(tmp_path: Path) -> None:
+    si8 = ("--stream-interval", "8")
+    docs = [tp_doc("S", "stock", {256: 100.0}, flags=si8), tp_doc("S", "pillar", {256: 110.0}, 6.0, flags=si8),
+            tp_doc("L", "stock", {256: 50.0}, out_len=4096, flags=si8),
+            tp_doc("L", "pillar", {256: 60.0}, 6.0, out_len=4096, flags=si8),
+            tp_doc("OLD", "stock", {256: 10.0}), tp_doc("OLD", "pillar", {256: 30.0}, 6.0)]  # fmt: skip
+    md = report.throughput_markdown(docs)
+    assert md.count("Bounded by streaming") == 1 and "stream interval 1." in md and "stream interval 8." in md
+    readme = report.readme_markdown(docs)
+    assert "run S" in readme and "run L" in readme and "run OLD" not in readme
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    paths = report.plot_throughput_vs_length(docs, tmp_path)
+    assert [p.name for p in paths] == ["throughput_vs_length_abc_aime_c256.png"] and paths[0].stat().st_size > 0
 
 
 def lossless_doc() -> dict:

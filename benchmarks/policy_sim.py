@@ -100,13 +100,11 @@ def _keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: in
     return keep
 
 
-def simulate(
-    model, prompt_ids: Sequence[int], max_new_tokens: int, cfg: PillarConfig, select_every: int = 1
-) -> SimResult:
+def simulate(model, prompt_ids: Sequence[int], max_new_tokens: int, cfg: PillarConfig) -> SimResult:
     """Greedy PILLAR rounds of ``cfg.policy`` until ``max_new_tokens`` are committed (batch 1).
 
-    select_every = N > 1 re-selects only every N-th round and keeps the plan in between (its recent tail
-    then grows by the tokens committed since): what capturing scores every N-th verify would give.
+    ``cfg.select_every = N > 1`` re-selects only every N-th round and keeps the plan in between (its
+    recent tail grows by the tokens committed since), as the worker's ScoredSelector does.
     """
     from transformers import DynamicCache
 
@@ -127,7 +125,7 @@ def simulate(
     plan: tuple[torch.Tensor, int] | None = None
     while len(seq) - len(prompt_ids) < max_new_tokens:
         v = len(seq) - 1  # positions with KV; the last committed token is fed by draft step 0
-        if plan is not None and len(accepts) % select_every:
+        if plan is not None and len(accepts) % cfg.select_every:
             pass  # a stale round: the last plan stands, its tail grows by the tokens committed since
         elif scores is None or cfg.policy is SelectionPolicy.STREAMING:
             p = streaming_plan(cfg, torch.tensor([v]), kmax)
@@ -193,13 +191,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--min-budget", type=int, default=defaults.min_budget)
     p.add_argument("--recent-window", type=int, default=defaults.recent_window)
     p.add_argument("--sink-tokens", type=int, default=defaults.sink_tokens)
-    p.add_argument("--select-every", type=int, default=1, help="re-select every N rounds (capture cost / N)")
+    p.add_argument("--select-every", type=int, default=defaults.select_every, help="re-select every N rounds")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--check-lossless", action="store_true", help="compare every output with plain greedy decoding")
     p.add_argument("--out", type=Path, default=None, help="JSON result path")
     args = p.parse_args(argv)
-    if args.select_every < 1:
-        p.error("--select-every must be >= 1")
     try:
         args.policies = [SelectionPolicy(x) for x in args.policies.split(",") if x]
     except ValueError as e:
@@ -226,8 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = True
     for policy in args.policies:
         cfg = PillarConfig(num_steps=args.num_steps, budget_ratio=args.budget_ratio, min_budget=args.min_budget,
-                           recent_window=args.recent_window, sink_tokens=args.sink_tokens, policy=policy)  # fmt: skip
-        res = simulate(model, prompt.input_ids, args.max_new_tokens, cfg, args.select_every)
+                           recent_window=args.recent_window, sink_tokens=args.sink_tokens, policy=policy,
+                           select_every=args.select_every)  # fmt: skip
+        res = simulate(model, prompt.input_ids, args.max_new_tokens, cfg)
         rec: dict[str, Any] = {"accept_length": res.accept_length, "rounds": len(res.accepts), "wall_s": res.wall_s}
         if args.check_lossless:
             rec["first_divergence_from_greedy"] = first_divergence_from_greedy(model, prompt.input_ids, res.output_ids)

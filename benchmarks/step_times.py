@@ -82,7 +82,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--contexts", default="1024,4096,16384")
     p.add_argument("--batches", default="16,64")
-    p.add_argument("--configs", default="stock,pillar", help=CONFIGS_HELP)
+    p.add_argument("--configs", default="stock,pillar,pillar-streaming", help=CONFIGS_HELP)
     p.add_argument("--decode-tokens", default="32,160", help="M1,M2: the two output lengths per point")
     p.add_argument("--accept", type=float, default=None, help="accept length measured on a real model, for the projection")
     p.add_argument("--extra-server-args", default="")

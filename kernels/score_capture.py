@@ -39,6 +39,7 @@ def _score_capture_kernel(
     qo_indptr,
     kv_indptr,
     kv_indices,
+    Enabled,
     sm_scale,
     stride_qt,
     stride_qh,
@@ -56,6 +57,7 @@ def _score_capture_kernel(
     LOGIT_CAP: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     TRANSPOSED: tl.constexpr,
+    HAS_ENABLED: tl.constexpr,
 ):
     cur_b = tl.program_id(0)
     cur_kv_head = tl.program_id(1)
@@ -71,7 +73,10 @@ def _score_capture_kernel(
     split_start = split * chunk
     split_end = tl.minimum(split_start + chunk, prefix_len)
     n_rows = qo_len * GROUP
-    if (split_end > split_start) & (n_rows > 0):
+    run = (split_end > split_start) & (n_rows > 0)
+    if HAS_ENABLED:
+        run = run & (tl.load(Enabled) != 0)
+    if run:
         inv_rows = 1.0 / n_rows.to(tl.float32)
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < D
@@ -138,6 +143,7 @@ def score_capture(
     num_splits: int | None = None,
     accumulate: bool = False,
     transposed: bool | None = None,
+    enabled: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write PillarAttn scores of one layer into `out` (see the module docstring) and return it.
 
@@ -152,6 +158,8 @@ def score_capture(
     sm_scale: logit scale including any k_scale, as given to the attention kernel.
     num_splits: static prefix splits per (request, KV head); default fills about two GPU waves.
     transposed: tile orientation (a speed choice only); default: transposed for head dims <= 64.
+    enabled: optional [1] int device flag; 0 makes the launch write nothing (read on the device, so a
+    captured graph can skip the capture on some replays).
     Sizes that vary per step are read on the device only, so the call is CUDA-graph safe.
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or q.shape[-1] != k_buffer.shape[-1]:
@@ -171,6 +179,8 @@ def score_capture(
         raise ValueError("kv_indices must be a 1-D int32/int64 tensor")
     if out.dim() != 2 or out.shape[0] != h_kv or out.stride(1) != 1 or not out.is_floating_point():
         raise ValueError(f"out must be a float [{h_kv}, cap] tensor with a contiguous last dim, got {tuple(out.shape)}")
+    if enabled is not None and (enabled.numel() < 1 or enabled.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"enabled must be an int32/int64 device flag, got {enabled.dtype} {tuple(enabled.shape)}")
     group = h_q // h_kv
     if num_splits is None:
         num_splits = default_num_splits(bs * h_kv, q.device)
@@ -186,6 +196,7 @@ def score_capture(
         qo_indptr,
         kv_indptr,
         kv_indices,
+        enabled,
         sm_scale,
         q.stride(0),
         q.stride(1),
@@ -203,6 +214,7 @@ def score_capture(
         LOGIT_CAP=logit_cap,
         ACCUMULATE=accumulate,
         TRANSPOSED=d <= 64 if transposed is None else transposed,
+        HAS_ENABLED=enabled is not None,
         num_warps=8 if block_m >= 128 else 4,
         num_stages=2,
     )

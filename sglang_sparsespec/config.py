@@ -49,7 +49,7 @@ class PillarConfig:
     """Knobs of one PILLAR server.
 
     Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``min_budget >= 1``;
-    ``recent_window >= 0``; ``sink_tokens >= 0``.
+    ``recent_window >= 0``; ``sink_tokens >= 0``; ``select_every >= 1``.
     """
 
     num_steps: int = 8
@@ -65,6 +65,10 @@ class PillarConfig:
     # rounds (one host sync each time); for step-time breakdowns, off in serving.
     timing_every: int = 0
     verify_kernel: VerifyKernel = VerifyKernel.SPLIT
+    # Re-select every N-th verify (pillar/coarse); the verify passes in between skip the score
+    # capture, and their plans keep the last selection while the recent tail grows. Capture +
+    # selection cost / N. policy_sim (CPU, AIME24, 1500 tokens): see benchmarks/results.
+    select_every: int = 1
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
@@ -73,6 +77,8 @@ class PillarConfig:
             raise ValueError(f"{ENV_PREFIX}BUDGET_RATIO must be in (0, 1], got {self.budget_ratio}")
         if self.min_budget < 1:
             raise ValueError(f"{ENV_PREFIX}MIN_BUDGET must be >= 1, got {self.min_budget}")
+        if self.select_every < 1:
+            raise ValueError(f"{ENV_PREFIX}SELECT_EVERY must be >= 1, got {self.select_every}")
         if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
             raise ValueError(
                 f"{ENV_PREFIX}RECENT_WINDOW, {ENV_PREFIX}SINK_TOKENS and {ENV_PREFIX}STEP_TIMING must be >= 0"
@@ -116,4 +122,5 @@ class PillarConfig:
             policy=choice("POLICY", SelectionPolicy, cls.policy),
             timing_every=read("STEP_TIMING", int, cls.timing_every),
             verify_kernel=choice("VERIFY_KERNEL", VerifyKernel, cls.verify_kernel),
+            select_every=read("SELECT_EVERY", int, cls.select_every),
         )

@@ -222,7 +222,8 @@ def test_configs_flags_and_names() -> None:
 
 def test_config_knob_suffixes() -> None:
     # The knob list is what PillarConfig.from_env reads, not a copy of it.
-    knobs = ("BUDGET_RATIO", "MIN_BUDGET", "RECENT_WINDOW", "SINK_TOKENS", "POLICY", "STEP_TIMING", "VERIFY_KERNEL")
+    knobs = ("BUDGET_RATIO", "MIN_BUDGET", "RECENT_WINDOW", "SINK_TOKENS", "POLICY", "STEP_TIMING", "VERIFY_KERNEL",
+             "SELECT_EVERY")
     assert configs.PILLAR_KNOBS == knobs
     name = "pillar-streaming:verify_kernel=sglang:recent_window=16"
     cfg = configs.resolve_config(name, ("--foo", "1"))
@@ -775,7 +776,7 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     assert "| s | 4 | 1024 | 68 | 10.0 | 100 | 40.0 | - | 4.0x | - |" in md
     assert "| s | 4 | 1024 | 50.0 | 20.0 | 900 | 2.5x | 5.0 | 30% | 12% |" in md
     assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md
-    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | pillar | 5.98 | 251 | yes |" in md
+    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | 1 | pillar | 5.98 | 251 | yes |" in md
 
 
 def test_report_step_times_section(tmp_path: Path) -> None:
@@ -841,8 +842,8 @@ def test_report_rewrites_only_the_readme_results_block(tmp_path: Path) -> None:
 
 def test_step_times_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     out = tmp_path / "steps.json"
-    argv = ["--shape", "qwen3-1.7b", "--out", str(out), "--contexts", "8,16", "--batches", "2",
-            "--decode-tokens", "10,60", "--accept", "6.0", "--work-dir", str(tmp_path / "w")]  # fmt: skip
+    argv = ["--shape", "qwen3-1.7b", "--out", str(out), "--contexts", "8,16", "--batches", "2", "--configs",
+            "stock,pillar", "--decode-tokens", "10,60", "--accept", "6.0", "--work-dir", str(tmp_path / "w")]  # fmt: skip
     assert step_times.main(argv) == 0
     doc = json.loads(out.read_text())
     assert json.loads((tmp_path / "w" / "qwen3-1.7b" / "config.json").read_text())["num_hidden_layers"] == 28

@@ -92,6 +92,26 @@ def test_score_capture_wide_request_softcap_fp16(transposed):
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-3, atol=1e-5, equal_nan=True)
 
 
+def test_score_capture_device_flag_skips_the_launch():
+    torch.manual_seed(25)
+    prefix_lens, qo_lens = [30, 7], [3, 3]
+    k_buffer, _ = _kv_pool(64, 2)
+    kv_indices = (torch.randperm(63, device=DEVICE)[:37] + 1).to(torch.int64)
+    qo_indptr, kv_indptr = _indptr(qo_lens), _indptr(prefix_lens)
+    q = torch.randn(6, 6, D, device=DEVICE).to(torch.bfloat16)
+    lse = _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, torch.randn(6, 2, D, device=DEVICE).to(torch.bfloat16),
+                      D**-0.5)  # fmt: skip
+    args = (q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices)
+    expected = score_capture_ref(*args, torch.full((2, 40), float("nan"), device=DEVICE), D**-0.5)
+    for flag in (0, 1):
+        out = torch.full((2, 40), float("nan"), device=DEVICE)
+        score_capture(*args, out, D**-0.5, enabled=torch.tensor([flag], dtype=torch.int32, device=DEVICE))
+        if flag:
+            torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-6, equal_nan=True)
+        else:
+            assert out.isnan().all()  # skipped: nothing written
+
+
 def test_score_capture_accumulates_layers():
     torch.manual_seed(30)
     prefix_lens, qo_lens = [23, 5, 64], [3, 3, 3]

@@ -35,8 +35,8 @@ PROMPT = list(range(3, 43))
     [(SelectionPolicy.PILLAR, 1), (SelectionPolicy.COARSE, 1), (SelectionPolicy.STREAMING, 1), (SelectionPolicy.PILLAR, 3)],
 )
 def test_outputs_equal_plain_greedy(tiny_model, policy, select_every):
-    cfg = PillarConfig(num_steps=4, min_budget=8, recent_window=4, policy=policy)
-    res = simulate(tiny_model, PROMPT, 48, cfg, select_every)
+    cfg = PillarConfig(num_steps=4, min_budget=8, recent_window=4, policy=policy, select_every=select_every)
+    res = simulate(tiny_model, PROMPT, 48, cfg)
     assert len(res.output_ids) == 48 and sum(res.accepts) >= 48
     assert all(1 <= a <= cfg.num_steps + 1 for a in res.accepts)
     assert first_divergence_from_greedy(tiny_model, PROMPT, res.output_ids) is None

@@ -116,6 +116,27 @@ def test_pillar_selector_picks_top_k_per_layer_and_head(seed):
     assert (state.sel_pos[untouched] == POISON).all() and (state.sel_cnt[untouched] == POISON).all()
 
 
+def test_select_every_keeps_plans_and_skips_capture_in_between():
+    cfg = PillarConfig(num_steps=4, budget_ratio=0.3, min_budget=6, recent_window=2, select_every=2)
+    layers, h_kv, kmax = 2, 3, 12
+    gen, rpi, verify, new = _verify_batch(cfg, 3)
+    sink = VerifyScoreSink(layers, h_kv, h_kv * 2, int(verify.sum()) + 5, max_q_rows=64, per_layer=True,
+                           device=torch.device(DEVICE))  # fmt: skip
+    sink.mass.copy_(torch.rand(sink.mass.shape, generator=gen).half())
+    state = _state(per_head=True, layers=layers, h_kv=h_kv, kmax=kmax)
+    selector = make_selector(cfg, state, sink)
+    flags, plans = [], []
+    for _ in range(3):
+        flags.append(int(sink.capture_on))  # what the verify pass of this round saw
+        selector.after_verify(rpi, verify, new)
+        plans.append((state.sel_pos.clone(), state.sel_cnt.clone(), state.tail_start.clone()))
+        sink.mass.copy_(torch.rand(sink.mass.shape, generator=gen).half())  # the next capture's scores
+        verify, new = new, new + 2
+    assert flags == [1, 0, 1]
+    assert all(torch.equal(a, b) for a, b in zip(plans[0], plans[1]))  # pass 2 kept pass 1's plans
+    assert not torch.equal(plans[1][2], plans[2][2])  # pass 3 selected again, with a later tail
+
+
 def test_coarse_selector_shares_one_set_summed_over_layers_and_heads():
     cfg = PillarConfig(num_steps=4, budget_ratio=0.3, min_budget=6, recent_window=2, policy=SelectionPolicy.COARSE)
     layers, h_kv, kmax = 2, 3, 12
@@ -231,3 +252,6 @@ def test_config_from_env_rejects_bad_values():
     assert (cfg.num_steps, cfg.policy.value, cfg.min_budget) == (4, "streaming", 64)
     assert [p.value for p in SelectionPolicy] == ["pillar", "coarse", "streaming", "oracle"]
     assert [p.uses_verify_scores for p in SelectionPolicy] == [True, True, False, False]
+    assert PillarConfig.from_env(8, {"SPARSESPEC_SELECT_EVERY": "4"}).select_every == 4
+    with pytest.raises(ValueError, match="SELECT_EVERY"):
+        PillarConfig.from_env(8, {"SPARSESPEC_SELECT_EVERY": "0"})

@@ -23,6 +23,7 @@ class VerifyScoreSink:
           the radix selection to two passes); per_layer=False: S = 1, the sum over layers,
           fp32 (the first layer overwrites, the others add).
     lse:  [max_rows, H_q] fp32 scratch for the attention kernel's LSE output.
+    capture_on: [1] int32 device flag read by the capture kernel (inside the graph): 0 skips it.
     ``cap`` bounds the total prefix of any verify batch.
     """
 
@@ -41,6 +42,11 @@ class VerifyScoreSink:
         slices, dtype = (num_layers, torch.float16) if per_layer else (1, torch.float32)
         self.mass = torch.zeros((slices, num_kv_heads, cap), dtype=dtype, device=device)
         self.lse = torch.empty((max_q_rows, num_q_heads), dtype=torch.float32, device=device)
+        self.capture_on = torch.ones(1, dtype=torch.int32, device=device)
+
+    def set_capture(self, on: bool) -> None:
+        """Whether the next verify pass captures scores (a device write, stream-ordered, no sync)."""
+        self.capture_on.fill_(int(on))
 
     def lse_buffer(self, num_rows: int, num_heads: int) -> torch.Tensor:
         if num_rows > self.lse.shape[0]:
@@ -70,6 +76,7 @@ class VerifyScoreSink:
             sm_scale,
             logit_cap=logit_cap,
             accumulate=not self.per_layer and layer_id != 0,
+            enabled=self.capture_on,
         )
 
     @property

@@ -55,15 +55,28 @@ class OracleSelector(Selector):
 
 
 class ScoredSelector(Selector):
-    """Top-K over the sink's candidate rows; ``state`` must hold one set per candidate row."""
+    """Top-K over the sink's candidate rows; ``state`` must hold one set per candidate row.
+
+    With ``cfg.select_every = N > 1`` only every N-th verify pass (counted per server) selects; the
+    passes in between keep each request's plan (its recent tail grows until the next selection) and
+    are told to skip the score capture through the sink's device flag.
+    """
 
     def __init__(self, cfg: PillarConfig, state: PlanState, sink: VerifyScoreSink):
         super().__init__(cfg, state)
         if sink.num_candidate_rows != state.sel_pos.shape[1]:
             raise ValueError("plan sets per request must match the sink's candidate rows")
         self.sink = sink
+        self.verify_passes = 0
+        sink.set_capture(True)
 
     def after_verify(self, req_pool_indices, verify_lens, new_lens) -> None:
+        selects = self.verify_passes % self.cfg.select_every == 0
+        self.verify_passes += 1
+        if self.cfg.select_every > 1:
+            self.sink.set_capture(self.verify_passes % self.cfg.select_every == 0)
+        if not selects:
+            return
         tail_start, count = draft_window(self.cfg, verify_lens, new_lens, self.state.kmax)
         # Writes sel_pos and sel_cnt of the batch's rows; positions >= tail_start are never candidates.
         topk_select(

@@ -19,6 +19,7 @@ part of that graph; other forward modes, other backends and unmarked backends pa
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
@@ -26,6 +27,7 @@ from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 
 ATTR = "_sparsespec_verify"
+logger = logging.getLogger(__name__)
 
 # Positional layout of sglang.kernels.ops.attention.extend_attention.extend_attention_fwd
 (_Q, _K_EXT, _V_EXT, _O, _K_BUFFER, _V_BUFFER, _QO_INDPTR, _KV_INDPTR, _KV_INDICES, _CUSTOM_MASK, _CAUSAL,
@@ -45,25 +47,33 @@ def attach_verify(backend, hooks: VerifyHooks) -> None:
     setattr(backend, ATTR, hooks)
 
 
-def _split_kernel_serves(a: tuple, kw: dict) -> bool:
-    """True when the split kernel computes exactly what SGLang's extend kernel would for this call:
-    causal, unscaled 16-bit KV, page size 1, equal K/V head dims, and none of the extras (sliding
-    window, attention sinks, xai temperature, score_mod) the split kernel does not implement."""
-    return (
-        len(a) > _SM_SCALE
-        and a[_CAUSAL] is True
-        and a[_K_SCALE] == 1.0
-        and a[_V_SCALE] == 1.0
-        and a[_Q].shape[-1] == a[_V_EXT].shape[-1]
-        and kw.get("sliding_window_size", -1) in (None, -1)
-        and kw.get("sinks") is None
-        and kw.get("window_kv_offsets") is None
-        and kw.get("xai_temperature_len", -1) in (None, -1)
-        and kw.get("page_size", 1) == 1
-        and kw.get("score_mod") is None
-        and not kw.get("skip_prefix", False)
-        and not kw.get("skip_extend", False)
+def split_kernel_gap(a: tuple, kw: dict) -> str | None:
+    """None when the split kernel computes exactly what SGLang's extend kernel would for this call
+    (causal, unscaled 16-bit KV, page size 1, equal K/V head dims, no extras); else what it lacks."""
+    if len(a) <= _SM_SCALE:
+        return "an unexpected extend_attention_fwd call layout"
+    checks = (
+        (a[_CAUSAL] is True, "non-causal attention"),
+        (a[_K_SCALE] == 1.0 and a[_V_SCALE] == 1.0, "scaled (quantized) KV"),
+        (a[_Q].shape[-1] == a[_V_EXT].shape[-1], "different K and V head dims"),
+        (kw.get("sliding_window_size", -1) in (None, -1), "a sliding window"),
+        (kw.get("sinks") is None and kw.get("window_kv_offsets") is None, "attention sinks"),
+        (kw.get("xai_temperature_len", -1) in (None, -1), "xai temperature"),
+        (kw.get("page_size", 1) == 1, "page size > 1"),
+        (kw.get("score_mod") is None, "score_mod"),
+        (not kw.get("skip_prefix", False) and not kw.get("skip_extend", False), "split prefix/extend passes"),
     )
+    return next((why for ok, why in checks if not ok), None)
+
+
+_logged_fallbacks: set[str] = set()
+
+
+def _log_fallback_once(layer_id: int, why: str) -> None:
+    # Once per reason: it happens during graph capture and would otherwise repeat for every layer.
+    if why not in _logged_fallbacks:
+        _logged_fallbacks.add(why)
+        logger.info("PILLAR verify from layer %d on: SGLang's extend kernel (split kernel: %s)", layer_id, why)
 
 
 def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwargs):
@@ -78,13 +88,15 @@ def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwa
         q_ext = a[_Q]
         lse = sink.lse_buffer(q_ext.shape[0], q_ext.shape[1]) if sink is not None else None
         logit_cap = float(kw.get("logit_cap", 0.0) or 0.0)
-        if hooks.split_kernel and _split_kernel_serves(a, kw):
+        gap = split_kernel_gap(a, kw) if hooks.split_kernel else "SPARSESPEC_VERIFY_KERNEL=sglang"
+        if gap is None:
             verify_attention_fwd(
                 *a[_Q:_CUSTOM_MASK], a[_MAX_EXTEND], a[_SM_SCALE], logit_cap=logit_cap, lse=lse
             )
-        elif lse is not None:
-            inner(*a, lse_extend=lse, **kw)
         else:
+            _log_fallback_once(layer.layer_id, gap)
+            if lse is not None:
+                kw = {**kw, "lse_extend": lse}
             inner(*a, **kw)
         if sink is not None:
             sink.capture_layer(

@@ -15,6 +15,7 @@ from sglang_sparsespec.patches.triton_verify import (
     VerifyHooks,
     attach_verify,
     pillar_verify,
+    split_kernel_gap,
 )
 from triton_env import DEVICE
 
@@ -87,6 +88,13 @@ def test_sglang_kernel_for_cases_the_split_kernel_does_not_serve():
         backend = _Backend(hooks)
         _forward(backend, **kwargs)
         assert len(backend.calls) == 1, kwargs
+    layout = (None,) * 10 + (True, None, 4, 1.0, 1.0, 0.125)
+    q, v = torch.empty(1, 1, 64), torch.empty(1, 1, 64)
+    args = (q, None, v, *layout[3:])
+    assert split_kernel_gap(args, {}) is None
+    assert split_kernel_gap(args, {"sliding_window_size": 16}) == "a sliding window"
+    assert split_kernel_gap((*args[:13], 0.5, *args[14:]), {}) == "scaled (quantized) KV"
+    assert split_kernel_gap(args[:10], {}) == "an unexpected extend_attention_fwd call layout"
 
 
 def test_scores_captured_with_either_kernel_and_agree():

@@ -100,6 +100,21 @@ def _keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: in
     return keep
 
 
+def _next_plan(
+    cfg: PillarConfig, scores: torch.Tensor | None, window: tuple[int, int] | None, v: int, kmax: int
+) -> tuple[torch.Tensor, int]:
+    """(selected positions, tail_start) for the next round: the streaming seed before the first verify
+    (and for the streaming policy), else the top-K of the last verify's scores below the window."""
+    if scores is None or cfg.policy is SelectionPolicy.STREAMING:
+        p = streaming_plan(cfg, torch.tensor([v]), kmax)
+        return p.sel_pos[0, : int(p.sel_cnt[0])].long(), int(p.tail_start[0])
+    tail_start, count = window
+    cand = scores[:, :, :tail_start]
+    if cfg.policy is SelectionPolicy.COARSE:
+        return cand.sum((0, 1)).topk(count).indices, tail_start
+    return cand.topk(count, dim=-1).indices, tail_start
+
+
 def simulate(model, prompt_ids: Sequence[int], max_new_tokens: int, cfg: PillarConfig) -> SimResult:
     """Greedy PILLAR rounds of ``cfg.policy`` until ``max_new_tokens`` are committed (batch 1).
 
@@ -125,18 +140,9 @@ def simulate(model, prompt_ids: Sequence[int], max_new_tokens: int, cfg: PillarC
     plan: tuple[torch.Tensor, int] | None = None
     while len(seq) - len(prompt_ids) < max_new_tokens:
         v = len(seq) - 1  # positions with KV; the last committed token is fed by draft step 0
-        if plan is not None and len(accepts) % cfg.select_every:
-            pass  # a stale round: the last plan stands, its tail grows by the tokens committed since
-        elif scores is None or cfg.policy is SelectionPolicy.STREAMING:
-            p = streaming_plan(cfg, torch.tensor([v]), kmax)
-            plan = (p.sel_pos[0, : int(p.sel_cnt[0])].long(), int(p.tail_start[0]))
-        else:
-            tail_start, count = window
-            cand = scores[:, :, :tail_start]
-            if cfg.policy is SelectionPolicy.COARSE:
-                plan = (cand.sum((0, 1)).topk(count).indices, tail_start)
-            else:
-                plan = (cand.topk(count, dim=-1).indices, tail_start)
+        # Between selections (select_every > 1) the last plan stands; its tail grows by the tokens committed since.
+        if plan is None or len(accepts) % cfg.select_every == 0:
+            plan = _next_plan(cfg, scores, window, v, kmax)
         keep = _keep_mask(plan, v + k, layers, h_kv).repeat_interleave(h_q // h_kv, dim=1)
         drafts, token = [], seq[-1]
         with torch.no_grad():

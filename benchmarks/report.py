@@ -155,12 +155,9 @@ def throughput_markdown(docs: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         groups.setdefault((r["run_id"], r["workload"]), []).append(r)
     meta_by_run = {d["meta"]["run_id"]: d["meta"] for d in docs if d.get("kind") == "throughput"}
-    intervals: dict[str, set[int]] = {}
-    for d in (d for d in docs if d.get("kind") == "throughput"):
-        intervals.setdefault(d["meta"]["run_id"], set()).add(stream_interval(d["config"].get("flags", [])))
     for (run_id, wkey), group in groups.items():
         meta = meta_by_run[run_id]
-        interval = "/".join(map(str, sorted(intervals.get(run_id, {1}))))
+        interval = "/".join(map(str, sorted({r["stream_interval"] for r in group})))
         out.append(
             f"### Throughput, run {run_id}\n\n{meta.get('device')}; sglang {meta.get('sglang_version')}; "
             f"commit {str(meta.get('git_commit'))[:12]}; {describe_workload(wkey)}; stream interval {interval}.\n"

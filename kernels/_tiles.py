@@ -1,7 +1,9 @@
-"""Flash-decoding building blocks shared by the split-KV attention kernels (inlined by Triton).
+"""Building blocks shared by the PillarAttn kernels (inlined by Triton).
 
-A stage-1 program folds K/V tiles into a running (max, sum, acc) per query row and ends with a
-normalized partial output and its natural-log LSE; stage 2 merges the partials of all splits.
+The logit soft-cap is shared with score capture, so its probabilities use the attention's logits.
+In the split-KV attention kernels (sparse decode, verify) a stage-1 program folds K/V tiles into a
+running (max, sum, acc) per query row and ends with a normalized partial output and its natural-log
+LSE; stage 2 merges the partials of all splits.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ def load_kv_tile(K_Buffer, V_Buffer, slot, valid, kv_head, stride_kbs, stride_kh
 
 
 @triton.jit
+def soft_cap(s, LOGIT_CAP: tl.constexpr):
+    """tanh logit soft-cap (cap * tanh(s / cap), written with a sigmoid); LOGIT_CAP = 0: identity."""
+    if LOGIT_CAP > 0:
+        s = LOGIT_CAP * (2.0 * tl.sigmoid(2.0 * s / LOGIT_CAP) - 1.0)
+    return s
+
+
+@triton.jit
 def attend_tile(q, k, v, seen, e_max, e_sum, acc, sm_scale, LOGIT_CAP: tl.constexpr):
     """Fold one tile into the online softmax of the rows of q.
 
@@ -35,9 +45,7 @@ def attend_tile(q, k, v, seen, e_max, e_sum, acc, sm_scale, LOGIT_CAP: tl.conste
     e_max, e_sum: [M] fp32; acc: [M, D] fp32. Returns the updated (e_max, e_sum, acc). The running
     max is kept finite, so a fully masked tile leaves a row unchanged.
     """
-    qk = tl.dot(q.to(k.dtype), k).to(tl.float32) * sm_scale
-    if LOGIT_CAP > 0:
-        qk = LOGIT_CAP * (2.0 * tl.sigmoid(2.0 * qk / LOGIT_CAP) - 1.0)
+    qk = soft_cap(tl.dot(q.to(k.dtype), k).to(tl.float32) * sm_scale, LOGIT_CAP)
     qk = tl.where(seen, qk, -float("inf"))
     n_e_max = tl.maximum(tl.maximum(tl.max(qk, 1), e_max), -1e20)
     re_scale = tl.exp(e_max - n_e_max)

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
+from ._tiles import soft_cap
 
 
 @triton.jit
@@ -112,8 +113,7 @@ def _score_capture_kernel(
                 else:
                     k = tl.load(k_pos[None, :] + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
                     s = tl.dot(q.to(k.dtype), k).to(tl.float32) * sm_scale
-                if LOGIT_CAP > 0:
-                    s = LOGIT_CAP * (2.0 * tl.sigmoid(2.0 * s / LOGIT_CAP) - 1.0)
+                s = soft_cap(s, LOGIT_CAP)
                 if TRANSPOSED:
                     p = tl.where(mask_n[:, None] & mask_r[None, :], tl.exp(s - lse[None, :]), 0.0)
                     contrib = tl.sum(p, 1) * inv_rows

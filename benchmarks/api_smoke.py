@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kind": "api_smoke",
         "schema": 1,
         "meta": run_metadata(new_run_id()),
-        "config": {"name": cfg.name, "flags": list(cfg.flags), "env": env},
+        "config": {"name": cfg.name, "flags": list(cfg.flags), "env": env, "pillar_config": cfg.pillar_config(args.env)},
         "server": {"status": "skipped"},
         "checks": [],
         "all_ok": False,

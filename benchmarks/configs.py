@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from sglang_sparsespec.config import ENV_PREFIX, PillarConfig
 
@@ -83,6 +84,15 @@ class ServerConfig:
     @property
     def speculative(self) -> bool:
         return "--speculative-algorithm" in self.flags
+
+    def pillar_config(self, base: dict[str, str]) -> dict[str, Any] | None:
+        """The knobs a PILLAR server resolves from ``environment(base)``, defaults included (None for other
+        servers). Recorded with every result: defaults change between commits, so the environment alone
+        does not say what ran."""
+        if "PILLAR" not in self.flags:
+            return None
+        steps = int(self.flags[self.flags.index("--speculative-num-steps") + 1])
+        return asdict(PillarConfig.from_env(steps, self.environment(base)))
 
 
 def resolve_config(name: str, extra_flags: tuple[str, ...] = ()) -> ServerConfig:

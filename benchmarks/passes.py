@@ -10,7 +10,7 @@ import shlex
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.client import GenOutput, generate_all
@@ -18,7 +18,6 @@ from benchmarks.configs import ServerConfig, file_stem
 from benchmarks.runlog import Deadline, RunLog
 from benchmarks.server import Server, log_tail, start_recorded
 from benchmarks.workload import Prompt
-from sglang_sparsespec.config import PillarConfig
 
 STOP_RESERVE_S = 25.0  # kept back from every pass timeout so the server can still be stopped
 MIN_START_S = 60.0  # don't launch a server with less budget left than this
@@ -100,11 +99,8 @@ def run_passes(
     """Start one server, run ``passes`` in order (filling them in), stop it; returns the server record."""
     name, env = config.name, config.environment(args.env)
     record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "startup_s": None, "error": None}
-    if "PILLAR" in config.flags:
-        # The knobs the server resolves from this environment, defaults included (provenance:
-        # defaults change between commits, the environment alone does not say what ran).
-        steps = int(config.flags[config.flags.index("--speculative-num-steps") + 1])
-        record["pillar_config"] = asdict(PillarConfig.from_env(steps, env))
+    if (pillar := config.pillar_config(args.env)) is not None:
+        record["pillar_config"] = pillar
     if not deadline.allows(MIN_START_S):
         log.line(f"{name}: skipped, {deadline.remaining():.0f} s of budget left")
         for p in passes:

@@ -180,7 +180,8 @@ def run_config(
     name = config.name
     timing = {f"{ENV_PREFIX}STEP_TIMING": str(TIMING_EVERY)} if config.speculative else {}
     env = config.environment({**timing, **args.env})
-    record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "rows": []}
+    record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "rows": [],
+                              "pillar_config": config.pillar_config({**timing, **args.env})}  # fmt: skip
     server = Server.sglang(str(model), config.flags, log_path=args.work_dir / f"{file_stem(name)}.server.log", env=env)
     with server:
         if not start_recorded(server, name, record, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log):
@@ -246,15 +247,17 @@ def capture_overhead(servers: dict[str, dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def streaming_twin(rec: dict[str, Any], servers: dict[str, dict[str, Any]]) -> str | None:
-    """The server that differs from ``rec`` only by SPARSESPEC_POLICY=streaming, if ``rec`` uses verify scores."""
+    """The server that differs from ``rec`` only by SPARSESPEC_POLICY=streaming, if ``rec`` uses verify scores.
+    SELECT_EVERY is ignored in the match: the streaming policy never selects from scores, so one streaming
+    server is the twin of every selection cadence."""
     policy = pillar_policy(rec["flags"], rec["env"])
     if policy is None or not policy.uses_verify_scores:
         return None
-    key = f"{ENV_PREFIX}POLICY"
-    rest = {k: v for k, v in rec["env"].items() if k != key}
+    ignored = {f"{ENV_PREFIX}POLICY", f"{ENV_PREFIX}SELECT_EVERY"}
+    rest = {k: v for k, v in rec["env"].items() if k not in ignored}
     for name, other in servers.items():
         if (other["flags"] == rec["flags"] and pillar_policy(other["flags"], other["env"]) is SelectionPolicy.STREAMING
-                and {k: v for k, v in other["env"].items() if k != key} == rest):  # fmt: skip
+                and {k: v for k, v in other["env"].items() if k not in ignored} == rest):  # fmt: skip
             return name
     return None
 

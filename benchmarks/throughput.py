@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,29 @@ BENCH_MODULE = "sglang.benchmark.serving"  # what `python -m sglang.bench_servin
 STOP_RESERVE_S = 25.0  # budget kept back so the server can always be stopped and the JSON written
 MIN_START_S = 90.0  # don't launch a server unless this much budget is left (start alone takes 75-200 s)
 MIN_RUN_S = 20.0
+RUN_MARGIN = 1.3  # a config may be slower than the slowest one seen so far at the same concurrency
+
+
+@dataclass
+class RunClock:
+    """Wall-time guesses from this invocation's own history, so that a server is not started (and a
+    bench not launched) when the budget cannot cover it: a run cut short by the budget is wasted
+    device time. ``rates[c]``: slowest output tok/s (wall clock, warmup included) of a finished run at
+    concurrency ``c``; ``startup_s``: slowest server start so far."""
+
+    rates: dict[int, float] = field(default_factory=dict)
+    startup_s: float = MIN_START_S
+
+    def run_s(self, concurrency: int, output_tokens: int) -> float:
+        rate = self.rates.get(concurrency)
+        return MIN_RUN_S if rate is None else max(MIN_RUN_S, RUN_MARGIN * output_tokens / rate)
+
+    def record_run(self, concurrency: int, output_tokens: int, wall_s: float) -> None:
+        rate = output_tokens / wall_s
+        self.rates[concurrency] = min(rate, self.rates.get(concurrency, rate))
+
+    def record_start(self, seconds: float) -> None:
+        self.startup_s = max(self.startup_s, seconds)
 
 METRIC_KEYS = (
     "completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -183,6 +206,7 @@ def run_config(
     out_path: Path,
     args: argparse.Namespace,
     deadline: Deadline,
+    clock: RunClock,
     log: RunLog,
 ) -> None:
     """Start the config's server, run every concurrency, stop it; fills ``doc`` and rewrites ``out_path``."""
@@ -191,7 +215,9 @@ def run_config(
         for c in concurrencies
     ]
     srv = doc["server"]
-    if not deadline.allows(MIN_START_S):
+    first = concurrencies[0]
+    first_run_s = clock.run_s(first, num_prompts[first] * workload.output_len)
+    if not deadline.allows(clock.startup_s + first_run_s + STOP_RESERVE_S):
         srv.update(status="skipped", error=f"time budget ({deadline.remaining():.0f} s left)")
         for r in runs:
             r["error"] = "time budget"
@@ -210,6 +236,7 @@ def run_config(
                 r.update(status="failed", error="server failed to start")
             write_json(out_path, doc)
             return
+        clock.record_start(srv["startup_s"])
         srv["server_info"] = server_info(server)
         log.line(f"{config.name}: server up after {srv['startup_s']:.0f} s")
         for r in runs:
@@ -217,9 +244,11 @@ def run_config(
             if srv["status"] != "ok":
                 r.update(status="failed", error="server died earlier")
                 continue
-            if not deadline.allows(STOP_RESERVE_S + MIN_RUN_S):
+            expected_s = clock.run_s(c, n * workload.output_len)
+            if not deadline.allows(STOP_RESERVE_S + expected_s):
                 r["error"] = "time budget"
-                log.line(f"{config.name} c={c}: SKIPPED (time budget)")
+                log.line(f"{config.name} c={c}: SKIPPED (time budget: about {expected_s:.0f} s needed, "
+                         f"{deadline.remaining() - STOP_RESERVE_S:.0f} s left)")  # fmt: skip
                 continue
             if config.speculative and not reset_spec_counters(server):
                 r["accept_length_note"] = "counter reset failed: accept length is cumulative since server start"
@@ -236,7 +265,9 @@ def run_config(
                 r["metrics"] = parse_bench_result(result_file)
                 done = r["metrics"]["completed"]
                 r["status"] = "ok" if done == n else "failed"
-                if done != n:
+                if done == n:
+                    clock.record_run(c, r["metrics"]["total_output_tokens"], r["wall_s"])
+                else:
                     r["error"] = f"only {done}/{n} requests completed"
             except ServerError as e:
                 r.update(status="failed", error=str(e), wall_s=time.monotonic() - t0)
@@ -349,19 +380,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     workload = Workload(args.workload, args.output_len, workload_doc["input_len"], args.temperature, files)
 
     docs = []
+    clock = RunClock()
     for config in args.server_configs:
         doc: dict[str, Any] = {
             "kind": "throughput",
             "schema": 1,
             "meta": meta,
-            "config": {"name": config.name, "flags": list(config.flags), "env": config.environment(args.env)},
+            "config": {"name": config.name, "flags": list(config.flags), "env": config.environment(args.env),
+                       "pillar_config": config.pillar_config(args.env)},
             "workload": workload_doc,
             "server": {"status": "pending", "startup_s": None, "error": None},
             "runs": [],
         }
         run_config(
             config, args.concurrencies, num_prompts, workload, doc,
-            args.out / f"throughput_{args.run_id}_{file_stem(config.name)}.json", args, deadline, log,
+            args.out / f"throughput_{args.run_id}_{file_stem(config.name)}.json", args, deadline, clock, log,
         )  # fmt: skip
         docs.append(doc)
 

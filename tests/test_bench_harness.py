@@ -419,6 +419,22 @@ def test_parse_bench_result(tmp_path: Path) -> None:
     assert throughput.default_num_prompts(1) == 4 and throughput.default_num_prompts(64) == 128
 
 
+def test_run_clock_guesses_from_the_slowest_run_at_the_same_concurrency() -> None:
+    clock = throughput.RunClock()
+    assert clock.run_s(256, 10**6) == throughput.MIN_RUN_S  # nothing seen at this concurrency yet
+    clock.record_run(256, 1_048_576, 30.0)  # 34953 tok/s
+    clock.record_run(256, 1_048_576, 50.0)  # slower config: 20972 tok/s wins
+    clock.record_run(64, 262_144, 10.0)
+    assert clock.run_s(256, 1_048_576) == pytest.approx(throughput.RUN_MARGIN * 50.0)
+    assert clock.run_s(256, 1_792_000) == pytest.approx(throughput.RUN_MARGIN * 50.0 * 1_792_000 / 1_048_576)
+    assert clock.run_s(64, 1000) == throughput.MIN_RUN_S and clock.run_s(1, 10**6) == throughput.MIN_RUN_S
+    clock.record_start(60.0)
+    assert clock.startup_s == throughput.MIN_START_S
+    clock.record_start(141.0)
+    clock.record_start(98.0)
+    assert clock.startup_s == 141.0
+
+
 def test_bench_command_workloads(tmp_path: Path) -> None:
     aime = throughput.Workload("aime", 2048, None, 0.0, {8: tmp_path / "p8.jsonl"})
     cmd = throughput.bench_command("http://h:1", "/m", aime, 4, 8, tmp_path / "o.jsonl")
@@ -626,6 +642,7 @@ def test_throughput_end_to_end(
     assert stock["server"]["status"] == "ok" and stock["server"]["server_info"] == {"version": "fake"}
     assert [r["status"] for r in stock["runs"]] == ["ok", "ok"] and stock["runs"][0]["num_prompts"] == 4
     assert pillar["runs"][1]["metrics"]["accept_length"] == 2.5 and pillar["meta"]["run_id"] == "R1"
+    assert stock["config"]["pillar_config"] is None and pillar["config"]["pillar_config"]["policy"] == "pillar"
     assert stock["workload"]["prompt_tokens"]["unique"] == 4
     assert sorted(p.name for p in out.iterdir()) == ["throughput_R1.log", "throughput_R1_pillar.json", "throughput_R1_stock.json"]
 
@@ -794,6 +811,7 @@ def test_report_step_times_section(tmp_path: Path) -> None:
                                {"context": 4096, "batch": 16, "skipped": pool_skip}]),
         "pillar": rec("pillar", [pillar_row(12.0, 2.0)]),
         "pillar-streaming": rec("pillar-streaming", [pillar_row(10.0, 0.5)]),
+        "pillar:select_every=8": rec("pillar:select_every=8", [pillar_row(11.0, 1.0)]),
         "pillar-k4": rec("pillar-k4", [], status="failed"),
     }  # fmt: skip
     doc = {"kind": "step_times", "meta": {"run_id": "S1", "device": "H100", "git_commit": "0123456789abcdef"},
@@ -811,6 +829,8 @@ def test_report_step_times_section(tmp_path: Path) -> None:
     assert "| pillar-streaming | 1024 | 16 | 10.000 | 16.000 | 2.000 | 10.000 | 0.500 | 26.500 | 2.26x |" in md
     # capture = 12 - 10 ms; share = (2 + 2) / (12 + 2).
     assert "| pillar | 1024 | 16 | 2.000 | 2.000 | 29% |" in md
+    # The streaming server is the twin of every selection cadence (it never selects): (1 + 1) / (11 + 1).
+    assert "| pillar:select_every=8 | 1024 | 16 | 1.000 | 1.000 | 17% |" in md
     assert "- not measured: pillar-k4: server failed" in md and "- not measured: stock L=4096 B=16: KV pool: 16 x" in md
     try:
         import matplotlib  # noqa: F401
@@ -880,7 +900,9 @@ def test_step_times_pool_skips_and_capture_overhead(
     for rec in servers.values():
         assert rec["kv_pool_tokens"] == 170
         assert [r.get("skipped") for r in rec["rows"]] == [None, "KV pool: 2 x (16 + 60 + 16) = 184 tokens > 170"]
-    assert servers["stock"]["env"] == {"SPARSESPEC_MIN_BUDGET": "64"}
+    assert servers["stock"]["env"] == {"SPARSESPEC_MIN_BUDGET": "64"} and servers["stock"]["pillar_config"] is None
+    resolved = servers["pillar:verify_kernel=sglang"]["pillar_config"]
+    assert resolved["min_budget"] == 64 and resolved["verify_kernel"] == "sglang" and resolved["select_every"] == 4
     assert servers["pillar:verify_kernel=sglang"]["env"] == {
         "SPARSESPEC_STEP_TIMING": "10", "SPARSESPEC_MIN_BUDGET": "64", "SPARSESPEC_VERIFY_KERNEL": "sglang"
     }

@@ -2,7 +2,7 @@
 
     python -m benchmarks.throughput --model M --data-dir D --out DIR \\
         --configs stock,pillar[,ngram,stock-flashinfer,pillar-k4] --concurrency 1,16,64 \\
-        --output-len 2048 [--num-prompts-per-conc N] [--time-budget 540] [--run-id ID]
+        --output-len 2048 [--waves 2 | --num-prompts-per-conc N] [--time-budget 540] [--run-id ID]
 
 Each config's server starts once; every concurrency runs against it with fixed-length
 outputs (ignore_eos) on the AIME24+AMC23 chat prompts (``--workload random-ids`` for
@@ -146,10 +146,11 @@ def parse_bench_result(path: Path) -> dict[str, Any]:
     return {k: result.get(k) for k in METRIC_KEYS}
 
 
-def default_num_prompts(concurrency: int) -> int:
-    # Two waves of requests: the second starts while the first drains, so the batch stays
-    # near full for most of the run; at least 4 so concurrency 1 averages a few requests.
-    return max(2 * concurrency, 4)
+def default_num_prompts(concurrency: int, waves: int = 2) -> int:
+    # Two waves of requests by default: the second starts while the first drains, so the batch
+    # stays near full for most of the run (with fixed-length outputs one wave also keeps it full,
+    # at half the time); at least 4 so concurrency 1 averages a few requests.
+    return max(waves * concurrency, 4)
 
 
 def run_watched(argv: Sequence[str], log_path: Path, timeout_s: float, server: Server) -> int:
@@ -313,7 +314,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--configs", default="stock,pillar", help=CONFIGS_HELP)
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--output-len", type=int, default=2048)
-    p.add_argument("--num-prompts-per-conc", type=int, default=None, help="default: max(2*concurrency, 4)")
+    p.add_argument("--waves", type=int, default=2, help="requests per concurrency: max(waves*concurrency, 4)")
+    p.add_argument("--num-prompts-per-conc", type=int, default=None, help="a fixed request count instead of --waves")
     p.add_argument("--workload", choices=("aime", "random-ids"), default="aime")
     p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS))
     p.add_argument("--random-input-len", type=int, default=200, help="prompt tokens for --workload random-ids")
@@ -337,6 +339,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--output-len must be >= 4 (bench_serving rejects shorter fixed outputs)")
     if args.num_prompts_per_conc is not None and args.num_prompts_per_conc < 1:
         p.error("--num-prompts-per-conc must be >= 1")
+    if args.waves < 1:
+        p.error("--waves must be >= 1")
     if args.workload == "aime" and args.data_dir is None:
         p.error("--workload aime needs --data-dir")
     try:
@@ -349,7 +353,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> int:
+    """``clock``: run-time history shared by several invocations in one process (benchmarks.sweep)."""
     args = parse_args(argv)
     install_signal_handlers()
     deadline = Deadline(args.time_budget)
@@ -359,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = run_metadata(args.run_id)
     log.line(f"throughput run {args.run_id} on {meta['device']}; logs and prompt files in {args.work_dir}")
 
-    num_prompts = {c: args.num_prompts_per_conc or default_num_prompts(c) for c in args.concurrencies}
+    num_prompts = {c: args.num_prompts_per_conc or default_num_prompts(c, args.waves) for c in args.concurrencies}
     workload_doc: dict[str, Any] = {
         "kind": args.workload,
         "output_len": args.output_len,
@@ -380,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workload = Workload(args.workload, args.output_len, workload_doc["input_len"], args.temperature, files)
 
     docs = []
-    clock = RunClock()
+    clock = clock or RunClock()
     for config in args.server_configs:
         doc: dict[str, Any] = {
             "kind": "throughput",

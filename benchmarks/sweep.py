@@ -1,0 +1,148 @@
+"""The full serving sweep (real model, AIME24+AMC23 prompts), cut into chunks that fit one GPU command.
+
+    python -m benchmarks.sweep status --tag T [--results-dir benchmarks/results]
+    python -m benchmarks.sweep run --tag T --model M --data-dir D --out $OUT \\
+        (--chunks 0,1 | --next N) [--time-budget 560]
+
+The matrix is ``OUTPUT_LENS`` x ``CONFIGS`` x ``CONCURRENCY``. A chunk is one (output length,
+config): one server start and one run per concurrency, a few minutes on an H100, so a 10-minute
+device command runs one or two. All chunks of one output length share the run id
+``sweep-<tag>-<len>`` (a tag names one measured commit, e.g. its short hash), so the report prints
+every config's ratio against the stock chunk of that run id. ``status`` reads the result JSONs
+and marks each chunk done (every concurrency ok), partial or missing; ``run --next N`` runs the
+first N chunks that are not done, reading the same JSONs from the tree it runs in (the checked-in
+results travel with it), so successive device commands walk the matrix. Re-running a chunk
+rewrites its JSON. One wave of requests per concurrency (outputs have a fixed length, so the
+batch stays full without a second wave, at half the time); the run-time history of the chunks
+run so far skips work that cannot finish in the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import throughput
+from benchmarks.configs import file_stem
+from benchmarks.runlog import Deadline
+
+OUTPUT_LENS = (2048, 4096, 7000)  # SmolLM2's context is 8192: 7000 + the longest prompt fits
+CONFIGS = ("stock", "stock-flashinfer", "ngram", "pillar", "pillar-coarse", "pillar-streaming")
+CONCURRENCY = (1, 8, 32, 64, 128, 256)
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One (output length, config) of the matrix; ``index`` is its place in ``chunks()``."""
+
+    index: int
+    output_len: int
+    config: str
+
+    def run_id(self, tag: str) -> str:
+        return f"sweep-{tag}-{self.output_len}"
+
+    def result_file(self, tag: str, results_dir: Path) -> Path:
+        return results_dir / f"throughput_{self.run_id(tag)}_{file_stem(self.config)}.json"
+
+
+def chunks() -> list[Chunk]:
+    """Output length outer, config inner: stock of a length runs before the configs compared with it."""
+    pairs = [(n, c) for n in OUTPUT_LENS for c in CONFIGS]
+    return [Chunk(i, n, c) for i, (n, c) in enumerate(pairs)]
+
+
+def chunk_state(chunk: Chunk, tag: str, results_dir: Path) -> tuple[str, list[int]]:
+    """('done' | 'partial' | 'missing', concurrencies that ran ok)."""
+    path = chunk.result_file(tag, results_dir)
+    if not path.is_file():
+        return "missing", []
+    doc = json.loads(path.read_text())
+    ok = sorted(r["concurrency"] for r in doc.get("runs", []) if r.get("status") == "ok")
+    return ("done" if set(CONCURRENCY) <= set(ok) else "partial"), ok
+
+
+def status_table(tag: str, results_dir: Path) -> str:
+    lines = ["| chunk | output len | config | state | concurrencies ok |", "|---|---|---|---|---|"]
+    for ch in chunks():
+        state, ok = chunk_state(ch, tag, results_dir)
+        lines.append(f"| {ch.index} | {ch.output_len} | {ch.config} | {state} | {' '.join(map(str, ok)) or '-'} |")
+    return "\n".join(lines)
+
+
+def pick(args: argparse.Namespace) -> list[Chunk]:
+    """The chunks named by --chunks, or the first --next ones not done in --results-dir."""
+    table = chunks()
+    if args.chunks is not None:
+        return [table[i] for i in args.chunks]
+    todo = [ch for ch in table if chunk_state(ch, args.tag, args.results_dir)[0] != "done"]
+    return todo[: args.next]
+
+
+def run(args: argparse.Namespace) -> int:
+    deadline = Deadline(args.time_budget)
+    clock = throughput.RunClock()
+    todo = pick(args)
+    if not todo:
+        print(f"sweep {args.tag}: every chunk is done", flush=True)
+        return 0
+    failed = False
+    for ch in todo:
+        left = deadline.remaining()
+        if left < throughput.MIN_START_S + throughput.STOP_RESERVE_S:
+            print(f"sweep {args.tag}: chunk {ch.index} ({ch.config}, {ch.output_len}) not started, {left:.0f} s left")
+            continue
+        argv = ["--model", args.model, "--data-dir", str(args.data_dir), "--out", str(args.out),
+                "--configs", ch.config, "--output-len", str(ch.output_len),
+                "--concurrency", ",".join(map(str, CONCURRENCY)), "--waves", "1",
+                "--run-id", ch.run_id(args.tag), "--time-budget", f"{left:.0f}"]  # fmt: skip
+        failed |= throughput.main(argv, clock) != 0
+    return 1 if failed else 0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("status", "run"):
+        s = sub.add_parser(name)
+        s.add_argument("--tag", required=True, help="names the measured commit; part of every run id")
+        s.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where finished chunks are looked up")
+    r = sub.choices["run"]
+    r.add_argument("--model", required=True, help="model folder (also the tokenizer)")
+    r.add_argument("--data-dir", type=Path, required=True, help="folder with aime24.jsonl / amc23.jsonl")
+    r.add_argument("--out", type=Path, required=True, help="output folder (on the GPU node: $OUT)")
+    which = r.add_mutually_exclusive_group(required=True)
+    which.add_argument("--chunks", default=None, help="comma-separated chunk indices (see status)")
+    which.add_argument("--next", type=int, default=None, help="run the first N chunks not done")
+    r.add_argument("--time-budget", type=float, default=560.0, help="seconds for the whole command")
+    args = p.parse_args(argv)
+    if not args.tag or not all(ch.isalnum() or ch in "._-" for ch in args.tag):
+        p.error(f"--tag must be letters, digits, '.', '_' or '-' (it is part of file names), got {args.tag!r}")
+    if args.command == "run":
+        if args.chunks is not None:
+            try:
+                args.chunks = [int(x) for x in args.chunks.split(",") if x.strip()]
+            except ValueError:
+                p.error(f"--chunks must be comma-separated integers, got {args.chunks!r}")
+            if not args.chunks or not all(0 <= i < len(chunks()) for i in args.chunks):
+                p.error(f"--chunks must name chunks 0..{len(chunks()) - 1}")
+        if args.next is not None and args.next < 1:
+            p.error("--next must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.command == "status":
+        print(status_table(args.tag, args.results_dir))
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

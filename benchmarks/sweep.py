@@ -13,8 +13,9 @@ and marks each chunk done (every concurrency ok), partial or missing; ``run --ne
 first N chunks that are not done, reading the same JSONs from the tree it runs in (the checked-in
 results travel with it), so successive device commands walk the matrix. Re-running a chunk
 rewrites its JSON. One wave of requests per concurrency (outputs have a fixed length, so the
-batch stays full without a second wave, at half the time); the run-time history of the chunks
-run so far skips work that cannot finish in the budget.
+batch stays full without a second wave, at half the time). A chunk whose expected time (server
+start + one run per concurrency, from the slowest earlier run of each shape in the results and in
+this command) does not fit the budget left is not started: a chunk cut short is wasted device time.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from pathlib import Path
 
 from benchmarks import throughput
 from benchmarks.configs import file_stem
+from benchmarks.report import stream_interval
 from benchmarks.runlog import Deadline
 
 OUTPUT_LENS = (2048, 4096, 7000)  # SmolLM2's context is 8192: 7000 + the longest prompt fits
 CONFIGS = ("stock", "stock-flashinfer", "ngram", "pillar", "pillar-coarse", "pillar-streaming")
 CONCURRENCY = (1, 8, 32, 64, 128, 256)
+WAVES = 1
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -68,10 +71,15 @@ def chunk_state(chunk: Chunk, tag: str, results_dir: Path) -> tuple[str, list[in
 
 
 def status_table(tag: str, results_dir: Path) -> str:
-    lines = ["| chunk | output len | config | state | concurrencies ok |", "|---|---|---|---|---|"]
+    """One row per chunk; the expected seconds come from the results' run times (seed_clock), for planning."""
+    clock = throughput.RunClock()
+    seed_clock(clock, results_dir)
+    lines = ["| chunk | output len | config | state | concurrencies ok | expected s |", "|---|---|---|---|---|---|"]
     for ch in chunks():
         state, ok = chunk_state(ch, tag, results_dir)
-        lines.append(f"| {ch.index} | {ch.output_len} | {ch.config} | {state} | {' '.join(map(str, ok)) or '-'} |")
+        need = chunk_s(clock, ch)
+        lines.append(f"| {ch.index} | {ch.output_len} | {ch.config} | {state} | {' '.join(map(str, ok)) or '-'} "
+                     f"| {'?' if need is None else f'{need:.0f}'} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -84,9 +92,31 @@ def pick(args: argparse.Namespace) -> list[Chunk]:
     return todo[: args.next]
 
 
+def seed_clock(clock: throughput.RunClock, results_dir: Path) -> None:
+    """Run times of the throughput results in ``results_dir`` (any run id) that streamed in chunks:
+    at stream interval 1 the HTTP path, not decoding, set the pace. Server starts are not seeded:
+    a warm node starts a server in 60-140 s, a fresh one in up to 240 s, and this command knows
+    which it is only from its own starts."""
+    for path in sorted(results_dir.glob("throughput_*.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("kind") != "throughput" or stream_interval(doc["config"]["flags"]) <= 1:
+            continue
+        for r in doc["runs"]:
+            if r["status"] == "ok" and r.get("wall_s") and r.get("metrics"):
+                clock.record_run(r["concurrency"], doc["workload"]["output_len"], r["metrics"]["total_output_tokens"],
+                                 r["wall_s"])  # fmt: skip
+
+
+def chunk_s(clock: throughput.RunClock, chunk: Chunk) -> float | None:
+    """Expected seconds of a chunk (server start + its runs); None while a run shape has no history."""
+    runs = [clock.run_s(c, chunk.output_len, throughput.default_num_prompts(c, WAVES)) for c in CONCURRENCY]
+    return None if None in runs else clock.startup_s + sum(r for r in runs if r is not None)
+
+
 def run(args: argparse.Namespace) -> int:
     deadline = Deadline(args.time_budget)
     clock = throughput.RunClock()
+    seed_clock(clock, args.results_dir)
     todo = pick(args)
     if not todo:
         print(f"sweep {args.tag}: every chunk is done", flush=True)
@@ -94,12 +124,15 @@ def run(args: argparse.Namespace) -> int:
     failed = False
     for ch in todo:
         left = deadline.remaining()
-        if left < throughput.MIN_START_S + throughput.STOP_RESERVE_S:
-            print(f"sweep {args.tag}: chunk {ch.index} ({ch.config}, {ch.output_len}) not started, {left:.0f} s left")
+        need = chunk_s(clock, ch)
+        if left < (need or throughput.MIN_START_S) + throughput.STOP_RESERVE_S:
+            guess = "unknown" if need is None else f"about {need:.0f} s"
+            print(f"sweep {args.tag}: chunk {ch.index} ({ch.config}, {ch.output_len}) not started: {guess} needed, "
+                  f"{left:.0f} s left", flush=True)  # fmt: skip
             continue
         argv = ["--model", args.model, "--data-dir", str(args.data_dir), "--out", str(args.out),
                 "--configs", ch.config, "--output-len", str(ch.output_len),
-                "--concurrency", ",".join(map(str, CONCURRENCY)), "--waves", "1",
+                "--concurrency", ",".join(map(str, CONCURRENCY)), "--waves", str(WAVES),
                 "--run-id", ch.run_id(args.tag), "--time-budget", f"{left:.0f}"]  # fmt: skip
         failed |= throughput.main(argv, clock) != 0
     return 1 if failed else 0

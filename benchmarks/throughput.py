@@ -64,21 +64,27 @@ RUN_MARGIN = 1.3  # a config may be slower than the slowest one seen so far at t
 
 @dataclass
 class RunClock:
-    """Wall-time guesses from this invocation's own history, so that a server is not started (and a
-    bench not launched) when the budget cannot cover it: a run cut short by the budget is wasted
-    device time. ``rates[c]``: slowest output tok/s (wall clock, warmup included) of a finished run at
-    concurrency ``c``; ``startup_s``: slowest server start so far."""
+    """Wall-time guesses from measured history, so that a server is not started (and a bench not
+    launched) when the budget cannot cover it: a run cut short by the budget is wasted device time.
+    ``rates[(c, n)]``: slowest output tok/s (wall clock, warmup included) of a finished run at
+    concurrency ``c`` with ``n`` output tokens per request; ``startup_s``: slowest server start so far."""
 
-    rates: dict[int, float] = field(default_factory=dict)
+    rates: dict[tuple[int, int], float] = field(default_factory=dict)
     startup_s: float = MIN_START_S
 
-    def run_s(self, concurrency: int, output_tokens: int) -> float:
-        rate = self.rates.get(concurrency)
-        return MIN_RUN_S if rate is None else max(MIN_RUN_S, RUN_MARGIN * output_tokens / rate)
+    def run_s(self, concurrency: int, output_len: int, num_prompts: int) -> float | None:
+        """Expected wall time of a run; None before any run of this shape finished."""
+        rate = self.rates.get((concurrency, output_len))
+        return None if rate is None else max(MIN_RUN_S, RUN_MARGIN * num_prompts * output_len / rate)
 
-    def record_run(self, concurrency: int, output_tokens: int, wall_s: float) -> None:
+    def guess_s(self, concurrency: int, output_len: int, num_prompts: int) -> float:
+        expected = self.run_s(concurrency, output_len, num_prompts)
+        return MIN_RUN_S if expected is None else expected
+
+    def record_run(self, concurrency: int, output_len: int, output_tokens: int, wall_s: float) -> None:
         rate = output_tokens / wall_s
-        self.rates[concurrency] = min(rate, self.rates.get(concurrency, rate))
+        key = (concurrency, output_len)
+        self.rates[key] = min(rate, self.rates.get(key, rate))
 
     def record_start(self, seconds: float) -> None:
         self.startup_s = max(self.startup_s, seconds)
@@ -217,7 +223,7 @@ def run_config(
     ]
     srv = doc["server"]
     first = concurrencies[0]
-    first_run_s = clock.run_s(first, num_prompts[first] * workload.output_len)
+    first_run_s = clock.guess_s(first, workload.output_len, num_prompts[first])
     if not deadline.allows(clock.startup_s + first_run_s + STOP_RESERVE_S):
         srv.update(status="skipped", error=f"time budget ({deadline.remaining():.0f} s left)")
         for r in runs:
@@ -245,7 +251,7 @@ def run_config(
             if srv["status"] != "ok":
                 r.update(status="failed", error="server died earlier")
                 continue
-            expected_s = clock.run_s(c, n * workload.output_len)
+            expected_s = clock.guess_s(c, workload.output_len, n)
             if not deadline.allows(STOP_RESERVE_S + expected_s):
                 r["error"] = "time budget"
                 log.line(f"{config.name} c={c}: SKIPPED (time budget: about {expected_s:.0f} s needed, "
@@ -267,7 +273,7 @@ def run_config(
                 done = r["metrics"]["completed"]
                 r["status"] = "ok" if done == n else "failed"
                 if done == n:
-                    clock.record_run(c, r["metrics"]["total_output_tokens"], r["wall_s"])
+                    clock.record_run(c, workload.output_len, r["metrics"]["total_output_tokens"], r["wall_s"])
                 else:
                     r["error"] = f"only {done}/{n} requests completed"
             except ServerError as e:

@@ -419,15 +419,17 @@ def test_parse_bench_result(tmp_path: Path) -> None:
     assert throughput.default_num_prompts(1) == 4 and throughput.default_num_prompts(64) == 128
 
 
-def test_run_clock_guesses_from_the_slowest_run_at_the_same_concurrency() -> None:
+def test_run_clock_guesses_from_the_slowest_run_of_the_same_shape() -> None:
     clock = throughput.RunClock()
-    assert clock.run_s(256, 10**6) == throughput.MIN_RUN_S  # nothing seen at this concurrency yet
-    clock.record_run(256, 1_048_576, 30.0)  # 34953 tok/s
-    clock.record_run(256, 1_048_576, 50.0)  # slower config: 20972 tok/s wins
-    clock.record_run(64, 262_144, 10.0)
-    assert clock.run_s(256, 1_048_576) == pytest.approx(throughput.RUN_MARGIN * 50.0)
-    assert clock.run_s(256, 1_792_000) == pytest.approx(throughput.RUN_MARGIN * 50.0 * 1_792_000 / 1_048_576)
-    assert clock.run_s(64, 1000) == throughput.MIN_RUN_S and clock.run_s(1, 10**6) == throughput.MIN_RUN_S
+    assert clock.run_s(256, 4096, 256) is None and clock.guess_s(256, 4096, 256) == throughput.MIN_RUN_S
+    clock.record_run(256, 4096, 1_048_576, 30.0)  # 34953 tok/s
+    clock.record_run(256, 4096, 1_048_576, 50.0)  # slower config: 20972 tok/s wins
+    clock.record_run(64, 4096, 262_144, 10.0)
+    clock.record_run(256, 2048, 524_288, 10.0)  # another output length is another shape
+    assert clock.run_s(256, 4096, 256) == pytest.approx(throughput.RUN_MARGIN * 50.0)
+    assert clock.run_s(256, 4096, 512) == pytest.approx(throughput.RUN_MARGIN * 100.0)
+    assert clock.run_s(64, 4096, 1) == throughput.MIN_RUN_S and clock.run_s(1, 4096, 4) is None
+    assert clock.run_s(256, 2048, 1024) == pytest.approx(throughput.RUN_MARGIN * 40.0)
     clock.record_start(60.0)
     assert clock.startup_s == throughput.MIN_START_S
     clock.record_start(141.0)

@@ -16,8 +16,11 @@ from benchmarks import sweep, throughput  # noqa: E402
 
 
 def write_result(results: Path, chunk: sweep.Chunk, tag: str, ok: list[int]) -> None:
-    runs = [{"concurrency": c, "status": "ok" if c in ok else "failed"} for c in sweep.CONCURRENCY]
-    chunk.result_file(tag, results).write_text(json.dumps({"kind": "throughput", "runs": runs}))
+    runs = [{"concurrency": c, "status": "ok" if c in ok else "failed", "wall_s": 1.0,
+             "metrics": {"total_output_tokens": 1000}} for c in sweep.CONCURRENCY]  # fmt: skip
+    doc = {"kind": "throughput", "config": {"flags": ["--stream-interval", "8"]},
+           "workload": {"output_len": chunk.output_len}, "runs": runs}  # fmt: skip
+    chunk.result_file(tag, results).write_text(json.dumps(doc))
 
 
 def test_chunks_cover_the_matrix_stock_first_per_length() -> None:
@@ -41,8 +44,8 @@ def test_status_and_next(tmp_path: Path) -> None:
     assert sweep.chunk_state(table[1], "t1", tmp_path) == ("partial", [1, 8])
     assert sweep.chunk_state(table[2], "t1", tmp_path) == ("missing", [])
     md = sweep.status_table("t1", tmp_path)
-    assert "| 0 | 2048 | stock | done | 1 8 32 64 128 256 |" in md and "| 1 | 2048 | stock-flashinfer | partial | 1 8 |" in md
-    assert "| 2 | 2048 | ngram | missing | - |" in md
+    assert "| 0 | 2048 | stock | done | 1 8 32 64 128 256 | " in md and "| 1 | 2048 | stock-flashinfer | partial | 1 8 | " in md
+    assert "| 2 | 2048 | ngram | missing | - | " in md
     args = sweep.parse_args(["run", "--tag", "t1", "--results-dir", str(tmp_path), "--model", "m", "--data-dir", "d",
                              "--out", "o", "--next", "2"])  # fmt: skip
     assert [ch.index for ch in sweep.pick(args)] == [1, 2]  # the partial chunk is run again
@@ -69,6 +72,35 @@ def test_run_hands_each_chunk_to_throughput(tmp_path: Path, monkeypatch: pytest.
         write_result(tmp_path, ch, "t2", list(sweep.CONCURRENCY))
     calls.clear()
     assert sweep.main(["run", *common, "--next", "3"]) == 0 and calls == []
+
+
+def tp_result(path: Path, output_len: int, flags: list[str], runs: list[tuple[int, int, float]]) -> None:
+    """A throughput JSON with (concurrency, output tokens, wall s) ok runs."""
+    doc = {"kind": "throughput", "config": {"flags": flags}, "workload": {"output_len": output_len},
+           "runs": [{"concurrency": c, "status": "ok", "wall_s": w, "metrics": {"total_output_tokens": t}}
+                    for c, t, w in runs]}  # fmt: skip
+    path.write_text(json.dumps(doc))
+
+
+def test_seeded_clock_skips_a_chunk_that_cannot_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 7000-token runs at stream interval 8: every concurrency takes 100 s (at one wave, the sweep's request count).
+    runs = [(c, throughput.default_num_prompts(c, 1) * 7000, 100.0) for c in sweep.CONCURRENCY]
+    tp_result(tmp_path / "throughput_a_stock.json", 7000, ["--stream-interval", "8"], runs)
+    # Stream interval 1 was paced by the HTTP path: ignored.
+    tp_result(tmp_path / "throughput_b_stock.json", 7000, [], [(c, t, 10 * w) for c, t, w in runs])
+    clock = throughput.RunClock()
+    sweep.seed_clock(clock, tmp_path)
+    seven_k, two_k = sweep.chunks()[-1], sweep.chunks()[0]
+    assert seven_k.output_len == 7000 and two_k.output_len == 2048
+    assert sweep.chunk_s(clock, seven_k) == pytest.approx(throughput.MIN_START_S + 6 * throughput.RUN_MARGIN * 100.0)
+    assert sweep.chunk_s(clock, two_k) is None  # no 2K history
+
+    started: list[str] = []
+    monkeypatch.setattr(throughput, "main", lambda argv, clock: started.append(argv[argv.index("--configs") + 1]) or 0)
+    common = ["--tag", "t3", "--results-dir", str(tmp_path), "--model", "/m", "--data-dir", "/d", "--out", str(tmp_path)]
+    # ~870 s needed for the 7K chunk: not started; the 2K chunk (unknown) is.
+    assert sweep.main(["run", *common, "--chunks", f"{seven_k.index},{two_k.index}", "--time-budget", "560"]) == 0
+    assert started == ["stock"]
 
 
 @pytest.mark.parametrize(

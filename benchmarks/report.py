@@ -232,7 +232,14 @@ def _knobs_text(env: dict[str, str], skip: tuple[str, ...] = ()) -> str:
     return " ".join(f"{k.removeprefix('SPARSESPEC_')}={v}" for k, v in sorted(env.items()) if k not in skip)
 
 
-ACCEPTANCE_HEADERS = ("run", "config", "server env", "T", "new tokens", "accept len", ">= j drafts accepted, j = 1..k")
+ACCEPTANCE_HEADERS = ("run", "config", "server env", "tail / select every", "T", "new tokens", "accept len",
+                      ">= j drafts accepted, j = 1..k")  # fmt: skip
+
+
+def _resolved_knobs(doc: dict[str, Any], config: str) -> str:
+    """Recent window and selection cadence the server resolved (recorded since the knobs' defaults changed)."""
+    pc = doc["servers"].get(config, {}).get("pillar_config")
+    return f"{pc['recent_window']} / {pc['select_every']}" if pc else "not recorded"
 
 
 def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -242,9 +249,10 @@ def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
         s = d["settings"]
         for config, passes in d["results"].items():
             env_text = _knobs_text(_server_env(d, config)) or "-"
+            resolved = _resolved_knobs(d, config)
             for a in passes:
                 rates = " ".join(f"{r:.2f}" for r in a.get("accept_rate_by_position") or []) or "-"
-                rows.append([d["meta"]["run_id"], config, env_text, a["temperature"], s["max_new_tokens"],
+                rows.append([d["meta"]["run_id"], config, env_text, resolved, a["temperature"], s["max_new_tokens"],
                              fmt(a.get("accept_length_overall"), ".2f"), rates])  # fmt: skip
     if not rows:
         return ""
@@ -252,7 +260,7 @@ def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "### Draft policies (acceptance)\n\n"
         "Same prompts and fixed-length outputs for every policy; `oracle` selects each draft query's own "
         "exact top-K (an upper bound, analysis only). Server env lists PILLAR knobs that differ from the "
-        "defaults of the commit that ran.\n\n" + markdown_table(ACCEPTANCE_HEADERS, rows) + "\n"
+        "defaults of the commit that ran; tail / select every are the values the server resolved.\n\n" + markdown_table(ACCEPTANCE_HEADERS, rows) + "\n"
     )
 
 

@@ -770,9 +770,12 @@ def test_report_main_writes_summary(tmp_path: Path) -> None:
 def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     acc = {
         "kind": "acceptance", "meta": {"run_id": "A1"}, "settings": {"max_new_tokens": 4096, "env": {"SPARSESPEC_RECENT_WINDOW": "64"}},
-        "servers": {"pillar-streaming": {"env": {"SPARSESPEC_POLICY": "streaming"}}},
+        "servers": {"pillar-streaming": {"env": {"SPARSESPEC_POLICY": "streaming"}},
+                    "pillar": {"env": {}, "pillar_config": {"recent_window": 64, "select_every": 4}}},
         "results": {"pillar-streaming": [{"temperature": 0.6, "status": "ok", "accept_length_overall": 6.25,
-                                          "accept_rate_by_position": [0.9, 0.8]}]},
+                                          "accept_rate_by_position": [0.9, 0.8]}],
+                    "pillar": [{"temperature": 0.0, "status": "ok", "accept_length_overall": 6.0,
+                                "accept_rate_by_position": [0.9, 0.7]}]},
     }  # fmt: skip
     dec = {"shape": "s", "bs": 4, "seq_len": 1024, "selected": 52, "tail": 16, "sparse_us": 10.0, "sparse_GBps": 100.0,
            "sglang_full_us": 40.0, "flashinfer_full_us": "unavailable: ImportError()"}  # fmt: skip
@@ -791,7 +794,8 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     (tmp_path / "kernels.json").write_text(json.dumps(kern))
     assert report.main(["--results-dir", str(tmp_path), "--no-plots"]) == 0
     md = (tmp_path / "SUMMARY.md").read_text()
-    assert "| A1 | pillar-streaming | POLICY=streaming RECENT_WINDOW=64 | 0.6 | 4096 | 6.25 | 0.90 0.80 |" in md
+    assert "| A1 | pillar-streaming | POLICY=streaming RECENT_WINDOW=64 | not recorded | 0.6 | 4096 | 6.25 | 0.90 0.80 |" in md
+    assert "| A1 | pillar | RECENT_WINDOW=64 | 64 / 4 | 0.0 | 4096 | 6.00 | 0.90 0.70 |" in md
     assert "| s | 4 | 1024 | 68 | 10.0 | 100 | 40.0 | - | 4.0x | - |" in md
     assert "| s | 4 | 1024 | 50.0 | 20.0 | 900 | 2.5x | 5.0 | 30% | 12% |" in md
     assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md

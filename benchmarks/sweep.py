@@ -8,8 +8,10 @@ The matrix is ``OUTPUT_LENS`` x ``CONFIGS`` x ``CONCURRENCY``. A chunk is one (o
 config): one server start and one run per concurrency, a few minutes on an H100, so a 10-minute
 device command runs one or two. All chunks of one output length share the run id
 ``sweep-<tag>-<len>`` (a tag names one measured commit, e.g. its short hash), so the report prints
-every config's ratio against the stock chunk of that run id. ``status`` reads the result JSONs
-and marks each chunk done (every concurrency ok), partial or missing; ``run --next N`` runs the
+every config's ratio against the stock chunk of that run id. Chunks of one length may come from
+different device commands, even different nodes of the same kind (each JSON keeps its own date and
+device): run a length's chunks within one session where its ratios matter. ``status`` reads the
+result JSONs and marks each chunk done (every concurrency ok), partial or missing; ``run --next N`` runs the
 first N chunks that are not done, reading the same JSONs from the tree it runs in (the checked-in
 results travel with it), so successive device commands walk the matrix. Re-running a chunk
 rewrites its JSON. One wave of requests per concurrency (outputs have a fixed length, so the

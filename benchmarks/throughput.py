@@ -57,9 +57,9 @@ from benchmarks.workload import (
 
 BENCH_MODULE = "sglang.benchmark.serving"  # what `python -m sglang.bench_serving` forwards to in 0.5.17
 STOP_RESERVE_S = 25.0  # budget kept back so the server can always be stopped and the JSON written
-MIN_START_S = 90.0  # don't launch a server unless this much budget is left (start alone takes 75-200 s)
-MIN_RUN_S = 20.0
-RUN_MARGIN = 1.3  # a config may be slower than the slowest one seen so far at the same concurrency
+MIN_START_S = 90.0  # floor of the server-start guess (a start takes 60-140 s warm, up to 240 s on a fresh node)
+MIN_RUN_S = 20.0  # floor of the run-time guess, and the guess for a run shape never measured
+RUN_MARGIN = 1.3  # a config may be slower than the slowest one measured so far at the same shape
 
 
 @dataclass

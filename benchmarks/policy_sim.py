@@ -2,13 +2,14 @@
 
     python -m benchmarks.policy_sim --model M --data-dir D [--prompt-index 1] [--max-new-tokens 1500] \\
         [--policies pillar,coarse,streaming] [--recent-window 64] [--min-budget 128] [--out F.json] \\
-        [--check-lossless]
+        [--select-every 4] [--score-rows all|last] [--check-lossless]
 
 Each round is simulated as the PILLAR worker runs it: k greedy draft steps whose attention, per
 layer and KV head, is restricted to the policy's plan (the budget rule, windows and streaming seed
 of ``sglang_sparsespec.selection``), then a full-attention verify of the k+1 tokens, greedy
 acceptance, and the next plan from the verify rows' softmax mass over the prefix (averaged over the
-GQA group and the k+1 rows; per layer and KV head for ``pillar``, summed for ``coarse``). Draft KV
+GQA group and the k+1 rows, or the last row only with --score-rows last; per layer and KV head for
+``pillar``, summed for ``coarse``). Draft KV
 is written with sparse attention and replaced by the verify, as on the GPU. The model runs in its
 own HF implementation on CPU (fp32 unless --dtype bfloat16), so policies and knobs can be compared
 without device time; it matches the GPU's acceptance (AIME24 prompt 1, 1500 tokens, recent window
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
 from sglang_sparsespec.selection.policy import draft_window, streaming_plan
 
 SIM_POLICIES = (SelectionPolicy.PILLAR, SelectionPolicy.COARSE, SelectionPolicy.STREAMING)
@@ -167,9 +168,10 @@ def simulate(model, prompt_ids: Sequence[int], max_new_tokens: int, cfg: PillarC
         seq += drafts[:accepted] + [target[accepted]]
         accepts.append(accepted + 1)
         cache.crop(v + accepted + 1)  # exact KV of the last committed token and the accepted drafts
+        rows = slice(-1, None) if cfg.score_rows is ScoreRows.LAST else slice(None)
         scores = torch.stack(
-            [_STATE.probs[i][:, :, :v].reshape(h_kv, -1, v).mean(1) for i in range(layers)]
-        )  # [layers, H_kv, v]: mean over the group's heads and the k+1 rows
+            [_STATE.probs[i][:, rows, :v].reshape(h_kv, -1, v).mean(1) for i in range(layers)]
+        )  # [layers, H_kv, v]: mean over the group's heads and the k+1 rows (or the last row)
         tail_start, count = draft_window(cfg, torch.tensor([v]), torch.tensor([v + accepted + 1]), kmax)
         window = (int(tail_start[0]), int(count[0]))
     return SimResult(cfg.policy.value, seq[len(prompt_ids) :][:max_new_tokens], accepts, time.monotonic() - started)
@@ -198,6 +200,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--recent-window", type=int, default=defaults.recent_window)
     p.add_argument("--sink-tokens", type=int, default=defaults.sink_tokens)
     p.add_argument("--select-every", type=int, default=defaults.select_every, help="re-select every N rounds")
+    p.add_argument("--score-rows", choices=[r.value for r in ScoreRows], default=defaults.score_rows.value,
+                   help="verify rows that score the prefix")  # fmt: skip
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--check-lossless", action="store_true", help="compare every output with plain greedy decoding")
     p.add_argument("--out", type=Path, default=None, help="JSON result path")
@@ -229,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for policy in args.policies:
         cfg = PillarConfig(num_steps=args.num_steps, budget_ratio=args.budget_ratio, min_budget=args.min_budget,
                            recent_window=args.recent_window, sink_tokens=args.sink_tokens, policy=policy,
-                           select_every=args.select_every)  # fmt: skip
+                           select_every=args.select_every, score_rows=ScoreRows(args.score_rows))  # fmt: skip
         res = simulate(model, prompt.input_ids, args.max_new_tokens, cfg)
         rec: dict[str, Any] = {"accept_length": res.accept_length, "rounds": len(res.accepts), "wall_s": res.wall_s}
         if args.check_lossless:

@@ -378,8 +378,8 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
     )
 
 
-SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "select every", "policy", "accept len",
-               "rounds", "lossless")  # fmt: skip
+SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "select every", "score rows", "policy",
+               "accept len", "rounds", "lossless")  # fmt: skip
 
 
 def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -391,7 +391,8 @@ def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
             div = r.get("first_divergence_from_greedy", "unchecked")
             lossless = "unchecked" if div == "unchecked" else ("yes" if div is None else f"diverged at {div}")
             rows.append([d["_file"], s["source"], s["max_new_tokens"], s["recent_window"], s["min_budget"],
-                         s.get("select_every", 1), policy, fmt(r["accept_length"], ".2f"), r["rounds"], lossless])  # fmt: skip
+                         s.get("select_every", 1), s.get("score_rows", "all"), policy, fmt(r["accept_length"], ".2f"),
+                         r["rounds"], lossless])  # fmt: skip
     if not rows:
         return ""
     return (

@@ -12,6 +12,9 @@ s = cap(sm_scale * q . k) is the same logit the attention kernel used. Every ver
 the whole prefix, so the divisor is the same for all t. The k + 1 verify tokens themselves
 are not scored (they are not in kv_indices).
 
+With ``last_row_only`` only the request's last verify row (the query furthest ahead, nearest to
+the next round's drafts) is scored: i runs over {n_q - 1} and the divisor is G.
+
 Output layout (flat, SGLang kv_indptr offsets): `out[h, kv_indptr[b] + t]` for t < prefix_len[b];
 entries of `out` outside those ranges are left untouched. Pass a per-layer slice
 `scores[l]` of a `[num_layers, H_kv, cap]` buffer so that a single selection launch can later
@@ -59,6 +62,7 @@ def _score_capture_kernel(
     ACCUMULATE: tl.constexpr,
     TRANSPOSED: tl.constexpr,
     HAS_ENABLED: tl.constexpr,
+    LAST_ROW: tl.constexpr,
 ):
     cur_b = tl.program_id(0)
     cur_kv_head = tl.program_id(1)
@@ -74,6 +78,10 @@ def _score_capture_kernel(
     split_start = split * chunk
     split_end = tl.minimum(split_start + chunk, prefix_len)
     n_rows = qo_len * GROUP
+    if LAST_ROW:
+        # Only the last verify query's GROUP rows: shift the row base to it.
+        qo_start += tl.maximum(qo_len - 1, 0)
+        n_rows = tl.minimum(qo_len, 1) * GROUP
     run = (split_end > split_start) & (n_rows > 0)
     if HAS_ENABLED:
         run = run & (tl.load(Enabled) != 0)
@@ -144,6 +152,7 @@ def score_capture(
     accumulate: bool = False,
     transposed: bool | None = None,
     enabled: torch.Tensor | None = None,
+    last_row_only: bool = False,
 ) -> torch.Tensor:
     """Write PillarAttn scores of one layer into `out` (see the module docstring) and return it.
 
@@ -160,6 +169,7 @@ def score_capture(
     transposed: tile orientation (a speed choice only); default: transposed for head dims <= 64.
     enabled: optional [1] int device flag; 0 makes the launch write nothing (read on the device, so a
     captured graph can skip the capture on some replays).
+    last_row_only: score only each request's last verify row (module docstring).
     Sizes that vary per step are read on the device only, so the call is CUDA-graph safe.
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or q.shape[-1] != k_buffer.shape[-1]:
@@ -185,7 +195,7 @@ def score_capture(
     if num_splits is None:
         num_splits = default_num_splits(bs * h_kv, q.device)
     # Row block for the batch's mean verify width (static: tokens / requests); min 16 for tl.dot.
-    mean_rows = -(-num_tokens // max(bs, 1)) * group
+    mean_rows = group if last_row_only else -(-num_tokens // max(bs, 1)) * group
     block_m = max(16, triton.next_power_of_2(mean_rows))
     grid = (bs, h_kv, num_splits)
     _score_capture_kernel[grid](
@@ -215,6 +225,7 @@ def score_capture(
         ACCUMULATE=accumulate,
         TRANSPOSED=d <= 64 if transposed is None else transposed,
         HAS_ENABLED=enabled is not None,
+        LAST_ROW=last_row_only,
         num_warps=8 if block_m >= 128 else 4,
         num_stages=2,
     )
@@ -232,6 +243,7 @@ def score_capture_ref(
     sm_scale: float,
     logit_cap: float = 0.0,
     accumulate: bool = False,
+    last_row_only: bool = False,
 ) -> torch.Tensor:
     """Plain-torch `score_capture` (same contract, loops over requests; for tests)."""
     h_q, h_kv = q.shape[1], k_buffer.shape[1]
@@ -247,6 +259,8 @@ def score_capture_ref(
         if logit_cap > 0:
             s = logit_cap * torch.tanh(s / logit_cap)
         p = torch.exp(s - lse[qo[b] : qo[b + 1], :, None])  # [n_q, H_q, P]
+        if last_row_only:
+            p = p[-1:]
         per_kv_head = p.view(p.shape[0], h_kv, group, -1).mean(dim=(0, 2))  # [H_kv, P]
         if accumulate:
             per_kv_head = per_kv_head + out[:, kv[b] : kv[b + 1]].float()

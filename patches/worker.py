@@ -29,7 +29,12 @@ from sglang.srt.speculative.eagle_worker_common import (
 )
 from sglang.srt.speculative.spec_utils import get_plan_stream
 
-from sglang_sparsespec.config import PillarConfig, SelectionPolicy, VerifyKernel
+from sglang_sparsespec.config import (
+    PillarConfig,
+    ScoreRows,
+    SelectionPolicy,
+    VerifyKernel,
+)
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
@@ -102,6 +107,7 @@ class PillarWorker(BaseSpecWorker):
                 max_q_rows=max_rows * self.speculative_num_draft_tokens,
                 per_layer=per_head,
                 device=self.device,
+                last_row_only=self.cfg.score_rows is ScoreRows.LAST,
             )
         # Must precede the target's CUDA-graph capture (the scheduler calls init_cuda_graphs
         # after every backend is initialised), so the verify kernels are recorded into the

@@ -34,6 +34,15 @@ class SelectionPolicy(str, Enum):
         return self in (SelectionPolicy.PILLAR, SelectionPolicy.COARSE)
 
 
+class ScoreRows(str, Enum):
+    """Which verify queries' attention mass the PillarAttn scores average (with the GQA group)."""
+
+    # All k + 1 verify rows (the paper's rule).
+    ALL = "all"
+    # Only the last verify row: the query furthest ahead, nearest to the next round's drafts.
+    LAST = "last"
+
+
 class VerifyKernel(str, Enum):
     """Attention kernel of the verify pass (Triton backend)."""
 
@@ -71,6 +80,11 @@ class PillarConfig:
     # and 6-13% at N = 4 (round time -12% at 4K x 64 and 16K x 16); SmolLM2 accept length 6.31/6.50
     # -> 5.94/6.66 (T = 0/0.6) and 256 x 4K throughput equal (39.1K vs 39.4K tok/s).
     select_every: int = 4
+    # Which verify rows score the prefix. CPU reference (policy_sim, AIME24 prompts 1-3, fp32, select
+    # every verify): 4096 tokens 6.62/5.89/6.56 (all) vs 7.39/5.80/6.46 (last); 1500 tokens
+    # 7.65/7.08/7.81 vs 7.86/7.77/7.57. One prompt gains 10-12%, the others move by -3..+3%: the
+    # default stays the paper's until the GPU acceptance run says otherwise.
+    score_rows: ScoreRows = ScoreRows.ALL
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
@@ -125,4 +139,5 @@ class PillarConfig:
             timing_every=read("STEP_TIMING", int, cls.timing_every),
             verify_kernel=choice("VERIFY_KERNEL", VerifyKernel, cls.verify_kernel),
             select_every=read("SELECT_EVERY", int, cls.select_every),
+            score_rows=choice("SCORE_ROWS", ScoreRows, cls.score_rows),
         )

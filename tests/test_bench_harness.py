@@ -223,7 +223,7 @@ def test_configs_flags_and_names() -> None:
 def test_config_knob_suffixes() -> None:
     # The knob list is what PillarConfig.from_env reads, not a copy of it.
     knobs = ("BUDGET_RATIO", "MIN_BUDGET", "RECENT_WINDOW", "SINK_TOKENS", "POLICY", "STEP_TIMING", "VERIFY_KERNEL",
-             "SELECT_EVERY")
+             "SELECT_EVERY", "SCORE_ROWS")
     assert configs.PILLAR_KNOBS == knobs
     name = "pillar-streaming:verify_kernel=sglang:recent_window=16"
     cfg = configs.resolve_config(name, ("--foo", "1"))
@@ -799,7 +799,7 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     assert "| s | 4 | 1024 | 68 | 10.0 | 100 | 40.0 | - | 4.0x | - |" in md
     assert "| s | 4 | 1024 | 50.0 | 20.0 | 900 | 2.5x | 5.0 | 30% | 12% |" in md
     assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md
-    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | 1 | pillar | 5.98 | 251 | yes |" in md
+    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | 1 | all | pillar | 5.98 | 251 | yes |" in md
 
 
 def test_report_step_times_section(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ def _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, sm_scale, 
     return lse
 
 
-def _run_score_capture(group, prefix_lens, qo_lens, out_dtype, logit_cap, num_splits, transposed=None):
+def _run_score_capture(group, prefix_lens, qo_lens, out_dtype, logit_cap, num_splits, transposed=None, last_row_only=False):
     h_kv = 2
     h_q = h_kv * group
     sm_scale = D**-0.5
@@ -59,18 +59,22 @@ def _run_score_capture(group, prefix_lens, qo_lens, out_dtype, logit_cap, num_sp
     out = torch.full((h_kv, total + 7), float("nan"), dtype=out_dtype, device=DEVICE)
     expected = out.clone()
     score_capture(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, out, sm_scale, logit_cap, num_splits=num_splits,
-                  transposed=transposed)
-    score_capture_ref(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, expected, sm_scale, logit_cap)
+                  transposed=transposed, last_row_only=last_row_only)
+    score_capture_ref(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, expected, sm_scale, logit_cap,
+                      last_row_only=last_row_only)
     return out, expected, kv_indptr
 
 
-@pytest.mark.parametrize("group, transposed", [(1, True), (3, True), (3, False)])
-def test_score_capture_ragged(group, transposed):
+@pytest.mark.parametrize(
+    "group, transposed, last_row_only", [(1, True, False), (3, True, False), (3, False, False), (3, True, True), (3, False, True)]
+)
+def test_score_capture_ragged(group, transposed, last_row_only):
     torch.manual_seed(10 + group)
-    # Ragged prefixes including L = 1 and an empty prefix; ragged verify widths; both tile orientations.
+    # Ragged prefixes including L = 1 and an empty prefix; ragged verify widths; both tile orientations;
+    # all verify rows or only each request's last one.
     prefix_lens, qo_lens = [37, 1, 0, 200], [4, 3, 4, 1]
     out, expected, kv_indptr = _run_score_capture(
-        group, prefix_lens, qo_lens, torch.float32, 0.0, num_splits=2, transposed=transposed
+        group, prefix_lens, qo_lens, torch.float32, 0.0, num_splits=2, transposed=transposed, last_row_only=last_row_only
     )
     total = kv_indptr[-1].item()
     assert not out[:, :total].isnan().any()
@@ -80,6 +84,17 @@ def test_score_capture_ragged(group, transposed):
     assert (expected[:, :total] >= 0).all() and (expected[:, :total] <= 1).all()
     for b in range(len(prefix_lens)):
         assert (expected[:, kv_indptr[b] : kv_indptr[b + 1]].sum(dim=1) <= 1 + 1e-5).all()
+
+
+def test_score_capture_last_row_only_scores_one_query():
+    torch.manual_seed(15)
+    prefix_lens, qo_lens = [37, 50], [4, 1]
+    last, _, kv_indptr = _run_score_capture(3, prefix_lens, qo_lens, torch.float32, 0.0, num_splits=2, last_row_only=True)
+    torch.manual_seed(15)
+    every, _, _ = _run_score_capture(3, prefix_lens, qo_lens, torch.float32, 0.0, num_splits=2)
+    a, b = kv_indptr[1].item(), kv_indptr[2].item()
+    assert not torch.allclose(last[:, :a], every[:, :a])  # four verify rows: the last one alone differs
+    torch.testing.assert_close(last[:, a:b], every[:, a:b])  # one verify row: the same thing
 
 
 @pytest.mark.parametrize("transposed", [True, False])

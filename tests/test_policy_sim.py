@@ -10,7 +10,7 @@ from benchmarks.policy_sim import (
     register_attention,
     simulate,
 )
-from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +31,14 @@ PROMPT = list(range(3, 43))
 
 
 @pytest.mark.parametrize(
-    "policy, select_every",
-    [(SelectionPolicy.PILLAR, 1), (SelectionPolicy.COARSE, 1), (SelectionPolicy.STREAMING, 1), (SelectionPolicy.PILLAR, 3)],
-)
-def test_outputs_equal_plain_greedy(tiny_model, policy, select_every):
-    cfg = PillarConfig(num_steps=4, min_budget=8, recent_window=4, policy=policy, select_every=select_every)
+    "policy, select_every, score_rows",
+    [(SelectionPolicy.PILLAR, 1, ScoreRows.ALL), (SelectionPolicy.COARSE, 1, ScoreRows.ALL),
+     (SelectionPolicy.STREAMING, 1, ScoreRows.ALL), (SelectionPolicy.PILLAR, 3, ScoreRows.ALL),
+     (SelectionPolicy.PILLAR, 1, ScoreRows.LAST)],
+)  # fmt: skip
+def test_outputs_equal_plain_greedy(tiny_model, policy, select_every, score_rows):
+    cfg = PillarConfig(num_steps=4, min_budget=8, recent_window=4, policy=policy, select_every=select_every,
+                       score_rows=score_rows)  # fmt: skip
     res = simulate(tiny_model, PROMPT, 48, cfg)
     assert len(res.output_ids) == 48 and sum(res.accepts) >= 48
     assert all(1 <= a <= cfg.num_steps + 1 for a in res.accepts)

@@ -12,7 +12,7 @@ import torch
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from triton_env import DEVICE
 
-from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
 from sglang_sparsespec.selection.oracle import oracle_select
 from sglang_sparsespec.selection.policy import budget, draft_window, streaming_plan
 from sglang_sparsespec.selection.scores import VerifyScoreSink
@@ -253,5 +253,9 @@ def test_config_from_env_rejects_bad_values():
     assert [p.value for p in SelectionPolicy] == ["pillar", "coarse", "streaming", "oracle"]
     assert [p.uses_verify_scores for p in SelectionPolicy] == [True, True, False, False]
     assert PillarConfig.from_env(8, {"SPARSESPEC_SELECT_EVERY": "4"}).select_every == 4
+    assert PillarConfig.from_env(8, {}).score_rows is ScoreRows.ALL
+    assert PillarConfig.from_env(8, {"SPARSESPEC_SCORE_ROWS": "LAST"}).score_rows is ScoreRows.LAST
+    with pytest.raises(ValueError, match="SCORE_ROWS='first'; choose one of: all, last"):
+        PillarConfig.from_env(8, {"SPARSESPEC_SCORE_ROWS": "first"})
     with pytest.raises(ValueError, match="SELECT_EVERY"):
         PillarConfig.from_env(8, {"SPARSESPEC_SELECT_EVERY": "0"})

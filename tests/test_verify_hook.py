@@ -98,15 +98,19 @@ def test_sglang_kernel_for_cases_the_split_kernel_does_not_serve():
 
 
 def test_scores_captured_with_either_kernel_and_agree():
-    masses = []
+    masses = {}
     for split in (True, False):
-        sink = VerifyScoreSink(num_layers=2, num_kv_heads=H_KV, num_q_heads=H_KV * GROUP, cap=sum(PREFIX) + 4,
-                               max_q_rows=len(PREFIX) * N_EXT, per_layer=True, device=torch.device(DEVICE))  # fmt: skip
-        backend = _Backend(VerifyHooks(sink, split_kernel=split))
-        _forward(backend, verify=True, seed=3)
-        # The split kernel writes the LSE itself; SGLang's kernel is asked for it.
-        assert [("lse_extend" in kw) for kw in backend.calls] == ([] if split else [True])
-        masses.append(sink.mass[1, :, : sum(PREFIX)].float().clone())
-    assert masses[0].sum() > 0
-    # Same probabilities up to the two kernels' rounding of the LSE.
-    torch.testing.assert_close(masses[0], masses[1], rtol=1e-2, atol=1e-4)
+        for last_row_only in (False, True):
+            sink = VerifyScoreSink(num_layers=2, num_kv_heads=H_KV, num_q_heads=H_KV * GROUP, cap=sum(PREFIX) + 4,
+                                   max_q_rows=len(PREFIX) * N_EXT, per_layer=True, device=torch.device(DEVICE),
+                                   last_row_only=last_row_only)  # fmt: skip
+            backend = _Backend(VerifyHooks(sink, split_kernel=split))
+            _forward(backend, verify=True, seed=3)
+            # The split kernel writes the LSE itself; SGLang's kernel is asked for it.
+            assert [("lse_extend" in kw) for kw in backend.calls] == ([] if split else [True])
+            masses[split, last_row_only] = sink.mass[1, :, : sum(PREFIX)].float().clone()
+    assert masses[True, False].sum() > 0
+    # Same probabilities up to the two kernels' rounding of the LSE, for either choice of rows.
+    for last_row_only in (False, True):
+        torch.testing.assert_close(masses[True, last_row_only], masses[False, last_row_only], rtol=1e-2, atol=1e-4)
+    assert not torch.allclose(masses[True, True], masses[True, False], rtol=1e-2, atol=1e-4)

@@ -3,7 +3,7 @@
 During a verify forward every layer's attention kernel also returns the log-sum-exp of
 each query row; the score-capture kernel turns logits and LSE back into probabilities
 and writes, per KV head, the mass each prefix position received (averaged over the GQA
-group and the k+1 verify rows). This sink owns the static buffers those kernels write —
+group and the k+1 verify rows, or only the last one). This sink owns the static buffers those kernels write —
 static so the writes can live inside the target's TARGET_VERIFY CUDA graph.
 """
 
@@ -24,6 +24,7 @@ class VerifyScoreSink:
           fp32 (the first layer overwrites, the others add).
     lse:  [max_rows, H_q] fp32 scratch for the attention kernel's LSE output.
     capture_on: [1] int32 device flag read by the capture kernel (inside the graph): 0 skips it.
+    last_row_only: score each request's last verify row only (kernels/score_capture.py).
     ``cap`` bounds the total prefix of any verify batch.
     """
 
@@ -36,8 +37,10 @@ class VerifyScoreSink:
         max_q_rows: int,
         per_layer: bool,
         device: torch.device,
+        last_row_only: bool = False,
     ):
         self.per_layer = per_layer
+        self.last_row_only = last_row_only
         self.cap = cap
         slices, dtype = (num_layers, torch.float16) if per_layer else (1, torch.float32)
         self.mass = torch.zeros((slices, num_kv_heads, cap), dtype=dtype, device=device)
@@ -77,6 +80,7 @@ class VerifyScoreSink:
             logit_cap=logit_cap,
             accumulate=not self.per_layer and layer_id != 0,
             enabled=self.capture_on,
+            last_row_only=self.last_row_only,
         )
 
     @property

@@ -98,9 +98,8 @@ def run_passes(
 ) -> dict[str, Any]:
     """Start one server, run ``passes`` in order (filling them in), stop it; returns the server record."""
     name, env = config.name, config.environment(args.env)
-    record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "startup_s": None, "error": None}
-    if (pillar := config.pillar_config(args.env)) is not None:
-        record["pillar_config"] = pillar
+    record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "startup_s": None, "error": None,
+                              "pillar_config": config.pillar_config(args.env)}  # fmt: skip
     if not deadline.allows(MIN_START_S):
         log.line(f"{name}: skipped, {deadline.remaining():.0f} s of budget left")
         for p in passes:

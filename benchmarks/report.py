@@ -260,7 +260,8 @@ def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "### Draft policies (acceptance)\n\n"
         "Same prompts and fixed-length outputs for every policy; `oracle` selects each draft query's own "
         "exact top-K (an upper bound, analysis only). Server env lists PILLAR knobs that differ from the "
-        "defaults of the commit that ran; tail / select every are the values the server resolved.\n\n" + markdown_table(ACCEPTANCE_HEADERS, rows) + "\n"
+        "defaults of the commit that ran; tail / select every are the values the server resolved.\n\n"
+        + markdown_table(ACCEPTANCE_HEADERS, rows) + "\n"
     )
 
 

@@ -43,7 +43,7 @@ from benchmarks.configs import (
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import Server, http_json, install_signal_handlers, start_recorded
-from sglang_sparsespec.config import ENV_PREFIX, PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import ENV_PREFIX, SelectionPolicy
 from sglang_sparsespec.spec.timing import PHASES, parse_reports
 
 # Shapes of the public Qwen3 configs (no weights are read: --load-format dummy).
@@ -110,7 +110,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.env = parse_env(args.env)
         args.configs = [resolve_config(c, server_flags(args)) for c in names]
         for c in args.configs:  # --env may set PILLAR knobs too: a bad value fails here, not on the GPU
-            pillar_policy(c.flags, c.environment(args.env))
+            c.pillar_config(args.env)
     except ValueError as e:
         p.error(str(e))
     args.run_id = args.run_id or new_run_id()
@@ -250,24 +250,22 @@ def streaming_twin(rec: dict[str, Any], servers: dict[str, dict[str, Any]]) -> s
     """The server that differs from ``rec`` only by SPARSESPEC_POLICY=streaming, if ``rec`` uses verify scores.
     SELECT_EVERY is ignored in the match: the streaming policy never selects from scores, so one streaming
     server is the twin of every selection cadence."""
-    policy = pillar_policy(rec["flags"], rec["env"])
+    policy = recorded_policy(rec)
     if policy is None or not policy.uses_verify_scores:
         return None
     ignored = {f"{ENV_PREFIX}POLICY", f"{ENV_PREFIX}SELECT_EVERY"}
     rest = {k: v for k, v in rec["env"].items() if k not in ignored}
     for name, other in servers.items():
-        if (other["flags"] == rec["flags"] and pillar_policy(other["flags"], other["env"]) is SelectionPolicy.STREAMING
+        if (other["flags"] == rec["flags"] and recorded_policy(other) is SelectionPolicy.STREAMING
                 and {k: v for k, v in other["env"].items() if k not in ignored} == rest):  # fmt: skip
             return name
     return None
 
 
-def pillar_policy(flags: Sequence[str], env: dict[str, str]) -> SelectionPolicy | None:
-    """The draft policy of a PILLAR server with these flags and environment, resolved as the server resolves
-    it (ValueError for a bad knob); None for other servers."""
-    if "PILLAR" not in flags:
-        return None
-    return PillarConfig.from_env(int(flags[flags.index("--speculative-num-steps") + 1]), env).policy
+def recorded_policy(rec: dict[str, Any]) -> SelectionPolicy | None:
+    """The draft policy a server record resolved (its ``pillar_config``); None for other servers."""
+    pc = rec.get("pillar_config")
+    return None if pc is None else SelectionPolicy(pc["policy"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

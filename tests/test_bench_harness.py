@@ -805,7 +805,8 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
 def test_report_step_times_section(tmp_path: Path) -> None:
     def rec(name: str, rows: list[dict], status: str = "ok") -> dict:
         cfg = configs.resolve_config(name)
-        return {"flags": list(cfg.flags), "env": dict(cfg.env), "status": status, "rows": rows}
+        return {"flags": list(cfg.flags), "env": dict(cfg.env), "status": status, "rows": rows,
+                "pillar_config": cfg.pillar_config({})}  # fmt: skip
 
     def pillar_row(verify: float, select: float) -> dict:
         return {"context": 1024, "batch": 16, "step_ms": 4.0, "draft_ms": 16.0, "verify_ms": verify,

@@ -4,20 +4,21 @@
     python -m benchmarks.sweep run --tag T --model M --data-dir D --out $OUT \\
         (--chunks 0,1 | --next N) [--time-budget 560]
 
-The matrix is ``OUTPUT_LENS`` x ``CONFIGS`` x ``CONCURRENCY``. A chunk is one (output length,
-config): one server start and one run per concurrency, a few minutes on an H100, so a 10-minute
-device command runs one or two. All chunks of one output length share the run id
+The matrix is ``CONFIGS`` x ``OUTPUT_LENS`` x ``CONCURRENCY``. A chunk is one (config, output length):
+one run per concurrency. Chunks are ordered config first, and ``run`` hands consecutive chunks of one
+config to one throughput invocation, so one server start serves all of them (a start costs 60-190 s,
+as much as the runs of a 2K chunk). All chunks of one output length share the run id
 ``sweep-<tag>-<len>`` (a tag names one measured commit, e.g. its short hash), so the report prints
 every config's ratio against the stock chunk of that run id. Chunks of one length may come from
 different device commands, even different nodes of the same kind (each JSON keeps its own date and
-device): run a length's chunks within one session where its ratios matter. ``status`` reads the
-result JSONs and marks each chunk done (every concurrency ok), partial or missing; ``run --next N`` runs the
-first N chunks that are not done, reading the same JSONs from the tree it runs in (the checked-in
-results travel with it), so successive device commands walk the matrix. Re-running a chunk
-rewrites its JSON. One wave of requests per concurrency (outputs have a fixed length, so the
-batch stays full without a second wave, at half the time). A chunk whose expected time (server
-start + one run per concurrency, from the slowest earlier run of each shape in the results and in
-this command) does not fit the budget left is not started: a chunk cut short is wasted device time.
+device). ``status`` reads the result JSONs and marks each chunk done (every concurrency ok), partial
+or missing; ``run --next N`` runs the first N chunks that are not done, reading the same JSONs from
+the tree it runs in (the checked-in results travel with it), so successive device commands walk the
+matrix. Re-running a chunk rewrites its JSON. One wave of requests per concurrency (outputs have a
+fixed length, so the batch stays full without a second wave, at half the time). A server group whose
+expected time (server start + one run per concurrency and length, from the slowest earlier run of
+each shape in the results and in this command) does not fit the budget left is cut to the lengths
+that fit, or not started: a chunk cut short is wasted device time.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ class Chunk:
 
 
 def chunks() -> list[Chunk]:
-    """Output length outer, config inner: stock of a length runs before the configs compared with it."""
-    pairs = [(n, c) for n in OUTPUT_LENS for c in CONFIGS]
+    """Config outer (one server start per config), length inner; stock runs before the configs compared with it."""
+    pairs = [(n, c) for c in CONFIGS for n in OUTPUT_LENS]
     return [Chunk(i, n, c) for i, (n, c) in enumerate(pairs)]
 
 
@@ -73,10 +74,11 @@ def chunk_state(chunk: Chunk, tag: str, results_dir: Path) -> tuple[str, list[in
 
 
 def status_table(tag: str, results_dir: Path) -> str:
-    """One row per chunk; the expected seconds come from the results' run times (seed_clock), for planning."""
+    """One row per chunk; the expected seconds of its runs (a config's server start comes on top) come
+    from the results' run times (seed_clock), for planning."""
     clock = throughput.RunClock()
     seed_clock(clock, results_dir)
-    lines = ["| chunk | output len | config | state | concurrencies ok | expected s |", "|---|---|---|---|---|---|"]
+    lines = ["| chunk | output len | config | state | concurrencies ok | expected run s |", "|---|---|---|---|---|---|"]
     for ch in chunks():
         state, ok = chunk_state(ch, tag, results_dir)
         need = chunk_s(clock, ch)
@@ -104,15 +106,40 @@ def seed_clock(clock: throughput.RunClock, results_dir: Path) -> None:
         if doc.get("kind") != "throughput" or stream_interval(doc["config"]["flags"]) <= 1:
             continue
         for r in doc["runs"]:
-            if r["status"] == "ok" and r.get("wall_s") and r.get("metrics"):
+            if r["status"] == "ok" and r.get("metrics") and r["metrics"].get("duration"):
                 clock.record_run(r["concurrency"], doc["workload"]["output_len"], r["metrics"]["total_output_tokens"],
-                                 r["wall_s"])  # fmt: skip
+                                 r["metrics"]["duration"])  # fmt: skip
 
 
 def chunk_s(clock: throughput.RunClock, chunk: Chunk) -> float | None:
-    """Expected seconds of a chunk (server start + its runs); None while a run shape has no history."""
+    """Expected seconds of a chunk's runs; None while a run shape has no history."""
     runs = [clock.run_s(c, chunk.output_len, throughput.default_num_prompts(c, WAVES)) for c in CONCURRENCY]
-    return None if None in runs else clock.startup_s + sum(r for r in runs if r is not None)
+    return None if None in runs else sum(r for r in runs if r is not None)
+
+
+def server_groups(todo: Sequence[Chunk]) -> list[list[Chunk]]:
+    """Runs of consecutive chunks with the same config: each is served by one server start."""
+    groups: list[list[Chunk]] = []
+    for ch in todo:
+        if groups and groups[-1][-1].config == ch.config:
+            groups[-1].append(ch)
+        else:
+            groups.append([ch])
+    return groups
+
+
+def fitting_prefix(clock: throughput.RunClock, group: Sequence[Chunk], left_s: float) -> list[Chunk]:
+    """The longest prefix of ``group`` whose server start + runs fit ``left_s``. A chunk without history
+    counts only the start and is taken only first (throughput then skips its runs that cannot fit)."""
+    need = clock.startup_s + throughput.STOP_RESERVE_S
+    taken: list[Chunk] = []
+    for ch in group:
+        runs = chunk_s(clock, ch)
+        if need + (runs or 0.0) > left_s or (runs is None and taken):
+            break
+        need += runs or 0.0
+        taken.append(ch)
+    return taken
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,18 +151,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"sweep {args.tag}: every chunk is done", flush=True)
         return 0
     failed = False
-    for ch in todo:
+    for group in server_groups(todo):
         left = deadline.remaining()
-        need = chunk_s(clock, ch)
-        if left < (need or throughput.MIN_START_S) + throughput.STOP_RESERVE_S:
-            guess = "unknown" if need is None else f"about {need:.0f} s"
-            print(f"sweep {args.tag}: chunk {ch.index} ({ch.config}, {ch.output_len}) not started: {guess} needed, "
-                  f"{left:.0f} s left", flush=True)  # fmt: skip
+        taken = fitting_prefix(clock, group, left)
+        for ch in group[len(taken):]:
+            need = chunk_s(clock, ch)
+            guess = "unknown" if need is None else f"about {need:.0f} s of runs"
+            print(f"sweep {args.tag}: chunk {ch.index} ({ch.config}, {ch.output_len}) not started: {guess} "
+                  f"after a {clock.startup_s:.0f} s server start, {left:.0f} s left", flush=True)  # fmt: skip
+        if not taken:
             continue
+        lens = [ch.output_len for ch in taken]
+        config = taken[0].config
         argv = ["--model", args.model, "--data-dir", str(args.data_dir), "--out", str(args.out),
-                "--configs", ch.config, "--output-len", str(ch.output_len),
+                "--configs", config, "--output-len", ",".join(map(str, lens)),
                 "--concurrency", ",".join(map(str, CONCURRENCY)), "--waves", str(WAVES),
-                "--run-id", ch.run_id(args.tag), "--time-budget", f"{left:.0f}"]  # fmt: skip
+                "--run-id", f"sweep-{args.tag}-{{output_len}}",
+                "--log-name", f"throughput_sweep-{args.tag}-{'-'.join(map(str, lens))}_{file_stem(config)}.log",
+                "--time-budget", f"{left:.0f}"]  # fmt: skip
         failed |= throughput.main(argv, clock) != 0
     return 1 if failed else 0
 

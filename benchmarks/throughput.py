@@ -2,25 +2,25 @@
 
     python -m benchmarks.throughput --model M --data-dir D --out DIR \\
         --configs stock,pillar[,ngram,stock-flashinfer,pillar-k4] --concurrency 1,16,64 \\
-        --output-len 2048 [--waves 2 | --num-prompts-per-conc N] [--time-budget 540] [--run-id ID]
+        --output-len 2048[,4096,...] [--waves 2 | --num-prompts-per-conc N] [--time-budget 540] \\
+        [--run-id ID] [--log-name F]
 
-Each config's server starts once; every concurrency runs against it with fixed-length
-outputs (ignore_eos) on the AIME24+AMC23 chat prompts (``--workload random-ids`` for
-random token ids instead). Writes ``DIR/throughput_<run>_<config>.json`` per config
-(rewritten after every run) and ``DIR/throughput_<run>.log``, prints a progress line per
-run and a markdown table at the end. A server that dies or fails to start marks its
-runs failed and the next config goes on; runs that no longer fit ``--time-budget`` are
-skipped and listed. Exit code 0 when nothing failed (skips allowed), 1 otherwise.
+Each config's server starts once; every output length and concurrency runs against it with
+fixed-length outputs (ignore_eos) on the AIME24+AMC23 chat prompts (``--workload random-ids`` for
+random token ids instead). Every run goes through bench_serving's own command line, in one
+long-lived client process (benchmarks/bench_driver.py) that imports it while the first server
+boots. Writes ``DIR/throughput_<run>_<config>.json`` per config and length (rewritten after every
+run; with several lengths the run id holds ``{output_len}``) and one progress log, prints a
+progress line per run and a markdown table at the end. A server that dies or fails to start marks
+its runs failed and the next config goes on; runs that no longer fit ``--time-budget`` are skipped
+and listed. Exit code 0 when nothing failed (skips allowed), 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_driver import BenchDriver
 from benchmarks.configs import (
     CONFIGS_HELP,
     ServerConfig,
@@ -55,19 +56,23 @@ from benchmarks.workload import (
     write_bench_serving_file,
 )
 
-BENCH_MODULE = "sglang.benchmark.serving"  # what `python -m sglang.bench_serving` forwards to in 0.5.17
 STOP_RESERVE_S = 25.0  # budget kept back so the server can always be stopped and the JSON written
 MIN_START_S = 90.0  # floor of the server-start guess (a start takes 60-140 s warm, up to 240 s on a fresh node)
-MIN_RUN_S = 20.0  # floor of the run-time guess, and the guess for a run shape never measured
+MIN_RUN_S = 20.0  # the guess for a run shape never measured
 RUN_MARGIN = 1.3  # a config may be slower than the slowest one measured so far at the same shape
+# A run's wall time outside bench_serving's timed window (tokenizer and dataset load, one 32-token
+# warmup request, a 1 s sleep, metrics); the module import is paid once per driver, not per run.
+RUN_OVERHEAD_S = 10.0
 
 
 @dataclass
 class RunClock:
     """Wall-time guesses from measured history, so that a server is not started (and a bench not
     launched) when the budget cannot cover it: a run cut short by the budget is wasted device time.
-    ``rates[(c, n)]``: slowest output tok/s (wall clock, warmup included) of a finished run at
-    concurrency ``c`` with ``n`` output tokens per request; ``startup_s``: slowest server start so far."""
+    ``rates[(c, n)]``: slowest output tok/s over bench_serving's own timed window (``duration``) of a
+    finished run at concurrency ``c`` with ``n`` output tokens per request (the window, not the wall
+    time, so results from before the bench driver, which paid a 26 s import per run, still apply);
+    ``startup_s``: slowest server start so far."""
 
     rates: dict[tuple[int, int], float] = field(default_factory=dict)
     startup_s: float = MIN_START_S
@@ -75,19 +80,20 @@ class RunClock:
     def run_s(self, concurrency: int, output_len: int, num_prompts: int) -> float | None:
         """Expected wall time of a run; None before any run of this shape finished."""
         rate = self.rates.get((concurrency, output_len))
-        return None if rate is None else max(MIN_RUN_S, RUN_MARGIN * num_prompts * output_len / rate)
+        return None if rate is None else RUN_MARGIN * num_prompts * output_len / rate + RUN_OVERHEAD_S
 
     def guess_s(self, concurrency: int, output_len: int, num_prompts: int) -> float:
         expected = self.run_s(concurrency, output_len, num_prompts)
         return MIN_RUN_S if expected is None else expected
 
-    def record_run(self, concurrency: int, output_len: int, output_tokens: int, wall_s: float) -> None:
-        rate = output_tokens / wall_s
+    def record_run(self, concurrency: int, output_len: int, output_tokens: int, duration_s: float) -> None:
+        rate = output_tokens / duration_s
         key = (concurrency, output_len)
         self.rates[key] = min(rate, self.rates.get(key, rate))
 
     def record_start(self, seconds: float) -> None:
         self.startup_s = max(self.startup_s, seconds)
+
 
 METRIC_KEYS = (
     "completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -122,11 +128,11 @@ class Workload:
         ]  # fmt: skip
 
 
-def bench_command(
+def bench_argv(
     base_url: str, model: str, workload: Workload, concurrency: int, num_prompts: int, output_file: Path
 ) -> list[str]:
+    """bench_serving's command-line arguments for one run (what follows ``python -m sglang.bench_serving``)."""
     return [
-        sys.executable, "-m", BENCH_MODULE,
         "--backend", "sglang", "--base-url", base_url, "--model", model, "--tokenizer", model,
         *workload.bench_args(num_prompts),
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
@@ -159,29 +165,6 @@ def default_num_prompts(concurrency: int, waves: int = 2) -> int:
     return max(waves * concurrency, 4)
 
 
-def run_watched(argv: Sequence[str], log_path: Path, timeout_s: float, server: Server) -> int:
-    """Run a client subprocess (own process group), killing it if the server dies or time runs out.
-
-    Returns its exit code; raises ServerError / TimeoutError after killing it.
-    """
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    end = time.monotonic() + timeout_s
-    try:
-        while True:
-            try:
-                return proc.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                pass
-            server.check_alive()
-            if time.monotonic() > end:
-                raise TimeoutError(f"bench_serving still running after {timeout_s:.0f} s")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def reset_spec_counters(server: Server) -> bool:
     """Zero the server's running accept-length average so each run reports its own.
 
@@ -204,32 +187,56 @@ def server_info(server: Server) -> dict[str, Any] | None:
     return info
 
 
+@dataclass
+class Segment:
+    """The runs of one output length on one config's server: ``doc`` is written to ``out_path``."""
+
+    workload: Workload
+    doc: dict[str, Any]
+    out_path: Path
+
+    def init_runs(self, concurrencies: Sequence[int], num_prompts: dict[int, int]) -> list[dict[str, Any]]:
+        runs = self.doc["runs"] = [
+            {"concurrency": c, "num_prompts": num_prompts[c], "status": "skipped", "error": None, "wall_s": None,
+             "metrics": None}
+            for c in concurrencies
+        ]  # fmt: skip
+        return runs
+
+
 def run_config(
     config: ServerConfig,
+    segments: Sequence[Segment],
     concurrencies: Sequence[int],
     num_prompts: dict[int, int],
-    workload: Workload,
-    doc: dict[str, Any],
-    out_path: Path,
     args: argparse.Namespace,
     deadline: Deadline,
     clock: RunClock,
     log: RunLog,
+    driver: BenchDriver,
 ) -> None:
-    """Start the config's server, run every concurrency, stop it; fills ``doc`` and rewrites ``out_path``."""
-    runs = doc["runs"] = [
-        {"concurrency": c, "num_prompts": num_prompts[c], "status": "skipped", "error": None, "wall_s": None, "metrics": None}
-        for c in concurrencies
-    ]
-    srv = doc["server"]
-    first = concurrencies[0]
-    first_run_s = clock.guess_s(first, workload.output_len, num_prompts[first])
+    """Start the config's server once, run every segment's concurrencies in order, stop it.
+
+    Every segment's doc shares one ``server`` record (the same start serves them all) and is
+    rewritten after each of its runs."""
+    all_runs = [(seg, r) for seg in segments for r in seg.init_runs(concurrencies, num_prompts)]
+    srv: dict[str, Any] = {"status": "pending", "startup_s": None, "error": None,
+                           "output_lens": [seg.workload.output_len for seg in segments]}  # fmt: skip
+    for seg in segments:
+        seg.doc["server"] = srv
+
+    def write_all() -> None:
+        for seg in segments:
+            write_json(seg.out_path, seg.doc)
+
+    first_seg, first = all_runs[0]
+    first_run_s = clock.guess_s(first["concurrency"], first_seg.workload.output_len, first["num_prompts"])
     if not deadline.allows(clock.startup_s + first_run_s + STOP_RESERVE_S):
         srv.update(status="skipped", error=f"time budget ({deadline.remaining():.0f} s left)")
-        for r in runs:
+        for _, r in all_runs:
             r["error"] = "time budget"
         log.line(f"{config.name}: SKIPPED (time budget, {deadline.remaining():.0f} s left)")
-        write_json(out_path, doc)
+        write_all()
         return
     server = Server.sglang(
         args.model, config.flags, log_path=args.work_dir / f"{file_stem(config.name)}.server.log",
@@ -238,56 +245,75 @@ def run_config(
     srv["command"] = server.argv
     with server:
         log.line(f"{config.name}: starting server")
+        driver.start()  # imports bench_serving while the server boots
         if not start_recorded(server, config.name, srv, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log):
-            for r in runs:
+            for _, r in all_runs:
                 r.update(status="failed", error="server failed to start")
-            write_json(out_path, doc)
+            write_all()
             return
         clock.record_start(srv["startup_s"])
         srv["server_info"] = server_info(server)
         log.line(f"{config.name}: server up after {srv['startup_s']:.0f} s")
-        for r in runs:
-            c, n = r["concurrency"], r["num_prompts"]
-            if srv["status"] != "ok":
-                r.update(status="failed", error="server died earlier")
-                continue
-            expected_s = clock.guess_s(c, workload.output_len, n)
-            if not deadline.allows(STOP_RESERVE_S + expected_s):
-                r["error"] = "time budget"
-                log.line(f"{config.name} c={c}: SKIPPED (time budget: about {expected_s:.0f} s needed, "
-                         f"{deadline.remaining() - STOP_RESERVE_S:.0f} s left)")  # fmt: skip
-                continue
-            if config.speculative and not reset_spec_counters(server):
-                r["accept_length_note"] = "counter reset failed: accept length is cumulative since server start"
-            result_file = args.work_dir / f"bench_{file_stem(config.name)}_c{c}.jsonl"
-            result_file.unlink(missing_ok=True)
-            bench_log = args.work_dir / f"bench_{file_stem(config.name)}_c{c}.log"
-            cmd = bench_command(server.base_url, args.model, workload, c, n, result_file)
-            t0 = time.monotonic()
-            try:
-                code = run_watched(cmd, bench_log, deadline.remaining() - STOP_RESERVE_S, server)
-                r["wall_s"] = time.monotonic() - t0
-                if code != 0:
-                    raise RuntimeError(f"bench_serving exited with code {code}")
-                r["metrics"] = parse_bench_result(result_file)
-                done = r["metrics"]["completed"]
-                r["status"] = "ok" if done == n else "failed"
-                if done == n:
-                    clock.record_run(c, workload.output_len, r["metrics"]["total_output_tokens"], r["wall_s"])
-                else:
-                    r["error"] = f"only {done}/{n} requests completed"
-            except ServerError as e:
-                r.update(status="failed", error=str(e), wall_s=time.monotonic() - t0)
-                srv.update(status="died", error=str(e).splitlines()[0])
-            except (TimeoutError, RuntimeError, ValueError) as e:
-                r.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.monotonic() - t0)
-            if r["status"] != "ok":
-                log.block(f"{config.name} c={c} bench_serving log tail", log_tail(bench_log, 80))
-                log.block(f"{config.name} c={c} server log tail", log_tail(server.log_path, 80))
-            log.line(progress_line(config.name, r))
-            write_json(out_path, doc)
+        for seg, r in all_runs:
+            run_one(config, seg, r, server, args, deadline, clock, log, driver)
+            write_json(seg.out_path, seg.doc)
         log.block(f"{config.name} server log tail", log_tail(server.log_path, 40))
-    write_json(out_path, doc)
+    write_all()
+
+
+def run_one(
+    config: ServerConfig,
+    seg: Segment,
+    r: dict[str, Any],
+    server: Server,
+    args: argparse.Namespace,
+    deadline: Deadline,
+    clock: RunClock,
+    log: RunLog,
+    driver: BenchDriver,
+) -> None:
+    """One bench_serving run against ``server``; fills the run record ``r``."""
+    c, n, out_len = r["concurrency"], r["num_prompts"], seg.workload.output_len
+    name = config.name if len(args.output_lens) == 1 else f"{config.name} len={out_len}"
+    if seg.doc["server"]["status"] != "ok":
+        r.update(status="failed", error="server died earlier")
+        return
+    expected_s = clock.guess_s(c, out_len, n)
+    if not deadline.allows(STOP_RESERVE_S + expected_s):
+        r["error"] = "time budget"
+        log.line(f"{name} c={c}: SKIPPED (time budget: about {expected_s:.0f} s needed, "
+                 f"{deadline.remaining() - STOP_RESERVE_S:.0f} s left)")  # fmt: skip
+        return
+    if config.speculative and not reset_spec_counters(server):
+        r["accept_length_note"] = "counter reset failed: accept length is cumulative since server start"
+    stem = f"bench_{file_stem(config.name)}_{out_len}_c{c}"
+    result_file = args.work_dir / f"{stem}.jsonl"
+    result_file.unlink(missing_ok=True)
+    bench_log = args.work_dir / f"{stem}.log"
+    argv = bench_argv(server.base_url, args.model, seg.workload, c, n, result_file)
+    t0 = time.monotonic()
+    try:
+        code = driver.run(argv, bench_log, deadline.remaining() - STOP_RESERVE_S, server.check_alive)
+        r["wall_s"] = time.monotonic() - t0
+        if code != 0:
+            raise RuntimeError(f"bench_serving exited with code {code}")
+        r["metrics"] = parse_bench_result(result_file)
+        done = r["metrics"]["completed"]
+        r["status"] = "ok" if done == n else "failed"
+        if done == n:
+            clock.record_run(c, out_len, r["metrics"]["total_output_tokens"], r["metrics"]["duration"])
+        else:
+            r["error"] = f"only {done}/{n} requests completed"
+    except ServerError as e:
+        r.update(status="failed", error=str(e), wall_s=time.monotonic() - t0)
+        seg.doc["server"].update(status="died", error=str(e).splitlines()[0])
+    except (TimeoutError, RuntimeError, ValueError) as e:  # RuntimeError: an exit code, or a DriverError
+        r.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.monotonic() - t0)
+    if r["status"] != "ok":
+        log.block(f"{name} c={c} bench_serving log tail", log_tail(bench_log, 80))
+        log.block(f"{name} c={c} bench driver log tail", log_tail(driver.log_path, 40))
+        log.block(f"{name} c={c} server log tail", log_tail(server.log_path, 80))
+    log.line(progress_line(name, r))
 
 
 def progress_line(config: str, run: dict[str, Any]) -> str:
@@ -319,7 +345,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, type=Path, help="output folder (on the GPU node: $OUT)")
     p.add_argument("--configs", default="stock,pillar", help=CONFIGS_HELP)
     p.add_argument("--concurrency", default="1,16,64")
-    p.add_argument("--output-len", type=int, default=2048)
+    p.add_argument("--output-len", default="2048",
+                   help="output tokens per request; a comma list runs each length on the same server start")
     p.add_argument("--waves", type=int, default=2, help="requests per concurrency: max(waves*concurrency, 4)")
     p.add_argument("--num-prompts-per-conc", type=int, default=None, help="a fixed request count instead of --waves")
     p.add_argument("--workload", choices=("aime", "random-ids"), default="aime")
@@ -330,7 +357,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
     p.add_argument("--startup-timeout", type=float, default=400.0)
     p.add_argument("--time-budget", type=float, default=540.0, help="seconds for the whole invocation")
-    p.add_argument("--run-id", default=None, help="share one id across invocations of one comparison")
+    p.add_argument("--run-id", default=None,
+                   help="share one id across invocations of one comparison; with several --output-len it must "
+                        "contain {output_len} (each length is its own comparison)")
+    p.add_argument("--log-name", default=None, help="progress log file name in --out (default throughput_<run id>.log)")
     p.add_argument("--work-dir", type=Path, default=None, help="server/bench logs and prompt files (default: temp dir)")
     args = p.parse_args(argv)
     args.config_names = [c for c in args.configs.split(",") if c]
@@ -341,8 +371,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if len(set(args.config_names)) != len(args.config_names):
         p.error(f"--configs lists a config twice: {args.configs}")
     args.concurrencies = parse_int_list(args.concurrency, "--concurrency", p)
-    if args.output_len < 4:
+    args.output_lens = parse_int_list(args.output_len, "--output-len", p)
+    if min(args.output_lens) < 4:
         p.error("--output-len must be >= 4 (bench_serving rejects shorter fixed outputs)")
+    if len(set(args.output_lens)) != len(args.output_lens):
+        p.error(f"--output-len lists a length twice: {args.output_len}")
     if args.num_prompts_per_conc is not None and args.num_prompts_per_conc < 1:
         p.error("--num-prompts-per-conc must be >= 1")
     if args.waves < 1:
@@ -354,9 +387,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     except ValueError as e:
         p.error(str(e))
     args.datasets = tuple(d for d in args.datasets.split(",") if d)
-    args.run_id = args.run_id or new_run_id()
+    args.run_id = args.run_id or (new_run_id() + ("-{output_len}" if len(args.output_lens) > 1 else ""))
+    if len(args.output_lens) > 1 and "{output_len}" not in args.run_id:
+        p.error("several --output-len need a --run-id containing {output_len}")
+    if args.run_id.replace("{output_len}", "").count("{") or args.run_id.count("}") != args.run_id.count("{output_len}"):
+        p.error(f"--run-id may contain only the placeholder {{output_len}}, got {args.run_id!r}")
+    args.log_name = args.log_name or f"throughput_{run_id_for(args.run_id, args.output_lens)}.log"
+    if "/" in args.log_name:
+        p.error(f"--log-name is a file name in --out, got {args.log_name!r}")
     args.work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="sparsespec-bench-"))
     return args
+
+
+def run_id_for(template: str, output_lens: Sequence[int]) -> str:
+    """The run id of ``output_lens`` (one length: its comparison's id; several: the log's name)."""
+    return template.replace("{output_len}", "-".join(map(str, output_lens)))
 
 
 def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> int:
@@ -366,51 +411,52 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
     deadline = Deadline(args.time_budget)
     args.out.mkdir(parents=True, exist_ok=True)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    log = RunLog(args.out / f"throughput_{args.run_id}.log")
-    meta = run_metadata(args.run_id)
-    log.line(f"throughput run {args.run_id} on {meta['device']}; logs and prompt files in {args.work_dir}")
+    log = RunLog(args.out / args.log_name)
+    meta = {n: run_metadata(run_id_for(args.run_id, [n])) for n in args.output_lens}
+    log.line(f"throughput run {run_id_for(args.run_id, args.output_lens)} on {meta[args.output_lens[0]]['device']}; "
+             f"logs and prompt files in {args.work_dir}")  # fmt: skip
 
     num_prompts = {c: args.num_prompts_per_conc or default_num_prompts(c, args.waves) for c in args.concurrencies}
-    workload_doc: dict[str, Any] = {
-        "kind": args.workload,
-        "output_len": args.output_len,
-        "input_len": args.random_input_len if args.workload == "random-ids" else None,
-        "temperature": args.temperature,
-        "ignore_eos": True,
-        "request_rate": "inf",
-        "num_prompts": {str(c): n for c, n in num_prompts.items()},
-    }
     files: dict[int, Path] = {}
+    prompt_doc: dict[str, Any] = {}
     if args.workload == "aime":
         tokenizer = load_tokenizer(args.model)
         for n in sorted(set(num_prompts.values())):
             prompts = build_prompts(tokenizer, args.data_dir, n, args.datasets)
             files[n] = args.work_dir / f"prompts_{n}.jsonl"
             write_bench_serving_file(files[n], prompts)
-        workload_doc.update(datasets=list(args.datasets), prompt_tokens=prompt_token_stats(prompts))
-    workload = Workload(args.workload, args.output_len, workload_doc["input_len"], args.temperature, files)
+        prompt_doc = {"datasets": list(args.datasets), "prompt_tokens": prompt_token_stats(prompts)}
+    input_len = args.random_input_len if args.workload == "random-ids" else None
+
+    def workload_doc(output_len: int) -> dict[str, Any]:
+        return {"kind": args.workload, "output_len": output_len, "input_len": input_len,
+                "temperature": args.temperature, "ignore_eos": True, "request_rate": "inf",
+                "num_prompts": {str(c): n for c, n in num_prompts.items()}, **prompt_doc}  # fmt: skip
 
     docs = []
     clock = clock or RunClock()
-    for config in args.server_configs:
-        doc: dict[str, Any] = {
-            "kind": "throughput",
-            "schema": 1,
-            "meta": meta,
-            "config": {"name": config.name, "flags": list(config.flags), "env": config.environment(args.env),
-                       "pillar_config": config.pillar_config(args.env)},
-            "workload": workload_doc,
-            "server": {"status": "pending", "startup_s": None, "error": None},
-            "runs": [],
-        }
-        run_config(
-            config, args.concurrencies, num_prompts, workload, doc,
-            args.out / f"throughput_{args.run_id}_{file_stem(config.name)}.json", args, deadline, clock, log,
-        )  # fmt: skip
-        docs.append(doc)
+    with BenchDriver(args.work_dir / "bench_driver.log") as driver:
+        for config in args.server_configs:
+            segments = []
+            for n in args.output_lens:
+                doc: dict[str, Any] = {
+                    "kind": "throughput",
+                    "schema": 1,
+                    "meta": meta[n],
+                    "config": {"name": config.name, "flags": list(config.flags), "env": config.environment(args.env),
+                               "pillar_config": config.pillar_config(args.env)},
+                    "workload": workload_doc(n),
+                    "server": {},
+                    "runs": [],
+                }
+                out_path = args.out / f"throughput_{run_id_for(args.run_id, [n])}_{file_stem(config.name)}.json"
+                segments.append(Segment(Workload(args.workload, n, input_len, args.temperature, files), doc, out_path))
+            run_config(config, segments, args.concurrencies, num_prompts, args, deadline, clock, log, driver)
+            docs.extend(seg.doc for seg in segments)
 
     statuses = [r["status"] for d in docs for r in d["runs"]]
-    skipped = [f"{d['config']['name']} c={r['concurrency']}" for d in docs for r in d["runs"] if r["status"] == "skipped"]
+    skipped = [f"{d['config']['name']} len={d['workload']['output_len']} c={r['concurrency']}"
+               for d in docs for r in d["runs"] if r["status"] == "skipped"]  # fmt: skip
     print("\n" + throughput_table(throughput_rows(docs)) + "\n", flush=True)
     if skipped:
         log.line(f"SKIPPED {len(skipped)} runs for the time budget: {', '.join(skipped)}")

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import (  # noqa: E402
     acceptance,
+    bench_driver,
     configs,
     lossless,
     passes,
@@ -108,20 +109,45 @@ FAKE_SERVER = textwrap.dedent(
     '''
 )
 
+# A stand-in for sglang.benchmark.serving, imported by the bench driver (``cli_main`` reads sys.argv).
 FAKE_BENCH = textwrap.dedent(
     r'''
-    import json, sys, urllib.request
-    a = sys.argv[1:]
-    get = lambda k: a[a.index(k) + 1]
-    urllib.request.urlopen(get("--base-url") + "/health_generate", timeout=5).read()
-    n, c = int(get("--num-prompts")), int(get("--max-concurrency"))
-    res = {"completed": n, "duration": 2.0, "total_output_tokens": n * 16, "output_throughput": 100.0 * c,
-           "median_tpot_ms": 5.0, "p99_tpot_ms": 9.0, "median_itl_ms": 4.0, "p99_itl_ms": 8.0,
-           "median_ttft_ms": 30.0, "accept_length": float(get("--accept")) if "--accept" in a else None,
-           "server_info": {"big": "dropped"}}
-    open(get("--output-file"), "a").write(json.dumps(res) + "\n")
+    import json, sys, time, urllib.request
+    print("fake bench module imported")  # must not reach the driver's protocol pipe
+
+    def cli_main():
+        a = sys.argv[1:]
+        get = lambda k: a[a.index(k) + 1]
+        print("fake bench run", sys.argv[0], len(a), "args")
+        mode = get("--fake-mode") if "--fake-mode" in a else ""
+        if mode == "hang":
+            time.sleep(3600)
+        if mode == "raise":
+            raise ValueError("fake bench failure")
+        if mode == "exit":
+            sys.exit(3)
+        if "--dataset-path" in a:
+            open(get("--dataset-path")).read()  # the harness wrote the prompt file
+        urllib.request.urlopen(get("--base-url") + "/health_generate", timeout=5).read()
+        n, c, out_len = int(get("--num-prompts")), int(get("--max-concurrency")), int(get("--sharegpt-output-len"))
+        res = {"completed": n, "duration": 2.0, "total_output_tokens": n * out_len, "output_throughput": 100.0 * c,
+               "median_tpot_ms": 5.0, "p99_tpot_ms": 9.0, "median_itl_ms": 4.0, "p99_itl_ms": 8.0,
+               "median_ttft_ms": 30.0, "accept_length": 2.5 if "pillar" in get("--output-file") else None,
+               "server_info": {"big": "dropped"}}
+        open(get("--output-file"), "a").write(json.dumps(res) + "\n")
     '''
 )
+
+
+@pytest.fixture()
+def fake_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Point every BenchDriver at FAKE_BENCH (a module on the children's PYTHONPATH); returns its name."""
+    mod_dir = tmp_path / "fake_bench_mod"
+    mod_dir.mkdir()
+    (mod_dir / "fake_bench.py").write_text(FAKE_BENCH)
+    monkeypatch.setenv("PYTHONPATH", str(mod_dir))
+    monkeypatch.setattr(bench_driver, "BENCH_MODULE", "fake_bench")
+    return "fake_bench"
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -426,10 +452,12 @@ def test_run_clock_guesses_from_the_slowest_run_of_the_same_shape() -> None:
     clock.record_run(256, 4096, 1_048_576, 50.0)  # slower config: 20972 tok/s wins
     clock.record_run(64, 4096, 262_144, 10.0)
     clock.record_run(256, 2048, 524_288, 10.0)  # another output length is another shape
-    assert clock.run_s(256, 4096, 256) == pytest.approx(throughput.RUN_MARGIN * 50.0)
-    assert clock.run_s(256, 4096, 512) == pytest.approx(throughput.RUN_MARGIN * 100.0)
-    assert clock.run_s(64, 4096, 1) == throughput.MIN_RUN_S and clock.run_s(1, 4096, 4) is None
-    assert clock.run_s(256, 2048, 1024) == pytest.approx(throughput.RUN_MARGIN * 40.0)
+    over = throughput.RUN_OVERHEAD_S
+    assert clock.run_s(256, 4096, 256) == pytest.approx(throughput.RUN_MARGIN * 50.0 + over)
+    assert clock.run_s(256, 4096, 512) == pytest.approx(throughput.RUN_MARGIN * 100.0 + over)
+    assert clock.run_s(64, 4096, 1) == pytest.approx(throughput.RUN_MARGIN * 10.0 / 64 + over)
+    assert clock.run_s(1, 4096, 4) is None
+    assert clock.run_s(256, 2048, 1024) == pytest.approx(throughput.RUN_MARGIN * 40.0 + over)
     clock.record_start(60.0)
     assert clock.startup_s == throughput.MIN_START_S
     clock.record_start(141.0)
@@ -437,15 +465,62 @@ def test_run_clock_guesses_from_the_slowest_run_of_the_same_shape() -> None:
     assert clock.startup_s == 141.0
 
 
-def test_bench_command_workloads(tmp_path: Path) -> None:
+def test_bench_argv_workloads(tmp_path: Path) -> None:
     aime = throughput.Workload("aime", 2048, None, 0.0, {8: tmp_path / "p8.jsonl"})
-    cmd = throughput.bench_command("http://h:1", "/m", aime, 4, 8, tmp_path / "o.jsonl")
-    assert cmd[1:3] == ["-m", "sglang.benchmark.serving"]
-    assert cmd[cmd.index("--dataset-name") + 1] == "custom" and cmd[cmd.index("--sharegpt-output-len") + 1] == "2048"
-    assert cmd[cmd.index("--max-concurrency") + 1] == "4" and "--apply-chat-template" not in cmd
+    argv = throughput.bench_argv("http://h:1", "/m", aime, 4, 8, tmp_path / "o.jsonl")
+    assert argv[:2] == ["--backend", "sglang"]
+    assert argv[argv.index("--dataset-name") + 1] == "custom" and argv[argv.index("--sharegpt-output-len") + 1] == "2048"
+    assert argv[argv.index("--max-concurrency") + 1] == "4" and "--apply-chat-template" not in argv
     rnd = throughput.Workload("random-ids", 512, 200, 0.0, {})
-    cmd = throughput.bench_command("http://h:1", "/m", rnd, 1, 4, tmp_path / "o.jsonl")
-    assert "--tokenize-prompt" in cmd and cmd[cmd.index("--random-range-ratio") + 1] == "1.0"
+    argv = throughput.bench_argv("http://h:1", "/m", rnd, 1, 4, tmp_path / "o.jsonl")
+    assert "--tokenize-prompt" in argv and argv[argv.index("--random-range-ratio") + 1] == "1.0"
+
+
+def test_bench_driver_with_the_real_bench_serving(tmp_path: Path) -> None:
+    """SGLang 0.5.17's bench module imports in the driver and knows every flag the harness passes."""
+    flags = {a for a in throughput.bench_argv("http://h:1", "/m", throughput.Workload("aime", 16, None, 0.0, {1: tmp_path}),
+                                             1, 1, tmp_path / "o") if a.startswith("--")}  # fmt: skip
+    flags |= {a for a in throughput.Workload("random-ids", 16, 8, 0.0, {}).bench_args(1) if a.startswith("--")}
+    with bench_driver.BenchDriver(tmp_path / "driver.log") as driver:
+        assert driver.module == "sglang.benchmark.serving"
+        assert driver.run(["--help"], tmp_path / "help.log", 300, lambda: None) == 0
+    text = (tmp_path / "help.log").read_text()
+    assert "Benchmark the online serving throughput" in text
+    assert not [f for f in flags if f not in text]
+
+
+def test_bench_driver_runs_reports_and_recovers(fake_bench: str, tmp_path: Path) -> None:
+    out, log = tmp_path / "o.jsonl", tmp_path / "run.log"
+    url = f"http://127.0.0.1:{server.free_port()}"  # nothing listens: the fake's request fails -> exit code 1
+    with bench_driver.BenchDriver(tmp_path / "driver.log") as driver:
+        assert driver.run(["--fake-mode", "exit"], log, 60, lambda: None) == 3
+        pid = driver.proc.pid if driver.proc else None
+        assert driver.import_s is not None and driver.import_s >= 0
+        assert driver.run(["--fake-mode", "raise"], log, 60, lambda: None) == 1
+        assert driver.run(["--base-url", url, "--output-file", str(out)], log, 60, lambda: None) == 1
+        assert driver.proc is not None and driver.proc.pid == pid  # one import served every run
+        text = log.read_text()
+        assert text.count("fake bench run fake_bench") == 3 and "ValueError: fake bench failure" in text
+        assert "ConnectionRefusedError" in text or "URLError" in text
+        assert "fake bench module imported" in (tmp_path / "driver.log").read_text()
+
+        with pytest.raises(TimeoutError):
+            driver.run(["--fake-mode", "hang"], log, 1.5, lambda: None)
+        assert driver.proc is None and wait_dead(pid)  # type: ignore[arg-type]
+
+        def server_died() -> None:
+            raise server.ServerError("server exited with code 9")
+
+        with pytest.raises(server.ServerError):
+            driver.run(["--fake-mode", "hang"], log, 60, server_died)
+        assert driver.proc is None
+        assert driver.run(["--fake-mode", "exit"], log, 60, lambda: None) == 3  # a fresh driver
+        assert driver.proc is not None and driver.proc.pid != pid
+
+    broken = bench_driver.BenchDriver(tmp_path / "broken.log", module="no_such_module_here")
+    with pytest.raises(bench_driver.DriverError, match="exited with code 1"):
+        broken.run([], log, 60, lambda: None)
+    assert "ModuleNotFoundError" in (tmp_path / "broken.log").read_text() and broken.proc is None
 
 
 # --------------------------------------------------------------------------- workload
@@ -617,21 +692,9 @@ def test_lossless_end_to_end_pass_and_fail(
 
 
 def test_throughput_end_to_end(
-    fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    fake_sglang: Path, fake_bench: str, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    bench = tmp_path / "fake_bench.py"
-    bench.write_text(FAKE_BENCH)
-    real = throughput.bench_command
-
-    def fake_bench_command(base_url, model, wl, c, n, output_file):  # type: ignore[no-untyped-def]
-        real(base_url, model, wl, c, n, output_file)  # still builds (validates the workload files exist)
-        assert wl.dataset_files[n].is_file()
-        accept = ["--accept", "2.5"] if "pillar" in output_file.name else []
-        return [sys.executable, str(bench), "--base-url", base_url, *accept,
-                "--num-prompts", str(n), "--max-concurrency", str(c), "--output-file", str(output_file)]  # fmt: skip
-
-    monkeypatch.setattr(throughput, "bench_command", fake_bench_command)
     out = tmp_path / "out"
     args = ["--model", str(tiny_tokenizer_dir), "--data-dir", str(data_dir), "--out", str(out),
             "--configs", "stock,pillar", "--concurrency", "1,2", "--output-len", "16", "--run-id", "R1",
@@ -647,6 +710,22 @@ def test_throughput_end_to_end(
     assert stock["config"]["pillar_config"] is None and pillar["config"]["pillar_config"]["policy"] == "pillar"
     assert stock["workload"]["prompt_tokens"]["unique"] == 4
     assert sorted(p.name for p in out.iterdir()) == ["throughput_R1.log", "throughput_R1_pillar.json", "throughput_R1_stock.json"]
+
+    # Several output lengths on one server start: one JSON per length, each its own run id.
+    out4 = tmp_path / "out4"
+    args4 = [*args[:5], str(out4), "--configs", "pillar", "--concurrency", "2", "--output-len", "16,24",
+             "--run-id", "R4-{output_len}", "--log-name", "t4.log", "--work-dir", str(tmp_path / "work4")]  # fmt: skip
+    assert throughput.main(args4) == 0
+    d16, d24 = (json.loads((out4 / f"throughput_R4-{n}_pillar.json").read_text()) for n in (16, 24))
+    assert d16["meta"]["run_id"] == "R4-16" and d24["workload"]["output_len"] == 24
+    assert d16["server"] == d24["server"] and d16["server"]["output_lens"] == [16, 24]
+    assert d24["runs"][0]["metrics"]["total_output_tokens"] == 4 * 24
+    assert (tmp_path / "work4" / "pillar.server.log").read_text().count("fake server starting") == 1
+    assert "pillar len=24 c=2 n=4: 200 out tok/s" in (out4 / "t4.log").read_text()
+    for bad in (["--output-len", "16,24", "--run-id", "R5"], ["--output-len", "16,16", "--run-id", "R-{output_len}"],
+                ["--run-id", "R-{x}"], ["--log-name", "a/b.log"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            throughput.parse_args([*args, *bad])
 
     # A server that never becomes healthy: its config is recorded as failed.
     monkeypatch.setenv("FAKE_MODE", "never_healthy")

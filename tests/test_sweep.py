@@ -17,19 +17,19 @@ from benchmarks import sweep, throughput  # noqa: E402
 
 def write_result(results: Path, chunk: sweep.Chunk, tag: str, ok: list[int]) -> None:
     runs = [{"concurrency": c, "status": "ok" if c in ok else "failed", "wall_s": 1.0,
-             "metrics": {"total_output_tokens": 1000}} for c in sweep.CONCURRENCY]  # fmt: skip
+             "metrics": {"total_output_tokens": 1000, "duration": 1.0}} for c in sweep.CONCURRENCY]  # fmt: skip
     doc = {"kind": "throughput", "config": {"flags": ["--stream-interval", "8"]},
            "workload": {"output_len": chunk.output_len}, "runs": runs}  # fmt: skip
     chunk.result_file(tag, results).write_text(json.dumps(doc))
 
 
-def test_chunks_cover_the_matrix_stock_first_per_length() -> None:
+def test_chunks_cover_the_matrix_config_first_stock_first() -> None:
     table = sweep.chunks()
     assert len(table) == len(sweep.OUTPUT_LENS) * len(sweep.CONFIGS)
     assert [ch.index for ch in table] == list(range(len(table)))
     assert {(ch.output_len, ch.config) for ch in table} == {(n, c) for n in sweep.OUTPUT_LENS for c in sweep.CONFIGS}
-    for n in sweep.OUTPUT_LENS:
-        assert [ch.config for ch in table if ch.output_len == n][0] == "stock"
+    assert [ch.config for ch in table[: len(sweep.OUTPUT_LENS)]] == ["stock"] * len(sweep.OUTPUT_LENS)
+    assert [ch.output_len for ch in table[: len(sweep.OUTPUT_LENS)]] == list(sweep.OUTPUT_LENS)
     ch = table[0]
     assert ch.run_id("abc1234") == "sweep-abc1234-2048"
     assert ch.result_file("abc1234", Path("/r")) == Path("/r/throughput_sweep-abc1234-2048_stock.json")
@@ -44,14 +44,14 @@ def test_status_and_next(tmp_path: Path) -> None:
     assert sweep.chunk_state(table[1], "t1", tmp_path) == ("partial", [1, 8])
     assert sweep.chunk_state(table[2], "t1", tmp_path) == ("missing", [])
     md = sweep.status_table("t1", tmp_path)
-    assert "| 0 | 2048 | stock | done | 1 8 32 64 128 256 | " in md and "| 1 | 2048 | stock-flashinfer | partial | 1 8 | " in md
-    assert "| 2 | 2048 | ngram | missing | - | " in md
+    assert "| 0 | 2048 | stock | done | 1 8 32 64 128 256 | " in md and "| 1 | 4096 | stock | partial | 1 8 | " in md
+    assert "| 2 | 7000 | stock | missing | - | " in md
     args = sweep.parse_args(["run", "--tag", "t1", "--results-dir", str(tmp_path), "--model", "m", "--data-dir", "d",
                              "--out", "o", "--next", "2"])  # fmt: skip
     assert [ch.index for ch in sweep.pick(args)] == [1, 2]  # the partial chunk is run again
 
 
-def test_run_hands_each_chunk_to_throughput(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_hands_each_server_group_to_throughput(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[list[str], object]] = []
 
     def fake_main(argv: list[str], clock: object) -> int:
@@ -59,14 +59,26 @@ def test_run_hands_each_chunk_to_throughput(tmp_path: Path, monkeypatch: pytest.
         return 1 if "ngram" in argv else 0
 
     monkeypatch.setattr(throughput, "main", fake_main)
+    for n in (4096, 7000):  # history: each run's window is 5 s, so a 4K + 7K group fits the budget
+        tp_result(tmp_path / f"throughput_hist-{n}_stock.json", n, ["--stream-interval", "8"],
+                  [(c, throughput.default_num_prompts(c, 1) * n, 5.0) for c in sweep.CONCURRENCY])  # fmt: skip
     common = ["--tag", "t2", "--results-dir", str(tmp_path), "--model", "/m", "--data-dir", "/d", "--out", str(tmp_path)]
-    assert sweep.main(["run", *common, "--chunks", "6,2"]) == 1  # ngram failed
-    (a6, clock6), (a2, clock2) = calls
-    assert clock6 is clock2  # one run-time history for the whole command
-    assert a6[a6.index("--configs") + 1] == "stock" and a6[a6.index("--output-len") + 1] == "4096"
-    assert a6[a6.index("--run-id") + 1] == "sweep-t2-4096" and a2[a2.index("--run-id") + 1] == "sweep-t2-2048"
-    assert a6[a6.index("--concurrency") + 1] == "1,8,32,64,128,256" and a6[a6.index("--waves") + 1] == "1"
+    table = sweep.chunks()
+    pillar = [ch.index for ch in table if ch.config == "pillar" and ch.output_len != 2048]
+    ngram = [ch.index for ch in table if ch.config == "ngram"][0]
+    chosen = [*pillar, ngram]
+    assert sweep.main(["run", *common, "--chunks", ",".join(map(str, chosen))]) == 1  # ngram failed
+    (a1, clock1), (a2, clock2) = calls
+    assert clock1 is clock2  # one run-time history for the whole command
+    # The two PILLAR chunks share one server start; the ngram chunk gets its own.
+    assert a1[a1.index("--configs") + 1] == "pillar" and a1[a1.index("--output-len") + 1] == "4096,7000"
+    assert a1[a1.index("--run-id") + 1] == "sweep-t2-{output_len}"
+    assert a1[a1.index("--log-name") + 1] == "throughput_sweep-t2-4096-7000_pillar.log"
+    assert a2[a2.index("--configs") + 1] == "ngram" and a2[a2.index("--output-len") + 1] == "2048"
+    assert a1[a1.index("--concurrency") + 1] == "1,8,32,64,128,256" and a1[a1.index("--waves") + 1] == "1"
     assert float(a2[a2.index("--time-budget") + 1]) <= 560
+    # The run id template gives each length the chunk's own result file.
+    assert throughput.run_id_for("sweep-t2-{output_len}", [7000]) == table[pillar[1]].run_id("t2")
 
     for ch in sweep.chunks():
         write_result(tmp_path, ch, "t2", list(sweep.CONCURRENCY))
@@ -75,31 +87,40 @@ def test_run_hands_each_chunk_to_throughput(tmp_path: Path, monkeypatch: pytest.
 
 
 def tp_result(path: Path, output_len: int, flags: list[str], runs: list[tuple[int, int, float]]) -> None:
-    """A throughput JSON with (concurrency, output tokens, wall s) ok runs."""
+    """A throughput JSON with (concurrency, output tokens, bench duration s) ok runs."""
     doc = {"kind": "throughput", "config": {"flags": flags}, "workload": {"output_len": output_len},
-           "runs": [{"concurrency": c, "status": "ok", "wall_s": w, "metrics": {"total_output_tokens": t}}
-                    for c, t, w in runs]}  # fmt: skip
+           "runs": [{"concurrency": c, "status": "ok", "wall_s": w + 26.0,
+                     "metrics": {"total_output_tokens": t, "duration": w}} for c, t, w in runs]}  # fmt: skip
     path.write_text(json.dumps(doc))
 
 
-def test_seeded_clock_skips_a_chunk_that_cannot_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # 7000-token runs at stream interval 8: every concurrency takes 100 s (at one wave, the sweep's request count).
-    runs = [(c, throughput.default_num_prompts(c, 1) * 7000, 100.0) for c in sweep.CONCURRENCY]
+def test_seeded_clock_cuts_a_group_to_what_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 7000-token runs at stream interval 8: every concurrency's timed window is 50 s (one wave, the sweep's count).
+    runs = [(c, throughput.default_num_prompts(c, 1) * 7000, 50.0) for c in sweep.CONCURRENCY]
     tp_result(tmp_path / "throughput_a_stock.json", 7000, ["--stream-interval", "8"], runs)
     # Stream interval 1 was paced by the HTTP path: ignored.
     tp_result(tmp_path / "throughput_b_stock.json", 7000, [], [(c, t, 10 * w) for c, t, w in runs])
     clock = throughput.RunClock()
     sweep.seed_clock(clock, tmp_path)
-    seven_k, two_k = sweep.chunks()[-1], sweep.chunks()[0]
-    assert seven_k.output_len == 7000 and two_k.output_len == 2048
-    assert sweep.chunk_s(clock, seven_k) == pytest.approx(throughput.MIN_START_S + 6 * throughput.RUN_MARGIN * 100.0)
-    assert sweep.chunk_s(clock, two_k) is None  # no 2K history
+    table = sweep.chunks()
+    stock = [ch for ch in table if ch.config == "stock"]
+    seven_k = table[-1]
+    assert seven_k.output_len == 7000 and [ch.output_len for ch in stock] == [2048, 4096, 7000]
+    runs_s = 6 * (throughput.RUN_MARGIN * 50.0 + throughput.RUN_OVERHEAD_S)  # the wall time, not the window, counts
+    assert sweep.chunk_s(clock, seven_k) == pytest.approx(runs_s)
+    assert sweep.chunk_s(clock, stock[0]) is None  # no 2K history
+    start = throughput.MIN_START_S + throughput.STOP_RESERVE_S
+    assert sweep.fitting_prefix(clock, [seven_k], start + runs_s + 1) == [seven_k]
+    assert sweep.fitting_prefix(clock, [seven_k], start + runs_s - 1) == []
+    # An unknown chunk is tried only first in its group: 2K goes, unknown 4K stops the group there.
+    assert sweep.fitting_prefix(clock, stock, 10_000) == stock[:1]
+    assert sweep.fitting_prefix(clock, stock[1:], 10_000) == stock[1:]
 
     started: list[str] = []
     monkeypatch.setattr(throughput, "main", lambda argv, clock: started.append(argv[argv.index("--configs") + 1]) or 0)
     common = ["--tag", "t3", "--results-dir", str(tmp_path), "--model", "/m", "--data-dir", "/d", "--out", str(tmp_path)]
-    # ~870 s needed for the 7K chunk: not started; the 2K chunk (unknown) is.
-    assert sweep.main(["run", *common, "--chunks", f"{seven_k.index},{two_k.index}", "--time-budget", "560"]) == 0
+    # ~580 s needed for the 7K chunk with its server start: not started; the 2K chunk (unknown) is.
+    assert sweep.main(["run", *common, "--chunks", f"{seven_k.index},{stock[0].index}", "--time-budget", "560"]) == 0
     assert started == ["stock"]
 
 

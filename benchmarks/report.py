@@ -467,32 +467,55 @@ def _save_figure(fig: Any, title: str, path: Path) -> Path:
     return path
 
 
+def length_series(run_id: str, output_len: int, commit: str) -> str:
+    """The comparison series a run belongs to across output lengths: a run id ending in ``-<len>``
+    (the sweep's ``sweep-<tag>-<len>``) without that suffix, else the commit it measured."""
+    suffix = f"-{output_len}"
+    return run_id[: -len(suffix)] if run_id.endswith(suffix) else f"commit {commit}"
+
+
 def plot_throughput_vs_length(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """One PNG per (commit, prompt kind, temperature, concurrency) measured at two or more output lengths:
-    output tok/s and the ratio to stock vs output length. Runs at stream interval 1 are left out (bounded by
-    streaming, see STREAM_INTERVAL_1_NOTE); ratios come from stock rows of the same run, as in the tables."""
+    """One PNG per (series, prompt kind, temperature) measured at two or more output lengths
+    (``length_series``), one panel per concurrency: output tok/s vs output length per config, the ratio to
+    stock in the legend. Runs at stream interval 1 are left out (bounded by streaming, see
+    STREAM_INTERVAL_1_NOTE); ratios come from stock rows of the same run, as in the tables. Earlier
+    ``throughput_vs_length_*.png`` files are removed first: the names follow the results, not the code."""
     import matplotlib.pyplot as plt
 
+    for old in out_dir.glob("throughput_vs_length_*.png"):
+        old.unlink()
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in throughput_rows(docs):
         if r["tok_s"] is not None and r["stream_interval"] > 1:
             kind, out_len, _, temp = r["workload"]
-            groups.setdefault((r["commit"], kind, temp, r["concurrency"]), []).append({**r, "out_len": out_len})
+            series = length_series(r["run_id"], out_len, r["commit"])
+            groups.setdefault((series, kind, temp), []).append({**r, "out_len": out_len})
     paths = []
-    for (commit, kind, temp, conc), rows in sorted(groups.items()):
+    for (series, kind, temp), rows in sorted(groups.items()):
         lengths = sorted({r["out_len"] for r in rows})
-        if len(lengths) < 2:
+        lens_at: dict[int, set[int]] = {}
+        for r in rows:
+            lens_at.setdefault(r["concurrency"], set()).add(r["out_len"])
+        concs = sorted(c for c, ns in lens_at.items() if len(ns) > 1)
+        if not concs:
             continue
-        fig, (ax_t, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
-        for config in sorted({r["config"] for r in rows}, key=_config_rank):
-            pts = sorted((r["out_len"], r["tok_s"], r["ratio_vs_stock"]) for r in rows if r["config"] == config)
-            (line,) = ax_t.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config)
-            ratios = [(n, q) for n, _, q in pts if q is not None]
-            ax_r.plot([n for n, _ in ratios], [q for _, q in ratios], marker="o", label=config, color=line.get_color())
-        for ax, ylabel in ((ax_t, "output tokens/s"), (ax_r, "vs stock (same run)")):
-            _style_axes(ax, lengths, "output tokens per request", ylabel)
-        title = f"commit {commit}: {kind} prompts, temperature {temp}, concurrency {conc}"
-        paths.append(_save_figure(fig, title, out_dir / f"throughput_vs_length_{commit}_{kind}_c{conc}.png"))
+        ncols = min(3, len(concs))
+        nrows = -(-len(concs) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
+        for ax in axes.flat[len(concs):]:
+            ax.set_visible(False)
+        for ax, conc in zip(axes.flat, concs):
+            at = [r for r in rows if r["concurrency"] == conc]
+            for config in sorted({r["config"] for r in at}, key=_config_rank):
+                pts = sorted((r["out_len"], r["tok_s"], r["ratio_vs_stock"]) for r in at if r["config"] == config)
+                ratios = " ".join(f"{q:.2f}" for _, _, q in pts if q is not None and config != "stock")
+                label = f"{config} ({ratios}x)" if ratios else config
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+            ax.set_title(f"concurrency {conc}", fontsize=9)
+            _style_axes(ax, lengths, "output tokens per request", "output tokens/s")
+            ax.legend(fontsize=7)
+        title = f"{series}: {kind} prompts, temperature {temp}; legend: ratio to stock per length"
+        paths.append(_save_figure(fig, title, out_dir / f"throughput_vs_length_{file_stem(series)}_{kind}.png"))
     return paths
 
 

@@ -799,8 +799,17 @@ def test_report_stream_interval_runs_and_length_plot(tmp_path: Path) -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         return
+    (tmp_path / "throughput_vs_length_stale_aime_c8.png").write_bytes(b"old name")
     paths = report.plot_throughput_vs_length(docs, tmp_path)
-    assert [p.name for p in paths] == ["throughput_vs_length_abc_aime_c256.png"] and paths[0].stat().st_size > 0
+    assert [p.name for p in paths] == ["throughput_vs_length_commit_abc_aime.png"] and paths[0].stat().st_size > 0
+    assert not (tmp_path / "throughput_vs_length_stale_aime_c8.png").exists()
+    # Sweep run ids (one per length, `<series>-<len>`) form one series whatever commit each length ran at.
+    sweep_docs = [tp_doc("sweep-t-2048", "stock", {1: 10.0, 8: 80.0}, flags=si8),
+                  tp_doc("sweep-t-4096", "stock", {1: 9.0}, out_len=4096, flags=si8)]  # fmt: skip
+    sweep_docs[1]["meta"]["git_commit"] = "def"
+    assert report.length_series("sweep-t-4096", 4096, "def") == "sweep-t" and report.length_series("L", 4096, "x") == "commit x"
+    paths = report.plot_throughput_vs_length(sweep_docs, tmp_path)
+    assert [p.name for p in paths] == ["throughput_vs_length_sweep-t_aime.png"]  # concurrency 8 has one length only
 
 
 def lossless_doc() -> dict:

@@ -16,11 +16,14 @@ from typing import Any
 from benchmarks.client import GenOutput, generate_all
 from benchmarks.configs import ServerConfig, file_stem
 from benchmarks.runlog import Deadline, RunLog
-from benchmarks.server import Server, log_tail, start_recorded
+from benchmarks.server import (
+    MIN_START_S,
+    STOP_RESERVE_S,
+    Server,
+    log_tail,
+    start_recorded,
+)
 from benchmarks.workload import Prompt
-
-STOP_RESERVE_S = 25.0  # kept back from every pass timeout so the server can still be stopped
-MIN_START_S = 60.0  # don't launch a server with less budget left than this
 
 
 @dataclass

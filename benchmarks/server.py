@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from benchmarks.runlog import RunLog
 
 DEFAULT_HEALTH_PATH = "/health_generate"  # 200 only once a 1-token generation went through
+STOP_RESERVE_S = 25.0  # budget every entry point keeps back so a server can still be stopped and its JSON written
+MIN_START_S = 60.0  # no server start took less (60-225 s on the H100): none is launched with less budget left
 _LIVE: set[Server] = set()
 
 

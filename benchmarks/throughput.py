@@ -41,6 +41,7 @@ from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.report import throughput_rows, throughput_table
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import (
+    STOP_RESERVE_S,
     Server,
     ServerError,
     http_json,
@@ -56,8 +57,7 @@ from benchmarks.workload import (
     write_bench_serving_file,
 )
 
-STOP_RESERVE_S = 25.0  # budget kept back so the server can always be stopped and the JSON written
-MIN_START_S = 90.0  # floor of the server-start guess (a start takes 60-140 s warm, up to 240 s on a fresh node)
+START_GUESS_FLOOR_S = 90.0  # floor of the server-start guess (a start takes 60-140 s warm, up to 240 s on a fresh node)
 MIN_RUN_S = 20.0  # the guess for a run shape never measured
 RUN_MARGIN = 1.3  # a config may be slower than the slowest one measured so far at the same shape
 # A run's wall time outside bench_serving's timed window (tokenizer and dataset load, one 32-token
@@ -75,7 +75,7 @@ class RunClock:
     ``startup_s``: slowest server start so far."""
 
     rates: dict[tuple[int, int], float] = field(default_factory=dict)
-    startup_s: float = MIN_START_S
+    startup_s: float = START_GUESS_FLOOR_S
 
     def run_s(self, concurrency: int, output_len: int, num_prompts: int) -> float | None:
         """Expected wall time of a run; None before any run of this shape finished."""

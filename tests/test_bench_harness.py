@@ -459,7 +459,7 @@ def test_run_clock_guesses_from_the_slowest_run_of_the_same_shape() -> None:
     assert clock.run_s(1, 4096, 4) is None
     assert clock.run_s(256, 2048, 1024) == pytest.approx(throughput.RUN_MARGIN * 40.0 + over)
     clock.record_start(60.0)
-    assert clock.startup_s == throughput.MIN_START_S
+    assert clock.startup_s == throughput.START_GUESS_FLOOR_S
     clock.record_start(141.0)
     clock.record_start(98.0)
     assert clock.startup_s == 141.0
@@ -976,6 +976,13 @@ def test_step_times_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     assert doc["capture_overhead"] == [] and stock["kv_pool_tokens"] is None
     with pytest.raises(SystemExit):
         step_times.main(["--shape", "nope", "--out", str(out)])
+    # Too little budget for a server start (60 s + the stop reserve): skipped and listed, never started.
+    short = tmp_path / "short.json"
+    assert step_times.main([*argv[:3], str(short), *argv[4:], "--time-budget", "80"]) == 0
+    doc = json.loads(short.read_text())
+    assert {r["status"] for r in doc["servers"].values()} == {"skipped"}
+    assert "stock: SKIPPED (time budget (" in short.with_suffix(".log").read_text()
+    assert not any("startup_s" in r or "kv_pool_tokens" in r for r in doc["servers"].values())  # never started
 
 
 def test_step_times_pool_skips_and_capture_overhead(

@@ -109,7 +109,7 @@ def test_seeded_clock_cuts_a_group_to_what_fits(tmp_path: Path, monkeypatch: pyt
     runs_s = 6 * (throughput.RUN_MARGIN * 50.0 + throughput.RUN_OVERHEAD_S)  # the wall time, not the window, counts
     assert sweep.chunk_s(clock, seven_k) == pytest.approx(runs_s)
     assert sweep.chunk_s(clock, stock[0]) is None  # no 2K history
-    start = throughput.MIN_START_S + throughput.STOP_RESERVE_S
+    start = throughput.START_GUESS_FLOOR_S + throughput.STOP_RESERVE_S
     assert sweep.fitting_prefix(clock, [seven_k], start + runs_s + 1) == [seven_k]
     assert sweep.fitting_prefix(clock, [seven_k], start + runs_s - 1) == []
     # An unknown chunk is tried only first in its group: 2K goes, unknown 4K stops the group there.

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import step_times
 from benchmarks.configs import file_stem
 from benchmarks.lossless import NEAR_TIE_NATS
 
@@ -346,6 +347,22 @@ def _not_measured(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def _step_setup(d: dict[str, Any]) -> tuple[Any, ...]:
+    s, meta = d["settings"], d["meta"]
+    return s["shape"], tuple(s["decode_tokens"]), meta.get("device"), str(meta.get("git_commit"))
+
+
+def sibling_capture(d: dict[str, Any], docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Capture rows of ``d``'s score-using servers whose streaming twin ran in another step_times run with
+    the same shape, decode lengths, device and commit (a twin that did not fit the same command); the
+    twin is named ``<server> (<file>)``. Servers whose twin is in ``d`` itself are left to ``d``'s own rows."""
+    merged = {name: rec for name, rec in d["servers"].items() if rec["status"] == "ok"}  # not a twin that failed here
+    for o in docs:
+        if o is not d and o.get("kind") == "step_times" and _step_setup(o) == _step_setup(d):
+            merged.update({f"{name} ({o['_file']})": rec for name, rec in o["servers"].items()})
+    return [c for c in step_times.capture_overhead(merged) if c["config"] in d["servers"] and c["twin"] not in d["servers"]]
+
+
 def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
     """Per step_times run: stock decode step vs PILLAR's phases per (L, B), the projection, the capture cost."""
     parts = []
@@ -353,9 +370,10 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
         meta, s = d["meta"], d["settings"]
         accept = s.get("accept_assumed")
         headers = STEP_HEADERS + ((f"projected speedup (accept {accept:g})",) if accept is not None else ())
-        cap = [[c["config"], c["context"], c["batch"], fmt(c["capture_ms"], ".3f"), fmt(c["select_ms"], ".3f"),
+        cap = [[c["config"] if c["twin"] in d["servers"] else f"{c['config']} (twin: {c['twin']})", c["context"],
+                c["batch"], fmt(c["capture_ms"], ".3f"), fmt(c["select_ms"], ".3f"),
                 fmt(_pct(c["capture_select_frac_of_verify"]), ".0f", "%")]
-               for c in d.get("capture_overhead", [])]  # fmt: skip
+               for c in [*d.get("capture_overhead", []), *sibling_capture(d, docs)]]  # fmt: skip
         missing = "".join(f"\n- not measured: {n}" for n in _not_measured(d))
         m1, m2 = s["decode_tokens"]
         parts.append(

@@ -927,6 +927,19 @@ def test_report_step_times_section(tmp_path: Path) -> None:
     # The streaming server is the twin of every selection cadence (it never selects): (1 + 1) / (11 + 1).
     assert "| pillar:select_every=8 | 1024 | 16 | 1.000 | 1.000 | 17% |" in md
     assert "- not measured: pillar-k4: server failed" in md and "- not measured: stock L=4096 B=16: KV pool: 16 x" in md
+    # A twin that ran in another command (same shape, decode lengths, device, commit) is paired across files;
+    # a failed twin in the doc itself does not hide it.
+    alone = {"stock": servers["stock"], "pillar": servers["pillar"], "pillar-streaming": rec("pillar-streaming", [], "failed")}
+    twin_doc = {**doc, "meta": {**doc["meta"], "run_id": "S3"}, "servers": {"pillar-streaming": servers["pillar-streaming"]},
+                "projection": [], "capture_overhead": [], "_file": "twin.json"}  # fmt: skip
+    doc2 = {**doc, "meta": {**doc["meta"], "run_id": "S2"}, "servers": alone, "capture_overhead": [], "_file": "s2.json"}
+    other_commit = {**twin_doc, "meta": {**twin_doc["meta"], "git_commit": "fff"}}
+    found = report.sibling_capture(doc2, [doc2, twin_doc])
+    assert [(c["config"], c["twin"], c["capture_ms"]) for c in found] == [("pillar", "pillar-streaming (twin.json)", 2.0)]
+    assert report.sibling_capture(doc2, [doc2, other_commit]) == []
+    assert report.sibling_capture(doc, [doc, twin_doc]) == []  # its own twin already counts
+    assert "| pillar (twin: pillar-streaming (twin.json)) | 1024 | 16 | 2.000 | 2.000 | 29% |" in report.step_times_markdown(
+        [doc2, twin_doc])
     try:
         import matplotlib  # noqa: F401
 

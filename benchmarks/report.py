@@ -110,7 +110,7 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 THROUGHPUT_HEADERS = (
     "config", "conc", "reqs", "out tok/s", "vs stock", "TPOT med ms", "TPOT p99 ms",
-    "ITL med ms", "ITL p99 ms", "TTFT med ms", "accept len", "status",
+    "ITL med ms", "ITL p99 ms", "TTFT med ms", "E2E mean s", "E2E p99 s", "accept len", "status",
 )  # fmt: skip
 
 
@@ -121,10 +121,15 @@ def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
             r["config"], r["concurrency"], fmt(r["num_prompts"], "d"), fmt(r["tok_s"], ".0f"),
             fmt(r["ratio_vs_stock"], ".2f", "x"), fmt(m.get("median_tpot_ms")), fmt(m.get("p99_tpot_ms")),
             fmt(m.get("median_itl_ms")), fmt(m.get("p99_itl_ms")), fmt(m.get("median_ttft_ms"), ".1f"),
+            fmt(_seconds(m.get("mean_e2e_latency_ms")), ".1f"), fmt(_seconds(m.get("p99_e2e_latency_ms")), ".1f"),
             fmt(m.get("accept_length")), r["status"],
         ]  # fmt: skip
 
     return markdown_table(THROUGHPUT_HEADERS, (cells(r) for r in rows))
+
+
+def _seconds(ms: Any) -> float | None:
+    return ms / 1000 if isinstance(ms, (int, float)) else None
 
 
 def describe_workload(key: tuple[Any, ...]) -> str:

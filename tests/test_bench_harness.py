@@ -756,7 +756,8 @@ def tp_doc(run_id: str, config: str, tok_s: dict[int, float | None], accept: flo
            out_len: int = 2048, flags: tuple[str, ...] = ()) -> dict:
     runs = [
         {"concurrency": c, "num_prompts": 2 * c, "status": "ok" if v else "failed", "error": None, "wall_s": 1.0,
-         "metrics": {"output_throughput": v, "median_tpot_ms": 2.0, "p99_tpot_ms": 3.0, "accept_length": accept} if v else None}
+         "metrics": {"output_throughput": v, "median_tpot_ms": 2.0, "p99_tpot_ms": 3.0, "accept_length": accept,
+                     "mean_e2e_latency_ms": 1500.0, "p99_e2e_latency_ms": 2500.0} if v else None}
         for c, v in tok_s.items()
     ]  # fmt: skip
     return {
@@ -781,7 +782,7 @@ def test_report_ratios_within_run_only() -> None:
     assert by[("B", "pillar", 1)]["ratio_vs_stock"] is None and by[("A", "ngram", 1)]["ratio_vs_stock"] is None
     assert [r["config"] for r in rows if r["run_id"] == "A"] == ["stock", "stock", "ngram", "pillar", "pillar"]
     md = report.throughput_markdown(docs)
-    assert "| pillar | 1 | 2 | 300 | 3.00x | 2.00 | 3.00 | - | - | - | 3.20 | ok |" in md
+    assert "| pillar | 1 | 2 | 300 | 3.00x | 2.00 | 3.00 | - | - | - | 1.5 | 2.5 | 3.20 | ok |" in md
     assert "| ngram | 1 | 2 | - | - |" in md and "### Throughput, run B" in md
 
 

@@ -35,6 +35,7 @@ from sglang_sparsespec.selection.policy import draft_window, streaming_plan
 
 SIM_POLICIES = (SelectionPolicy.PILLAR, SelectionPolicy.COARSE, SelectionPolicy.STREAMING)
 ATTN_NAME = "pillar_sim"
+SEGMENT = 1024  # output tokens per slice of the per-segment statistics in the JSON
 
 
 @dataclass
@@ -86,6 +87,26 @@ class SimResult:
     @property
     def accept_length(self) -> float:
         return sum(self.accepts) / len(self.accepts)
+
+    def accept_by_segment(self, segment: int) -> list[float]:
+        """Accept length of the rounds that started in each ``segment``-token slice of the output (the
+        last slice may be partial): does the draft get worse deeper into a long output?"""
+        per: dict[int, list[int]] = {}
+        done = 0
+        for a in self.accepts:
+            per.setdefault(done // segment, []).append(a)
+            done += a
+        return [sum(v) / len(v) for _, v in sorted(per.items())]
+
+    def distinct_ngrams_by_segment(self, segment: int, n: int = 4) -> list[float]:
+        """Distinct n-grams / n-grams per ``segment``-token slice of the output: low values mark the
+        repetition loops of greedy decoding, which a recent-window draft predicts well."""
+        out = []
+        for start in range(0, len(self.output_ids), segment):
+            ids = self.output_ids[start : start + segment]
+            grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+            out.append(len(set(grams)) / len(grams) if grams else 1.0)
+        return out
 
 
 def _keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: int) -> torch.Tensor:
@@ -235,7 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                            recent_window=args.recent_window, sink_tokens=args.sink_tokens, policy=policy,
                            select_every=args.select_every, score_rows=ScoreRows(args.score_rows))  # fmt: skip
         res = simulate(model, prompt.input_ids, args.max_new_tokens, cfg)
-        rec: dict[str, Any] = {"accept_length": res.accept_length, "rounds": len(res.accepts), "wall_s": res.wall_s}
+        rec: dict[str, Any] = {"accept_length": res.accept_length, "rounds": len(res.accepts), "wall_s": res.wall_s,
+                               "segment_tokens": SEGMENT, "accept_length_by_segment": res.accept_by_segment(SEGMENT),
+                               "distinct_4grams_by_segment": res.distinct_ngrams_by_segment(SEGMENT)}  # fmt: skip
         if args.check_lossless:
             rec["first_divergence_from_greedy"] = first_divergence_from_greedy(model, prompt.input_ids, res.output_ids)
             ok &= rec["first_divergence_from_greedy"] is None

@@ -403,7 +403,7 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
 
 
 SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "select every", "score rows", "policy",
-               "accept len", "rounds", "lossless")  # fmt: skip
+               "accept len", "rounds", "lossless", "accept len per 1K output tokens")  # fmt: skip
 
 
 def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -416,13 +416,15 @@ def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
             lossless = "unchecked" if div == "unchecked" else ("yes" if div is None else f"diverged at {div}")
             rows.append([d["_file"], s["source"], s["max_new_tokens"], s["recent_window"], s["min_budget"],
                          s.get("select_every", 1), s.get("score_rows", "all"), policy, fmt(r["accept_length"], ".2f"),
-                         r["rounds"], lossless])  # fmt: skip
+                         r["rounds"], lossless,
+                         " ".join(f"{a:.1f}" for a in r.get("accept_length_by_segment", [])) or "-"])  # fmt: skip
     if not rows:
         return ""
     return (
         "### Draft policies in the CPU reference (policy_sim)\n\n"
         "Greedy rounds re-run in the model's own HF attention on CPU (fp32), same plans as the worker; "
-        "`lossless` = output equals plain greedy decoding.\n\n" + markdown_table(SIM_HEADERS, rows) + "\n"
+        "`lossless` = output equals plain greedy decoding; the last column splits the output into 1024-token "
+        "slices (the rounds that started in each).\n\n" + markdown_table(SIM_HEADERS, rows) + "\n"
     )
 
 

@@ -877,7 +877,8 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     kern = {"device": "GPU", "git_commit": "abc", "config": {"timing": "graphs"},
             "sparse_decode": [dec], "score_capture": [cap], "selection": [sel]}  # fmt: skip
     sim = {"kind": "policy_sim", "settings": {"source": "aime24:1", "max_new_tokens": 1500, "recent_window": 16, "min_budget": 128},
-           "results": {"pillar": {"accept_length": 5.976, "rounds": 251, "first_divergence_from_greedy": None}}}  # fmt: skip
+           "results": {"pillar": {"accept_length": 5.976, "rounds": 251, "first_divergence_from_greedy": None},
+                       "streaming": {"accept_length": 5.0, "rounds": 300, "accept_length_by_segment": [6.25, 4.0]}}}  # fmt: skip
     (tmp_path / "sim.json").write_text(json.dumps(sim))
     (tmp_path / "acc.json").write_text(json.dumps(acc))
     (tmp_path / "kernels.json").write_text(json.dumps(kern))
@@ -888,7 +889,8 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     assert "| s | 4 | 1024 | 68 | 10.0 | 100 | 40.0 | - | 4.0x | - |" in md
     assert "| s | 4 | 1024 | 50.0 | 20.0 | 900 | 2.5x | 5.0 | 30% | 12% |" in md
     assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md
-    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | 1 | all | pillar | 5.98 | 251 | yes |" in md
+    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | 1 | all | pillar | 5.98 | 251 | yes | - |" in md
+    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | 1 | all | streaming | 5.00 | 300 | unchecked | 6.2 4.0 |" in md
 
 
 def test_report_step_times_section(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from benchmarks.policy_sim import (
+    SimResult,
     first_divergence_from_greedy,
     register_attention,
     simulate,
@@ -55,3 +56,12 @@ def test_full_budget_accepts_every_draft_and_small_budget_does_not(tiny_model):
 def test_oracle_is_refused(tiny_model):
     with pytest.raises(ValueError, match="policy_sim supports"):
         simulate(tiny_model, PROMPT, 8, PillarConfig(policy=SelectionPolicy.ORACLE))
+
+
+def test_per_segment_statistics():
+    res = SimResult("pillar", output_ids=[1, 2, 3, 4] * 3 + list(range(10, 22)), accepts=[5, 5, 2, 1, 3, 4, 4], wall_s=0.0)
+    # Rounds start at output tokens 0, 5, 10, 12, 13, 16, 20: slices of 10 hold 2, 4 and 1 of them.
+    assert res.accept_by_segment(10) == [5.0, (2 + 1 + 3 + 4) / 4, 4.0]
+    # A 4-token loop has 4 distinct 4-grams out of 9; fresh tokens have all distinct ones.
+    assert res.distinct_ngrams_by_segment(12) == [4 / 9, 1.0]
+    assert res.accept_length == pytest.approx(24 / 7)

@@ -79,11 +79,20 @@ def status_table(tag: str, results_dir: Path) -> str:
     clock = throughput.RunClock()
     seed_clock(clock, results_dir)
     lines = ["| chunk | output len | config | state | concurrencies ok | expected run s |", "|---|---|---|---|---|---|"]
+    todo: list[Chunk] = []
     for ch in chunks():
         state, ok = chunk_state(ch, tag, results_dir)
         need = chunk_s(clock, ch)
         lines.append(f"| {ch.index} | {ch.output_len} | {ch.config} | {state} | {' '.join(map(str, ok)) or '-'} "
                      f"| {'?' if need is None else f'{need:.0f}'} |")  # fmt: skip
+        if state != "done":
+            todo.append(ch)
+    runs = [chunk_s(clock, ch) for ch in todo]
+    known = sum(r for r in runs if r is not None)
+    configs = len({ch.config for ch in todo})
+    lines.append(f"\n{len(todo)} chunks to go over {configs} configs: about {known:.0f} s of runs"
+                 + (f" ({runs.count(None)} chunks not estimated)" if None in runs else "")
+                 + ", plus at least one server start (60-225 s) per config and per command")  # fmt: skip
     return "\n".join(lines)
 
 

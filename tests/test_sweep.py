@@ -46,6 +46,10 @@ def test_status_and_next(tmp_path: Path) -> None:
     md = sweep.status_table("t1", tmp_path)
     assert "| 0 | 2048 | stock | done | 1 8 32 64 128 256 | " in md and "| 1 | 4096 | stock | partial | 1 8 | " in md
     assert "| 2 | 7000 | stock | missing | - | " in md
+    # 17 chunks are not done; the 4096 ones (only c=1, 8 measured) cannot be estimated.
+    last = md.splitlines()[-1]
+    assert last.startswith(f"{len(table) - 1} chunks to go over {len(sweep.CONFIGS)} configs: about ")
+    assert f"({len(sweep.CONFIGS)} chunks not estimated)" in last and last.endswith("per config and per command")
     args = sweep.parse_args(["run", "--tag", "t1", "--results-dir", str(tmp_path), "--model", "m", "--data-dir", "d",
                              "--out", "o", "--next", "2"])  # fmt: skip
     assert [ch.index for ch in sweep.pick(args)] == [1, 2]  # the partial chunk is run again

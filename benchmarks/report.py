@@ -402,7 +402,7 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
     )
 
 
-SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "select every", "score rows", "policy",
+SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "budget ratio", "select every", "score rows", "policy",
                "accept len", "rounds", "lossless", "accept len per 1K output tokens")  # fmt: skip
 
 
@@ -415,7 +415,7 @@ def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
             div = r.get("first_divergence_from_greedy", "unchecked")
             lossless = "unchecked" if div == "unchecked" else ("yes" if div is None else f"diverged at {div}")
             rows.append([d["_file"], s["source"], s["max_new_tokens"], s["recent_window"], s["min_budget"],
-                         s.get("select_every", 1), s.get("score_rows", "all"), policy, fmt(r["accept_length"], ".2f"),
+                         fmt(s.get("budget_ratio")), s.get("select_every", 1), s.get("score_rows", "all"), policy, fmt(r["accept_length"], ".2f"),
                          r["rounds"], lossless,
                          " ".join(f"{a:.1f}" for a in r.get("accept_length_by_segment", [])) or "-"])  # fmt: skip
     if not rows:

@@ -196,12 +196,23 @@ class Segment:
     out_path: Path
 
     def init_runs(self, concurrencies: Sequence[int], num_prompts: dict[int, int]) -> list[dict[str, Any]]:
-        runs = self.doc["runs"] = [
+        self.doc["runs"] = [
             {"concurrency": c, "num_prompts": num_prompts[c], "status": "skipped", "error": None, "wall_s": None,
              "metrics": None}
             for c in concurrencies
         ]  # fmt: skip
-        return runs
+        return self.doc["runs"]
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What every server and run of one throughput invocation shares."""
+
+    args: argparse.Namespace
+    deadline: Deadline
+    clock: RunClock
+    log: RunLog
+    driver: BenchDriver
 
 
 def run_config(
@@ -209,16 +220,13 @@ def run_config(
     segments: Sequence[Segment],
     concurrencies: Sequence[int],
     num_prompts: dict[int, int],
-    args: argparse.Namespace,
-    deadline: Deadline,
-    clock: RunClock,
-    log: RunLog,
-    driver: BenchDriver,
+    inv: Invocation,
 ) -> None:
     """Start the config's server once, run every segment's concurrencies in order, stop it.
 
     Every segment's doc shares one ``server`` record (the same start serves them all) and is
     rewritten after each of its runs."""
+    args, deadline, clock, log, driver = inv.args, inv.deadline, inv.clock, inv.log, inv.driver
     all_runs = [(seg, r) for seg in segments for r in seg.init_runs(concurrencies, num_prompts)]
     srv: dict[str, Any] = {"status": "pending", "startup_s": None, "error": None,
                            "output_lens": [seg.workload.output_len for seg in segments]}  # fmt: skip
@@ -255,24 +263,15 @@ def run_config(
         srv["server_info"] = server_info(server)
         log.line(f"{config.name}: server up after {srv['startup_s']:.0f} s")
         for seg, r in all_runs:
-            run_one(config, seg, r, server, args, deadline, clock, log, driver)
+            run_one(config, seg, r, server, inv)
             write_json(seg.out_path, seg.doc)
         log.block(f"{config.name} server log tail", log_tail(server.log_path, 40))
     write_all()
 
 
-def run_one(
-    config: ServerConfig,
-    seg: Segment,
-    r: dict[str, Any],
-    server: Server,
-    args: argparse.Namespace,
-    deadline: Deadline,
-    clock: RunClock,
-    log: RunLog,
-    driver: BenchDriver,
-) -> None:
+def run_one(config: ServerConfig, seg: Segment, r: dict[str, Any], server: Server, inv: Invocation) -> None:
     """One bench_serving run against ``server``; fills the run record ``r``."""
+    args, deadline, clock, log, driver = inv.args, inv.deadline, inv.clock, inv.log, inv.driver
     c, n, out_len = r["concurrency"], r["num_prompts"], seg.workload.output_len
     name = config.name if len(args.output_lens) == 1 else f"{config.name} len={out_len}"
     if seg.doc["server"]["status"] != "ok":
@@ -412,8 +411,9 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
     args.out.mkdir(parents=True, exist_ok=True)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(args.out / args.log_name)
-    meta = {n: run_metadata(run_id_for(args.run_id, [n])) for n in args.output_lens}
-    log.line(f"throughput run {run_id_for(args.run_id, args.output_lens)} on {meta[args.output_lens[0]]['device']}; "
+    base_meta = run_metadata(run_id_for(args.run_id, args.output_lens))  # device and versions: queried once
+    meta = {n: {**base_meta, "run_id": run_id_for(args.run_id, [n])} for n in args.output_lens}
+    log.line(f"throughput run {base_meta['run_id']} on {base_meta['device']}; "
              f"logs and prompt files in {args.work_dir}")  # fmt: skip
 
     num_prompts = {c: args.num_prompts_per_conc or default_num_prompts(c, args.waves) for c in args.concurrencies}
@@ -436,6 +436,7 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
     docs = []
     clock = clock or RunClock()
     with BenchDriver(args.work_dir / "bench_driver.log") as driver:
+        inv = Invocation(args, deadline, clock, log, driver)
         for config in args.server_configs:
             segments = []
             for n in args.output_lens:
@@ -451,7 +452,7 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
                 }
                 out_path = args.out / f"throughput_{run_id_for(args.run_id, [n])}_{file_stem(config.name)}.json"
                 segments.append(Segment(Workload(args.workload, n, input_len, args.temperature, files), doc, out_path))
-            run_config(config, segments, args.concurrencies, num_prompts, args, deadline, clock, log, driver)
+            run_config(config, segments, args.concurrencies, num_prompts, inv)
             docs.extend(seg.doc for seg in segments)
 
     statuses = [r["status"] for d in docs for r in d["runs"]]

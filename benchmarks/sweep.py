@@ -32,14 +32,13 @@ from pathlib import Path
 
 from benchmarks import throughput
 from benchmarks.configs import file_stem
-from benchmarks.report import stream_interval
+from benchmarks.report import DEFAULT_RESULTS
 from benchmarks.runlog import Deadline
 
 OUTPUT_LENS = (2048, 4096, 7000)  # SmolLM2's context is 8192: 7000 + the longest prompt fits
 CONFIGS = ("stock", "stock-flashinfer", "ngram", "pillar", "pillar-coarse", "pillar-streaming")
 CONCURRENCY = (1, 8, 32, 64, 128, 256)
 WAVES = 1
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True)
@@ -75,9 +74,8 @@ def chunk_state(chunk: Chunk, tag: str, results_dir: Path) -> tuple[str, list[in
 
 def status_table(tag: str, results_dir: Path) -> str:
     """One row per chunk; the expected seconds of its runs (a config's server start comes on top) come
-    from the results' run times (seed_clock), for planning."""
-    clock = throughput.RunClock()
-    seed_clock(clock, results_dir)
+    from the results' run times (RunClock.seeded), for planning."""
+    clock = throughput.RunClock.seeded(results_dir)
     lines = ["| chunk | output len | config | state | concurrencies ok | expected run s |", "|---|---|---|---|---|---|"]
     todo: list[Chunk] = []
     for ch in chunks():
@@ -103,21 +101,6 @@ def pick(args: argparse.Namespace) -> list[Chunk]:
         return [table[i] for i in args.chunks]
     todo = [ch for ch in table if chunk_state(ch, args.tag, args.results_dir)[0] != "done"]
     return todo[: args.next]
-
-
-def seed_clock(clock: throughput.RunClock, results_dir: Path) -> None:
-    """Run times of the throughput results in ``results_dir`` (any run id) that streamed in chunks:
-    at stream interval 1 the HTTP path, not decoding, set the pace. Server starts are not seeded:
-    a warm node starts a server in 60-140 s, a fresh one in up to 240 s, and this command knows
-    which it is only from its own starts."""
-    for path in sorted(results_dir.glob("throughput_*.json")):
-        doc = json.loads(path.read_text())
-        if doc.get("kind") != "throughput" or stream_interval(doc["config"]["flags"]) <= 1:
-            continue
-        for r in doc["runs"]:
-            if r["status"] == "ok" and r.get("metrics") and r["metrics"].get("duration"):
-                clock.record_run(r["concurrency"], doc["workload"]["output_len"], r["metrics"]["total_output_tokens"],
-                                 r["metrics"]["duration"])  # fmt: skip
 
 
 def chunk_s(clock: throughput.RunClock, chunk: Chunk) -> float | None:
@@ -153,8 +136,7 @@ def fitting_prefix(clock: throughput.RunClock, group: Sequence[Chunk], left_s: f
 
 def run(args: argparse.Namespace) -> int:
     deadline = Deadline(args.time_budget)
-    clock = throughput.RunClock()
-    seed_clock(clock, args.results_dir)
+    clock = throughput.RunClock.seeded(args.results_dir)
     todo = pick(args)
     if not todo:
         print(f"sweep {args.tag}: every chunk is done", flush=True)
@@ -188,7 +170,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("status", "run"):
         s = sub.add_parser(name)
         s.add_argument("--tag", required=True, help="names the measured commit; part of every run id")
-        s.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where finished chunks are looked up")
+        s.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS, help="where finished chunks are looked up")
     r = sub.choices["run"]
     r.add_argument("--model", required=True, help="model folder (also the tokenizer)")
     r.add_argument("--data-dir", type=Path, required=True, help="folder with aime24.jsonl / amc23.jsonl")

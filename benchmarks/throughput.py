@@ -38,7 +38,12 @@ from benchmarks.configs import (
     resolve_config,
 )
 from benchmarks.meta import new_run_id, run_metadata
-from benchmarks.report import throughput_rows, throughput_table
+from benchmarks.report import (
+    DEFAULT_RESULTS,
+    stream_interval,
+    throughput_rows,
+    throughput_table,
+)
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import (
     STOP_RESERVE_S,
@@ -77,9 +82,40 @@ class RunClock:
     rates: dict[tuple[int, int], float] = field(default_factory=dict)
     startup_s: float = START_GUESS_FLOOR_S
 
+    @classmethod
+    def seeded(cls, results_dir: Path) -> RunClock:
+        """A clock holding the run times of the throughput results in ``results_dir`` (any run id) that
+        streamed in chunks: at stream interval 1 the HTTP path, not decoding, set the pace. Server starts
+        are not seeded: a warm node starts a server in 60-140 s, a fresh one in up to 240 s, and a
+        command knows which it is only from its own starts."""
+        clock = cls()
+        for path in sorted(results_dir.glob("throughput_*.json")):
+            doc = json.loads(path.read_text())
+            if doc.get("kind") != "throughput" or stream_interval(doc["config"]["flags"]) <= 1:
+                continue
+            for r in doc["runs"]:
+                m = r.get("metrics") or {}
+                if r["status"] == "ok" and m.get("duration"):
+                    clock.record_run(r["concurrency"], doc["workload"]["output_len"], m["total_output_tokens"],
+                                     m["duration"])  # fmt: skip
+        return clock
+
+    def rate(self, concurrency: int, output_len: int) -> float | None:
+        """Output tok/s to plan with. An unmeasured concurrency gets at most twice the rate of the
+        nearest measured lower one at the same length: doubling the batch at best doubles the rate, so
+        the guess errs long, which skips a run that might have fit rather than cutting one short (a
+        128 -> 256 run at 7K launched on the flat MIN_RUN_S guess with 78 s left and timed out)."""
+        if (concurrency, output_len) in self.rates:
+            return self.rates[(concurrency, output_len)]
+        lower = [c for c, n in self.rates if n == output_len and c < concurrency]
+        if not lower:
+            return None
+        c = max(lower)
+        return self.rates[(c, output_len)] * min(concurrency / c, 2.0)
+
     def run_s(self, concurrency: int, output_len: int, num_prompts: int) -> float | None:
-        """Expected wall time of a run; None before any run of this shape finished."""
-        rate = self.rates.get((concurrency, output_len))
+        """Expected wall time of a run; None before any run of this length at this or a lower concurrency finished."""
+        rate = self.rate(concurrency, output_len)
         return None if rate is None else RUN_MARGIN * num_prompts * output_len / rate + RUN_OVERHEAD_S
 
     def guess_s(self, concurrency: int, output_len: int, num_prompts: int) -> float:
@@ -434,7 +470,7 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
                 "num_prompts": {str(c): n for c, n in num_prompts.items()}, **prompt_doc}  # fmt: skip
 
     docs = []
-    clock = clock or RunClock()
+    clock = clock or RunClock.seeded(DEFAULT_RESULTS)
     with BenchDriver(args.work_dir / "bench_driver.log") as driver:
         inv = Invocation(args, deadline, clock, log, driver)
         for config in args.server_configs:

@@ -457,6 +457,11 @@ def test_run_clock_guesses_from_the_slowest_run_of_the_same_shape() -> None:
     assert clock.run_s(256, 4096, 512) == pytest.approx(throughput.RUN_MARGIN * 100.0 + over)
     assert clock.run_s(64, 4096, 1) == pytest.approx(throughput.RUN_MARGIN * 10.0 / 64 + over)
     assert clock.run_s(1, 4096, 4) is None
+    # Unmeasured concurrencies: at most twice the rate of the nearest measured lower one (errs long).
+    assert clock.rate(128, 4096) == pytest.approx(2 * 262_144 / 10.0)
+    assert clock.rate(96, 4096) == pytest.approx(1.5 * 262_144 / 10.0)
+    assert clock.rate(1024, 4096) == pytest.approx(2 * 1_048_576 / 50.0)
+    assert clock.rate(32, 4096) is None and clock.rate(512, 7000) is None
     assert clock.run_s(256, 2048, 1024) == pytest.approx(throughput.RUN_MARGIN * 40.0 + over)
     clock.record_start(60.0)
     assert clock.startup_s == throughput.START_GUESS_FLOOR_S
@@ -784,6 +789,9 @@ def test_report_ratios_within_run_only() -> None:
     md = report.throughput_markdown(docs)
     assert "| pillar | 1 | 2 | 300 | 3.00x | 2.00 | 3.00 | - | - | - | 1.5 | 2.5 | 3.20 | ok |" in md
     assert "| ngram | 1 | 2 | - | - |" in md and "### Throughput, run B" in md
+    assert "; commit abc;" in md
+    docs[3]["meta"]["git_commit"] = "def"  # a config of run A measured at another commit
+    assert "; commits abc (stock, pillar), def (ngram);" in report.throughput_markdown(docs)
 
 
 def test_report_stream_interval_runs_and_length_plot(tmp_path: Path) -> None:
@@ -854,6 +862,21 @@ def test_report_main_writes_summary(tmp_path: Path) -> None:
         assert "plots skipped" in md
     with pytest.raises(SystemExit):
         report.main(["--results-dir", str(tmp_path / "missing")])
+
+
+def test_report_repeat_spread(tmp_path: Path) -> None:
+    # results/repeats/<name> is a second run of results/<name>: one row per concurrency both ran ok.
+    (tmp_path / "repeats").mkdir()
+    (tmp_path / "throughput_A_stock.json").write_text(json.dumps(tp_doc("A", "stock", {1: 100.0, 8: 800.0, 64: None})))
+    (tmp_path / "repeats" / "throughput_A_stock.json").write_text(
+        json.dumps(tp_doc("A", "stock", {1: 110.0, 8: 720.0, 64: 900.0})))
+    (tmp_path / "repeats" / "throughput_B_stock.json").write_text(json.dumps(tp_doc("B", "stock", {1: 1.0})))  # no twin
+    assert report.main(["--results-dir", str(tmp_path), "--no-plots"]) == 0
+    md = (tmp_path / "SUMMARY.md").read_text()
+    assert "from 1 result files" in md  # repeats are not results of their own
+    assert "(2 pairs): the output tok/s moved by 9.1-11.1% (median 11.1%)" in md
+    assert "| stock | 2048 | 1 | 110 | 100 | -9.1% | 1 |" in md and "| stock | 2048 | 8 | 720 | 800 | +11.1% | 1 |" in md
+    assert "| 64 |" not in md.split("### Run-to-run spread")[1]
 
 
 def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:

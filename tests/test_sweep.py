@@ -38,15 +38,16 @@ def test_chunks_cover_the_matrix_config_first_stock_first() -> None:
 def test_status_and_next(tmp_path: Path) -> None:
     table = sweep.chunks()
     write_result(tmp_path, table[0], "t1", list(sweep.CONCURRENCY))
-    write_result(tmp_path, table[1], "t1", [1, 8])
+    write_result(tmp_path, table[1], "t1", [8])
     write_result(tmp_path, table[2], "other", list(sweep.CONCURRENCY))  # another tag does not count
     assert sweep.chunk_state(table[0], "t1", tmp_path) == ("done", list(sweep.CONCURRENCY))
-    assert sweep.chunk_state(table[1], "t1", tmp_path) == ("partial", [1, 8])
+    assert sweep.chunk_state(table[1], "t1", tmp_path) == ("partial", [8])
     assert sweep.chunk_state(table[2], "t1", tmp_path) == ("missing", [])
     md = sweep.status_table("t1", tmp_path)
-    assert "| 0 | 2048 | stock | done | 1 8 32 64 128 256 | " in md and "| 1 | 4096 | stock | partial | 1 8 | " in md
+    assert "| 0 | 2048 | stock | done | 1 8 32 64 128 256 | " in md and "| 1 | 4096 | stock | partial | 8 | " in md
     assert "| 2 | 7000 | stock | missing | - | " in md
-    # 17 chunks are not done; the 4096 ones (only c=1, 8 measured) cannot be estimated.
+    # 17 chunks are not done; the 4096 ones cannot be estimated: c=1 has no run at that length, nor a lower
+    # concurrency to guess from (the other tag's 7000 runs count as history).
     last = md.splitlines()[-1]
     assert last.startswith(f"{len(table) - 1} chunks to go over {len(sweep.CONFIGS)} configs: about ")
     assert f"({len(sweep.CONFIGS)} chunks not estimated)" in last and last.endswith("per config and per command")
@@ -104,8 +105,7 @@ def test_seeded_clock_cuts_a_group_to_what_fits(tmp_path: Path, monkeypatch: pyt
     tp_result(tmp_path / "throughput_a_stock.json", 7000, ["--stream-interval", "8"], runs)
     # Stream interval 1 was paced by the HTTP path: ignored.
     tp_result(tmp_path / "throughput_b_stock.json", 7000, [], [(c, t, 10 * w) for c, t, w in runs])
-    clock = throughput.RunClock()
-    sweep.seed_clock(clock, tmp_path)
+    clock = throughput.RunClock.seeded(tmp_path)
     table = sweep.chunks()
     stock = [ch for ch in table if ch.config == "stock"]
     seven_k = table[-1]

@@ -105,7 +105,7 @@ def pick(args: argparse.Namespace) -> list[Chunk]:
 
 def chunk_s(clock: throughput.RunClock, chunk: Chunk) -> float | None:
     """Expected seconds of a chunk's runs; None while a run shape has no history."""
-    runs = [clock.run_s(c, chunk.output_len, throughput.default_num_prompts(c, WAVES)) for c in CONCURRENCY]
+    runs = [clock.run_s(chunk.config, c, chunk.output_len, throughput.default_num_prompts(c, WAVES)) for c in CONCURRENCY]
     return None if None in runs else sum(r for r in runs if r is not None)
 
 

@@ -70,16 +70,21 @@ RUN_MARGIN = 1.3  # a config may be slower than the slowest one measured so far 
 RUN_OVERHEAD_S = 10.0
 
 
+def config_family(name: str) -> str:
+    """``pillar-k4-coarse:budget_ratio=0.1`` -> ``pillar``; ``stock-flashinfer`` -> ``stock``."""
+    return name.split(":")[0].split("-")[0]
+
+
 @dataclass
 class RunClock:
     """Wall-time guesses from measured history, so that a server is not started (and a bench not
     launched) when the budget cannot cover it: a run cut short by the budget is wasted device time.
-    ``rates[(c, n)]``: slowest output tok/s over bench_serving's own timed window (``duration``) of a
+    ``rates[(config, c, n)]``: slowest output tok/s over bench_serving's own timed window (``duration``) of a
     finished run at concurrency ``c`` with ``n`` output tokens per request (the window, not the wall
     time, so results from before the bench driver, which paid a 26 s import per run, still apply);
     ``startup_s``: slowest server start so far."""
 
-    rates: dict[tuple[int, int], float] = field(default_factory=dict)
+    rates: dict[tuple[str, int, int], float] = field(default_factory=dict)
     startup_s: float = START_GUESS_FLOOR_S
 
     @classmethod
@@ -96,35 +101,40 @@ class RunClock:
             for r in doc["runs"]:
                 m = r.get("metrics") or {}
                 if r["status"] == "ok" and m.get("duration"):
-                    clock.record_run(r["concurrency"], doc["workload"]["output_len"], m["total_output_tokens"],
-                                     m["duration"])  # fmt: skip
+                    clock.record_run(doc["config"]["name"], r["concurrency"], doc["workload"]["output_len"],
+                                     m["total_output_tokens"], m["duration"])  # fmt: skip
         return clock
 
-    def rate(self, concurrency: int, output_len: int) -> float | None:
-        """Output tok/s to plan with. An unmeasured concurrency gets at most twice the rate of the
-        nearest measured lower one at the same length: doubling the batch at best doubles the rate, so
-        the guess errs long, which skips a run that might have fit rather than cutting one short (a
-        128 -> 256 run at 7K launched on the flat MIN_RUN_S guess with 78 s left and timed out)."""
-        if (concurrency, output_len) in self.rates:
-            return self.rates[(concurrency, output_len)]
-        lower = [c for c, n in self.rates if n == output_len and c < concurrency]
-        if not lower:
-            return None
-        c = max(lower)
-        return self.rates[(c, output_len)] * min(concurrency / c, 2.0)
+    def rate(self, config: str, concurrency: int, output_len: int) -> float | None:
+        """Output tok/s to plan with, from the first pool with a run of this length: the config itself, its
+        family (``pillar-coarse`` -> every ``pillar*``; a variant runs the same worker), then every config.
+        NGRAM's 7K runs take 2.5x PILLAR's, so a PILLAR variant guessed from them would never fit a command.
+        Within the pool the slowest run of the shape counts; an unmeasured concurrency gets at most twice
+        the rate of the nearest measured lower one: doubling the batch at best doubles the rate, so the
+        guess errs long (a 256 x 7K run launched on the flat MIN_RUN_S guess with 78 s left was cut)."""
+        family = config_family(config)
+        for member in (lambda name: name == config, lambda name: config_family(name) == family, lambda name: True):
+            pool: dict[int, float] = {}
+            for (name, c, n), rate in self.rates.items():
+                if n == output_len and c <= concurrency and member(name):
+                    pool[c] = min(rate, pool.get(c, rate))
+            if pool:
+                c = max(pool)
+                return pool[c] * min(concurrency / c, 2.0)
+        return None
 
-    def run_s(self, concurrency: int, output_len: int, num_prompts: int) -> float | None:
+    def run_s(self, config: str, concurrency: int, output_len: int, num_prompts: int) -> float | None:
         """Expected wall time of a run; None before any run of this length at this or a lower concurrency finished."""
-        rate = self.rate(concurrency, output_len)
+        rate = self.rate(config, concurrency, output_len)
         return None if rate is None else RUN_MARGIN * num_prompts * output_len / rate + RUN_OVERHEAD_S
 
-    def guess_s(self, concurrency: int, output_len: int, num_prompts: int) -> float:
-        expected = self.run_s(concurrency, output_len, num_prompts)
+    def guess_s(self, config: str, concurrency: int, output_len: int, num_prompts: int) -> float:
+        expected = self.run_s(config, concurrency, output_len, num_prompts)
         return MIN_RUN_S if expected is None else expected
 
-    def record_run(self, concurrency: int, output_len: int, output_tokens: int, duration_s: float) -> None:
+    def record_run(self, config: str, concurrency: int, output_len: int, output_tokens: int, duration_s: float) -> None:
         rate = output_tokens / duration_s
-        key = (concurrency, output_len)
+        key = (config, concurrency, output_len)
         self.rates[key] = min(rate, self.rates.get(key, rate))
 
     def record_start(self, seconds: float) -> None:
@@ -274,7 +284,7 @@ def run_config(
             write_json(seg.out_path, seg.doc)
 
     first_seg, first = all_runs[0]
-    first_run_s = clock.guess_s(first["concurrency"], first_seg.workload.output_len, first["num_prompts"])
+    first_run_s = clock.guess_s(config.name, first["concurrency"], first_seg.workload.output_len, first["num_prompts"])
     if not deadline.allows(clock.startup_s + first_run_s + STOP_RESERVE_S):
         srv.update(status="skipped", error=f"time budget ({deadline.remaining():.0f} s left)")
         for _, r in all_runs:
@@ -313,7 +323,7 @@ def run_one(config: ServerConfig, seg: Segment, r: dict[str, Any], server: Serve
     if seg.doc["server"]["status"] != "ok":
         r.update(status="failed", error="server died earlier")
         return
-    expected_s = clock.guess_s(c, out_len, n)
+    expected_s = clock.guess_s(config.name, c, out_len, n)
     if not deadline.allows(STOP_RESERVE_S + expected_s):
         r["error"] = "time budget"
         log.line(f"{name} c={c}: SKIPPED (time budget: about {expected_s:.0f} s needed, "
@@ -336,7 +346,7 @@ def run_one(config: ServerConfig, seg: Segment, r: dict[str, Any], server: Serve
         done = r["metrics"]["completed"]
         r["status"] = "ok" if done == n else "failed"
         if done == n:
-            clock.record_run(c, out_len, r["metrics"]["total_output_tokens"], r["metrics"]["duration"])
+            clock.record_run(config.name, c, out_len, r["metrics"]["total_output_tokens"], r["metrics"]["duration"])
         else:
             r["error"] = f"only {done}/{n} requests completed"
     except ServerError as e:

@@ -447,22 +447,31 @@ def test_parse_bench_result(tmp_path: Path) -> None:
 
 def test_run_clock_guesses_from_the_slowest_run_of_the_same_shape() -> None:
     clock = throughput.RunClock()
-    assert clock.run_s(256, 4096, 256) is None and clock.guess_s(256, 4096, 256) == throughput.MIN_RUN_S
-    clock.record_run(256, 4096, 1_048_576, 30.0)  # 34953 tok/s
-    clock.record_run(256, 4096, 1_048_576, 50.0)  # slower config: 20972 tok/s wins
-    clock.record_run(64, 4096, 262_144, 10.0)
-    clock.record_run(256, 2048, 524_288, 10.0)  # another output length is another shape
+    assert clock.run_s("stock", 256, 4096, 256) is None and clock.guess_s("stock", 256, 4096, 256) == throughput.MIN_RUN_S
+    clock.record_run("stock", 256, 4096, 1_048_576, 30.0)  # 34953 tok/s
+    clock.record_run("stock", 256, 4096, 1_048_576, 50.0)  # a slower run of the same config: 20972 tok/s wins
+    clock.record_run("stock", 64, 4096, 262_144, 10.0)
+    clock.record_run("stock", 256, 2048, 524_288, 10.0)  # another output length is another shape
     over = throughput.RUN_OVERHEAD_S
-    assert clock.run_s(256, 4096, 256) == pytest.approx(throughput.RUN_MARGIN * 50.0 + over)
-    assert clock.run_s(256, 4096, 512) == pytest.approx(throughput.RUN_MARGIN * 100.0 + over)
-    assert clock.run_s(64, 4096, 1) == pytest.approx(throughput.RUN_MARGIN * 10.0 / 64 + over)
-    assert clock.run_s(1, 4096, 4) is None
+    assert clock.run_s("stock", 256, 4096, 256) == pytest.approx(throughput.RUN_MARGIN * 50.0 + over)
+    assert clock.run_s("stock", 256, 4096, 512) == pytest.approx(throughput.RUN_MARGIN * 100.0 + over)
+    assert clock.run_s("stock", 64, 4096, 1) == pytest.approx(throughput.RUN_MARGIN * 10.0 / 64 + over)
+    assert clock.run_s("stock", 1, 4096, 4) is None
     # Unmeasured concurrencies: at most twice the rate of the nearest measured lower one (errs long).
-    assert clock.rate(128, 4096) == pytest.approx(2 * 262_144 / 10.0)
-    assert clock.rate(96, 4096) == pytest.approx(1.5 * 262_144 / 10.0)
-    assert clock.rate(1024, 4096) == pytest.approx(2 * 1_048_576 / 50.0)
-    assert clock.rate(32, 4096) is None and clock.rate(512, 7000) is None
-    assert clock.run_s(256, 2048, 1024) == pytest.approx(throughput.RUN_MARGIN * 40.0 + over)
+    assert clock.rate("stock", 128, 4096) == pytest.approx(2 * 262_144 / 10.0)
+    assert clock.rate("stock", 96, 4096) == pytest.approx(1.5 * 262_144 / 10.0)
+    assert clock.rate("stock", 1024, 4096) == pytest.approx(2 * 1_048_576 / 50.0)
+    assert clock.rate("stock", 32, 4096) is None and clock.rate("stock", 512, 7000) is None
+    assert clock.run_s("stock", 256, 2048, 1024) == pytest.approx(throughput.RUN_MARGIN * 40.0 + over)
+    # Pools: the config's own runs, then its family's, then every config's.
+    clock.record_run("ngram", 256, 4096, 1_048_576, 100.0)  # 10486 tok/s: slower than every other config
+    clock.record_run("pillar", 256, 4096, 1_048_576, 25.0)  # 41943 tok/s
+    assert clock.rate("pillar", 256, 4096) == pytest.approx(1_048_576 / 25.0)
+    assert clock.rate("pillar-coarse:budget_ratio=0.1", 256, 4096) == pytest.approx(1_048_576 / 25.0)
+    assert clock.rate("stock-flashinfer", 256, 4096) == pytest.approx(1_048_576 / 50.0)
+    assert clock.rate("eagle", 256, 4096) == pytest.approx(1_048_576 / 100.0)  # no family: the slowest of all
+    assert clock.rate("pillar-streaming", 64, 4096) == pytest.approx(262_144 / 10.0)  # pillar has no 64: all configs
+    assert throughput.config_family("pillar-k4-coarse:budget_ratio=0.1") == "pillar"
     clock.record_start(60.0)
     assert clock.startup_s == throughput.START_GUESS_FLOOR_S
     clock.record_start(141.0)

@@ -18,7 +18,7 @@ from benchmarks import sweep, throughput  # noqa: E402
 def write_result(results: Path, chunk: sweep.Chunk, tag: str, ok: list[int]) -> None:
     runs = [{"concurrency": c, "status": "ok" if c in ok else "failed", "wall_s": 1.0,
              "metrics": {"total_output_tokens": 1000, "duration": 1.0}} for c in sweep.CONCURRENCY]  # fmt: skip
-    doc = {"kind": "throughput", "config": {"flags": ["--stream-interval", "8"]},
+    doc = {"kind": "throughput", "config": {"name": chunk.config, "flags": ["--stream-interval", "8"]},
            "workload": {"output_len": chunk.output_len}, "runs": runs}  # fmt: skip
     chunk.result_file(tag, results).write_text(json.dumps(doc))
 
@@ -92,8 +92,8 @@ def test_run_hands_each_server_group_to_throughput(tmp_path: Path, monkeypatch: 
 
 
 def tp_result(path: Path, output_len: int, flags: list[str], runs: list[tuple[int, int, float]]) -> None:
-    """A throughput JSON with (concurrency, output tokens, bench duration s) ok runs."""
-    doc = {"kind": "throughput", "config": {"flags": flags}, "workload": {"output_len": output_len},
+    """A throughput JSON of the config its name ends with, with (concurrency, output tokens, bench duration s) ok runs."""
+    doc = {"kind": "throughput", "config": {"name": path.stem.rsplit("_", 1)[1], "flags": flags}, "workload": {"output_len": output_len},
            "runs": [{"concurrency": c, "status": "ok", "wall_s": w + 26.0,
                      "metrics": {"total_output_tokens": t, "duration": w}} for c, t, w in runs]}  # fmt: skip
     path.write_text(json.dumps(doc))

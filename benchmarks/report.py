@@ -644,9 +644,10 @@ REPEATS_DIR = "repeats"
 
 
 def repeats_markdown(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, Any]]) -> str:
-    """Run-to-run spread: each throughput file in ``<results>/repeats/`` is a second run of the same command
-    (same machine kind and run id) as the file of that name in ``<results>``; one row per concurrency. A
-    ratio between configs that differs from 1 by less than this spread is not a measured difference."""
+    """Run-to-run spread: each throughput file in ``<results>/repeats/`` is another run of the command (same
+    machine kind and run id) that wrote the file of that name in ``<results>``, earlier or later; one row per
+    concurrency. A ratio between configs that differs from 1 by less than this spread is not a measured
+    difference."""
     kept = {d.get("_file"): d for d in docs if d.get("kind") == "throughput"}
     rows, spread = [], []
     for rep in sorted((d for d in repeats if d.get("kind") == "throughput"), key=lambda d: d["_file"]):
@@ -667,8 +668,8 @@ def repeats_markdown(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str,
     head = (f"### Run-to-run spread\n\nThe same command run twice on one machine ({len(rows)} pairs): the output "
             f"tok/s moved by {min(spread) * 100:.1f}-{max(spread) * 100:.1f}% (median "
             f"{sorted(spread)[len(spread) // 2] * 100:.1f}%). Ratios closer to 1 than that are not differences.\n")
-    return head + "\n" + markdown_table(["config", "output len", "conc", "first tok/s", "second tok/s", "change",
-                                         "first wall s"], rows) + "\n"  # fmt: skip
+    return head + "\n" + markdown_table(["config", "output len", "conc", "repeats/ tok/s", "results/ tok/s",
+                                         "change", "repeats/ wall s"], rows) + "\n"  # fmt: skip
 
 
 def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = (),

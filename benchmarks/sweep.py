@@ -14,7 +14,8 @@ different device commands, even different nodes of the same kind (each JSON keep
 device). ``status`` reads the result JSONs and marks each chunk done (every concurrency ok), partial
 or missing; ``run --next N`` runs the first N chunks that are not done, reading the same JSONs from
 the tree it runs in (the checked-in results travel with it), so successive device commands walk the
-matrix. Re-running a chunk rewrites its JSON. One wave of requests per concurrency (outputs have a
+matrix. A partial chunk runs only its missing concurrencies (throughput ``--resume``: the ok runs are
+kept in the rewritten JSON, each with the provenance of the command that measured it). One wave of requests per concurrency (outputs have a
 fixed length, so the batch stays full without a second wave, at half the time). A server group whose
 expected time (server start + one run per concurrency and length, from the slowest earlier run of
 each shape in the results and in this command) does not fit the budget left is cut to the lengths
@@ -77,17 +78,17 @@ def status_table(tag: str, results_dir: Path) -> str:
     from the results' run times (RunClock.seeded), for planning."""
     clock = throughput.RunClock.seeded(results_dir)
     lines = ["| chunk | output len | config | state | concurrencies ok | expected run s |", "|---|---|---|---|---|---|"]
-    todo: list[Chunk] = []
+    todo: list[tuple[Chunk, list[int]]] = []
     for ch in chunks():
         state, ok = chunk_state(ch, tag, results_dir)
-        need = chunk_s(clock, ch)
+        need = chunk_s(clock, ch, missing(ok))
         lines.append(f"| {ch.index} | {ch.output_len} | {ch.config} | {state} | {' '.join(map(str, ok)) or '-'} "
                      f"| {'?' if need is None else f'{need:.0f}'} |")  # fmt: skip
         if state != "done":
-            todo.append(ch)
-    runs = [chunk_s(clock, ch) for ch in todo]
+            todo.append((ch, missing(ok)))
+    runs = [chunk_s(clock, ch, left) for ch, left in todo]
     known = sum(r for r in runs if r is not None)
-    configs = len({ch.config for ch in todo})
+    configs = len({ch.config for ch, _ in todo})
     lines.append(f"\n{len(todo)} chunks to go over {configs} configs: about {known:.0f} s of runs"
                  + (f" ({runs.count(None)} chunks not estimated)" if None in runs else "")
                  + ", plus at least one server start (60-225 s) per config and per command")  # fmt: skip
@@ -103,9 +104,14 @@ def pick(args: argparse.Namespace) -> list[Chunk]:
     return todo[: args.next]
 
 
-def chunk_s(clock: throughput.RunClock, chunk: Chunk) -> float | None:
-    """Expected seconds of a chunk's runs; None while a run shape has no history."""
-    runs = [clock.run_s(chunk.config, c, chunk.output_len, throughput.default_num_prompts(c, WAVES)) for c in CONCURRENCY]
+def missing(ok: Sequence[int]) -> list[int]:
+    """The concurrencies of the matrix not among ``ok``: what a chunk still has to run."""
+    return [c for c in CONCURRENCY if c not in ok]
+
+
+def chunk_s(clock: throughput.RunClock, chunk: Chunk, concurrencies: Sequence[int] = CONCURRENCY) -> float | None:
+    """Expected seconds of a chunk's runs at ``concurrencies``; None while a run shape has no history."""
+    runs = [clock.run_s(chunk.config, c, chunk.output_len, throughput.default_num_prompts(c, WAVES)) for c in concurrencies]
     return None if None in runs else sum(r for r in runs if r is not None)
 
 
@@ -120,13 +126,15 @@ def server_groups(todo: Sequence[Chunk]) -> list[list[Chunk]]:
     return groups
 
 
-def fitting_prefix(clock: throughput.RunClock, group: Sequence[Chunk], left_s: float) -> list[Chunk]:
-    """The longest prefix of ``group`` whose server start + runs fit ``left_s``. A chunk without history
-    counts only the start and is taken only first (throughput then skips its runs that cannot fit)."""
+def fitting_prefix(clock: throughput.RunClock, group: Sequence[Chunk], left_s: float,
+                   todo: dict[int, list[int]] | None = None) -> list[Chunk]:
+    """The longest prefix of ``group`` whose server start + runs (``todo``: each chunk's concurrencies still
+    to run, default all) fit ``left_s``. A chunk without history counts only the start and is taken only
+    first (throughput then skips its runs that cannot fit)."""
     need = clock.startup_s + throughput.STOP_RESERVE_S
     taken: list[Chunk] = []
     for ch in group:
-        runs = chunk_s(clock, ch)
+        runs = chunk_s(clock, ch, (todo or {}).get(ch.index, CONCURRENCY))
         if need + (runs or 0.0) > left_s or (runs is None and taken):
             break
         need += runs or 0.0
@@ -141,12 +149,13 @@ def run(args: argparse.Namespace) -> int:
     if not todo:
         print(f"sweep {args.tag}: every chunk is done", flush=True)
         return 0
+    left_c = {ch.index: missing(chunk_state(ch, args.tag, args.results_dir)[1]) for ch in todo}
     failed = False
     for group in server_groups(todo):
         left = deadline.remaining()
-        taken = fitting_prefix(clock, group, left)
+        taken = fitting_prefix(clock, group, left, left_c)
         for ch in group[len(taken):]:
-            need = chunk_s(clock, ch)
+            need = chunk_s(clock, ch, left_c[ch.index])
             guess = "unknown" if need is None else f"about {need:.0f} s of runs"
             print(f"sweep {args.tag}: chunk {ch.index} ({ch.config}, {ch.output_len}) not started: {guess} "
                   f"after a {clock.startup_s:.0f} s server start, {left:.0f} s left", flush=True)  # fmt: skip
@@ -159,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
                 "--concurrency", ",".join(map(str, CONCURRENCY)), "--waves", str(WAVES),
                 "--run-id", f"sweep-{args.tag}-{{output_len}}",
                 "--log-name", f"throughput_sweep-{args.tag}-{'-'.join(map(str, lens))}_{file_stem(config)}.log",
-                "--time-budget", f"{left:.0f}"]  # fmt: skip
+                "--time-budget", f"{left:.0f}", "--resume", str(args.results_dir)]  # fmt: skip
         failed |= throughput.main(argv, clock) != 0
     return 1 if failed else 0
 

@@ -13,7 +13,10 @@ boots. Writes ``DIR/throughput_<run>_<config>.json`` per config and length (rewr
 run; with several lengths the run id holds ``{output_len}``) and one progress log, prints a
 progress line per run and a markdown table at the end. A server that dies or fails to start marks
 its runs failed and the next config goes on; runs that no longer fit ``--time-budget`` are skipped
-and listed. Exit code 0 when nothing failed (skips allowed), 1 otherwise.
+and listed. ``--resume DIR`` keeps the ok runs of a result file of the same name in DIR (an earlier
+command's, copied back into the tree) when config and workload match, and runs only the rest, so
+one comparison too long for one device command is finished by the next (a config whose runs are
+all kept starts no server). Exit code 0 when nothing failed (skips allowed), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -233,21 +236,50 @@ def server_info(server: Server) -> dict[str, Any] | None:
     return info
 
 
+PROVENANCE_KEYS = ("run_id", "date_utc", "device", "hostname", "git_commit", "sglang_version")
+
+
+def resumable_runs(earlier: Path, doc: dict[str, Any]) -> tuple[dict[int, dict[str, Any]], str]:
+    """The ok runs of ``earlier`` (an earlier command's result file of ``doc``'s name) that ``doc`` keeps
+    instead of running again, by concurrency, and why none are kept. Kept only when the config (name,
+    flags, environment, resolved PILLAR knobs) and the workload are the same and the run sent as many
+    requests. A kept run carries ``measured``: the provenance of the command that ran it, since the
+    doc's ``meta`` is the new command's."""
+    if not earlier.is_file():
+        return {}, f"no earlier {earlier.name}"
+    old = json.loads(earlier.read_text())
+    for part, keys in (("config", ("name", "flags", "env", "pillar_config")),
+                       ("workload", ("kind", "output_len", "input_len", "temperature", "datasets"))):  # fmt: skip
+        for key in keys:
+            if old.get(part, {}).get(key) != doc[part].get(key):
+                return {}, f"{earlier.name}: {part}.{key} differs"
+    want = doc["workload"]["num_prompts"]
+    kept = {
+        r["concurrency"]: {**r, "measured": r.get("measured") or {k: old["meta"].get(k) for k in PROVENANCE_KEYS}}
+        for r in old.get("runs", [])
+        if r.get("status") == "ok" and want.get(str(r["concurrency"])) == r.get("num_prompts")
+    }
+    return kept, "" if kept else f"{earlier.name}: no ok run with the same request count"
+
+
 @dataclass
 class Segment:
-    """The runs of one output length on one config's server: ``doc`` is written to ``out_path``."""
+    """The runs of one output length on one config's server: ``doc`` is written to ``out_path``;
+    ``kept``: runs resumed from an earlier command, by concurrency (not run again)."""
 
     workload: Workload
     doc: dict[str, Any]
     out_path: Path
+    kept: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def init_runs(self, concurrencies: Sequence[int], num_prompts: dict[int, int]) -> list[dict[str, Any]]:
+        """Fill ``doc["runs"]`` in concurrency order; returns the records still to run."""
         self.doc["runs"] = [
-            {"concurrency": c, "num_prompts": num_prompts[c], "status": "skipped", "error": None, "wall_s": None,
-             "metrics": None}
+            self.kept.get(c) or {"concurrency": c, "num_prompts": num_prompts[c], "status": "skipped", "error": None,
+                                 "wall_s": None, "metrics": None}
             for c in concurrencies
         ]  # fmt: skip
-        return self.doc["runs"]
+        return [r for r in self.doc["runs"] if "measured" not in r]
 
 
 @dataclass(frozen=True)
@@ -282,6 +314,12 @@ def run_config(
     def write_all() -> None:
         for seg in segments:
             write_json(seg.out_path, seg.doc)
+
+    if not all_runs:
+        srv.update(status="not started", error="every run resumed from an earlier command")
+        log.line(f"{config.name}: every run resumed, no server start")
+        write_all()
+        return
 
     first_seg, first = all_runs[0]
     first_run_s = clock.guess_s(config.name, first["concurrency"], first_seg.workload.output_len, first["num_prompts"])
@@ -407,6 +445,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "contain {output_len} (each length is its own comparison)")
     p.add_argument("--log-name", default=None, help="progress log file name in --out (default throughput_<run id>.log)")
     p.add_argument("--work-dir", type=Path, default=None, help="server/bench logs and prompt files (default: temp dir)")
+    p.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                   help="keep the ok runs of same-named result files in DIR (e.g. benchmarks/results) and run the rest")
     args = p.parse_args(argv)
     args.config_names = [c for c in args.configs.split(",") if c]
     try:
@@ -425,6 +465,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--num-prompts-per-conc must be >= 1")
     if args.waves < 1:
         p.error("--waves must be >= 1")
+    if args.resume is not None and not args.resume.is_dir():
+        p.error(f"--resume must be a folder of result files, got {args.resume}")
     if args.workload == "aime" and args.data_dir is None:
         p.error("--workload aime needs --data-dir")
     try:
@@ -497,7 +539,12 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
                     "runs": [],
                 }
                 out_path = args.out / f"throughput_{run_id_for(args.run_id, [n])}_{file_stem(config.name)}.json"
-                segments.append(Segment(Workload(args.workload, n, input_len, args.temperature, files), doc, out_path))
+                kept: dict[int, dict[str, Any]] = {}
+                if args.resume is not None:
+                    kept, why_not = resumable_runs(args.resume / out_path.name, doc)
+                    log.line(f"{config.name} len={n}: resumed c={','.join(map(str, sorted(kept)))} from {args.resume}"
+                             if kept else f"{config.name} len={n}: nothing resumed ({why_not})")  # fmt: skip
+                segments.append(Segment(Workload(args.workload, n, input_len, args.temperature, files), doc, out_path, kept))
             run_config(config, segments, args.concurrencies, num_prompts, inv)
             docs.extend(seg.doc for seg in segments)
 
@@ -507,7 +554,9 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
     print("\n" + throughput_table(throughput_rows(docs)) + "\n", flush=True)
     if skipped:
         log.line(f"SKIPPED {len(skipped)} runs for the time budget: {', '.join(skipped)}")
-    log.line(f"done: {statuses.count('ok')} ok, {statuses.count('failed')} failed, {len(skipped)} skipped -> {args.out}")
+    resumed = sum("measured" in r for d in docs for r in d["runs"])
+    log.line(f"done: {statuses.count('ok')} ok ({resumed} resumed), {statuses.count('failed')} failed, "
+             f"{len(skipped)} skipped -> {args.out}")  # fmt: skip
     return 1 if "failed" in statuses else 0
 
 

@@ -741,6 +741,32 @@ def test_throughput_end_to_end(
         with pytest.raises(SystemExit):
             throughput.parse_args([*args, *bad])
 
+    # --resume: the ok runs of same-named files are kept with their provenance; only the rest runs.
+    out5 = tmp_path / "out5"
+    args5 = [*args[:5], str(out5), "--configs", "stock,pillar", "--concurrency", "1,2,3", "--output-len", "16",
+             "--run-id", "R1", "--resume", str(out), "--work-dir", str(tmp_path / "work5")]  # fmt: skip
+    stock["runs"][1]["status"] = "failed"  # stock c=2 failed in the earlier command: it runs again
+    (out / "throughput_R1_stock.json").write_text(json.dumps(stock))
+    assert throughput.main(args5) == 0
+    s5, p5 = (json.loads((out5 / f"throughput_R1_{c}.json").read_text()) for c in ("stock", "pillar"))
+    assert [r["concurrency"] for r in s5["runs"]] == [1, 2, 3] and [r["status"] for r in s5["runs"]] == ["ok"] * 3
+    assert [("measured" in r) for r in s5["runs"]] == [True, False, False]
+    assert [("measured" in r) for r in p5["runs"]] == [True, True, False]
+    assert p5["runs"][0]["measured"]["run_id"] == "R1" and p5["runs"][0]["metrics"] == pillar["runs"][0]["metrics"]
+    log5 = (out5 / "throughput_R1.log").read_text()
+    assert "stock len=16: resumed c=1 from" in log5 and "done: 6 ok (3 resumed), 0 failed" in log5
+    # Everything there already: no server starts. Other flags: nothing is resumed.
+    args6 = [*args5[:5], str(tmp_path / "out6"), *args5[6:-2], "--work-dir", str(tmp_path / "work6")]
+    args6[args6.index("--resume") + 1] = str(out5)
+    assert throughput.main(args6) == 0
+    assert not (tmp_path / "work6" / "stock.server.log").exists() and "every run resumed, no server start" in capsys.readouterr().out
+    assert throughput.main([*args6[:-2], "--work-dir", str(tmp_path / "work7"), "--extra-server-args=--mem-fraction-static 0.5",
+                            "--configs", "stock", "--concurrency", "1"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "nothing resumed (throughput_R1_stock.json: config.flags differs)" in printed, printed
+    with pytest.raises(SystemExit):
+        throughput.parse_args([*args, "--resume", str(tmp_path / "nowhere")])
+
     # A server that never becomes healthy: its config is recorded as failed.
     monkeypatch.setenv("FAKE_MODE", "never_healthy")
     out2 = tmp_path / "out2"
@@ -790,13 +816,16 @@ def test_report_ratios_within_run_only() -> None:
         tp_doc("B", "pillar", {1: 500.0}),  # no stock in run B: no ratio
         tp_doc("A", "ngram", {1: None}),
     ]
+    docs[1]["runs"][1]["metrics"]["mean_e2e_latency_ms"] = 3000.0  # stock's requests at 16 take twice as long
     rows = report.throughput_rows(docs)
     by = {(r["run_id"], r["config"], r["concurrency"]): r for r in rows}
     assert by[("A", "pillar", 1)]["ratio_vs_stock"] == 3.0 and by[("A", "pillar", 16)]["ratio_vs_stock"] == 0.5
     assert by[("B", "pillar", 1)]["ratio_vs_stock"] is None and by[("A", "ngram", 1)]["ratio_vs_stock"] is None
+    assert by[("A", "pillar", 1)]["e2e_vs_stock"] == 1.0 and by[("A", "pillar", 16)]["e2e_vs_stock"] == 2.0
+    assert by[("B", "pillar", 1)]["e2e_vs_stock"] is None and by[("A", "ngram", 1)]["e2e_vs_stock"] is None
     assert [r["config"] for r in rows if r["run_id"] == "A"] == ["stock", "stock", "ngram", "pillar", "pillar"]
     md = report.throughput_markdown(docs)
-    assert "| pillar | 1 | 2 | 300 | 3.00x | 2.00 | 3.00 | - | - | - | 1.5 | 2.5 | 3.20 | ok |" in md
+    assert "| pillar | 1 | 2 | 300 | 3.00x | 1.00x | 2.00 | 3.00 | - | - | - | 1.5 | 2.5 | 3.20 | ok |" in md
     assert "| ngram | 1 | 2 | - | - |" in md and "### Throughput, run B" in md
     assert "; commit abc;" in md
     docs[3]["meta"]["git_commit"] = "def"  # a config of run A measured at another commit

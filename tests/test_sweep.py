@@ -85,6 +85,19 @@ def test_run_hands_each_server_group_to_throughput(tmp_path: Path, monkeypatch: 
     # The run id template gives each length the chunk's own result file.
     assert throughput.run_id_for("sweep-t2-{output_len}", [7000]) == table[pillar[1]].run_id("t2")
 
+    assert a1[a1.index("--resume") + 1] == str(tmp_path)  # a partial chunk keeps its ok runs
+
+    # A partial chunk is planned by its missing runs only: 7K stock with 5 of 6 runs done needs one run.
+    seven_k = next(ch for ch in table if ch.config == "stock" and ch.output_len == 7000)
+    write_result(tmp_path, seven_k, "t2", [c for c in sweep.CONCURRENCY if c != 256])
+    clock = throughput.RunClock.seeded(tmp_path)
+    one = sweep.chunk_s(clock, seven_k, [256])
+    assert one is not None and one < sweep.chunk_s(clock, seven_k) / 3
+    assert f"| {seven_k.index} | 7000 | stock | partial | 1 8 32 64 128 | {one:.0f} |" in sweep.status_table("t2", tmp_path)
+    start = clock.startup_s + throughput.STOP_RESERVE_S
+    assert sweep.fitting_prefix(clock, [seven_k], start + one + 1, {seven_k.index: [256]}) == [seven_k]
+    assert sweep.fitting_prefix(clock, [seven_k], start + one + 1) == []
+
     for ch in sweep.chunks():
         write_result(tmp_path, ch, "t2", list(sweep.CONCURRENCY))
     calls.clear()

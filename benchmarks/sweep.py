@@ -14,9 +14,10 @@ different device commands, even different nodes of the same kind (each JSON keep
 device). ``status`` reads the result JSONs and marks each chunk done (every concurrency ok), partial
 or missing; ``run --next N`` runs the first N chunks that are not done, reading the same JSONs from
 the tree it runs in (the checked-in results travel with it), so successive device commands walk the
-matrix. A partial chunk runs only its missing concurrencies (throughput ``--resume``: the ok runs are
-kept in the rewritten JSON, each with the provenance of the command that measured it). One wave of requests per concurrency (outputs have a
-fixed length, so the batch stays full without a second wave, at half the time). A server group whose
+matrix. A partial chunk runs only its missing concurrencies (throughput ``--resume``: the ok runs
+are kept in the rewritten JSON, each with the provenance of the command that measured it). One
+wave of requests per concurrency (outputs have a fixed length, so the batch stays full without a
+second wave, at half the time). A server group whose
 expected time (server start + one run per concurrency and length, from the slowest earlier run of
 each shape in the results and in this command) does not fit the budget left is cut to the lengths
 that fit, or not started: a chunk cut short is wasted device time.

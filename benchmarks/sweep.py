@@ -14,13 +14,13 @@ different device commands, even different nodes of the same kind (each JSON keep
 device). ``status`` reads the result JSONs and marks each chunk done (every concurrency ok), partial
 or missing; ``run --next N`` runs the first N chunks that are not done, reading the same JSONs from
 the tree it runs in (the checked-in results travel with it), so successive device commands walk the
-matrix. A partial chunk runs only its missing concurrencies (throughput ``--resume``: the ok runs
-are kept in the rewritten JSON, each with the provenance of the command that measured it). One
+matrix. There a partial chunk runs only its missing concurrencies (throughput ``--resume``: the ok
+runs are kept in the rewritten JSON, each with the provenance of the command that measured it);
+``--chunks`` measures the named chunks whole, done or not (e.g. to repeat a measurement). One
 wave of requests per concurrency (outputs have a fixed length, so the batch stays full without a
-second wave, at half the time). A server group whose
-expected time (server start + one run per concurrency and length, from the slowest earlier run of
-each shape in the results and in this command) does not fit the budget left is cut to the lengths
-that fit, or not started: a chunk cut short is wasted device time.
+second wave, at half the time). A server group whose expected time (server start + its chunks'
+missing runs, from the slowest earlier run of each shape in the results and in this command) does
+not fit the budget left is cut to the chunks that fit whole, or not started.
 """
 
 from __future__ import annotations
@@ -131,7 +131,9 @@ def fitting_prefix(clock: throughput.RunClock, group: Sequence[Chunk], left_s: f
                    todo: dict[int, list[int]] | None = None) -> list[Chunk]:
     """The longest prefix of ``group`` whose server start + runs (``todo``: each chunk's concurrencies still
     to run, default all) fit ``left_s``. A chunk without history counts only the start and is taken only
-    first (throughput then skips its runs that cannot fit)."""
+    first (throughput then skips its runs that cannot fit). Whole chunks only: a chunk cut short would be
+    resumed, but by another server start of the same config, and a start (60-225 s) costs more device
+    time than the idle end of a command (which ends early and frees the node)."""
     need = clock.startup_s + throughput.STOP_RESERVE_S
     taken: list[Chunk] = []
     for ch in group:
@@ -150,7 +152,10 @@ def run(args: argparse.Namespace) -> int:
     if not todo:
         print(f"sweep {args.tag}: every chunk is done", flush=True)
         return 0
-    left_c = {ch.index: missing(chunk_state(ch, args.tag, args.results_dir)[1]) for ch in todo}
+    # --chunks measures the named chunks whole (again, if done); --next resumes partial chunks.
+    resume = args.chunks is None
+    left_c = {ch.index: missing(chunk_state(ch, args.tag, args.results_dir)[1]) if resume else list(CONCURRENCY)
+              for ch in todo}  # fmt: skip
     failed = False
     for group in server_groups(todo):
         left = deadline.remaining()
@@ -169,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
                 "--concurrency", ",".join(map(str, CONCURRENCY)), "--waves", str(WAVES),
                 "--run-id", f"sweep-{args.tag}-{{output_len}}",
                 "--log-name", f"throughput_sweep-{args.tag}-{'-'.join(map(str, lens))}_{file_stem(config)}.log",
-                "--time-budget", f"{left:.0f}", "--resume", str(args.results_dir)]  # fmt: skip
+                "--time-budget", f"{left:.0f}", *(["--resume", str(args.results_dir)] if resume else [])]  # fmt: skip
         failed |= throughput.main(argv, clock) != 0
     return 1 if failed else 0
 
@@ -186,8 +191,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     r.add_argument("--data-dir", type=Path, required=True, help="folder with aime24.jsonl / amc23.jsonl")
     r.add_argument("--out", type=Path, required=True, help="output folder (on the GPU node: $OUT)")
     which = r.add_mutually_exclusive_group(required=True)
-    which.add_argument("--chunks", default=None, help="comma-separated chunk indices (see status)")
-    which.add_argument("--next", type=int, default=None, help="run the first N chunks not done")
+    which.add_argument("--chunks", default=None, help="comma-separated chunk indices (see status), measured whole")
+    which.add_argument("--next", type=int, default=None,
+                       help="run the first N chunks not done (a partial one: only its missing concurrencies)")
     r.add_argument("--time-budget", type=float, default=560.0, help="seconds for the whole command")
     args = p.parse_args(argv)
     if not args.tag or not all(ch.isalnum() or ch in "._-" for ch in args.tag):

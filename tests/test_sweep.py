@@ -85,7 +85,7 @@ def test_run_hands_each_server_group_to_throughput(tmp_path: Path, monkeypatch: 
     # The run id template gives each length the chunk's own result file.
     assert throughput.run_id_for("sweep-t2-{output_len}", [7000]) == table[pillar[1]].run_id("t2")
 
-    assert a1[a1.index("--resume") + 1] == str(tmp_path)  # a partial chunk keeps its ok runs
+    assert "--resume" not in a1  # --chunks measures whole chunks
 
     # A partial chunk is planned by its missing runs only: 7K stock with 5 of 6 runs done needs one run.
     seven_k = next(ch for ch in table if ch.config == "stock" and ch.output_len == 7000)
@@ -96,7 +96,11 @@ def test_run_hands_each_server_group_to_throughput(tmp_path: Path, monkeypatch: 
     assert f"| {seven_k.index} | 7000 | stock | partial | 1 8 32 64 128 | {one:.0f} |" in sweep.status_table("t2", tmp_path)
     start = clock.startup_s + throughput.STOP_RESERVE_S
     assert sweep.fitting_prefix(clock, [seven_k], start + one + 1, {seven_k.index: [256]}) == [seven_k]
-    assert sweep.fitting_prefix(clock, [seven_k], start + one + 1) == []
+    assert sweep.fitting_prefix(clock, [seven_k], start + one - 1, {seven_k.index: [256]}) == []
+    calls.clear()
+    assert sweep.main(["run", *common, "--next", "3"]) == 0
+    (argv, _), = calls  # stock 2K, 4K and the partial 7K: one server group, resumed from the results
+    assert argv[argv.index("--output-len") + 1] == "2048,4096,7000" and argv[argv.index("--resume") + 1] == str(tmp_path)
 
     for ch in sweep.chunks():
         write_result(tmp_path, ch, "t2", list(sweep.CONCURRENCY))
@@ -133,12 +137,14 @@ def test_seeded_clock_cuts_a_group_to_what_fits(tmp_path: Path, monkeypatch: pyt
     assert sweep.fitting_prefix(clock, stock, 10_000) == stock[:1]
     assert sweep.fitting_prefix(clock, stock[1:], 10_000) == stock[1:]
 
-    started: list[str] = []
-    monkeypatch.setattr(throughput, "main", lambda argv, clock: started.append(argv[argv.index("--configs") + 1]) or 0)
+    started: list[list[str]] = []
+    monkeypatch.setattr(throughput, "main", lambda argv, clock: started.append(argv) or 0)
     common = ["--tag", "t3", "--results-dir", str(tmp_path), "--model", "/m", "--data-dir", "/d", "--out", str(tmp_path)]
     # ~580 s needed for the 7K chunk with its server start: not started; the 2K chunk (unknown) is.
     assert sweep.main(["run", *common, "--chunks", f"{seven_k.index},{stock[0].index}", "--time-budget", "560"]) == 0
-    assert started == ["stock"]
+    (argv,) = started
+    assert argv[argv.index("--configs") + 1] == "stock" and argv[argv.index("--output-len") + 1] == "2048"
+    assert "--resume" not in argv  # --chunks measures whole chunks
 
 
 @pytest.mark.parametrize(

@@ -77,9 +77,11 @@ def write_model_folder(shape: str, folder: Path) -> Path:
     return folder
 
 
-def random_prompts(n: int, length: int, seed: int) -> list[list[int]]:
+def random_prompts(n: int, length: int, seed: int, vocab_size: int) -> list[list[int]]:
+    """Token ids in [1000, min(100000, vocab_size)): past the special tokens, inside the embedding table
+    (SmolLM2's has 49152 rows, Qwen3's 151936)."""
     rng = random.Random(seed)
-    return [[rng.randrange(1000, 100000) for _ in range(length)] for _ in range(n)]
+    return [[rng.randrange(1000, min(100000, vocab_size)) for _ in range(length)] for _ in range(n)]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -108,6 +110,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--decode-tokens needs 0 < M1 < M2")
     if args.shape not in SHAPES and not (Path(args.shape) / "config.json").is_file():
         p.error(f"--shape {args.shape!r}: not a known shape or a folder with config.json")
+    shape = SHAPES.get(args.shape) or json.loads((Path(args.shape) / "config.json").read_text())
+    args.vocab_size = shape.get("vocab_size")
+    if not isinstance(args.vocab_size, int) or args.vocab_size <= 1000:
+        p.error(f"--shape {args.shape!r}: config.json needs an integer vocab_size > 1000, got {args.vocab_size!r}")
     args.extra_server_args = tuple(args.extra_server_args.split())
     names = [c for c in args.configs.split(",") if c]
     if len(set(names)) != len(names):
@@ -153,7 +159,7 @@ def pool_skip_reason(length: int, batch: int, pool: int | None, args: argparse.N
 
 def measure_point(server: Server, length: int, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     """Walls of the M1 and M2 passes and the PILLAR timing reports logged during the M2 pass."""
-    prompts = random_prompts(batch, length, seed=length * 1000 + batch)
+    prompts = random_prompts(batch, length, seed=length * 1000 + batch, vocab_size=args.vocab_size)
     walls = {}
     for m in (args.m1, args.m2):
         offset = server.log_path.stat().st_size if server.log_path.exists() else 0

@@ -1053,6 +1053,17 @@ def test_step_times_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     assert doc["capture_overhead"] == [] and stock["kv_pool_tokens"] is None
     with pytest.raises(SystemExit):
         step_times.main(["--shape", "nope", "--out", str(out)])
+    # A model folder (e.g. SmolLM2's): prompt ids stay inside its vocabulary.
+    folder = tmp_path / "smol"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 49152}))
+    small = step_times.parse_args(["--shape", str(folder), "--out", str(out)])
+    assert small.vocab_size == 49152 and step_times.parse_args(argv).vocab_size == 151936
+    ids = [t for p in step_times.random_prompts(4, 2000, 1, small.vocab_size) for t in p]
+    assert 1000 <= min(ids) and max(ids) < 49152
+    (folder / "config.json").write_text(json.dumps({"architectures": ["X"]}))
+    with pytest.raises(SystemExit):
+        step_times.parse_args(["--shape", str(folder), "--out", str(out)])
     # Too little budget for a server start (60 s + the stop reserve): skipped and listed, never started.
     short = tmp_path / "short.json"
     assert step_times.main([*argv[:3], str(short), *argv[4:], "--time-budget", "80"]) == 0

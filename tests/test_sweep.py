@@ -96,6 +96,7 @@ def test_run_hands_each_server_group_to_throughput(tmp_path: Path, monkeypatch: 
     assert f"| {seven_k.index} | 7000 | stock | partial | 1 8 32 64 128 | {one:.0f} |" in sweep.status_table("t2", tmp_path)
     start = clock.startup_s + throughput.STOP_RESERVE_S
     assert sweep.fitting_prefix(clock, [seven_k], start + one + 1, {seven_k.index: [256]}) == [seven_k]
+    assert sweep.fitting_prefix(clock, [seven_k], start + one + 1) == []  # without todo: all six runs
     assert sweep.fitting_prefix(clock, [seven_k], start + one - 1, {seven_k.index: [256]}) == []
     calls.clear()
     assert sweep.main(["run", *common, "--next", "3"]) == 0

@@ -1,8 +1,8 @@
 """The full serving sweep (real model, AIME24+AMC23 prompts), cut into chunks that fit one GPU command.
 
-    python -m benchmarks.sweep status --tag T [--results-dir benchmarks/results]
+    python -m benchmarks.sweep status --tag T [--results-dir benchmarks/results] [--lens 7000] [--configs C,..]
     python -m benchmarks.sweep run --tag T --model M --data-dir D --out $OUT \\
-        (--chunks 0,1 | --next N) [--time-budget 560]
+        (--chunks 0,1 | --next N) [--lens 7000] [--configs C,..] [--time-budget 560]
 
 The matrix is ``CONFIGS`` x ``OUTPUT_LENS`` x ``CONCURRENCY``. A chunk is one (config, output length):
 one run per concurrency. Chunks are ordered config first, and ``run`` hands consecutive chunks of one
@@ -20,7 +20,9 @@ runs are kept in the rewritten JSON, each with the provenance of the command tha
 wave of requests per concurrency (outputs have a fixed length, so the batch stays full without a
 second wave, at half the time). A server group whose expected time (server start + its chunks'
 missing runs, from the slowest earlier run of each shape in the results and in this command) does
-not fit the budget left is cut to the chunks that fit whole, or not started.
+not fit the budget left is cut to the chunks that fit whole, or not started. ``--lens`` / ``--configs``
+restrict the matrix (status and ``--next``) to a slice, e.g. one output length measured on another
+device kind under its own tag, whose stock chunk then sits in the same run id as the configs.
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ def chunks() -> list[Chunk]:
     return [Chunk(i, n, c) for i, (n, c) in enumerate(pairs)]
 
 
+def selected(lens: Sequence[int] | None, configs: Sequence[str] | None) -> list[Chunk]:
+    """The chunks of the matrix slice: output lengths in ``lens`` and configs in ``configs`` (None: all)."""
+    return [ch for ch in chunks() if (lens is None or ch.output_len in lens) and (configs is None or ch.config in configs)]
+
+
 def chunk_state(chunk: Chunk, tag: str, results_dir: Path) -> tuple[str, list[int]]:
     """('done' | 'partial' | 'missing', concurrencies that ran ok)."""
     path = chunk.result_file(tag, results_dir)
@@ -74,13 +81,13 @@ def chunk_state(chunk: Chunk, tag: str, results_dir: Path) -> tuple[str, list[in
     return ("done" if set(CONCURRENCY) <= set(ok) else "partial"), ok
 
 
-def status_table(tag: str, results_dir: Path) -> str:
+def status_table(tag: str, results_dir: Path, table: Sequence[Chunk] | None = None) -> str:
     """One row per chunk; the expected seconds of its runs (a config's server start comes on top) come
     from the results' run times (RunClock.seeded), for planning."""
     clock = throughput.RunClock.seeded(results_dir)
     lines = ["| chunk | output len | config | state | concurrencies ok | expected run s |", "|---|---|---|---|---|---|"]
     todo: list[tuple[Chunk, list[int]]] = []
-    for ch in chunks():
+    for ch in chunks() if table is None else table:
         state, ok = chunk_state(ch, tag, results_dir)
         need = chunk_s(clock, ch, missing(ok))
         lines.append(f"| {ch.index} | {ch.output_len} | {ch.config} | {state} | {' '.join(map(str, ok)) or '-'} "
@@ -97,11 +104,12 @@ def status_table(tag: str, results_dir: Path) -> str:
 
 
 def pick(args: argparse.Namespace) -> list[Chunk]:
-    """The chunks named by --chunks, or the first --next ones not done in --results-dir."""
-    table = chunks()
+    """The chunks named by --chunks, or the first --next ones of the --lens/--configs slice not done in
+    --results-dir."""
     if args.chunks is not None:
+        table = chunks()
         return [table[i] for i in args.chunks]
-    todo = [ch for ch in table if chunk_state(ch, args.tag, args.results_dir)[0] != "done"]
+    todo = [ch for ch in selected(args.lens, args.configs) if chunk_state(ch, args.tag, args.results_dir)[0] != "done"]
     return todo[: args.next]
 
 
@@ -186,6 +194,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         s = sub.add_parser(name)
         s.add_argument("--tag", required=True, help="names the measured commit; part of every run id")
         s.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS, help="where finished chunks are looked up")
+        s.add_argument("--lens", default=None, help=f"comma-separated output lengths of {OUTPUT_LENS} (default: all)")
+        s.add_argument("--configs", default=None, help=f"comma-separated configs of {CONFIGS} (default: all)")
     r = sub.choices["run"]
     r.add_argument("--model", required=True, help="model folder (also the tokenizer)")
     r.add_argument("--data-dir", type=Path, required=True, help="folder with aime24.jsonl / amc23.jsonl")
@@ -198,7 +208,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.tag or not all(ch.isalnum() or ch in "._-" for ch in args.tag):
         p.error(f"--tag must be letters, digits, '.', '_' or '-' (it is part of file names), got {args.tag!r}")
+    try:
+        args.lens = None if args.lens is None else [int(x) for x in args.lens.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--lens must be comma-separated integers, got {args.lens!r}")
+    if args.lens is not None and (not args.lens or not set(args.lens) <= set(OUTPUT_LENS)):
+        p.error(f"--lens must name output lengths of {OUTPUT_LENS}, got {args.lens}")
+    args.configs = None if args.configs is None else [x.strip() for x in args.configs.split(",") if x.strip()]
+    if args.configs is not None and (not args.configs or not set(args.configs) <= set(CONFIGS)):
+        p.error(f"--configs must name configs of {CONFIGS}, got {args.configs}")
     if args.command == "run":
+        if args.chunks is not None and (args.lens is not None or args.configs is not None):
+            p.error("--chunks names chunks by index: leave out --lens/--configs")
         if args.chunks is not None:
             try:
                 args.chunks = [int(x) for x in args.chunks.split(",") if x.strip()]
@@ -214,7 +235,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "status":
-        print(status_table(args.tag, args.results_dir))
+        print(status_table(args.tag, args.results_dir, selected(args.lens, args.configs)))
         return 0
     return run(args)
 

@@ -54,6 +54,16 @@ def test_status_and_next(tmp_path: Path) -> None:
     args = sweep.parse_args(["run", "--tag", "t1", "--results-dir", str(tmp_path), "--model", "m", "--data-dir", "d",
                              "--out", "o", "--next", "2"])  # fmt: skip
     assert [ch.index for ch in sweep.pick(args)] == [1, 2]  # the partial chunk is run again
+    # A slice: 7000 only, two configs. --next walks the slice in matrix order; status shows only its rows.
+    args = sweep.parse_args(["run", "--tag", "t1", "--results-dir", str(tmp_path), "--model", "m", "--data-dir", "d",
+                             "--out", "o", "--next", "3", "--lens", "7000", "--configs", "pillar-streaming,stock"])  # fmt: skip
+    assert [(ch.output_len, ch.config) for ch in sweep.pick(args)] == [(7000, "stock"), (7000, "pillar-streaming")]
+    write_result(tmp_path, table[2], "t1", list(sweep.CONCURRENCY))
+    assert [ch.config for ch in sweep.pick(args)] == ["pillar-streaming"]
+    md = sweep.status_table("t1", tmp_path, sweep.selected([7000], ["stock", "pillar-streaming"]))
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "chunk" not in line]
+    assert [r.split(" | ")[1:4] for r in rows] == [["7000", "stock", "done"], ["7000", "pillar-streaming", "missing"]]
+    assert md.splitlines()[-1].startswith("1 chunks to go over 1 configs")
 
 
 def test_run_hands_each_server_group_to_throughput(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,6 +168,11 @@ def test_seeded_clock_cuts_a_group_to_what_fits(tmp_path: Path, monkeypatch: pyt
         ["run", "--tag", "t", "--model", "m", "--data-dir", "d", "--out", "o", "--chunks", "x"],
         ["run", "--tag", "t", "--model", "m", "--data-dir", "d", "--out", "o", "--next", "0"],
         ["run", "--tag", "t", "--model", "m", "--data-dir", "d", "--out", "o", "--next", "1", "--chunks", "1"],
+        ["run", "--tag", "t", "--model", "m", "--data-dir", "d", "--out", "o", "--next", "1", "--lens", "1000"],
+        ["run", "--tag", "t", "--model", "m", "--data-dir", "d", "--out", "o", "--next", "1", "--lens", "x"],
+        ["run", "--tag", "t", "--model", "m", "--data-dir", "d", "--out", "o", "--next", "1", "--configs", "eagle"],
+        ["run", "--tag", "t", "--model", "m", "--data-dir", "d", "--out", "o", "--chunks", "1", "--lens", "7000"],
+        ["status", "--tag", "t", "--configs", ","],
     ],
 )
 def test_bad_arguments_exit_with_a_message(argv: list[str]) -> None:

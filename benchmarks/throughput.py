@@ -109,22 +109,25 @@ class RunClock:
         return clock
 
     def rate(self, config: str, concurrency: int, output_len: int) -> float | None:
-        """Output tok/s to plan with, from the first pool with a run of this length: the config itself, its
-        family (``pillar-coarse`` -> every ``pillar*``; a variant runs the same worker), then every config.
-        NGRAM's 7K runs take 2.5x PILLAR's, so a PILLAR variant guessed from them would never fit a command.
-        Within the pool the slowest run of the shape counts; an unmeasured concurrency gets at most twice
-        the rate of the nearest measured lower one: doubling the batch at best doubles the rate, so the
-        guess errs long (a 256 x 7K run launched on the flat MIN_RUN_S guess with 78 s left was cut)."""
+        """Output tok/s to plan with, from pools of runs of this length: the config itself, its family
+        (``pillar-coarse`` -> every ``pillar*``; a variant runs the same worker), then every config. NGRAM's
+        7K runs take 2.5x PILLAR's, so a PILLAR variant guessed from them would never fit a command. Within
+        a pool the slowest run of the shape counts; an unmeasured concurrency gets at most twice the rate of
+        the nearest measured lower one: doubling the batch at best doubles the rate, so the guess errs long
+        (a 256 x 7K run launched on the flat MIN_RUN_S guess with 78 s left was cut). The pool measured
+        nearest below ``concurrency`` wins, the narrower on a tie: a variant's own c=1 run doubled six times
+        guessed its 64 x 7K run at 650 s where its family's 64 x 7K runs took 34 s, and the run was skipped."""
         family = config_family(config)
+        best: tuple[int, float] | None = None
         for member in (lambda name: name == config, lambda name: config_family(name) == family, lambda name: True):
             pool: dict[int, float] = {}
             for (name, c, n), rate in self.rates.items():
                 if n == output_len and c <= concurrency and member(name):
                     pool[c] = min(rate, pool.get(c, rate))
-            if pool:
+            if pool and (best is None or max(pool) > best[0]):
                 c = max(pool)
-                return pool[c] * min(concurrency / c, 2.0)
-        return None
+                best = (c, pool[c] * min(concurrency / c, 2.0))
+        return None if best is None else best[1]
 
     def run_s(self, config: str, concurrency: int, output_len: int, num_prompts: int) -> float | None:
         """Expected wall time of a run; None before any run of this length at this or a lower concurrency finished."""

@@ -471,6 +471,12 @@ def test_run_clock_guesses_from_the_slowest_run_of_the_same_shape() -> None:
     assert clock.rate("stock-flashinfer", 256, 4096) == pytest.approx(1_048_576 / 50.0)
     assert clock.rate("eagle", 256, 4096) == pytest.approx(1_048_576 / 100.0)  # no family: the slowest of all
     assert clock.rate("pillar-streaming", 64, 4096) == pytest.approx(262_144 / 10.0)  # pillar has no 64: all configs
+    # The pool measured nearest below wins: a variant's own c=1 run does not outrank its family's c=256 run
+    # (doubled eight times it would guess 256 x 4096 at 1024 tok/s); at c=1 its own run is nearest.
+    clock.record_run("pillar-coarse", 1, 4096, 16_384, 32.0)  # 512 tok/s
+    assert clock.rate("pillar-coarse", 256, 4096) == pytest.approx(1_048_576 / 25.0)
+    assert clock.rate("pillar-coarse", 1, 4096) == pytest.approx(512.0)
+    assert clock.rate("pillar-coarse", 8, 4096) == pytest.approx(1024.0)
     assert throughput.config_family("pillar-k4-coarse:budget_ratio=0.1") == "pillar"
     clock.record_start(60.0)
     assert clock.startup_s == throughput.START_GUESS_FLOOR_S

@@ -246,8 +246,9 @@ def resumable_runs(earlier: Path, doc: dict[str, Any]) -> tuple[dict[int, dict[s
     """The ok runs of ``earlier`` (an earlier command's result file of ``doc``'s name) that ``doc`` keeps
     instead of running again, by concurrency, and why none are kept. Kept only when the config (name,
     flags, environment, resolved PILLAR knobs) and the workload are the same and the run sent as many
-    requests. A kept run carries ``measured``: the provenance of the command that ran it, since the
-    doc's ``meta`` is the new command's."""
+    requests. A kept run carries ``measured``: the provenance of the command that ran it and that
+    command's ``server`` record (its full command line), since the doc's ``meta`` and ``server`` are the
+    new command's, whose server may not even start."""
     if not earlier.is_file():
         return {}, f"no earlier {earlier.name}"
     old = json.loads(earlier.read_text())
@@ -258,7 +259,8 @@ def resumable_runs(earlier: Path, doc: dict[str, Any]) -> tuple[dict[int, dict[s
                 return {}, f"{earlier.name}: {part}.{key} differs"
     want = doc["workload"]["num_prompts"]
     kept = {
-        r["concurrency"]: {**r, "measured": r.get("measured") or {k: old["meta"].get(k) for k in PROVENANCE_KEYS}}
+        r["concurrency"]: {**r, "measured": r.get("measured")
+                           or {**{k: old["meta"].get(k) for k in PROVENANCE_KEYS}, "server": old.get("server")}}
         for r in old.get("runs", [])
         if r.get("status") == "ok" and want.get(str(r["concurrency"])) == r.get("num_prompts")
     }

@@ -759,6 +759,8 @@ def test_throughput_end_to_end(
     assert [("measured" in r) for r in s5["runs"]] == [True, False, False]
     assert [("measured" in r) for r in p5["runs"]] == [True, True, False]
     assert p5["runs"][0]["measured"]["run_id"] == "R1" and p5["runs"][0]["metrics"] == pillar["runs"][0]["metrics"]
+    # A kept run keeps the server record (full command line) of the command that measured it.
+    assert p5["runs"][0]["measured"]["server"] == pillar["server"] and "--speculative-algorithm" in pillar["server"]["command"]
     log5 = (out5 / "throughput_R1.log").read_text()
     assert "stock len=16: resumed c=1 from" in log5 and "done: 6 ok (3 resumed), 0 failed" in log5
     # Everything there already: no server starts. Other flags: nothing is resumed.

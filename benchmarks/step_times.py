@@ -1,7 +1,7 @@
 """Step-time breakdown on Qwen3 shapes with dummy weights: stock decode step vs PILLAR phases.
 
     python -m benchmarks.step_times --shape qwen3-1.7b --out F.json \\
-        [--contexts 1024,4096,16384] [--batches 16,64] [--configs stock,pillar,pillar-streaming] [--accept 6.0]
+        [--contexts 1024,4096,16384,32768] [--batches 16,64] [--configs stock,pillar,pillar-streaming] [--accept 6.0]
 
 Random weights make any speculation look perfect, so this measures only *time per step*, which
 does not depend on acceptance. Per (context L, batch B) on one server start per config:
@@ -84,11 +84,15 @@ def random_prompts(n: int, length: int, seed: int, vocab_size: int) -> list[list
     return [[rng.randrange(1000, min(100000, vocab_size)) for _ in range(length)] for _ in range(n)]
 
 
+DEFAULT_CONTEXTS = (1024, 4096, 16384, 32768)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", required=True, help=f"one of {', '.join(SHAPES)}, or a folder with a config.json")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--contexts", default="1024,4096,16384")
+    p.add_argument("--contexts", default=None,
+                   help=f"default: those of {DEFAULT_CONTEXTS} that fit the shape's max_position_embeddings")
     p.add_argument("--batches", default="16,64")
     p.add_argument("--configs", default="stock,pillar,pillar-streaming", help=CONFIGS_HELP)
     p.add_argument("--decode-tokens", default="32,160", help="M1,M2: the two output lengths per point")
@@ -101,7 +105,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=None)
     args = p.parse_args(argv)
     try:
-        args.contexts = [int(x) for x in args.contexts.split(",")]
+        args.contexts = None if args.contexts is None else [int(x) for x in args.contexts.split(",")]
         args.batches = [int(x) for x in args.batches.split(",")]
         args.m1, args.m2 = (int(x) for x in args.decode_tokens.split(","))
     except ValueError as e:
@@ -114,6 +118,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.vocab_size = shape.get("vocab_size")
     if not isinstance(args.vocab_size, int) or args.vocab_size <= 1000:
         p.error(f"--shape {args.shape!r}: config.json needs an integer vocab_size > 1000, got {args.vocab_size!r}")
+    max_pos = shape.get("max_position_embeddings")
+    if not isinstance(max_pos, int):
+        p.error(f"--shape {args.shape!r}: config.json needs an integer max_position_embeddings, got {max_pos!r}")
+    fits = [n for n in DEFAULT_CONTEXTS if n + args.m2 + 64 <= max_pos]
+    args.contexts = fits if args.contexts is None else args.contexts
+    too_long = [n for n in args.contexts if n + args.m2 + 64 > max_pos]
+    if not args.contexts or too_long or min(args.contexts) < 1:
+        p.error(f"--contexts {args.contexts}: each must be >= 1 and leave {args.m2} + 64 tokens inside the shape's "
+                f"{max_pos} positions (contexts that fit among the defaults: {fits})")
     args.extra_server_args = tuple(args.extra_server_args.split())
     names = [c for c in args.configs.split(",") if c]
     if len(set(names)) != len(names):

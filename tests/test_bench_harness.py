@@ -1064,14 +1064,21 @@ def test_step_times_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     # A model folder (e.g. SmolLM2's): prompt ids stay inside its vocabulary.
     folder = tmp_path / "smol"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"vocab_size": 49152}))
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 49152, "max_position_embeddings": 8192}))
     small = step_times.parse_args(["--shape", str(folder), "--out", str(out)])
     assert small.vocab_size == 49152 and step_times.parse_args(argv).vocab_size == 151936
+    # Default contexts: 1K-32K, cut to the shape's positions (8192: 1K and 4K; Qwen3's 40960: all four).
+    assert small.contexts == [1024, 4096]
+    assert step_times.parse_args(["--shape", "qwen3-8b", "--out", str(out)]).contexts == [1024, 4096, 16384, 32768]
+    for bad in ("8100", "0"):  # 8100 + 160 + 64 > 8192
+        with pytest.raises(SystemExit):
+            step_times.parse_args(["--shape", str(folder), "--out", str(out), "--contexts", bad])
     ids = [t for p in step_times.random_prompts(4, 2000, 1, small.vocab_size) for t in p]
     assert 1000 <= min(ids) and max(ids) < 49152
-    (folder / "config.json").write_text(json.dumps({"architectures": ["X"]}))
-    with pytest.raises(SystemExit):
-        step_times.parse_args(["--shape", str(folder), "--out", str(out)])
+    for config in ({"architectures": ["X"]}, {"vocab_size": 49152}):  # no vocab size / no position count
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(SystemExit):
+            step_times.parse_args(["--shape", str(folder), "--out", str(out)])
     # Too little budget for a server start (60 s + the stop reserve): skipped and listed, never started.
     short = tmp_path / "short.json"
     assert step_times.main([*argv[:3], str(short), *argv[4:], "--time-budget", "80"]) == 0

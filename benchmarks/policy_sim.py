@@ -123,10 +123,13 @@ def _keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: in
 
 
 def _next_plan(
-    cfg: PillarConfig, scores: torch.Tensor | None, window: tuple[int, int] | None, v: int, kmax: int
+    cfg: PillarConfig, scores: torch.Tensor | None, window: tuple[int, int] | None, v: int, kmax: int,
+    score_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, int]:
     """(selected positions, tail_start) for the next round: the streaming seed before the first verify
-    (and for the streaming policy), else the top-K of the last verify's scores below the window."""
+    (and for the streaming policy), else the top-K of the last verify's scores below the window.
+    ``score_dtype`` rounds the per-layer scores of ``pillar`` first, as the GPU stores them; ties go to
+    the lower position, as in kernels/topk_select.py."""
     if scores is None or cfg.policy is SelectionPolicy.STREAMING:
         p = streaming_plan(cfg, torch.tensor([v]), kmax)
         return p.sel_pos[0, : int(p.sel_cnt[0])].long(), int(p.tail_start[0])
@@ -134,10 +137,13 @@ def _next_plan(
     cand = scores[:, :, :tail_start]
     if cfg.policy is SelectionPolicy.COARSE:
         return cand.sum((0, 1)).topk(count).indices, tail_start
-    return cand.topk(count, dim=-1).indices, tail_start
+    cand = cand.to(score_dtype).float()
+    return torch.sort(cand, dim=-1, descending=True, stable=True).indices[..., :count], tail_start
 
 
-def simulate(model, prompt_ids: Sequence[int], max_new_tokens: int, cfg: PillarConfig) -> SimResult:
+def simulate(
+    model, prompt_ids: Sequence[int], max_new_tokens: int, cfg: PillarConfig, score_dtype: torch.dtype = torch.float32
+) -> SimResult:
     """Greedy PILLAR rounds of ``cfg.policy`` until ``max_new_tokens`` are committed (batch 1).
 
     ``cfg.select_every = N > 1`` re-selects only every N-th round and keeps the plan in between (its
@@ -164,7 +170,7 @@ def simulate(model, prompt_ids: Sequence[int], max_new_tokens: int, cfg: PillarC
         v = len(seq) - 1  # positions with KV; the last committed token is fed by draft step 0
         # Between selections (select_every > 1) the last plan stands; its tail grows by the tokens committed since.
         if plan is None or len(accepts) % cfg.select_every == 0:
-            plan = _next_plan(cfg, scores, window, v, kmax)
+            plan = _next_plan(cfg, scores, window, v, kmax, score_dtype)
         keep = _keep_mask(plan, v + k, layers, h_kv).repeat_interleave(h_q // h_kv, dim=1)
         drafts, token = [], seq[-1]
         with torch.no_grad():
@@ -224,6 +230,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--score-rows", choices=[r.value for r in ScoreRows], default=defaults.score_rows.value,
                    help="verify rows that score the prefix")  # fmt: skip
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--score-dtype", default="float32", choices=("float32", "float16"),
+                   help="storage of pillar's per-layer scores before top-K (the GPU worker: float16)")
     p.add_argument("--check-lossless", action="store_true", help="compare every output with plain greedy decoding")
     p.add_argument("--out", type=Path, default=None, help="JSON result path")
     args = p.parse_args(argv)
@@ -255,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = PillarConfig(num_steps=args.num_steps, budget_ratio=args.budget_ratio, min_budget=args.min_budget,
                            recent_window=args.recent_window, sink_tokens=args.sink_tokens, policy=policy,
                            select_every=args.select_every, score_rows=ScoreRows(args.score_rows))  # fmt: skip
-        res = simulate(model, prompt.input_ids, args.max_new_tokens, cfg)
+        res = simulate(model, prompt.input_ids, args.max_new_tokens, cfg, getattr(torch, args.score_dtype))
         rec: dict[str, Any] = {"accept_length": res.accept_length, "rounds": len(res.accepts), "wall_s": res.wall_s,
                                "segment_tokens": SEGMENT, "accept_length_by_segment": res.accept_by_segment(SEGMENT),
                                "distinct_4grams_by_segment": res.distinct_ngrams_by_segment(SEGMENT)}  # fmt: skip

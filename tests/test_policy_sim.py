@@ -65,3 +65,15 @@ def test_per_segment_statistics():
     # A 4-token loop has 4 distinct 4-grams out of 9; fresh tokens have all distinct ones.
     assert res.distinct_ngrams_by_segment(12) == [4 / 9, 1.0]
     assert res.accept_length == pytest.approx(24 / 7)
+
+
+def test_fp16_scores_round_like_the_gpu_and_ties_go_to_the_lower_position() -> None:
+    from benchmarks.policy_sim import _next_plan
+
+    # One layer, one KV head, 5 candidate positions below the window (tail_start 5); keep 2. Positions 3
+    # and 4 differ by less than fp16 resolves at 1e-6 (subnormal there): fp32 keeps 4, fp16 ties keep 3.
+    scores = torch.tensor([[[0.5, 1e-7, 1e-7, 1.000e-6, 1.001e-6, 9.0]]])
+    cfg = PillarConfig(num_steps=2)
+    sel32, tail = _next_plan(cfg, scores, (5, 2), 6, 8)
+    sel16, _ = _next_plan(cfg, scores, (5, 2), 6, 8, torch.float16)
+    assert tail == 5 and sorted(sel32[0, 0].tolist()) == [0, 4] and sorted(sel16[0, 0].tolist()) == [0, 3]

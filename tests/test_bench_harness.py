@@ -958,8 +958,9 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     assert "| s | 4 | 1024 | 68 | 10.0 | 100 | 40.0 | - | 4.0x | - |" in md
     assert "| s | 4 | 1024 | 50.0 | 20.0 | 900 | 2.5x | 5.0 | 30% | 12% |" in md
     assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md
-    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | - | 1 | all | pillar | 5.98 | 251 | yes | - |" in md
-    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | - | 1 | all | streaming | 5.00 | 300 | unchecked | 6.2 4.0 |" in md
+    assert "| sim.json | aime24:1 | 1500 | 16 | 128 | - | 1 | all | float32 / float32 | pillar | 5.98 | 251 | yes | - |" in md
+    assert ("| sim.json | aime24:1 | 1500 | 16 | 128 | - | 1 | all | float32 / float32 | streaming | 5.00 | 300 | unchecked "
+            "| 6.2 4.0 |") in md
 
 
 def test_report_step_times_section(tmp_path: Path) -> None:

@@ -87,6 +87,12 @@ def random_prompts(n: int, length: int, seed: int, vocab_size: int) -> list[list
 DEFAULT_CONTEXTS = (1024, 4096, 16384, 32768)
 
 
+def context_length(length: int, m2: int) -> int:
+    """Positions a point of context ``length`` needs: the prompt, the longer output and 64 of headroom
+    (the servers' ``--context-length`` is this for the longest context)."""
+    return length + m2 + 64
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", required=True, help=f"one of {', '.join(SHAPES)}, or a folder with a config.json")
@@ -121,9 +127,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     max_pos = shape.get("max_position_embeddings")
     if not isinstance(max_pos, int):
         p.error(f"--shape {args.shape!r}: config.json needs an integer max_position_embeddings, got {max_pos!r}")
-    fits = [n for n in DEFAULT_CONTEXTS if n + args.m2 + 64 <= max_pos]
+    fits = [n for n in DEFAULT_CONTEXTS if context_length(n, args.m2) <= max_pos]
     args.contexts = fits if args.contexts is None else args.contexts
-    too_long = [n for n in args.contexts if n + args.m2 + 64 > max_pos]
+    too_long = [n for n in args.contexts if context_length(n, args.m2) > max_pos]
     if not args.contexts or too_long or min(args.contexts) < 1:
         p.error(f"--contexts {args.contexts}: each must be >= 1 and leave {args.m2} + 64 tokens inside the shape's "
                 f"{max_pos} positions (contexts that fit among the defaults: {fits})")
@@ -145,7 +151,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def server_flags(args: argparse.Namespace) -> tuple[str, ...]:
     """Flags of every server on top of its config's: dummy weights, contexts and batches of this run."""
-    ctx = max(args.contexts) + args.m2 + 64
+    ctx = context_length(max(args.contexts), args.m2)
     return ("--load-format", "dummy", "--skip-tokenizer-init", "--context-length", str(ctx),
             "--max-running-requests", str(max(args.batches)), "--cuda-graph-max-bs-decode", str(max(args.batches)),
             *args.extra_server_args)  # fmt: skip

@@ -124,8 +124,8 @@ class RunClock:
             for (name, c, n), rate in self.rates.items():
                 if n == output_len and c <= concurrency and member(name):
                     pool[c] = min(rate, pool.get(c, rate))
-            if pool and (best is None or max(pool) > best[0]):
-                c = max(pool)
+            c = max(pool, default=0)
+            if c and (best is None or c > best[0]):
                 best = (c, pool[c] * min(concurrency / c, 2.0))
         return None if best is None else best[1]
 

@@ -138,16 +138,17 @@ def classify_divergences(ident: dict[str, Any]) -> None:
     ]  # fmt: skip
 
 
-def verdict(identity_mode: bool, identity: dict[str, Any] | None, main_ok: bool) -> str:
-    """PASS/FAIL judge the greedy identity check; OK is an acceptance-only run whose main
-    (first PILLAR) pass finished; ``main_ok`` says whether it did."""
-    if not main_ok or (identity_mode and identity is None):
+def verdict(identity_mode: bool, identities: Sequence[dict[str, Any] | None], main_ok: bool) -> str:
+    """PASS/FAIL judge the greedy identity checks of PILLAR's passes (the main pass first, then
+    its repeats); OK is an acceptance-only run whose main pass finished; ``main_ok`` says
+    whether it did."""
+    if not main_ok or (identity_mode and (not identities or any(i is None for i in identities))):
         return "INCOMPLETE"
     if not identity_mode:
         return "OK"
     # Early divergences fail the run unless stock itself was at a near-tie there: greedy
     # speculation is exact up to the rounding of the k+1-token verify kernel.
-    return "FAIL" if identity["unexplained_early_divergences"] else "PASS"
+    return "FAIL" if any(i["unexplained_early_divergences"] for i in identities) else "PASS"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -165,6 +166,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=0, help="requests in flight (0 = all at once)")
     p.add_argument("--early-divergence", type=int, default=64)
     p.add_argument("--no-stock-repeat", action="store_true", help="skip the stock determinism pass")
+    p.add_argument("--candidate-repeats", type=int, default=0, metavar="N",
+                   help="PILLAR answers the greedy requests N more times on the same server, each judged against stock")
     p.add_argument("--rejudge", type=Path, default=None, metavar="F.json",
                    help="only re-classify the divergences of a finished run with this version's rule and rewrite F.json")
     p.add_argument("--controls", default="", help="more configs to check against stock, e.g. ngram,pillar-streaming")
@@ -181,6 +184,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--model, --data-dir and --out are required (unless --rejudge)")
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.num_steps < 1:
         p.error("--num-prompts, --max-new-tokens and --num-steps must be >= 1")
+    if args.candidate_repeats < 0:
+        p.error("--candidate-repeats must be >= 0")
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
     try:
@@ -212,13 +217,14 @@ def rejudge(path: Path) -> int:
     commit's rule produced the verdict and what it was before.
     """
     doc = json.loads(path.read_text())
-    identities = [doc["identity"]] + [c["identity"] for c in doc.get("controls", {}).values()]
+    judged = [doc["identity"], *doc.get("identity_repeats", [])]
+    identities = judged + [c["identity"] for c in doc.get("controls", {}).values()]
     for ident in identities:
         if ident is not None:
             classify_divergences(ident)
     main_ok = bool(doc["acceptance"]) and doc["acceptance"][0]["status"] == "ok"
     identity_mode = doc["settings"]["temperature"] == 0
-    new = verdict(identity_mode, doc["identity"], main_ok)
+    new = verdict(identity_mode, judged, main_ok)
     doc["rejudged"] = {"previous_verdict": doc["verdict"], "by_commit": git_commit(), "near_tie_nats": NEAR_TIE_NATS}
     doc["verdict"] = new
     write_json(path, doc)
@@ -247,12 +253,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "accept_temps": args.accept_temps,
             "accept_max_new_tokens": args.accept_max_new_tokens or args.max_new_tokens,
             "concurrency": args.concurrency or args.num_prompts,
+            "candidate_repeats": args.candidate_repeats,
             "extra_server_args": list(args.extra_server_args),
             "env": args.env,
         },
         "servers": {},
         "stock_repeat": None,
         "identity": None,
+        "identity_repeats": [],
         "acceptance": [],
         "verdict": "INCOMPLETE",
         "all_passes_ok": False,
@@ -296,12 +304,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     pillar = resolve_config(f"pillar-k{args.num_steps}", args.extra_server_args)
     accept_max = args.accept_max_new_tokens or args.max_new_tokens
-    pillar_passes = [PassResult("pillar", args.temperature, args.max_new_tokens)]
-    pillar_passes += [PassResult("pillar", t, accept_max) for t in args.accept_temps]
+    # Repeats follow the main pass on the same server: the same requests then land on reused
+    # request rows and KV slots, after other requests' plans and at another selection phase,
+    # so stale state that leaks into the target's output shows up as an unexplained divergence.
+    repeats = [PassResult("pillar", args.temperature, args.max_new_tokens) for _ in range(args.candidate_repeats)]
+    main_pass = PassResult("pillar", args.temperature, args.max_new_tokens)
+    pillar_passes = [main_pass, *repeats] + [PassResult("pillar", t, accept_max) for t in args.accept_temps]
     doc["servers"]["pillar"] = run_passes(pillar, pillar_passes, prompts, args, deadline, log)
     doc["acceptance"] = [p.summary() for p in pillar_passes]
-    main_pass = pillar_passes[0]
     doc["identity"] = identity("pillar", main_pass)
+    doc["identity_repeats"] = [identity(f"pillar repeat {i + 1}", r) for i, r in enumerate(repeats)]
     write_json(args.out, doc)
 
     # Controls: other speculative configs through the same greedy check, e.g. SGLang's own NGRAM,
@@ -313,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["servers"][name] = record
         doc["controls"][name] = {"pass": control.summary(), "identity": identity(name, control)}
         write_json(args.out, doc)
-    doc["verdict"] = verdict(identity_mode, doc["identity"], main_pass.status == "ok")
+    doc["verdict"] = verdict(identity_mode, [doc["identity"], *doc["identity_repeats"]], main_pass.status == "ok")
     doc["all_passes_ok"] = all(p.status == "ok" for p in stock_passes + pillar_passes)
     write_json(args.out, doc)
     for a in doc["acceptance"]:

@@ -24,7 +24,7 @@ DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
 
 
-REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times")
+REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times", "request_paths")
 
 
 def result_kind(doc: Any) -> str | None:
@@ -224,6 +224,9 @@ def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
         head = [d["meta"]["run_id"]]
         rows.append([*head, "pillar", s["num_steps"], s["num_prompts"], s["max_new_tokens"], d.get("verdict"),
                      *_identity_cells(ident), *stock_cells])  # fmt: skip
+        for i, rep_ident in enumerate(d.get("identity_repeats", [])):
+            rows.append([*head, f"pillar repeat {i + 1}", s["num_steps"], s["num_prompts"], s["max_new_tokens"], "-",
+                         *_identity_cells(rep_ident), *stock_cells])  # fmt: skip
         for name, control in d.get("controls", {}).items():
             rows.append([*head, name, "-", s["num_prompts"], s["max_new_tokens"], "-",
                          *_identity_cells(control.get("identity")), *stock_cells])  # fmt: skip
@@ -236,7 +239,9 @@ def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "### Losslessness (greedy token ids vs stock)\n\n"
         "A divergence is a *near tie* when stock's own top-2 log-probability gap at that token was at most "
         f"{NEAR_TIE_NATS} nats (bf16 rounding of the k+1-token verify kernel can flip it); unexplained "
-        "early divergences fail the run. Controls are other speculative configs through the same check.\n\n"
+        "early divergences fail the run. A `repeat` row is the same PILLAR server answering the same requests "
+        "again (reused request rows and KV slots), judged like the first pass. Controls are other speculative "
+        "configs through the same check.\n\n"
         + markdown_table(LOSSLESS_HEADERS, rows)
         + "\n\n### PILLAR acceptance\n\n" + markdown_table(ACCEPT_HEADERS, acc_rows) + "\n"
     )  # fmt: skip
@@ -251,8 +256,8 @@ def _knobs_text(env: dict[str, str], skip: tuple[str, ...] = ()) -> str:
     return " ".join(f"{k.removeprefix('SPARSESPEC_')}={v}" for k, v in sorted(env.items()) if k not in skip)
 
 
-ACCEPTANCE_HEADERS = ("run", "config", "server env", "tail / select every", "T", "new tokens", "accept len",
-                      ">= j drafts accepted, j = 1..k")  # fmt: skip
+ACCEPTANCE_HEADERS = ("run", "config", "server env", "tail / select every", "prompts / conc", "T", "new tokens",
+                      "accept len", ">= j drafts accepted, j = 1..k")  # fmt: skip
 
 
 def _resolved_knobs(doc: dict[str, Any], config: str) -> str:
@@ -271,7 +276,8 @@ def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
             resolved = _resolved_knobs(d, config)
             for a in passes:
                 rates = " ".join(f"{r:.2f}" for r in a.get("accept_rate_by_position") or []) or "-"
-                rows.append([d["meta"]["run_id"], config, env_text, resolved, a["temperature"], s["max_new_tokens"],
+                load = f"{s.get('num_prompts', '-')} / {s.get('concurrency') or s.get('num_prompts', '-')}"
+                rows.append([d["meta"]["run_id"], config, env_text, resolved, load, a["temperature"], s["max_new_tokens"],
                              fmt(a.get("accept_length_overall"), ".2f"), rates])  # fmt: skip
     if not rows:
         return ""
@@ -300,6 +306,27 @@ def verify_kernel_table(d: dict[str, Any]) -> str:
         + markdown_table(("shape", "bs", "L", "SGLang verify us", "split verify us", "split GB/s", "speedup",
                           "capture us", "capture + select / split", "capture + select / SGLang"), rows)
     )  # fmt: skip
+
+
+def request_paths_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Each prompt's greedy requests in the order sent: output digest, verify rounds and accept length."""
+    rows = []
+    for d in sorted((d for d in docs if d.get("kind") == "request_paths"), key=lambda d: d["meta"]["run_id"]):
+        for r in d["rows"]:
+            rows.append([d["meta"]["run_id"], d["config"], r["prompt"], r["path"], r["text_sha1"],
+                         r["spec_verify_ct"], fmt(r["spec_accept_length"], ".2f")])  # fmt: skip
+    if not rows:
+        return ""
+    return (
+        "### Greedy repeatability (request_paths)\n\n"
+        "The same prompt sent again and again to one server, one request at a time, through each request path "
+        "(token ids, text, streamed text as bench_serving sends it, token ids again). Equal digests = equal "
+        "output text. A speculative server's greedy output depends on which tokens were verified together "
+        "(bf16 near ties, see Losslessness), so a repeat can take another continuation, with its own accept "
+        "length.\n\n"
+        + markdown_table(("run", "config", "prompt", "path", "output sha1", "verify rounds", "accept len"), rows)
+        + "\n"
+    )
 
 
 def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -685,8 +712,8 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = (),
         "the average request finishes; one-wave out tok/s ends with the slowest request instead); "
         "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n",
     ]
-    for section in (throughput_markdown(docs), repeats_markdown(docs, repeats), lossless_markdown(docs), acceptance_markdown(docs), policy_sim_markdown(docs),
-                    kernels_markdown(docs), step_times_markdown(docs)):
+    for section in (throughput_markdown(docs), repeats_markdown(docs, repeats), lossless_markdown(docs), acceptance_markdown(docs), request_paths_markdown(docs),
+                    policy_sim_markdown(docs), kernels_markdown(docs), step_times_markdown(docs)):
         if section:
             parts.append(section)
     parts += [f"- {n}" for n in notes]
@@ -703,7 +730,8 @@ def readme_markdown(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, 
     tput = [d for d in docs if d.get("kind") == "throughput" and stream_interval(d["config"].get("flags", [])) > 1]
     lossless = sorted((d for d in docs if d.get("kind") == "lossless"), key=lambda d: d["meta"]["run_id"])[-1:]
     kernels = [d for d in docs if d.get("kind") == "kernels" and "split_verify_attn_us" in d["score_capture"][0]]
-    parts = [throughput_markdown(tput), repeats_markdown(docs, repeats), lossless_markdown(lossless), acceptance_markdown(docs), step_times_markdown(docs)]
+    parts = [throughput_markdown(tput), repeats_markdown(docs, repeats), lossless_markdown(lossless), acceptance_markdown(docs),
+             request_paths_markdown(docs), step_times_markdown(docs)]
     if kernels:
         d = max(kernels, key=lambda d: (len(d["score_capture"]), d.get("date_utc", "")))  # the widest sweep
         parts.append(f"### Verify kernel ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}.\n\n"

@@ -364,12 +364,18 @@ def test_acceptance_by_draft_position() -> None:
 
 
 def test_verdict() -> None:
-    assert lossless.verdict(True, {"early_divergences": [], "unexplained_early_divergences": []}, True) == "PASS"
-    assert lossless.verdict(True, {"early_divergences": [3], "unexplained_early_divergences": []}, True) == "PASS"
-    assert lossless.verdict(True, {"early_divergences": [3], "unexplained_early_divergences": [3]}, True) == "FAIL"
-    assert lossless.verdict(True, None, True) == "INCOMPLETE"
-    assert lossless.verdict(False, None, True) == "OK"
-    assert lossless.verdict(False, None, False) == "INCOMPLETE"
+    clean = {"early_divergences": [], "unexplained_early_divergences": []}
+    tie = {"early_divergences": [3], "unexplained_early_divergences": []}
+    bug = {"early_divergences": [3], "unexplained_early_divergences": [3]}
+    assert lossless.verdict(True, [clean], True) == "PASS"
+    assert lossless.verdict(True, [tie], True) == "PASS"
+    assert lossless.verdict(True, [bug], True) == "FAIL"
+    # A repeat pass is judged like the main one: one bad repeat fails, one missing leaves it incomplete.
+    assert lossless.verdict(True, [clean, tie, bug], True) == "FAIL"
+    assert lossless.verdict(True, [clean, None], True) == "INCOMPLETE"
+    assert lossless.verdict(True, [None], True) == "INCOMPLETE"
+    assert lossless.verdict(False, [None], True) == "OK"
+    assert lossless.verdict(False, [None], False) == "INCOMPLETE"
 
 
 def test_rejudge_rewrites_verdict_from_stored_margins(tmp_path: Path) -> None:
@@ -399,6 +405,15 @@ def test_rejudge_rewrites_verdict_from_stored_margins(tmp_path: Path) -> None:
     path.write_text(json.dumps(out))
     assert lossless.main(["--rejudge", str(path)]) == 1
     assert json.loads(path.read_text())["verdict"] == "FAIL"
+    # A repeat pass of the candidate is rejudged and counts like the main pass.
+    out = json.loads(path.read_text())
+    out["identity"]["requests"][0]["reference_margin"] = 0.0
+    bad = json.loads(json.dumps(out["identity"]))
+    bad["requests"][0]["reference_margin"] = 1.5
+    out["identity_repeats"] = [out["identity"], bad]
+    path.write_text(json.dumps(out))
+    assert lossless.main(["--rejudge", str(path)]) == 1
+    assert json.loads(path.read_text())["identity_repeats"][1]["unexplained_early_divergences"] == [0]
 
 
 def test_parse_generate_reply() -> None:
@@ -951,11 +966,16 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     (tmp_path / "sim.json").write_text(json.dumps(sim))
     (tmp_path / "acc.json").write_text(json.dumps(acc))
     (tmp_path / "kernels.json").write_text(json.dumps(kern))
+    paths = {"kind": "request_paths", "meta": {"run_id": "R1"}, "config": "pillar", "rows": [
+        {"prompt": 0, "path": "ids", "text_sha1": "abc", "spec_verify_ct": 536, "spec_accept_length": 7.6418},
+        {"prompt": 0, "path": "ids-again", "text_sha1": "def", "spec_verify_ct": 826, "spec_accept_length": None}]}
+    (tmp_path / "paths.json").write_text(json.dumps(paths))
     assert report.main(["--results-dir", str(tmp_path), "--no-plots"]) == 0
     md = (tmp_path / "SUMMARY.md").read_text()
-    assert "| A1 | pillar-streaming | POLICY=streaming RECENT_WINDOW=64 | not recorded | 0.6 | 4096 | 6.25 | 0.90 0.80 |" in md
-    assert "| A1 | pillar | RECENT_WINDOW=64 | 64 / 4 | 0.0 | 4096 | 6.00 | 0.90 0.70 |" in md
+    assert "| A1 | pillar-streaming | POLICY=streaming RECENT_WINDOW=64 | not recorded | - / - | 0.6 | 4096 | 6.25 | 0.90 0.80 |" in md
+    assert "| A1 | pillar | RECENT_WINDOW=64 | 64 / 4 | - / - | 0.0 | 4096 | 6.00 | 0.90 0.70 |" in md
     assert "| s | 4 | 1024 | 68 | 10.0 | 100 | 40.0 | - | 4.0x | - |" in md
+    assert "| R1 | pillar | 0 | ids | abc | 536 | 7.64 |" in md and "| R1 | pillar | 0 | ids-again | def | 826 | - |" in md
     assert "| s | 4 | 1024 | 50.0 | 20.0 | 900 | 2.5x | 5.0 | 30% | 12% |" in md
     assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md
     assert "| sim.json | aime24:1 | 1500 | 16 | 128 | - | 1 | all | float32 / float32 | pillar | 5.98 | 251 | yes | - |" in md

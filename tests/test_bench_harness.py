@@ -25,6 +25,7 @@ from benchmarks import (  # noqa: E402
     lossless,
     passes,
     report,
+    request_paths,
     server,
     step_times,
     throughput,
@@ -1144,3 +1145,48 @@ def test_step_times_pool_skips_and_capture_overhead(
                 ["--configs", "stock,stock"]):  # fmt: skip
         with pytest.raises(SystemExit):
             step_times.main([*argv, *bad])
+
+
+def test_request_paths_send_each_path_and_read_the_final_stream_chunk() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            rounds = 3 if "text" in body else 2
+            meta = {"completion_tokens": 12, "spec_verify_ct": rounds, "spec_accept_length": 12 / rounds}
+            self.send_response(200)
+            self.end_headers()
+            if body["stream"]:  # cumulative chunks, as SGLang streams /generate
+                for text in ("ab", "abcd"):
+                    self.wfile.write(b"data: " + json.dumps({"text": text, "meta_info": meta}).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
+            else:
+                self.wfile.write(json.dumps({"text": "abcd", "meta_info": meta}).encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_port}"
+        rows = [request_paths.request(url, p, [1, 2], "hi", 12, 10) for p in request_paths.PATHS]
+    finally:
+        httpd.shutdown()
+    assert [("text" in b, b["stream"]) for b in seen] == [(False, False), (True, False), (True, True), (False, False)]
+    assert all(b["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True} for b in seen)
+    assert seen[0]["input_ids"] == [1, 2] and seen[1]["text"] == "hi"
+    assert [r["spec_verify_ct"] for r in rows] == [2, 3, 3, 2]
+    assert len({r["text_sha1"] for r in rows}) == 1 and rows[2]["text_head"] == "abcd"
+
+
+def test_lossless_candidate_repeats_flag(tmp_path: Path) -> None:
+    base = ["--model", "m", "--data-dir", str(tmp_path), "--out", str(tmp_path / "l.json")]
+    assert lossless.parse_args(base + ["--candidate-repeats", "2"]).candidate_repeats == 2
+    with pytest.raises(SystemExit):
+        lossless.parse_args(base + ["--candidate-repeats", "-1"])

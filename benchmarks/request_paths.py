@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shlex
 import time
 import urllib.request
 from pathlib import Path
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-timeout", type=float, default=400.0)
     args = p.parse_args(argv)
     install_signal_handlers()
-    config = resolve_config(args.config, tuple(args.extra_server_args.split()))
+    config = resolve_config(args.config, tuple(shlex.split(args.extra_server_args)))
     tok = load_tokenizer(args.model)
     prompts = build_prompts(tok, args.data_dir, args.num_prompts, DEFAULT_DATASETS)
     doc: dict[str, Any] = {"kind": "request_paths", "meta": run_metadata(new_run_id()), "config": args.config,

@@ -26,6 +26,7 @@ from benchmarks import (  # noqa: E402
     passes,
     report,
     request_paths,
+    request_tail,
     server,
     step_times,
     throughput,
@@ -1190,3 +1191,53 @@ def test_lossless_candidate_repeats_flag(tmp_path: Path) -> None:
     assert lossless.parse_args(base + ["--candidate-repeats", "2"]).candidate_repeats == 2
     with pytest.raises(SystemExit):
         lossless.parse_args(base + ["--candidate-repeats", "-1"])
+
+
+def test_request_tail_drives_concurrently_and_tells_acceptance_from_scheduling() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    in_flight, peak = [0], [0]
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                in_flight[0] += 1
+                peak[0] = max(peak[0], in_flight[0])
+            rounds = 4 * body["input_ids"][0]  # request i verifies 4 * (i + 1) rounds and lasts as long
+            time.sleep(0.02 * rounds)
+            with lock:
+                in_flight[0] -= 1
+            meta = {"completion_tokens": 24, "spec_verify_ct": rounds, "spec_accept_length": 24 / rounds}
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps({"text": "x", "meta_info": meta}).encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    prompts = [workload.Prompt(f"p:{i}", "t", [i + 1]) for i in range(6)]
+    try:
+        rows = request_tail.drive(f"http://127.0.0.1:{httpd.server_port}", prompts, 3, 24, 10)
+    finally:
+        httpd.shutdown()
+    assert peak[0] == 3 and [r["request"] for r in rows] == list(range(6)) and all(r["error"] is None for r in rows)
+    s = request_tail.summarize(rows)
+    assert s["requests_ok"] == 6 and s["corr_end_vs_rounds"] > 0.9 and s["slowest"][0]["source"] == "p:5"
+    assert s["rounds_ratio_slowest"] > 1.0 and s["accept_min"] == pytest.approx(1.0)
+    # Equal rounds, unequal latency: scheduling, not acceptance (no correlation to report, ratio 1).
+    flat = [{**r, "spec_verify_ct": 10, "spec_accept_length": 2.4} for r in rows]
+    s = request_tail.summarize(flat)
+    assert s["corr_end_vs_rounds"] is None and s["rounds_ratio_slowest"] == pytest.approx(1.0)
+    assert request_tail.summarize([{**rows[0], "error": "URLError: refused"}]) == {"requests_ok": 0}
+
+
+def test_request_tail_rejects_non_speculative_configs(tmp_path: Path) -> None:
+    base = ["--model", "m", "--data-dir", str(tmp_path), "--out", str(tmp_path / "t.json")]
+    for bad in (["--configs", "stock"], ["--configs", "nope"], ["--concurrency", "0"]):
+        with pytest.raises(SystemExit):
+            request_tail.main(base + bad)

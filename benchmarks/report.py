@@ -24,7 +24,8 @@ DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
 
 
-REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times", "request_paths")
+REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times", "request_paths",
+                  "request_tail")
 
 
 def result_kind(doc: Any) -> str | None:
@@ -327,6 +328,37 @@ def request_paths_markdown(docs: Sequence[dict[str, Any]]) -> str:
         + markdown_table(("run", "config", "prompt", "path", "output sha1", "verify rounds", "accept len"), rows)
         + "\n"
     )
+
+
+def request_tail_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Per config of each request_tail run: latency spread, accept spread, and the slowest requests."""
+    rows, slow = [], []
+    for d in sorted((d for d in docs if d.get("kind") == "request_tail"), key=lambda d: d["meta"]["run_id"]):
+        for run in d["runs"]:
+            s = run.get("summary", {})
+            if not s.get("requests_ok"):
+                continue
+            head = [d["meta"]["run_id"], d["meta"]["device"].split(",")[0], run["config"], f"{s['requests_ok']} / {d['concurrency']}",
+                    d["max_new_tokens"]]  # fmt: skip
+            rows.append([*head, fmt(s["end_s_mean"], ".1f"), fmt(s["end_s_p99"], ".1f"), fmt(s["accept_mean"], ".2f"),
+                         fmt(s["accept_min"], ".2f"), fmt(s["corr_end_vs_rounds"], ".2f"),
+                         fmt(s["latency_ratio_slowest"], ".2f"), fmt(s["rounds_ratio_slowest"], ".2f")])  # fmt: skip
+            slow += [[d["meta"]["run_id"], run["config"], r["request"], r["source"], fmt(r["end_s"], ".1f"),
+                      r["spec_verify_ct"], fmt(r["spec_accept_length"], ".2f")] for r in s["slowest"]]  # fmt: skip
+    if not rows:
+        return ""
+    return (
+        "### Per-request tail (request_tail)\n\n"
+        "One wave of greedy requests at one concurrency; per request its end time (s after the first send), verify "
+        "rounds and accept length. corr = Pearson correlation of end time and verify rounds; slowest latency / "
+        "rounds = the slowest requests' mean over all requests' mean. Rounds ratio near the latency ratio or above: "
+        "the tail is acceptance; near 1: scheduling.\n\n"
+        + markdown_table(("run", "device", "config", "ok / conc", "output len", "end mean s", "end p99 s", "accept mean",
+                          "accept min", "corr", "slowest latency", "slowest rounds"), rows)
+        + "\n\nSlowest requests:\n\n"
+        + markdown_table(("run", "config", "request", "prompt", "end s", "verify rounds", "accept len"), slow)
+        + "\n"
+    )  # fmt: skip
 
 
 def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -713,7 +745,7 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = (),
         "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n",
     ]
     for section in (throughput_markdown(docs), repeats_markdown(docs, repeats), lossless_markdown(docs), acceptance_markdown(docs), request_paths_markdown(docs),
-                    policy_sim_markdown(docs), kernels_markdown(docs), step_times_markdown(docs)):
+                    request_tail_markdown(docs), policy_sim_markdown(docs), kernels_markdown(docs), step_times_markdown(docs)):
         if section:
             parts.append(section)
     parts += [f"- {n}" for n in notes]
@@ -731,7 +763,7 @@ def readme_markdown(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, 
     lossless = sorted((d for d in docs if d.get("kind") == "lossless"), key=lambda d: d["meta"]["run_id"])[-1:]
     kernels = [d for d in docs if d.get("kind") == "kernels" and "split_verify_attn_us" in d["score_capture"][0]]
     parts = [throughput_markdown(tput), repeats_markdown(docs, repeats), lossless_markdown(lossless), acceptance_markdown(docs),
-             request_paths_markdown(docs), step_times_markdown(docs)]
+             request_paths_markdown(docs), request_tail_markdown(docs), step_times_markdown(docs)]
     if kernels:
         d = max(kernels, key=lambda d: (len(d["score_capture"]), d.get("date_utc", "")))  # the widest sweep
         parts.append(f"### Verify kernel ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}.\n\n"

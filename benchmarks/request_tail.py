@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import shlex
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +28,7 @@ from benchmarks.configs import file_stem, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.request_paths import request
 from benchmarks.runlog import RunLog, write_json
-from benchmarks.server import Server, ServerError, install_signal_handlers
+from benchmarks.server import Server, install_signal_handlers, start_recorded
 from benchmarks.workload import DEFAULT_DATASETS, Prompt, build_prompts, load_tokenizer
 
 SLOWEST = 5  # rows listed per config in the summary
@@ -37,14 +38,6 @@ def _pct(values: list[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in 0..100) of a non-empty list."""
     s = sorted(values)
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
-
-
-def _pearson(xs: list[float], ys: list[float]) -> float | None:
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
-    return None if sxx == 0 or syy == 0 else sxy / math.sqrt(sxx * syy)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -58,15 +51,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     end = [r["end_s"] for r in ok]
     rounds = [float(r["spec_verify_ct"]) for r in ok]
     slow = sorted(ok, key=lambda r: r["end_s"], reverse=True)[:SLOWEST]
-    mean_rounds = sum(rounds) / len(rounds)
+    try:
+        corr: float | None = statistics.correlation(end, rounds)
+    except statistics.StatisticsError:  # fewer than 2 requests, or constant end times or rounds
+        corr = None
     return {
         "requests_ok": len(ok),
-        "end_s_mean": sum(end) / len(end), "end_s_p50": _pct(end, 50), "end_s_p99": _pct(end, 99), "end_s_max": max(end),
-        "accept_mean": sum(r["spec_accept_length"] for r in ok) / len(ok),
+        "end_s_mean": statistics.fmean(end), "end_s_p50": _pct(end, 50), "end_s_p99": _pct(end, 99), "end_s_max": max(end),
+        "accept_mean": statistics.fmean(r["spec_accept_length"] for r in ok),
         "accept_min": min(r["spec_accept_length"] for r in ok),
-        "corr_end_vs_rounds": _pearson(end, rounds),
-        "latency_ratio_slowest": sum(r["end_s"] for r in slow) / len(slow) / (sum(end) / len(end)),
-        "rounds_ratio_slowest": sum(float(r["spec_verify_ct"]) for r in slow) / len(slow) / mean_rounds,
+        "corr_end_vs_rounds": corr,
+        "latency_ratio_slowest": statistics.fmean(r["end_s"] for r in slow) / statistics.fmean(end),
+        "rounds_ratio_slowest": statistics.fmean(float(r["spec_verify_ct"]) for r in slow) / statistics.fmean(rounds),
         "slowest": [{k: r[k] for k in ("request", "source", "end_s", "spec_verify_ct", "spec_accept_length")} for r in slow],
     }  # fmt: skip
 
@@ -119,16 +115,13 @@ def main(argv: list[str] | None = None) -> int:
                            "max_new_tokens": args.max_new_tokens, "runs": []}  # fmt: skip
     failed = False
     for name, config in configs.items():
-        run: dict[str, Any] = {"config": name, "flags": list(config.flags), "env": dict(config.environment({})),
+        env = config.environment({})
+        run: dict[str, Any] = {"config": name, "flags": list(config.flags), "env": env,
                                "pillar_config": config.pillar_config({}), "rows": []}  # fmt: skip
         doc["runs"].append(run)
         server_log = args.out.with_name(f"{args.out.stem}_{file_stem(name)}.server.log")
-        with Server.sglang(args.model, config.flags, log_path=server_log, env=config.environment({})) as server:
-            try:
-                run["startup_s"] = server.start(args.startup_timeout)
-            except ServerError as e:
-                run["error"] = str(e).splitlines()[0]
-                log.line(f"{name}: server failed: {run['error']}")
+        with Server.sglang(args.model, config.flags, log_path=server_log, env=env) as server:
+            if not start_recorded(server, name, run, args.startup_timeout, log):
                 failed = True
                 write_json(args.out, doc)
                 continue

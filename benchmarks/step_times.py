@@ -51,7 +51,7 @@ from benchmarks.server import (
     start_recorded,
 )
 from sglang_sparsespec.config import ENV_PREFIX, SelectionPolicy
-from sglang_sparsespec.spec.timing import PHASES, parse_reports
+from sglang_sparsespec.spec.timing import GAP, PHASES, parse_reports
 
 # Shapes of the public Qwen3 configs (no weights are read: --load-format dummy).
 _QWEN3_COMMON = {
@@ -103,6 +103,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--configs", default="stock,pillar,pillar-streaming", help=CONFIGS_HELP)
     p.add_argument("--decode-tokens", default="32,160", help="M1,M2: the two output lengths per point")
     p.add_argument("--accept", type=float, default=None, help="accept length measured on a real model, for the projection")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling of every request (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--extra-server-args", default="")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
     p.add_argument("--startup-timeout", type=float, default=400.0)
@@ -118,6 +120,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(str(e))
     if not 0 < args.m1 < args.m2:
         p.error("--decode-tokens needs 0 < M1 < M2")
+    if args.temperature < 0 or not 0.0 < args.top_p <= 1.0:
+        p.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.shape not in SHAPES and not (Path(args.shape) / "config.json").is_file():
         p.error(f"--shape {args.shape!r}: not a known shape or a folder with config.json")
     shape = SHAPES.get(args.shape) or json.loads((Path(args.shape) / "config.json").read_text())
@@ -182,7 +186,7 @@ def measure_point(server: Server, length: int, batch: int, args: argparse.Namesp
     walls = {}
     for m in (args.m1, args.m2):
         offset = server.log_path.stat().st_size if server.log_path.exists() else 0
-        sampling = {"temperature": 0.0, "max_new_tokens": m, "ignore_eos": True}
+        sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": m, "ignore_eos": True}
         t0 = time.monotonic()
         outs = generate_all(server, prompts, sampling, concurrency=batch, timeout_s=240)
         walls[m] = time.monotonic() - t0
@@ -198,7 +202,7 @@ def measure_point(server: Server, length: int, batch: int, args: argparse.Namesp
     full = [r for r in reports if r.batch >= 0.9 * batch]
     if full:
         n = sum(r.rounds for r in full)
-        for p in PHASES:
+        for p in (*PHASES, GAP):
             row[f"{p}_ms"] = sum(r.ms[p] * r.rounds for r in full) / n
         row["round_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
         row["timed_rounds"] = n
@@ -312,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc: dict[str, Any] = {"kind": "step_times", "schema": 1, "meta": run_metadata(args.run_id),
                            "settings": {"shape": args.shape, "contexts": args.contexts, "batches": args.batches,
                                         "decode_tokens": [args.m1, args.m2], "accept_assumed": args.accept,
+                                        "temperature": args.temperature, "top_p": args.top_p,
                                         "env": args.env, "weights": "dummy (random): times only"},
                            "servers": {}, "projection": [], "capture_overhead": []}  # fmt: skip
     write_json(args.out, doc)

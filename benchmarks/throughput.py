@@ -166,6 +166,7 @@ class Workload:
     output_len: int
     input_len: int | None
     temperature: float
+    top_p: float
     dataset_files: dict[int, Path]
 
     def bench_args(self, num_prompts: int) -> list[str]:
@@ -188,7 +189,7 @@ def bench_argv(
         "--backend", "sglang", "--base-url", base_url, "--model", model, "--tokenizer", model,
         *workload.bench_args(num_prompts),
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
-        "--temperature", str(workload.temperature), "--seed", "1",
+        "--temperature", str(workload.temperature), "--top-p", str(workload.top_p), "--seed", "1",
         "--output-file", str(output_file), "--disable-tqdm",
     ]  # fmt: skip
 
@@ -253,7 +254,7 @@ def resumable_runs(earlier: Path, doc: dict[str, Any]) -> tuple[dict[int, dict[s
         return {}, f"no earlier {earlier.name}"
     old = json.loads(earlier.read_text())
     for part, keys in (("config", ("name", "flags", "env", "pillar_config")),
-                       ("workload", ("kind", "output_len", "input_len", "temperature", "datasets"))):  # fmt: skip
+                       ("workload", ("kind", "output_len", "input_len", "temperature", "top_p", "datasets"))):  # fmt: skip
         for key in keys:
             if old.get(part, {}).get(key) != doc[part].get(key):
                 return {}, f"{earlier.name}: {part}.{key} differs"
@@ -441,6 +442,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS))
     p.add_argument("--random-input-len", type=int, default=200, help="prompt tokens for --workload random-ids")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for every request (1: off)")
     p.add_argument("--extra-server-args", default="", help='flags for every server; use the = form: --extra-server-args="--x 1"')
     p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
     p.add_argument("--startup-timeout", type=float, default=400.0)
@@ -470,6 +472,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--num-prompts-per-conc must be >= 1")
     if args.waves < 1:
         p.error("--waves must be >= 1")
+    if args.temperature < 0 or not 0.0 < args.top_p <= 1.0:
+        p.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.resume is not None and not args.resume.is_dir():
         p.error(f"--resume must be a folder of result files, got {args.resume}")
     if args.workload == "aime" and args.data_dir is None:
@@ -523,7 +527,7 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
 
     def workload_doc(output_len: int) -> dict[str, Any]:
         return {"kind": args.workload, "output_len": output_len, "input_len": input_len,
-                "temperature": args.temperature, "ignore_eos": True, "request_rate": "inf",
+                "temperature": args.temperature, "top_p": args.top_p, "ignore_eos": True, "request_rate": "inf",
                 "num_prompts": {str(c): n for c, n in num_prompts.items()}, **prompt_doc}  # fmt: skip
 
     docs = []
@@ -549,7 +553,7 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
                     kept, why_not = resumable_runs(args.resume / out_path.name, doc)
                     log.line(f"{config.name} len={n}: resumed c={','.join(map(str, sorted(kept)))} from {args.resume}"
                              if kept else f"{config.name} len={n}: nothing resumed ({why_not})")  # fmt: skip
-                segments.append(Segment(Workload(args.workload, n, input_len, args.temperature, files), doc, out_path, kept))
+                segments.append(Segment(Workload(args.workload, n, input_len, args.temperature, args.top_p, files), doc, out_path, kept))
             run_config(config, segments, args.concurrencies, num_prompts, inv)
             docs.extend(seg.doc for seg in segments)
 

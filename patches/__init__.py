@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import cuda_graph, kv_cache_builder, reserved_tokens, triton_verify
+from . import cuda_graph, kv_cache_builder, reserved_tokens, triton_verify, verify_sample
 from .spec_algo import ALGORITHM_NAME, PillarSpecAlgo, validate_server_args
 
 
@@ -56,6 +56,13 @@ HOOKS: tuple[Hook, ...] = (
         triton_verify.pillar_verify,
         "PILLAR's verify runs the split-KV verify kernel (SGLang's extend kernel is far below bandwidth), "
         "and PillarAttn selection reads its attention probabilities (logits + LSE)",
+    ),
+    Hook(
+        "sglang.srt.speculative.eagle_utils.eagle_sample",
+        "AROUND",
+        verify_sample.pillar_eagle_sample,
+        "PILLAR drafts record their proposal on C candidates, not as full-vocabulary rows; its sampled "
+        "verify accepts against that record (run_eagle_verify imports eagle_sample by name)",
     ),
 )
 

@@ -2,7 +2,9 @@
 
 Each step is an ordinary SGLang DECODE forward of the target model under
 ``PillarDraftBackend``, whose attention reads, per layer and KV head, only the request's
-planned positions plus the recent tail and this round's tokens (``PlanState``). The whole
+planned positions plus the recent tail and this round's tokens (``PlanState``). Sampled
+drafts come from a compact proposal over the C largest logits (``kernels/draft_sample.py``),
+recorded for the verify's rejection sampling. The whole
 k-step loop — k forwards and draft sampling — is captured as one CUDA graph per
 batch-size bucket, so a round costs one graph launch for drafting plus the target's own
 TARGET_VERIFY graph for verifying. Batches larger than the largest bucket run the same
@@ -17,8 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.kernels.draft_sample import draft_sample_fwd
 from sglang_sparsespec.selection.state import PlanState
-from sglang_sparsespec.spec.sampling import SamplingRows, sample, target_probs
+from sglang_sparsespec.spec.rejection import DraftRecord
 
 from .draft_attention import DraftStepInputs, PillarDraftBackend
 
@@ -27,11 +30,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class DraftOutput:
-    """tokens [bs, k] int64 (draft j is the token after position seq_len + j);
-    probs [bs, k, V] float32 — the distribution each draft token was sampled from."""
+    """tokens [bs, k] int64 (draft j is the token after position seq_len + j); record: the
+    proposal each draft was sampled from, None for an all-greedy batch (drafted by argmax)."""
 
     tokens: torch.Tensor
-    probs: torch.Tensor
+    record: DraftRecord | None
 
 
 class PillarDraftRunner:
@@ -49,7 +52,8 @@ class PillarDraftRunner:
         self.k = cfg.num_steps
         self.max_bs = max_bs
         self.device = model_runner.device
-        vocab = model_runner.model_config.vocab_size
+        # The proposal's support: the C largest logits (any proposal keeps verify exact).
+        self.num_cand = min(cfg.draft_candidates, model_runner.model_config.vocab_size)
         with torch.device(self.device):
             self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64)
             self.seq_lens = torch.ones(max_bs, dtype=torch.int64)
@@ -65,14 +69,17 @@ class PillarDraftRunner:
                 seq_lens=torch.ones(max_bs, dtype=torch.int64),
             )
             self.out_tokens = torch.zeros((max_bs, self.k), dtype=torch.int64)
-            self.out_probs = torch.zeros((max_bs, self.k, vocab), dtype=torch.float32)
+            # Step-major, so each draft step writes one contiguous [bs, ...] block.
+            self.cand_ids = torch.zeros((self.k, max_bs, self.num_cand), dtype=torch.int64)
+            self.cand_q = torch.zeros((self.k, max_bs, self.num_cand), dtype=torch.float32)
+            self.q_tok = torch.ones((self.k, max_bs), dtype=torch.float32)
         # A private backend: draft attention never touches the target backend's metadata,
         # which the verify graph was captured with.
         self.backend = PillarDraftBackend(
             model_runner, state, self.inputs, oracle=cfg.policy is SelectionPolicy.ORACLE
         )
         # Keyed by (batch-size bucket, greedy): all-greedy batches draft by argmax and
-        # skip the draft distributions, which their verify never reads.
+        # skip the draft records, which their verify never reads.
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.capture_bs = sorted(b for b in capture_bs if b <= max_bs)
         self._forward_batches: dict[int, object] = {}
@@ -124,12 +131,6 @@ class PillarDraftRunner:
         self.inputs.tail_start[:bs] = self.state.tail_start[rpi]
         if self.backend.oracle:  # only the oracle reads the counts in batch order
             self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
-        rows = SamplingRows(
-            temperature=self.temperature[:bs],
-            top_p=self.top_p[:bs],
-            top_k=self.top_k[:bs],
-            min_p=self.min_p[:bs],
-        )
         fb = self._forward_batch(bs)
         fb.mark_forward_metadata_ready()
         set_dp_buffer_len(None, bs, False, None)
@@ -146,10 +147,19 @@ class PillarDraftRunner:
                 if greedy:
                     tokens = logits.argmax(dim=-1)
                 else:
-                    probs = target_probs(logits, rows)
-                    tokens = sample(probs)
-                    self.out_probs[:bs, step] = probs
+                    tokens = self._sample_step(logits, step, bs)
                 self.out_tokens[:bs, step] = tokens
+
+    def _sample_step(self, logits: torch.Tensor, step: int, bs: int) -> torch.Tensor:
+        cand_logits, cand_ids = torch.topk(logits, self.num_cand, dim=-1)
+        self.cand_ids[step, :bs] = cand_ids
+        noise = torch.empty((bs, self.num_cand), dtype=torch.float32, device=logits.device).exponential_()
+        tokens = torch.empty(bs, dtype=torch.int64, device=logits.device)
+        draft_sample_fwd(
+            logits, cand_logits, cand_ids, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs],
+            self.min_p[:bs], noise, tokens, self.cand_q[step, :bs], self.q_tok[step, :bs],
+        )  # fmt: skip
+        return tokens
 
     # ---- capture / run -------------------------------------------------------------
     def capture(self) -> None:
@@ -207,4 +217,12 @@ class PillarDraftRunner:
             self.graphs[(graph_bs, greedy)].replay()
         else:
             self._run_steps(bs, greedy)
-        return DraftOutput(tokens=self.out_tokens[:bs], probs=self.out_probs[:bs])
+        record = None
+        if not greedy:
+            record = DraftRecord(
+                tokens=self.out_tokens[:bs],
+                cand_ids=self.cand_ids[:, :bs].transpose(0, 1),
+                cand_q=self.cand_q[:, :bs].transpose(0, 1),
+                q_tok=self.q_tok[:, :bs].transpose(0, 1),
+            )
+        return DraftOutput(tokens=self.out_tokens[:bs], record=record)

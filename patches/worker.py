@@ -42,6 +42,7 @@ from sglang_sparsespec.spec.timing import RoundTimer, format_report
 
 from .draft_runner import PillarDraftRunner
 from .triton_verify import VerifyHooks, attach_verify
+from .verify_sample import PillarRound, attach_round
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,8 @@ class PillarWorker(BaseSpecWorker):
         return self._decode_round(batch, on_publish, grammar_barrier)
 
     def _prefill(self, batch, on_publish):
+        if self.timer is not None:
+            self.timer.interrupt()
         result = self._target_worker.forward_batch_generation(batch)
         # spec-v2 convention: seq_lens counts tokens with KV; the sampled token has none yet.
         result.new_seq_lens = batch.seq_lens
@@ -171,7 +174,7 @@ class PillarWorker(BaseSpecWorker):
             self._chain_parents[:bs],
             self._chain_scores_index[:bs],
             drafts.tokens,
-            drafts.probs,
+            None,  # the draft record below replaces full-vocabulary draft distributions
             target_worker=self._target_worker,
             topk=1,
             num_steps=self.speculative_num_steps,
@@ -179,6 +182,8 @@ class PillarWorker(BaseSpecWorker):
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,
         )
+        on_logits = None if self.timer is None else (lambda: self.timer.mark("verify"))
+        attach_round(batch.spec_info, PillarRound(drafts.record, on_logits))
         result = run_eagle_verify(
             batch,
             target_worker=self._target_worker,
@@ -195,7 +200,7 @@ class PillarWorker(BaseSpecWorker):
             grammar_barrier=grammar_barrier,
         )
         if self.timer is not None:
-            self.timer.mark("verify")
+            self.timer.mark("accept")
         # Before on_publish: publishing lets the schedule stream start preparing the next
         # batch, and the selection must read this round's seq_lens before anything reuses them.
         self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 ENV_PREFIX = "SPARSESPEC_"
+# The draft sampler keeps a proposal's candidates in registers of one program.
+MAX_DRAFT_CANDIDATES = 1024
 
 
 class SelectionPolicy(str, Enum):
@@ -85,6 +87,10 @@ class PillarConfig:
     # 7.65/7.08/7.81 vs 7.86/7.77/7.57. One prompt gains 10-12%, the others move by -3..+3%: the
     # default stays the paper's until the GPU acceptance run says otherwise.
     score_rows: ScoreRows = ScoreRows.ALL
+    # Sampled drafts: the proposal's support, the C largest logits of each draft step. The verify
+    # is exact for any C; C only trades acceptance (the target mass outside the C candidates can
+    # never be drafted) for record size (k x C x 12 bytes per request) and top-k time.
+    draft_candidates: int = 64
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
@@ -95,6 +101,10 @@ class PillarConfig:
             raise ValueError(f"{ENV_PREFIX}MIN_BUDGET must be >= 1, got {self.min_budget}")
         if self.select_every < 1:
             raise ValueError(f"{ENV_PREFIX}SELECT_EVERY must be >= 1, got {self.select_every}")
+        if not 1 <= self.draft_candidates <= MAX_DRAFT_CANDIDATES:
+            raise ValueError(
+                f"{ENV_PREFIX}DRAFT_CANDIDATES must be in [1, {MAX_DRAFT_CANDIDATES}], got {self.draft_candidates}"
+            )
         if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
             raise ValueError(
                 f"{ENV_PREFIX}RECENT_WINDOW, {ENV_PREFIX}SINK_TOKENS and {ENV_PREFIX}STEP_TIMING must be >= 0"
@@ -140,4 +150,5 @@ class PillarConfig:
             verify_kernel=choice("VERIFY_KERNEL", VerifyKernel, cls.verify_kernel),
             select_every=read("SELECT_EVERY", int, cls.select_every),
             score_rows=choice("SCORE_ROWS", ScoreRows, cls.score_rows),
+            draft_candidates=read("DRAFT_CANDIDATES", int, cls.draft_candidates),
         )

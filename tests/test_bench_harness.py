@@ -101,7 +101,7 @@ FAKE_SERVER = textwrap.dedent(
                 # The streaming policy captures no scores: its verify is 0.5 ms shorter.
                 verify = 1.5 if os.environ.get("SPARSESPEC_POLICY") == "streaming" else 2.0
                 print(f"INFO PILLAR step timing: rounds=10 batch={int(os.environ.get('FAKE_BATCH', '2'))}.00 "
-                      f"draft_ms=1.5000 verify_ms={verify:.4f} select_ms=0.5000", flush=True)
+                      f"draft_ms=1.5000 verify_ms={verify:.4f} accept_ms=0.2500 select_ms=0.5000 gap_ms=0.1000", flush=True)
             if mode == "die_on_second_generate" and served[0] == 2:
                 time.sleep(0.3)  # crash mid-request, without replying
                 os._exit(9)
@@ -251,7 +251,7 @@ def test_configs_flags_and_names() -> None:
 def test_config_knob_suffixes() -> None:
     # The knob list is what PillarConfig.from_env reads, not a copy of it.
     knobs = ("BUDGET_RATIO", "MIN_BUDGET", "RECENT_WINDOW", "SINK_TOKENS", "POLICY", "STEP_TIMING", "VERIFY_KERNEL",
-             "SELECT_EVERY", "SCORE_ROWS")
+             "SELECT_EVERY", "SCORE_ROWS", "DRAFT_CANDIDATES")
     assert configs.PILLAR_KNOBS == knobs
     name = "pillar-streaming:verify_kernel=sglang:recent_window=16"
     cfg = configs.resolve_config(name, ("--foo", "1"))
@@ -503,21 +503,21 @@ def test_run_clock_guesses_from_the_slowest_run_of_the_same_shape() -> None:
 
 
 def test_bench_argv_workloads(tmp_path: Path) -> None:
-    aime = throughput.Workload("aime", 2048, None, 0.0, {8: tmp_path / "p8.jsonl"})
+    aime = throughput.Workload("aime", 2048, None, 0.0, 1.0, {8: tmp_path / "p8.jsonl"})
     argv = throughput.bench_argv("http://h:1", "/m", aime, 4, 8, tmp_path / "o.jsonl")
     assert argv[:2] == ["--backend", "sglang"]
     assert argv[argv.index("--dataset-name") + 1] == "custom" and argv[argv.index("--sharegpt-output-len") + 1] == "2048"
     assert argv[argv.index("--max-concurrency") + 1] == "4" and "--apply-chat-template" not in argv
-    rnd = throughput.Workload("random-ids", 512, 200, 0.0, {})
+    rnd = throughput.Workload("random-ids", 512, 200, 0.0, 1.0, {})
     argv = throughput.bench_argv("http://h:1", "/m", rnd, 1, 4, tmp_path / "o.jsonl")
     assert "--tokenize-prompt" in argv and argv[argv.index("--random-range-ratio") + 1] == "1.0"
 
 
 def test_bench_driver_with_the_real_bench_serving(tmp_path: Path) -> None:
     """SGLang 0.5.17's bench module imports in the driver and knows every flag the harness passes."""
-    flags = {a for a in throughput.bench_argv("http://h:1", "/m", throughput.Workload("aime", 16, None, 0.0, {1: tmp_path}),
+    flags = {a for a in throughput.bench_argv("http://h:1", "/m", throughput.Workload("aime", 16, None, 0.6, 0.95, {1: tmp_path}),
                                              1, 1, tmp_path / "o") if a.startswith("--")}  # fmt: skip
-    flags |= {a for a in throughput.Workload("random-ids", 16, 8, 0.0, {}).bench_args(1) if a.startswith("--")}
+    flags |= {a for a in throughput.Workload("random-ids", 16, 8, 0.0, 1.0, {}).bench_args(1) if a.startswith("--")}
     with bench_driver.BenchDriver(tmp_path / "driver.log") as driver:
         assert driver.module == "sglang.benchmark.serving"
         assert driver.run(["--help"], tmp_path / "help.log", 300, lambda: None) == 0

@@ -1,4 +1,4 @@
-"""PillarAttn Triton kernels vs their plain-torch references.
+"""PILLAR's Triton kernels vs their plain-torch references.
 
 Without a GPU the kernels run in Triton's CPU interpreter (see triton_env.py); with CUDA
 available they run compiled, so `pytest tests/test_kernels.py` on an H100 checks the real
@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from sglang_sparsespec.kernels.draft_sample import draft_sample_fwd, draft_sample_ref
 from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from sglang_sparsespec.kernels.topk_select import topk_select, topk_select_ref
@@ -403,3 +404,37 @@ def test_bad_inputs_raise_value_error():
     with pytest.raises(ValueError, match="seg_len"):
         topk_select(scores, ind, ind[:2], ind, torch.zeros(3, 2, 4, dtype=torch.int32, device=DEVICE),
                     torch.zeros(3, dtype=torch.int32, device=DEVICE))
+
+
+@pytest.mark.parametrize("logit_dtype", [torch.float32, torch.bfloat16])
+def test_draft_sample_matches_reference(logit_dtype):
+    gen = torch.Generator().manual_seed(3)  # on the CPU: the same cases on either device
+    vocab, c = 5000, 24  # vocab > the kernel's 4096-wide block: the normaliser spans two blocks
+    params = [  # (temperature, top_p, top_k, min_p), every filter and greedy encoding
+        (1.0, 0.8, 0, 0.001), (1.0, 1.0, -1, 0.0), (0.6, 0.95, -1, 0.0), (1.3, 1.0, 3, 0.0),
+        (0.0, 0.9, 20, 0.0), (1.0, 1.0, 1, 0.0), (2.0, 0.99, vocab, 0.3), (0.9, 1.0, 30, 1.0),
+    ]  # fmt: skip
+    temp, top_p, top_k, min_p = (torch.tensor(col, device=DEVICE) for col in zip(*params))
+    top_k = top_k.to(torch.int32)
+    n = len(params)
+    # A peaked head so that top-p and min-p cut inside the candidates.
+    logits = torch.randn(n, vocab, generator=gen) * 2
+    logits[:, :c] += torch.linspace(14, 6, c)
+    logits = logits.to(DEVICE, logit_dtype)
+    cand_logits, cand_ids = torch.topk(logits, c, dim=-1)
+    noise = torch.empty((n, c)).exponential_(generator=gen).to(DEVICE)
+    args = (logits, cand_logits, cand_ids, temp, top_p, top_k, min_p, noise)
+    token = torch.full((n,), POISON, dtype=torch.int64, device=DEVICE)
+    cand_q = torch.full((n, c), float("nan"), device=DEVICE)
+    q_tok = torch.full((n,), float("nan"), device=DEVICE)
+    draft_sample_fwd(*args, token, cand_q, q_tok)
+    ref_token, ref_q, ref_q_tok = draft_sample_ref(*args)
+    torch.testing.assert_close(cand_q, ref_q, atol=1e-6, rtol=1e-4)
+    assert torch.equal(token, ref_token)
+    torch.testing.assert_close(q_tok, ref_q_tok, atol=1e-6, rtol=1e-4)
+    kept = (ref_q > 0).sum(dim=1).tolist()
+    # Greedy rows one-hot; the filters cut: top-p 0.8 and top-k 3 keep few, min-p 1.0 keeps one.
+    assert kept[4] == kept[5] == kept[7] == 1 and kept[3] == 3 and 1 < kept[0] < c and kept[1] == c
+    assert torch.allclose(ref_q.sum(dim=1), torch.ones(n, device=DEVICE))
+    with pytest.raises(ValueError, match="cand_ids' shape"):
+        draft_sample_fwd(logits, cand_logits[:, :3], *args[2:], token, cand_q, q_tok)

@@ -1,21 +1,20 @@
-"""Tests for sglang_sparsespec.spec.sampling (filtering, draft sampling) and for what production
-does with the drafts: SGLang's own rejection-sampling verify, ``chain_speculative_sampling_triton``.
+"""Tests for the sampling pipeline of a sampled PILLAR round, end to end on toy models.
 
-The PILLAR worker samples each draft with ``sample(target_probs(...))`` and hands the drafts and
-their distributions q to SGLang's verify, which (non-greedy batches, rejection sampling on) runs
-that Triton kernel. Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py);
-with CUDA available it runs compiled, with more Monte-Carlo samples.
+Stock filters (``target_probs``), the exponential race (``sample``), the draft sampler over C
+candidates (``kernels/draft_sample.py``: its torch reference here, the kernel against it in
+test_kernels.py) and exact rejection sampling against the compact draft record
+(``spec/rejection.py``): a chi-square test that every emitted token follows the target, with
+negative controls that must fail it.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from sglang.kernels.ops.speculative.reject_sampling import (
-    chain_speculative_sampling_triton,
-)
 from triton_env import DEVICE, INTERPRET
 
+from sglang_sparsespec.kernels.draft_sample import draft_sample_fwd, draft_sample_ref
+from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.spec.sampling import SamplingRows, sample, target_probs
 
 
@@ -37,26 +36,37 @@ def _p_value(chi2: float, df: int) -> float:
 # ---------------------------------------------------------------- filtering (target_probs)
 
 
+def _keep_top(probs: torch.Tensor, k: int, top_p: float) -> torch.Tensor:
+    vocab = probs.shape[0]
+    order = sorted(range(vocab), key=lambda i: (-probs[i].item(), i))
+    k = vocab if k <= 0 or k >= vocab else k
+    keep = torch.zeros(vocab, dtype=torch.bool)
+    mass_before = 0.0
+    for rank, i in enumerate(order):
+        keep[i] = rank < k and (top_p >= 1.0 or mass_before <= top_p)
+        mass_before += probs[i].item()
+    return keep
+
+
 def _reference_row(
-    logits: torch.Tensor, temp: float, top_p: float, top_k: int, min_p: float
+    logits: torch.Tensor, temp: float, top_p: float, top_k: int, min_p: float | None
 ) -> torch.Tensor:
-    """Straightforward per-row version of SGLang's joint top-k/top-p/min-p filter."""
+    """Straightforward per-row version of stock SGLang's filters: joint top-k/top-p without
+    min-p (min_p None), else top-k renorm, then top-p on that, then min-p."""
     vocab = logits.shape[0]
     if temp < 1e-6 or top_k == 1:
         out = torch.zeros(vocab)
         out[int(torch.argmax(logits))] = 1.0
         return out
     probs = torch.softmax(logits.double() / temp, dim=0)
-    order = sorted(range(vocab), key=lambda i: (-probs[i].item(), i))
-    k = vocab if top_k <= 0 or top_k >= vocab else top_k
-    keep = torch.zeros(vocab, dtype=torch.bool)
-    mass_before = 0.0
-    for rank, i in enumerate(order):
-        if rank < k and (top_p >= 1.0 or mass_before <= top_p) and probs[i] >= min_p * probs[order[0]]:
-            keep[i] = True
-        mass_before += probs[i].item()
-    kept = torch.where(keep, probs, 0.0)
-    return (kept / kept.sum()).float()
+    if min_p is None:
+        probs = torch.where(_keep_top(probs, top_k, top_p), probs, 0.0)
+    else:
+        probs = torch.where(_keep_top(probs, top_k, 1.0), probs, 0.0)
+        probs = probs / probs.sum()
+        probs = torch.where(_keep_top(probs, 0, top_p), probs, 0.0)
+        probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
+    return (probs / probs.sum()).float()
 
 
 def test_target_probs_matches_reference_filters():
@@ -74,13 +84,16 @@ def test_target_probs_matches_reference_filters():
         (1.0, 1.0, 1, 0.0),  # greedy as SGLang encodes it
         (2.0, 1.0, 2, 0.0),
     ]
-    rows = _rows(*map(list, zip(*params)))
     logits = torch.randn(len(params) * repeats, vocab, generator=gen) * 3
-    got = target_probs(logits, rows, repeats=repeats)
-    assert got.dtype == torch.float32 and got.shape == logits.shape
-    for i in range(logits.shape[0]):
-        ref = _reference_row(logits[i], *params[i // repeats])
-        torch.testing.assert_close(got[i], ref, atol=1e-6, rtol=1e-5)
+    for with_min_p in (True, False):
+        cols = list(map(list, zip(*params)))
+        rows = _rows(*cols) if with_min_p else _rows(*cols[:3])
+        got = target_probs(logits, rows, repeats=repeats)
+        assert got.dtype == torch.float32 and got.shape == logits.shape
+        for i in range(logits.shape[0]):
+            temp, top_p, top_k, min_p = params[i // repeats]
+            ref = _reference_row(logits[i], temp, top_p, top_k, min_p if with_min_p else None)
+            torch.testing.assert_close(got[i], ref, atol=1e-6, rtol=1e-5)
 
 
 def test_target_probs_ties_break_to_lowest_id():
@@ -91,14 +104,6 @@ def test_target_probs_ties_break_to_lowest_id():
     # top_k=2 among three tied maxima keeps the two lowest ids.
     top2 = target_probs(logits[1:], _rows([1.0], [1.0], [2]))
     torch.testing.assert_close(top2[0], torch.tensor([0.5, 0.0, 0.5, 0.0]))
-
-
-def test_min_p_without_sort_matches_sorted_path():
-    gen = torch.Generator().manual_seed(1)
-    logits = torch.randn(8, 50, generator=gen) * 2
-    rows = _rows([0.8] * 8, [1.0] * 8, [-1] * 8, [0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 0.9, 1.0])
-    unsorted = SamplingRows(rows.temperature, rows.top_p, rows.top_k, rows.min_p, filter_top=False)
-    torch.testing.assert_close(target_probs(logits, unsorted), target_probs(logits, rows))
 
 
 def test_bad_shapes_raise_value_error():
@@ -130,61 +135,46 @@ def test_sample_exponential_race_distribution():
     assert _p_value(chi2, int(support.sum()) - 1) > 1e-4
 
 
-# ---------------------------------------------------------------- SGLang's verify of our drafts
+# ---------------------------------------------------------------- drafts, records, rejection sampling
 
 
-def _verify(
-    target_p: torch.Tensor, drafts: torch.Tensor, draft_p: torch.Tensor, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run SGLang's chain verify on k drafts per request, called as eagle_sample calls it.
+def _draft(logits: torch.Tensor, rows: SamplingRows, c: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """One draft step as the draft runner runs it: (token, cand_ids, cand_q, q_tok)."""
+    n = logits.shape[0]
+    cand_logits, cand_ids = torch.topk(logits, c, dim=-1)
+    noise = torch.empty((n, c), device=logits.device).exponential_(generator=gen)
+    min_p = rows.min_p if rows.min_p is not None else torch.zeros_like(rows.top_p)
+    args = (logits, cand_logits, cand_ids, rows.temperature, rows.top_p, rows.top_k, min_p, noise)
+    if INTERPRET:  # the compiled kernel is checked against this reference in test_kernels.py
+        token, cand_q, q_tok = draft_sample_ref(*args)
+    else:
+        token = torch.empty(n, dtype=torch.int64, device=logits.device)
+        cand_q = torch.empty((n, c), device=logits.device)
+        q_tok = torch.empty(n, device=logits.device)
+        draft_sample_fwd(*args, token, cand_q, q_tok)
+    return token, cand_ids, cand_q, q_tok
 
-    target_p: [bs, k+1, V]; drafts: [bs, k] int64; draft_p: [bs, k, V].
-    Returns (emitted [bs, k+1] int64, -1 after each request's last emitted token; num_accepted
-    [bs] int64 in 0..k). Also checks the kernel's bookkeeping: accept_index lists the accepted
-    chain slots, and the accepted tokens are the drafts themselves.
-    """
+
+def _verify(target_p: torch.Tensor, record: DraftRecord, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """rejection_sample with fresh coins, plus its bookkeeping checks (accepted tokens are drafts)."""
     bs, k1, _ = target_p.shape
-    dev = target_p.device
-    # Slot 0 is the last verified token (the kernel never reads it), slots 1..k the drafts.
-    root = torch.randint(0, target_p.shape[-1], (bs, 1), generator=gen, device=dev)
-    candidates = torch.cat([root, drafts], dim=1)
-    retrive_index = torch.arange(bs * k1, device=dev).view(bs, k1)
-    predicts = torch.zeros(bs * k1, dtype=torch.int32, device=dev)
-    accept_index = torch.full((bs, k1), -1, dtype=torch.int32, device=dev)
-    accept_token_num = torch.empty(bs, dtype=torch.int32, device=dev)
-    chain_speculative_sampling_triton(
-        predicts=predicts,
-        accept_index=accept_index,
-        accept_token_num=accept_token_num,
-        candidates=candidates,
-        retrive_index=retrive_index,
-        retrive_next_token=None,
-        retrive_next_sibling=None,
-        uniform_samples=torch.rand(candidates.shape, generator=gen, device=dev),
-        uniform_samples_for_final_sampling=torch.rand(bs, generator=gen, device=dev),
-        target_probs=target_p,
-        draft_probs=draft_p,
-        threshold_single=1.0,
-        threshold_acc=1.0,
-        deterministic=True,
-    )
-    n = accept_token_num.long()
+    coins = torch.rand((bs, k1 - 1), generator=gen, device=target_p.device)
+    final_coins = torch.rand(bs, generator=gen, device=target_p.device)
+    emitted, n = rejection_sample(target_p, record, coins, final_coins)
     assert n.min() >= 0 and n.max() <= k1 - 1
-    col = torch.arange(k1, device=dev)[None, :]
-    emitted_slot = col <= n[:, None]
-    assert torch.equal(accept_index.long(), torch.where(emitted_slot, retrive_index, -1))
-    emitted = torch.where(emitted_slot, predicts.long()[accept_index.long().clamp(min=0)], -1)
+    col = torch.arange(k1, device=target_p.device)[None, :]
+    assert torch.equal(emitted < 0, col > n[:, None])
     accepted = col[:, :-1] < n[:, None]
-    assert torch.equal(torch.where(accepted, emitted[:, :-1], -1), torch.where(accepted, drafts, -1))
+    assert torch.equal(torch.where(accepted, emitted[:, :-1], -1), torch.where(accepted, record.tokens, -1))
     return emitted, n
 
 
-V, K = 6, 2
-# Non-greedy parameters whose filters zero some tokens, so p and q have holes in their support.
+V, K, C = 7, 2, 4
+# Non-greedy parameters whose filters zero some tokens, so p and q have holes in their support;
+# C < V, so the proposal is also cut to the draft's four largest logits.
 SAMPLED = ([0.9], [0.95], [5], [0.02])
-# The interpreter runs one kernel program (= one Monte-Carlo row) in about 5 ms.
-N_CHECK = 3000 if INTERPRET else 200_000
-N_CONTROL = 400 if INTERPRET else 50_000
+N_CHECK = 200_000
+N_CONTROL = 50_000
 
 
 def _markov_round(n: int, seed: int, tamper: str | None = None):
@@ -192,10 +182,10 @@ def _markov_round(n: int, seed: int, tamper: str | None = None):
 
     The target and draft logits at output position j depend on the token before it (position 0's
     context is token 0): t_logits[j, prev], d_logits[j, prev]. So p_0 and q_0 are fixed and
-    p_j = p_j(. | d_{j-1}), q_j = q_j(. | d_{j-1}). Drafts are sampled step by step with
-    sample(target_probs(draft logits)); the verify rows are target_probs of the target logits
-    after the drafted prefix. tamper: None; "shifted" passes the draft distributions one row off
-    (row j gets q_{j-1}, row 0 gets q_{K-1}); "zero" passes q = 0.
+    p_j = p_j(. | d_{j-1}), q_j = q_j(. | d_{j-1}). Drafts are sampled step by step with the draft
+    sampler; the verify rows are target_probs of the target logits after the drafted prefix.
+    tamper: None; "shifted" hands the verify each draft's record one position off; "uniform"
+    claims q is uniform over the candidates.
     Returns (p_table [K+1, V, V] with p_table[j, c] = p_j(. | c), emitted, num_accepted).
     """
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
@@ -204,22 +194,21 @@ def _markov_round(n: int, seed: int, tamper: str | None = None):
     d_logits = t_logits[:K] + (torch.randn(K, V, V, generator=table_gen) * 1.5).to(DEVICE)
     rows = _rows(*(col * n for col in SAMPLED), device=DEVICE)
     prev = torch.zeros(n, dtype=torch.int64, device=DEVICE)
-    contexts, drafts, draft_p = [prev], [], []
+    contexts, steps = [prev], []
     for j in range(K):
-        q = target_probs(d_logits[j, prev], rows)
-        prev = sample(q, generator=gen)
-        draft_p.append(q)
-        drafts.append(prev)
+        step = _draft(d_logits[j, prev], rows, C, gen)
+        prev = step[0]
+        steps.append(step)
         contexts.append(prev)
     ctx = torch.stack(contexts, dim=1)  # [n, K+1]: the token before each output position
     t_rows = t_logits[torch.arange(K + 1, device=DEVICE)[None, :], ctx].reshape(-1, V)
     target_p = target_probs(t_rows, rows, repeats=K + 1).view(n, K + 1, V)
-    drafts, draft_p = torch.stack(drafts, dim=1), torch.stack(draft_p, dim=1)
+    tokens, cand_ids, cand_q, q_tok = (torch.stack(parts, dim=1) for parts in zip(*steps))
     if tamper == "shifted":
-        draft_p = draft_p.roll(1, dims=1)
-    elif tamper == "zero":
-        draft_p = torch.zeros_like(draft_p)
-    emitted, n_acc = _verify(target_p, drafts, draft_p, gen)
+        cand_ids, cand_q, q_tok = cand_ids.roll(1, dims=1), cand_q.roll(1, dims=1), q_tok.roll(1, dims=1)
+    elif tamper == "uniform":
+        cand_q, q_tok = torch.full_like(cand_q, 1 / C), torch.full_like(q_tok, 1 / C)
+    emitted, n_acc = _verify(target_p, DraftRecord(tokens, cand_ids, cand_q, q_tok), gen)
     one = _rows(*SAMPLED, device=DEVICE)
     p_table = target_probs(t_logits.reshape(-1, V), one, repeats=(K + 1) * V).view(K + 1, V, V)
     return p_table, emitted, n_acc
@@ -273,19 +262,18 @@ def test_verify_of_our_drafts_preserves_target_distribution():
         p_value, df = _position_p_value(p_table, emitted, n_acc, j)
         assert df >= (3 if j == 0 else 10), (j, df)
         assert p_value > 1e-3, (j, p_value)
-    # Not degenerate: every run length occurs often, so the kernel's recovery (residual
-    # max(p - q, 0)) and bonus paths both produced many of the tested tokens.
+    # Not degenerate: every run length occurs often, so the residual max(p - q, 0) and the bonus
+    # paths both produced many of the tested tokens.
     assert torch.bincount(n_acc, minlength=K + 1).min() > N_CHECK // 10
 
 
-@pytest.mark.parametrize("tamper", ["shifted", "zero"])
-def test_chi_square_detects_wrong_draft_distributions(tamper):
-    # Negative controls: the same check must reject when the verify is fed draft distributions
-    # misaligned by one row, or q = 0 (every draft in the target's support accepted).
+@pytest.mark.parametrize("tamper", ["shifted", "uniform"])
+def test_chi_square_detects_wrong_draft_records(tamper):
+    # Negative controls: the same check must reject when the verify is fed records misaligned by
+    # one position, or a q other than the one the drafts were drawn from.
     p_table, emitted, n_acc = _markov_round(N_CONTROL, seed=1, tamper=tamper)
-    for j in (0, 1):  # the first token, and the second given the first was an accepted draft
-        p_value, _ = _position_p_value(p_table, emitted, n_acc, j)
-        assert p_value < 1e-6, (j, p_value)
+    worst = min(_position_p_value(p_table, emitted, n_acc, j)[0] for j in (0, 1))
+    assert worst < 1e-6, worst
 
 
 def _greedy_reference(target_p: torch.Tensor, drafts: torch.Tensor) -> tuple[list[list[int]], list[int]]:
@@ -307,18 +295,26 @@ def test_verify_of_one_hot_rows_accepts_longest_matching_prefix(seed):
     bs, k, vocab = 48, 3, 8
     # Half the rows greedy by temperature, half as SGLang encodes greedy (top_k 1): one-hot p and q.
     rows = _rows([0.0, 1.0] * (bs // 2), [0.9] * bs, [7, 1] * (bs // 2), device=DEVICE)
+    draft_rows = _rows(*(r.repeat_interleave(k).tolist() for r in (rows.temperature, rows.top_p, rows.top_k)), device=DEVICE)
     t_logits = torch.randn(bs * (k + 1), vocab, generator=gen, device=DEVICE)
     # Drafts are the target argmax unless noise flips them, so all run lengths occur.
     d_logits = t_logits.view(bs, k + 1, vocab)[:, :k].reshape(bs * k, vocab)
     d_logits = d_logits + torch.randn(bs * k, vocab, generator=gen, device=DEVICE) * 0.6
     target_p = target_probs(t_logits, rows, repeats=k + 1).view(bs, k + 1, vocab)
-    draft_p = target_probs(d_logits, rows, repeats=k).view(bs, k, vocab)
-    drafts = sample(draft_p.view(bs * k, vocab), generator=gen).view(bs, k)
-    assert torch.equal(drafts, draft_p.argmax(dim=-1))
-    emitted, n_acc = _verify(target_p, drafts, draft_p, gen)
-    ref_tokens, ref_n = _greedy_reference(target_p, drafts)
+    token, cand_ids, cand_q, q_tok = (t.view(bs, k, *t.shape[1:]) for t in _draft(d_logits, draft_rows, 5, gen))
+    assert torch.equal(token, d_logits.argmax(dim=-1).view(bs, k)) and torch.all(q_tok == 1.0)
+    emitted, n_acc = _verify(target_p, DraftRecord(token, cand_ids, cand_q, q_tok), gen)
+    ref_tokens, ref_n = _greedy_reference(target_p, token)
     assert emitted.tolist() == ref_tokens and n_acc.tolist() == ref_n
     assert len(set(ref_n)) >= 3  # the case mix is not degenerate
+
+
+def test_record_size_at_qwen3_scale():
+    # Issue 20's bound: the draft record at batch 256, k = 8 must stay <= 256 MB (full fp32 rows
+    # over Qwen3's 151,936-token vocabulary: 1.24 GB). C = 64: ids int64 + q float32 per candidate.
+    bs, k, c = 256, 8, 64
+    record_bytes = bs * k * (c * (8 + 4) + 8 + 4)
+    assert record_bytes <= 256 * 2**20 and bs * k * 151_936 * 4 > 1.2e9
 
 
 # ---------------------------------------------------------------- no host sync / static shapes
@@ -336,46 +332,48 @@ def test_meta_tensors_catch_host_syncs():
 
 
 def test_runs_on_meta_device_with_static_shapes():
-    bs, k, vocab = 3, 4, 11
+    bs, k, vocab, c = 3, 4, 11, 5
     rows = _rows([0.0, 0.7, 1.0], [1.0, 0.9, 0.5], [-1, 5, 1], [0.0, 0.1, 0.0], device="meta")
     logits = torch.empty(bs * (k + 1), vocab, device="meta", dtype=torch.bfloat16)
     probs = target_probs(logits, rows, repeats=k + 1)
     assert probs.shape == (bs * (k + 1), vocab) and probs.dtype == torch.float32
-    tok = sample(probs)
-    assert tok.shape == (bs * (k + 1),) and tok.dtype == torch.int64
+    record = DraftRecord(
+        tokens=torch.empty(bs, k, dtype=torch.int64, device="meta"),
+        cand_ids=torch.empty(bs, k, c, dtype=torch.int64, device="meta"),
+        cand_q=torch.empty(bs, k, c, device="meta"),
+        q_tok=torch.empty(bs, k, device="meta"),
+    )
+    coins, final = torch.empty(bs, k, device="meta"), torch.empty(bs, device="meta")
+    emitted, n = rejection_sample(probs.view(bs, k + 1, vocab), record, coins, final)
+    assert emitted.shape == (bs, k + 1) and n.shape == (bs,)
+    assert sample(probs).shape == (bs * (k + 1),)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_capture_without_sync():
-    bs, k, vocab = 8, 4, 1000
+    bs, vocab, c = 8, 1000, 64
     dev = "cuda"
     rows = _rows([0.0, 0.7] * 4, [1.0, 0.9] * 4, [-1, 50] * 4, [0.0, 0.05] * 4, device=dev)
-    t_logits = torch.randn(bs * (k + 1), vocab, device=dev)
-    d_logits = t_logits.view(bs, k + 1, vocab)[:, :k].reshape(bs * k, vocab)
-    d_logits = d_logits + 0.3 * torch.randn(bs * k, vocab, device=dev)
-
-    def step():
-        # The drafting half of a round, as the draft runner captures it.
-        draft_p = target_probs(d_logits, rows, repeats=k)
-        return sample(draft_p).view(bs, k), draft_p.view(bs, k, vocab)
+    logits = torch.randn(bs, vocab, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
 
     torch.cuda.set_sync_debug_mode("error")
     try:
-        eager_drafts, eager_probs = step()  # raises on any synchronising call
+        eager = _draft(logits, rows, c, gen)  # raises on any synchronising call
     finally:
         torch.cuda.set_sync_debug_mode("default")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step()
+        _draft(logits, rows, c, torch.cuda.default_generators[0])
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        drafts, probs = step()
+        token, cand_ids, cand_q, q_tok = _draft(logits, rows, c, torch.cuda.default_generators[0])
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(probs, eager_probs)
+    torch.testing.assert_close(cand_q, eager[2])
     greedy = torch.arange(bs, device=dev) % 2 == 0
-    assert torch.equal(drafts[greedy], eager_drafts[greedy])
-    # Sampled rows draw fresh noise on replay but stay inside their filtered support.
-    assert probs.gather(2, drafts[..., None]).gt(0).all()
+    assert torch.equal(token[greedy], eager[0][greedy])
+    # Sampled rows draw fresh noise on replay but stay inside their proposal's support.
+    assert (cand_q.gather(1, (cand_ids == token[:, None]).int().argmax(1, keepdim=True)) > 0).all()

@@ -37,20 +37,32 @@ class FakeClock:
 def test_round_timer_means_per_phase_and_syncs_once_per_interval():
     clock, reports = FakeClock(), []
     timer = RoundTimer(2, clock.event, reports.append)
-    for bs, (d, v, s) in [(4, (3.0, 2.0, 0.5)), (8, (5.0, 4.0, 1.5)), (2, (1.0, 1.0, 1.0))]:
+    rounds = [(4, 0.7, (3.0, 2.0, 0.25, 0.5)), (8, 0.3, (5.0, 4.0, 0.75, 1.5)), (2, 9.0, (1.0, 1.0, 1.0, 1.0))]
+    for i, (bs, gap, phases) in enumerate(rounds):
+        clock.now += gap
+        if i == 2:
+            timer.interrupt()  # a prefill ran in between: no gap for the third round
         timer.start(bs)
-        for phase, dt in zip(("draft", "verify", "select"), (d, v, s)):
+        for phase, dt in zip(("draft", "verify", "accept", "select"), phases):
             clock.now += dt
             timer.mark(phase)
     assert clock.synced == 1 and len(reports) == 1  # the third round waits for the next interval
-    assert reports[0] == PhaseReport(rounds=2, batch=6.0, ms={"draft": 4.0, "verify": 3.0, "select": 1.0})
+    # The first round follows no decode round, so the gap mean is the second round's alone.
+    ms = {"draft": 4.0, "verify": 3.0, "accept": 0.5, "select": 1.0, "gap": 0.3}
+    assert reports[0] == PhaseReport(rounds=2, batch=6.0, ms=pytest.approx(ms))
+    clock.now += 1.0
+    timer.start(1)
+    for phase in ("draft", "verify", "accept", "select"):
+        timer.mark(phase)
+    assert reports[1].ms["gap"] == pytest.approx(1.0)  # the interrupted third round has none, the fourth 1 ms
+
     with pytest.raises(RuntimeError, match="out of order"):
         timer.start(1)
         timer.mark("verify")
 
 
 def test_report_line_round_trip_and_config_knob():
-    r = PhaseReport(rounds=50, batch=31.5, ms={"draft": 1.25, "verify": 2.5, "select": 0.125})
+    r = PhaseReport(rounds=50, batch=31.5, ms={"draft": 1.25, "verify": 2.5, "accept": 0.5, "select": 0.125, "gap": 0.25})
     log = f"[2026-11-23] INFO {format_report(r)}\nnoise\n[x] {format_report(r)}"
     assert parse_reports(log) == [r, r]
     assert PillarConfig.from_env(8, {"SPARSESPEC_STEP_TIMING": "50"}).timing_every == 50

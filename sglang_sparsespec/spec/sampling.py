@@ -1,20 +1,15 @@
-"""Per-request sampling distributions and draft sampling for the PILLAR worker.
+"""Sampling distributions for the PILLAR worker: stock SGLang's filters and exact draws.
 
-The PILLAR worker drafts k tokens with the target model under sparse attention: each draft
-is sampled with :func:`sample` from :func:`target_probs` of its logits, and that
-distribution q is kept. The drafts and q ([bs, k, V], row j = the distribution draft j was
-sampled from) go to SGLang's own verify, which computes the target distributions p with
-full attention and runs its exact rejection sampling (``chain_speculative_sampling_triton``).
+``target_probs`` is the distribution stock SGLang decoding samples from (its flashinfer sampler):
+temperature, then top-k / top-p judged *jointly* on the softmax (``filter_apply_order="joint"``),
+or, when min-p is on, top-k renorm -> top-p renorm -> min-p, as its sampler chains them. It is the
+plain-torch form (a full-vocabulary sort, so CPU tests and references only); the GPU verify uses
+SGLang's renorm kernels for the same filters (``patches/verify_sample.py``). Drafts are sampled by
+``kernels/draft_sample.py`` from a compact proposal that needs neither the sort nor a full row.
 
-Everything here is shape-static, vectorised over the batch and free of host syncs (no
-``.item()``, no value-dependent Python branches, no data-dependent shapes), so it can run
+Everything here is shape-static, vectorised over the batch and free of host syncs, so it can run
 inside the decode step and inside CUDA graphs. Randomness comes from ``Tensor.exponential_``,
 which CUDA graphs support through the generator's philox offset.
-
-Filtering follows SGLang's "joint" semantics (its pytorch sampling backend and FlashInfer's
-``filter_apply_order="joint"``): after temperature and softmax, a token is kept iff its rank
-is below top_k AND the probability mass strictly above it is <= top_p AND it has at least
-min_p times the largest probability; the kept mass is then renormalised.
 """
 
 from __future__ import annotations
@@ -35,17 +30,14 @@ class SamplingRows:
     top_p: [bs] float32 in (0, 1]; >= 1 disables top-p.
     top_k: [bs] int32; 1 means greedy (SGLang encodes greedy as top_k=1, temperature=1),
         <= 0 or >= vocab disables top-k.
-    min_p: [bs] float32 in [0, 1] or None (disabled for every row).
-    filter_top: static host flag; False skips the O(V log V) sort behind top-k/top-p and is
-        only correct when no non-greedy row uses either. A Python bool, so a captured graph
-        sees one fixed code path.
+    min_p: [bs] float32 in [0, 1], or None: min-p off for the batch (stock SGLang then
+        filters top-k and top-p jointly, else one after the other; see ``target_probs``).
     """
 
     temperature: torch.Tensor
     top_p: torch.Tensor
     top_k: torch.Tensor
     min_p: torch.Tensor | None = None
-    filter_top: bool = True
 
     def __post_init__(self) -> None:
         if self.temperature.dim() != 1:
@@ -81,12 +73,19 @@ def _top_k_top_p_mask(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
     return torch.empty_like(keep).scatter_(1, order, keep)
 
 
+def _renorm(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    kept = torch.where(keep, probs, 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
 def target_probs(logits: torch.Tensor, rows: SamplingRows, repeats: int = 1) -> torch.Tensor:
-    """Sampling distribution of every logits row under its request's parameters.
+    """Stock SGLang's sampling distribution of every logits row under its request's parameters.
 
     logits: [bs * repeats, V] (any float dtype); row i belongs to request i // repeats.
     Returns [bs * repeats, V] float32 rows summing to 1. Greedy rows are one-hot at
-    ``torch.argmax(logits)`` (ties: lowest id), so speculative greedy decoding stays exact.
+    ``torch.argmax(logits)`` (ties: lowest id). Without min-p, top-k and top-p are judged jointly
+    on the softmax; with min-p (``rows.min_p`` not None) top-k renormalises, then top-p is judged
+    on that, then min-p keeps tokens >= min_p x the row maximum.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [n, V], got shape {tuple(logits.shape)}")
@@ -96,21 +95,18 @@ def target_probs(logits: torch.Tensor, rows: SamplingRows, repeats: int = 1) -> 
         )
     temp = _per_position(rows.temperature, repeats)
     top_k = _per_position(rows.top_k, repeats)
+    top_p = _per_position(rows.top_p, repeats)
     greedy = (temp < GREEDY_EPS) | (top_k == 1)
     # Greedy rows divide by 1 instead of ~0 so no inf/nan is computed and later discarded.
-    scaled = logits.to(torch.float32) / torch.where(greedy, 1.0, temp)[:, None]
-    probs = torch.softmax(scaled, dim=-1)
-    keep = None
-    if rows.filter_top:
-        keep = _top_k_top_p_mask(probs, top_k, _per_position(rows.top_p, repeats))
-    if rows.min_p is not None:
-        # The row maximum always survives top-k/top-p, so thresholding on it matches
-        # thresholding after those filters.
+    probs = torch.softmax(logits.to(torch.float32) / torch.where(greedy, 1.0, temp)[:, None], dim=-1)
+    no_p = torch.ones_like(top_p)
+    if rows.min_p is None:
+        probs = _renorm(probs, _top_k_top_p_mask(probs, top_k, top_p))
+    else:
+        probs = _renorm(probs, _top_k_top_p_mask(probs, top_k, no_p))
+        probs = _renorm(probs, _top_k_top_p_mask(probs, torch.zeros_like(top_k), top_p))
         floor = probs.amax(dim=-1, keepdim=True) * _per_position(rows.min_p, repeats)[:, None]
-        keep = probs >= floor if keep is None else keep & (probs >= floor)
-    if keep is not None:
-        probs = torch.where(keep, probs, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+        probs = _renorm(probs, probs >= floor)
     one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(greedy[:, None], one_hot, probs)
 

@@ -1,0 +1,145 @@
+"""``eagle_sample``: PILLAR's verify acceptance from compact draft records.
+
+SGLang's sampled verify (``chain_speculative_sampling_triton``) needs every draft's full
+vocabulary distribution. PILLAR drafts record q on C candidates only (``DraftRecord``), so for a
+PILLAR verify input (``attach_round``) that is not all greedy, this replaces the sampling half of
+``eagle_sample``: the same logit processing as SGLang (NaN guard, penalties, logit bias, grammar
+mask), the target distribution stock decoding samples from (``target_probs_gpu``), then
+``rejection_sample``. All-greedy batches, idle batches and other algorithms run SGLang's own code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
+from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
+
+ATTR = "_sparsespec_round"
+
+
+@dataclass
+class PillarRound:
+    """What a PILLAR verify input carries for the sampling step: the draft record (None when the
+    batch drafted greedily) and a callback run once the verify forward is done (phase timing)."""
+
+    record: DraftRecord | None
+    on_logits: Callable[[], None] | None = None
+
+
+def attach_round(verify_input, pillar_round: PillarRound) -> None:
+    setattr(verify_input, ATTR, pillar_round)
+
+
+def target_probs_gpu(logits: torch.Tensor, sampling_info, repeats: int) -> torch.Tensor:
+    """Stock decoding's distribution for each row (as ``target_probs``), with SGLang's renorm kernels.
+
+    Stock SGLang samples joint top-k/top-p (flashinfer ``filter_apply_order="joint"``), or top-k
+    renorm -> top-p renorm -> min-p when min-p is on; SGLang's own verify applies top-k then top-p
+    and drops min-p, which differs from stock when both top-k and top-p are set.
+    """
+    from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
+
+    def per_row(t: torch.Tensor) -> torch.Tensor:
+        return torch.repeat_interleave(t.view(-1), repeats, dim=0)
+
+    probs = torch.softmax(logits.float() / per_row(sampling_info.temperatures)[:, None], dim=-1)
+    top_k = per_row(sampling_info.top_ks)
+    top_p = per_row(sampling_info.top_ps)
+    if sampling_info.need_min_p_sampling:
+        if sampling_info.need_top_k_sampling:
+            probs = top_k_renorm_prob(probs, top_k)
+        if sampling_info.need_top_p_sampling:
+            probs = top_p_renorm_prob(probs, top_p)
+        floor = probs.amax(dim=-1, keepdim=True) * per_row(sampling_info.min_ps)[:, None]
+        probs = torch.where(probs >= floor, probs, 0.0)
+        return probs / probs.sum(dim=-1, keepdim=True)
+    if sampling_info.need_top_k_sampling and sampling_info.need_top_p_sampling:
+        keep = (top_k_renorm_prob(probs, top_k) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
+        probs = torch.where(keep, probs, 0.0)
+        return probs / probs.sum(dim=-1, keepdim=True)
+    if sampling_info.need_top_k_sampling:
+        return top_k_renorm_prob(probs, top_k)
+    if sampling_info.need_top_p_sampling:
+        return top_p_renorm_prob(probs, top_p)
+    return probs
+
+
+def _stock_probs(logits: torch.Tensor, sampling_info, repeats: int) -> torch.Tensor:
+    if logits.is_cuda:
+        return target_probs_gpu(logits, sampling_info, repeats)
+    rows = SamplingRows(
+        temperature=sampling_info.temperatures.view(-1).float(),
+        top_p=sampling_info.top_ps.float(),
+        top_k=sampling_info.top_ks.to(torch.int32),
+        min_p=sampling_info.min_ps.float() if sampling_info.need_min_p_sampling else None,
+    )
+    return target_probs(logits, rows, repeats)
+
+
+def _process_logits(logits: torch.Tensor, verify_input, sampling_info, grammar_mask) -> None:
+    """In place, what eagle_sample does to the verify logits before sampling."""
+    from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
+    from sglang.srt.utils.async_probe import sanitize_nan_logits
+
+    n = verify_input.draft_token_num
+    sanitize_nan_logits(logits, "verify: target model logits")
+    if sampling_info.acc_additive_penalties is not None:
+        logits.add_(torch.repeat_interleave(sampling_info.acc_additive_penalties, n, dim=0))
+    if sampling_info.acc_scaling_penalties is not None:
+        apply_scaling_penalties(logits, torch.repeat_interleave(sampling_info.acc_scaling_penalties, n, dim=0))
+    if sampling_info.logit_bias is not None:
+        logits.add_(torch.repeat_interleave(sampling_info.logit_bias, n, dim=0))
+    if grammar_mask is not None:
+        grammar_mask.apply(logits)
+
+
+def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_mask=None):
+    pillar_round: PillarRound | None = getattr(verify_input, ATTR, None)
+    if pillar_round is not None and pillar_round.on_logits is not None:
+        pillar_round.on_logits()
+    record = pillar_round.record if pillar_round is not None else None
+    if record is None or batch.forward_mode.is_idle() or batch.sampling_info.is_all_greedy:
+        return original(verify_input, batch, logits_output, grammar_mask)
+    from sglang.srt.speculative.eagle_utils import _verify_coins
+
+    sampling_info = batch.sampling_info
+    logits = logits_output.next_token_logits
+    _process_logits(logits, verify_input, sampling_info, grammar_mask)
+    bs, k1 = record.tokens.shape[0], verify_input.draft_token_num
+    probs = _stock_probs(logits, sampling_info, k1).view(bs, k1, -1)
+    candidates = verify_input.draft_token.reshape(bs, k1)
+    coins, final_coins = _verify_coins(
+        sampling_info=sampling_info,
+        seq_lens=batch.seq_lens,
+        draft_token_num=k1,
+        candidates=candidates,
+        device=logits.device,
+    )
+    emitted, num_accepted = rejection_sample(probs, record, coins[:, : k1 - 1], final_coins)
+    # SGLang's layout: slot retrieve_index[b, j] holds emitted token j; accept_index lists the
+    # slots of the accepted drafts and the drawn token, -1 after.
+    col = torch.arange(k1, device=logits.device)[None, :]
+    emit = col <= num_accepted[:, None]
+    slots = verify_input.retrieve_index.to(torch.int64)
+    predict = torch.zeros(bs * k1, dtype=torch.int32, device=logits.device)
+    predict.scatter_(0, slots.reshape(-1), torch.where(emit, emitted, 0).to(torch.int32).reshape(-1))
+    accept_index = torch.where(emit, slots, -1).to(torch.int32)
+    num_correct = num_accepted.to(torch.int32)
+    _broadcast_from_rank0(predict, accept_index, num_correct)
+    return predict, num_correct + 1, accept_index
+
+
+def _broadcast_from_rank0(*tensors: torch.Tensor) -> None:
+    # As SGLang's verify: ranks may round the target probabilities differently; rank 0 decides.
+    from sglang.srt.distributed import get_tp_group
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.layers.dp_attention import is_dp_attention_enabled
+
+    group = get_parallel().attn_tp_group if is_dp_attention_enabled() else get_tp_group()
+    if group.world_size > 1:
+        for t in tensors:
+            group.broadcast(t, src=0)

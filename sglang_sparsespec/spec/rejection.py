@@ -1,0 +1,84 @@
+"""Exact rejection sampling of k drafts against compact draft records.
+
+Speculative sampling (Leviathan et al. / Chen et al.): draft j, drawn from q_j, is accepted with
+probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection the emitted token is drawn from the
+residual max(0, p_j - q_j) (normalised); if all k drafts pass, a bonus token is drawn from p_k.
+Every emitted token then follows the target p exactly, whatever q is. Here q_j is known only on its
+support (``DraftRecord``: C candidate ids and their probabilities, q = 0 elsewhere), which is all
+the residual needs: r = p - min(p, q) differs from p on those C ids only.
+
+All tensor work, shape-static and sync-free; the randomness comes in as SGLang's verify coins, so
+a request with a sampling seed draws the same tokens on every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftRecord:
+    """What the verify needs of k sampled drafts per request, without vocabulary-wide rows.
+
+    tokens [bs, k] int64: the drafts; cand_ids [bs, k, C] int64: the support of each draft's
+    proposal q_j (distinct ids); cand_q [bs, k, C] float32: q_j on them (0 where filtered out,
+    rows sum to 1); q_tok [bs, k] float32: q_j(tokens[:, j]), > 0.
+    """
+
+    tokens: torch.Tensor
+    cand_ids: torch.Tensor
+    cand_q: torch.Tensor
+    q_tok: torch.Tensor
+
+    def __post_init__(self) -> None:
+        bs, k = self.tokens.shape
+        if self.cand_ids.shape != self.cand_q.shape or tuple(self.cand_ids.shape[:2]) != (bs, k):
+            raise ValueError(
+                f"cand_ids {tuple(self.cand_ids.shape)} and cand_q {tuple(self.cand_q.shape)} must be [{bs}, {k}, C]"
+            )
+        if tuple(self.q_tok.shape) != (bs, k):
+            raise ValueError(f"q_tok must be [{bs}, {k}], got {tuple(self.q_tok.shape)}")
+
+
+def rejection_sample(
+    target_p: torch.Tensor, record: DraftRecord, coins: torch.Tensor, final_coins: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept a prefix of each request's drafts and draw the token after it.
+
+    target_p [bs, k+1, V] float32: the target distribution at each verify row (row j scores draft
+    j; row k is the bonus row); coins [bs, k] and final_coins [bs] uniform in [0, 1).
+    Returns (emitted [bs, k+1] int64: the accepted drafts, then the drawn token, then -1;
+    num_accepted [bs] int64 in 0..k).
+    """
+    bs, k1, _ = target_p.shape
+    k = k1 - 1
+    if record.tokens.shape != (bs, k) or tuple(coins.shape) != (bs, k) or tuple(final_coins.shape) != (bs,):
+        raise ValueError(f"drafts and coins must be [{bs}, {k}] and final_coins [{bs}] for target_p {tuple(target_p.shape)}")
+    dev = target_p.device
+    p_tok = target_p[:, :k].gather(2, record.tokens[..., None]).squeeze(-1)
+    # u < p / q, without the division (q_tok > 0: the draft was drawn from q).
+    accepted = coins * record.q_tok < p_tok
+    num_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    rows = torch.arange(bs, device=dev)
+    final_p = target_p[rows, num_accepted]
+    # At a rejection (num_accepted < k) subtract min(p, q) on q's support; for the bonus row, 0.
+    j = num_accepted.clamp(max=k - 1)
+    ids, q = record.cand_ids[rows, j], record.cand_q[rows, j]
+    overlap = torch.minimum(final_p.gather(1, ids), q) * (num_accepted < k)[:, None]
+    residual = final_p.scatter_add(1, ids, -overlap).clamp_(min=0.0)
+    # Rounding can leave a residual of zero mass only when p == q; p itself is then exact.
+    cdf = residual.cumsum(dim=1)
+    empty = cdf[:, -1:] <= 0
+    cdf = torch.where(empty, final_p.cumsum(dim=1), cdf)
+    # Inverse CDF: the first id whose cumulative mass exceeds u * total has positive mass.
+    total = cdf[:, -1:]
+    drawn = torch.searchsorted(cdf, final_coins[:, None] * total, right=True)
+    # u * total can round up to total: fall back to the last id with mass (where cdf reaches it).
+    drawn = torch.minimum(drawn, (cdf < total).sum(dim=1, keepdim=True)).squeeze(1)
+    col = torch.arange(k1, device=dev)[None, :]
+    drafts = torch.cat([record.tokens, record.tokens[:, :1]], dim=1)
+    emitted = torch.where(col < num_accepted[:, None], drafts, -1)
+    emitted = torch.where(col == num_accepted[:, None], drawn[:, None], emitted)
+    return emitted, num_accepted

@@ -1,0 +1,47 @@
+"""The statistics of benchmarks.exactness (the GPU run itself needs servers)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from benchmarks import exactness
+
+
+def _draw(rng: random.Random, weights: list[float], n: int) -> Counter:
+    return Counter(rng.choices(range(len(weights)), weights=weights, k=n))
+
+
+def test_homogeneity_accepts_one_distribution_and_rejects_two():
+    rng = random.Random(0)
+    # A long tail of rare categories, as next-token pairs have: they are pooled, not dropped.
+    weights = [0.5, 0.2, 0.1, 0.05] + [0.15 / 300] * 300
+    same = exactness.homogeneity(_draw(rng, weights, 50_000), _draw(rng, weights, 50_000))
+    assert same["p_value"] > 1e-3 and 4 <= same["cells"] <= 305 and same["df"] == same["cells"] - 1
+    shifted = [0.46, 0.24] + weights[2:]
+    diff = exactness.homogeneity(_draw(rng, weights, 50_000), _draw(rng, shifted, 50_000))
+    assert diff["p_value"] < 1e-6
+    # Unequal sample sizes are fine; a category seen by one sample only counts against it.
+    lopsided = exactness.homogeneity(Counter({0: 900, 1: 100}), Counter({0: 90, 1: 10, 2: 40}))
+    assert lopsided["p_value"] < 1e-6
+    with pytest.raises(ValueError, match="non-empty"):
+        exactness.homogeneity(Counter(), Counter({0: 1}))
+
+
+def test_chi2_sf_and_pair_counts():
+    assert exactness.chi2_sf(3.841, 1) == pytest.approx(0.05, abs=1e-3)
+    assert exactness.chi2_sf(18.307, 10) == pytest.approx(0.05, abs=1e-3)
+    outs = [[1, 2, 3], [1, 2, 4], [5, 2, 3]]
+    assert exactness.pair_counts(outs, 1) == Counter({(1, 2): 2, (5, 2): 1})
+    assert exactness.pair_counts(outs, 2) == Counter({(2, 3): 2, (2, 4): 1})
+
+
+def test_parse_args_checks_settings(tmp_path):
+    base = ["--model", "m", "--data-dir", str(tmp_path), "--out", str(tmp_path / "e.json")]
+    args = exactness.parse_args(base + ["--settings", "0.6:0.95,1:1"])
+    assert args.settings == [(0.6, 0.95), (1.0, 1.0)] and args.candidate == "pillar"
+    for bad in (["--settings", "0:0.9"], ["--settings", "0.6"], ["--new-tokens", "1"], ["--candidate", "eagle"]):
+        with pytest.raises(SystemExit):
+            exactness.parse_args(base + bad)

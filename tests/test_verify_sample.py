@@ -1,0 +1,111 @@
+"""patches/verify_sample.py: PILLAR's sampled verify, called as SGLang's run_eagle_verify calls it.
+
+On the CPU the target distribution comes from the torch form of stock's filters
+(``target_probs``); the GPU path swaps in SGLang's renorm kernels for the same filters.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from sglang.srt.plugins import load_plugins
+
+from sglang_sparsespec.patches import verify_sample
+from sglang_sparsespec.patches.verify_sample import PillarRound, attach_round, pillar_eagle_sample
+from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
+from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
+
+BS, K, V, C = 6, 3, 40, 5
+
+
+def _sampling_info(greedy: bool, logit_bias: torch.Tensor | None = None):
+    temps = torch.full((BS, 1), 0.8)
+    top_ks = torch.full((BS,), 1 if greedy else -1, dtype=torch.int32)
+    return SimpleNamespace(
+        is_all_greedy=greedy, temperatures=temps, top_ps=torch.full((BS,), 0.9), top_ks=top_ks,
+        min_ps=torch.zeros(BS), need_min_p_sampling=False, need_top_k_sampling=greedy, need_top_p_sampling=True,
+        acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=logit_bias, sampling_seed=None,
+    )  # fmt: skip
+
+
+def _inputs(seed: int, greedy: bool = False, logit_bias=None):
+    gen = torch.Generator().manual_seed(seed)
+    drafts = torch.randint(0, V, (BS, K), generator=gen)
+    cand_ids = torch.stack([torch.randperm(V, generator=gen)[:C] for _ in range(BS * K)]).view(BS, K, C)
+    cand_ids[..., 0] = drafts  # the drafted token is in its proposal's support
+    cand_q = torch.softmax(torch.randn(BS, K, C, generator=gen), dim=-1)
+    record = DraftRecord(drafts, cand_ids, cand_q, cand_q[..., 0].clone())
+    bonus = torch.randint(0, V, (BS, 1), generator=gen)
+    verify_input = SimpleNamespace(
+        draft_token_num=K + 1,
+        draft_token=torch.cat([bonus, drafts], dim=1).reshape(-1),
+        retrieve_index=torch.arange(BS * (K + 1)).view(BS, K + 1),
+    )
+    batch = SimpleNamespace(
+        forward_mode=SimpleNamespace(is_idle=lambda: False),
+        sampling_info=_sampling_info(greedy, logit_bias),
+        seq_lens=torch.full((BS,), 100),
+    )
+    logits = SimpleNamespace(next_token_logits=torch.randn(BS * (K + 1), V, generator=gen) * 3)
+    return verify_input, batch, logits, record
+
+
+@pytest.fixture(autouse=True)
+def _single_rank(monkeypatch):
+    monkeypatch.setattr(verify_sample, "_broadcast_from_rank0", lambda *t: None)
+
+
+def test_sampled_batch_uses_the_record_and_sglang_layout():
+    verify_input, batch, logits, record = _inputs(0)
+    marks = []
+    attach_round(verify_input, PillarRound(record, lambda: marks.append("verify")))
+    raw = logits.next_token_logits.clone()
+
+    def original(*a):
+        raise AssertionError("a sampled PILLAR batch must not reach SGLang's full-distribution verify")
+
+    torch.manual_seed(5)
+    predict, accept_lens, accept_index = pillar_eagle_sample(original, verify_input, batch, logits)
+    assert marks == ["verify"]
+    # The same coins (SGLang's _verify_coins draws torch.rand) through rejection_sample directly.
+    torch.manual_seed(5)
+    coins, final = torch.rand(BS, K + 1), torch.rand(BS)
+    rows = SamplingRows(torch.full((BS,), 0.8), torch.full((BS,), 0.9), torch.full((BS,), -1, dtype=torch.int32))
+    probs = target_probs(raw, rows, repeats=K + 1).view(BS, K + 1, V)
+    emitted, n = rejection_sample(probs, record, coins[:, :K], final)
+    assert torch.equal(accept_lens, (n + 1).int())
+    for b in range(BS):
+        slots = accept_index[b].tolist()
+        assert slots == [b * (K + 1) + j for j in range(n[b] + 1)] + [-1] * (K - n[b].item())
+        assert predict[slots[: n[b] + 1]].tolist() == emitted[b, : n[b] + 1].tolist()
+    assert predict.dtype == accept_index.dtype == torch.int32 and predict.shape == (BS * (K + 1),)
+
+
+def test_logit_bias_reaches_the_target_distribution():
+    bias = torch.full((BS, V), -1e4)
+    bias[:, 7] = 0.0  # every target row is one-hot at token 7
+    verify_input, batch, logits, record = _inputs(1, logit_bias=bias)
+    attach_round(verify_input, PillarRound(record))
+    predict, accept_lens, accept_index = pillar_eagle_sample(None, verify_input, batch, logits)
+    last = accept_index.gather(1, (accept_lens - 1).long()[:, None]).long()
+    assert torch.all(predict[last] == 7)
+
+
+@pytest.mark.parametrize("case", ["greedy", "no_record", "other_algorithm"])
+def test_other_batches_run_sglang_sampling(case):
+    verify_input, batch, logits, record = _inputs(2, greedy=case == "greedy")
+    if case != "other_algorithm":
+        attach_round(verify_input, PillarRound(None if case == "no_record" else record))
+    sentinel = object()
+    assert pillar_eagle_sample(lambda *a: sentinel, verify_input, batch, logits) is sentinel
+
+
+def test_run_eagle_verify_sees_the_hook():
+    # run_eagle_verify imported eagle_sample by name; the registry must have rebound that name too.
+    from sglang.srt.speculative import eagle_utils, eagle_worker_common
+
+    load_plugins()
+    assert eagle_worker_common.eagle_sample is eagle_utils.eagle_sample
+    assert eagle_utils.eagle_sample.__wrapped__ is not None

@@ -377,3 +377,43 @@ def test_cuda_graph_capture_without_sync():
     assert torch.equal(token[greedy], eager[0][greedy])
     # Sampled rows draw fresh noise on replay but stay inside their proposal's support.
     assert (cand_q.gather(1, (cand_ids == token[:, None]).int().argmax(1, keepdim=True)) > 0).all()
+
+
+def _stock_sampler_counts(probs: torch.Tensor, top_p: float, draws: int) -> torch.Tensor:
+    """Empirical token counts of stock SGLang's sampler (flashinfer, joint top-k/top-p) on one row."""
+    from flashinfer.sampling import top_k_top_p_sampling_from_probs
+
+    counts = torch.zeros(probs.shape[-1], dtype=torch.int64, device=probs.device)
+    chunk = 65_536
+    for start in range(0, draws, chunk):
+        n = min(chunk, draws - start)
+        rows = probs.expand(n, -1).contiguous()
+        top_k = torch.full((n,), 1 << 30, dtype=torch.int32, device=probs.device)
+        top_ps = torch.full((n,), top_p, dtype=torch.float32, device=probs.device)
+        ids = top_k_top_p_sampling_from_probs(rows, top_k, top_ps, filter_apply_order="joint")
+        counts += torch.bincount(ids.long(), minlength=probs.shape[-1])
+    return counts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and SGLang's sampling kernels")
+@pytest.mark.parametrize("top_p", [0.95, 0.8])
+def test_stock_sampler_is_the_verify_target(top_p):
+    """The verify's target (SGLang's renorm kernel, as target_probs_gpu uses it) must be the
+    distribution stock decoding samples from, or PILLAR is exact against the wrong thing."""
+    from sgl_kernel import top_p_renorm_prob
+
+    gen = torch.Generator().manual_seed(11)
+    draws = 1_000_000
+    for row in range(4):
+        logits = (torch.randn(1, 49_152, generator=gen) * 3).cuda()
+        logits = logits.to(torch.bfloat16).float()  # ties as a bf16 model's logits have them
+        probs = torch.softmax(logits / 0.6, dim=-1)
+        want = top_p_renorm_prob(probs, torch.tensor([top_p], device="cuda"))[0].double()
+        ours = target_probs(logits, _rows([0.6], [top_p], [-1], device="cuda"))[0].double()
+        counts = _stock_sampler_counts(probs, top_p, draws).cpu()
+        support = (want > 0).cpu()
+        print(f"row {row}: renorm keeps {int(support.sum())}, torch keeps {int((ours > 0).sum())}, "
+              f"sampler drew {int((counts > 0).sum())} ids, outside renorm's support: {int(counts[~support].sum())}")
+        stat, df = _chi2(counts, want.cpu() * draws)
+        assert counts[~support].sum() == 0
+        assert _p_value(stat, df) > 1e-4, (row, stat, df)

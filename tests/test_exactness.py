@@ -42,6 +42,7 @@ def test_parse_args_checks_settings(tmp_path):
     base = ["--model", "m", "--data-dir", str(tmp_path), "--out", str(tmp_path / "e.json")]
     args = exactness.parse_args(base + ["--settings", "0.6:0.95,1:1"])
     assert args.settings == [(0.6, 0.95), (1.0, 1.0)] and args.candidate == "pillar"
-    for bad in (["--settings", "0:0.9"], ["--settings", "0.6"], ["--new-tokens", "1"], ["--candidate", "eagle"]):
+    assert args.controls == ["stock-flashinfer"]
+    for bad in (["--settings", "0:0.9"], ["--settings", "0.6"], ["--new-tokens", "1"], ["--candidate", "eagle"], ["--controls", "x"]):
         with pytest.raises(SystemExit):
             exactness.parse_args(base + bad)

@@ -25,7 +25,6 @@ p-value is below --alpha / (number of tests), 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import tempfile
 from collections import Counter
@@ -182,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         Counter(o[j] for o in outs).most_common(20) for j in range(args.new_tokens)
                     ]
                     log.line(f"{name} T={temp} top_p={top_p} context {ci}: {args.samples} samples")
+                    write_json(args.out, doc)  # a cut run keeps the marginals it has
             if name == "stock":
                 temp, top_p = args.settings[0]
                 params = {"temperature": CONTROL_SCALE * temp, "top_p": top_p, "max_new_tokens": args.new_tokens, "ignore_eos": True}

@@ -24,6 +24,8 @@ token. Everything is shape-static and sync-free, so it runs inside the draft CUD
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -99,80 +101,72 @@ def _draft_sample_kernel(
     tl.store(Q_tok + row, q_pick)
 
 
-def _check(logits, cand_logits, cand_ids, temperature, top_p, top_k, min_p, noise) -> None:
-    n, c = cand_ids.shape
-    if logits.dim() != 2 or logits.shape[0] != n:
-        raise ValueError(f"logits must be [{n}, V], got {tuple(logits.shape)}")
-    if tuple(cand_logits.shape) != (n, c) or tuple(noise.shape) != (n, c):
-        raise ValueError("cand_logits and noise must have cand_ids' shape")
-    for name, t in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("min_p", min_p)):
-        if tuple(t.shape) != (n,):
-            raise ValueError(f"{name} must have shape ({n},), got {tuple(t.shape)}")
-    if top_k.is_floating_point():
-        raise ValueError("top_k must be an integer tensor")
+@dataclass(frozen=True)
+class DraftSampleInputs:
+    """One draft step's sampling inputs, n rows.
 
-
-def draft_sample_fwd(
-    logits: torch.Tensor,
-    cand_logits: torch.Tensor,
-    cand_ids: torch.Tensor,
-    temperature: torch.Tensor,
-    top_p: torch.Tensor,
-    top_k: torch.Tensor,
-    min_p: torch.Tensor,
-    noise: torch.Tensor,
-    token: torch.Tensor,
-    cand_q: torch.Tensor,
-    q_tok: torch.Tensor,
-) -> None:
-    """Fill token [n] int64, cand_q [n, C] float32, q_tok [n] float32 (see the module docstring).
-
-    logits [n, V] (last dim contiguous); cand_logits / cand_ids [n, C]: ``torch.topk(logits, C)``;
-    temperature, top_p, min_p [n] float32; top_k [n] int; noise [n, C] Exp(1) draws.
+    logits [n, V] (last dim contiguous); cand_logits / cand_ids [n, C]: ``torch.topk(logits, C)``
+    (sorted by descending logit, distinct ids); temperature, top_p, min_p [n] float32; top_k [n]
+    int; noise [n, C] Exp(1) draws. Shapes are checked at construction (metadata only, no sync).
     """
-    _check(logits, cand_logits, cand_ids, temperature, top_p, top_k, min_p, noise)
-    n, c = cand_ids.shape
+
+    logits: torch.Tensor
+    cand_logits: torch.Tensor
+    cand_ids: torch.Tensor
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor
+    min_p: torch.Tensor
+    noise: torch.Tensor
+
+    def __post_init__(self) -> None:
+        n, c = self.cand_ids.shape
+        if self.logits.dim() != 2 or self.logits.shape[0] != n:
+            raise ValueError(f"logits must be [{n}, V], got {tuple(self.logits.shape)}")
+        if tuple(self.cand_logits.shape) != (n, c) or tuple(self.noise.shape) != (n, c):
+            raise ValueError("cand_logits and noise must have cand_ids' shape")
+        for name in ("temperature", "top_p", "top_k", "min_p"):
+            t = getattr(self, name)
+            if tuple(t.shape) != (n,):
+                raise ValueError(f"{name} must have shape ({n},), got {tuple(t.shape)}")
+        if self.top_k.is_floating_point():
+            raise ValueError("top_k must be an integer tensor")
+
+
+def draft_sample_fwd(x: DraftSampleInputs, token: torch.Tensor, cand_q: torch.Tensor, q_tok: torch.Tensor) -> None:
+    """Fill token [n] int64, cand_q [n, C] float32, q_tok [n] float32 (see the module docstring)."""
+    n, c = x.cand_ids.shape
     if n == 0:
         return
-    for t in (logits, cand_logits, cand_ids, noise, cand_q):
+    for t in (x.logits, x.cand_logits, x.cand_ids, x.noise, cand_q):
         if t.stride(-1) != 1:
             raise ValueError("draft_sample_fwd needs a contiguous last dimension")
     _draft_sample_kernel[(n,)](
-        logits, cand_logits, cand_ids, temperature, top_p, top_k, min_p, noise,
+        x.logits, x.cand_logits, x.cand_ids, x.temperature, x.top_p, x.top_k, x.min_p, x.noise,
         token, cand_q, q_tok,
-        logits.shape[1], logits.stride(0), cand_logits.stride(0), cand_ids.stride(0), noise.stride(0),
+        x.logits.shape[1], x.logits.stride(0), x.cand_logits.stride(0), x.cand_ids.stride(0), x.noise.stride(0),
         cand_q.stride(0),
         GREEDY_EPS_C=GREEDY_EPS, C=c, BLOCK_C=triton.next_power_of_2(c), BLOCK_V=4096,
     )  # fmt: skip
 
 
-def draft_sample_ref(
-    logits: torch.Tensor,
-    cand_logits: torch.Tensor,
-    cand_ids: torch.Tensor,
-    temperature: torch.Tensor,
-    top_p: torch.Tensor,
-    top_k: torch.Tensor,
-    min_p: torch.Tensor,
-    noise: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def draft_sample_ref(x: DraftSampleInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Plain-torch reference: returns (token, cand_q, q_tok) as the kernel writes them."""
-    _check(logits, cand_logits, cand_ids, temperature, top_p, top_k, min_p, noise)
-    vocab, c = logits.shape[1], cand_ids.shape[1]
-    greedy = (temperature < GREEDY_EPS) | (top_k == 1)
-    inv_t = 1.0 / torch.where(greedy, 1.0, temperature.float())
-    lse = torch.logsumexp(logits.float() * inv_t[:, None], dim=-1)
-    p = torch.exp(cand_logits.float() * inv_t[:, None] - lse[:, None])
-    rank = torch.arange(c, device=logits.device)
-    k_eff = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k.long())
+    vocab, c = x.logits.shape[1], x.cand_ids.shape[1]
+    greedy = (x.temperature < GREEDY_EPS) | (x.top_k == 1)
+    inv_t = 1.0 / torch.where(greedy, 1.0, x.temperature.float())
+    lse = torch.logsumexp(x.logits.float() * inv_t[:, None], dim=-1)
+    p = torch.exp(x.cand_logits.float() * inv_t[:, None] - lse[:, None])
+    rank = torch.arange(c, device=x.logits.device)
+    k_eff = torch.where((x.top_k <= 0) | (x.top_k >= vocab), vocab, x.top_k.long())
     keep = rank[None, :] < k_eff[:, None]
-    keep &= ((p.cumsum(-1) - p) <= top_p[:, None]) | (top_p[:, None] >= 1.0)
-    keep &= p >= min_p[:, None] * p[:, :1]
+    keep &= ((p.cumsum(-1) - p) <= x.top_p[:, None]) | (x.top_p[:, None] >= 1.0)
+    keep &= p >= x.min_p[:, None] * p[:, :1]
     keep[:, 0] = True
     q = torch.where(keep, p, 0.0)
     q = q / q.sum(-1, keepdim=True)
     one_hot = (rank == 0).float().expand_as(q)
     q = torch.where(greedy[:, None], one_hot, q)
-    pick = (q / noise.clamp(min=torch.finfo(torch.float32).tiny)).argmax(-1)
-    token = cand_ids.gather(1, pick[:, None]).squeeze(1).long()
+    pick = (q / x.noise.clamp(min=torch.finfo(torch.float32).tiny)).argmax(-1)
+    token = x.cand_ids.gather(1, pick[:, None]).squeeze(1).long()
     return token, q, q.gather(1, pick[:, None]).squeeze(1)

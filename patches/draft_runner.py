@@ -17,9 +17,9 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 
 from sglang_sparsespec.config import PillarConfig, SelectionPolicy
-from sglang_sparsespec.kernels.draft_sample import draft_sample_fwd
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.spec.rejection import DraftRecord
 
@@ -155,10 +155,10 @@ class PillarDraftRunner:
         self.cand_ids[step, :bs] = cand_ids
         noise = torch.empty((bs, self.num_cand), dtype=torch.float32, device=logits.device).exponential_()
         tokens = torch.empty(bs, dtype=torch.int64, device=logits.device)
-        draft_sample_fwd(
-            logits, cand_logits, cand_ids, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs],
-            self.min_p[:bs], noise, tokens, self.cand_q[step, :bs], self.q_tok[step, :bs],
-        )  # fmt: skip
+        inputs = DraftSampleInputs(
+            logits, cand_logits, cand_ids, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], noise
+        )
+        draft_sample_fwd(inputs, tokens, self.cand_q[step, :bs], self.q_tok[step, :bs])
         return tokens
 
     # ---- capture / run -------------------------------------------------------------

@@ -136,8 +136,8 @@ def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_ma
 def _broadcast_from_rank0(*tensors: torch.Tensor) -> None:
     # As SGLang's verify: ranks may round the target probabilities differently; rank 0 decides.
     from sglang.srt.distributed import get_tp_group
-    from sglang.srt.runtime_context import get_parallel
     from sglang.srt.layers.dp_attention import is_dp_attention_enabled
+    from sglang.srt.runtime_context import get_parallel
 
     group = get_parallel().attn_tp_group if is_dp_attention_enabled() else get_tp_group()
     if group.world_size > 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sglang_sparsespec.kernels.draft_sample import draft_sample_fwd, draft_sample_ref
+from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd, draft_sample_ref
 from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from sglang_sparsespec.kernels.topk_select import topk_select, topk_select_ref
@@ -423,12 +423,12 @@ def test_draft_sample_matches_reference(logit_dtype):
     logits = logits.to(DEVICE, logit_dtype)
     cand_logits, cand_ids = torch.topk(logits, c, dim=-1)
     noise = torch.empty((n, c)).exponential_(generator=gen).to(DEVICE)
-    args = (logits, cand_logits, cand_ids, temp, top_p, top_k, min_p, noise)
+    x = DraftSampleInputs(logits, cand_logits, cand_ids, temp, top_p, top_k, min_p, noise)
     token = torch.full((n,), POISON, dtype=torch.int64, device=DEVICE)
     cand_q = torch.full((n, c), float("nan"), device=DEVICE)
     q_tok = torch.full((n,), float("nan"), device=DEVICE)
-    draft_sample_fwd(*args, token, cand_q, q_tok)
-    ref_token, ref_q, ref_q_tok = draft_sample_ref(*args)
+    draft_sample_fwd(x, token, cand_q, q_tok)
+    ref_token, ref_q, ref_q_tok = draft_sample_ref(x)
     torch.testing.assert_close(cand_q, ref_q, atol=1e-6, rtol=1e-4)
     assert torch.equal(token, ref_token)
     torch.testing.assert_close(q_tok, ref_q_tok, atol=1e-6, rtol=1e-4)
@@ -437,4 +437,6 @@ def test_draft_sample_matches_reference(logit_dtype):
     assert kept[4] == kept[5] == kept[7] == 1 and kept[3] == 3 and 1 < kept[0] < c and kept[1] == c
     assert torch.allclose(ref_q.sum(dim=1), torch.ones(n, device=DEVICE))
     with pytest.raises(ValueError, match="cand_ids' shape"):
-        draft_sample_fwd(logits, cand_logits[:, :3], *args[2:], token, cand_q, q_tok)
+        DraftSampleInputs(logits, cand_logits[:, :3], cand_ids, temp, top_p, top_k, min_p, noise)
+    with pytest.raises(ValueError, match="top_p must have shape"):
+        DraftSampleInputs(logits, cand_logits, cand_ids, temp, top_p[:2], top_k, min_p, noise)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd, draft_sample_ref
 from triton_env import DEVICE, INTERPRET
 
-from sglang_sparsespec.kernels.draft_sample import draft_sample_fwd, draft_sample_ref
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.spec.sampling import SamplingRows, sample, target_probs
 
@@ -144,14 +144,14 @@ def _draft(logits: torch.Tensor, rows: SamplingRows, c: int, gen: torch.Generato
     cand_logits, cand_ids = torch.topk(logits, c, dim=-1)
     noise = torch.empty((n, c), device=logits.device).exponential_(generator=gen)
     min_p = rows.min_p if rows.min_p is not None else torch.zeros_like(rows.top_p)
-    args = (logits, cand_logits, cand_ids, rows.temperature, rows.top_p, rows.top_k, min_p, noise)
+    x = DraftSampleInputs(logits, cand_logits, cand_ids, rows.temperature, rows.top_p, rows.top_k, min_p, noise)
     if INTERPRET:  # the compiled kernel is checked against this reference in test_kernels.py
-        token, cand_q, q_tok = draft_sample_ref(*args)
+        token, cand_q, q_tok = draft_sample_ref(x)
     else:
         token = torch.empty(n, dtype=torch.int64, device=logits.device)
         cand_q = torch.empty((n, c), device=logits.device)
         q_tok = torch.empty(n, device=logits.device)
-        draft_sample_fwd(*args, token, cand_q, q_tok)
+        draft_sample_fwd(x, token, cand_q, q_tok)
     return token, cand_ids, cand_q, q_tok
 
 
@@ -369,7 +369,7 @@ def test_cuda_graph_capture_without_sync():
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        token, cand_ids, cand_q, q_tok = _draft(logits, rows, c, torch.cuda.default_generators[0])
+        token, cand_ids, cand_q, _ = _draft(logits, rows, c, torch.cuda.default_generators[0])
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(cand_q, eager[2])

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang.srt.plugins import load_plugins
-
 from sglang_sparsespec.patches import verify_sample
 from sglang_sparsespec.patches.verify_sample import PillarRound, attach_round, pillar_eagle_sample
+
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import cuda_graph, kv_cache_builder, reserved_tokens, triton_verify, verify_sample
+from . import cuda_graph, kv_cache_builder, request_guard, reserved_tokens, triton_verify, verify_sample
 from .spec_algo import ALGORITHM_NAME, PillarSpecAlgo, validate_server_args
 
 
@@ -56,6 +56,13 @@ HOOKS: tuple[Hook, ...] = (
         triton_verify.pillar_verify,
         "PILLAR's verify runs the split-KV verify kernel (SGLang's extend kernel is far below bandwidth), "
         "and PillarAttn selection reads its attention probabilities (logits + LSE)",
+    ),
+    Hook(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+        "AROUND",
+        request_guard.validate_token_ids,
+        "SGLang never calls its own input_ids vocabulary check: an out-of-range id reaches the GPU "
+        "and a device-side assert kills the scheduler; checked here it is a 400",
     ),
     Hook(
         "sglang.srt.speculative.eagle_utils.eagle_sample",

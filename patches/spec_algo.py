@@ -58,6 +58,26 @@ def _backends(sa: ServerArgs) -> set[str]:
     return {n for n in names if n is not None}
 
 
+def unsupported_attention(model_config) -> str | None:
+    """What in the model's attention PILLAR cannot draft or verify (None: plain causal MHA/GQA).
+
+    Its sparse draft and split verify kernels assume full causal attention in every layer over a
+    16-bit K/V of one head dim: no sliding windows, no latent (MLA) or linear attention layers.
+    """
+    from sglang.srt.configs.model_config import AttentionArch
+
+    text = model_config.hf_text_config
+    layer_types = set(getattr(text, "layer_types", None) or ())
+    if model_config.attention_arch == AttentionArch.MLA:
+        return "multi-head latent attention (MLA)"
+    if model_config.linear_attn_registry_result is not None or layer_types & {"linear_attention", "mamba"}:
+        return "hybrid linear-attention / state-space layers"
+    sliding = getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True)
+    if model_config.is_hybrid_swa or "sliding_attention" in layer_types or sliding:
+        return "sliding-window attention layers"
+    return None
+
+
 def validate_server_args(sa: ServerArgs) -> None:
     """Reject what PILLAR cannot run and fill the spec shape fields SGLang reads.
 
@@ -95,6 +115,20 @@ def validate_server_args(sa: ServerArgs) -> None:
     if sa.enable_mixed_chunk:
         reject("cannot mix prefill chunks into decode batches; remove --enable-mixed-chunk")
 
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from .triton_verify import signature_gap
+
+    moved = signature_gap()
+    if moved is not None:
+        reject(f"this plugin hooks SGLang 0.5.17's internals and the installed SGLang differs ({moved}); install sglang==0.5.17")
+
+    # Built here, not through sa.get_model_config(), which would cache it on the ServerArgs
+    # before __post_init__ has finished adjusting them.
+    gap = unsupported_attention(ModelConfig.from_server_args(sa))
+    if gap is not None:
+        reject(f"cannot serve a model with {gap}: its draft and verify kernels need full causal attention")
+
     num_steps = sa.speculative_num_steps or DEFAULT_NUM_STEPS
     if sa.speculative_num_draft_tokens not in (None, num_steps + 1):
         reject(
@@ -109,5 +143,5 @@ def validate_server_args(sa: ServerArgs) -> None:
     # exact rejection sampling with those draft probabilities to stay lossless.
     sa.speculative_use_rejection_sampling = True
     if sa.max_running_requests is None:
-        # Draft buffers (k full-vocabulary distributions per request) are sized by this.
+        # The draft runner's static buffers (tokens, draft records) are sized by this.
         sa.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS

@@ -19,9 +19,13 @@ part of that graph; other forward modes, other backends and unmarked backends pa
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
 from sglang_sparsespec.selection.scores import VerifyScoreSink
@@ -29,9 +33,41 @@ from sglang_sparsespec.selection.scores import VerifyScoreSink
 ATTR = "_sparsespec_verify"
 logger = logging.getLogger(__name__)
 
-# Positional layout of sglang.kernels.ops.attention.extend_attention.extend_attention_fwd
-(_Q, _K_EXT, _V_EXT, _O, _K_BUFFER, _V_BUFFER, _QO_INDPTR, _KV_INDPTR, _KV_INDICES, _CUSTOM_MASK, _CAUSAL,
- _MASK_INDPTR, _MAX_EXTEND, _K_SCALE, _V_SCALE, _SM_SCALE) = range(16)  # fmt: skip
+# The arguments of SGLang's extend_attention_fwd this hook reads, by name. SGLang passes the first
+# sixteen by position; their positions come from the signature, not from a copy of its layout.
+# The split kernel's positional inputs, in its order, then the rest of what the hook reads.
+_KERNEL_INPUTS = ("q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "qo_indptr",
+                  "kv_indptr", "kv_indices")  # fmt: skip
+_READ = (*_KERNEL_INPUTS, "is_causal", "max_len_extend", "k_scale", "v_scale", "sm_scale", "logit_cap",
+         "sliding_window_size", "sinks", "window_kv_offsets", "xai_temperature_len", "skip_prefix", "skip_extend",
+         "page_size", "score_mod")  # fmt: skip
+
+
+def signature_gap(fn: Callable[..., Any] = extend_attention_fwd) -> str | None:
+    """None when ``fn`` takes every argument the hook reads by name; else what is missing."""
+    params = inspect.signature(fn).parameters
+    missing = [name for name in _READ if name not in params]
+    return f"extend_attention_fwd lacks {', '.join(missing)}" if missing else None
+
+
+_POSITION = {name: i for i, name in enumerate(inspect.signature(extend_attention_fwd).parameters)}
+_DEFAULT = {name: p.default for name, p in inspect.signature(extend_attention_fwd).parameters.items()}
+
+
+class ExtendCall:
+    """One call's arguments by name, however SGLang split them between position and keyword."""
+
+    def __init__(self, args: tuple, kwargs: dict[str, Any]):
+        self.args, self.kwargs = args, kwargs
+
+    def __getitem__(self, name: str) -> Any:
+        i = _POSITION[name]
+        if i < len(self.args):
+            return self.args[i]
+        value = self.kwargs.get(name, _DEFAULT[name])
+        if value is inspect.Parameter.empty:
+            raise TypeError(f"extend_attention_fwd call without {name}")
+        return value
 
 
 @dataclass(frozen=True)
@@ -47,21 +83,19 @@ def attach_verify(backend, hooks: VerifyHooks) -> None:
     setattr(backend, ATTR, hooks)
 
 
-def split_kernel_gap(a: tuple, kw: dict) -> str | None:
+def split_kernel_gap(call: ExtendCall) -> str | None:
     """None when the split kernel computes exactly what SGLang's extend kernel would for this call
     (causal, unscaled 16-bit KV, page size 1, equal K/V head dims, no extras); else what it lacks."""
-    if len(a) <= _SM_SCALE:
-        return "an unexpected extend_attention_fwd call layout"
     checks = (
-        (a[_CAUSAL] is True, "non-causal attention"),
-        (a[_K_SCALE] == 1.0 and a[_V_SCALE] == 1.0, "scaled (quantized) KV"),
-        (a[_Q].shape[-1] == a[_V_EXT].shape[-1], "different K and V head dims"),
-        (kw.get("sliding_window_size", -1) in (None, -1), "a sliding window"),
-        (kw.get("sinks") is None and kw.get("window_kv_offsets") is None, "attention sinks"),
-        (kw.get("xai_temperature_len", -1) in (None, -1), "xai temperature"),
-        (kw.get("page_size", 1) == 1, "page size > 1"),
-        (kw.get("score_mod") is None, "score_mod"),
-        (not kw.get("skip_prefix", False) and not kw.get("skip_extend", False), "split prefix/extend passes"),
+        (call["is_causal"] is True, "non-causal attention"),
+        (call["k_scale"] == 1.0 and call["v_scale"] == 1.0, "scaled (quantized) KV"),
+        (call["q_extend"].shape[-1] == call["v_extend"].shape[-1], "different K and V head dims"),
+        (call["sliding_window_size"] in (None, -1), "a sliding window"),
+        (call["sinks"] is None and call["window_kv_offsets"] is None, "attention sinks"),
+        (call["xai_temperature_len"] in (None, -1), "xai temperature"),
+        (call["page_size"] == 1, "page size > 1"),
+        (call["score_mod"] is None, "score_mod"),
+        (not call["skip_prefix"] and not call["skip_extend"], "split prefix/extend passes"),
     )
     return next((why for ok, why in checks if not ok), None)
 
@@ -85,13 +119,15 @@ def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwa
     sink = hooks.sink
 
     def verify_attention(*a, **kw):
-        q_ext = a[_Q]
+        call = ExtendCall(a, kw)
+        q_ext = call["q_extend"]
         lse = sink.lse_buffer(q_ext.shape[0], q_ext.shape[1]) if sink is not None else None
-        logit_cap = float(kw.get("logit_cap", 0.0) or 0.0)
-        gap = split_kernel_gap(a, kw) if hooks.split_kernel else "SPARSESPEC_VERIFY_KERNEL=sglang"
+        logit_cap = float(call["logit_cap"] or 0.0)
+        gap = split_kernel_gap(call) if hooks.split_kernel else "SPARSESPEC_VERIFY_KERNEL=sglang"
         if gap is None:
             verify_attention_fwd(
-                *a[_Q:_CUSTOM_MASK], a[_MAX_EXTEND], a[_SM_SCALE], logit_cap=logit_cap, lse=lse
+                *(call[name] for name in _KERNEL_INPUTS), call["max_len_extend"], call["sm_scale"],
+                logit_cap=logit_cap, lse=lse,
             )
         else:
             _log_fallback_once(layer.layer_id, gap)
@@ -102,11 +138,11 @@ def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwa
             sink.capture_layer(
                 layer.layer_id,
                 q_ext,
-                a[_K_BUFFER],
+                call["k_buffer"],
                 lse,
-                a[_QO_INDPTR],
-                a[_KV_INDPTR],
-                a[_KV_INDICES],
+                call["qo_indptr"],
+                call["kv_indptr"],
+                call["kv_indices"],
                 layer.scaling,
                 logit_cap,
             )

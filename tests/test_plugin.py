@@ -108,3 +108,43 @@ def test_bad_environment_knob_fails_in_launcher(llama_config_dir, monkeypatch):
     monkeypatch.setenv("SPARSESPEC_BUDGET_RATIO", "1.5")
     with pytest.raises(ValueError, match="BUDGET_RATIO"):
         _args(llama_config_dir)
+
+
+@pytest.mark.parametrize(
+    "extra, gap",
+    [
+        ({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 4096}, "sliding-window"),
+        ({"sliding_window": 4096, "use_sliding_window": False}, None),  # Qwen2-style: declared, switched off
+    ],
+)
+def test_model_attention_is_checked_at_launch(tmp_path, extra, gap):
+    import json
+
+    from conftest import SMOLLM2_CONFIG
+
+    (tmp_path / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, **extra}))
+    if gap is None:
+        assert _args(tmp_path).speculative_num_steps == 8
+        return
+    with pytest.raises(ValueError) as err:
+        _args(tmp_path)
+    text = str(err.value)
+    assert gap in text and "\n" not in text and text.startswith("--speculative-algorithm PILLAR")
+
+
+def test_unsupported_attention_kinds():
+    from types import SimpleNamespace
+
+    from sglang.srt.configs.model_config import AttentionArch
+    from sglang_sparsespec.patches.spec_algo import unsupported_attention
+
+    def config(arch=AttentionArch.MHA, linear=None, swa=False, **text):
+        return SimpleNamespace(attention_arch=arch, linear_attn_registry_result=linear, is_hybrid_swa=swa,
+                               hf_text_config=SimpleNamespace(**text))  # fmt: skip
+
+    assert unsupported_attention(config()) is None
+    assert "MLA" in unsupported_attention(config(arch=AttentionArch.MLA))
+    assert "linear" in unsupported_attention(config(layer_types=["full_attention", "linear_attention"]))
+    assert "linear" in unsupported_attention(config(linear=object()))
+    assert "sliding" in unsupported_attention(config(layer_types=["sliding_attention", "full_attention"]))
+    assert "sliding" in unsupported_attention(config(swa=True))

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 from sglang_sparsespec.patches.triton_verify import (
+    ExtendCall,
     VerifyHooks,
     attach_verify,
     pillar_verify,
+    signature_gap,
     split_kernel_gap,
 )
 from triton_env import DEVICE
@@ -91,10 +94,25 @@ def test_sglang_kernel_for_cases_the_split_kernel_does_not_serve():
     layout = (None,) * 10 + (True, None, 4, 1.0, 1.0, 0.125)
     q, v = torch.empty(1, 1, 64), torch.empty(1, 1, 64)
     args = (q, None, v, *layout[3:])
-    assert split_kernel_gap(args, {}) is None
-    assert split_kernel_gap(args, {"sliding_window_size": 16}) == "a sliding window"
-    assert split_kernel_gap((*args[:13], 0.5, *args[14:]), {}) == "scaled (quantized) KV"
-    assert split_kernel_gap(args[:10], {}) == "an unexpected extend_attention_fwd call layout"
+    assert split_kernel_gap(ExtendCall(args, {})) is None
+    assert split_kernel_gap(ExtendCall(args, {"sliding_window_size": 16})) == "a sliding window"
+    assert split_kernel_gap(ExtendCall((*args[:13], 0.5, *args[14:]), {})) == "scaled (quantized) KV"
+    # The same call with its scales by keyword: arguments are read by name, not by position.
+    by_name = ExtendCall(args[:13], {"k_scale": 1.0, "v_scale": 1.0, "sm_scale": 0.125})
+    assert split_kernel_gap(by_name) is None and by_name["sm_scale"] == 0.125
+    with pytest.raises(TypeError, match="without kv_indices"):
+        ExtendCall(args[:8], {})["kv_indices"]
+
+
+def test_sglang_signature_is_checked():
+    # The installed SGLang passes; a kernel whose parameters were renamed is caught at launch.
+    assert signature_gap() is None
+
+    def moved(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, causal):
+        pass
+
+    gap = signature_gap(moved)
+    assert gap is not None and "q_extend" in gap and "sm_scale" in gap
 
 
 def test_scores_captured_with_either_kernel_and_agree():

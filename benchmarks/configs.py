@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sglang_sparsespec.config import ENV_PREFIX, PillarConfig
+from sglang_sparsespec.config import ENV_PREFIX, KNOBS, PillarConfig
 
 # --disable-radix-cache: the AIME workload repeats prompts once N exceeds the 70 problems,
 # and prefix hits would then depend on run order and on how many requests each config
@@ -51,21 +51,7 @@ KNOWN_CONFIGS = (*_FIXED, "pillar", "pillar-k<N>", "pillar[-k<N>]-{coarse,stream
 CONFIGS_HELP = f"comma-separated config names: {', '.join(KNOWN_CONFIGS)} (knobs: see benchmarks/README.md)"
 
 
-def _pillar_knobs() -> tuple[str, ...]:
-    """The variables PillarConfig.from_env reads (without the prefix), found by running it on an environment
-    that records every read: a knob added there is accepted here, with no second list to keep in step."""
-    read: list[str] = []
-
-    class Recorder(dict):
-        def get(self, key: str, default: str | None = None) -> str | None:
-            read.append(key.removeprefix(ENV_PREFIX))
-            return default
-
-    PillarConfig.from_env(DEFAULT_PILLAR_STEPS, Recorder())
-    return tuple(read)
-
-
-PILLAR_KNOBS = _pillar_knobs()
+PILLAR_KNOBS = tuple(knob.name for knob in KNOBS)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import cuda_graph, kv_cache_builder, request_guard, reserved_tokens, triton_verify, verify_sample
+from . import (
+    cuda_graph,
+    kv_cache_builder,
+    request_guard,
+    reserved_tokens,
+    server_args_flags,
+    triton_verify,
+    verify_sample,
+)
 from .spec_algo import ALGORITHM_NAME, PillarSpecAlgo, validate_server_args
 
 
@@ -26,6 +34,19 @@ class Hook:
 
 
 HOOKS: tuple[Hook, ...] = (
+    Hook(
+        "sglang.srt.server_args.ServerArgs.add_cli_args",
+        "AFTER",
+        server_args_flags.add_pillar_flags,
+        "PILLAR's knobs appear as --pillar-* launch flags in SGLang's own parser and --help",
+    ),
+    Hook(
+        "sglang.srt.server_args.ServerArgs.from_cli_args",
+        "AROUND",
+        server_args_flags.export_pillar_flags,
+        "the --pillar-* values must be in the environment before ServerArgs validates them and "
+        "before the scheduler processes (which inherit it) start",
+    ),
     Hook(
         "sglang.srt.mem_cache.kv_cache_builder.get_draft_kv_pool",
         "AROUND",

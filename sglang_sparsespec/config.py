@@ -1,17 +1,20 @@
 """PILLAR run-time configuration.
 
-SGLang owns the command line, so the knobs SGLang already has keep their SGLang flags
-(``--speculative-num-steps`` is k), and the PILLAR-only knobs come from environment
-variables. Environment variables reach every scheduler subprocess unchanged, which is
-what a multi-process server needs: the config is re-read, not pickled.
+The knobs SGLang already has keep their SGLang flags (``--speculative-num-steps`` is k). The
+PILLAR-only knobs (``KNOBS``) are launch flags ``--pillar-<name>`` that the plugin adds to
+SGLang's parser, with the variables ``SPARSESPEC_<NAME>`` as the fallback; the launcher turns the
+flags it was given into those variables, which every scheduler process inherits, so each process
+resolves the same ``PillarConfig`` (``patches/server_args_flags.py``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 ENV_PREFIX = "SPARSESPEC_"
 # The draft sampler keeps a proposal's candidates in registers of one program.
@@ -119,36 +122,68 @@ class PillarConfig:
         return self.budget(max_context_len)
 
     @classmethod
-    def from_env(cls, num_steps: int, env: dict[str, str] | None = None) -> PillarConfig:
+    def from_env(cls, num_steps: int, env: Mapping[str, str] | None = None) -> PillarConfig:
+        """The knobs from ``SPARSESPEC_<NAME>`` variables (``KNOBS``), defaults for the unset ones."""
         env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for knob in KNOBS:
+            raw = env.get(knob.env)
+            if raw is not None and raw != "":
+                values[knob.field] = knob.parse(raw)
+        return cls(num_steps=num_steps, **values)
 
-        def read(name: str, cast, default):
-            raw = env.get(ENV_PREFIX + name)
-            if raw is None or raw == "":
-                return default
+
+@dataclass(frozen=True)
+class Knob:
+    """One PILLAR knob: the ``PillarConfig`` field, its variable (``env``) and launch flag (``flag``)."""
+
+    name: str  # upper case, e.g. BUDGET_RATIO
+    field: str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name
+
+    @property
+    def flag(self) -> str:
+        return "--pillar-" + self.name.lower().replace("_", "-")
+
+    @property
+    def kind(self) -> type:
+        return type(getattr(PillarConfig, self.field))
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        return tuple(e.value for e in self.kind) if issubclass(self.kind, Enum) else None
+
+    @property
+    def default(self) -> Any:
+        value = getattr(PillarConfig, self.field)
+        return value.value if isinstance(value, Enum) else value
+
+    def parse(self, raw: str) -> Any:
+        """The field's value from its text; ValueError naming the variable on a bad one."""
+        if self.choices is not None:
             try:
-                return cast(raw)
+                return self.kind(raw.lower())
             except ValueError:
-                raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a valid {cast.__name__}") from None
+                raise ValueError(f"{self.env}={raw!r}; choose one of: {', '.join(self.choices)}") from None
+        try:
+            return self.kind(raw)
+        except ValueError:
+            raise ValueError(f"{self.env}={raw!r} is not a valid {self.kind.__name__}") from None
 
-        def choice(name: str, enum: type[Enum], default: Enum):
-            raw = env.get(ENV_PREFIX + name, default.value).lower()
-            try:
-                return enum(raw)
-            except ValueError:
-                choices = ", ".join(e.value for e in enum)
-                raise ValueError(f"{ENV_PREFIX}{name}={raw!r}; choose one of: {choices}") from None
 
-        return cls(
-            num_steps=num_steps,
-            budget_ratio=read("BUDGET_RATIO", float, cls.budget_ratio),
-            min_budget=read("MIN_BUDGET", int, cls.min_budget),
-            recent_window=read("RECENT_WINDOW", int, cls.recent_window),
-            sink_tokens=read("SINK_TOKENS", int, cls.sink_tokens),
-            policy=choice("POLICY", SelectionPolicy, cls.policy),
-            timing_every=read("STEP_TIMING", int, cls.timing_every),
-            verify_kernel=choice("VERIFY_KERNEL", VerifyKernel, cls.verify_kernel),
-            select_every=read("SELECT_EVERY", int, cls.select_every),
-            score_rows=choice("SCORE_ROWS", ScoreRows, cls.score_rows),
-            draft_candidates=read("DRAFT_CANDIDATES", int, cls.draft_candidates),
-        )
+# Every knob PillarConfig.from_env reads (all fields but num_steps, which is --speculative-num-steps).
+KNOBS: tuple[Knob, ...] = (
+    Knob("BUDGET_RATIO", "budget_ratio"),
+    Knob("MIN_BUDGET", "min_budget"),
+    Knob("RECENT_WINDOW", "recent_window"),
+    Knob("SINK_TOKENS", "sink_tokens"),
+    Knob("POLICY", "policy"),
+    Knob("STEP_TIMING", "timing_every"),
+    Knob("VERIFY_KERNEL", "verify_kernel"),
+    Knob("SELECT_EVERY", "select_every"),
+    Knob("SCORE_ROWS", "score_rows"),
+    Knob("DRAFT_CANDIDATES", "draft_candidates"),
+)

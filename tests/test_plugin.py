@@ -148,3 +148,32 @@ def test_unsupported_attention_kinds():
     assert "linear" in unsupported_attention(config(linear=object()))
     assert "sliding" in unsupported_attention(config(layer_types=["sliding_attention", "full_attention"]))
     assert "sliding" in unsupported_attention(config(swa=True))
+
+
+def test_pillar_knobs_are_launch_flags(llama_config_dir, monkeypatch):
+    import argparse
+
+    from sglang.srt.server_args import prepare_server_args
+    from sglang_sparsespec.config import KNOBS, PillarConfig
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    text = parser.format_help()
+    assert all(knob.flag in text for knob in KNOBS) and "--pillar-policy" in text
+    for knob in KNOBS:
+        monkeypatch.delenv(knob.env, raising=False)
+    monkeypatch.setenv("SPARSESPEC_MIN_BUDGET", "64")  # the fallback, for knobs without a flag
+    base = ["--model-path", str(llama_config_dir), "--attention-backend", "triton", "--speculative-algorithm",
+            "PILLAR", "--skip-tokenizer-init", "--device", "cpu"]  # fmt: skip
+    prepare_server_args(base + ["--pillar-budget-ratio", "0.1", "--pillar-policy", "streaming"])
+    # What the scheduler processes inherit and resolve: the flags, then the variables, then defaults.
+    cfg = PillarConfig.from_env(8)
+    assert (cfg.budget_ratio, cfg.policy.value, cfg.min_budget) == (0.1, "streaming", 64)
+    monkeypatch.setenv("SPARSESPEC_BUDGET_RATIO", "0.2")
+    prepare_server_args(base + ["--pillar-budget-ratio", "0.3"])
+    assert PillarConfig.from_env(8).budget_ratio == 0.3  # the flag wins over the variable
+    with pytest.raises(ValueError, match="SPARSESPEC_SELECT_EVERY") as err:
+        prepare_server_args(base + ["--pillar-select-every", "0"])
+    assert "\n" not in str(err.value)
+    with pytest.raises(SystemExit):  # argparse's own one-line error for a bad choice
+        prepare_server_args(base + ["--pillar-policy", "magic"])

@@ -1,0 +1,45 @@
+"""``ServerArgs.add_cli_args`` / ``ServerArgs.from_cli_args``: PILLAR's knobs as launch flags.
+
+``python -m sglang.launch_server --help`` lists ``--pillar-<knob>`` for every knob of
+``sglang_sparsespec.config.KNOBS``. A flag that was given wins over the ``SPARSESPEC_<KNOB>``
+variable: the launcher writes it into its own environment before ServerArgs validates (so a
+bad value fails there, in one line), and every scheduler process it spawns inherits that
+environment and resolves the same PillarConfig. ServerArgs itself gets no new field, so the
+argument set SGLang pickles to its processes is unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from sglang_sparsespec.config import KNOBS, PillarConfig
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def add_pillar_flags(result, parser: argparse.ArgumentParser, *args, **kwargs):
+    group = parser.add_argument_group("PILLAR speculative decoding (sglang-sparsespec)")
+    for knob in KNOBS:
+        default = PillarConfig.__dataclass_fields__[knob.field].default
+        shown = default.value if hasattr(default, "value") else default
+        group.add_argument(
+            knob.flag,
+            dest=_dest(knob.flag),
+            type=str,
+            default=None,
+            choices=knob.choices,
+            help=f"PILLAR knob (default {shown}; fallback: the {knob.env} variable)",
+        )
+    return result
+
+
+def export_pillar_flags(original, *args, **kwargs):
+    namespace = next(a for a in (*args, *kwargs.values()) if isinstance(a, argparse.Namespace))
+    for knob in KNOBS:
+        value = getattr(namespace, _dest(knob.flag), None)
+        if value is not None:
+            os.environ[knob.env] = value
+    return original(*args, **kwargs)

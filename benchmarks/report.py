@@ -24,8 +24,7 @@ DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
 
 
-REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times", "request_paths",
-                  "request_tail")
+REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times", "exactness")
 
 
 def result_kind(doc: Any) -> str | None:
@@ -309,56 +308,28 @@ def verify_kernel_table(d: dict[str, Any]) -> str:
     )  # fmt: skip
 
 
-def request_paths_markdown(docs: Sequence[dict[str, Any]]) -> str:
-    """Each prompt's greedy requests in the order sent: output digest, verify rounds and accept length."""
+def exactness_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Every exactness run: per setting and token position, the chi-square of PILLAR (or a control) vs stock."""
     rows = []
-    for d in sorted((d for d in docs if d.get("kind") == "request_paths"), key=lambda d: d["meta"]["run_id"]):
-        for r in d["rows"]:
-            rows.append([d["meta"]["run_id"], d["config"], r["prompt"], r["path"], r["text_sha1"],
-                         r["spec_verify_ct"], fmt(r["spec_accept_length"], ".2f")])  # fmt: skip
+    for d in sorted((d for d in docs if d.get("kind") == "exactness"), key=lambda d: d["meta"]["run_id"]):
+        control = d.get("control") or {}
+        threshold = d.get("bonferroni_threshold")
+        for t in d["tests"]:
+            judged = "-" if threshold is None else ("rejects" if t["p_value"] < threshold else "passes")
+            rows.append([d["_file"], str(d["meta"]["git_commit"])[:12], t.get("config", d["settings"]["candidate"]),
+                         t["temperature"], t["top_p"], t["context"], t["position"], fmt(t["stat"], ".1f"), t["df"],
+                         f"{t['p_value']:.3g}", f"{control.get('p_value', float('nan')):.3g}", judged])  # fmt: skip
     if not rows:
         return ""
     return (
-        "### Greedy repeatability (request_paths)\n\n"
-        "The same prompt sent again and again to one server, one request at a time, through each request path "
-        "(token ids, text, streamed text as bench_serving sends it, token ids again). Equal digests = equal "
-        "output text. A speculative server's greedy output depends on which tokens were verified together "
-        "(bf16 near ties, see Losslessness), so a repeat can take another continuation, with its own accept "
-        "length.\n\n"
-        + markdown_table(("run", "config", "prompt", "path", "output sha1", "verify rounds", "accept len"), rows)
+        "### Sampled exactness (exactness)\n\n"
+        "Two-sample chi-square of the token at each position (1: the prefill's; 2 on: pairs with the token before) "
+        "against stock's on the same context; control = stock vs stock at a higher temperature (must reject); "
+        "the last column judges each test at the run's Bonferroni threshold.\n\n"
+        + markdown_table(("file", "commit", "config", "T", "top p", "context", "token", "chi2", "df", "p", "control p",
+                          "at alpha / tests"), rows)
         + "\n"
     )
-
-
-def request_tail_markdown(docs: Sequence[dict[str, Any]]) -> str:
-    """Per config of each request_tail run: latency spread, accept spread, and the slowest requests."""
-    rows, slow = [], []
-    for d in sorted((d for d in docs if d.get("kind") == "request_tail"), key=lambda d: d["meta"]["run_id"]):
-        for run in d["runs"]:
-            s = run.get("summary", {})
-            if not s.get("requests_ok"):
-                continue
-            head = [d["meta"]["run_id"], d["meta"]["device"].split(",")[0], run["config"], f"{s['requests_ok']} / {d['concurrency']}",
-                    d["max_new_tokens"]]  # fmt: skip
-            rows.append([*head, fmt(s["end_s_mean"], ".1f"), fmt(s["end_s_p99"], ".1f"), fmt(s["accept_mean"], ".2f"),
-                         fmt(s["accept_min"], ".2f"), fmt(s["corr_end_vs_rounds"], ".2f"),
-                         fmt(s["latency_ratio_slowest"], ".2f"), fmt(s["rounds_ratio_slowest"], ".2f")])  # fmt: skip
-            slow += [[d["meta"]["run_id"], run["config"], r["request"], r["source"], fmt(r["end_s"], ".1f"),
-                      r["spec_verify_ct"], fmt(r["spec_accept_length"], ".2f")] for r in s["slowest"]]  # fmt: skip
-    if not rows:
-        return ""
-    return (
-        "### Per-request tail (request_tail)\n\n"
-        "One wave of greedy requests at one concurrency; per request its end time (s after the first send), verify "
-        "rounds and accept length. corr = Pearson correlation of end time and verify rounds; slowest latency / "
-        "rounds = the slowest requests' mean over all requests' mean. Rounds ratio near the latency ratio or above: "
-        "the tail is acceptance; near 1: scheduling.\n\n"
-        + markdown_table(("run", "device", "config", "ok / conc", "output len", "end mean s", "end p99 s", "accept mean",
-                          "accept min", "corr", "slowest latency", "slowest rounds"), rows)
-        + "\n\nSlowest requests:\n\n"
-        + markdown_table(("run", "config", "request", "prompt", "end s", "verify rounds", "accept len"), slow)
-        + "\n"
-    )  # fmt: skip
 
 
 def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -744,8 +715,8 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = (),
         "the average request finishes; one-wave out tok/s ends with the slowest request instead); "
         "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n",
     ]
-    for section in (throughput_markdown(docs), repeats_markdown(docs, repeats), lossless_markdown(docs), acceptance_markdown(docs), request_paths_markdown(docs),
-                    request_tail_markdown(docs), policy_sim_markdown(docs), kernels_markdown(docs), step_times_markdown(docs)):
+    for section in (throughput_markdown(docs), repeats_markdown(docs, repeats), lossless_markdown(docs), acceptance_markdown(docs), exactness_markdown(docs),
+                    policy_sim_markdown(docs), kernels_markdown(docs), step_times_markdown(docs)):
         if section:
             parts.append(section)
     parts += [f"- {n}" for n in notes]
@@ -763,7 +734,7 @@ def readme_markdown(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, 
     lossless = sorted((d for d in docs if d.get("kind") == "lossless"), key=lambda d: d["meta"]["run_id"])[-1:]
     kernels = [d for d in docs if d.get("kind") == "kernels" and "split_verify_attn_us" in d["score_capture"][0]]
     parts = [throughput_markdown(tput), repeats_markdown(docs, repeats), lossless_markdown(lossless), acceptance_markdown(docs),
-             request_paths_markdown(docs), request_tail_markdown(docs), step_times_markdown(docs)]
+             exactness_markdown(docs), step_times_markdown(docs)]
     if kernels:
         d = max(kernels, key=lambda d: (len(d["score_capture"]), d.get("date_utc", "")))  # the widest sweep
         parts.append(f"### Verify kernel ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}.\n\n"

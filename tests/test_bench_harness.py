@@ -25,8 +25,6 @@ from benchmarks import (  # noqa: E402
     lossless,
     passes,
     report,
-    request_paths,
-    request_tail,
     server,
     step_times,
     throughput,
@@ -968,16 +966,17 @@ def test_report_acceptance_and_kernel_sections(tmp_path: Path) -> None:
     (tmp_path / "sim.json").write_text(json.dumps(sim))
     (tmp_path / "acc.json").write_text(json.dumps(acc))
     (tmp_path / "kernels.json").write_text(json.dumps(kern))
-    paths = {"kind": "request_paths", "meta": {"run_id": "R1"}, "config": "pillar", "rows": [
-        {"prompt": 0, "path": "ids", "text_sha1": "abc", "spec_verify_ct": 536, "spec_accept_length": 7.6418},
-        {"prompt": 0, "path": "ids-again", "text_sha1": "def", "spec_verify_ct": 826, "spec_accept_length": None}]}
-    (tmp_path / "paths.json").write_text(json.dumps(paths))
+    exact = {"kind": "exactness", "meta": {"run_id": "E1", "git_commit": "abc1234"}, "settings": {"candidate": "pillar"},
+             "tests": [{"config": "pillar", "temperature": 1.0, "top_p": 1.0, "context": 0, "position": 2,
+                        "stat": 498.8, "df": 462, "p_value": 0.1147}],
+             "control": {"p_value": 0.0}, "verdict": "PASS", "bonferroni_threshold": 1e-4}  # fmt: skip
+    (tmp_path / "exact.json").write_text(json.dumps(exact))
     assert report.main(["--results-dir", str(tmp_path), "--no-plots"]) == 0
     md = (tmp_path / "SUMMARY.md").read_text()
     assert "| A1 | pillar-streaming | POLICY=streaming RECENT_WINDOW=64 | not recorded | - / - | 0.6 | 4096 | 6.25 | 0.90 0.80 |" in md
     assert "| A1 | pillar | RECENT_WINDOW=64 | 64 / 4 | - / - | 0.0 | 4096 | 6.00 | 0.90 0.70 |" in md
     assert "| s | 4 | 1024 | 68 | 10.0 | 100 | 40.0 | - | 4.0x | - |" in md
-    assert "| R1 | pillar | 0 | ids | abc | 536 | 7.64 |" in md and "| R1 | pillar | 0 | ids-again | def | 826 | - |" in md
+    assert "| exact.json | abc1234 | pillar | 1.0 | 1.0 | 0 | 2 | 498.8 | 462 | 0.115 | 0 | passes |" in md
     assert "| s | 4 | 1024 | 50.0 | 20.0 | 900 | 2.5x | 5.0 | 30% | 12% |" in md
     assert "| s | 4 | 1024 | 52 | 30 | 0.5 | 60.0 |" in md
     assert "| sim.json | aime24:1 | 1500 | 16 | 128 | - | 1 | all | float32 / float32 | pillar | 5.98 | 251 | yes | - |" in md
@@ -1150,44 +1149,6 @@ def test_step_times_pool_skips_and_capture_overhead(
             step_times.main([*argv, *bad])
 
 
-def test_request_paths_send_each_path_and_read_the_final_stream_chunk() -> None:
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
-    seen: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            rounds = 3 if "text" in body else 2
-            meta = {"completion_tokens": 12, "spec_verify_ct": rounds, "spec_accept_length": 12 / rounds}
-            self.send_response(200)
-            self.end_headers()
-            if body["stream"]:  # cumulative chunks, as SGLang streams /generate
-                for text in ("ab", "abcd"):
-                    self.wfile.write(b"data: " + json.dumps({"text": text, "meta_info": meta}).encode() + b"\n\n")
-                self.wfile.write(b"data: [DONE]\n\n")
-            else:
-                self.wfile.write(json.dumps({"text": "abcd", "meta_info": meta}).encode())
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{httpd.server_port}"
-        rows = [request_paths.request(url, p, [1, 2], "hi", 12, 10) for p in request_paths.PATHS]
-    finally:
-        httpd.shutdown()
-    assert [("text" in b, b["stream"]) for b in seen] == [(False, False), (True, False), (True, True), (False, False)]
-    assert all(b["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True} for b in seen)
-    assert seen[0]["input_ids"] == [1, 2] and seen[1]["text"] == "hi"
-    assert [r["spec_verify_ct"] for r in rows] == [2, 3, 3, 2]
-    assert len({r["text_sha1"] for r in rows}) == 1 and rows[2]["text_head"] == "abcd"
-
-
 def test_lossless_candidate_repeats_flag(tmp_path: Path) -> None:
     base = ["--model", "m", "--data-dir", str(tmp_path), "--out", str(tmp_path / "l.json")]
     assert lossless.parse_args(base + ["--candidate-repeats", "2"]).candidate_repeats == 2
@@ -1195,51 +1156,3 @@ def test_lossless_candidate_repeats_flag(tmp_path: Path) -> None:
         lossless.parse_args(base + ["--candidate-repeats", "-1"])
 
 
-def test_request_tail_drives_concurrently_and_tells_acceptance_from_scheduling() -> None:
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    in_flight, peak = [0], [0]
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with lock:
-                in_flight[0] += 1
-                peak[0] = max(peak[0], in_flight[0])
-            rounds = 4 * body["input_ids"][0]  # request i verifies 4 * (i + 1) rounds and lasts as long
-            time.sleep(0.02 * rounds)
-            with lock:
-                in_flight[0] -= 1
-            meta = {"completion_tokens": 24, "spec_verify_ct": rounds, "spec_accept_length": 24 / rounds}
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(json.dumps({"text": "x", "meta_info": meta}).encode())
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    prompts = [workload.Prompt(f"p:{i}", "t", [i + 1]) for i in range(6)]
-    try:
-        rows = request_tail.drive(f"http://127.0.0.1:{httpd.server_port}", prompts, 3, 24, 10)
-    finally:
-        httpd.shutdown()
-    assert peak[0] == 3 and [r["request"] for r in rows] == list(range(6)) and all(r["error"] is None for r in rows)
-    s = request_tail.summarize(rows)
-    assert s["requests_ok"] == 6 and s["corr_end_vs_rounds"] > 0.9 and s["slowest"][0]["source"] == "p:5"
-    assert s["rounds_ratio_slowest"] > 1.0 and s["accept_min"] == pytest.approx(1.0)
-    # Equal rounds, unequal latency: scheduling, not acceptance (no correlation to report, ratio 1).
-    flat = [{**r, "spec_verify_ct": 10, "spec_accept_length": 2.4} for r in rows]
-    s = request_tail.summarize(flat)
-    assert s["corr_end_vs_rounds"] is None and s["rounds_ratio_slowest"] == pytest.approx(1.0)
-    assert request_tail.summarize([{**rows[0], "error": "URLError: refused"}]) == {"requests_ok": 0}
-
-
-def test_request_tail_rejects_non_speculative_configs(tmp_path: Path) -> None:
-    base = ["--model", "m", "--data-dir", str(tmp_path), "--out", str(tmp_path / "t.json")]
-    for bad in (["--configs", "stock"], ["--configs", "nope"], ["--concurrency", "0"]):
-        with pytest.raises(SystemExit):
-            request_tail.main(base + bad)

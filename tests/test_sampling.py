@@ -15,7 +15,7 @@ from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_samp
 from triton_env import DEVICE, INTERPRET
 
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
-from sglang_sparsespec.spec.sampling import SamplingRows, sample, target_probs
+from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
 
 
 def _rows(temps, top_ps, top_ks, min_ps=None, device="cpu") -> SamplingRows:
@@ -114,25 +114,6 @@ def test_bad_shapes_raise_value_error():
         SamplingRows(torch.ones(2), torch.ones(3), torch.ones(2, dtype=torch.int32))
     with pytest.raises(ValueError):
         SamplingRows(torch.ones(2), torch.ones(2), torch.ones(2))  # float top_k
-    with pytest.raises(ValueError):
-        sample(torch.rand(2, 3, 5))
-
-
-# ---------------------------------------------------------------- sample
-
-
-def test_sample_exponential_race_distribution():
-    gen = torch.Generator().manual_seed(2)
-    probs = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
-    n = 60_000
-    tokens = sample(probs.expand(n, -1).contiguous(), generator=gen)
-    assert tokens.dtype == torch.int64 and tokens.shape == (n,)
-    counts = torch.bincount(tokens, minlength=6).double()
-    support = probs > 0
-    assert counts[~support].sum() == 0
-    expected = probs.double()[support] * n
-    chi2 = ((counts[support] - expected) ** 2 / expected).sum().item()
-    assert _p_value(chi2, int(support.sum()) - 1) > 1e-4
 
 
 # ---------------------------------------------------------------- drafts, records, rejection sampling
@@ -346,7 +327,6 @@ def test_runs_on_meta_device_with_static_shapes():
     coins, final = torch.empty(bs, k, device="meta"), torch.empty(bs, device="meta")
     emitted, n = rejection_sample(probs.view(bs, k + 1, vocab), record, coins, final)
     assert emitted.shape == (bs, k + 1) and n.shape == (bs,)
-    assert sample(probs).shape == (bs * (k + 1),)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

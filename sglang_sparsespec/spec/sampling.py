@@ -1,4 +1,4 @@
-"""Sampling distributions for the PILLAR worker: stock SGLang's filters and exact draws.
+"""Stock SGLang's sampling distribution, in plain torch.
 
 ``target_probs`` is the distribution stock SGLang decoding samples from (its flashinfer sampler):
 temperature, then top-k / top-p judged *jointly* on the softmax (``filter_apply_order="joint"``),
@@ -7,9 +7,7 @@ plain-torch form (a full-vocabulary sort, so CPU tests and references only); the
 SGLang's renorm kernels for the same filters (``patches/verify_sample.py``). Drafts are sampled by
 ``kernels/draft_sample.py`` from a compact proposal that needs neither the sort nor a full row.
 
-Everything here is shape-static, vectorised over the batch and free of host syncs, so it can run
-inside the decode step and inside CUDA graphs. Randomness comes from ``Tensor.exponential_``,
-which CUDA graphs support through the generator's philox offset.
+Everything here is shape-static, vectorised over the batch and free of host syncs.
 """
 
 from __future__ import annotations
@@ -109,18 +107,3 @@ def target_probs(logits: torch.Tensor, rows: SamplingRows, repeats: int = 1) -> 
         probs = _renorm(probs, probs >= floor)
     one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(greedy[:, None], one_hot, probs)
-
-
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row: [n, V] non-negative weights (need not sum to 1) -> [n] int64.
-
-    Exponential race: argmax_i w_i / E_i with E_i ~ Exp(1) picks i with probability
-    w_i / sum(w), with no cumulative sum, no normalisation and no host sync. One-hot rows
-    always return their hot index.
-    """
-    if probs.dim() != 2:
-        raise ValueError(f"probs must be [n, V], got shape {tuple(probs.shape)}")
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    # A zero draw would turn a zero weight into 0/0 = nan, which argmax would pick.
-    race.clamp_(min=torch.finfo(probs.dtype).tiny)
-    return (probs / race).argmax(dim=-1)

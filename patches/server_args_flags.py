@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from sglang_sparsespec.config import KNOBS, PillarConfig
+from sglang_sparsespec.config import KNOBS
 
 
 def _dest(flag: str) -> str:
@@ -23,15 +23,13 @@ def _dest(flag: str) -> str:
 def add_pillar_flags(result, parser: argparse.ArgumentParser, *args, **kwargs):
     group = parser.add_argument_group("PILLAR speculative decoding (sglang-sparsespec)")
     for knob in KNOBS:
-        default = PillarConfig.__dataclass_fields__[knob.field].default
-        shown = default.value if hasattr(default, "value") else default
         group.add_argument(
             knob.flag,
             dest=_dest(knob.flag),
             type=str,
             default=None,
             choices=knob.choices,
-            help=f"PILLAR knob (default {shown}; fallback: the {knob.env} variable)",
+            help=f"PILLAR knob (default {knob.default}; fallback: the {knob.env} variable)",
         )
     return result
 

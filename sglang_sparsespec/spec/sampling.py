@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from sglang_sparsespec.kernels.draft_sample import GREEDY_EPS
 
-# Temperatures below this mean greedy (SGLang's own cut-off, sampling_params._SAMPLING_EPS).
-GREEDY_EPS = 1e-6
 
 
 @dataclass

@@ -2,10 +2,13 @@
 
 ``HOOKS`` is the single list of SGLang symbols we hook, each with the reason; ``apply()``
 registers them with SGLang's ``HookRegistry`` and registers the PILLAR algorithm through
-``SpeculativeAlgorithm.register``. Besides the hooked symbols, three modules build on SGLang
-classes directly: ``worker`` (BaseSpecWorker, EAGLE's verify helpers), ``draft_runner``
-(ForwardBatch, forward context, graph capture mode) and ``draft_attention`` (a TritonAttnBackend
-subclass for the draft steps). Nothing outside this package imports SGLang internals.
+``SpeculativeAlgorithm.register``. Besides the hooked symbols, these modules use SGLang code
+directly: ``worker`` (BaseSpecWorker, EAGLE's verify helpers), ``draft_runner`` (ForwardBatch,
+forward context, graph capture mode), ``draft_attention`` (a TritonAttnBackend subclass for the
+draft steps), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
+renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch) and
+``triton_verify`` (extend_attention_fwd's signature). Nothing outside this package imports SGLang
+internals.
 """
 
 from __future__ import annotations

@@ -279,6 +279,68 @@ def bench_selection(shape: Shape, bs: int, seq_len: int) -> dict:
     return row
 
 
+TUNE_POINTS = {"smollm2-135m": ((256, 7000), (256, 2048), (64, 4096), (16, 7000), (256, 4096)),
+               "qwen3-8b": ((64, 4096), (16, 16384))}  # fmt: skip
+
+
+def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
+    """Verify attention and score capture over their launch parameters at one (bs, L), with SGLang's
+    decode kernel on the same pool as the bandwidth yardstick (one row per request, same prefix bytes)."""
+    k, v, req_to_token = make_pool(shape, bs, seq_len)
+    tokens = bs * VERIFY_ROWS
+    q = torch.randn(tokens, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
+    k_ext, lse = torch.randn(tokens, shape.h_kv, shape.d, device=DEVICE, dtype=torch.bfloat16), torch.empty(tokens, shape.h_q, device=DEVICE)
+    v_ext, o = torch.randn_like(k_ext), torch.empty_like(q)
+    qo_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * VERIFY_ROWS
+    kv_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * seq_len
+    kv_indices = req_to_token.flatten().to(torch.int64)
+    seq_lens = torch.full((bs,), seq_len, dtype=torch.int64, device=DEVICE)
+    out = torch.empty(shape.h_kv, bs * seq_len, device=DEVICE, dtype=torch.float16)
+    prefix_bytes = bs * shape.h_kv * seq_len * 2 * shape.d * k.element_size()
+    base = dict(shape=shape.name, bs=bs, seq_len=seq_len, prefix_GB=prefix_bytes / 1e9)
+    stock = timed_or_note(sglang_decode(shape, q[:bs], k, v, kv_indptr, kv_indices, seq_lens))
+    rows = [dict(base, kernel="sglang_decode", us=stock)]
+    for splits in (1, 2, 4, 8, 16) if "verify" in kernels else ():
+        for block_n in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (2, 3):
+                    us = bench_us(lambda: verify_attention_fwd(
+                        q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS, shape.d**-0.5, lse=lse,
+                        num_kv_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages))  # fmt: skip
+                    rows.append(dict(base, kernel="verify", splits=splits, block_n=block_n, warps=warps, stages=stages, us=us))
+                us = bench_us(lambda: score_capture(q, k, lse, qo_indptr, kv_indptr, kv_indices, out, shape.d**-0.5,
+                                                    num_splits=splits, block_n=block_n, num_warps=warps))  # fmt: skip
+                rows.append(dict(base, kernel="capture", splits=splits, block_n=block_n, warps=warps, us=us))
+    if "sparse" in kernels:
+        rows += tune_sparse(shape, bs, seq_len, q[:bs], k, v, req_to_token, seq_lens, stock)
+    for r in rows:
+        if isinstance(r["us"], float) and r["kernel"] != "sparse":
+            r["GBps"] = prefix_bytes / (2 if r["kernel"] == "capture" else 1) / r["us"] / 1e3
+            r["vs_sglang_decode"] = r["us"] / stock if isinstance(stock, float) else None
+    return rows
+
+
+def tune_sparse(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_lens, stock) -> list[dict]:
+    """The draft step's sparse attention (5 % budget + tail, random per-head selections) over its launch parameters."""
+    cnt = budget(seq_len)
+    kmax = triton.cdiv(cnt, 128) * 128
+    sel = random_selection(bs, shape.h_kv, seq_len - TAIL, cnt, kmax)
+    sel_cnt = torch.full((bs,), cnt, dtype=torch.int32, device=DEVICE)
+    rpi, o = torch.arange(bs, device=DEVICE), torch.empty_like(q)
+    gathered = bs * shape.h_kv * (cnt + TAIL) * (2 * shape.d * k.element_size() + 4)
+    rows = []
+    for splits in (1, 2, 4, 8):
+        for block_n in (16, 32, 64):
+            for stages in (2, 3):
+                us = bench_us(lambda: sparse_decode_fwd(
+                    q, k, v, o, req_to_token, rpi, sel, sel_cnt, seq_lens - TAIL, seq_lens, shape.d**-0.5,
+                    num_kv_splits=splits, block_n=block_n, num_stages=stages))  # fmt: skip
+                rows.append(dict(shape=shape.name, bs=bs, seq_len=seq_len, kernel="sparse", selected=cnt, splits=splits,
+                                 block_n=block_n, warps=4, stages=stages, us=us, GBps=gathered / us / 1e3,
+                                 vs_sglang_decode=us / stock if isinstance(stock, float) else None))  # fmt: skip
+    return rows
+
+
 def markdown(rows: list[dict]) -> str:
     if not rows:
         return ""
@@ -295,11 +357,15 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 128])
     parser.add_argument("--lens", type=int, nargs="+", default=[4096, 16384, 32768])
     parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES], choices=[s.name for s in SHAPES])
+    parser.add_argument("--tune", nargs="+", choices=["verify", "sparse"], default=None,
+                        help="instead: sweep these kernels' launch parameters at TUNE_POINTS (verify: + capture)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("kernels_bench needs a CUDA GPU")
     started = time.time()
-    sections: dict[str, list[dict]] = {"sparse_decode": [], "score_capture": [], "selection": []}
+    sections: dict[str, list[dict]] = (
+        {"tune": []} if args.tune else {"sparse_decode": [], "score_capture": [], "selection": []}
+    )
     result = {
         "kind": "kernels",
         "device": device_name(),
@@ -317,7 +383,19 @@ def main() -> None:
         **sections,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for shape in (s for s in SHAPES if s.name in args.shapes):
+    for shape in (s for s in SHAPES if s.name in args.shapes and args.tune):
+        for bs, seq_len in TUNE_POINTS[shape.name]:
+            rows = tune(shape, bs, seq_len, args.tune)
+            sections["tune"] += rows
+            result["wall_s"] = time.time() - started
+            args.out.write_text(json.dumps(result, indent=1))
+            for kernel in ("verify", "capture", "sparse"):
+                best = sorted((r for r in rows if r["kernel"] == kernel), key=lambda r: r["us"])[:3]
+                if not best:
+                    continue
+                print(f"{shape.name} bs={bs} L={seq_len} sglang_decode={rows[0]['us']}: {kernel} best", best, flush=True)
+            torch.cuda.empty_cache()
+    for shape in (s for s in SHAPES if s.name in args.shapes and not args.tune):
         for seq_len in args.lens:
             for bs in args.batches:
                 sections["sparse_decode"].append(bench_decode(shape, bs, seq_len))

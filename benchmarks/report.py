@@ -411,6 +411,20 @@ def sibling_capture(d: dict[str, Any], docs: Sequence[dict[str, Any]]) -> list[d
     return [c for c in step_times.capture_overhead(merged) if c["config"] in d["servers"] and c["twin"] not in d["servers"]]
 
 
+def _ideal_table(d: dict[str, Any]) -> str:
+    """Each phase's measured ms / its ideal ms (step_times.ideal_breakdown), flagged past 1.5x."""
+    rows = d.get("ideal") or step_times.ideal_breakdown(d)
+    if not rows:
+        return ""
+    phases = ("step", *step_times.PHASES, step_times.GAP, "round")
+    cells = [[r["config"], r["context"], r["batch"], fmt(r["fixed_ms"], ".2f")]
+             + [(f"{m:.2f} / {i:.2f}" + (" **!**" if i and m > 1.5 * i else "")) if (m, i) != (None, None) else "-"
+                for m, i in (r["phases"].get(p, (None, None)) for p in phases)] for r in rows]  # fmt: skip
+    return ("\n\nMeasured / ideal ms per round (`step_times.ideal_breakdown`: bytes / peak HBM bandwidth, plus a fixed "
+            "per-forward cost for the forward phases; **!** = over 1.5x):\n\n"
+            + markdown_table(("config", "L", "B", "fixed ms", *phases), cells))
+
+
 def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
     """Per step_times run: stock decode step vs PILLAR's phases per (L, B), the projection, the capture cost."""
     parts = []
@@ -423,18 +437,19 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
                 fmt(_pct(c["capture_select_frac_of_verify"]), ".0f", "%")]
                for c in [*d.get("capture_overhead", []), *sibling_capture(d, docs)]]  # fmt: skip
         missing = "".join(f"\n- not measured: {n}" for n in _not_measured(d))
+        ideal = _ideal_table(d)
         m1, m2 = s["decode_tokens"]
         parts.append(
             f"#### Step times, run {meta['run_id']} ({d['_file']})\n\n{meta.get('device')}; commit "
             f"{str(meta.get('git_commit'))[:12]}; shape {s['shape']}; M1/M2 = {m1}/{m2} output tokens; "
-            "dummy weights: times only.\n\n" + markdown_table(headers, _step_rows(d)) + "\n" + missing
+            f"weights {s.get('weights', 'dummy (random): times only')}; temperature {s.get('temperature', 0):g}, top-p {s.get('top_p', 1):g}.\n\n" + markdown_table(headers, _step_rows(d)) + "\n" + missing
             + ("\n\nScore capture (verify minus the streaming twin's verify) and selection, per round:\n\n"
-               + markdown_table(CAPTURE_HEADERS, cap) if cap else "") + "\n"
+               + markdown_table(CAPTURE_HEADERS, cap) if cap else "") + ideal + "\n"
         )  # fmt: skip
     if not parts:
         return ""
     return (
-        "### Step times (dummy weights)\n\n"
+        "### Step times\n\n"
         "Per context L and batch B with random weights, so only times mean anything. Stock decode step = wall "
         "time difference of two output lengths / their token difference (host overheads included); PILLAR phases "
         "= mean GPU ms per round from `SPARSESPEC_STEP_TIMING` (draft = k sparse steps, draft / step = draft / k). "

@@ -1,10 +1,11 @@
-"""Step-time breakdown on Qwen3 shapes with dummy weights: stock decode step vs PILLAR phases.
+"""Step-time breakdown: stock decode step vs PILLAR phases, on Qwen3 shapes with dummy weights or a real model.
 
     python -m benchmarks.step_times --shape qwen3-1.7b --out F.json \\
         [--contexts 1024,4096,16384,32768] [--batches 16,64] [--configs stock,pillar,pillar-streaming] [--accept 6.0]
 
 Random weights make any speculation look perfect, so this measures only *time per step*, which
-does not depend on acceptance. Per (context L, batch B) on one server start per config:
+does not depend on acceptance; a model folder with safetensors (SmolLM2) runs its real weights, so that
+sampled rounds see real logit distributions. Per (context L, batch B) on one server start per config:
 - stock: B requests of L random prompt ids decode M1 and then M2 tokens (ignore_eos); the decode
   step time is (wall(M2) - wall(M1)) / (M2 - M1), which cancels the prefill;
 - PILLAR (SPARSESPEC_STEP_TIMING): mean GPU ms of the draft (k sparse steps), verify and select
@@ -50,7 +51,7 @@ from benchmarks.server import (
     install_signal_handlers,
     start_recorded,
 )
-from sglang_sparsespec.config import ENV_PREFIX, SelectionPolicy
+from sglang_sparsespec.config import ENV_PREFIX, PillarConfig, SelectionPolicy
 from sglang_sparsespec.spec.timing import GAP, PHASES, parse_reports
 
 # Shapes of the public Qwen3 configs (no weights are read: --load-format dummy).
@@ -153,10 +154,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def real_weights(shape: str) -> bool:
+    """A model folder with safetensors runs its real weights; a named shape or a bare config.json runs dummy ones."""
+    return shape not in SHAPES and any(Path(shape).glob("*.safetensors"))
+
+
 def server_flags(args: argparse.Namespace) -> tuple[str, ...]:
-    """Flags of every server on top of its config's: dummy weights, contexts and batches of this run."""
+    """Flags of every server on top of its config's: weights, contexts and batches of this run."""
     ctx = context_length(max(args.contexts), args.m2)
-    return ("--load-format", "dummy", "--skip-tokenizer-init", "--context-length", str(ctx),
+    weights = () if real_weights(args.shape) else ("--load-format", "dummy")
+    return (*weights, "--skip-tokenizer-init", "--context-length", str(ctx),
             "--max-running-requests", str(max(args.batches)), "--cuda-graph-max-bs-decode", str(max(args.batches)),
             *args.extra_server_args)  # fmt: skip
 
@@ -307,6 +314,60 @@ def recorded_policy(rec: dict[str, Any]) -> SelectionPolicy | None:
     return None if pc is None else SelectionPolicy(pc["policy"])
 
 
+# Peak HBM bandwidth by device name (TB/s, vendor figures), for the ideal phase times.
+HBM_TBPS = {"H100": 3.35, "H200": 4.8}
+
+
+def model_shape(config: dict[str, Any]) -> dict[str, int]:
+    """What the ideal needs of a HF config.json: layers, KV heads, head dim, vocabulary."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return {"layers": config["num_hidden_layers"], "kv_heads": config.get("num_key_value_heads") or
+            config["num_attention_heads"], "head_dim": head_dim, "vocab": config["vocab_size"]}  # fmt: skip
+
+
+def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each PILLAR phase (and stock's step) against its physical cost: the bytes it must move / peak HBM
+    bandwidth, plus the fixed cost of a forward for the forward phases. Fixed = stock's decode step at the
+    smallest measured context of the same batch minus that step's own KV bytes. Per round at context
+    c = L + M2 / 2 (the mean during the timed pass), bf16 KV: draft = k x (fixed + B x (budget(c) + recent
+    window + k) KV tokens); verify = fixed + B x c KV tokens (+ the K half once per select_every rounds for
+    score capture); accept = one fp32 read of the (k + 1) x B verify logit rows; select = one fp16 read of
+    the scores once per select_every rounds; gap = 0. Empty without the model shape or a known device."""
+    model, meta = doc["settings"].get("model"), doc["meta"]
+    bw = next((tbps * 1e12 for name, tbps in HBM_TBPS.items() if name in str(meta.get("device"))), None)
+    stock = {(r["context"], r["batch"]): r["step_ms"] for r in doc["servers"].get("stock", {}).get("rows", []) if "step_ms" in r}
+    if model is None or bw is None or not stock:
+        return []
+    kv_tok = 2 * model["layers"] * model["kv_heads"] * model["head_dim"] * 2
+    half = doc["settings"]["decode_tokens"][1] / 2
+
+    def kv_ms(batch: int, tokens: float) -> float:
+        return 1e3 * batch * tokens * kv_tok / bw
+
+    out = []
+    for (length, batch), step in sorted(stock.items()):
+        low = min(c for c, b in stock if b == batch)
+        fixed = stock[(low, batch)] - kv_ms(batch, low + half)
+        row = {"config": "stock", "context": length, "batch": batch, "fixed_ms": fixed,
+               "phases": {"step": (step, fixed + kv_ms(batch, length + half))}}  # fmt: skip
+        out.append(row)
+        for name, rec in doc["servers"].items():
+            pc = rec.get("pillar_config")
+            r = next((r for r in rec["rows"] if (r["context"], r["batch"]) == (length, batch) and "round_ms" in r), None)
+            if pc is None or r is None:
+                continue
+            k, every, c = pc["num_steps"], pc["select_every"], length + half
+            draft_tokens = PillarConfig(**{**pc, "timing_every": 0}).budget(int(c)) + pc["recent_window"] + k
+            ideal = {"draft": k * (fixed + kv_ms(batch, draft_tokens)),
+                     "verify": fixed + kv_ms(batch, c) * (1 + 0.5 / every),
+                     "accept": 1e3 * (k + 1) * batch * model["vocab"] * 4 / bw,
+                     "select": 1e3 * model["layers"] * model["kv_heads"] * batch * c * 2 / bw / every, "gap": 0.0}  # fmt: skip
+            phases = {p: (r[f"{p}_ms"], ideal[p]) for p in (*PHASES, GAP)}
+            phases["round"] = (r["round_ms"] + r[f"{GAP}_ms"], sum(ideal.values()))
+            out.append({"config": name, "context": length, "batch": batch, "fixed_ms": fixed, "phases": phases})
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     install_signal_handlers()
@@ -317,13 +378,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "settings": {"shape": args.shape, "contexts": args.contexts, "batches": args.batches,
                                         "decode_tokens": [args.m1, args.m2], "accept_assumed": args.accept,
                                         "temperature": args.temperature, "top_p": args.top_p,
-                                        "env": args.env, "weights": "dummy (random): times only"},
-                           "servers": {}, "projection": [], "capture_overhead": []}  # fmt: skip
+                                        "env": args.env, "model": model_shape(json.loads((model / "config.json").read_text())),
+                                        "weights": "real" if real_weights(args.shape) else "dummy (random): times only"},
+                           "servers": {}, "projection": [], "capture_overhead": [], "ideal": []}  # fmt: skip
     write_json(args.out, doc)
     for config in args.configs:
         doc["servers"][config.name] = run_config(config, model, args, deadline, log)
         doc["projection"] = projections(doc["servers"], args.accept)
         doc["capture_overhead"] = capture_overhead(doc["servers"])
+        doc["ideal"] = ideal_breakdown(doc)
         write_json(args.out, doc)
     # A server skipped for the time budget is listed, not a failure (as in throughput).
     ok = all(r["status"] in ("ok", "skipped") and not any("error" in x for x in r["rows"]) for r in doc["servers"].values())

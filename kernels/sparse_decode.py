@@ -170,6 +170,9 @@ def sparse_decode_fwd(
     logit_cap: float = 0.0,
     sel_rows: torch.Tensor | None = None,
     num_kv_splits: int | None = None,
+    block_n: int = 32,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -180,6 +183,8 @@ def sparse_decode_fwd(
     request b in sel_pos/sel_cnt (e.g. req_pool_indices), default b.
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
+    block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
+    H100 sweep, benchmarks/results/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -245,12 +250,12 @@ def sparse_decode_fwd(
         D=d,
         BLOCK_D=block_d,
         BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=32,
+        BLOCK_N=block_n,
         NUM_SPLITS=num_kv_splits,
         LOGIT_CAP=logit_cap,
         HAS_SEL_ROWS=sel_rows is not None,
-        num_warps=4,
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     _sparse_decode_stage2[(bs, h_q)](
         mid_o,

@@ -1010,7 +1010,7 @@ def test_report_step_times_section(tmp_path: Path) -> None:
     (tmp_path / "steps.json").write_text(json.dumps(doc))
     assert report.main(["--results-dir", str(tmp_path)]) == 0
     md = (tmp_path / "SUMMARY.md").read_text()
-    assert "H100; commit 0123456789ab; shape qwen3-1.7b; M1/M2 = 32/160 output tokens; dummy weights: times only." in md
+    assert "H100; commit 0123456789ab; shape qwen3-1.7b; M1/M2 = 32/160 output tokens; weights dummy (random): times only; temperature 0, top-p 1." in md
     assert "| stock decode step ms | draft ms / round | draft ms / step | verify ms | select ms | round ms " \
            "| projected speedup (accept 6) |" in md and "is a projection, not a measurement" in md
     # draft per step = 16 ms / k = 8; projection = 6 x 10 ms / 30 ms.
@@ -1156,3 +1156,32 @@ def test_lossless_candidate_repeats_flag(tmp_path: Path) -> None:
         lossless.parse_args(base + ["--candidate-repeats", "-1"])
 
 
+
+
+def test_step_times_ideal_breakdown() -> None:
+    # SmolLM2-like shape: 30 layers x 3 KV heads x 64 dims, bf16 -> 23,040 KV bytes per token.
+    model = step_times.model_shape({"num_hidden_layers": 30, "num_key_value_heads": 3, "hidden_size": 576,
+                                    "num_attention_heads": 9, "vocab_size": 1000})  # fmt: skip
+    assert model == {"layers": 30, "kv_heads": 3, "head_dim": 64, "vocab": 1000}
+    pillar = configs.resolve_config("pillar")
+    pc = pillar.pillar_config({})
+    times = {"draft_ms": 20.0, "verify_ms": 10.0, "accept_ms": 1.0, "select_ms": 0.5, "gap_ms": 0.2}
+    doc = {"meta": {"device": "NVIDIA H100 80GB HBM3"},
+           "settings": {"model": model, "decode_tokens": [32, 160]},
+           "servers": {"stock": {"rows": [{"context": 96, "batch": 4, "step_ms": 2.0},
+                                          {"context": 4000, "batch": 4, "step_ms": 3.0}]},
+                       "pillar": {"pillar_config": pc, "rows": [{"context": 4000, "batch": 4, "round_ms": 31.5, **times}]}}}  # fmt: skip
+    rows = step_times.ideal_breakdown(doc)
+    kv_ms = lambda tokens: 1e3 * 4 * tokens * 23040 / 3.35e12  # noqa: E731
+    fixed = 2.0 - kv_ms(96 + 80)
+    assert [r["config"] for r in rows] == ["stock", "stock", "pillar"] and rows[2]["fixed_ms"] == pytest.approx(fixed)
+    ph = rows[2]["phases"]
+    c, k = 4080, pc["num_steps"]
+    assert ph["draft"] == (20.0, pytest.approx(k * (fixed + kv_ms(max(128, 0.05 * c) + 64 + k))))
+    assert ph["verify"] == (10.0, pytest.approx(fixed + kv_ms(c) * (1 + 0.5 / pc["select_every"])))
+    assert ph["accept"][1] == pytest.approx(1e3 * (k + 1) * 4 * 1000 * 4 / 3.35e12)
+    assert ph["round"][0] == pytest.approx(31.7) and ph["gap"] == (0.2, 0.0)
+    assert rows[1]["phases"]["step"] == (3.0, pytest.approx(fixed + kv_ms(4080)))
+    # No model shape recorded (older runs) or an unknown device: no ideal.
+    assert step_times.ideal_breakdown({**doc, "settings": {"decode_tokens": [32, 160]}}) == []
+    assert step_times.ideal_breakdown({**doc, "meta": {"device": "cpu"}}) == []

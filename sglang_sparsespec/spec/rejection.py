@@ -68,10 +68,10 @@ def rejection_sample(
     ids, q = record.cand_ids[rows, j], record.cand_q[rows, j]
     overlap = torch.minimum(final_p.gather(1, ids), q) * (num_accepted < k)[:, None]
     residual = final_p.scatter_add(1, ids, -overlap).clamp_(min=0.0)
-    # Rounding can leave a residual of zero mass only when p == q; p itself is then exact.
-    cdf = residual.cumsum(dim=1)
-    empty = cdf[:, -1:] <= 0
-    cdf = torch.where(empty, final_p.cumsum(dim=1), cdf)
+    # Rounding can leave a residual of zero mass only when p == q; p itself is then exact. One
+    # vocabulary-wide scan: the row to draw from is chosen before the cumulative sum.
+    empty = residual.sum(dim=1, keepdim=True) <= 0
+    cdf = torch.where(empty, final_p, residual).cumsum(dim=1)
     # Inverse CDF: the first id whose cumulative mass exceeds u * total has positive mass.
     total = cdf[:, -1:]
     drawn = torch.searchsorted(cdf, final_coins[:, None] * total, right=True)

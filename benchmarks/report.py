@@ -335,7 +335,10 @@ def exactness_markdown(docs: Sequence[dict[str, Any]]) -> str:
 def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
     """Kernel microbenchmarks: sparse draft attention vs full decode, score-capture and selection cost."""
     parts = []
-    for d in (d for d in docs if d.get("kind") == "kernels"):
+    for d in (d for d in docs if d.get("kind") == "kernels" and "tune" in d):
+        parts.append(f"### Kernel launch sweep ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}; "
+                     f"microseconds per layer; the fastest launch per kernel and point:\n\n" + tune_table(d["tune"]) + "\n")
+    for d in (d for d in docs if d.get("kind") == "kernels" and "tune" not in d):
         head = f"{d['device']}; commit {str(d['git_commit'])[:12]}; {d['config']['timing']}; microseconds per layer."
         dec = [[r["shape"], r["bs"], r["seq_len"], r["selected"] + r["tail"], fmt(r["sparse_us"], ".1f"),
                 fmt(r["sparse_GBps"], ".0f"), fmt(_num(r.get("sglang_full_us")), ".1f"),
@@ -357,6 +360,21 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
             + "\n"
         )  # fmt: skip
     return "\n".join(parts)
+
+
+def tune_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Per (kernel, shape, batch, L) of a ``kernels_bench --tune`` run: its fastest launch, next to SGLang's
+    decode kernel on the same pool (one query row per request, the same prefix)."""
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    stock = {(r["shape"], r["bs"], r["seq_len"]): r["us"] for r in rows if r["kernel"] == "sglang_decode"}
+    for r in rows:
+        key = (r["kernel"], r["shape"], r["bs"], r["seq_len"])
+        if r["kernel"] != "sglang_decode" and (key not in best or r["us"] < best[key]["us"]):
+            best[key] = r
+    cells = [[*key, f"splits {r['splits']}, tile {r['block_n']}, {r['warps']} warps" + (f", {r['stages']} stages" if "stages" in r else ""),
+              fmt(r["us"], ".1f"), fmt(_num(stock.get(key[1:])), ".1f"), fmt(r.get("GBps"), ".0f")]
+             for key, r in best.items()]  # fmt: skip
+    return markdown_table(("kernel", "shape", "bs", "L", "fastest launch", "us", "SGLang decode us", "GB/s"), cells)
 
 
 STEP_HEADERS = ("config", "L", "B", "stock decode step ms", "draft ms / round", "draft ms / step", "verify ms",
@@ -413,7 +431,7 @@ def sibling_capture(d: dict[str, Any], docs: Sequence[dict[str, Any]]) -> list[d
 
 def _ideal_table(d: dict[str, Any]) -> str:
     """Each phase's measured ms / its ideal ms (step_times.ideal_breakdown), flagged past 1.5x."""
-    rows = d.get("ideal") or step_times.ideal_breakdown(d)
+    rows = step_times.ideal_breakdown(d)  # recomputed: the rule may be newer than the file
     if not rows:
         return ""
     phases = ("step", *step_times.PHASES, step_times.GAP, "round")
@@ -747,7 +765,7 @@ def readme_markdown(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, 
     draft policies, the step-time breakdown and the verify-kernel table of the widest kernels sweep with one."""
     tput = [d for d in docs if d.get("kind") == "throughput" and stream_interval(d["config"].get("flags", [])) > 1]
     lossless = sorted((d for d in docs if d.get("kind") == "lossless"), key=lambda d: d["meta"]["run_id"])[-1:]
-    kernels = [d for d in docs if d.get("kind") == "kernels" and "split_verify_attn_us" in d["score_capture"][0]]
+    kernels = [d for d in docs if d.get("kind") == "kernels" and "split_verify_attn_us" in d.get("score_capture", [{}])[0]]
     parts = [throughput_markdown(tput), repeats_markdown(docs, repeats), lossless_markdown(lossless), acceptance_markdown(docs),
              exactness_markdown(docs), step_times_markdown(docs)]
     if kernels:

@@ -232,6 +232,11 @@ def run_config(
     with server:
         if not start_recorded(server, name, record, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log):
             return record
+        # One short batch first: the first requests a fresh server serves pay one-time costs (lazy
+        # initialisation, first graph replays) that would otherwise land in the first point's M1 pass.
+        warm = random_prompts(max(args.batches), 64, seed=0, vocab_size=args.vocab_size)
+        generate_all(server, warm, {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.m1,
+                                    "ignore_eos": True}, concurrency=len(warm), timeout_s=240)  # fmt: skip
         pool = record["kv_pool_tokens"] = kv_pool_tokens(server)
         log.line(f"{name}: KV pool " + ("size unknown, no point skipped for it" if pool is None else f"{pool} tokens"))
         for length in args.contexts:
@@ -335,7 +340,9 @@ def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
     the scores once per select_every rounds; gap = 0. Empty without the model shape or a known device."""
     model, meta = doc["settings"].get("model"), doc["meta"]
     bw = next((tbps * 1e12 for name, tbps in HBM_TBPS.items() if name in str(meta.get("device"))), None)
-    stock = {(r["context"], r["batch"]): r["step_ms"] for r in doc["servers"].get("stock", {}).get("rows", []) if "step_ms" in r}
+    # A step <= 0 ms is a failed measurement (runs before the warm-up pass existed: a server's first point).
+    stock = {(r["context"], r["batch"]): r["step_ms"] for r in doc["servers"].get("stock", {}).get("rows", [])
+             if r.get("step_ms", 0) > 0}  # fmt: skip
     if model is None or bw is None or not stock:
         return []
     kv_tok = 2 * model["layers"] * model["kv_heads"] * model["head_dim"] * 2

@@ -1185,3 +1185,15 @@ def test_step_times_ideal_breakdown() -> None:
     # No model shape recorded (older runs) or an unknown device: no ideal.
     assert step_times.ideal_breakdown({**doc, "settings": {"decode_tokens": [32, 160]}}) == []
     assert step_times.ideal_breakdown({**doc, "meta": {"device": "cpu"}}) == []
+
+
+def test_report_kernel_tune_table() -> None:
+    base = {"shape": "smollm2-135m", "bs": 256, "seq_len": 7000}
+    rows = [{**base, "kernel": "sglang_decode", "us": 596.0},
+            {**base, "kernel": "verify", "splits": 1, "block_n": 32, "warps": 4, "stages": 2, "us": 936.0, "GBps": 1470.0},
+            {**base, "kernel": "verify", "splits": 1, "block_n": 128, "warps": 4, "stages": 3, "us": 542.0, "GBps": 2539.0},
+            {**base, "kernel": "capture", "splits": 2, "block_n": 128, "warps": 4, "us": 299.0, "GBps": 2302.0}]  # fmt: skip
+    table = report.tune_table(rows)
+    assert "| verify | smollm2-135m | 256 | 7000 | splits 1, tile 128, 4 warps, 3 stages | 542.0 | 596.0 | 2539 |" in table
+    assert "| capture | smollm2-135m | 256 | 7000 | splits 2, tile 128, 4 warps | 299.0 | 596.0 | 2302 |" in table
+    assert "936.0" not in table and table.count("\n") == 3

@@ -154,6 +154,7 @@ def test_pillar_knobs_are_launch_flags(llama_config_dir, monkeypatch):
     import argparse
 
     from sglang.srt.server_args import prepare_server_args
+
     from sglang_sparsespec.config import KNOBS, PillarConfig
 
     parser = argparse.ArgumentParser()

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from sglang_sparsespec.kernels.draft_sample import GREEDY_EPS
 
+from sglang_sparsespec.kernels.draft_sample import GREEDY_EPS
 
 
 @dataclass

@@ -171,15 +171,23 @@ def timed_or_note(fn: Callable[[], object] | str) -> float | str:
         return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3
 
 
+def draft_selection(shape: Shape, bs: int, seq_len: int, kv_bytes: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """A draft step's random per-head selections at the 5 % budget: (sel [bs, H_kv, Kmax] int32, sel_cnt [bs],
+    positions per head, bytes the sparse kernel gathers: K/V + slot index per attended token incl. the TAIL,
+    and the selected positions themselves)."""
+    cnt = budget(seq_len)
+    sel = random_selection(bs, shape.h_kv, seq_len - TAIL, cnt, triton.cdiv(cnt, 128) * 128)
+    sel_cnt = torch.full((bs,), cnt, dtype=torch.int32, device=DEVICE)
+    gathered = bs * shape.h_kv * ((cnt + TAIL) * (2 * shape.d * kv_bytes + 4) + cnt * 4)
+    return sel, sel_cnt, cnt, gathered
+
+
 def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
     k, v, req_to_token = make_pool(shape, bs, seq_len)
     q = torch.randn(bs, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
     seq_lens = torch.full((bs,), seq_len, dtype=torch.int64, device=DEVICE)
     tail_start = seq_lens - TAIL
-    cnt = budget(seq_len)
-    kmax = triton.cdiv(cnt, 128) * 128
-    sel = random_selection(bs, shape.h_kv, seq_len - TAIL, cnt, kmax)
-    sel_cnt = torch.full((bs,), cnt, dtype=torch.int32, device=DEVICE)
+    sel, sel_cnt, cnt, gathered = draft_selection(shape, bs, seq_len, k.element_size())
     rpi = torch.arange(bs, device=DEVICE)
     o = torch.empty_like(q)
     row: dict = dict(shape=shape.name, bs=bs, seq_len=seq_len, selected=cnt, tail=TAIL)
@@ -187,7 +195,6 @@ def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
         lambda: sparse_decode_fwd(q, k, v, o, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5)
     )
     n = cnt + TAIL
-    gathered = bs * shape.h_kv * n * (2 * shape.d * k.element_size() + 4) + bs * shape.h_kv * cnt * 4
     row["sparse_GBps"] = gathered / row["sparse_us"] / 1e3
 
     full_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * seq_len
@@ -284,8 +291,9 @@ TUNE_POINTS = {"smollm2-135m": ((256, 7000), (256, 2048), (64, 4096), (16, 7000)
 
 
 def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
-    """Verify attention and score capture over their launch parameters at one (bs, L), with SGLang's
-    decode kernel on the same pool as the bandwidth yardstick (one row per request, same prefix bytes)."""
+    """``kernels`` ("verify": verify attention and score capture; "sparse": the draft step's sparse attention)
+    over their launch parameters at one (bs, L), with SGLang's decode kernel on the same pool as the bandwidth
+    yardstick (one row per request, same prefix bytes)."""
     k, v, req_to_token = make_pool(shape, bs, seq_len)
     tokens = bs * VERIFY_ROWS
     q = torch.randn(tokens, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
@@ -322,12 +330,8 @@ def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
 
 def tune_sparse(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_lens, stock) -> list[dict]:
     """The draft step's sparse attention (5 % budget + tail, random per-head selections) over its launch parameters."""
-    cnt = budget(seq_len)
-    kmax = triton.cdiv(cnt, 128) * 128
-    sel = random_selection(bs, shape.h_kv, seq_len - TAIL, cnt, kmax)
-    sel_cnt = torch.full((bs,), cnt, dtype=torch.int32, device=DEVICE)
+    sel, sel_cnt, cnt, gathered = draft_selection(shape, bs, seq_len, k.element_size())
     rpi, o = torch.arange(bs, device=DEVICE), torch.empty_like(q)
-    gathered = bs * shape.h_kv * (cnt + TAIL) * (2 * shape.d * k.element_size() + 4)
     rows = []
     for splits in (1, 2, 4, 8):
         for block_n in (16, 32, 64):

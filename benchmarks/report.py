@@ -431,7 +431,7 @@ def sibling_capture(d: dict[str, Any], docs: Sequence[dict[str, Any]]) -> list[d
 
 def _ideal_table(d: dict[str, Any]) -> str:
     """Each phase's measured ms / its ideal ms (step_times.ideal_breakdown), flagged past 1.5x."""
-    rows = step_times.ideal_breakdown(d)  # recomputed: the rule may be newer than the file
+    rows = step_times.ideal_breakdown(d)  # derived from the rows (a stored "ideal" in older files is ignored)
     if not rows:
         return ""
     phases = ("step", *step_times.PHASES, step_times.GAP, "round")
@@ -468,7 +468,8 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
         return ""
     return (
         "### Step times\n\n"
-        "Per context L and batch B with random weights, so only times mean anything. Stock decode step = wall "
+        "Per context L and batch B; with random weights (Qwen3 shapes) only times mean anything, a run's weights are "
+        "named in its header. Stock decode step = wall "
         "time difference of two output lengths / their token difference (host overheads included); PILLAR phases "
         "= mean GPU ms per round from `SPARSESPEC_STEP_TIMING` (draft = k sparse steps, draft / step = draft / k). "
         "The projected speedup is a projection, not a measurement: an accept length measured on a real model x "

@@ -187,15 +187,19 @@ def pool_skip_reason(length: int, batch: int, pool: int | None, args: argparse.N
     return f"KV pool: {batch} x ({length} + {args.m2} + {KV_SLACK}) = {need} tokens > {pool}"
 
 
+def sampling(args: argparse.Namespace, tokens: int) -> dict[str, Any]:
+    """Sampling parameters of every request of the run: ``tokens`` output tokens, no early stop."""
+    return {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": tokens, "ignore_eos": True}
+
+
 def measure_point(server: Server, length: int, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     """Walls of the M1 and M2 passes and the PILLAR timing reports logged during the M2 pass."""
     prompts = random_prompts(batch, length, seed=length * 1000 + batch, vocab_size=args.vocab_size)
     walls = {}
     for m in (args.m1, args.m2):
         offset = server.log_path.stat().st_size if server.log_path.exists() else 0
-        sampling = {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": m, "ignore_eos": True}
         t0 = time.monotonic()
-        outs = generate_all(server, prompts, sampling, concurrency=batch, timeout_s=240)
+        outs = generate_all(server, prompts, sampling(args, m), concurrency=batch, timeout_s=240)
         walls[m] = time.monotonic() - t0
         if any(o.completion_tokens != m for o in outs):
             raise RuntimeError(f"expected {m} tokens per request at L={length}, B={batch}")
@@ -235,8 +239,7 @@ def run_config(
         # One short batch first: the first requests a fresh server serves pay one-time costs (lazy
         # initialisation, first graph replays) that would otherwise land in the first point's M1 pass.
         warm = random_prompts(max(args.batches), 64, seed=0, vocab_size=args.vocab_size)
-        generate_all(server, warm, {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.m1,
-                                    "ignore_eos": True}, concurrency=len(warm), timeout_s=240)  # fmt: skip
+        generate_all(server, warm, sampling(args, args.m1), concurrency=len(warm), timeout_s=240)
         pool = record["kv_pool_tokens"] = kv_pool_tokens(server)
         log.line(f"{name}: KV pool " + ("size unknown, no point skipped for it" if pool is None else f"{pool} tokens"))
         for length in args.contexts:
@@ -364,7 +367,7 @@ def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
             if pc is None or r is None:
                 continue
             k, every, c = pc["num_steps"], pc["select_every"], length + half
-            draft_tokens = PillarConfig(**{**pc, "timing_every": 0}).budget(int(c)) + pc["recent_window"] + k
+            draft_tokens = PillarConfig(**pc).budget(int(c)) + pc["recent_window"] + k
             ideal = {"draft": k * (fixed + kv_ms(batch, draft_tokens)),
                      "verify": fixed + kv_ms(batch, c) * (1 + 0.5 / every),
                      "accept": 1e3 * (k + 1) * batch * model["vocab"] * 4 / bw,
@@ -387,13 +390,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         "temperature": args.temperature, "top_p": args.top_p,
                                         "env": args.env, "model": model_shape(json.loads((model / "config.json").read_text())),
                                         "weights": "real" if real_weights(args.shape) else "dummy (random): times only"},
-                           "servers": {}, "projection": [], "capture_overhead": [], "ideal": []}  # fmt: skip
+                           "servers": {}, "projection": [], "capture_overhead": []}  # fmt: skip
     write_json(args.out, doc)
     for config in args.configs:
         doc["servers"][config.name] = run_config(config, model, args, deadline, log)
         doc["projection"] = projections(doc["servers"], args.accept)
         doc["capture_overhead"] = capture_overhead(doc["servers"])
-        doc["ideal"] = ideal_breakdown(doc)
         write_json(args.out, doc)
     # A server skipped for the time budget is listed, not a failure (as in throughput).
     ok = all(r["status"] in ("ok", "skipped") and not any("error" in x for x in r["rows"]) for r in doc["servers"].values())

@@ -224,7 +224,8 @@ def run_config(
     config: ServerConfig, model: Path, args: argparse.Namespace, deadline: Deadline, log: RunLog
 ) -> dict[str, Any]:
     name = config.name
-    timing = {f"{ENV_PREFIX}STEP_TIMING": str(TIMING_EVERY)} if config.speculative else {}
+    # A fixed draft count: the breakdown is of a k-step round (adaptive rounds would mix in plain ones).
+    timing = {f"{ENV_PREFIX}STEP_TIMING": str(TIMING_EVERY), f"{ENV_PREFIX}ADAPTIVE_STEPS": "off"} if config.speculative else {}
     env = config.environment({**timing, **args.env})
     record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "rows": [],
                               "pillar_config": config.pillar_config({**timing, **args.env})}  # fmt: skip

@@ -22,6 +22,7 @@ from . import (
     request_guard,
     reserved_tokens,
     server_args_flags,
+    server_info,
     triton_verify,
     verify_sample,
 )
@@ -94,6 +95,13 @@ HOOKS: tuple[Hook, ...] = (
         verify_sample.pillar_eagle_sample,
         "PILLAR drafts record their proposal on C candidates, not as full-vocabulary rows; its sampled "
         "verify accepts against that record (run_eagle_verify imports eagle_sample by name)",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
+        "AFTER",
+        server_info.add_pillar_state,
+        "/server_info shows which draft count each round ran (adaptive speculation) and the "
+        "acceptance estimate, which only the PILLAR worker knows",
     ),
 )
 

@@ -3,7 +3,8 @@
 ``DecodeCudaGraphRunner.get_spec_info`` and ``spec_info.create_dummy_verify_input``
 return ``None`` for plugin algorithms, so the target's TARGET_VERIFY graph would be
 captured without spec metadata (no hidden-state capture, no tree mask). PILLAR verifies
-exactly like EAGLE with topk=1, so it gets EAGLE's dummy.
+exactly like EAGLE with topk=1, so it gets EAGLE's dummy, at the width of the graph being
+captured (the worker captures a width-1 graph for plain-decoding rounds besides the k+1 one).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from .spec_algo import is_pillar
 
 
-def _eagle_style_dummy(server_args, custom_mask):
+def _eagle_style_dummy(spec_steps: int, draft_token_num: int, custom_mask):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
     from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
@@ -25,9 +26,9 @@ def _eagle_style_dummy(server_args, custom_mask):
         retrieve_next_token=None,
         retrieve_next_sibling=None,
         retrieve_cum_len=None,
-        spec_steps=server_args.speculative_num_steps,
+        spec_steps=spec_steps,
         topk=1,
-        draft_token_num=server_args.speculative_num_draft_tokens,
+        draft_token_num=draft_token_num,
         capture_hidden_mode=CaptureHiddenMode.FULL,
         seq_lens_sum=None,
         seq_lens_cpu=None,
@@ -39,7 +40,7 @@ def graph_runner_spec_info(original, runner, num_tokens: int):
     mr = runner.model_runner
     if not is_pillar(mr.spec_algorithm) or mr.is_draft_worker:
         return original(runner, num_tokens)
-    spec_info = _eagle_style_dummy(mr.server_args, runner.buffers.custom_mask)
+    spec_info = _eagle_style_dummy(runner.speculative_num_steps, runner.speculative_num_draft_tokens, runner.buffers.custom_mask)
     spec_info.hidden_states = torch.zeros(
         (num_tokens, mr.model_config.hidden_size), dtype=mr.dtype, device=mr.device
     )
@@ -52,4 +53,4 @@ def warmup_dummy_verify_input(
     """AROUND ``spec_info.create_dummy_verify_input`` (used by runner warm-up)."""
     if not is_pillar(spec_algorithm) or is_draft_worker:
         return original(spec_algorithm, server_args, custom_mask, num_tokens_per_req, is_draft_worker)
-    return _eagle_style_dummy(server_args, custom_mask)
+    return _eagle_style_dummy(num_tokens_per_req - 1, num_tokens_per_req, custom_mask)

@@ -8,7 +8,9 @@ recorded for the verify's rejection sampling. The whole
 k-step loop — k forwards and draft sampling — is captured as one CUDA graph per
 batch-size bucket, so a round costs one graph launch for drafting plus the target's own
 TARGET_VERIFY graph for verifying. Batches larger than the largest bucket run the same
-loop eagerly.
+loop eagerly. A round may draft fewer than k tokens (adaptive speculation): each draft count
+the policy can choose has its own graphs, and the columns past it keep stale values that the
+verify never accepts (``DraftRecord.num_drafts``).
 """
 
 from __future__ import annotations
@@ -45,11 +47,14 @@ class PillarDraftRunner:
         state: PlanState,
         max_bs: int,
         capture_bs: list[int],
+        step_counts: tuple[int, ...],
     ):
         self.mr = model_runner
         self.cfg = cfg
         self.state = state
         self.k = cfg.num_steps
+        # The draft counts rounds may run (graphs are captured for each).
+        self.step_counts = tuple(n for n in step_counts if n >= 1)
         self.max_bs = max_bs
         self.device = model_runner.device
         # The proposal's support: the C largest logits (any proposal keeps verify exact).
@@ -78,9 +83,9 @@ class PillarDraftRunner:
         self.backend = PillarDraftBackend(
             model_runner, state, self.inputs, oracle=cfg.policy is SelectionPolicy.ORACLE
         )
-        # Keyed by (batch-size bucket, greedy): all-greedy batches draft by argmax and
-        # skip the draft records, which their verify never reads.
-        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        # Keyed by (batch-size bucket, greedy, draft count): all-greedy batches draft by argmax
+        # and skip the draft records, which their verify never reads.
+        self.graphs: dict[tuple[int, bool, int], torch.cuda.CUDAGraph] = {}
         self.capture_bs = sorted(b for b in capture_bs if b <= max_bs)
         self._forward_batches: dict[int, object] = {}
 
@@ -115,7 +120,7 @@ class PillarDraftRunner:
         return fb
 
     # ---- the k-step loop (eager body == captured body) ----------------------------
-    def _run_steps(self, bs: int, greedy: bool) -> None:
+    def _run_steps(self, bs: int, greedy: bool, steps: int) -> None:
         from sglang.srt.layers.dp_attention import (
             set_dp_buffer_len,
             set_is_extend_in_batch,
@@ -137,7 +142,7 @@ class PillarDraftRunner:
         set_is_extend_in_batch(False)
         tokens = self.bonus[:bs]
         with forward_context(ForwardContext(attn_backend=self.backend)):
-            for step in range(self.k):
+            for step in range(steps):
                 positions = lens + step
                 self.inputs.seq_lens[:bs] = positions + 1
                 fb.input_ids = tokens
@@ -170,18 +175,19 @@ class PillarDraftRunner:
         with model_capture_mode():
             for bs in reversed(self.capture_bs):
                 for greedy in (True, False):
-                    self._load_padding(0, bs)
-                    stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(stream):
-                        # One eager warm-up: Triton JIT must not run under capture (the
-                        # kernels involved do not autotune, so a second pass adds nothing).
-                        self._run_steps(bs, greedy)
-                    torch.cuda.current_stream().wait_stream(stream)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self._run_steps(bs, greedy)
-                    self.graphs[(bs, greedy)] = graph
-        logger.info("PILLAR draft graphs captured for batch sizes %s", self.capture_bs)
+                    for steps in self.step_counts:
+                        self._load_padding(0, bs)
+                        stream.wait_stream(torch.cuda.current_stream())
+                        with torch.cuda.stream(stream):
+                            # One eager warm-up: Triton JIT must not run under capture (the
+                            # kernels involved do not autotune, so a second pass adds nothing).
+                            self._run_steps(bs, greedy, steps)
+                        torch.cuda.current_stream().wait_stream(stream)
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, pool=pool, stream=stream):
+                            self._run_steps(bs, greedy, steps)
+                        self.graphs[(bs, greedy, steps)] = graph
+        logger.info("PILLAR draft graphs captured for batch sizes %s, draft counts %s", self.capture_bs, self.step_counts)
 
     def _load_padding(self, start: int, end: int) -> None:
         """Padding rows read the all-zero request row 0 and sample greedily."""
@@ -193,8 +199,11 @@ class PillarDraftRunner:
         self.top_k[start:end] = 1
         self.min_p[start:end] = 0.0
 
-    def run(self, req_pool_indices, seq_lens, bonus, sampling_info) -> DraftOutput:
-        """Draft k tokens for a decode batch; no host synchronisation."""
+    def run(self, req_pool_indices, seq_lens, bonus, sampling_info, steps: int) -> DraftOutput:
+        """Draft ``steps`` (one of ``step_counts``) tokens for a decode batch; no host synchronisation.
+        The output has k columns; those past ``steps`` are stale."""
+        if steps not in self.step_counts:
+            raise ValueError(f"draft count {steps} not among the captured {self.step_counts}")
         bs = req_pool_indices.shape[0]
         graph_bs = next((b for b in self.capture_bs if b >= bs), None)
         padded = graph_bs if graph_bs is not None else bs
@@ -214,9 +223,9 @@ class PillarDraftRunner:
             self._load_padding(bs, padded)
         greedy = bool(sampling_info.is_all_greedy)
         if graph_bs is not None:
-            self.graphs[(graph_bs, greedy)].replay()
+            self.graphs[(graph_bs, greedy, steps)].replay()
         else:
-            self._run_steps(bs, greedy)
+            self._run_steps(bs, greedy, steps)
         record = None
         if not greedy:
             record = DraftRecord(
@@ -224,5 +233,6 @@ class PillarDraftRunner:
                 cand_ids=self.cand_ids[:, :bs].transpose(0, 1),
                 cand_q=self.cand_q[:, :bs].transpose(0, 1),
                 q_tok=self.q_tok[:, :bs].transpose(0, 1),
+                num_drafts=steps,
             )
         return DraftOutput(tokens=self.out_tokens[:bs], record=record)

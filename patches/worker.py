@@ -13,11 +13,19 @@ One decode round (all on the GPU, no host synchronisation, overlap-scheduler saf
 
 Prefill batches run the plain target forward and seed each request with a streaming
 plan (sinks + recent window) so the first round after prefill is already sparse.
+
+Adaptive speculation (``spec/adaptive.py``, on unless SPARSESPEC_ADAPTIVE_STEPS=off) picks each
+round's draft count from the candidates: k >= 1 drafts k tokens (verify width stays k_max + 1,
+the undrafted columns are never accepted); k = 0 is plain decoding: one forward of the pending
+token through a second TARGET_VERIFY graph of width 1 (SGLang's own shape for EAGLE's zero-step
+rounds), with its own attention backend, swapped in for that round only.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
@@ -38,6 +46,8 @@ from sglang_sparsespec.config import (
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
+from sglang_sparsespec.spec.adaptive import RoundClock, SpeculationPolicy
+from sglang_sparsespec.spec.rejection import DraftRecord
 from sglang_sparsespec.spec.timing import RoundTimer, format_report
 
 from .draft_runner import PillarDraftRunner
@@ -45,6 +55,18 @@ from .triton_verify import VerifyHooks, attach_verify
 from .verify_sample import PillarRound, attach_round
 
 logger = logging.getLogger(__name__)
+# Rounds between the log lines that count which draft count each round ran.
+PATH_LOG_EVERY = 2000
+
+
+@dataclass
+class PlainState:
+    """The width-1 verify used by plain-decoding rounds: its own backend and graph runner (None
+    without CUDA graphs)."""
+
+    attn_backend: Any
+    graph_runner: Any
+
 
 
 class PillarWorker(BaseSpecWorker):
@@ -63,6 +85,12 @@ class PillarWorker(BaseSpecWorker):
         self.selector: Selector | None = None
         self.draft_runner: PillarDraftRunner | None = None
         self.timer: RoundTimer | None = None
+        self.plain: PlainState | None = None
+        self.policy: SpeculationPolicy | None = None
+        self.clock: RoundClock | None = None
+        if self.cfg.adaptive:
+            self.policy = SpeculationPolicy(self.cfg.step_candidates)
+            self.clock = RoundClock(lambda: torch.cuda.Event(enable_timing=True))
         if self.cfg.timing_every:
             self.timer = RoundTimer(
                 self.cfg.timing_every,
@@ -135,9 +163,41 @@ class PillarWorker(BaseSpecWorker):
             self.state,
             max_bs=self.max_bs,
             capture_bs=capture_bs,
+            step_counts=self.cfg.step_candidates,
         )
         if capture_bs:
             self.draft_runner.capture()
+        if 0 in self.cfg.step_candidates:
+            self.plain = self._build_plain_state()
+
+    def _build_plain_state(self) -> PlainState:
+        # As SGLang builds EAGLE's per-step-count states: the backend and the graph runner read the
+        # verify width from the spec config at construction, so it is overridden around them.
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+        from sglang.srt.runtime_context import get_context, get_spec
+
+        mr = self.model_runner
+        widths = {
+            "speculative_num_steps": get_spec().speculative_num_steps,
+            "speculative_num_draft_tokens": get_spec().speculative_num_draft_tokens,
+        }
+        get_context().override("sparsespec.plain_capture", speculative_num_steps=0, speculative_num_draft_tokens=1)
+        try:
+            keep = mr.init_new_workspace
+            try:
+                backend = mr._get_attention_backend(init_new_workspace=True)
+            finally:
+                mr.init_new_workspace = keep
+            attach_verify(backend, VerifyHooks(None, split_kernel=self.cfg.verify_kernel is VerifyKernel.SPLIT))
+            runner = None
+            if not self.server_args.disable_cuda_graph:
+                runner = DecodeCudaGraphRunner(
+                    mr, attn_backend=backend, speculative_num_steps=0, speculative_num_draft_tokens=1
+                )
+        finally:
+            get_context().override("sparsespec.plain_restore", **widths)
+        logger.info("PILLAR plain-decoding graphs (verify width 1) captured")
+        return PlainState(backend, runner)
 
     # ---- per step --------------------------------------------------------------------
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
@@ -148,6 +208,8 @@ class PillarWorker(BaseSpecWorker):
     def _prefill(self, batch, on_publish):
         if self.timer is not None:
             self.timer.interrupt()
+        if self.clock is not None:
+            self.clock.interrupt()
         result = self._target_worker.forward_batch_generation(batch)
         # spec-v2 convention: seq_lens counts tokens with KV; the sampled token has none yet.
         result.new_seq_lens = batch.seq_lens
@@ -157,17 +219,51 @@ class PillarWorker(BaseSpecWorker):
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
         return result
 
+    def _choose_steps(self, batch) -> int:
+        """This round's draft count (host-side only: sizes and the accept counts SGLang already
+        copied to the host)."""
+        if self.policy is None or batch.forward_mode.is_idle():
+            return self.cfg.num_steps
+        self.policy.observe(self.clock.poll())
+        reqs = batch.reqs
+        steps, key = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1))
+        if steps == 0 and self.plain is None:
+            steps = self.cfg.num_steps
+        self.policy.acceptance.launched(steps, len(reqs))
+        self.clock.start(key, steps)
+        rounds = sum(self.policy.counts.values())
+        if rounds % PATH_LOG_EVERY == 0:
+            logger.info("PILLAR adaptive: %s", self.policy.summary())
+        return steps
+
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
+        # SGLang calls this with each decode round's accept counts once they are on the host.
+        if self.policy is not None:
+            self.policy.acceptance.completed(num_correct_drafts_per_req)
+
+    def summary(self) -> dict[str, Any]:
+        """PILLAR's live numbers for /server_info."""
+        out: dict[str, Any] = {"step_candidates": list(self.cfg.step_candidates)}
+        if self.policy is not None:
+            out.update(self.policy.summary())
+        return out
+
     def _decode_round(self, batch, on_publish, grammar_barrier):
+        steps = self._choose_steps(batch)
+        if steps == 0:
+            return self._plain_round(batch, on_publish, grammar_barrier)
         draft_input = batch.spec_info
         bs = batch.seq_lens.shape[0]
         verify_lens = batch.seq_lens
         if self.timer is not None:
             self.timer.start(bs)
         drafts = self.draft_runner.run(
-            batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info
+            batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps
         )
         if self.timer is not None:
             self.timer.mark("draft")
+        if self.clock is not None:
+            self.clock.drafted()
         batch.spec_info = build_eagle_verify_input(
             batch,
             draft_input,
@@ -206,10 +302,96 @@ class PillarWorker(BaseSpecWorker):
         self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens)
         if self.timer is not None:
             self.timer.mark("select")
+        if self.clock is not None:
+            self.clock.end()
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result
+
+    def _plain_round(self, batch, on_publish, grammar_barrier):
+        """One token per request from the target's full forward (no drafts, plans unchanged: their
+        recent tail grows by the new token)."""
+        if self.timer is not None:
+            self.timer.interrupt()
+        mr = self.model_runner
+        saved = mr.attn_backend, mr.decode_cuda_graph_runner
+        mr.attn_backend, mr.decode_cuda_graph_runner = self.plain.attn_backend, self.plain.graph_runner
+        try:
+            batch.spec_info = self._plain_verify_input(batch)
+            record = None if batch.sampling_info.is_all_greedy else self._no_drafts(batch.seq_lens.shape[0])
+            attach_round(batch.spec_info, PillarRound(record))
+            result = run_eagle_verify(
+                batch,
+                target_worker=self._target_worker,
+                req_to_token_pool=self.req_to_token_pool,
+                token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+                plan_stream=self.plan_stream,
+                plan_stream_ctx=self.plan_stream_ctx,
+                topk=1,
+                num_steps=0,
+                num_draft_tokens=1,
+                device=self.device,
+                metadata_ready_pre_pad=False,
+                finalize_tree_path=True,
+                grammar_barrier=grammar_barrier,
+            )
+        finally:
+            mr.attn_backend, mr.decode_cuda_graph_runner = saved
+        self.clock.end()
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
+        return result
+
+    def _no_drafts(self, bs: int) -> DraftRecord:
+        c = self.draft_runner.num_cand
+        with torch.device(self.device):
+            ids = torch.zeros((bs, 0, c), dtype=torch.int64)
+            return DraftRecord(
+                tokens=torch.zeros((bs, 0), dtype=torch.int64),
+                cand_ids=ids,
+                cand_q=torch.zeros((bs, 0, c), dtype=torch.float32),
+                q_tok=torch.zeros((bs, 0), dtype=torch.float32),
+            )
+
+    def _plain_verify_input(self, batch):
+        """A one-token verify input rooted at the pending (bonus) token, as SGLang's
+        ``_build_trivial_verify_input`` builds it for EAGLE's zero-step rounds."""
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+        from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+        bs = batch.seq_lens.shape[0]
+        with torch.device(self.device):
+            retrieve_index = torch.arange(bs, dtype=torch.long).unsqueeze(1)
+            no_next = torch.full((bs, 1), -1, dtype=torch.long)
+        verify_mask = self.plain.attn_backend.verify_mask
+        if verify_mask is not None and verify_mask.fits(bs):
+            custom_mask = verify_mask.buffer
+            custom_mask.fill_(True)  # one token per request sees its whole prefix
+        else:
+            if batch.seq_lens_sum is not None:
+                total = batch.seq_lens_sum
+            elif batch.seq_lens_cpu is not None:
+                total = int(batch.seq_lens_cpu.sum())
+            else:
+                total = bs * self.plain.attn_backend.max_context_len
+            custom_mask = torch.ones(total + bs, dtype=torch.bool, device=self.device)
+        return EagleVerifyInput(
+            draft_token=batch.spec_info.bonus_tokens,
+            custom_mask=custom_mask,
+            positions=batch.seq_lens.to(torch.int64),
+            retrieve_index=retrieve_index,
+            retrieve_next_token=no_next,
+            retrieve_next_sibling=no_next.clone(),
+            retrieve_cum_len=None,
+            spec_steps=0,
+            topk=1,
+            draft_token_num=1,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            seq_lens_sum=None,
+            seq_lens_cpu=None,
+        )
 
     @staticmethod
     def _next_draft_input(bonus_tokens: torch.Tensor) -> EagleDraftInput:

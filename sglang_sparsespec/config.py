@@ -58,6 +58,25 @@ class VerifyKernel(str, Enum):
     SGLANG = "sglang"
 
 
+# The draft counts "auto" adds below --speculative-num-steps: plain decoding and two short rounds.
+AUTO_STEPS = (0, 2, 4)
+
+
+def _parse_steps(raw: str, num_steps: int) -> tuple[int, ...]:
+    text = raw.strip().lower()
+    if text in ("off", ""):
+        return (num_steps,)
+    if text == "auto":
+        return tuple(sorted({s for s in AUTO_STEPS if s < num_steps} | {num_steps}))
+    try:
+        steps = {int(x) for x in text.split(",")}
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}ADAPTIVE_STEPS={raw!r}: give 'auto', 'off' or draft counts like 0,2,4") from None
+    if any(not 0 <= s <= num_steps for s in steps):
+        raise ValueError(f"{ENV_PREFIX}ADAPTIVE_STEPS={raw!r}: every count must be in 0..{num_steps} (--speculative-num-steps)")
+    return tuple(sorted(steps | {num_steps}))
+
+
 @dataclass(frozen=True)
 class PillarConfig:
     """Knobs of one PILLAR server.
@@ -94,8 +113,12 @@ class PillarConfig:
     # is exact for any C; C only trades acceptance (the target mass outside the C candidates can
     # never be drafted) for record size (k x C x 12 bytes per request) and top-k time.
     draft_candidates: int = 64
+    # Adaptive speculation (spec/adaptive.py): the draft counts a round may run besides num_steps,
+    # 0 = plain decoding, as a comma list; "auto" = AUTO_STEPS below num_steps; "off" = always num_steps.
+    adaptive_steps: str = "auto"
 
     def __post_init__(self) -> None:
+        _parse_steps(self.adaptive_steps, self.num_steps)
         if self.num_steps < 1:
             raise ValueError(f"PILLAR needs --speculative-num-steps >= 1, got {self.num_steps}")
         if not 0.0 < self.budget_ratio <= 1.0:
@@ -112,6 +135,15 @@ class PillarConfig:
             raise ValueError(
                 f"{ENV_PREFIX}RECENT_WINDOW, {ENV_PREFIX}SINK_TOKENS and {ENV_PREFIX}STEP_TIMING must be >= 0"
             )
+
+    @property
+    def step_candidates(self) -> tuple[int, ...]:
+        """Sorted draft counts the adaptive policy chooses from; always ends with num_steps."""
+        return _parse_steps(self.adaptive_steps, self.num_steps)
+
+    @property
+    def adaptive(self) -> bool:
+        return len(self.step_candidates) > 1
 
     def budget(self, context_len: int) -> int:
         """Draft KV budget B(L) = max(min_budget, ceil(ratio * L)), never above L."""
@@ -186,4 +218,5 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SELECT_EVERY", "select_every"),
     Knob("SCORE_ROWS", "score_rows"),
     Knob("DRAFT_CANDIDATES", "draft_candidates"),
+    Knob("ADAPTIVE_STEPS", "adaptive_steps"),
 )

@@ -249,7 +249,7 @@ def test_configs_flags_and_names() -> None:
 def test_config_knob_suffixes() -> None:
     # The knob list is the one PillarConfig.from_env reads (config.KNOBS), not a copy of it.
     knobs = ("BUDGET_RATIO", "MIN_BUDGET", "RECENT_WINDOW", "SINK_TOKENS", "POLICY", "STEP_TIMING", "VERIFY_KERNEL",
-             "SELECT_EVERY", "SCORE_ROWS", "DRAFT_CANDIDATES")
+             "SELECT_EVERY", "SCORE_ROWS", "DRAFT_CANDIDATES", "ADAPTIVE_STEPS")
     assert configs.PILLAR_KNOBS == knobs
     name = "pillar-streaming:verify_kernel=sglang:recent_window=16"
     cfg = configs.resolve_config(name, ("--foo", "1"))
@@ -1071,7 +1071,7 @@ def test_step_times_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     assert json.loads((tmp_path / "w" / "qwen3-1.7b" / "config.json").read_text())["num_hidden_layers"] == 28
     stock, pillar = doc["servers"]["stock"], doc["servers"]["pillar"]
     assert "--load-format" in stock["flags"] and "--skip-tokenizer-init" in stock["flags"]
-    assert pillar["env"] == {"SPARSESPEC_STEP_TIMING": "10"} and stock["env"] == {}
+    assert pillar["env"] == {"SPARSESPEC_STEP_TIMING": "10", "SPARSESPEC_ADAPTIVE_STEPS": "off"} and stock["env"] == {}
     assert [(r["context"], r["batch"]) for r in stock["rows"]] == [(8, 2), (16, 2)]
     # The fake sleeps 2 ms per output token per request: the M1/M2 difference recovers it.
     assert all(1.0 < r["step_ms"] < 10.0 for r in stock["rows"])
@@ -1133,7 +1133,7 @@ def test_step_times_pool_skips_and_capture_overhead(
     resolved = servers["pillar:verify_kernel=sglang"]["pillar_config"]
     assert resolved["min_budget"] == 64 and resolved["verify_kernel"] == "sglang" and resolved["select_every"] == 4
     assert servers["pillar:verify_kernel=sglang"]["env"] == {
-        "SPARSESPEC_STEP_TIMING": "10", "SPARSESPEC_MIN_BUDGET": "64", "SPARSESPEC_VERIFY_KERNEL": "sglang"
+        "SPARSESPEC_STEP_TIMING": "10", "SPARSESPEC_ADAPTIVE_STEPS": "off", "SPARSESPEC_MIN_BUDGET": "64", "SPARSESPEC_VERIFY_KERNEL": "sglang"
     }
     assert servers["pillar-streaming"]["rows"][0]["verify_ms"] == pytest.approx(1.5)  # the policy reached the server
     assert "stock L=16 B=2: SKIPPED (KV pool" in out.with_suffix(".log").read_text()

@@ -158,7 +158,7 @@ N_CHECK = 200_000
 N_CONTROL = 50_000
 
 
-def _markov_round(n: int, seed: int, tamper: str | None = None):
+def _markov_round(n: int, seed: int, tamper: str | None = None, num_drafts: int = K):
     """n independent speculative rounds on a Markov toy model, the worker's pipeline end to end.
 
     The target and draft logits at output position j depend on the token before it (position 0's
@@ -166,7 +166,8 @@ def _markov_round(n: int, seed: int, tamper: str | None = None):
     p_j = p_j(. | d_{j-1}), q_j = q_j(. | d_{j-1}). Drafts are sampled step by step with the draft
     sampler; the verify rows are target_probs of the target logits after the drafted prefix.
     tamper: None; "shifted" hands the verify each draft's record one position off; "uniform"
-    claims q is uniform over the candidates.
+    claims q is uniform over the candidates. num_drafts < K: only that many drafts count, the
+    columns after them hold garbage (as a round that drafts fewer than the verify width leaves them).
     Returns (p_table [K+1, V, V] with p_table[j, c] = p_j(. | c), emitted, num_accepted).
     """
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
@@ -189,7 +190,14 @@ def _markov_round(n: int, seed: int, tamper: str | None = None):
         cand_ids, cand_q, q_tok = cand_ids.roll(1, dims=1), cand_q.roll(1, dims=1), q_tok.roll(1, dims=1)
     elif tamper == "uniform":
         cand_q, q_tok = torch.full_like(cand_q, 1 / C), torch.full_like(q_tok, 1 / C)
-    emitted, n_acc = _verify(target_p, DraftRecord(tokens, cand_ids, cand_q, q_tok), gen)
+    if num_drafts < K:
+        stale = slice(num_drafts, K)
+        tokens[:, stale] = torch.randint(0, V, tokens[:, stale].shape, generator=gen, device=DEVICE)
+        q_tok[:, stale] = torch.rand(q_tok[:, stale].shape, generator=gen, device=DEVICE)
+        cand_q[:, stale] = 1.0
+    record = DraftRecord(tokens, cand_ids, cand_q, q_tok, num_drafts=num_drafts)
+    emitted, n_acc = _verify(target_p, record, gen)
+    assert n_acc.max() <= num_drafts
     one = _rows(*SAMPLED, device=DEVICE)
     p_table = target_probs(t_logits.reshape(-1, V), one, repeats=(K + 1) * V).view(K + 1, V, V)
     return p_table, emitted, n_acc
@@ -246,6 +254,17 @@ def test_verify_of_our_drafts_preserves_target_distribution():
     # Not degenerate: every run length occurs often, so the residual max(p - q, 0) and the bonus
     # paths both produced many of the tested tokens.
     assert torch.bincount(n_acc, minlength=K + 1).min() > N_CHECK // 10
+
+
+@pytest.mark.parametrize("num_drafts", [0, 1])
+def test_fewer_drafts_than_the_verify_width_stay_exact(num_drafts):
+    # Adaptive rounds draft fewer tokens than the verify graph's width: the stale columns must never
+    # be accepted, and the token after the last real draft follows the target (no residual there).
+    p_table, emitted, n_acc = _markov_round(N_CONTROL, seed=2, num_drafts=num_drafts)
+    assert n_acc.max() == num_drafts
+    for j in range(num_drafts + 1):
+        p_value, df = _position_p_value(p_table, emitted, n_acc, j)
+        assert df >= 3 and p_value > 1e-3, (j, p_value)
 
 
 @pytest.mark.parametrize("tamper", ["shifted", "uniform"])

@@ -25,15 +25,24 @@ class DraftRecord:
     tokens [bs, k] int64: the drafts; cand_ids [bs, k, C] int64: the support of each draft's
     proposal q_j (distinct ids); cand_q [bs, k, C] float32: q_j on them (0 where filtered out,
     rows sum to 1); q_tok [bs, k] float32: q_j(tokens[:, j]), > 0.
+    num_drafts: how many of the k columns were drafted this round (None: all k). A round that
+    drafts fewer than the verify width leaves the rest unfilled (stale); they are never accepted,
+    and the token after the last real draft comes from that row's residual (the target itself
+    past the drafts).
     """
 
     tokens: torch.Tensor
     cand_ids: torch.Tensor
     cand_q: torch.Tensor
     q_tok: torch.Tensor
+    num_drafts: int | None = None
 
     def __post_init__(self) -> None:
         bs, k = self.tokens.shape
+        if self.num_drafts is None:
+            self.num_drafts = k
+        if not 0 <= self.num_drafts <= k:
+            raise ValueError(f"num_drafts must be in 0..{k}, got {self.num_drafts}")
         if self.cand_ids.shape != self.cand_q.shape or tuple(self.cand_ids.shape[:2]) != (bs, k):
             raise ValueError(
                 f"cand_ids {tuple(self.cand_ids.shape)} and cand_q {tuple(self.cand_q.shape)} must be [{bs}, {k}, C]"
@@ -50,24 +59,28 @@ def rejection_sample(
     target_p [bs, k+1, V] float32: the target distribution at each verify row (row j scores draft
     j; row k is the bonus row); coins [bs, k] and final_coins [bs] uniform in [0, 1).
     Returns (emitted [bs, k+1] int64: the accepted drafts, then the drawn token, then -1;
-    num_accepted [bs] int64 in 0..k).
+    num_accepted [bs] int64 in 0..record.num_drafts).
     """
     bs, k1, _ = target_p.shape
     k = k1 - 1
     if record.tokens.shape != (bs, k) or tuple(coins.shape) != (bs, k) or tuple(final_coins.shape) != (bs,):
         raise ValueError(f"drafts and coins must be [{bs}, {k}] and final_coins [{bs}] for target_p {tuple(target_p.shape)}")
     dev = target_p.device
+    n = record.num_drafts
     p_tok = target_p[:, :k].gather(2, record.tokens[..., None]).squeeze(-1)
-    # u < p / q, without the division (q_tok > 0: the draft was drawn from q).
-    accepted = coins * record.q_tok < p_tok
+    # u < p / q, without the division (q_tok > 0: the draft was drawn from q); undrafted columns fail.
+    accepted = (coins * record.q_tok < p_tok) & (torch.arange(k, device=dev) < n)[None, :]
     num_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
     rows = torch.arange(bs, device=dev)
     final_p = target_p[rows, num_accepted]
-    # At a rejection (num_accepted < k) subtract min(p, q) on q's support; for the bonus row, 0.
-    j = num_accepted.clamp(max=k - 1)
-    ids, q = record.cand_ids[rows, j], record.cand_q[rows, j]
-    overlap = torch.minimum(final_p.gather(1, ids), q) * (num_accepted < k)[:, None]
-    residual = final_p.scatter_add(1, ids, -overlap).clamp_(min=0.0)
+    if n == 0:
+        residual = final_p
+    else:
+        # At a rejection (num_accepted < n) subtract min(p, q) on q's support; past the drafts, 0.
+        j = num_accepted.clamp(max=n - 1)
+        ids, q = record.cand_ids[rows, j], record.cand_q[rows, j]
+        overlap = torch.minimum(final_p.gather(1, ids), q) * (num_accepted < n)[:, None]
+        residual = final_p.scatter_add(1, ids, -overlap).clamp_(min=0.0)
     # Rounding can leave a residual of zero mass only when p == q; p itself is then exact. One
     # vocabulary-wide scan: the row to draw from is chosen before the cumulative sum.
     empty = residual.sum(dim=1, keepdim=True) <= 0
@@ -78,7 +91,7 @@ def rejection_sample(
     # u * total can round up to total: fall back to the last id with mass (where cdf reaches it).
     drawn = torch.minimum(drawn, (cdf < total).sum(dim=1, keepdim=True)).squeeze(1)
     col = torch.arange(k1, device=dev)[None, :]
-    drafts = torch.cat([record.tokens, record.tokens[:, :1]], dim=1)
+    drafts = torch.cat([record.tokens, record.tokens.new_zeros((bs, 1))], dim=1)
     emitted = torch.where(col < num_accepted[:, None], drafts, -1)
     emitted = torch.where(col == num_accepted[:, None], drawn[:, None], emitted)
     return emitted, num_accepted

@@ -1,0 +1,289 @@
+"""Adaptive speculation: how many drafts each decode round runs (k = 0 is plain decoding).
+
+PILLAR pays where a draft step is much cheaper than a decode step (large batches, long contexts)
+and loses where both cost about the same (few requests, where weights and launches dominate), so
+no fixed k is right for a server whose batch drains and refills. Each round picks the k that
+maximises the expected emitted tokens per GPU millisecond:
+
+    k = 0:   1 token per request, cost  plain + gap
+    k >= 1:  E_k = (1 - a^(k+1)) / (1 - a) tokens per request, cost  k * draft_step + verify + gap
+
+where ``a`` is the per-draft acceptance probability (geometric model, estimated from the accept
+counts SGLang already copies to the host, ``AcceptanceTracker``), and the costs are measured on
+this server: every round records CUDA events, and ``RoundClock`` reads them once they have
+completed (``query()``, never a wait), feeding ``CostTable`` cells keyed by the batch-size bucket
+and the context-length bucket. ``verify`` covers the verify pass, acceptance and selection, whose
+cost does not depend on k because the verify graph has one width (k_max + 1; a round with fewer
+drafts caps their acceptance, see ``DraftRecord.num_drafts``). A cell with an unmeasured mode
+probes it once; a cell re-probes its unused modes every ``reprobe_every`` rounds, which also keeps
+the acceptance estimate fresh while plain decoding runs.
+
+Nothing here touches SGLang or the GPU directly: events come from a factory (testable on CPU).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class Event(Protocol):
+    def record(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def elapsed_time(self, end: Any) -> float: ...
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one request emits in a round of k drafts: sum_{j=0..k} alpha^j (the bonus included)."""
+    if k == 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class AcceptanceTracker:
+    """Per-draft acceptance probability ``alpha``, an EMA over recent speculative rounds.
+
+    One round with k drafts and per-request accepted counts a_i contributes the truncated-geometric
+    estimate sum(a_i) / (sum(a_i) + #{a_i < k}). Rounds are reported in launch order (``launched``)
+    and completed in the same order (``completed``, from SGLang's host copy of the accept counts,
+    one or two rounds later under the overlap scheduler); a batch-size mismatch resynchronises.
+    """
+
+    def __init__(self, decay: float = 0.8, prior: float = 0.7):
+        if not 0.0 <= decay < 1.0 or not 0.0 < prior < 1.0:
+            raise ValueError("decay must be in [0, 1) and prior in (0, 1)")
+        self.decay = decay
+        self.alpha = prior
+        self._pending: deque[tuple[int, int]] = deque()
+
+    def launched(self, k: int, batch_size: int) -> None:
+        self._pending.append((k, batch_size))
+
+    def completed(self, accepted: list[int]) -> None:
+        if not self._pending:
+            return
+        k, bs = self._pending.popleft()
+        if bs != len(accepted):
+            self._pending.clear()  # out of step (a round we did not see): start matching afresh
+            return
+        if k == 0 or not accepted:
+            return
+        # A greedy verify may accept stale tokens past the k drafted ones; count those as a pass.
+        hits = sum(min(a, k) for a in accepted)
+        misses = sum(1 for a in accepted if a < k)
+        if hits + misses == 0:
+            return
+        self.alpha = self.decay * self.alpha + (1.0 - self.decay) * hits / (hits + misses)
+        self.alpha = min(max(self.alpha, 1e-3), 0.999)
+
+
+class _Ema:
+    """Exponential moving average; ``None`` until the first sample."""
+
+    __slots__ = ("decay", "value")
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.value: float | None = None
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else self.decay * self.value + (1.0 - self.decay) * x
+
+
+@dataclass
+class CostCell:
+    """Measured milliseconds of one (batch bucket, context bucket): plain = a k = 0 round;
+    draft_step = one draft step; verify = the rest of a k >= 1 round; gap = stream idle time before
+    a round that followed another decode round."""
+
+    plain: _Ema
+    draft_step: _Ema
+    verify: _Ema
+    gap: _Ema
+    rounds: int = 0
+    last_probe: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, decay: float) -> CostCell:
+        return cls(_Ema(decay), _Ema(decay), _Ema(decay), _Ema(decay))
+
+
+def batch_bucket(batch_size: int) -> int:
+    """Next power of two (CUDA-graph buckets are close to it)."""
+    return 1 << max(0, math.ceil(math.log2(max(batch_size, 1))))
+
+
+def context_bucket(mean_len: float) -> int:
+    """Half-octave of the mean context length (step cost grows about linearly with it)."""
+    return round(2.0 * math.log2(max(mean_len, 1.0)))
+
+
+class CostTable:
+    def __init__(self, decay: float = 0.7):
+        self.decay = decay
+        self.cells: dict[tuple[int, int], CostCell] = {}
+
+    def cell(self, key: tuple[int, int]) -> CostCell:
+        c = self.cells.get(key)
+        if c is None:
+            c = self.cells[key] = CostCell.empty(self.decay)
+        return c
+
+
+@dataclass
+class RoundSample:
+    """One finished round's measurement (ms); draft_ms is 0 for a plain round."""
+
+    key: tuple[int, int]
+    k: int
+    draft_ms: float
+    rest_ms: float
+    gap_ms: float | None
+
+
+class RoundClock:
+    """CUDA events around each round, read back without waiting: ``poll`` returns the rounds whose
+    last event has completed. Events come from ``make_event`` (``torch.cuda.Event(enable_timing=True)``
+    on the GPU)."""
+
+    def __init__(self, make_event: Callable[[], Event]):
+        self.make_event = make_event
+        self._pending: deque[tuple[tuple[int, int], int, list[Event], Event | None]] = deque()
+        self._open: tuple[tuple[int, int], int, list[Event], Event | None] | None = None
+        self._prev_end: Event | None = None
+
+    def _event(self) -> Event:
+        ev = self.make_event()
+        ev.record()
+        return ev
+
+    def start(self, key: tuple[int, int], k: int) -> None:
+        self._open = (key, k, [self._event()], self._prev_end)
+
+    def drafted(self) -> None:
+        if self._open is not None:
+            self._open[2].append(self._event())
+
+    def end(self) -> None:
+        if self._open is None:
+            return
+        key, k, evs, prev = self._open
+        if len(evs) == 1:  # a plain round has no draft phase
+            evs.append(evs[0])
+        evs.append(self._event())
+        self._pending.append((key, k, evs, prev))
+        self._prev_end = evs[-1]
+        self._open = None
+
+    def interrupt(self) -> None:
+        """Another forward (a prefill) ran: the next round's gap is not a decode gap."""
+        self._prev_end = None
+
+    def poll(self) -> list[RoundSample]:
+        out = []
+        while self._pending and self._pending[0][2][-1].query():
+            key, k, (s, d, e), prev = self._pending.popleft()
+            gap = prev.elapsed_time(s) if prev is not None else None
+            out.append(RoundSample(key, k, s.elapsed_time(d), d.elapsed_time(e), gap))
+        return out
+
+
+class SpeculationPolicy:
+    """Chooses k per round from ``candidates`` (0 = plain decoding; the largest is the verify width
+    - 1) by expected tokens per millisecond; see the module docstring.
+
+    ``margin``: a different k must promise this much more throughput than the cell's last choice
+    (hysteresis against noise).
+    """
+
+    def __init__(
+        self,
+        candidates: Iterable[int],
+        reprobe_every: int = 64,
+        margin: float = 0.03,
+        table: CostTable | None = None,
+        acceptance: AcceptanceTracker | None = None,
+    ):
+        self.candidates = tuple(sorted(set(candidates)))
+        if not self.candidates or self.candidates[0] < 0 or self.candidates[-1] < 1:
+            raise ValueError(f"candidates need a k >= 1 and no negative k, got {self.candidates}")
+        self.reprobe_every = reprobe_every
+        self.margin = margin
+        self.table = table or CostTable()
+        self.acceptance = acceptance or AcceptanceTracker()
+        self.counts: Counter[int] = Counter()
+        self._last: dict[tuple[int, int], int] = {}
+
+    @property
+    def k_max(self) -> int:
+        return self.candidates[-1]
+
+    def observe(self, samples: list[RoundSample]) -> None:
+        for s in samples:
+            c = self.table.cell(s.key)
+            if s.k == 0:
+                c.plain.add(s.rest_ms)
+            else:
+                c.draft_step.add(s.draft_ms / s.k)
+                c.verify.add(s.rest_ms)
+            if s.gap_ms is not None:
+                c.gap.add(s.gap_ms)
+
+    def rates(self, key: tuple[int, int]) -> dict[int, float]:
+        """Expected tokens per request per ms for every candidate the cell can price."""
+        c = self.table.cell(key)
+        gap = c.gap.value or 0.0
+        out: dict[int, float] = {}
+        for k in self.candidates:
+            if k == 0:
+                if c.plain.value is not None:
+                    out[k] = 1.0 / (c.plain.value + gap)
+            elif c.draft_step.value is not None and c.verify.value is not None:
+                cost = k * c.draft_step.value + c.verify.value + gap
+                out[k] = expected_tokens(self.acceptance.alpha, k) / cost
+        return out
+
+    def choose(self, batch_size: int, mean_len: float) -> tuple[int, tuple[int, int]]:
+        """(k for this round, the cost cell it will be measured into)."""
+        key = (batch_bucket(batch_size), context_bucket(mean_len))
+        c = self.table.cell(key)
+        c.rounds += 1
+        probe = self._probe(c)
+        k = probe if probe is not None else self._best(key)
+        # Any round with drafts measures the draft step and the verify, so it refreshes every k >= 1.
+        c.last_probe[0 if k == 0 else self.k_max] = c.rounds
+        self.counts[k] += 1
+        return k, key
+
+    def _probe(self, c: CostCell) -> int | None:
+        # Unpriced modes first (k_max prices every k >= 1), then the stalest, every reprobe_every rounds.
+        modes = [m for m in (0, self.k_max) if m in self.candidates]
+        unpriced = [m for m in modes if m not in c.last_probe]
+        if unpriced:
+            return unpriced[0]
+        stalest = min(modes, key=lambda m: c.last_probe[m])
+        if c.rounds - c.last_probe[stalest] >= self.reprobe_every:
+            return stalest
+        return None
+
+    def _best(self, key: tuple[int, int]) -> int:
+        rates = self.rates(key)
+        if not rates:
+            return self.k_max
+        best = max(rates, key=rates.__getitem__)
+        prev = self._last.get(key)
+        if prev in rates and rates[best] <= rates[prev] * (1.0 + self.margin):
+            best = prev
+        self._last[key] = best
+        return best
+
+    def summary(self) -> dict[str, Any]:
+        """Path counts and the acceptance estimate (for the log line and /server_info)."""
+        return {"rounds_by_k": {str(k): self.counts[k] for k in self.candidates}, "alpha": round(self.acceptance.alpha, 4)}

@@ -1,0 +1,171 @@
+"""spec/adaptive.py: the per-round draft-count policy, its acceptance estimate and its clock."""
+
+from __future__ import annotations
+
+import pytest
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.patches.server_info import add_pillar_state
+
+from sglang_sparsespec.spec.adaptive import (
+    AcceptanceTracker,
+    RoundClock,
+    RoundSample,
+    SpeculationPolicy,
+    batch_bucket,
+    context_bucket,
+    expected_tokens,
+)
+
+
+def test_expected_tokens_is_the_geometric_sum():
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(1.0, 8) == 9.0
+    assert expected_tokens(0.9, 8) == pytest.approx(sum(0.9**j for j in range(9)))
+
+
+def test_acceptance_matches_rounds_in_launch_order():
+    acc = AcceptanceTracker(decay=0.0, prior=0.5)
+    acc.launched(4, 3)
+    acc.launched(0, 2)
+    acc.launched(2, 2)
+    acc.completed([4, 4, 1])  # 9 hits, one miss
+    assert acc.alpha == pytest.approx(9 / 10)
+    acc.completed([0, 0])  # the plain round: no information
+    assert acc.alpha == pytest.approx(9 / 10)
+    acc.completed([5, 0])  # greedy stale acceptance past k counts as k; 2 hits, 1 miss
+    assert acc.alpha == pytest.approx(2 / 3)
+
+
+def test_acceptance_resynchronises_on_a_batch_mismatch():
+    acc = AcceptanceTracker(decay=0.0, prior=0.5)
+    acc.launched(4, 3)
+    acc.launched(4, 3)
+    acc.completed([1, 1])  # not the round we expected: drop the queue, keep the estimate
+    assert acc.alpha == 0.5
+    acc.completed([4, 4, 4])  # nothing pending: ignored
+    assert acc.alpha == 0.5
+
+
+class FakeEvent:
+    def __init__(self, clock: list[float]):
+        self.clock = clock
+        self.t: float | None = None
+
+    def record(self) -> None:
+        self.t = self.clock[0]
+
+    def query(self) -> bool:
+        return self.t is not None and self.t <= self.clock[1]
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return end.t - self.t
+
+
+def test_round_clock_reports_only_finished_rounds_and_decode_gaps():
+    now = [0.0, -1.0]  # [record time, time the GPU has finished up to]
+    rc = RoundClock(lambda: FakeEvent(now))
+    rc.start((8, 20), 4)
+    now[0] = 3.0
+    rc.drafted()
+    now[0] = 5.0
+    rc.end()
+    now[0] = 6.0
+    rc.start((8, 20), 0)
+    now[0] = 8.0
+    rc.end()
+    assert rc.poll() == []  # nothing finished on the GPU yet
+    now[1] = 5.0
+    assert rc.poll() == [RoundSample((8, 20), 4, 3.0, 2.0, None)]
+    now[1] = 100.0
+    assert rc.poll() == [RoundSample((8, 20), 0, 0.0, 2.0, 1.0)]
+    rc.interrupt()
+    rc.start((8, 20), 4)
+    rc.end()
+    assert rc.poll()[0].gap_ms is None
+
+
+def _feed(policy: SpeculationPolicy, key, plain: float, step: float, verify: float, k: int = 8) -> None:
+    policy.observe([RoundSample(key, 0, 0.0, plain, 0.1), RoundSample(key, k, k * step, verify, 0.1)])
+
+
+def test_policy_probes_unpriced_modes_first():
+    policy = SpeculationPolicy((0, 2, 4, 8))
+    assert policy.choose(64, 4000)[0] == 0
+    assert policy.choose(64, 4000)[0] == 8
+    assert policy.choose(64, 4000)[0] == 8  # no measurement back yet: speculate
+    assert policy.choose(3, 4000)[0] == 0  # another cell probes again
+
+
+@pytest.mark.parametrize(
+    ("plain", "step", "verify", "alpha", "want"),
+    [
+        (1.0, 0.85, 1.2, 0.85, 0),  # draft step ~ decode step (small batch): plain decoding
+        (20.0, 2.5, 21.0, 0.85, 8),  # long contexts, cheap sparse steps: the longest round
+        (10.0, 2.0, 11.0, 0.45, 2),  # poor acceptance: a short round
+    ],
+)
+def test_policy_picks_the_best_expected_rate(plain, step, verify, alpha, want):
+    policy = SpeculationPolicy((0, 2, 4, 8), acceptance=AcceptanceTracker(prior=alpha))
+    key = policy.choose(256, 7000)[1]
+    policy.choose(256, 7000)
+    _feed(policy, key, plain, step, verify)
+    rates = policy.rates(key)
+    assert max(rates, key=rates.__getitem__) == want
+    assert policy.choose(256, 7000)[0] == want
+
+
+def test_policy_reprobes_the_unused_mode_and_counts_paths():
+    policy = SpeculationPolicy((0, 8), reprobe_every=10, acceptance=AcceptanceTracker(prior=0.9))
+    key = policy.choose(256, 7000)[1]
+    policy.choose(256, 7000)
+    _feed(policy, key, plain=20.0, step=2.0, verify=20.0)
+    picks = [policy.choose(256, 7000)[0] for _ in range(30)]
+    assert picks.count(0) in (2, 3) and picks.count(8) >= 27
+    assert policy.summary()["rounds_by_k"] == {"0": 1 + picks.count(0), "8": 1 + picks.count(8)}
+
+
+def test_policy_hysteresis_keeps_a_near_tie():
+    policy = SpeculationPolicy((0, 8), margin=0.05, acceptance=AcceptanceTracker(prior=0.5))
+    key = policy.choose(16, 1000)[1]
+    policy.choose(16, 1000)
+    # k = 8 at alpha 0.5: ~1.996 tokens per 2.0 ms vs plain 1 per 1.0 ms: within 5%.
+    _feed(policy, key, plain=0.9, step=0.1, verify=1.1)
+    first = policy.choose(16, 1000)[0]
+    _feed(policy, key, plain=0.95, step=0.1, verify=1.05)
+    assert policy.choose(16, 1000)[0] == first
+
+
+def test_buckets():
+    assert [batch_bucket(b) for b in (1, 2, 3, 200, 256)] == [1, 2, 4, 256, 256]
+    assert context_bucket(4096) == 24 and context_bucket(5800) == 25
+
+
+def test_adaptive_steps_knob():
+    assert PillarConfig(num_steps=8).step_candidates == (0, 2, 4, 8)
+    assert PillarConfig(num_steps=3).step_candidates == (0, 2, 3)
+    assert PillarConfig(num_steps=1).step_candidates == (0, 1)
+    assert PillarConfig(num_steps=8, adaptive_steps="off").step_candidates == (8,)
+    assert not PillarConfig(num_steps=8, adaptive_steps="off").adaptive
+    assert PillarConfig(num_steps=4, adaptive_steps="0").step_candidates == (0, 4)
+    with pytest.raises(ValueError, match="ADAPTIVE_STEPS"):
+        PillarConfig(num_steps=4, adaptive_steps="0,6")
+    with pytest.raises(ValueError, match="ADAPTIVE_STEPS"):
+        PillarConfig(num_steps=4, adaptive_steps="two")
+
+
+def test_server_info_gets_the_worker_summary():
+    class Worker:
+        def summary(self):
+            return {"rounds_by_k": {"0": 3}}
+
+    class Out:
+        internal_state: dict = {}
+
+    out = Out()
+    out.internal_state = {"x": 1}
+    scheduler = type("S", (), {"draft_worker": Worker()})()
+    assert add_pillar_state(out, scheduler, None).internal_state == {"x": 1, "pillar": {"rounds_by_k": {"0": 3}}}
+    stock = Out()
+    stock.internal_state = {"x": 1}
+    assert add_pillar_state(stock, type("S", (), {"draft_worker": None})(), None).internal_state == {"x": 1}

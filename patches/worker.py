@@ -280,21 +280,7 @@ class PillarWorker(BaseSpecWorker):
         )
         on_logits = None if self.timer is None else (lambda: self.timer.mark("verify"))
         attach_round(batch.spec_info, PillarRound(drafts.record, on_logits))
-        result = run_eagle_verify(
-            batch,
-            target_worker=self._target_worker,
-            req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
-            plan_stream=self.plan_stream,
-            plan_stream_ctx=self.plan_stream_ctx,
-            topk=1,
-            num_steps=self.speculative_num_steps,
-            num_draft_tokens=self.speculative_num_draft_tokens,
-            device=self.device,
-            metadata_ready_pre_pad=False,
-            finalize_tree_path=True,
-            grammar_barrier=grammar_barrier,
-        )
+        result = self._verify(batch, grammar_barrier, self.speculative_num_steps)
         if self.timer is not None:
             self.timer.mark("accept")
         # Before on_publish: publishing lets the schedule stream start preparing the next
@@ -321,21 +307,7 @@ class PillarWorker(BaseSpecWorker):
             batch.spec_info = self._plain_verify_input(batch)
             record = None if batch.sampling_info.is_all_greedy else self._no_drafts(batch.seq_lens.shape[0])
             attach_round(batch.spec_info, PillarRound(record))
-            result = run_eagle_verify(
-                batch,
-                target_worker=self._target_worker,
-                req_to_token_pool=self.req_to_token_pool,
-                token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
-                plan_stream=self.plan_stream,
-                plan_stream_ctx=self.plan_stream_ctx,
-                topk=1,
-                num_steps=0,
-                num_draft_tokens=1,
-                device=self.device,
-                metadata_ready_pre_pad=False,
-                finalize_tree_path=True,
-                grammar_barrier=grammar_barrier,
-            )
+            result = self._verify(batch, grammar_barrier, 0)
         finally:
             mr.attn_backend, mr.decode_cuda_graph_runner = saved
         self.clock.end()
@@ -343,6 +315,24 @@ class PillarWorker(BaseSpecWorker):
             on_publish(result.new_seq_lens)
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result
+
+    def _verify(self, batch, grammar_barrier, num_steps: int):
+        """SGLang's topk=1 EAGLE verify of a chain of ``num_steps`` + 1 tokens per request."""
+        return run_eagle_verify(
+            batch,
+            target_worker=self._target_worker,
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+            plan_stream=self.plan_stream,
+            plan_stream_ctx=self.plan_stream_ctx,
+            topk=1,
+            num_steps=num_steps,
+            num_draft_tokens=num_steps + 1,
+            device=self.device,
+            metadata_ready_pre_pad=False,
+            finalize_tree_path=True,
+            grammar_barrier=grammar_barrier,
+        )
 
     def _no_drafts(self, bs: int) -> DraftRecord:
         c = self.draft_runner.num_cand

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.patches.server_info import add_pillar_state
 
+from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.spec.adaptive import (
     AcceptanceTracker,
     RoundClock,
@@ -160,12 +160,11 @@ def test_server_info_gets_the_worker_summary():
             return {"rounds_by_k": {"0": 3}}
 
     class Out:
-        internal_state: dict = {}
+        def __init__(self) -> None:
+            self.internal_state = {"x": 1}
 
     out = Out()
-    out.internal_state = {"x": 1}
     scheduler = type("S", (), {"draft_worker": Worker()})()
     assert add_pillar_state(out, scheduler, None).internal_state == {"x": 1, "pillar": {"rounds_by_k": {"0": 3}}}
     stock = Out()
-    stock.internal_state = {"x": 1}
     assert add_pillar_state(stock, type("S", (), {"draft_worker": None})(), None).internal_state == {"x": 1}

@@ -4,7 +4,7 @@
 registers them with SGLang's ``HookRegistry`` and registers the PILLAR algorithm through
 ``SpeculativeAlgorithm.register``. Besides the hooked symbols, these modules use SGLang code
 directly: ``worker`` (BaseSpecWorker, EAGLE's verify helpers, and for plain-decoding rounds a second
-DecodeCudaGraphRunner built under a spec-config override), ``draft_runner`` (ForwardBatch,
+DecodeCudaGraphRunner built under a spec-config override and EAGLEWorkerV2's one-token verify input), ``draft_runner`` (ForwardBatch,
 forward context, graph capture mode), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
 renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch) and

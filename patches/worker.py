@@ -35,6 +35,7 @@ from sglang.srt.speculative.eagle_worker_common import (
     build_eagle_verify_input,
     run_eagle_verify,
 )
+from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.spec_utils import get_plan_stream
 
 from sglang_sparsespec.config import (
@@ -66,7 +67,6 @@ class PlainState:
 
     attn_backend: Any
     graph_runner: Any
-
 
 
 class PillarWorker(BaseSpecWorker):
@@ -227,8 +227,6 @@ class PillarWorker(BaseSpecWorker):
         self.policy.observe(self.clock.poll())
         reqs = batch.reqs
         steps, key = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1))
-        if steps == 0 and self.plain is None:
-            steps = self.cfg.num_steps
         self.policy.acceptance.launched(steps, len(reqs))
         self.clock.start(key, steps)
         rounds = sum(self.policy.counts.values())
@@ -304,7 +302,10 @@ class PillarWorker(BaseSpecWorker):
         saved = mr.attn_backend, mr.decode_cuda_graph_runner
         mr.attn_backend, mr.decode_cuda_graph_runner = self.plain.attn_backend, self.plain.graph_runner
         try:
-            batch.spec_info = self._plain_verify_input(batch)
+            # SGLang's one-token verify input rooted at the pending (bonus) token, as EAGLE builds it
+            # for its zero-step rounds; it reads only the fields PillarWorker shares (_target_worker,
+            # device, topk) and the backend swapped in above.
+            batch.spec_info = EAGLEWorkerV2._build_trivial_verify_input(self, batch)
             record = None if batch.sampling_info.is_all_greedy else self._no_drafts(batch.seq_lens.shape[0])
             attach_round(batch.spec_info, PillarRound(record))
             result = self._verify(batch, grammar_barrier, 0)
@@ -335,53 +336,15 @@ class PillarWorker(BaseSpecWorker):
         )
 
     def _no_drafts(self, bs: int) -> DraftRecord:
+        # Zero drafts: every row's token comes from the target distribution itself.
         c = self.draft_runner.num_cand
         with torch.device(self.device):
-            ids = torch.zeros((bs, 0, c), dtype=torch.int64)
             return DraftRecord(
                 tokens=torch.zeros((bs, 0), dtype=torch.int64),
-                cand_ids=ids,
+                cand_ids=torch.zeros((bs, 0, c), dtype=torch.int64),
                 cand_q=torch.zeros((bs, 0, c), dtype=torch.float32),
                 q_tok=torch.zeros((bs, 0), dtype=torch.float32),
             )
-
-    def _plain_verify_input(self, batch):
-        """A one-token verify input rooted at the pending (bonus) token, as SGLang's
-        ``_build_trivial_verify_input`` builds it for EAGLE's zero-step rounds."""
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-        from sglang.srt.speculative.eagle_info import EagleVerifyInput
-
-        bs = batch.seq_lens.shape[0]
-        with torch.device(self.device):
-            retrieve_index = torch.arange(bs, dtype=torch.long).unsqueeze(1)
-            no_next = torch.full((bs, 1), -1, dtype=torch.long)
-        verify_mask = self.plain.attn_backend.verify_mask
-        if verify_mask is not None and verify_mask.fits(bs):
-            custom_mask = verify_mask.buffer
-            custom_mask.fill_(True)  # one token per request sees its whole prefix
-        else:
-            if batch.seq_lens_sum is not None:
-                total = batch.seq_lens_sum
-            elif batch.seq_lens_cpu is not None:
-                total = int(batch.seq_lens_cpu.sum())
-            else:
-                total = bs * self.plain.attn_backend.max_context_len
-            custom_mask = torch.ones(total + bs, dtype=torch.bool, device=self.device)
-        return EagleVerifyInput(
-            draft_token=batch.spec_info.bonus_tokens,
-            custom_mask=custom_mask,
-            positions=batch.seq_lens.to(torch.int64),
-            retrieve_index=retrieve_index,
-            retrieve_next_token=no_next,
-            retrieve_next_sibling=no_next.clone(),
-            retrieve_cum_len=None,
-            spec_steps=0,
-            topk=1,
-            draft_token_num=1,
-            capture_hidden_mode=CaptureHiddenMode.FULL,
-            seq_lens_sum=None,
-            seq_lens_cpu=None,
-        )
 
     @staticmethod
     def _next_draft_input(bonus_tokens: torch.Tensor) -> EagleDraftInput:

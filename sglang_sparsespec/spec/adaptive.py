@@ -101,7 +101,8 @@ class _Ema:
 class CostCell:
     """Measured milliseconds of one (batch bucket, context bucket): plain = a k = 0 round;
     draft_step = one draft step; verify = the rest of a k >= 1 round; gap = stream idle time before
-    a round that followed another decode round."""
+    a round that followed another decode round. Bookkeeping: rounds chosen here, the round each mode
+    (0, or k_max for every k >= 1) last ran, and the last non-probe choice (for the hysteresis)."""
 
     plain: _Ema
     draft_step: _Ema
@@ -109,6 +110,7 @@ class CostCell:
     gap: _Ema
     rounds: int = 0
     last_probe: dict[int, int] = field(default_factory=dict)
+    last_choice: int | None = None
 
     @classmethod
     def empty(cls, decay: float) -> CostCell:
@@ -208,7 +210,6 @@ class SpeculationPolicy:
         candidates: Iterable[int],
         reprobe_every: int = 64,
         margin: float = 0.03,
-        table: CostTable | None = None,
         acceptance: AcceptanceTracker | None = None,
     ):
         self.candidates = tuple(sorted(set(candidates)))
@@ -216,10 +217,9 @@ class SpeculationPolicy:
             raise ValueError(f"candidates need a k >= 1 and no negative k, got {self.candidates}")
         self.reprobe_every = reprobe_every
         self.margin = margin
-        self.table = table or CostTable()
+        self.table = CostTable()
         self.acceptance = acceptance or AcceptanceTracker()
         self.counts: Counter[int] = Counter()
-        self._last: dict[tuple[int, int], int] = {}
 
     @property
     def k_max(self) -> int:
@@ -256,7 +256,7 @@ class SpeculationPolicy:
         c = self.table.cell(key)
         c.rounds += 1
         probe = self._probe(c)
-        k = probe if probe is not None else self._best(key)
+        k = probe if probe is not None else self._best(key, c)
         # Any round with drafts measures the draft step and the verify, so it refreshes every k >= 1.
         c.last_probe[0 if k == 0 else self.k_max] = c.rounds
         self.counts[k] += 1
@@ -273,15 +273,15 @@ class SpeculationPolicy:
             return stalest
         return None
 
-    def _best(self, key: tuple[int, int]) -> int:
+    def _best(self, key: tuple[int, int], c: CostCell) -> int:
         rates = self.rates(key)
         if not rates:
             return self.k_max
         best = max(rates, key=rates.__getitem__)
-        prev = self._last.get(key)
+        prev = c.last_choice
         if prev in rates and rates[best] <= rates[prev] * (1.0 + self.margin):
             best = prev
-        self._last[key] = best
+        c.last_choice = best
         return best
 
     def summary(self) -> dict[str, Any]:

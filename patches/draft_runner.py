@@ -3,7 +3,7 @@
 Each step is an ordinary SGLang DECODE forward of the target model under
 ``PillarDraftBackend``, whose attention reads, per layer and KV head, only the request's
 planned positions plus the recent tail and this round's tokens (``PlanState``). Sampled
-drafts come from a compact proposal over the C largest logits (``kernels/draft_sample.py``),
+drafts come from a compact proposal over at most C of the most probable tokens (``kernels/draft_sample.py``),
 recorded for the verify's rejection sampling. The whole
 k-step loop — k forwards and draft sampling — is captured as one CUDA graph per
 batch-size bucket, so a round costs one graph launch for drafting plus the target's own
@@ -57,7 +57,7 @@ class PillarDraftRunner:
         self.step_counts = tuple(n for n in step_counts if n >= 1)
         self.max_bs = max_bs
         self.device = model_runner.device
-        # The proposal's support: the C largest logits (any proposal keeps verify exact).
+        # The proposal's support: at most C of the most probable tokens (any proposal keeps verify exact).
         self.num_cand = min(cfg.draft_candidates, model_runner.model_config.vocab_size)
         with torch.device(self.device):
             self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64)
@@ -156,14 +156,12 @@ class PillarDraftRunner:
                 self.out_tokens[:bs, step] = tokens
 
     def _sample_step(self, logits: torch.Tensor, step: int, bs: int) -> torch.Tensor:
-        cand_logits, cand_ids = torch.topk(logits, self.num_cand, dim=-1)
-        self.cand_ids[step, :bs] = cand_ids
         noise = torch.empty((bs, self.num_cand), dtype=torch.float32, device=logits.device).exponential_()
         tokens = torch.empty(bs, dtype=torch.int64, device=logits.device)
         inputs = DraftSampleInputs(
-            logits, cand_logits, cand_ids, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], noise
+            logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], noise
         )
-        draft_sample_fwd(inputs, tokens, self.cand_q[step, :bs], self.q_tok[step, :bs])
+        draft_sample_fwd(inputs, tokens, self.cand_ids[step, :bs], self.cand_q[step, :bs], self.q_tok[step, :bs])
         return tokens
 
     # ---- capture / run -------------------------------------------------------------

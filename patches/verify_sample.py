@@ -4,8 +4,9 @@ SGLang's sampled verify (``chain_speculative_sampling_triton``) needs every draf
 vocabulary distribution. PILLAR drafts record q on C candidates only (``DraftRecord``), so for a
 PILLAR verify input (``attach_round``) that is not all greedy, this replaces the sampling half of
 ``eagle_sample``: the same logit processing as SGLang (NaN guard, penalties, logit bias, grammar
-mask), the target distribution stock decoding samples from (``target_probs_gpu``), then
-``rejection_sample``. All-greedy batches, idle batches and other algorithms run SGLang's own code.
+mask), the target distribution stock decoding samples from (``target_probs_gpu``), then exact
+rejection sampling (``kernels/verify_accept.py`` on the GPU; ``spec/rejection.rejection_sample`` is
+its reference). All-greedy batches, idle batches and other algorithms run SGLang's own code.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
 
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
@@ -46,7 +48,7 @@ def target_probs_gpu(logits: torch.Tensor, sampling_info, repeats: int) -> torch
     def per_row(t: torch.Tensor) -> torch.Tensor:
         return torch.repeat_interleave(t.view(-1), repeats, dim=0)
 
-    probs = torch.softmax(logits.float() / per_row(sampling_info.temperatures)[:, None], dim=-1)
+    probs = softmax_t_fwd(logits, sampling_info.temperatures.view(-1), repeats)
     top_k = per_row(sampling_info.top_ks)
     top_p = per_row(sampling_info.top_ps)
     if sampling_info.need_min_p_sampling:
@@ -119,7 +121,7 @@ def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_ma
         candidates=candidates,
         device=logits.device,
     )
-    emitted, num_accepted = rejection_sample(probs, record, coins[:, : k1 - 1], final_coins)
+    emitted, num_accepted = _rejection(probs, record, coins[:, : k1 - 1], final_coins)
     # SGLang's layout: slot retrieve_index[b, j] holds emitted token j; accept_index lists the
     # slots of the accepted drafts and the drawn token, -1 after.
     col = torch.arange(k1, device=logits.device)[None, :]
@@ -131,6 +133,15 @@ def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_ma
     num_correct = num_accepted.to(torch.int32)
     _broadcast_from_rank0(predict, accept_index, num_correct)
     return predict, num_correct + 1, accept_index
+
+
+def _rejection(probs: torch.Tensor, record: DraftRecord, coins: torch.Tensor, final_coins: torch.Tensor):
+    # The fused kernel on the GPU (rounds with drafts); the torch reference elsewhere and for the
+    # zero-width record of plain-decoding rounds.
+    if probs.is_cuda and record.tokens.shape[1] >= 1:
+        r = record
+        return rejection_fwd(probs, r.tokens, r.cand_ids, r.cand_q, r.q_tok, r.num_drafts, coins, final_coins)
+    return rejection_sample(probs, record, coins, final_coins)
 
 
 def _broadcast_from_rank0(*tensors: torch.Tensor) -> None:

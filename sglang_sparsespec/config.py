@@ -109,9 +109,9 @@ class PillarConfig:
     # 7.65/7.08/7.81 vs 7.86/7.77/7.57. One prompt gains 10-12%, the others move by -3..+3%: the
     # default stays the paper's until the GPU acceptance run says otherwise.
     score_rows: ScoreRows = ScoreRows.ALL
-    # Sampled drafts: the proposal's support, the C largest logits of each draft step. The verify
-    # is exact for any C; C only trades acceptance (the target mass outside the C candidates can
-    # never be drafted) for record size (k x C x 12 bytes per request) and top-k time.
+    # Sampled drafts: the proposal's support, at most C of the most probable tokens of each draft
+    # step. The verify is exact for any C; C only trades acceptance (the target mass outside them can
+    # never be drafted) for record size (k x C x 12 bytes per request).
     draft_candidates: int = 64
     # Adaptive speculation (spec/adaptive.py): the draft counts a round may run besides num_steps,
     # 0 = plain decoding, as a comma list; "auto" = AUTO_STEPS below num_steps; "off" = always num_steps.

@@ -16,11 +16,14 @@ from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_samp
 from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from sglang_sparsespec.kernels.topk_select import topk_select, topk_select_ref
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd, softmax_t_ref
 from sglang_sparsespec.kernels.verify_attention import (
     verify_attention_fwd,
     verify_attention_ref,
 )
 from triton_env import DEVICE
+
+from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 
 D = 64
 POISON = 777
@@ -409,34 +412,95 @@ def test_bad_inputs_raise_value_error():
 @pytest.mark.parametrize("logit_dtype", [torch.float32, torch.bfloat16])
 def test_draft_sample_matches_reference(logit_dtype):
     gen = torch.Generator().manual_seed(3)  # on the CPU: the same cases on either device
-    vocab, c = 5000, 24  # vocab > the kernel's 4096-wide block: the normaliser spans two blocks
+    vocab, c = 5000, 24  # vocab spans several 1024-wide blocks
     params = [  # (temperature, top_p, top_k, min_p), every filter and greedy encoding
         (1.0, 0.8, 0, 0.001), (1.0, 1.0, -1, 0.0), (0.6, 0.95, -1, 0.0), (1.3, 1.0, 3, 0.0),
         (0.0, 0.9, 20, 0.0), (1.0, 1.0, 1, 0.0), (2.0, 0.99, vocab, 0.3), (0.9, 1.0, 30, 1.0),
+        (50.0, 1.0, -1, 0.0),
     ]  # fmt: skip
     temp, top_p, top_k, min_p = (torch.tensor(col, device=DEVICE) for col in zip(*params))
     top_k = top_k.to(torch.int32)
     n = len(params)
-    # A peaked head so that top-p and min-p cut inside the candidates.
+    # A peaked head (spread over the row) so that top-p and min-p cut inside the candidates; the
+    # last row is nearly flat at T = 50, so more than C tokens sit within every rung but the first.
     logits = torch.randn(n, vocab, generator=gen) * 2
-    logits[:, :c] += torch.linspace(14, 6, c)
+    head = torch.randperm(vocab, generator=gen)[:c]
+    logits[:, head] += torch.linspace(14, 6, c)
     logits = logits.to(DEVICE, logit_dtype)
-    cand_logits, cand_ids = torch.topk(logits, c, dim=-1)
     noise = torch.empty((n, c)).exponential_(generator=gen).to(DEVICE)
-    x = DraftSampleInputs(logits, cand_logits, cand_ids, temp, top_p, top_k, min_p, noise)
+    x = DraftSampleInputs(logits, temp, top_p, top_k, min_p, noise)
     token = torch.full((n,), POISON, dtype=torch.int64, device=DEVICE)
+    cand_ids = torch.full((n, c), POISON, dtype=torch.int64, device=DEVICE)
     cand_q = torch.full((n, c), float("nan"), device=DEVICE)
     q_tok = torch.full((n,), float("nan"), device=DEVICE)
-    draft_sample_fwd(x, token, cand_q, q_tok)
-    ref_token, ref_q, ref_q_tok = draft_sample_ref(x)
+    draft_sample_fwd(x, token, cand_ids, cand_q, q_tok)
+    ref_token, ref_ids, ref_q, ref_q_tok = draft_sample_ref(x)
+    assert torch.equal(cand_ids, ref_ids)
     torch.testing.assert_close(cand_q, ref_q, atol=1e-6, rtol=1e-4)
     assert torch.equal(token, ref_token)
     torch.testing.assert_close(q_tok, ref_q_tok, atol=1e-6, rtol=1e-4)
     kept = (ref_q > 0).sum(dim=1).tolist()
-    # Greedy rows one-hot; the filters cut: top-p 0.8 and top-k 3 keep few, min-p 1.0 keeps one.
-    assert kept[4] == kept[5] == kept[7] == 1 and kept[3] == 3 and 1 < kept[0] < c and kept[1] == c
+    # Greedy rows one-hot at the argmax; the filters cut: top-p 0.8 and top-k 3 keep few, min-p 1.0 one.
+    assert kept[4] == kept[5] == kept[7] == 1 and kept[3] == 3 and 1 < kept[0] < kept[1]
+    assert torch.equal(ref_ids[[4, 5], 0], logits[[4, 5]].float().argmax(dim=-1))
+    # Unfiltered (row 1) every candidate is kept: the widest rung with at most C tokens, which are
+    # exactly the top tokens (in ascending id order).
+    n1 = kept[1]
+    assert c // 2 <= n1 <= c and torch.equal(ref_ids[1, :n1], torch.topk(logits[1].float(), n1).indices.sort().values)
+    # The flat row: rung 0 holds more than C tokens, so the first C within 0.25 of the max in id order.
+    z = logits[8].float() / 50.0
+    near = torch.nonzero(z >= z.max() - 0.25).squeeze(1)
+    assert near.numel() > c and torch.equal(ref_ids[8], near[:c])
     assert torch.allclose(ref_q.sum(dim=1), torch.ones(n, device=DEVICE))
-    with pytest.raises(ValueError, match="cand_ids' shape"):
-        DraftSampleInputs(logits, cand_logits[:, :3], cand_ids, temp, top_p, top_k, min_p, noise)
+    with pytest.raises(ValueError, match="noise must be"):
+        DraftSampleInputs(logits, temp, top_p, top_k, min_p, noise[:3])
     with pytest.raises(ValueError, match="top_p must have shape"):
-        DraftSampleInputs(logits, cand_logits, cand_ids, temp, top_p[:2], top_k, min_p, noise)
+        DraftSampleInputs(logits, temp, top_p[:2], top_k, min_p, noise)
+
+
+def test_softmax_t_matches_reference():
+    gen = torch.Generator().manual_seed(5)
+    logits = (torch.randn(6, 4500, generator=gen) * 4).to(DEVICE)
+    logits[1, :2048] = -torch.inf  # a masked first block (grammar) must not poison the normaliser
+    temp = torch.tensor([0.6, 1.0, 1.7], device=DEVICE)
+    probs = softmax_t_fwd(logits, temp, repeats=2)
+    torch.testing.assert_close(probs, softmax_t_ref(logits, temp, repeats=2), atol=1e-7, rtol=1e-5)
+    with pytest.raises(ValueError, match="repeats"):
+        softmax_t_fwd(logits, temp[:2], repeats=2)
+
+
+def _record_case(gen: torch.Generator, bs: int, k: int, vocab: int, c: int):
+    """Target rows with holes (top-p style zeros) and draft records as the draft runner lays them
+    out (step-major buffers seen through a transpose); some drafts equal a likely target token."""
+    ids = torch.stack([torch.randperm(vocab, generator=gen)[:c] for _ in range(k * bs)]).view(k, bs, c)
+    q = torch.softmax(torch.randn(k, bs, c, generator=gen) * 2, dim=-1)
+    pick = torch.multinomial(q.view(-1, c), 1, generator=gen).view(k, bs)
+    tokens = ids.gather(2, pick[..., None]).squeeze(-1).T.contiguous()
+    # The target favours most drafted tokens (by a random margin), so every prefix length occurs.
+    logits = torch.randn(bs, k + 1, vocab, generator=gen) * 3
+    boost = torch.rand(bs, k, generator=gen) * 14
+    logits[:, :k].scatter_add_(2, tokens[..., None], boost[..., None])
+    target_p = torch.softmax(logits, dim=-1)
+    target_p = torch.where(target_p < 1e-5, 0.0, target_p)
+    target_p = target_p / target_p.sum(-1, keepdim=True)
+    # Row 0: the rejected draft's q equals p on its ids and p lives only there: no residual left.
+    target_p[0, 0] = 0.0
+    target_p[0, 0, ids[0, 0]] = q[0, 0]
+    rec = [t.to(DEVICE) for t in (tokens, ids.transpose(0, 1), q.transpose(0, 1), q.gather(2, pick[..., None]).squeeze(-1).T)]
+    coins = torch.rand(bs, k + 1, generator=gen).to(DEVICE)[:, :k]  # SGLang's coins are k + 1 wide
+    coins[0, 0] = 1.0  # row 0 rejects its first draft (p == q there: only a coin of 1 can)
+    return target_p.to(DEVICE), rec, coins, torch.rand(bs, generator=gen).to(DEVICE)
+
+
+@pytest.mark.parametrize("num_drafts", [3, 1, 0])
+def test_rejection_matches_reference(num_drafts):
+    gen = torch.Generator().manual_seed(11 + num_drafts)
+    target_p, (tokens, ids, q, q_tok), coins, final = _record_case(gen, bs=24, k=3, vocab=1100, c=8)
+    ref = rejection_sample(target_p, DraftRecord(tokens, ids, q, q_tok, num_drafts=num_drafts), coins, final)
+    out = rejection_fwd(target_p, tokens, ids, q, q_tok, num_drafts, coins, final)
+    assert torch.equal(out[1], ref[1]) and torch.equal(out[0], ref[0])
+    assert out[1].max() <= num_drafts and (num_drafts == 0 or len(set(out[1].tolist())) > 1)
+    if num_drafts:
+        assert out[1][0] == 0 and target_p[0, 0, out[0][0, 0]] > 0  # drawn from p itself
+    with pytest.raises(ValueError, match="record shapes"):
+        rejection_fwd(target_p, tokens[:, :2], ids, q, q_tok, num_drafts, coins, final)

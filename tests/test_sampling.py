@@ -122,17 +122,16 @@ def test_bad_shapes_raise_value_error():
 def _draft(logits: torch.Tensor, rows: SamplingRows, c: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     """One draft step as the draft runner runs it: (token, cand_ids, cand_q, q_tok)."""
     n = logits.shape[0]
-    cand_logits, cand_ids = torch.topk(logits, c, dim=-1)
     noise = torch.empty((n, c), device=logits.device).exponential_(generator=gen)
     min_p = rows.min_p if rows.min_p is not None else torch.zeros_like(rows.top_p)
-    x = DraftSampleInputs(logits, cand_logits, cand_ids, rows.temperature, rows.top_p, rows.top_k, min_p, noise)
+    x = DraftSampleInputs(logits, rows.temperature, rows.top_p, rows.top_k, min_p, noise)
     if INTERPRET:  # the compiled kernel is checked against this reference in test_kernels.py
-        token, cand_q, q_tok = draft_sample_ref(x)
-    else:
-        token = torch.empty(n, dtype=torch.int64, device=logits.device)
-        cand_q = torch.empty((n, c), device=logits.device)
-        q_tok = torch.empty(n, device=logits.device)
-        draft_sample_fwd(x, token, cand_q, q_tok)
+        return draft_sample_ref(x)
+    token = torch.empty(n, dtype=torch.int64, device=logits.device)
+    cand_ids = torch.empty((n, c), dtype=torch.int64, device=logits.device)
+    cand_q = torch.empty((n, c), device=logits.device)
+    q_tok = torch.empty(n, device=logits.device)
+    draft_sample_fwd(x, token, cand_ids, cand_q, q_tok)
     return token, cand_ids, cand_q, q_tok
 
 

@@ -23,7 +23,7 @@ class DraftRecord:
     """What the verify needs of k sampled drafts per request, without vocabulary-wide rows.
 
     tokens [bs, k] int64: the drafts; cand_ids [bs, k, C] int64: the support of each draft's
-    proposal q_j (distinct ids); cand_q [bs, k, C] float32: q_j on them (0 where filtered out,
+    proposal q_j (distinct where q_j > 0; slots with q_j = 0 may repeat ids); cand_q [bs, k, C] float32: q_j on them (0 where filtered out,
     rows sum to 1); q_tok [bs, k] float32: q_j(tokens[:, j]), > 0.
     num_drafts: how many of the k columns were drafted this round (None: all k). A round that
     drafts fewer than the verify width leaves the rest unfilled (stale); they are never accepted,

@@ -8,9 +8,11 @@ max(0, p - q) at the first rejection (or from p after the last draft). In plain 
 H100, mostly in vocabulary-wide temporaries; the division + softmax costs ~1.0 ms. Here:
 
 ``softmax_t_fwd``: probs = softmax(logits / T_row), one program per row, two reads and one write.
-``rejection_fwd``: one program per request; the accept test reads k probabilities, the residual
-    differs from p only on the C candidate ids of the rejected draft's record, so the draw reads the
-    final row twice (its total mass, then the inverse CDF at u * total) and never materialises it.
+``rejection_fwd``: one program per request; the accept test reads k probabilities; the residual
+    differs from p only on the C candidate ids of the rejected draft's record, so it is written into
+    the final row in place (``target_p`` is consumed), and the draw reads that row twice (its total
+    mass, then the inverse CDF at u * total). A per-element match against the C ids instead costs
+    4.6 ms at batch 256 x 49K on an H100 (measured), six times the torch reference.
 
 Semantics are the reference's: draft j is accepted iff coin_j * q_tok_j < p_j(token_j) and j <
 num_drafts, the accepted prefix ends at the first failure; the drawn token is the first id whose
@@ -118,11 +120,15 @@ def _rejection_kernel(
     for start in range(0, vocab, BLOCK_V):
         idx = start + offs_v
         total_p += tl.sum(tl.load(row + idx, mask=idx < vocab, other=0.0), axis=0)
-    total = total_p - tl.sum(overlap, axis=0)
+    residual_mass = total_p - tl.sum(overlap, axis=0)
     # Rounding can leave no residual mass only when p == q; p itself is then exact.
-    use_p = total <= 0.0
-    overlap = tl.where(use_p, 0.0, overlap)
-    total = tl.where(use_p, total_p, total)
+    has_residual = residual_mass > 0.0
+    total = tl.where(has_residual, residual_mass, total_p)
+    # The residual in place: the row is this request's own scratch copy of p and nothing reads it
+    # after this kernel. Only slots with q > 0 write (their ids are distinct; unused slots repeat ids).
+    write = tl.where(has_residual, sub & (q > 0.0), False)
+    tl.store(row + ids, tl.load(row + ids, mask=sub, other=0.0) - overlap, mask=write)
+    tl.debug_barrier()
     target = tl.load(Final_coins + b * stride_f).to(tl.float32) * total
 
     cum = 0.0
@@ -130,8 +136,7 @@ def _rejection_kernel(
     last = -1
     for start in range(0, vocab, BLOCK_V):
         idx = start + offs_v
-        p = tl.load(row + idx, mask=idx < vocab, other=0.0)
-        r = p - tl.sum(tl.where(ids[None, :] == idx[:, None], overlap[None, :], 0.0), axis=1)
+        r = tl.load(row + idx, mask=idx < vocab, other=0.0)
         c = cum + tl.cumsum(r, axis=0)
         first = tl.min(tl.where((c > target) & (r > 0.0), idx, vocab), axis=0)
         drawn = tl.where((drawn < 0) & (first < vocab), first, drawn)
@@ -157,8 +162,9 @@ def rejection_fwd(
     final_coins: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rejection_sample`` of ``spec/rejection.py`` (same arguments, the record unpacked): target_p
-    [bs, k+1, V] float32 (last dim contiguous); tokens [bs, k] int64; cand_ids / cand_q [bs, k, C];
-    q_tok [bs, k]; coins [bs, k]; final_coins [bs]. Returns (emitted [bs, k+1] int64, num_accepted [bs])."""
+    [bs, k+1, V] float32 (last dim contiguous; overwritten: each request's final row becomes its
+    residual); tokens [bs, k] int64; cand_ids / cand_q [bs, k, C]; q_tok [bs, k]; coins [bs, k];
+    final_coins [bs]. Returns (emitted [bs, k+1] int64, num_accepted [bs])."""
     bs, k1, vocab = target_p.shape
     k, c = k1 - 1, cand_ids.shape[-1]
     if tokens.shape != (bs, k) or cand_ids.shape != (bs, k, c) or cand_q.shape != (bs, k, c):
@@ -174,6 +180,6 @@ def rejection_fwd(
             target_p.stride(0), target_p.stride(1), tokens.stride(0), cand_ids.stride(0), cand_ids.stride(1),
             cand_q.stride(0), cand_q.stride(1),
             q_tok.stride(0), q_tok.stride(1), coins.stride(0), coins.stride(1), final_coins.stride(0), emitted.stride(0),
-            K=k, BLOCK_K=triton.next_power_of_2(k), C=c, BLOCK_C=triton.next_power_of_2(c), BLOCK_V=512,
+            K=k, BLOCK_K=triton.next_power_of_2(k), C=c, BLOCK_C=triton.next_power_of_2(c), BLOCK_V=2048,
         )  # fmt: skip
     return emitted, num_accepted

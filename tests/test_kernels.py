@@ -497,7 +497,7 @@ def test_rejection_matches_reference(num_drafts):
     gen = torch.Generator().manual_seed(11 + num_drafts)
     target_p, (tokens, ids, q, q_tok), coins, final = _record_case(gen, bs=24, k=3, vocab=1100, c=8)
     ref = rejection_sample(target_p, DraftRecord(tokens, ids, q, q_tok, num_drafts=num_drafts), coins, final)
-    out = rejection_fwd(target_p, tokens, ids, q, q_tok, num_drafts, coins, final)
+    out = rejection_fwd(target_p.clone(), tokens, ids, q, q_tok, num_drafts, coins, final)
     assert torch.equal(out[1], ref[1]) and torch.equal(out[0], ref[0])
     assert out[1].max() <= num_drafts and (num_drafts == 0 or len(set(out[1].tolist())) > 1)
     if num_drafts:

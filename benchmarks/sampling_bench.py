@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 
 import torch
-
-from benchmarks.meta import new_run_id, run_metadata
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
+
+from benchmarks.meta import new_run_id, run_metadata
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 
 

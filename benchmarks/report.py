@@ -612,10 +612,10 @@ README_END = "<!-- results:end -->"
 
 
 def readme_markdown(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, Any]] = ()) -> str:
-    """The README's generated results: throughput runs not bounded by streaming, the newest lossless run, the
+    """The results page's generated tables: throughput runs not bounded by streaming, every lossless run, the
     draft policies, the step-time breakdown and the verify-kernel table of the widest kernels sweep with one."""
     tput = [d for d in docs if d.get("kind") == "throughput" and stream_interval(d["config"].get("flags", [])) > 1]
-    lossless = sorted((d for d in docs if d.get("kind") == "lossless"), key=lambda d: d["meta"]["run_id"])[-1:]
+    lossless = [d for d in docs if d.get("kind") == "lossless"]
     kernels = [d for d in docs if d.get("kind") == "kernels" and "split_verify_attn_us" in d.get("score_capture", [{}])[0]]
     parts = [throughput_markdown(tput), repeats_markdown(docs, repeats), lossless_markdown(lossless), acceptance_markdown(docs),
              exactness_markdown(docs), step_times_markdown(docs)]

@@ -32,13 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_driver import BenchDriver
-from benchmarks.configs import (
-    CONFIGS_HELP,
-    ServerConfig,
-    file_stem,
-    parse_env,
-    resolve_config,
-)
+from benchmarks.configs import CONFIGS_HELP, ServerConfig, add_server_options, file_stem, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.report import (
     DEFAULT_RESULTS,
@@ -428,10 +422,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS))
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for every request (1: off)")
-    p.add_argument("--extra-server-args", default="", help='flags for every server; use the = form: --extra-server-args="--x 1"')
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
-    p.add_argument("--startup-timeout", type=float, default=400.0)
-    p.add_argument("--time-budget", type=float, default=540.0, help="seconds for the whole invocation")
+    add_server_options(p, 540.0)
     p.add_argument("--run-id", default=None,
                    help="share one id across invocations of one comparison; with several --output-len it must "
                         "contain {output_len} (each length is its own comparison)")

@@ -16,18 +16,16 @@ and F.log; exit code 0 when every pass finished.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.configs import CONFIGS_HELP, parse_env, resolve_config
-from benchmarks.meta import new_run_id, run_metadata
-from benchmarks.passes import PassResult, run_passes
-from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import install_signal_handlers
+from benchmarks.configs import CONFIGS_HELP, add_server_options, resolve_config
+from benchmarks.meta import run_metadata
+from benchmarks.passes import PassResult, parse_pass_options, prompt_settings, run_passes
+from benchmarks.runlog import write_json
+from benchmarks.server import begin
 from benchmarks.workload import build_prompts, load_tokenizer
 
 DEFAULT_CONFIGS = "pillar,pillar-coarse,pillar-streaming,pillar-oracle"
@@ -44,10 +42,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=4096)
     p.add_argument("--concurrency", type=int, default=0, help="requests in flight (0 = all at once)")
-    p.add_argument("--extra-server-args", default="", help='flags for every server; use the = form: --extra-server-args="--x 1"')
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
-    p.add_argument("--startup-timeout", type=float, default=400.0)
-    p.add_argument("--time-budget", type=float, default=560.0, help="seconds for the whole invocation")
+    add_server_options(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--server-log-dir", type=Path, default=None, help="full server logs (default: a temp dir)")
     args = p.parse_args(argv)
@@ -55,11 +50,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--num-prompts and --max-new-tokens must be >= 1")
     try:
         args.temps = [float(t) for t in args.temps.split(",") if t.strip()]
-        args.env = parse_env(args.env)
     except ValueError as e:
         p.error(str(e))
-    args.extra_server_args = tuple(shlex.split(args.extra_server_args))
-    args.datasets = tuple(d for d in args.datasets.split(",") if d)
+    parse_pass_options(p, args)
     args.configs = [c for c in args.configs.split(",") if c]
     for name in args.configs:
         try:
@@ -67,8 +60,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                 p.error(f"config {name!r} does not speculate; acceptance needs a speculative config")
         except ValueError as e:
             p.error(str(e))
-    args.run_id = args.run_id or new_run_id()
-    args.server_log_dir = args.server_log_dir or Path(tempfile.mkdtemp(prefix="sparsespec-bench-"))
     return args
 
 
@@ -86,24 +77,12 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    install_signal_handlers()
-    deadline = Deadline(args.time_budget)
-    log = RunLog(args.out.with_suffix(".log"))
+    deadline, log = begin(args.time_budget, args.out.with_suffix(".log"))
     doc: dict[str, Any] = {
         "kind": "acceptance",
         "schema": 1,
         "meta": run_metadata(args.run_id),
-        "settings": {
-            "model": args.model,
-            "datasets": list(args.datasets),
-            "num_prompts": args.num_prompts,
-            "max_new_tokens": args.max_new_tokens,
-            "ignore_eos": True,
-            "temps": args.temps,
-            "concurrency": args.concurrency or args.num_prompts,
-            "extra_server_args": list(args.extra_server_args),
-            "env": args.env,
-        },
+        "settings": {**prompt_settings(args), "ignore_eos": True, "temps": args.temps},
         "servers": {},
         "results": {},
     }

@@ -23,16 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.configs import file_stem, parse_env, resolve_config
+from benchmarks.configs import add_server_options, file_stem, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
-from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import (
-    Server,
-    ServerError,
-    http_json,
-    install_signal_handlers,
-    log_tail,
-)
+from benchmarks.runlog import write_json
+from benchmarks.server import Server, ServerError, begin, http_json, log_tail
 from benchmarks.workload import load_tokenizer
 
 QUESTION = "Find the sum of all positive integers n such that n^2 - 19n + 99 is a perfect square. Think step by step."
@@ -121,10 +115,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", required=True, help="model folder (also the tokenizer)")
     p.add_argument("--out", required=True, type=Path, help="result JSON path; the log goes beside it (.log)")
     p.add_argument("--config", default="pillar", help="server config name (see benchmarks/configs.py)")
-    p.add_argument("--extra-server-args", default="", help='use the = form: --extra-server-args="--x 1"')
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
-    p.add_argument("--startup-timeout", type=float, default=400.0)
-    p.add_argument("--time-budget", type=float, default=540.0, help="seconds for the whole invocation")
+    add_server_options(p, 540.0)
     p.add_argument("--server-log-dir", type=Path, default=None, help="full server log (default: a temp dir)")
     args = p.parse_args(argv)
     try:
@@ -138,9 +129,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    install_signal_handlers()
-    deadline = Deadline(args.time_budget)
-    log = RunLog(args.out.with_suffix(".log"))
+    deadline, log = begin(args.time_budget, args.out.with_suffix(".log"))
     cfg = args.server_config
     env = cfg.environment(args.env)
     doc: dict[str, Any] = {

@@ -8,6 +8,7 @@ each ``:knob=value`` sets ``SPARSESPEC_<KNOB>=value`` for that server only.
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -150,3 +151,11 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
             raise ValueError(f"--env expects KEY=VAL, got {item!r}")
         env[key] = val
     return env
+
+
+def add_server_options(p: argparse.ArgumentParser, time_budget_s: float = 560.0) -> None:
+    """The options of every entry point that starts servers (each keeps its own budget default)."""
+    p.add_argument("--extra-server-args", default="", help='flags for every server; use the = form: --extra-server-args="--x 1"')
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
+    p.add_argument("--startup-timeout", type=float, default=400.0)
+    p.add_argument("--time-budget", type=float, default=time_budget_s, help="seconds for the whole invocation")

@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.configs import parse_env, resolve_config
+from benchmarks.configs import add_server_options, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
-from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import Server, http_json, install_signal_handlers, start_recorded
+from benchmarks.runlog import write_json
+from benchmarks.server import Server, begin, http_json, start_recorded
 from benchmarks.workload import DEFAULT_DATASETS, build_prompts, load_tokenizer
 
 BATCH = 1024  # copies of a context per /generate call
@@ -112,10 +112,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--alpha", type=float, default=1e-3)
     p.add_argument("--candidate", default="pillar", help="the config compared with stock")
     p.add_argument("--controls", default="stock-flashinfer", help="more configs compared with stock (not judged)")
-    p.add_argument("--extra-server-args", default="")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL")
-    p.add_argument("--startup-timeout", type=float, default=400.0)
-    p.add_argument("--time-budget", type=float, default=560.0)
+    add_server_options(p)
     p.add_argument("--run-id", default=None)
     args = p.parse_args(argv)
     try:
@@ -147,9 +144,7 @@ def _server(name: str, args: argparse.Namespace, log_dir: Path) -> tuple[Server,
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    install_signal_handlers()
-    deadline = Deadline(args.time_budget)
-    log = RunLog(args.out.with_suffix(".log"))
+    deadline, log = begin(args.time_budget, args.out.with_suffix(".log"))
     log_dir = Path(tempfile.mkdtemp(prefix="sparsespec-exact-"))
     doc: dict[str, Any] = {
         "kind": "exactness", "schema": 1, "meta": run_metadata(args.run_id),

@@ -27,20 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.client import GenOutput
-from benchmarks.configs import parse_env, resolve_config
-from benchmarks.meta import git_commit, new_run_id, run_metadata
-from benchmarks.passes import PassResult, run_passes
-from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import install_signal_handlers
+from benchmarks.configs import add_server_options, resolve_config
+from benchmarks.meta import git_commit, run_metadata
+from benchmarks.passes import PassResult, parse_pass_options, prompt_settings, run_passes
+from benchmarks.runlog import write_json
+from benchmarks.server import begin
 from benchmarks.workload import DEFAULT_DATASETS, Prompt, build_prompts, load_tokenizer
 
 # A divergence is explained by rounding when stock's top-2 log-probability gap at that position
@@ -171,10 +169,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rejudge", type=Path, default=None, metavar="F.json",
                    help="only re-classify the divergences of a finished run with this version's rule and rewrite F.json")
     p.add_argument("--controls", default="", help="more configs to check against stock, e.g. ngram,pillar-streaming")
-    p.add_argument("--extra-server-args", default="", help='flags for both servers; use the = form: --extra-server-args="--x 1"')
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
-    p.add_argument("--startup-timeout", type=float, default=400.0)
-    p.add_argument("--time-budget", type=float, default=560.0, help="seconds for the whole invocation")
+    add_server_options(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--server-log-dir", type=Path, default=None, help="full server logs (default: a temp dir)")
     args = p.parse_args(argv)
@@ -192,20 +187,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.accept_temps = [float(t) for t in args.accept_temps.split(",") if t.strip()]
     except ValueError:
         p.error(f"--accept-temps must be comma-separated numbers, got {args.accept_temps!r}")
-    try:
-        args.env = parse_env(args.env)
-    except ValueError as e:
-        p.error(str(e))
-    args.extra_server_args = tuple(shlex.split(args.extra_server_args))
-    args.datasets = tuple(d for d in args.datasets.split(",") if d)
+    parse_pass_options(p, args)
     args.controls = [c for c in args.controls.split(",") if c]
     for name in args.controls:
         try:
             resolve_config(name)
         except ValueError as e:
             p.error(str(e))
-    args.run_id = args.run_id or new_run_id()
-    args.server_log_dir = args.server_log_dir or Path(tempfile.mkdtemp(prefix="sparsespec-bench-"))
     return args
 
 
@@ -236,26 +224,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rejudge is not None:
         return rejudge(args.rejudge)
-    install_signal_handlers()
-    deadline = Deadline(args.time_budget)
-    log = RunLog(args.out.with_suffix(".log"))
+    deadline, log = begin(args.time_budget, args.out.with_suffix(".log"))
     doc: dict[str, Any] = {
         "kind": "lossless",
         "schema": 1,
         "meta": run_metadata(args.run_id),
         "settings": {
-            "model": args.model,
-            "datasets": list(args.datasets),
-            "num_prompts": args.num_prompts,
-            "max_new_tokens": args.max_new_tokens,
+            **prompt_settings(args),
             "num_steps": args.num_steps,
             "temperature": args.temperature,
             "accept_temps": args.accept_temps,
             "accept_max_new_tokens": args.accept_max_new_tokens or args.max_new_tokens,
-            "concurrency": args.concurrency or args.num_prompts,
             "candidate_repeats": args.candidate_repeats,
-            "extra_server_args": list(args.extra_server_args),
-            "env": args.env,
         },
         "servers": {},
         "stock_repeat": None,

@@ -8,13 +8,16 @@ from __future__ import annotations
 import argparse
 import shlex
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchmarks.client import GenOutput, generate_all
-from benchmarks.configs import ServerConfig, file_stem
+from benchmarks.configs import ServerConfig, file_stem, parse_env
+from benchmarks.meta import new_run_id
 from benchmarks.runlog import Deadline, RunLog
 from benchmarks.server import (
     MIN_START_S,
@@ -89,6 +92,25 @@ def acceptance_summary(outputs: Sequence[GenOutput], wall_s: float | None = None
         reached = [steps] + at_least[:-1]
         doc["conditional_accept_by_position"] = [round(n / r, 5) if r else None for n, r in zip(at_least, reached)]
     return doc
+
+
+def parse_pass_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The options lossless and acceptance share: server environment and flags, datasets, run id, log folder."""
+    try:
+        args.env = parse_env(args.env)
+    except ValueError as e:
+        p.error(str(e))
+    args.extra_server_args = tuple(shlex.split(args.extra_server_args))
+    args.datasets = tuple(d for d in args.datasets.split(",") if d)
+    args.run_id = args.run_id or new_run_id()
+    args.server_log_dir = args.server_log_dir or Path(tempfile.mkdtemp(prefix="sparsespec-bench-"))
+
+
+def prompt_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of a result that every pass of its prompts shares (lossless and acceptance record them)."""
+    return {"model": args.model, "datasets": list(args.datasets), "num_prompts": args.num_prompts,
+            "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency or args.num_prompts,
+            "extra_server_args": list(args.extra_server_args), "env": args.env}  # fmt: skip
 
 
 def run_passes(

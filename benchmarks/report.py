@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import step_times
-from benchmarks.configs import file_stem
 from benchmarks.lossless import NEAR_TIE_NATS
 
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
@@ -133,9 +132,8 @@ def _seconds(ms: Any) -> float | None:
 
 
 def describe_workload(key: tuple[Any, ...]) -> str:
-    kind, out_len, in_len, temp = key
-    prompt = "AIME24+AMC23 chat prompts" if kind == "aime" else f"random token ids, {in_len} in"
-    return f"{prompt}, {out_len} output tokens (ignore_eos), temperature {temp}"
+    _, out_len, _, temp = key
+    return f"AIME24+AMC23 chat prompts, {out_len} output tokens (ignore_eos), temperature {temp}"
 
 
 STREAM_INTERVAL_1_NOTE = (
@@ -352,13 +350,13 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
             f"### Kernels ({d['_file']})\n\n{head}\n\n"
             "Sparse draft attention (5% budget + 16-token tail, per-KV-head lists) vs full-context decode:\n\n"
             + markdown_table(("shape", "bs", "L", "attended", "sparse us", "sparse GB/s", "SGLang triton full us",
-                              "FlashInfer full us", "vs triton", "vs FlashInfer"), dec)  # fmt: skip
+                              "FlashInfer full us", "vs triton", "vs FlashInfer"), dec)
             + "\n\n" + verify_kernel_table(d)
             + "\n\nTop-K selection over all (layer, KV head) rows, fp32 scores in one launch; fp16 per layer; "
             "torch.topk + sort per layer for reference:\n\n"
             + markdown_table(("shape", "bs", "L", "K", "all layers us (fp32)", "per layer us (fp16)", "torch per layer us"), sel)
             + "\n"
-        )  # fmt: skip
+        )
     return "\n".join(parts)
 
 
@@ -546,165 +544,17 @@ def plot_throughput(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]
         concs = sorted({r["concurrency"] for r in rows})
         for ax, ylabel in ((ax_t, "output tokens/s"), (ax_a, "accept length (tokens/verify)")):
             ax.set_xscale("log", base=2)
-            _style_axes(ax, concs, "concurrency", ylabel)
-        title = f"run {run_id}: {describe_workload(wkey)}"
-        paths.append(_save_figure(fig, title, out_dir / f"throughput_{run_id}_{wkey[0]}_{wkey[1]}.png"))
-    return paths
-
-
-def _style_axes(ax: Any, ticks: Sequence[int], xlabel: str, ylabel: str) -> None:
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    if ax.lines:
-        ax.legend()
-
-
-def _save_figure(fig: Any, title: str, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def length_series(run_id: str, output_len: int, commit: str) -> str:
-    """The comparison series a run belongs to across output lengths: a run id ending in ``-<len>``
-    (the sweep's ``sweep-<tag>-<len>``) without that suffix, else the commit it measured."""
-    suffix = f"-{output_len}"
-    return run_id[: -len(suffix)] if run_id.endswith(suffix) else f"commit {commit}"
-
-
-def plot_throughput_vs_length(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """One PNG per (series, prompt kind, temperature) measured at two or more output lengths
-    (``length_series``), one panel per concurrency: output tok/s vs output length per config, the ratio to
-    stock in the legend. Runs at stream interval 1 are left out (bounded by streaming, see
-    STREAM_INTERVAL_1_NOTE); ratios come from stock rows of the same run, as in the tables. Earlier
-    ``throughput_vs_length_*.png`` files are removed first: the names follow the results, not the code."""
-    import matplotlib.pyplot as plt
-
-    for old in out_dir.glob("throughput_vs_length_*.png"):
-        old.unlink()
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for r in throughput_rows(docs):
-        if r["tok_s"] is not None and r["stream_interval"] > 1:
-            kind, out_len, _, temp = r["workload"]
-            series = length_series(r["run_id"], out_len, r["commit"])
-            groups.setdefault((series, kind, temp), []).append({**r, "out_len": out_len})
-    paths = []
-    for (series, kind, temp), rows in sorted(groups.items()):
-        lengths = sorted({r["out_len"] for r in rows})
-        lens_at: dict[int, set[int]] = {}
-        for r in rows:
-            lens_at.setdefault(r["concurrency"], set()).add(r["out_len"])
-        concs = sorted(c for c, ns in lens_at.items() if len(ns) > 1)
-        if not concs:
-            continue
-        ncols = min(3, len(concs))
-        nrows = -(-len(concs) // ncols)
-        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
-        for ax in axes.flat[len(concs):]:
-            ax.set_visible(False)
-        for ax, conc in zip(axes.flat, concs):
-            at = [r for r in rows if r["concurrency"] == conc]
-            for config in sorted({r["config"] for r in at}, key=_config_rank):
-                pts = sorted((r["out_len"], r["tok_s"], r["ratio_vs_stock"]) for r in at if r["config"] == config)
-                ratios = " ".join(f"{q:.2f}" for _, _, q in pts if q is not None and config != "stock")
-                label = f"{config} ({ratios}x)" if ratios else config
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-            ax.set_title(f"concurrency {conc}", fontsize=9)
-            _style_axes(ax, lengths, "output tokens per request", "output tokens/s")
-            ax.legend(fontsize=7)
-        title = f"{series}: {kind} prompts, temperature {temp}; legend: ratio to stock per length"
-        paths.append(_save_figure(fig, title, out_dir / f"throughput_vs_length_{file_stem(series)}_{kind}.png"))
-    return paths
-
-
-def acceptance_rows(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (acceptance run, config, temperature) pass that reported per-position rates."""
-    rows = []
-    for d in (d for d in docs if d.get("kind") == "acceptance"):
-        for config, passes in d["results"].items():
-            knobs = _knobs_text(_server_env(d, config), skip=("SPARSESPEC_POLICY",))
-            for a in passes:
-                if a.get("accept_rate_by_position"):
-                    label = config + (f" ({knobs})" if knobs else "")
-                    rows.append({"label": label, "temperature": a["temperature"], "rates": a["accept_rate_by_position"]})
-    return rows
-
-
-def plot_acceptance(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """``acceptance_by_position.png``: share of verify steps accepting >= j drafts, one panel per temperature."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = acceptance_rows(docs)
-    temps = sorted({r["temperature"] for r in rows})
-    if not temps:
-        return []
-    fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
-    for ax, temp in zip(axes[0], temps):
-        for r in (r for r in rows if r["temperature"] == temp):
-            ax.plot(range(1, len(r["rates"]) + 1), r["rates"], marker="o", label=r["label"])
-        ax.set_title(f"temperature {temp}", fontsize=9)
-        ax.set_xlabel("draft position j")
-        ax.set_ylabel("verify steps accepting >= j drafts")
-        ax.set_ylim(0, 1)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    return [_save_figure(fig, "", out_dir / "acceptance_by_position.png")]
-
-
-def plot_step_times(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """``step_times_<run>_<shape>.png``: ms vs context, one panel per batch size; stock decode step, and per
-    PILLAR config (one line style each) its draft step and verify step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for d in (d for d in docs if d.get("kind") == "step_times"):
-        measured = [r for rec in d["servers"].values() for r in rec["rows"] if "step_ms" in r]
-        if not measured:
-            continue
-        batches, contexts = sorted({r["batch"] for r in measured}), sorted({r["context"] for r in measured})
-        pillar = [name for name, rec in d["servers"].items() if any("round_ms" in r for r in rec["rows"])]
-        fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4), squeeze=False)
-        for ax, batch in zip(axes[0], batches):
-            _step_lines(ax, d, batch, pillar)
-            ax.set_title(f"batch {batch}", fontsize=9)
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(contexts, [str(c) for c in contexts])
-            ax.set_xlabel("context L (tokens)")
-            ax.set_ylabel("ms")
+            ax.set_xticks(concs, [str(c) for c in concs])
+            ax.set(xlabel="concurrency", ylabel=ylabel)
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7, handlelength=4)  # long enough to show each config's line style
-        meta = d["meta"]
-        title = f"run {meta['run_id']}: {d['settings']['shape']}, {meta.get('device')}, dummy weights"
-        name = f"step_times_{file_stem(meta['run_id'])}_{file_stem(Path(d['settings']['shape']).name)}.png"
-        paths.append(_save_figure(fig, title, out_dir / name))
+            if ax.lines:
+                ax.legend()
+        fig.suptitle(f"run {run_id}: {describe_workload(wkey)}", fontsize=9)
+        fig.tight_layout()
+        paths.append(out_dir / f"throughput_{run_id}_{wkey[0]}_{wkey[1]}.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
     return paths
-
-
-def _step_lines(ax: Any, d: dict[str, Any], batch: int, pillar: Sequence[str]) -> None:
-    def series(rec: dict[str, Any], key: str, per: int = 1) -> tuple[list[int], list[float]]:
-        pts = sorted((r["context"], r[key] / per) for r in rec["rows"] if r["batch"] == batch and key in r)
-        return [p[0] for p in pts], [p[1] for p in pts]
-
-    if "stock" in d["servers"]:
-        ax.plot(*series(d["servers"]["stock"], "step_ms"), color="black", marker="o", label="stock decode step")
-    for i, name in enumerate(pillar):
-        rec, style = d["servers"][name], ("-", "--", ":", "-.")[i % 4]
-        draft = series(rec, "draft_ms", _num_steps(rec["flags"]) or 1)
-        ax.plot(*draft, color="C0", linestyle=style, marker=".", label=f"{name} draft step")
-        ax.plot(*series(rec, "verify_ms"), color="C3", linestyle=style, marker=".", label=f"{name} verify step")
 
 
 REPEATS_DIR = "repeats"
@@ -743,11 +593,11 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = (),
                      repeats: Sequence[dict[str, Any]] = ()) -> str:
     parts = [
         "# Benchmark summary\n",
-        f"Generated by `python -m benchmarks.report` from {len(docs)} result files. "
-        "`vs stock` = output tok/s divided by the stock config's in the same run and concurrency; "
-        "`E2E vs stock` = the stock config's mean request latency divided by this config's (how much sooner "
-        "the average request finishes; one-wave out tok/s ends with the slowest request instead); "
-        "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n",
+        (f"Generated by `python -m benchmarks.report` from {len(docs)} result files. "
+         "`vs stock` = output tok/s divided by the stock config's in the same run and concurrency; "
+         "`E2E vs stock` = the stock config's mean request latency divided by this config's (how much sooner "
+         "the average request finishes; one-wave out tok/s ends with the slowest request instead); "
+         "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n"),
     ]
     for section in (throughput_markdown(docs), repeats_markdown(docs, repeats), lossless_markdown(docs), acceptance_markdown(docs), exactness_markdown(docs),
                     policy_sim_markdown(docs), kernels_markdown(docs), step_times_markdown(docs)):
@@ -762,10 +612,10 @@ README_END = "<!-- results:end -->"
 
 
 def readme_markdown(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, Any]] = ()) -> str:
-    """The README's generated results: throughput runs not bounded by streaming, the newest lossless run, the
+    """The results page's generated tables: throughput runs not bounded by streaming, every lossless run, the
     draft policies, the step-time breakdown and the verify-kernel table of the widest kernels sweep with one."""
     tput = [d for d in docs if d.get("kind") == "throughput" and stream_interval(d["config"].get("flags", [])) > 1]
-    lossless = sorted((d for d in docs if d.get("kind") == "lossless"), key=lambda d: d["meta"]["run_id"])[-1:]
+    lossless = [d for d in docs if d.get("kind") == "lossless"]
     kernels = [d for d in docs if d.get("kind") == "kernels" and "split_verify_attn_us" in d.get("score_capture", [{}])[0]]
     parts = [throughput_markdown(tput), repeats_markdown(docs, repeats), lossless_markdown(lossless), acceptance_markdown(docs),
              exactness_markdown(docs), step_times_markdown(docs)]
@@ -803,8 +653,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(plots, str):
             notes.append(plots)
         else:
-            plots += plot_throughput_vs_length(docs, args.results_dir) + plot_acceptance(docs, args.results_dir)
-            plots += plot_step_times(docs, args.results_dir)
             notes += [f"plot: ![{q.stem}]({q.name})" for q in plots]
     out = args.out or args.results_dir / "SUMMARY.md"
     out.write_text(summary_markdown(docs, notes, repeats), encoding="utf-8")

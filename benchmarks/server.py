@@ -23,10 +23,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from benchmarks.runlog import RunLog
+from benchmarks.runlog import Deadline, RunLog
 
 DEFAULT_HEALTH_PATH = "/health_generate"  # 200 only once a 1-token generation went through
 STOP_RESERVE_S = 25.0  # budget every entry point keeps back so a server can still be stopped and its JSON written
@@ -251,6 +250,12 @@ def install_signal_handlers() -> None:
 
 
 atexit.register(stop_all)
+
+
+def begin(time_budget_s: float, log_path: Path) -> tuple[Deadline, RunLog]:
+    """The start of an entry point that runs servers: SIGTERM/SIGHUP stop them, its budget clock, its log."""
+    install_signal_handlers()
+    return Deadline(time_budget_s), RunLog(log_path)
 
 
 def start_recorded(server: Server, name: str, record: dict[str, Any], timeout_s: float, log: RunLog) -> bool:

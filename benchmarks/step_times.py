@@ -34,23 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.client import generate_all
-from benchmarks.configs import (
-    CONFIGS_HELP,
-    ServerConfig,
-    file_stem,
-    parse_env,
-    resolve_config,
-)
+from benchmarks.configs import CONFIGS_HELP, ServerConfig, add_server_options, file_stem, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import (
-    MIN_START_S,
-    STOP_RESERVE_S,
-    Server,
-    http_json,
-    install_signal_handlers,
-    start_recorded,
-)
+from benchmarks.server import MIN_START_S, STOP_RESERVE_S, Server, begin, http_json, start_recorded
 from sglang_sparsespec.config import ENV_PREFIX, PillarConfig, SelectionPolicy
 from sglang_sparsespec.spec.timing import GAP, PHASES, parse_reports
 
@@ -106,10 +93,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--accept", type=float, default=None, help="accept length measured on a real model, for the projection")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling of every request (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--extra-server-args", default="")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
-    p.add_argument("--startup-timeout", type=float, default=400.0)
-    p.add_argument("--time-budget", type=float, default=560.0)
+    add_server_options(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--work-dir", type=Path, default=None)
     args = p.parse_args(argv)
@@ -381,9 +365,7 @@ def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    install_signal_handlers()
-    deadline = Deadline(args.time_budget)
-    log = RunLog(args.out.with_suffix(".log"))
+    deadline, log = begin(args.time_budget, args.out.with_suffix(".log"))
     model = Path(args.shape) if args.shape not in SHAPES else write_model_folder(args.shape, args.work_dir / args.shape)
     doc: dict[str, Any] = {"kind": "step_times", "schema": 1, "meta": run_metadata(args.run_id),
                            "settings": {"shape": args.shape, "contexts": args.contexts, "batches": args.batches,

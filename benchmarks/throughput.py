@@ -3,11 +3,10 @@
     python -m benchmarks.throughput --model M --data-dir D --out DIR \\
         --configs stock,pillar[,ngram,stock-flashinfer,pillar-k4] --concurrency 1,16,64 \\
         --output-len 2048[,4096,...] [--waves 2 | --num-prompts-per-conc N] [--time-budget 540] \\
-        [--run-id ID] [--log-name F]
+        [--run-id ID] [--resume DIR]
 
 Each config's server starts once; every output length and concurrency runs against it with
-fixed-length outputs (ignore_eos) on the AIME24+AMC23 chat prompts (``--workload random-ids`` for
-random token ids instead). Every run goes through bench_serving's own command line, in one
+fixed-length outputs (ignore_eos) on the AIME24+AMC23 chat prompts. Every run goes through bench_serving's own command line, in one
 long-lived client process (benchmarks/bench_driver.py) that imports it while the first server
 boots. Writes ``DIR/throughput_<run>_<config>.json`` per config and length (rewritten after every
 run; with several lengths the run id holds ``{output_len}``) and one progress log, prints a
@@ -33,13 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_driver import BenchDriver
-from benchmarks.configs import (
-    CONFIGS_HELP,
-    ServerConfig,
-    file_stem,
-    parse_env,
-    resolve_config,
-)
+from benchmarks.configs import CONFIGS_HELP, ServerConfig, add_server_options, file_stem, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.report import (
     DEFAULT_RESULTS,
@@ -160,25 +153,12 @@ METRIC_KEYS = (
 
 @dataclass(frozen=True)
 class Workload:
-    """What every request looks like. ``dataset_files`` maps num_prompts -> custom-dataset JSONL (aime only)."""
+    """What every request looks like. ``dataset_files`` maps num_prompts -> bench_serving custom-dataset JSONL."""
 
-    kind: str  # "aime" | "random-ids"
     output_len: int
-    input_len: int | None
     temperature: float
     top_p: float
     dataset_files: dict[int, Path]
-
-    def bench_args(self, num_prompts: int) -> list[str]:
-        if self.kind == "aime":
-            return [
-                "--dataset-name", "custom", "--dataset-path", str(self.dataset_files[num_prompts]),
-                "--sharegpt-output-len", str(self.output_len),
-            ]  # fmt: skip
-        return [
-            "--dataset-name", "random-ids", "--random-input-len", str(self.input_len),
-            "--random-output-len", str(self.output_len), "--random-range-ratio", "1.0", "--tokenize-prompt",
-        ]  # fmt: skip
 
 
 def bench_argv(
@@ -187,7 +167,8 @@ def bench_argv(
     """bench_serving's command-line arguments for one run (what follows ``python -m sglang.bench_serving``)."""
     return [
         "--backend", "sglang", "--base-url", base_url, "--model", model, "--tokenizer", model,
-        *workload.bench_args(num_prompts),
+        "--dataset-name", "custom", "--dataset-path", str(workload.dataset_files[num_prompts]),
+        "--sharegpt-output-len", str(workload.output_len),
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
         "--temperature", str(workload.temperature), "--top-p", str(workload.top_p), "--seed", "1",
         "--output-file", str(output_file), "--disable-tqdm",
@@ -430,7 +411,7 @@ def parse_int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> lis
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="model folder (also the tokenizer)")
-    p.add_argument("--data-dir", type=Path, default=None, help="folder with aime24.jsonl / amc23.jsonl")
+    p.add_argument("--data-dir", type=Path, required=True, help="folder with aime24.jsonl / amc23.jsonl")
     p.add_argument("--out", required=True, type=Path, help="output folder (on the GPU node: $OUT)")
     p.add_argument("--configs", default="stock,pillar", help=CONFIGS_HELP)
     p.add_argument("--concurrency", default="1,16,64")
@@ -438,19 +419,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="output tokens per request; a comma list runs each length on the same server start")
     p.add_argument("--waves", type=int, default=2, help="requests per concurrency: max(waves*concurrency, 4)")
     p.add_argument("--num-prompts-per-conc", type=int, default=None, help="a fixed request count instead of --waves")
-    p.add_argument("--workload", choices=("aime", "random-ids"), default="aime")
     p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS))
-    p.add_argument("--random-input-len", type=int, default=200, help="prompt tokens for --workload random-ids")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for every request (1: off)")
-    p.add_argument("--extra-server-args", default="", help='flags for every server; use the = form: --extra-server-args="--x 1"')
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
-    p.add_argument("--startup-timeout", type=float, default=400.0)
-    p.add_argument("--time-budget", type=float, default=540.0, help="seconds for the whole invocation")
+    add_server_options(p, 540.0)
     p.add_argument("--run-id", default=None,
                    help="share one id across invocations of one comparison; with several --output-len it must "
                         "contain {output_len} (each length is its own comparison)")
-    p.add_argument("--log-name", default=None, help="progress log file name in --out (default throughput_<run id>.log)")
     p.add_argument("--work-dir", type=Path, default=None, help="server/bench logs and prompt files (default: temp dir)")
     p.add_argument("--resume", type=Path, default=None, metavar="DIR",
                    help="keep the ok runs of same-named result files in DIR (e.g. benchmarks/results) and run the rest")
@@ -476,8 +451,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.resume is not None and not args.resume.is_dir():
         p.error(f"--resume must be a folder of result files, got {args.resume}")
-    if args.workload == "aime" and args.data_dir is None:
-        p.error("--workload aime needs --data-dir")
     try:
         args.env = parse_env(args.env)
     except ValueError as e:
@@ -488,9 +461,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("several --output-len need a --run-id containing {output_len}")
     if args.run_id.replace("{output_len}", "").count("{") or args.run_id.count("}") != args.run_id.count("{output_len}"):
         p.error(f"--run-id may contain only the placeholder {{output_len}}, got {args.run_id!r}")
-    args.log_name = args.log_name or f"throughput_{run_id_for(args.run_id, args.output_lens)}.log"
-    if "/" in args.log_name:
-        p.error(f"--log-name is a file name in --out, got {args.log_name!r}")
     args.work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="sparsespec-bench-"))
     return args
 
@@ -500,14 +470,13 @@ def run_id_for(template: str, output_lens: Sequence[int]) -> str:
     return template.replace("{output_len}", "-".join(map(str, output_lens)))
 
 
-def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> int:
-    """``clock``: run-time history shared by several invocations in one process (benchmarks.sweep)."""
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     install_signal_handlers()
     deadline = Deadline(args.time_budget)
     args.out.mkdir(parents=True, exist_ok=True)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    log = RunLog(args.out / args.log_name)
+    log = RunLog(args.out / f"throughput_{run_id_for(args.run_id, args.output_lens)}.log")
     base_meta = run_metadata(run_id_for(args.run_id, args.output_lens))  # device and versions: queried once
     meta = {n: {**base_meta, "run_id": run_id_for(args.run_id, [n])} for n in args.output_lens}
     log.line(f"throughput run {base_meta['run_id']} on {base_meta['device']}; "
@@ -515,23 +484,21 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
 
     num_prompts = {c: args.num_prompts_per_conc or default_num_prompts(c, args.waves) for c in args.concurrencies}
     files: dict[int, Path] = {}
-    prompt_doc: dict[str, Any] = {}
-    if args.workload == "aime":
-        tokenizer = load_tokenizer(args.model)
-        for n in sorted(set(num_prompts.values())):
-            prompts = build_prompts(tokenizer, args.data_dir, n, args.datasets)
-            files[n] = args.work_dir / f"prompts_{n}.jsonl"
-            write_bench_serving_file(files[n], prompts)
-        prompt_doc = {"datasets": list(args.datasets), "prompt_tokens": prompt_token_stats(prompts)}
-    input_len = args.random_input_len if args.workload == "random-ids" else None
+    tokenizer = load_tokenizer(args.model)
+    for n in sorted(set(num_prompts.values())):
+        prompts = build_prompts(tokenizer, args.data_dir, n, args.datasets)
+        files[n] = args.work_dir / f"prompts_{n}.jsonl"
+        write_bench_serving_file(files[n], prompts)
+    prompt_doc = {"datasets": list(args.datasets), "prompt_tokens": prompt_token_stats(prompts)}
 
     def workload_doc(output_len: int) -> dict[str, Any]:
-        return {"kind": args.workload, "output_len": output_len, "input_len": input_len,
+        # kind and input_len stay in the record: --resume matches them against earlier files
+        return {"kind": "aime", "output_len": output_len, "input_len": None,
                 "temperature": args.temperature, "top_p": args.top_p, "ignore_eos": True, "request_rate": "inf",
                 "num_prompts": {str(c): n for c, n in num_prompts.items()}, **prompt_doc}  # fmt: skip
 
     docs = []
-    clock = clock or RunClock.seeded(DEFAULT_RESULTS)
+    clock = RunClock.seeded(DEFAULT_RESULTS)
     with BenchDriver(args.work_dir / "bench_driver.log") as driver:
         inv = Invocation(args, deadline, clock, log, driver)
         for config in args.server_configs:
@@ -553,7 +520,7 @@ def main(argv: Sequence[str] | None = None, clock: RunClock | None = None) -> in
                     kept, why_not = resumable_runs(args.resume / out_path.name, doc)
                     log.line(f"{config.name} len={n}: resumed c={','.join(map(str, sorted(kept)))} from {args.resume}"
                              if kept else f"{config.name} len={n}: nothing resumed ({why_not})")  # fmt: skip
-                segments.append(Segment(Workload(args.workload, n, input_len, args.temperature, args.top_p, files), doc, out_path, kept))
+                segments.append(Segment(Workload(n, args.temperature, args.top_p, files), doc, out_path, kept))
             run_config(config, segments, args.concurrencies, num_prompts, inv)
             docs.extend(seg.doc for seg in segments)
 

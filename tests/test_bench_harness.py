@@ -249,7 +249,7 @@ def test_configs_flags_and_names() -> None:
 def test_config_knob_suffixes() -> None:
     # The knob list is the one PillarConfig.from_env reads (config.KNOBS), not a copy of it.
     knobs = ("BUDGET_RATIO", "MIN_BUDGET", "RECENT_WINDOW", "SINK_TOKENS", "POLICY", "STEP_TIMING", "VERIFY_KERNEL",
-             "SELECT_EVERY", "SCORE_ROWS", "DRAFT_CANDIDATES", "ADAPTIVE_STEPS")
+             "SELECT_EVERY", "SCORE_ROWS", "DRAFT_CANDIDATES", "ADAPTIVE_STEPS", "OFFLOAD_HOST_GB")
     assert configs.PILLAR_KNOBS == knobs
     name = "pillar-streaming:verify_kernel=sglang:recent_window=16"
     cfg = configs.resolve_config(name, ("--foo", "1"))

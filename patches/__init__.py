@@ -20,6 +20,7 @@ from typing import Callable
 from . import (
     cuda_graph,
     kv_cache_builder,
+    offload_hooks,
     request_guard,
     reserved_tokens,
     server_args_flags,
@@ -103,6 +104,58 @@ HOOKS: tuple[Hook, ...] = (
         server_info.add_pillar_state,
         "/server_info shows which draft count each round ran (adaptive speculation) and the "
         "acceptance estimate, which only the PILLAR worker knows",
+    ),
+    # The offload-aware KV pool (patches/offload.py, docs/offload.md): every hook below is a no-op
+    # unless --pillar-offload-host-gb > 0.
+    Hook(
+        "sglang.srt.server_args.ServerArgs.__post_init__",
+        "AFTER",
+        offload_hooks.validate_offload_flag,
+        "offload combined with an algorithm, page size or cache mode it does not serve fails at launch",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.init_memory_pools",
+        "AFTER",
+        offload_hooks.create_offloader,
+        "the pinned host pool and copy stream are built once the device KV pool exists",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.update_running_batch",
+        "AROUND",
+        offload_hooks.park_before_retract,
+        "when the next decode round does not fit, park requests on host before SGLang retracts (recomputes)",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run",
+        "AROUND",
+        offload_hooks.restore_before_scheduling,
+        "free slots of finished copies, end aborted parked requests and restore parked ones before "
+        "the step is planned (after the previous step's result was processed)",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
+        "AROUND",
+        offload_hooks.hold_admission_while_parked,
+        "new prefills would take the memory parked requests wait for",
+    ),
+    Hook(
+        "sglang.srt.mem_cache.common.release_kv_cache",
+        "AROUND",
+        offload_hooks.release_parked_kv,
+        "a parked request that finishes (its in-flight step's result) or is aborted has its private KV "
+        "on host, not in its req_to_token row",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.abort_request",
+        "AFTER",
+        offload_hooks.mark_parked_aborts,
+        "parked requests are in neither the waiting queue nor the running batch that abort searches",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
+        "AFTER",
+        offload_hooks.add_offload_state,
+        "/server_info shows parks, restores, bytes moved and retraction fallbacks",
     ),
 )
 

@@ -116,6 +116,9 @@ class PillarConfig:
     # Adaptive speculation (spec/adaptive.py): the draft counts a round may run besides num_steps,
     # 0 = plain decoding, as a comma list; "auto" = AUTO_STEPS below num_steps; "off" = always num_steps.
     adaptive_steps: str = "auto"
+    # Pinned host memory (GB) for parking running requests' KV instead of retracting them when the
+    # GPU pool runs out (patches/offload.py, docs/offload.md); 0 = off. Applies to stock decoding too.
+    offload_host_gb: float = 0.0
 
     def __post_init__(self) -> None:
         _parse_steps(self.adaptive_steps, self.num_steps)
@@ -131,6 +134,8 @@ class PillarConfig:
             raise ValueError(
                 f"{ENV_PREFIX}DRAFT_CANDIDATES must be in [1, {MAX_DRAFT_CANDIDATES}], got {self.draft_candidates}"
             )
+        if not 0.0 <= self.offload_host_gb < float("inf"):
+            raise ValueError(f"{ENV_PREFIX}OFFLOAD_HOST_GB must be a finite number >= 0, got {self.offload_host_gb}")
         if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
             raise ValueError(
                 f"{ENV_PREFIX}RECENT_WINDOW, {ENV_PREFIX}SINK_TOKENS and {ENV_PREFIX}STEP_TIMING must be >= 0"
@@ -219,4 +224,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SCORE_ROWS", "score_rows"),
     Knob("DRAFT_CANDIDATES", "draft_candidates"),
     Knob("ADAPTIVE_STEPS", "adaptive_steps"),
+    Knob("OFFLOAD_HOST_GB", "offload_host_gb"),
 )
+
+
+def offload_host_gb(env: Mapping[str, str] | None = None) -> float:
+    """The offload host budget alone (it also serves stock decoding, which has no PillarConfig)."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV_PREFIX + "OFFLOAD_HOST_GB", "")
+    value = Knob("OFFLOAD_HOST_GB", "offload_host_gb").parse(raw) if raw != "" else 0.0
+    PillarConfig(offload_host_gb=value)  # the same range check as the PILLAR path
+    return value

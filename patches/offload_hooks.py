@@ -1,0 +1,85 @@
+"""The scheduler hooks of the offload-aware KV pool; each is a no-op unless an offloader exists.
+
+An offloader exists only in a scheduler process started with ``--pillar-offload-host-gb`` > 0
+(``create_offloader``, right after SGLang built the KV pools).
+"""
+
+from __future__ import annotations
+
+from sglang_sparsespec.config import offload_host_gb
+
+from . import offload
+from .offload_kv import CudaKVMover, offload_refusal
+
+
+def validate_offload_flag(result, server_args, *args, **kwargs):
+    """ServerArgs: a bad budget or an unsupported combination fails at launch, in one line."""
+    if offload_host_gb() > 0 and (reason := offload_refusal(server_args)) is not None:
+        raise ValueError(reason)
+    return result
+
+
+def create_offloader(result, scheduler, *args, **kwargs):
+    gb = offload_host_gb()
+    if gb > 0:
+        from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
+
+        if (reason := offload_refusal(scheduler.server_args)) is not None:
+            raise ValueError(reason)
+        mover = CudaKVMover(
+            scheduler.token_to_kv_pool_allocator.get_kvcache(), gb, lambda: getattr(scheduler, "forward_stream", None)
+        )
+        reserve = 1 if scheduler.spec_algorithm.is_none() else get_alloc_reserve_per_decode()
+        scheduler.pillar_offload = offload._ACTIVE = offload.KVOffloader(scheduler, mover, reserve)
+    return result
+
+
+def _offloader(scheduler) -> offload.KVOffloader | None:
+    return getattr(scheduler, "pillar_offload", None)
+
+
+def restore_before_scheduling(original, scheduler, *args, **kwargs):
+    off = _offloader(scheduler)
+    if off is not None:
+        if "running_batch" in kwargs:
+            kwargs["running_batch"] = off.before_schedule(kwargs["running_batch"])
+        else:
+            args = (off.before_schedule(args[0]), *args[1:])
+    return original(scheduler, *args, **kwargs)
+
+
+def park_before_retract(original, scheduler, batch, *args, **kwargs):
+    off = _offloader(scheduler)
+    if off is not None:
+        off.park_if_needed(batch)
+    return original(scheduler, batch, *args, **kwargs)
+
+
+def hold_admission_while_parked(original, scheduler, *args, **kwargs):
+    off = _offloader(scheduler)
+    if off is not None and off.has_parked and scheduler.chunked_req is None:
+        # Parked requests come back first; new prefills would take the memory they wait for.
+        return None, kwargs["running_batch"] if "running_batch" in kwargs else args[-1]
+    return original(scheduler, *args, **kwargs)
+
+
+def release_parked_kv(original, req, tree_cache, is_insert: bool = True):
+    off = offload._ACTIVE
+    if off is not None and off.tracks(req):
+        return off.release_parked(original, req, tree_cache, is_insert)
+    return original(req, tree_cache, is_insert)
+
+
+def mark_parked_aborts(result, scheduler, recv_req, *args, **kwargs):
+    off = _offloader(scheduler)
+    if off is not None:
+        off.mark_aborts(recv_req)
+    return result
+
+
+def add_offload_state(result, scheduler, *args, **kwargs):
+    off = _offloader(scheduler)
+    state = getattr(result, "internal_state", None)
+    if off is not None and isinstance(state, dict):
+        state["offload"] = off.summary()
+    return result

@@ -1,0 +1,78 @@
+"""SGLang's HiCache host pool and transfer kernels, used to park and restore one request's KV.
+
+``MHATokenToKVPoolHost`` gives a pinned host buffer (sized from the host budget in GB, with its
+own free list and double-free checks) and the all-layer device->host / per-layer host->device
+copy kernels. Copies run on a side stream that first waits for the forward stream (whatever the
+in-flight forward writes to those slots is copied, and freshly allocated slots are not
+overwritten before their previous owner's last forward read them); each returns the CUDA event
+recorded after it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def offload_refusal(server_args) -> str | None:
+    """Why offload cannot run with these ServerArgs (one line), or None."""
+    algo = (server_args.speculative_algorithm or "").upper()
+    checks = (
+        (algo not in ("", "PILLAR"), f"--speculative-algorithm {algo} (offload serves PILLAR and stock decoding)"),
+        ((server_args.page_size or 1) != 1, "--page-size other than 1"),
+        (server_args.enable_hierarchical_cache, "--enable-hierarchical-cache (HiCache owns the host KV pool)"),
+        (server_args.enable_dp_attention, "--enable-dp-attention"),
+        (server_args.pp_size > 1, "--pp-size > 1"),
+        (server_args.disaggregation_mode != "null", "--disaggregation-mode (PD has its own KV offload)"),
+    )
+    reasons = [why for bad, why in checks if bad]
+    return None if not reasons else f"--pillar-offload-host-gb does not support {'; '.join(reasons)}"
+
+
+class CudaKVMover:
+    """Copies token KV between the device pool and a pinned ``MHATokenToKVPoolHost``."""
+
+    def __init__(self, device_pool, host_gb: float, forward_stream_of) -> None:
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+        from sglang.srt.mem_cache.pool_host.mha import get_mha_host_pool_cls
+
+        if not isinstance(device_pool, MHATokenToKVPool):
+            raise TypeError(
+                f"--pillar-offload-host-gb needs a plain MHA KV pool (got {type(device_pool).__name__}: "
+                "MLA, hybrid or sliding-window models are not supported)"
+            )
+        self.device_pool = device_pool
+        self.host_pool = get_mha_host_pool_cls(device_pool)(
+            device_pool, 0.0, host_gb, 1, "layer_first", pin_memory=True, device="cpu", pool_label="offload"
+        )
+        self.bytes_per_token = self.host_pool.size_per_token
+        self.stream = torch.cuda.Stream()
+        self._forward_stream_of = forward_stream_of  # () -> the stream forwards run on
+
+    def _begin(self) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        forward = self._forward_stream_of()
+        if forward is not None:
+            self.stream.wait_stream(forward)
+
+    def to_host(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> torch.cuda.Event:
+        self._begin()
+        with torch.cuda.stream(self.stream):
+            host_idx = host_slots.to(self.device_pool.device, non_blocking=True)
+            self.host_pool.backup_from_device_all_layer(self.device_pool, host_idx, device_slots, "kernel")
+            done = torch.cuda.Event()
+            done.record()
+        device_slots.record_stream(self.stream)
+        return done
+
+    def to_device(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> torch.cuda.Event:
+        """Copy back; the current stream (and so the next forward) waits for the returned event."""
+        self._begin()
+        with torch.cuda.stream(self.stream):
+            host_idx = host_slots.to(self.device_pool.device, non_blocking=True)
+            for layer in range(self.device_pool.layer_num):
+                self.host_pool.load_to_device_per_layer(self.device_pool, host_idx, device_slots, layer, "kernel")
+            done = torch.cuda.Event()
+            done.record()
+        device_slots.record_stream(self.stream)
+        torch.cuda.current_stream().wait_event(done)
+        return done

@@ -1,0 +1,179 @@
+"""Where each request's private KV lives while the GPU pool is oversubscribed.
+
+A request that is *resident* is not in the ledger. Parking moves the KV of positions
+``[start, end)`` of one request to host slots; ``[0, start)`` is a prefix owned by the prefix
+cache (locked by the request, shared, never moved). Each copy is fenced by the event recorded
+after it on the copy stream, and nothing is freed before its fence has completed:
+
+    resident --park()--> PARKING --poll()/settle()--> PARKED --begin_restore()--> RESTORING
+        ^                   (D2H in flight;            (device slots     (H2D in flight; the
+        |                    device slots held)         freed by caller)  request runs again)
+        +------------------------------ poll(): H2D fence done, host slots freed -----------+
+
+``drop()`` (finish or abort in any state) waits for the pending fence and hands back what the
+caller must free. The ledger is SGLang-free: slots and fences are opaque objects, host slots
+come from a ``HostSlots`` allocator whose capacity is the host budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+
+class Fence(Protocol):
+    """A recorded copy event (``torch.cuda.Event`` in production)."""
+
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+
+class HostSlots(Protocol):
+    """Host KV slot allocator (SGLang's ``HostKVCache`` in production); its size is the budget."""
+
+    def alloc(self, need_size: int) -> Any | None: ...
+
+    def free(self, indices: Any) -> int: ...
+
+    def available_size(self) -> int: ...
+
+
+class Where(str, Enum):
+    PARKING = "parking"  # device -> host copy in flight; device slots still owned
+    PARKED = "parked"  # on host only; device slots freed
+    RESTORING = "restoring"  # host -> device copy in flight; request back in the running batch
+
+
+@dataclass
+class Parked:
+    """One request's moved KV. Invariant: ``len(host) == len(device or host) == end - start``."""
+
+    rid: str
+    start: int  # first private position
+    end: int  # one past the last moved position (the request's allocated length)
+    host: Any  # host slot indices
+    device: Any | None  # device slots held until the D2H fence completed (None after)
+    fence: Fence
+    where: Where
+    order: int  # park sequence number: restores go oldest first
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class OffloadStats:
+    parks: int = 0
+    restores: int = 0
+    drops: int = 0
+    tokens_to_host: int = 0
+    tokens_to_device: int = 0
+
+
+class OffloadLedger:
+    def __init__(self, host: HostSlots) -> None:
+        self.host = host
+        self.stats = OffloadStats()
+        self._records: dict[str, Parked] = {}
+        self._seq = 0
+
+    def where(self, rid: str) -> Where | None:
+        """``None`` for a resident (or unknown) request."""
+        rec = self._records.get(rid)
+        return None if rec is None else rec.where
+
+    def record(self, rid: str) -> Parked:
+        return self._records[rid]
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def host_free(self) -> int:
+        return self.host.available_size()
+
+    def reserve_host(self, tokens: int) -> Any | None:
+        """Host slots for a park of ``tokens`` tokens, or None when the budget cannot hold it."""
+        if tokens <= 0:
+            raise ValueError(f"a park moves at least one token, got {tokens}")
+        if tokens > self.host.available_size():
+            return None
+        return self.host.alloc(tokens)
+
+    def park(self, rid: str, start: int, end: int, device: Any, host: Any, fence: Fence) -> Parked:
+        """Record a D2H copy of ``[start, end)`` from ``device`` to ``host`` (from ``reserve_host``)."""
+        if rid in self._records:
+            raise ValueError(f"request {rid} is already {self._records[rid].where.value}")
+        if not 0 <= start < end:
+            raise ValueError(f"bad park range [{start}, {end}) for request {rid}")
+        rec = Parked(rid, start, end, host, device, fence, Where.PARKING, self._seq)
+        self._seq += 1
+        self._records[rid] = rec
+        self.stats.parks += 1
+        self.stats.tokens_to_host += rec.tokens
+        return rec
+
+    def settle(self, rid: str) -> Any | None:
+        """Block until ``rid``'s D2H copy completed; returns the device slots to free (once)."""
+        rec = self._records[rid]
+        if rec.where is not Where.PARKING:
+            return None
+        rec.fence.synchronize()
+        return self._parked(rec)
+
+    def poll(self) -> list[tuple[str, Any]]:
+        """Advance every copy whose fence completed, without blocking.
+
+        Returns ``(rid, device_slots)`` for each finished D2H copy: the caller frees those slots.
+        Finished H2D copies free their host slots here and leave the ledger (resident again).
+        """
+        freed: list[tuple[str, Any]] = []
+        for rec in list(self._records.values()):
+            if rec.where is Where.PARKING and rec.fence.query():
+                freed.append((rec.rid, self._parked(rec)))
+            elif rec.where is Where.RESTORING and rec.fence.query():
+                self._resident(rec)
+        return freed
+
+    def parked_in_order(self) -> list[Parked]:
+        """PARKED requests, oldest park first (the restore order)."""
+        return sorted((r for r in self._records.values() if r.where is Where.PARKED), key=lambda r: r.order)
+
+    def begin_restore(self, rid: str, fence: Fence) -> bool:
+        """Record the H2D copy back into fresh device slots; False (no-op) unless ``rid`` is PARKED.
+
+        Idempotent: restoring a request that is resident, restoring or still parking does nothing.
+        """
+        rec = self._records.get(rid)
+        if rec is None or rec.where is not Where.PARKED:
+            return False
+        rec.where, rec.fence = Where.RESTORING, fence
+        self.stats.restores += 1
+        self.stats.tokens_to_device += rec.tokens
+        return True
+
+    def drop(self, rid: str) -> Parked | None:
+        """Forget ``rid`` (finished or aborted) once its pending copy completed; frees its host slots.
+
+        Returns the record (its ``device`` is the slots the caller still owns and must free, None
+        if they were freed already) or None for a resident request.
+        """
+        rec = self._records.pop(rid, None)
+        if rec is None:
+            return None
+        rec.fence.synchronize()
+        if rec.where is Where.PARKING:
+            rec.where = Where.PARKED  # the copy is done; the caller frees rec.device
+        self.host.free(rec.host)
+        self.stats.drops += 1
+        return rec
+
+    def _parked(self, rec: Parked) -> Any:
+        device, rec.device, rec.where = rec.device, None, Where.PARKED
+        return device
+
+    def _resident(self, rec: Parked) -> None:
+        del self._records[rec.rid]
+        self.host.free(rec.host)

@@ -1,0 +1,220 @@
+"""patches/offload.py on CPU: real ServerArgs validation, and park / restore / finish / abort
+against small pools of real torch tensors (copies deferred until their fence completes)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sglang.srt.plugins import load_plugins
+
+load_plugins()
+
+from sglang.srt.server_args import ServerArgs
+from sglang_sparsespec.patches import offload
+from test_offload import Fence, HostSlots
+
+from sglang_sparsespec.offload import Where
+
+H = 4  # values per token (all layers, K and V) in the fake pool
+
+
+def _args(model_dir, **overrides) -> ServerArgs:
+    base = {"model_path": str(model_dir), "attention_backend": "triton", "skip_tokenizer_init": True, "device": "cpu"}
+    base.update(overrides)
+    return ServerArgs(**base)
+
+
+def test_flag_validated_at_launch_for_stock_and_pillar(llama_config_dir, monkeypatch):
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "4")
+    _args(llama_config_dir)  # stock decoding, radix cache on
+    _args(llama_config_dir, disable_radix_cache=True)
+    _args(llama_config_dir, speculative_algorithm="pillar")
+    for overrides, message in (
+        ({"page_size": 16}, "--page-size"),
+        ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache"),
+    ):
+        with pytest.raises(ValueError, match="--pillar-offload-host-gb does not support") as err:
+            _args(llama_config_dir, **overrides)
+        assert message in str(err.value) and "\n" not in str(err.value)
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "-2")
+    with pytest.raises(ValueError, match="OFFLOAD_HOST_GB"):
+        _args(llama_config_dir)
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "0")
+    _args(llama_config_dir, page_size=16)  # off: nothing to refuse
+
+
+class Allocator:
+    def __init__(self, size):
+        self.free_pages = torch.arange(1, size + 1)
+
+    def available_size(self):
+        return len(self.free_pages)
+
+    def alloc(self, n):
+        if n > len(self.free_pages):
+            return None
+        out, self.free_pages = self.free_pages[:n], self.free_pages[n:]
+        return out
+
+    def free(self, idx):
+        assert not torch.isin(idx, self.free_pages).any(), "device double free"
+        self.free_pages = torch.cat([self.free_pages, idx])
+
+
+class Mover:
+    """KV [slot, H] on the 'device', [host slot, H] on the host; a copy runs when its fence completes."""
+
+    bytes_per_token = 2 * H
+
+    def __init__(self, dev_slots, host_slots):
+        self.kv = torch.zeros(dev_slots + 1, H)
+        self.host = torch.zeros(host_slots, H)
+        self.host_pool = HostSlots(host_slots)
+        self.fences = []
+
+    def _fence(self, work):
+        self.fences.append(Fence(work))
+        return self.fences[-1]
+
+    def to_host(self, dev, host):
+        return self._fence(lambda: self.host.index_copy_(0, host, self.kv[dev]))
+
+    def to_device(self, host, dev):
+        return self._fence(lambda: self.kv.index_copy_(0, dev, self.host[host]))
+
+
+class Batch:
+    """The ScheduleBatch surface park_if_needed uses; one token per request per round."""
+
+    def __init__(self, reqs, pool, allocator):
+        self.reqs, self.req_to_token_pool, self.token_to_kv_pool_allocator = reqs, pool, allocator
+        self.seq_lens = torch.tensor([r.kv.kv_allocated_len for r in reqs])
+        self.seq_lens_cpu, self.orig_seq_lens, self.spec_info = self.seq_lens.clone(), self.seq_lens.clone(), None
+
+    def filter_batch(self, keep_indices=None):
+        keep = [i for i, r in enumerate(self.reqs) if not r.finished()] if keep_indices is None else keep_indices
+        self.reqs = [self.reqs[i] for i in keep]
+        for name in ("seq_lens", "seq_lens_cpu", "orig_seq_lens"):
+            setattr(self, name, getattr(self, name)[keep])
+
+    def is_empty(self):
+        return not self.reqs
+
+    def new_tokens_required_next_decode(self):
+        return len(self.reqs)
+
+    def check_decode_mem(self):
+        return self.token_to_kv_pool_allocator.available_size() >= self.new_tokens_required_next_decode()
+
+
+def _req(rid, idx, length, protected, remaining):
+    sp = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
+                         max_new_tokens=remaining)  # fmt: skip
+    return SimpleNamespace(
+        rid=rid, req_pool_idx=idx, cache_protected_len=protected, kv=SimpleNamespace(kv_allocated_len=length),
+        kv_committed_len=length, sampling_params=sp, output_ids=[], to_finish=None, finished_reason=None,
+        grammar=None, custom_logit_processor=None, multimodal_inputs=None, return_hidden_states=False,
+        finished=lambda: False,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """Two requests fill a 20-slot pool (the first shares a 4-token locked prefix); KV = position ids."""
+    allocator, mover = Allocator(20), Mover(20, 64)
+    pool = SimpleNamespace(req_to_token=torch.zeros(4, 32, dtype=torch.int32))
+    pool.write = lambda index, values: pool.req_to_token.__setitem__(index, values)
+    reqs = [_req("near", 1, 10, 4, 5), _req("far", 2, 10, 0, 500)]
+    for r in reqs:
+        slots = allocator.alloc(r.kv.kv_allocated_len)
+        pool.req_to_token[r.req_pool_idx, : len(slots)] = slots.to(torch.int32)
+        mover.kv[slots] = (100 * r.req_pool_idx + torch.arange(len(slots))).float()[:, None].expand(-1, H)
+    released = []
+    sched = SimpleNamespace(token_to_kv_pool_allocator=allocator, req_to_token_pool=pool, tree_cache="tree",
+                            ipc_channels=SimpleNamespace(send_to_tokenizer=SimpleNamespace(
+                                send_output=lambda msg, req: released.append(("abort", req.rid)))))  # fmt: skip
+    off = offload.KVOffloader(sched, mover, decode_reserve=1)
+    monkeypatch.setattr(offload, "_ACTIVE", off)
+    monkeypatch.setattr(off, "_batch_of", lambda rows: Batch([r.req for r in rows], pool, allocator))
+    monkeypatch.setattr("sglang.srt.mem_cache.common.evict_from_tree_cache", lambda tree, n: None)
+
+    def original_release(req, tree, is_insert):  # SGLang's release_kv_cache: frees [protected, committed)
+        row = pool.req_to_token[req.req_pool_idx]
+        allocator.free(row[req.cache_protected_len : req.kv_committed_len].to(torch.int64))
+        released.append(("release", req.rid, req.kv_committed_len))
+
+    return SimpleNamespace(allocator=allocator, mover=mover, pool=pool, reqs=reqs, off=off, batch=Batch(reqs, pool, allocator),
+                           released=released, original_release=original_release)  # fmt: skip
+
+
+def _kv_of(w, req):
+    return w.mover.kv[w.pool.req_to_token[req.req_pool_idx, : req.kv.kv_allocated_len].long(), 0]
+
+
+def test_park_frees_slots_only_after_the_copy_and_restore_puts_kv_back(world):
+    w, far = world, world.reqs[1]
+    before = _kv_of(w, far).clone()
+    w.off.park_if_needed(w.batch)
+    assert [r.rid for r in w.batch.reqs] == ["near"]  # furthest from finishing was parked
+    assert w.off.ledger.where("far") is Where.PARKED and all(f.done for f in w.mover.fences)
+    assert w.allocator.available_size() == 10 and w.off.ledger.host_free() == 54
+    w.mover.kv[w.allocator.alloc(10)] = -1.0  # another request reuses (and overwrites) the freed slots
+    w.allocator.free(torch.arange(11, 21))
+    running = w.off.before_schedule(w.batch)  # 10 free < 10 + 16 rounds of headroom: stays parked
+    assert w.off.ledger.where("far") is Where.PARKED and running.reqs == w.batch.reqs
+    w.allocator.free(w.pool.req_to_token[1, 4:10].long())  # "near" finished: 16 free
+    running = w.off.before_schedule(Batch([], w.pool, w.allocator))  # empty batch: restore what fits
+    assert [r.rid for r in running.reqs] == ["far"] and w.off.ledger.where("far") is Where.RESTORING
+    w.mover.fences[-1].complete()
+    w.off.before_schedule(running)
+    assert w.off.ledger.where("far") is None and w.off.ledger.host_free() == 64
+    assert torch.equal(_kv_of(w, far), before)  # same KV at the same positions, in new slots
+    s = w.off.summary()
+    assert (s["parks"], s["restores"], s["bytes_to_host"], s["retraction_fallbacks"]) == (1, 1, 10 * 2 * H, 0)
+
+
+def test_only_private_kv_moves_and_host_budget_falls_back(world):
+    w = world
+    w.reqs[0].sampling_params.max_new_tokens = 900  # now "near" is the victim: 6 private tokens
+    w.mover.host_pool = w.off.ledger.host = HostSlots(5)
+    w.off.park_if_needed(w.batch)  # near needs 6 host slots, far 10: neither fits -> SGLang retracts
+    assert len(w.batch.reqs) == 2 and w.off.fallbacks == 1 and len(w.off.ledger) == 0
+    w.mover.host_pool = w.off.ledger.host = HostSlots(6)
+    w.off.park_if_needed(w.batch)
+    rec = w.off.ledger.record("near")
+    assert (rec.start, rec.end) == (4, 10) and w.allocator.available_size() == 6
+
+
+def test_parked_request_that_finishes_is_released_once(world):
+    w, far = world, world.reqs[1]
+    w.off.park_if_needed(w.batch)
+    far.kv_committed_len = 12  # its in-flight step's result arrived and finished it
+    w.off.release_parked(w.original_release, far, "tree", True)
+    assert w.released == [("release", "far", 0)] and far.kv_committed_len == 12
+    assert w.allocator.available_size() == 10 and w.off.ledger.host_free() == 64 and not w.off.has_parked
+
+
+def test_abort_of_parked_and_in_flight_requests(world, monkeypatch):
+    w, far = world, world.reqs[1]
+    w.off.park_if_needed(w.batch)
+    w.off.mark_aborts(SimpleNamespace(abort_all=False, rid="fa"))
+    assert far.to_finish is not None
+    monkeypatch.setattr(  # the hooked release_kv_cache over the fake pool
+        "sglang.srt.mem_cache.common.release_kv_cache",
+        lambda req, tree, is_insert=True: offload._ACTIVE.release_parked(w.original_release, req, tree, is_insert),
+    )
+    w.off.before_schedule(w.batch)
+    assert ("abort", "far") in w.released and far.finished_reason is not None and not w.off.has_parked
+    assert w.allocator.available_size() == 10 and w.off.ledger.host_free() == 64
+    # A copy still in flight: drop waits for it, then frees the slots the request still held.
+    near = w.reqs[0]
+    host = w.off.ledger.reserve_host(6)
+    slots = w.pool.req_to_token[1, 4:10].long()
+    w.off.ledger.park("near", 4, 10, slots, host, w.mover.to_host(slots, host))
+    w.off.release_parked(w.original_release, near, "tree", False)
+    assert w.mover.fences[-1].done and w.allocator.available_size() == 16 and w.off.ledger.host_free() == 64

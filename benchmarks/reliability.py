@@ -19,7 +19,8 @@ One server (radix cache on, chunked prefill on with ``--chunked-prefill-size``, 
 5. the greedy probe again: identical, or diverging only at a near tie as ``benchmarks.lossless``
    judges it (the first probe's top-2 margin at the divergence <= NEAR_TIE_NATS).
 
-Writes F.json (kind "reliability", rewritten after every phase) and F.log; exit code 0 = PASS.
+Writes F.json (kind "reliability", rewritten after every phase; ``metrics``: the speculative series
+of ``/metrics`` at the end) and F.log; exit code 0 = PASS.
 """
 
 from __future__ import annotations
@@ -222,6 +223,22 @@ def wait_idle(server: Server, timeout_s: float, settle_s: float) -> dict[str, An
     return {"idle": True, "load": load}
 
 
+def speculative_series(base_url: str) -> dict[str, float] | None:
+    """PILLAR's and SGLang's speculative series from /metrics (histogram buckets left out); None
+    when the server exports none."""
+    try:
+        with urllib.request.urlopen(base_url + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(("sglang:pillar_", "sglang:spec_accept_")) and "_bucket{" not in line:
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out or None
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="model folder (also the tokenizer)")
@@ -335,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.check_alive()
             with urllib.request.urlopen(server.base_url + "/health_generate", timeout=60) as r:
                 doc["server_alive_after"] = r.status == 200
+            doc["metrics"] = speculative_series(server.base_url)
         except (ServerError, OSError, ValueError) as e:
             doc["error"] = f"{type(e).__name__}: {e}"[:2000]
             log.line(f"stopped: {str(e).splitlines()[0]}")

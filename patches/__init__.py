@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from . import (
     cuda_graph,
     kv_cache_builder,
+    metrics,
     request_guard,
     reserved_tokens,
     server_args_flags,
@@ -132,6 +133,13 @@ HOOKS: tuple[Hook, ...] = (
         server_info.add_pillar_state,
         "/server_info shows which draft count each round ran (adaptive speculation) and the "
         "acceptance estimate, which only the PILLAR worker knows",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.init_metrics_reporter",
+        "AFTER",
+        metrics.attach_prometheus,
+        "with --enable-metrics PILLAR's draft/accept counters, path counts and round times go to "
+        "SGLang's Prometheus endpoint with the scheduler collector's labels (the worker exists by then)",
     ),
 )
 

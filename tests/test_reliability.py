@@ -61,6 +61,11 @@ FAKE = textwrap.dedent(
                 load = {"num_running_reqs": active[0], "num_waiting_reqs": 0,
                         "num_used_tokens": 0 if active[0] else int(os.environ.get("FAKE_LEAK", "0"))}
                 return self.reply(200, {"loads": [load]})
+            if self.path == "/metrics":
+                text = 'sglang:pillar_num_drafts_total{tp_rank="0"} 7.0\nsglang:pillar_draft_seconds_bucket{le="0.1"} 1.0\n'
+                self.send_response(200)
+                self.end_headers()
+                return self.wfile.write(text.encode())
             if self.path == "/openapi.json":
                 props = {"text": {"type": "string"}, "stream": {"type": "boolean"},
                          "sampling_params": {"anyOf": [{"type": "object"}, {"type": "array"}]}}
@@ -203,6 +208,7 @@ def test_run_passes_and_records_every_field(tmp_path, model_dir, data_dir, fake)
     assert doc["bad_inputs"]["n_two"] == 200 and doc["bad_inputs"]["chat_body_not_object"] == 500
     assert doc["server_alive_after"] is True and doc["leak_detected"] is False and doc["probe_consistent"] is True
     assert doc["idle"]["idle"] is True and doc["latencies"]["e2e_s_non_streamed"]["p50"] > 0
+    assert doc["metrics"] == {'sglang:pillar_num_drafts_total{tp_rank="0"}': 7.0}
     assert "--enable-metrics" in doc["config"]["flags"] and "--disable-radix-cache" not in doc["config"]["flags"]
     assert doc["config"]["flags"][doc["config"]["flags"].index("--chunked-prefill-size") + 1] == "512"
 

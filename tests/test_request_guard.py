@@ -95,7 +95,10 @@ def boundary(request, model_dir):
 
     load_plugins()
     extra = {"speculative_algorithm": "pillar"} if request.param == "pillar" else {}
-    return make_boundary(model_dir, **extra)
+    with pytest.MonkeyPatch.context() as mp:  # PILLAR's defaults, whatever SPARSESPEC_* earlier tests exported
+        for key in [k for k in os.environ if k.startswith("SPARSESPEC_")]:
+            mp.delenv(key)
+        return make_boundary(model_dir, **extra)
 
 
 # ---- the checks on their own ------------------------------------------------------------------

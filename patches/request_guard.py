@@ -5,15 +5,20 @@ the server keeps serving); what passes reaches the scheduler, where some fields 
 GPU tensors and a bad value kills the scheduler for everyone (docs/reliability.md has the table).
 The checks added here, for every algorithm once the plugin is installed:
 
-* token ids outside [0, vocab) (SGLang defines such a check but never calls it) and empty prompts;
-* every ``sampling_params`` value against the type SGLang's own message schema gives it
-  (``SamplingParams``' annotations: with SGLANG_USE_PICKLE_IPC=0 the scheduler decodes against them
-  and dies on a mismatch; with pickle IPC the value fails later, e.g. a string ``stream_interval``
-  or ``logit_bias`` value) and unknown parameter names (a TypeError, so a 500, in stock SGLang);
+* token ids outside [0, vocab) (SGLang defines such a check but never calls it), empty prompts,
+  ``input_embeds`` rows of the wrong width, image/video/audio data for a text-only model;
+* every ``sampling_params`` / ``session_params`` value against the type SGLang's own message schema
+  gives it (with SGLANG_USE_PICKLE_IPC=0 the scheduler decodes against it and dies on a mismatch;
+  with pickle IPC the value fails later, e.g. a string ``stream_interval`` or ``logit_bias``
+  value), and unknown parameter names (a TypeError, so a 500, in stock SGLang); the whole tokenized
+  request is then decoded against that schema before it is dispatched;
 * ranges the scheduler's tensors need: ``top_k`` fits int32, ``stop_token_ids`` in the vocabulary
   (min_new_tokens scatters them into a vocab row), ``logit_bias`` finite in fp32, ``sampling_seed``
-  fits int64, ``top_logprobs_num`` in [0, vocab] (a topk over the vocabulary);
-* ``n`` (parallel samples) an int in [1, MAX_PARALLEL_SAMPLES] before SGLang expands the batch by it.
+  fits int64, ``top_logprobs_num`` in [0, vocab] (a topk over the vocabulary), ``stop_regex``
+  compiles;
+* the request's shape: ``n`` an int in [1, MAX_PARALLEL_SAMPLES] before SGLang expands the batch by
+  it, one entry per prompt in every per-prompt list, one ``rid`` and one ``sampling_params`` object
+  for a single prompt.
 
 Errors of one prompt of a batch name it ("prompt 2 of 3 in the batch: ...").
 """

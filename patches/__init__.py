@@ -7,19 +7,21 @@ directly: ``worker`` (BaseSpecWorker, EAGLE's verify helpers, and for plain-deco
 DecodeCudaGraphRunner built under a spec-config override and EAGLEWorkerV2's one-token verify input), ``draft_runner`` (ForwardBatch,
 forward context, graph capture mode), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
-renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch) and
-``triton_verify`` (extend_attention_fwd's signature). Nothing outside this package imports SGLang
+renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
+``triton_verify`` (extend_attention_fwd's signature) and ``request_guard`` (SamplingParams' and the
+tokenized request's msgspec schema and SGLang's IPC codec, to check a request before dispatch). Nothing outside this package imports SGLang
 internals.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from . import (
     cuda_graph,
     kv_cache_builder,
+    metrics,
     offload_hooks,
     request_guard,
     reserved_tokens,
@@ -85,11 +87,39 @@ HOOKS: tuple[Hook, ...] = (
         "and PillarAttn selection reads its attention probabilities (logits + LSE)",
     ),
     Hook(
+        "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
+        "AROUND",
+        request_guard.guard_normalize,
+        "SGLang expands a request n times before checking anything: n must be an int in [1, 128] "
+        "first (a string or float n is a 500, a huge one blocks the HTTP process)",
+    ),
+    Hook(
+        "sglang.srt.managers.io_struct.GenerateReqInput.__getitem__",
+        "AFTER",
+        request_guard.stamp_prompt_index,
+        "a batch member remembers its position, so that a 400 names the bad prompt of a batch",
+    ),
+    Hook(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
         "AROUND",
-        request_guard.validate_token_ids,
-        "SGLang never calls its own input_ids vocabulary check: an out-of-range id reaches the GPU "
-        "and a device-side assert kills the scheduler; checked here it is a 400",
+        request_guard.validate_request,
+        "what reaches the scheduler must be servable: out-of-vocabulary ids (SGLang never calls its own "
+        "check), empty prompts, sampling values of the wrong type or outside what the scheduler's "
+        "tensors hold would kill the scheduler; checked here they are a 400",
+    ),
+    Hook(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",
+        "AROUND",
+        request_guard.check_tokenized,
+        "the message the scheduler will decode must fit SGLang's own schema (a list extra_key or "
+        "custom_logit_processor passes every earlier check); SamplingParams.verify's 400s for one "
+        "prompt of a batch name that prompt",
+    ),
+    Hook(
+        "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase._compute_extra_key",
+        "AROUND",
+        request_guard.extra_key_type_is_a_400,
+        "a non-string cache_salt / extra_key in an OpenAI request raises TypeError there, a 500",
     ),
     Hook(
         "sglang.srt.speculative.eagle_utils.eagle_sample",
@@ -104,6 +134,13 @@ HOOKS: tuple[Hook, ...] = (
         server_info.add_pillar_state,
         "/server_info shows which draft count each round ran (adaptive speculation) and the "
         "acceptance estimate, which only the PILLAR worker knows",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.init_metrics_reporter",
+        "AFTER",
+        metrics.attach_prometheus,
+        "with --enable-metrics PILLAR's draft/accept counters, path counts and round times go to "
+        "SGLang's Prometheus endpoint with the scheduler collector's labels (the worker exists by then)",
     ),
     # The offload-aware KV pool (patches/offload.py, docs/offload.md): every hook below is a no-op
     # unless --pillar-offload-host-gb > 0.

@@ -44,6 +44,7 @@ from sglang_sparsespec.config import (
     SelectionPolicy,
     VerifyKernel,
 )
+from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
@@ -88,6 +89,7 @@ class PillarWorker(BaseSpecWorker):
         self.plain: PlainState | None = None
         self.policy: SpeculationPolicy | None = None
         self.clock: RoundClock | None = None
+        self.metrics = PillarMetrics(self.cfg.num_steps)  # issue 22: /server_info, Prometheus (patches/metrics.py)
         if self.cfg.adaptive:
             self.policy = SpeculationPolicy(self.cfg.step_candidates)
             self.clock = RoundClock(lambda: torch.cuda.Event(enable_timing=True))
@@ -95,9 +97,13 @@ class PillarWorker(BaseSpecWorker):
             self.timer = RoundTimer(
                 self.cfg.timing_every,
                 lambda: torch.cuda.Event(enable_timing=True),
-                lambda report: logger.info(format_report(report)),
+                self._phase_report,
             )
         logger.info("PILLAR config: %s", self.cfg)
+
+    def _phase_report(self, report) -> None:
+        logger.info(format_report(report))
+        self.metrics.phases_timed(report)
 
     @property
     def draft_worker(self):
@@ -224,7 +230,9 @@ class PillarWorker(BaseSpecWorker):
         copied to the host)."""
         if self.policy is None or batch.forward_mode.is_idle():
             return self.cfg.num_steps
-        self.policy.observe(self.clock.poll())
+        samples = self.clock.poll()
+        self.policy.observe(samples)
+        self.metrics.rounds_timed(samples)
         reqs = batch.reqs
         steps, key = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1))
         self.policy.acceptance.launched(steps, len(reqs))
@@ -238,6 +246,7 @@ class PillarWorker(BaseSpecWorker):
         # SGLang calls this with each decode round's accept counts once they are on the host.
         if self.policy is not None:
             self.policy.acceptance.completed(num_correct_drafts_per_req)
+        self.metrics.completed(num_correct_drafts_per_req)
 
     def summary(self) -> dict[str, Any]:
         """PILLAR's live numbers for /server_info."""
@@ -248,6 +257,7 @@ class PillarWorker(BaseSpecWorker):
 
     def _decode_round(self, batch, on_publish, grammar_barrier):
         steps = self._choose_steps(batch)
+        self.metrics.launched(steps, len(batch.reqs))
         if steps == 0:
             return self._plain_round(batch, on_publish, grammar_barrier)
         draft_input = batch.spec_info

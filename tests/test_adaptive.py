@@ -6,6 +6,7 @@ import pytest
 from sglang_sparsespec.patches.server_info import add_pillar_state
 
 from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.spec.adaptive import (
     AcceptanceTracker,
     RoundClock,
@@ -156,6 +157,8 @@ def test_adaptive_steps_knob():
 
 def test_server_info_gets_the_worker_summary():
     class Worker:
+        metrics = PillarMetrics(4)
+
         def summary(self):
             return {"rounds_by_k": {"0": 3}}
 
@@ -165,6 +168,8 @@ def test_server_info_gets_the_worker_summary():
 
     out = Out()
     scheduler = type("S", (), {"draft_worker": Worker()})()
-    assert add_pillar_state(out, scheduler, None).internal_state == {"x": 1, "pillar": {"rounds_by_k": {"0": 3}}}
+    Worker.metrics.launched(0, 2)
+    pillar = add_pillar_state(out, scheduler, None).internal_state["pillar"]
+    assert pillar["rounds_by_k"] == {"0": 3} and pillar["metrics"]["rounds_by_steps"] == {"0": 1}
     stock = Out()
     assert add_pillar_state(stock, type("S", (), {"draft_worker": None})(), None).internal_state == {"x": 1}

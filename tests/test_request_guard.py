@@ -1,18 +1,110 @@
-"""patches/request_guard.py: out-of-vocabulary token ids become a clear ValueError (HTTP 400)."""
+"""patches/request_guard.py: a request the scheduler cannot serve is a 400 before it is dispatched.
+
+The boundary tests send each request through SGLang's real HTTP app and TokenizerManager
+(tests/boundary.py) and assert the status, the message and that nothing harmful reached the
+(stand-in) scheduler; stock SGLang's behaviour on the same requests is pinned in a subprocess
+without the plugin.
+"""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from sglang_sparsespec.patches.request_guard import check_token_ids, validate_token_ids
 
-VOCAB = 49152
+pytest.importorskip("sglang")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from boundary import make_boundary, write_model_dir
+from conftest import SMOLLM2_CONFIG
+from sglang_sparsespec.patches.request_guard import (
+    MAX_PARALLEL_SAMPLES,
+    check_parallel_samples,
+    check_sampling_params,
+    check_token_ids,
+)
+
+from benchmarks.bad_inputs import GENERATE, HUGE_ID, Probe, fuzz_inputs, hand_list
+
+VOCAB = SMOLLM2_CONFIG["vocab_size"]
+CONTEXT = SMOLLM2_CONFIG["max_position_embeddings"]
+HAND = {p.name: p for p in hand_list(VOCAB, CONTEXT)}
+# The substring each 400 must carry (the issue asks for a clear message, not just a status).
+MESSAGES = {
+    "oov_token_id": "input_ids contains 1000000000 at index 0",
+    "batch_one_empty_prompt": "prompt 1 of 2 in the batch: the prompt is empty",
+    "batch_one_oov_prompt": "prompt 1 of 2 in the batch: input_ids contains 1000000000",
+    "batch_one_bad_sampling": "prompt 1 of 2 in the batch: temperature must be a non-negative",
+    "batch_sampling_list_short": "sampling_params has 1 entries for 3 prompts",
+    "max_new_tokens_float": "sampling_params.max_new_tokens: Expected `int | null`, got `float`",
+    "max_new_tokens_string": "sampling_params.max_new_tokens",
+    "temperature_string": "sampling_params.temperature: Expected `float`, got `str`",
+    "top_k_int32_overflow": "top_k must be -1 (all tokens) or in [1, 2147483647]",
+    "stop_regex_invalid": "not a valid regular expression",
+    "stop_token_ids_oov": "stop_token_ids contains 1000000000",
+    "logit_bias_not_finite": "not a finite fp32 number",
+    "unknown_sampling_param": "sampling_params has no parameter 'foo'",
+    "json_schema_not_string": "sampling_params.json_schema",
+    "stream_interval_string": "sampling_params.stream_interval",
+    "n_huge": f"n must be an integer in [1, {MAX_PARALLEL_SAMPLES}]",
+    "top_logprobs_huge": f"top_logprobs_num must be in [0, {VOCAB}]",
+    "image_on_text_model": "takes no image, video or audio input",
+    "stream_oov_token_id": "input_ids contains 1000000000",
+    "completions_oov_ids": "input_ids contains 1000000000",
+    "completions_logprobs_huge": "top_logprobs_num must be in",
+    "completions_batch_one_oov": "prompt 1 of 2 in the batch",
+    "completions_stream_oov": "input_ids contains 1000000000",
+    "chat_top_logprobs_huge": "top_logprobs_num must be in",
+    "chat_stop_token_ids_oov": "stop_token_ids contains 1000000000",
+    "chat_stream_top_k_overflow": "top_k must be -1",
+}
+# Requests stock SGLang 0.5.17 passes to its scheduler although they fail there (tests/boundary.py says how).
+STOCK_REACHES_SCHEDULER = {
+    "oov_token_id": "token id outside the vocabulary",
+    "batch_one_empty_prompt": "empty prompt",
+    "max_new_tokens_float": "schema: Expected `int | null`, got `float`",
+    "top_k_int32_overflow": "top_k overflows int32",
+    "stop_token_ids_oov": "stop_token_ids outside the vocabulary",
+    "logit_bias_not_finite": "logit_bias not finite in fp32",
+    "stream_interval_string": "schema: Expected `int | null`, got `str`",
+    "top_logprobs_huge": "top_logprobs_num outside [0, vocab]",
+    "completions_oov_ids": "token id outside the vocabulary",
+    "chat_top_logprobs_huge": "top_logprobs_num outside [0, vocab]",
+}
+STOCK_500 = (
+    "max_new_tokens_string",
+    "temperature_string",
+    "unknown_sampling_param",
+    "n_float",
+    "batch_sampling_list_short",
+)
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return write_model_dir(tmp_path_factory.mktemp("boundary_model"), SMOLLM2_CONFIG)
+
+
+@pytest.fixture(scope="module", params=["stock", "pillar"])
+def boundary(request, model_dir):
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    extra = {"speculative_algorithm": "pillar"} if request.param == "pillar" else {}
+    with pytest.MonkeyPatch.context() as mp:  # PILLAR's defaults, whatever SPARSESPEC_* earlier tests exported
+        for key in [k for k in os.environ if k.startswith("SPARSESPEC_")]:
+            mp.delenv(key)
+        return make_boundary(model_dir, **extra)
+
+
+# ---- the checks on their own ------------------------------------------------------------------
 @pytest.mark.parametrize(
     "ids, index",
-    [([1000000000, 5], 0), ([5, -1], 1), ([3, VOCAB], 1), ([1, 2.0], 1), ([1, "7"], 1), ([True], 0)],
+    [([HUGE_ID, 5], 0), ([5, -1], 1), ([3, VOCAB], 1), ([1, 2.0], 1), ([1, "7"], 1), ([True], 0)],
 )
 def test_bad_ids_name_the_first_offender(ids, index):
     with pytest.raises(ValueError) as err:
@@ -20,30 +112,108 @@ def test_bad_ids_name_the_first_offender(ids, index):
     assert f"at index {index}" in str(err.value) and f"[0, {VOCAB})" in str(err.value)
 
 
-def test_good_ids_pass():
+def test_good_ids_pass_and_empty_prompts_do_not():
     check_token_ids([0, 17, VOCAB - 1], VOCAB)
-    check_token_ids([], VOCAB)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        check_token_ids([], VOCAB)
 
 
-def test_hook_runs_sglang_checks_first_and_skips_multimodal():
-    calls = []
-    manager = SimpleNamespace(model_config=SimpleNamespace(vocab_size=VOCAB))
-
-    def original(mgr, obj, input_ids):
-        calls.append(input_ids)
-
-    text = SimpleNamespace(contains_mm_input=lambda: False)
-    with pytest.raises(ValueError, match="1000000000"):
-        validate_token_ids(original, manager, text, [1000000000, 5])
-    assert calls == [[1000000000, 5]]  # SGLang's own length checks ran before ours
-    image = SimpleNamespace(contains_mm_input=lambda: True)
-    validate_token_ids(original, manager, image, [1 << 40, 5])  # placeholder pad ids are not token ids
-    validate_token_ids(original, manager, text, None)  # input_embeds requests carry no ids
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"temperature": 0, "top_k": -1, "max_new_tokens": None, "stop": "x", "stop_token_ids": [2]},
+        {"logit_bias": {"5": -100}, "sampling_seed": 2**63 - 1, "top_k": 2**31 - 1, "custom_params": {"a": [1, "b"]}},
+        {"stop_regex": ["a+b", "\\d{3}"], "temperature": 1, "n": 2},
+    ],
+)
+def test_valid_sampling_params_pass(params):
+    check_sampling_params(params, VOCAB)
+    check_parallel_samples(params)
 
 
-def test_hook_reaches_the_tokenizer_manager():
-    from sglang.srt.managers.tokenizer_manager import TokenizerManager
-    from sglang.srt.plugins import load_plugins
+@pytest.mark.parametrize("n", [0, -1, 2.5, "2", True, MAX_PARALLEL_SAMPLES + 1])
+def test_parallel_sample_count_is_bounded(n):
+    with pytest.raises(ValueError, match="sampling_params.n must be an integer"):
+        check_parallel_samples([{"n": 1}, {"n": n}])
 
-    load_plugins()
-    assert TokenizerManager._validate_one_request.__wrapped__ is not None
+
+def test_internal_sampling_fields_exist_in_sglang():
+    """INTERNAL_FIELDS names SamplingParams fields; if SGLang renames them, requests could set them."""
+    import msgspec
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang_sparsespec.patches.request_guard import INTERNAL_FIELDS
+
+    assert INTERNAL_FIELDS <= {f.name for f in msgspec.structs.fields(SamplingParams)}
+    with pytest.raises(ValueError, match="no parameter 'is_normalized'"):
+        check_sampling_params({"is_normalized": True}, VOCAB)
+
+
+# ---- through SGLang's HTTP app and tokenizer manager ---------------------------------------------
+@pytest.mark.parametrize("name", sorted(HAND))
+def test_hand_list_through_sglang(boundary, name):
+    probe: Probe = HAND[name]
+    boundary.reset()
+    status, message = boundary.post(probe.path, probe.body)
+    assert status == probe.expect, (name, status, message)
+    assert name not in MESSAGES or MESSAGES[name] in message, message
+    assert boundary.scheduler.failures == []
+    if probe.expect == 200:
+        assert boundary.scheduler.received
+    elif probe.expect == 400 and not name.startswith("batch_one_bad"):
+        # Rejected before dispatch (a batch whose bad member is found after an earlier member was
+        # dispatched is aborted by SGLang, which the stand-in also sees).
+        assert boundary.scheduler.received == [], name
+
+
+def test_context_limit_counts_pillar_verify_reserve(boundary):
+    """PILLAR reserves k+1 slots per request (patches/reserved_tokens.py): the limit moves with it."""
+    reserve = boundary.manager.num_reserved_tokens
+    fits = {"input_ids": [5] * (CONTEXT - reserve - 9), "sampling_params": {"max_new_tokens": 8}}
+    over = {"input_ids": [5] * (CONTEXT - reserve - 7), "sampling_params": {"max_new_tokens": 8}}
+    boundary.reset()
+    assert boundary.post(GENERATE, fits)[0] == 200
+    assert boundary.post(GENERATE, over)[0] == 400
+
+
+def test_fuzzed_bodies_never_5xx_nor_reach_the_scheduler_broken(boundary):
+    """The reliability run's fuzzer against this app's OpenAPI schema: every answer is a 2xx/4xx and
+    nothing that would fail in the scheduler is dispatched."""
+    if boundary.manager.server_args.speculative_algorithm:
+        pytest.skip("one configuration is enough: the guard does not depend on the algorithm")
+    probes = fuzz_inputs(boundary.app.openapi(), seed=22, count=240, vocab_size=VOCAB)
+    bad = []
+    for probe in probes:
+        boundary.reset()
+        status, message = boundary.post(probe.path, probe.body)
+        if not probe.judge(status) or boundary.scheduler.failures:
+            bad.append((probe.path, json.dumps(probe.body)[:200], status, message[:200], boundary.scheduler.failures))
+    assert bad == []
+
+
+def test_stock_sglang_passes_these_to_its_scheduler(model_dir, tmp_path):
+    """Without the plugin (SGLANG_PLUGINS names no plugin) the same requests reach the scheduler
+    with the field that fails there, or end in a 500: what docs/reliability.md records for 0.5.17."""
+    names = sorted(STOCK_REACHES_SCHEDULER) + list(STOCK_500)
+    script = (
+        "import json, sys\n"
+        f"sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]!r}\n"
+        "from pathlib import Path\n"
+        "from boundary import make_boundary\n"
+        "from benchmarks.bad_inputs import hand_list\n"
+        f"b = make_boundary(Path({str(model_dir)!r}))\n"
+        f"probes = {{p.name: p for p in hand_list({VOCAB}, {CONTEXT})}}\n"
+        "out = {}\n"
+        f"for name in {names!r}:\n"
+        "    b.reset(); status, _ = b.post(probes[name].path, probes[name].body)\n"
+        "    out[name] = [status, list(b.scheduler.failures)]\n"
+        f"Path({str(tmp_path / 'stock.json')!r}).write_text(json.dumps(out))\n"
+    )
+    env = {**os.environ, "SGLANG_PLUGINS": "no-such-plugin"}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, timeout=300)
+    stock = json.loads((tmp_path / "stock.json").read_text())
+    for name, failure in STOCK_REACHES_SCHEDULER.items():
+        status, failures = stock[name]
+        assert status == 200 and any(f.startswith(failure) for f in failures), (name, stock[name])
+    for name in STOCK_500:
+        assert stock[name][0] == 500, (name, stock[name])

@@ -1,0 +1,242 @@
+"""Malformed and unusual requests for the reliability run: a hand list and a schema-driven fuzzer.
+
+Every entry is a ``Probe``: a route, a JSON body and the HTTP status the plugin must answer with
+(``expect``; None for fuzzed bodies, which may happen to be valid: any status below 500 is right).
+A streamed native ``/generate`` request is answered 200 before SGLang validates it, so its error
+comes as the first SSE event; ``effective_status`` reads that event's ``code``.
+
+The fuzzer is seeded and uses only the standard library: it reads the request schemas from the
+server's own OpenAPI document (``/openapi.json``), takes a small valid body per route and sets one
+to three properties (for ``/generate`` also sampling parameters, a free-form object in the schema)
+to values of the declared type at its edges, or of a wrong type.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GENERATE, COMPLETIONS, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
+ROUTES = (GENERATE, COMPLETIONS, CHAT)
+TEXT = "Count from one to five."
+HUGE_ID = 1_000_000_000
+# SGLang's own sampling parameter names (SamplingParams, docs/basic_usage/sampling_params.mdx).
+SAMPLING_KEYS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
+    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params",
+)  # fmt: skip
+WRONG_TYPES: tuple[Any, ...] = (None, True, "x", [], {}, [1, "a"], {"a": {"b": 1}}, 3.5, -7)
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    path: str
+    body: Any
+    expect: int | None  # None: any status below 500
+
+    @property
+    def stream(self) -> bool:
+        return isinstance(self.body, dict) and bool(self.body.get("stream"))
+
+    def judge(self, status: int | None) -> bool:
+        if status is None:
+            return False
+        return status == self.expect if self.expect is not None else status < 500
+
+
+def effective_status(http_status: int, body: bytes) -> int:
+    """The HTTP status, or for an SSE stream whose first event is an error, that error's code."""
+    text = body.decode("utf-8", errors="replace").lstrip()
+    if http_status == 200 and text.startswith("data:"):
+        try:
+            first = json.loads(text.split("\n", 1)[0][len("data:") :])
+        except ValueError:
+            return http_status
+        if isinstance(first, dict) and isinstance(first.get("error"), dict):
+            return int(first["error"].get("code", 400))
+    return http_status
+
+
+def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
+    """Every malformed request of issue 22, per route, expecting 400; then unusual valid ones (200).
+
+    ``chat_body_not_object`` and ``chat_response_format_string`` expect 500: SGLang's
+    ChatCompletionRequest validators call ``.get`` on them before pydantic checks their type (in the
+    HTTP layer, before the tokenizer manager; the server keeps serving).
+    """
+    ids = [1, 2, 3]
+    msgs = [{"role": "user", "content": TEXT}]
+
+    def gen(name: str, expect: int = 400, **body: Any) -> Probe:
+        return Probe(name, GENERATE, {"text": TEXT, **body}, expect)
+
+    def sp(name: str, expect: int = 400, **params: Any) -> Probe:
+        return gen(name, expect, sampling_params={"max_new_tokens": 8, **params})
+
+    bad = [
+        Probe("oov_token_id", GENERATE, {"input_ids": [HUGE_ID, 5]}, 400),
+        Probe("negative_token_id", GENERATE, {"input_ids": [5, -1]}, 400),
+        Probe("empty_input_ids", GENERATE, {"input_ids": []}, 400),
+        gen("empty_text", text=""),
+        Probe("no_input", GENERATE, {"sampling_params": {}}, 400),
+        Probe("body_not_object", GENERATE, [1, 2], 400),
+        Probe("batch_one_empty_prompt", GENERATE, {"input_ids": [ids, []]}, 400),
+        Probe("batch_one_oov_prompt", GENERATE, {"input_ids": [ids, [HUGE_ID]]}, 400),
+        gen("batch_one_bad_sampling", text=[TEXT, TEXT], sampling_params=[{"max_new_tokens": 8}, {"temperature": -1}]),
+        gen("batch_sampling_list_short", text=[TEXT, TEXT, TEXT], sampling_params=[{"max_new_tokens": 8}]),
+        Probe("context_overflow", GENERATE, {"input_ids": [5] * (context_len + 16)}, 400),
+        Probe("context_plus_new_overflow", GENERATE,
+              {"input_ids": [5] * (context_len - 64), "sampling_params": {"max_new_tokens": 1024}}, 400),
+        sp("max_new_tokens_negative", max_new_tokens=-1),
+        sp("max_new_tokens_huge", max_new_tokens=10**9),
+        sp("max_new_tokens_float", max_new_tokens=10.5),
+        sp("max_new_tokens_string", max_new_tokens="16"),
+        sp("temperature_negative", temperature=-0.5),
+        sp("temperature_string", temperature="hot"),
+        sp("top_p_zero", top_p=0),
+        sp("top_p_above_one", top_p=1.5),
+        sp("top_k_zero", top_k=0),
+        sp("top_k_int32_overflow", top_k=2**40),
+        sp("top_k_float", top_k=2.5),
+        sp("min_p_negative", min_p=-0.1),
+        sp("min_p_above_one", min_p=1.5),
+        sp("repetition_penalty_zero", repetition_penalty=0),
+        sp("min_new_tokens_above_max", min_new_tokens=100),
+        sp("stop_not_string", stop=[5]),
+        sp("stop_regex_invalid", stop_regex="("),
+        sp("stop_token_ids_oov", stop_token_ids=[HUGE_ID], min_new_tokens=2),
+        sp("logit_bias_oov_key", logit_bias={str(HUGE_ID): 1.0}),
+        sp("logit_bias_not_finite", logit_bias={"5": 1e300}),
+        sp("logit_bias_string_value", logit_bias={"5": "x"}),
+        sp("unknown_sampling_param", foo=1),
+        sp("json_schema_not_string", json_schema={"type": "object"}),
+        sp("skip_special_tokens_string", skip_special_tokens="no"),
+        gen("stream_interval_string", stream=True, sampling_params={"max_new_tokens": 8, "stream_interval": "x"}),
+        sp("n_zero", n=0),
+        sp("n_float", n=2.5),
+        sp("n_huge", n=10**6),
+        gen("top_logprobs_huge", return_logprob=True, top_logprobs_num=vocab_size + 1),
+        gen("top_logprobs_negative", return_logprob=True, top_logprobs_num=-3),
+        gen("token_ids_logprob_oov", return_logprob=True, token_ids_logprob=[HUGE_ID]),
+        gen("return_hidden_states", return_hidden_states=True),
+        gen("image_on_text_model", image_data="https://example.invalid/cat.png"),
+        Probe("stream_oov_token_id", GENERATE, {"input_ids": [HUGE_ID], "stream": True}, 400),
+        Probe("completions_empty_prompt", COMPLETIONS, {"model": "default", "prompt": ""}, 400),
+        Probe("completions_oov_ids", COMPLETIONS, {"model": "default", "prompt": [HUGE_ID, 5]}, 400),
+        Probe("completions_max_tokens_negative", COMPLETIONS, {"model": "default", "prompt": TEXT, "max_tokens": -1}, 400),
+        Probe("completions_logprobs_huge", COMPLETIONS, {"model": "default", "prompt": TEXT, "logprobs": vocab_size + 1}, 400),
+        Probe("completions_top_k_overflow", COMPLETIONS, {"model": "default", "prompt": TEXT, "top_k": 2**40}, 400),
+        Probe("completions_batch_one_oov", COMPLETIONS, {"model": "default", "prompt": [ids, [HUGE_ID]]}, 400),
+        Probe("completions_stream_oov", COMPLETIONS, {"model": "default", "prompt": [HUGE_ID], "stream": True}, 400),
+        Probe("chat_empty_messages", CHAT, {"model": "default", "messages": []}, 400),
+        Probe("chat_top_logprobs_huge", CHAT,
+              {"model": "default", "messages": msgs, "logprobs": True, "top_logprobs": vocab_size + 1}, 400),
+        Probe("chat_temperature_string", CHAT, {"model": "default", "messages": msgs, "temperature": "hot"}, 400),
+        Probe("chat_stop_token_ids_oov", CHAT,
+              {"model": "default", "messages": msgs, "stop_token_ids": [HUGE_ID], "min_tokens": 2}, 400),
+        Probe("chat_stream_top_k_overflow", CHAT, {"model": "default", "messages": msgs, "top_k": 2**40, "stream": True}, 400),
+        Probe("chat_body_not_object", CHAT, [1, 2], 500),
+        Probe("chat_response_format_string", CHAT, {"model": "default", "messages": msgs, "response_format": "json"}, 500),
+        Probe("completions_cache_salt_list", COMPLETIONS, {"model": "default", "prompt": TEXT, "cache_salt": ["a"]}, 400),
+        Probe("extra_key_list", GENERATE, {"text": TEXT, "extra_key": ["a", "b"]}, 400),
+    ]  # fmt: skip
+    unusual_but_valid = [
+        sp("stop_never_matches", 200, stop=["\u2603 never \u2603"], max_new_tokens=16),
+        sp("n_two", 200, n=2),
+        gen("logprobs_top5", 200, sampling_params={"max_new_tokens": 8}, return_logprob=True, top_logprobs_num=5),
+        gen("batch_all_good", 200, text=[TEXT, TEXT], sampling_params={"max_new_tokens": 8}),
+        Probe("completions_logprobs", COMPLETIONS, {"model": "default", "prompt": TEXT, "max_tokens": 8, "logprobs": 3}, 200),
+        Probe("chat_n_two", CHAT, {"model": "default", "messages": msgs, "max_tokens": 8, "n": 2}, 200),
+    ]  # fmt: skip
+    return bad + unusual_but_valid
+
+
+def _request_schema(openapi: dict[str, Any], path: str) -> dict[str, Any]:
+    schema = openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return _resolve(openapi, schema)
+
+
+def _resolve(openapi: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    ref = schema.get("$ref")
+    if ref is None:
+        return schema
+    node: Any = openapi
+    for part in ref.lstrip("#/").split("/"):
+        node = node[part]
+    return node
+
+
+def _types(openapi: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    schema = _resolve(openapi, schema)
+    if "type" in schema:
+        return [schema["type"]] if isinstance(schema["type"], str) else list(schema["type"])
+    return [t for option in schema.get("anyOf", []) + schema.get("oneOf", []) for t in _types(openapi, option)]
+
+
+def _edge_value(rng: random.Random, kind: str, vocab_size: int) -> Any:
+    ints = [-1, 0, 1, 2**31, 2**40, -(2**63), 2**63 - 1, vocab_size + 1, HUGE_ID]
+    floats = [-1.0, 0.0, 1e-9, 0.5, 1.5, 1e300, -1e300]
+    strings = ["", " ", "\u0000", "\u2603" * 3, "a" * 5000, "(", "{", "null"]
+    if kind == "integer":
+        return rng.choice(ints)
+    if kind == "number":
+        return rng.choice(floats + ints[:4])
+    if kind == "string":
+        return rng.choice(strings)
+    if kind == "boolean":
+        return rng.choice([True, False])
+    if kind == "array":
+        return rng.choice([[], [rng.choice(ints)], [rng.choice(strings)] * 3, [[HUGE_ID]], [[]]])
+    if kind == "object":
+        return rng.choice([{}, {"x": 1}, {"n": 2**40}, {"max_new_tokens": -1}])
+    return None
+
+
+def _base_body(path: str) -> dict[str, Any]:
+    if path == GENERATE:
+        return {"text": TEXT, "sampling_params": {"max_new_tokens": 8}}
+    if path == COMPLETIONS:
+        return {"model": "default", "prompt": TEXT, "max_tokens": 8}
+    return {"model": "default", "messages": [{"role": "user", "content": TEXT}], "max_tokens": 8}
+
+
+def fuzz_inputs(
+    openapi: dict[str, Any], seed: int, count: int, vocab_size: int, routes: Sequence[str] = ROUTES
+) -> list[Probe]:
+    """``count`` mutated bodies spread over ``routes``; the same seed and schema give the same bodies.
+
+    Chat's ``response_format`` is left alone: a non-object value is SGLang's known 500 (its request
+    validator calls ``.get`` on it), recorded once by the hand list's ``chat_response_format_string``.
+    """
+    rng = random.Random(seed)
+    props = {path: _request_schema(openapi, path).get("properties", {}) for path in routes}
+    props.get(CHAT, {}).pop("response_format", None)
+    out = []
+    for i in range(count):
+        path = routes[i % len(routes)]
+        body = _base_body(path)
+        for _ in range(rng.randint(1, 3)):
+            if path == GENERATE and isinstance(body.get("sampling_params"), dict) and rng.random() < 0.4:
+                key = rng.choice(SAMPLING_KEYS)
+                body["sampling_params"] = {
+                    **body["sampling_params"],
+                    key: _mutation(rng, ["number", "integer"], vocab_size),
+                }
+                continue
+            name = rng.choice(sorted(props[path]))
+            body[name] = _mutation(rng, _types(openapi, props[path][name]), vocab_size)
+        out.append(Probe(f"fuzz_{i:04d}", path, body, None))
+    return out
+
+
+def _mutation(rng: random.Random, declared: list[str], vocab_size: int) -> Any:
+    """Half the time an edge value of a declared type, else a value of any (likely wrong) type."""
+    if declared and rng.random() < 0.5:
+        return _edge_value(rng, rng.choice(declared), vocab_size)
+    return rng.choice(WRONG_TYPES)

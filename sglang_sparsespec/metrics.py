@@ -1,0 +1,123 @@
+"""PILLAR's round counters and timings, for Prometheus and ``/server_info``.
+
+The worker reports, on the host only (no GPU synchronisation):
+
+* ``launched(k, batch_size)`` when a decode round starts with k drafts (0 = plain decoding);
+* ``completed(correct_drafts)`` with each request's accepted draft count of the oldest launched
+  round, once SGLang has copied it to the host (``on_verify_complete_cpu``; rounds complete in
+  launch order, one or two rounds late under the overlap scheduler);
+* ``rounds_timed(samples)`` with the finished rounds' CUDA-event times (``RoundClock``, adaptive
+  speculation): draft = the k sparse steps, verify = verify pass + acceptance + selection;
+* ``phases_timed(report)`` with SPARSESPEC_STEP_TIMING's per-phase means (draft, verify, accept,
+  select), when that is on.
+
+Counted as vLLM counts speculative decoding: a *draft* is one request's drafts in one round (plain
+rounds have none), *draft tokens* the drafted tokens, *accepted tokens* the accepted drafted tokens
+(the bonus token not included), and accepted per position j the drafts whose first j+1 tokens were
+all accepted. ``sink`` (optional) receives the same increments; ``patches/metrics.py`` supplies a
+Prometheus one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sglang_sparsespec.spec.adaptive import RoundSample
+from sglang_sparsespec.spec.timing import PhaseReport
+
+
+class MetricsSink(Protocol):
+    def round_started(self, steps: int) -> None: ...
+
+    def drafts_verified(
+        self, drafts: int, draft_tokens: int, accepted: int, accepted_per_pos: Sequence[int]
+    ) -> None: ...
+
+    def round_timed(self, draft_s: float, verify_s: float) -> None: ...
+
+    def phases_timed(self, phase_s: dict[str, float]) -> None: ...
+
+
+@dataclass
+class PillarMetrics:
+    """Lifetime totals since the server started. ``accepted_per_pos`` has ``max_steps`` entries
+    and never increases with the position; ``accepted_tokens`` is its sum."""
+
+    max_steps: int
+    sink: MetricsSink | None = None
+    rounds_by_steps: Counter[int] = field(default_factory=Counter)
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    timed_rounds: int = 0
+    draft_ms_total: float = 0.0
+    verify_ms_total: float = 0.0
+    last_phase_ms: dict[str, float] = field(default_factory=dict)
+    _pending: deque[tuple[int, int]] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        self.accepted_per_pos = [0] * self.max_steps
+
+    def launched(self, steps: int, batch_size: int) -> None:
+        if not 0 <= steps <= self.max_steps:
+            raise ValueError(f"a round runs 0..{self.max_steps} drafts, got {steps}")
+        if batch_size == 0:
+            return  # an idle batch: SGLang reports no accept counts for it
+        self.rounds_by_steps[steps] += 1
+        self._pending.append((steps, batch_size))
+        if self.sink is not None:
+            self.sink.round_started(steps)
+
+    def completed(self, correct_drafts: Sequence[int]) -> None:
+        if not self._pending:
+            return
+        steps, batch_size = self._pending.popleft()
+        if batch_size != len(correct_drafts):
+            self._pending.clear()  # out of step (a round not seen here): match afresh from the next launch
+            return
+        if steps == 0 or not correct_drafts:
+            return
+        # A round with fewer drafts than the verify width can accept stale columns past them: cap.
+        accepted = [min(max(a, 0), steps) for a in correct_drafts]
+        per_pos = [sum(a > j for a in accepted) for j in range(steps)]
+        self.drafts += len(accepted)
+        self.draft_tokens += steps * len(accepted)
+        self.accepted_tokens += sum(accepted)
+        for j, n in enumerate(per_pos):
+            self.accepted_per_pos[j] += n
+        if self.sink is not None:
+            self.sink.drafts_verified(len(accepted), steps * len(accepted), sum(accepted), per_pos)
+
+    def rounds_timed(self, samples: Iterable[RoundSample]) -> None:
+        for s in samples:
+            self.timed_rounds += 1
+            self.draft_ms_total += s.draft_ms
+            self.verify_ms_total += s.rest_ms
+            if self.sink is not None:
+                self.sink.round_timed(s.draft_ms / 1e3, s.rest_ms / 1e3)
+
+    def phases_timed(self, report: PhaseReport) -> None:
+        self.last_phase_ms = dict(report.ms)
+        if self.sink is not None:
+            self.sink.phases_timed({p: ms / 1e3 for p, ms in report.ms.items()})
+
+    def summary(self) -> dict[str, Any]:
+        rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+        timed = self.timed_rounds
+        return {
+            "rounds_by_steps": {str(k): n for k, n in sorted(self.rounds_by_steps.items())},
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accepted_per_position": list(self.accepted_per_pos),
+            "acceptance_rate": rate,
+            "mean_draft_ms": self.draft_ms_total / timed if timed else None,
+            "mean_verify_ms": self.verify_ms_total / timed if timed else None,
+            "last_phase_ms": dict(self.last_phase_ms),
+        }

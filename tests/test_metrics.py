@@ -176,12 +176,20 @@ def test_metrics_reach_prometheus_on_gpu(tmp_path):
                 "sampling_params": {"max_new_tokens": 256, "temperature": temperature},
             }
             http_json(srv.base_url + "/generate", body, timeout=120)
+        import time
         import urllib.request
 
-        with urllib.request.urlopen(srv.base_url + "/metrics", timeout=30) as r:
-            text = r.read().decode()
-        info = http_json(srv.base_url + "/server_info", timeout=30)
-    got = _samples(text)
+        # The last round's accept counts reach the worker after its request has answered (the overlap
+        # scheduler processes a round's result one step later): read both ends until they settle.
+        for _ in range(20):
+            with urllib.request.urlopen(srv.base_url + "/metrics", timeout=30) as r:
+                text = r.read().decode()
+            info = http_json(srv.base_url + "/server_info", timeout=30)
+            got = _samples(text)
+            pillar = info["internal_states"][0]["pillar"]["metrics"]
+            if pillar["drafts"] == _value(got, "sglang:pillar_num_drafts_total"):
+                break
+            time.sleep(0.5)
     drafts = _value(got, "sglang:pillar_num_drafts_total")
     tokens = _value(got, "sglang:pillar_num_draft_tokens_total")
     accepted = _value(got, "sglang:pillar_num_accepted_tokens_total")
@@ -190,5 +198,4 @@ def test_metrics_reach_prometheus_on_gpu(tmp_path):
     assert sum(per_pos) == accepted and per_pos == sorted(per_pos, reverse=True)
     assert _value(got, "sglang:pillar_rounds_total") > 0
     assert _value(got, "sglang:spec_accept_length") > 1.0 and 0.0 < _value(got, "sglang:spec_accept_rate") <= 1.0
-    pillar = info["internal_states"][0]["pillar"]["metrics"]
     assert (pillar["drafts"], pillar["accepted_tokens"]) == (drafts, accepted)

@@ -50,7 +50,7 @@ from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.spec.adaptive import RoundClock, SpeculationPolicy
 from sglang_sparsespec.spec.rejection import DraftRecord
-from sglang_sparsespec.spec.timing import RoundTimer, format_report
+from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
 
 from .draft_runner import PillarDraftRunner
 from .triton_verify import VerifyHooks, attach_verify
@@ -85,7 +85,7 @@ class PillarWorker(BaseSpecWorker):
         self.state: PlanState | None = None
         self.selector: Selector | None = None
         self.draft_runner: PillarDraftRunner | None = None
-        self.timer: RoundTimer | None = None
+        self.timer: RoundTimer | NoTimer = NoTimer()
         self.plain: PlainState | None = None
         self.policy: SpeculationPolicy | None = None
         self.clock: RoundClock | None = None
@@ -212,8 +212,7 @@ class PillarWorker(BaseSpecWorker):
         return self._decode_round(batch, on_publish, grammar_barrier)
 
     def _prefill(self, batch, on_publish):
-        if self.timer is not None:
-            self.timer.interrupt()
+        self.timer.interrupt()
         if self.clock is not None:
             self.clock.interrupt()
         result = self._target_worker.forward_batch_generation(batch)
@@ -263,13 +262,11 @@ class PillarWorker(BaseSpecWorker):
         draft_input = batch.spec_info
         bs = batch.seq_lens.shape[0]
         verify_lens = batch.seq_lens
-        if self.timer is not None:
-            self.timer.start(bs)
+        self.timer.start(bs)
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps
         )
-        if self.timer is not None:
-            self.timer.mark("draft")
+        self.timer.mark("draft")
         if self.clock is not None:
             self.clock.drafted()
         batch.spec_info = build_eagle_verify_input(
@@ -286,16 +283,13 @@ class PillarWorker(BaseSpecWorker):
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,
         )
-        on_logits = None if self.timer is None else (lambda: self.timer.mark("verify"))
-        attach_round(batch.spec_info, PillarRound(drafts.record, on_logits))
+        attach_round(batch.spec_info, PillarRound(drafts.record, self.timer.verify_callback))
         result = self._verify(batch, grammar_barrier, self.speculative_num_steps)
-        if self.timer is not None:
-            self.timer.mark("accept")
+        self.timer.mark("accept")
         # Before on_publish: publishing lets the schedule stream start preparing the next
         # batch, and the selection must read this round's seq_lens before anything reuses them.
         self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens)
-        if self.timer is not None:
-            self.timer.mark("select")
+        self.timer.mark("select")
         if self.clock is not None:
             self.clock.end()
         if on_publish is not None:
@@ -306,8 +300,7 @@ class PillarWorker(BaseSpecWorker):
     def _plain_round(self, batch, on_publish, grammar_barrier):
         """One token per request from the target's full forward (no drafts, plans unchanged: their
         recent tail grows by the new token)."""
-        if self.timer is not None:
-            self.timer.interrupt()
+        self.timer.interrupt()
         mr = self.model_runner
         saved = mr.attn_backend, mr.decode_cuda_graph_runner
         mr.attn_backend, mr.decode_cuda_graph_runner = self.plain.attn_backend, self.plain.graph_runner

@@ -6,6 +6,7 @@ import pytest
 
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.spec.timing import (
+    NoTimer,
     PhaseReport,
     RoundTimer,
     format_report,
@@ -45,7 +46,8 @@ def test_round_timer_means_per_phase_and_syncs_once_per_interval():
         timer.start(bs)
         for phase, dt in zip(("draft", "verify", "accept", "select"), phases):
             clock.now += dt
-            timer.mark(phase)
+            # The sampling hook ends the verify phase through the callback, as in the worker.
+            timer.verify_callback() if phase == "verify" else timer.mark(phase)
     assert clock.synced == 1 and len(reports) == 1  # the third round waits for the next interval
     # The first round follows no decode round, so the gap mean is the second round's alone.
     ms = {"draft": 4.0, "verify": 3.0, "accept": 0.5, "select": 1.0, "gap": 0.3}
@@ -70,3 +72,12 @@ def test_report_line_round_trip_and_config_knob():
         PillarConfig.from_env(8, {"SPARSESPEC_STEP_TIMING": "-1"})
     with pytest.raises(ValueError, match=">= 1 round"):
         RoundTimer(0, FakeClock().event, print)
+
+
+def test_no_timer_takes_the_same_calls_and_records_nothing():
+    timer = NoTimer()
+    timer.start(4)
+    for phase in ("accept", "draft"):  # any order: it checks nothing
+        timer.mark(phase)
+    timer.interrupt()
+    assert timer.verify_callback is None and not vars(timer)

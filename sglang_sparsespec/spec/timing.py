@@ -14,6 +14,7 @@ testable without a GPU.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,8 +43,27 @@ class PhaseReport:
     ms: dict[str, float]
 
 
+class NoTimer:
+    """The phase timer when step timing is off: the worker calls it as it calls ``RoundTimer``, and
+    it records nothing, holds no events and costs no branch in the serving path."""
+
+    verify_callback: Callable[[], None] | None = None
+
+    def start(self, batch_size: int) -> None:
+        pass
+
+    def interrupt(self) -> None:
+        pass
+
+    def mark(self, phase: str) -> None:
+        pass
+
+
 @dataclass
 class RoundTimer:
+    """CUDA events at each phase boundary of a round; every ``every`` rounds one host sync reads them
+    and ``report`` gets the means. ``verify_callback`` marks the verify's end from the sampling hook."""
+
     every: int
     make_event: Callable[[], Event]
     report: Callable[[PhaseReport], None]
@@ -56,6 +76,7 @@ class RoundTimer:
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ValueError(f"timing interval must be >= 1 round, got {self.every}")
+        self.verify_callback: Callable[[], None] | None = functools.partial(self.mark, "verify")
 
     def start(self, batch_size: int) -> None:
         self._open, self._bs = [self._event()], batch_size

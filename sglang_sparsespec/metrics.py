@@ -20,12 +20,12 @@ Prometheus one.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sglang_sparsespec.spec.adaptive import RoundSample
+from sglang_sparsespec.spec.adaptive import LaunchedRounds, RoundSample
 from sglang_sparsespec.spec.timing import PhaseReport
 
 
@@ -57,7 +57,7 @@ class PillarMetrics:
     draft_ms_total: float = 0.0
     verify_ms_total: float = 0.0
     last_phase_ms: dict[str, float] = field(default_factory=dict)
-    _pending: deque[tuple[int, int]] = field(default_factory=deque)
+    _rounds: LaunchedRounds = field(default_factory=LaunchedRounds)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -70,21 +70,15 @@ class PillarMetrics:
         if batch_size == 0:
             return  # an idle batch: SGLang reports no accept counts for it
         self.rounds_by_steps[steps] += 1
-        self._pending.append((steps, batch_size))
+        self._rounds.launched(steps, batch_size)
         if self.sink is not None:
             self.sink.round_started(steps)
 
     def completed(self, correct_drafts: Sequence[int]) -> None:
-        if not self._pending:
+        matched = self._rounds.completed(correct_drafts)
+        if matched is None:
             return
-        steps, batch_size = self._pending.popleft()
-        if batch_size != len(correct_drafts):
-            self._pending.clear()  # out of step (a round not seen here): match afresh from the next launch
-            return
-        if steps == 0 or not correct_drafts:
-            return
-        # A round with fewer drafts than the verify width can accept stale columns past them: cap.
-        accepted = [min(max(a, 0), steps) for a in correct_drafts]
+        steps, accepted = matched
         per_pos = [sum(a > j for a in accepted) for j in range(steps)]
         self.drafts += len(accepted)
         self.draft_tokens += steps * len(accepted)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,13 +47,40 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+class LaunchedRounds:
+    """Decode rounds in launch order, matched with the accept counts SGLang copies to the host for
+    them (``on_verify_complete_cpu``: in launch order, one or two rounds late under the overlap
+    scheduler). Idle rounds (batch size 0) are not queued. A batch-size mismatch means a round went
+    by unseen: the queue is dropped and matching starts afresh with the next launch."""
+
+    def __init__(self) -> None:
+        self._pending: deque[tuple[int, int]] = deque()
+
+    def launched(self, k: int, batch_size: int) -> None:
+        if batch_size > 0:
+            self._pending.append((k, batch_size))
+
+    def completed(self, accepted: Sequence[int]) -> tuple[int, list[int]] | None:
+        """(k, each request's accepted drafts capped at k) of the oldest launched round; None when
+        nothing is pending, the sizes disagree, or the round had no drafts. The cap: a greedy verify
+        may match stale columns past the k drafted ones."""
+        if not self._pending:
+            return None
+        k, bs = self._pending.popleft()
+        if bs != len(accepted):
+            self._pending.clear()
+            return None
+        if k == 0:
+            return None
+        return k, [min(max(a, 0), k) for a in accepted]
+
+
 class AcceptanceTracker:
     """Per-draft acceptance probability ``alpha``, an EMA over recent speculative rounds.
 
     One round with k drafts and per-request accepted counts a_i contributes the truncated-geometric
-    estimate sum(a_i) / (sum(a_i) + #{a_i < k}). Rounds are reported in launch order (``launched``)
-    and completed in the same order (``completed``, from SGLang's host copy of the accept counts,
-    one or two rounds later under the overlap scheduler); a batch-size mismatch resynchronises.
+    estimate sum(a_i) / (sum(a_i) + #{a_i < k}). Rounds are matched with their counts by
+    ``LaunchedRounds`` (``launched``, then ``completed`` with SGLang's host copy of the counts).
     """
 
     def __init__(self, decay: float = 0.8, prior: float = 0.7):
@@ -61,23 +88,18 @@ class AcceptanceTracker:
             raise ValueError("decay must be in [0, 1) and prior in (0, 1)")
         self.decay = decay
         self.alpha = prior
-        self._pending: deque[tuple[int, int]] = deque()
+        self._rounds = LaunchedRounds()
 
     def launched(self, k: int, batch_size: int) -> None:
-        self._pending.append((k, batch_size))
+        self._rounds.launched(k, batch_size)
 
-    def completed(self, accepted: list[int]) -> None:
-        if not self._pending:
+    def completed(self, accepted: Sequence[int]) -> None:
+        matched = self._rounds.completed(accepted)
+        if matched is None:
             return
-        k, bs = self._pending.popleft()
-        if bs != len(accepted):
-            self._pending.clear()  # out of step (a round we did not see): start matching afresh
-            return
-        if k == 0 or not accepted:
-            return
-        # A greedy verify may accept stale tokens past the k drafted ones; count those as a pass.
-        hits = sum(min(a, k) for a in accepted)
-        misses = sum(1 for a in accepted if a < k)
+        k, capped = matched
+        hits = sum(capped)
+        misses = sum(1 for a in capped if a < k)
         if hits + misses == 0:
             return
         self.alpha = self.decay * self.alpha + (1.0 - self.decay) * hits / (hits + misses)

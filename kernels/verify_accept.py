@@ -51,7 +51,7 @@ def _softmax_t_kernel(Logits, Temperature, Probs, vocab, stride_l, stride_p, rep
 def softmax_t_fwd(logits: torch.Tensor, temperature: torch.Tensor, repeats: int = 1) -> torch.Tensor:
     """[n, V] float32 softmax(logits / T) where row i uses temperature[i // repeats] (T > 0)."""
     n, vocab = logits.shape
-    if logits.stride(-1) != 1 or temperature.shape != (n // max(repeats, 1),) or n % max(repeats, 1):
+    if repeats < 1 or n % repeats or temperature.shape != (n // repeats,) or logits.stride(-1) != 1:
         raise ValueError(f"logits [n, V] contiguous rows and temperature [n / repeats], got {tuple(logits.shape)}, "
                          f"{tuple(temperature.shape)}, repeats {repeats}")  # fmt: skip
     probs = torch.empty((n, vocab), dtype=torch.float32, device=logits.device)

@@ -53,6 +53,7 @@ from sglang_sparsespec.spec.rejection import DraftRecord
 from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
 
 from .draft_runner import PillarDraftRunner
+from .sampler_warmup import build_sampling_kernels
 from .triton_verify import VerifyHooks, attach_verify
 from .verify_sample import PillarRound, attach_round
 
@@ -100,6 +101,9 @@ class PillarWorker(BaseSpecWorker):
                 self._phase_report,
             )
         logger.info("PILLAR config: %s", self.cfg)
+        build_sampling_kernels(
+            server_args.sampling_backend, self.model_runner.model_config.vocab_size, self.device
+        )
 
     def _phase_report(self, report) -> None:
         logger.info(format_report(report))

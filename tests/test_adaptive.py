@@ -123,7 +123,12 @@ def test_policy_reprobes_the_unused_mode_and_counts_paths():
     _feed(policy, key, plain=20.0, step=2.0, verify=20.0)
     picks = [policy.choose(256, 7000)[0] for _ in range(30)]
     assert picks.count(0) in (2, 3) and picks.count(8) >= 27
-    assert policy.summary()["rounds_by_k"] == {"0": 1 + picks.count(0), "8": 1 + picks.count(8)}
+    summary = policy.summary()
+    assert summary["rounds_by_k"] == {"0": 1 + picks.count(0), "8": 1 + picks.count(8)}
+    # The cell's measured costs, keyed by batch bucket x context (7000 tokens: the 2^13 half-octave).
+    cell = summary["cells"]["256x8192"]
+    assert cell["rounds"] == 32
+    assert (cell["plain"], cell["draft_step"], cell["verify"]) == pytest.approx((20.0, 2.0, 20.0))
 
 
 def test_policy_hysteresis_keeps_a_near_tie():

@@ -415,3 +415,17 @@ def test_stock_sampler_is_the_verify_target(top_p):
         stat, df = _chi2(counts, want.cpu() * draws)
         assert counts[~support].sum() == 0
         assert _p_value(stat, df) > 1e-4, (row, stat, df)
+
+
+def test_sampler_warmup_calls_each_flashinfer_entry_as_sglang_does():
+    from sglang_sparsespec.patches.sampler_warmup import TOP_K_ALL, build_sampling_kernels, warm_sampling
+
+    calls = []
+    warm_sampling(lambda *a, **kw: calls.append(("top_k_top_p", a, kw)), lambda *a: calls.append(("min_p", a, {})), 7, "cpu")
+    (name1, (probs, top_ks, top_ps), kw), (name2, (probs2, min_ps), _) = calls
+    assert (name1, name2, kw) == ("top_k_top_p", "min_p", {"filter_apply_order": "joint"})
+    assert probs.shape == (1, 7) and probs.dtype == torch.float32 and float(probs.sum()) == pytest.approx(1.0)
+    assert top_ks.dtype == torch.int32 and int(top_ks) == TOP_K_ALL and top_ps.dtype == min_ps.dtype == torch.float32
+    # Another backend (or no GPU) builds nothing and imports nothing of SGLang's sampler.
+    build_sampling_kernels("pytorch", 7, "cpu")
+    build_sampling_kernels("flashinfer", 7, "cpu")

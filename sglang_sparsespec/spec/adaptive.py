@@ -307,5 +307,17 @@ class SpeculationPolicy:
         return best
 
     def summary(self) -> dict[str, Any]:
-        """Path counts and the acceptance estimate (for the log line and /server_info)."""
-        return {"rounds_by_k": {str(k): self.counts[k] for k in self.candidates}, "alpha": round(self.acceptance.alpha, 4)}
+        """Path counts, the acceptance estimate and the measured cost of every cell that ran, as
+        ``"<batch bucket>x<context ~tokens>"`` -> ms (for the log line and /server_info)."""
+        return {
+            "rounds_by_k": {str(k): self.counts[k] for k in self.candidates},
+            "alpha": round(self.acceptance.alpha, 4),
+            "cells": {
+                f"{bs}x{round(2 ** (ctx / 2))}": {
+                    "rounds": c.rounds,
+                    **{n: round(e.value, 3) for n, e in vars(c).items() if isinstance(e, _Ema) and e.value is not None},
+                }
+                for (bs, ctx), c in sorted(self.table.cells.items())
+                if c.rounds
+            },
+        }

@@ -88,8 +88,10 @@ class Outcome:
 def plan_load(prompts: Sequence[Sequence[int]], n: int, aborts: int, max_new: int, seed: int) -> list[LoadRequest]:
     """``n`` requests; ``aborts`` of them (chosen at random) are dropped by the client.
 
-    A planned abort asks for >= 1000 tokens so that it is still generating when the client leaves:
-    a streamed one closes after 1-4 events, a non-streamed one times out after 0.3-2 s.
+    A planned abort asks for ``max_new`` tokens so that it is still generating when the client
+    leaves: a streamed one closes after 1-4 events, a non-streamed one times out after 0.2-1 s (the
+    H100 run of 798cdd4 finished 50 of 200 planned aborts that asked for 1000 tokens within a
+    0.3-2 s timeout).
     """
     if not 0 <= aborts <= n:
         raise ValueError(f"aborts must be in [0, {n}], got {aborts}")
@@ -102,8 +104,8 @@ def plan_load(prompts: Sequence[Sequence[int]], n: int, aborts: int, max_new: in
         stream = rng.random() < 0.4
         abort = None
         if i in dropped:
-            abort = float(rng.randint(1, 4)) if stream else rng.uniform(0.3, 2.0)
-            new = max(new, min(1000, max_new))
+            abort = float(rng.randint(1, 4)) if stream else rng.uniform(0.2, 1.0)
+            new = max_new
         plan.append(LoadRequest(ids, new, rng.choice([0.0, 0.6, 1.0]), rng.choice([1.0, 0.95, 0.8]), stream, abort))
     return plan
 

@@ -26,9 +26,10 @@ def create_offloader(result, scheduler, *args, **kwargs):
 
         if (reason := offload_refusal(scheduler.server_args)) is not None:
             raise ValueError(reason)
-        mover = CudaKVMover(
-            scheduler.token_to_kv_pool_allocator.get_kvcache(), gb, lambda: getattr(scheduler, "forward_stream", None)
-        )
+        # The scheduler takes its own token_to_kv_pool_allocator reference only after this hook
+        # (Scheduler.__init__, from build_kv_cache's result); the model runner holds it already.
+        allocator = scheduler.tp_worker.model_runner.token_to_kv_pool_allocator
+        mover = CudaKVMover(allocator.get_kvcache(), gb, lambda: getattr(scheduler, "forward_stream", None))
         reserve = 1 if scheduler.spec_algorithm.is_none() else get_alloc_reserve_per_decode()
         scheduler.pillar_offload = offload._ACTIVE = offload.KVOffloader(scheduler, mover, reserve)
     return result

@@ -218,3 +218,20 @@ def test_abort_of_parked_and_in_flight_requests(world, monkeypatch):
     w.off.ledger.park("near", 4, 10, slots, host, w.mover.to_host(slots, host))
     w.off.release_parked(w.original_release, near, "tree", False)
     assert w.mover.fences[-1].done and w.allocator.available_size() == 16 and w.off.ledger.host_free() == 64
+
+
+def test_offloader_takes_the_pool_from_the_model_runner_when_the_pools_exist(monkeypatch):
+    # Scheduler.init_memory_pools (the hook point) runs before Scheduler.__init__ copies the
+    # allocator onto the scheduler: the 2026-11-25 H100 run failed on scheduler.token_to_kv_pool_allocator.
+    from sglang_sparsespec.patches import offload_hooks
+
+    built = []
+    monkeypatch.setattr(offload_hooks, "offload_host_gb", lambda: 2.0)
+    monkeypatch.setattr(offload_hooks, "offload_refusal", lambda server_args: None)
+    monkeypatch.setattr(offload_hooks, "CudaKVMover", lambda pool, gb, stream_of: built.append((pool, gb)) or Mover(8, 8))
+    monkeypatch.setattr(offload, "_ACTIVE", None)
+    allocator = SimpleNamespace(get_kvcache=lambda: "device-kv-pool")
+    sched = SimpleNamespace(server_args=None, spec_algorithm=SimpleNamespace(is_none=lambda: True),
+                            tp_worker=SimpleNamespace(model_runner=SimpleNamespace(token_to_kv_pool_allocator=allocator)))  # fmt: skip
+    assert offload_hooks.create_offloader("result", sched) == "result"
+    assert built == [("device-kv-pool", 2.0)] and sched.pillar_offload is offload._ACTIVE

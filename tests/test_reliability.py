@@ -188,7 +188,8 @@ def test_plan_load_mixes_lengths_settings_and_aborts():
     dropped = [r for r in plan if r.abort_after is not None]
     assert len(dropped) == 80 and all(r.max_new_tokens >= 1000 for r in dropped)
     assert all(1 <= r.abort_after <= 4 for r in dropped if r.stream)
-    assert all(0.3 <= r.abort_after <= 2.0 for r in dropped if not r.stream)
+    assert all(0.2 <= r.abort_after <= 1.0 for r in dropped if not r.stream)
+    assert all(r.max_new_tokens == 3000 for r in dropped)
     kept = [r.max_new_tokens for r in plan if r.abort_after is None]
     assert min(kept) < 30 and max(kept) > 1500 and all(8 <= n <= 3000 for n in kept)
     assert 0.3 < sum(r.stream for r in plan) / len(plan) < 0.5

@@ -422,7 +422,7 @@ def test_sampler_warmup_calls_each_flashinfer_entry_as_sglang_does():
 
     calls = []
     warm_sampling(lambda *a, **kw: calls.append(("top_k_top_p", a, kw)), lambda *a: calls.append(("min_p", a, {})), 7, "cpu")
-    (name1, (probs, top_ks, top_ps), kw), (name2, (probs2, min_ps), _) = calls
+    (name1, (probs, top_ks, top_ps), kw), (name2, (_, min_ps), _) = calls
     assert (name1, name2, kw) == ("top_k_top_p", "min_p", {"filter_apply_order": "joint"})
     assert probs.shape == (1, 7) and probs.dtype == torch.float32 and float(probs.sum()) == pytest.approx(1.0)
     assert top_ks.dtype == torch.int32 and int(top_ks) == TOP_K_ALL and top_ps.dtype == min_ps.dtype == torch.float32

@@ -77,6 +77,9 @@ def _sparse_decode_stage1(
     sel_base = Sel_pos + sel_row * stride_sb + cur_kv_head * stride_sh
     cnt = tl.minimum(tl.maximum(tl.load(Sel_cnt + sel_row).to(tl.int32), 0), KMAX)
     tail_start = tl.load(Tail_start + cur_b).to(tl.int32)
+    # Selections are kept only below tail_start: with the tail at 0 (a request drafting densely)
+    # none is, so skip the loop over them.
+    cnt = tl.where(tail_start > 0, cnt, 0)
     seq_len = tl.load(Seq_lens + cur_b).to(tl.int32)
     total = cnt + tl.maximum(seq_len - tail_start, 0)
 

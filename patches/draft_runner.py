@@ -67,6 +67,8 @@ class PillarDraftRunner:
             self.top_p = torch.ones(max_bs, dtype=torch.float32)
             self.top_k = torch.ones(max_bs, dtype=torch.int32)
             self.min_p = torch.zeros(max_bs, dtype=torch.float32)
+            # 1 = attend the plan, 0 = attend the whole prefix (dense drafting, spec/dense.py).
+            self.sparse = torch.ones(max_bs, dtype=torch.int32)
             self.inputs = DraftStepInputs(
                 req_pool_indices=self.req_pool_indices,
                 tail_start=torch.zeros(max_bs, dtype=torch.int32),
@@ -133,7 +135,8 @@ class PillarDraftRunner:
         req_to_token = self.mr.req_to_token_pool.req_to_token
         rpi = self.req_pool_indices[:bs]
         lens = self.seq_lens[:bs]
-        self.inputs.tail_start[:bs] = self.state.tail_start[rpi]
+        # A dense row's tail starts at 0: its draft attention reads the whole prefix.
+        self.inputs.tail_start[:bs] = self.state.tail_start[rpi] * self.sparse[:bs]
         if self.backend.oracle:  # only the oracle reads the counts in batch order
             self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
         fb = self._forward_batch(bs)
@@ -196,10 +199,12 @@ class PillarDraftRunner:
         self.top_p[start:end] = 1.0
         self.top_k[start:end] = 1
         self.min_p[start:end] = 0.0
+        self.sparse[start:end] = 1
 
-    def run(self, req_pool_indices, seq_lens, bonus, sampling_info, steps: int) -> DraftOutput:
+    def run(self, req_pool_indices, seq_lens, bonus, sampling_info, steps: int, dense=None) -> DraftOutput:
         """Draft ``steps`` (one of ``step_counts``) tokens for a decode batch; no host synchronisation.
-        The output has k columns; those past ``steps`` are stale."""
+        The output has k columns; those past ``steps`` are stale. ``dense``: [bs] int32 on the
+        device, 1 where the request drafts over its whole prefix (None: every request uses its plan)."""
         if steps not in self.step_counts:
             raise ValueError(f"draft count {steps} not among the captured {self.step_counts}")
         bs = req_pool_indices.shape[0]
@@ -213,6 +218,10 @@ class PillarDraftRunner:
         self.temperature[:bs] = sampling_info.temperatures.view(-1)
         self.top_p[:bs] = sampling_info.top_ps
         self.top_k[:bs] = sampling_info.top_ks
+        if dense is None:
+            self.sparse[:bs] = 1
+        else:
+            torch.sub(1, dense, out=self.sparse[:bs])
         if sampling_info.min_ps is not None:
             self.min_p[:bs] = sampling_info.min_ps
         else:

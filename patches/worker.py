@@ -49,6 +49,7 @@ from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.spec.adaptive import RoundClock, SpeculationPolicy
+from sglang_sparsespec.spec.dense import DenseChooser, plan_dense
 from sglang_sparsespec.spec.rejection import DraftRecord
 from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
 
@@ -90,6 +91,7 @@ class PillarWorker(BaseSpecWorker):
         self.plain: PlainState | None = None
         self.policy: SpeculationPolicy | None = None
         self.clock: RoundClock | None = None
+        self.dense: DenseChooser | None = None  # with the policy: which requests draft densely
         self.metrics = PillarMetrics(self.cfg.num_steps)  # issue 22: /server_info, Prometheus (patches/metrics.py)
         if self.cfg.adaptive:
             self.policy = SpeculationPolicy(self.cfg.step_candidates)
@@ -153,6 +155,9 @@ class PillarWorker(BaseSpecWorker):
         # TARGET_VERIFY graph.
         attach_verify(backend, VerifyHooks(sink, split_kernel=self.cfg.verify_kernel is VerifyKernel.SPLIT))
         self.selector = make_selector(self.cfg, self.state, sink)
+        if self.policy is not None:
+            kv_bytes = mc.num_hidden_layers * backend.num_kv_head * mc.head_dim * 2
+            self.dense = DenseChooser(self.cfg.budget, kv_bytes * self.model_runner.kv_cache_dtype.itemsize)
 
     def _capture_bs(self) -> list[int]:
         from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
@@ -228,38 +233,43 @@ class PillarWorker(BaseSpecWorker):
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
         return result
 
-    def _choose_steps(self, batch) -> int:
-        """This round's draft count (host-side only: sizes and the accept counts SGLang already
-        copied to the host)."""
+    def _choose_steps(self, batch) -> tuple[int, list[bool] | None]:
+        """This round's draft count and which requests draft densely (host-side only: sizes and the
+        accept counts SGLang already copied to the host)."""
         if self.policy is None or batch.forward_mode.is_idle():
-            return self.cfg.num_steps
+            return self.cfg.num_steps, None
         samples = self.clock.poll()
         self.policy.observe(samples)
         self.metrics.rounds_timed(samples)
         reqs = batch.reqs
-        steps, key = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1))
+        view = self.dense.view(reqs, self.policy.acceptance.alpha)
+        steps, key = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1), view)
+        round_ms = self.policy.round_ms(key, steps) if steps else None
+        dense = plan_dense(view, steps, round_ms).dense if round_ms is not None else None
         self.policy.acceptance.launched(steps, len(reqs))
+        self.dense.launched(reqs, steps, dense)
         self.clock.start(key, steps)
         rounds = sum(self.policy.counts.values())
         if rounds % PATH_LOG_EVERY == 0:
-            logger.info("PILLAR adaptive: %s", self.policy.summary())
-        return steps
+            logger.info("PILLAR adaptive: %s", self.summary())
+        return steps, (dense if dense is not None and any(dense) else None)
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
         # SGLang calls this with each decode round's accept counts once they are on the host.
         if self.policy is not None:
             self.policy.acceptance.completed(num_correct_drafts_per_req)
+            self.dense.completed(num_correct_drafts_per_req)
         self.metrics.completed(num_correct_drafts_per_req)
 
     def summary(self) -> dict[str, Any]:
         """PILLAR's live numbers for /server_info."""
         out: dict[str, Any] = {"step_candidates": list(self.cfg.step_candidates)}
         if self.policy is not None:
-            out.update(self.policy.summary())
+            out.update(self.policy.summary(), dense_request_rounds=self.dense.dense_request_rounds)
         return out
 
     def _decode_round(self, batch, on_publish, grammar_barrier):
-        steps = self._choose_steps(batch)
+        steps, dense = self._choose_steps(batch)
         self.metrics.launched(steps, len(batch.reqs))
         if steps == 0:
             return self._plain_round(batch, on_publish, grammar_barrier)
@@ -267,8 +277,11 @@ class PillarWorker(BaseSpecWorker):
         bs = batch.seq_lens.shape[0]
         verify_lens = batch.seq_lens
         self.timer.start(bs)
+        if dense is not None:
+            # Pinned, so the copy is asynchronous; the caching host allocator keeps the block until it is done.
+            dense = torch.tensor(dense, dtype=torch.int32, pin_memory=True).to(self.device, non_blocking=True)
         drafts = self.draft_runner.run(
-            batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps
+            batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
         self.timer.mark("draft")
         if self.clock is not None:

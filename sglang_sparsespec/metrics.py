@@ -25,7 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sglang_sparsespec.spec.adaptive import LaunchedRounds, RoundSample
+from sglang_sparsespec.spec.adaptive import RoundSample
+from sglang_sparsespec.spec.rounds import LaunchedRounds
 from sglang_sparsespec.spec.timing import PhaseReport
 
 
@@ -78,7 +79,7 @@ class PillarMetrics:
         matched = self._rounds.completed(correct_drafts)
         if matched is None:
             return
-        steps, accepted = matched
+        steps, accepted, _ = matched
         per_pos = [sum(a > j for a in accepted) for j in range(steps)]
         self.drafts += len(accepted)
         self.draft_tokens += steps * len(accepted)

@@ -269,6 +269,25 @@ def test_sparse_decode_ragged(group):
     torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
+def test_sparse_decode_dense_row_is_full_attention():
+    """tail_start = 0 (a request drafting densely): its selections are ignored, whatever the count,
+    and the output is plain attention over the whole prefix."""
+    torch.manual_seed(45)
+    group, h_kv = 3, 2
+    case = _make_decode_case(group, [(120, 0, 20, 20), (64, 40, 10, 0)], kmax=24, h_kv=h_kv)
+    o = torch.full_like(case["q"], float("nan"))
+    sparse_decode_fwd(o=o, num_kv_splits=2, **case)
+    slots = case["req_to_token"][case["req_pool_indices"][0], :120].long()
+    k, v = case["k_buffer"][slots].float(), case["v_buffer"][slots].float()  # [120, H_kv, D]
+    q = case["q"][0].float().view(h_kv, group, D)
+    p = torch.softmax(torch.einsum("hgd,nhd->hgn", q, k) * case["sm_scale"], dim=-1)
+    full = torch.einsum("hgn,nhd->hgd", p, v).reshape(h_kv * group, D)
+    torch.testing.assert_close(o[0].float(), full, rtol=2e-2, atol=2e-2)
+    expected = torch.full_like(o, float("nan"))
+    sparse_decode_ref(o=expected, **case)
+    torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_sparse_decode_softcap_default_rows_and_splits():
     torch.manual_seed(50)
     case = _make_decode_case(2, [(70, 60, 16, 0), (9, 4, 4, 0)], kmax=16)

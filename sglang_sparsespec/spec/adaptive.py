@@ -29,6 +29,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .dense import BatchView, expected_tokens, plan_dense
+from .rounds import LaunchedRounds
+
 
 class Event(Protocol):
     def record(self) -> None: ...
@@ -36,43 +39,6 @@ class Event(Protocol):
     def query(self) -> bool: ...
 
     def elapsed_time(self, end: Any) -> float: ...
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens one request emits in a round of k drafts: sum_{j=0..k} alpha^j (the bonus included)."""
-    if k == 0:
-        return 1.0
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-class LaunchedRounds:
-    """Decode rounds in launch order, matched with the accept counts SGLang copies to the host for
-    them (``on_verify_complete_cpu``: in launch order, one or two rounds late under the overlap
-    scheduler). Idle rounds (batch size 0) are not queued. A batch-size mismatch means a round went
-    by unseen: the queue is dropped and matching starts afresh with the next launch."""
-
-    def __init__(self) -> None:
-        self._pending: deque[tuple[int, int]] = deque()
-
-    def launched(self, k: int, batch_size: int) -> None:
-        if batch_size > 0:
-            self._pending.append((k, batch_size))
-
-    def completed(self, accepted: Sequence[int]) -> tuple[int, list[int]] | None:
-        """(k, each request's accepted drafts capped at k) of the oldest launched round; None when
-        nothing is pending, the sizes disagree, or the round had no drafts. The cap: a greedy verify
-        may match stale columns past the k drafted ones."""
-        if not self._pending:
-            return None
-        k, bs = self._pending.popleft()
-        if bs != len(accepted):
-            self._pending.clear()
-            return None
-        if k == 0:
-            return None
-        return k, [min(max(a, 0), k) for a in accepted]
 
 
 class AcceptanceTracker:
@@ -97,7 +63,7 @@ class AcceptanceTracker:
         matched = self._rounds.completed(accepted)
         if matched is None:
             return
-        k, capped = matched
+        k, capped, _ = matched
         hits = sum(capped)
         misses = sum(1 for a in capped if a < k)
         if hits + misses == 0:
@@ -258,27 +224,43 @@ class SpeculationPolicy:
             if s.gap_ms is not None:
                 c.gap.add(s.gap_ms)
 
-    def rates(self, key: tuple[int, int]) -> dict[int, float]:
-        """Expected tokens per request per ms for every candidate the cell can price."""
+    def round_ms(self, key: tuple[int, int], k: int) -> float | None:
+        """The cell's measured cost of a round of k drafts (k = 0: plain), gap included; None if unpriced."""
         c = self.table.cell(key)
         gap = c.gap.value or 0.0
+        if k == 0:
+            return None if c.plain.value is None else c.plain.value + gap
+        if c.draft_step.value is None or c.verify.value is None:
+            return None
+        return k * c.draft_step.value + c.verify.value + gap
+
+    def rates(self, key: tuple[int, int], view: BatchView | None = None) -> dict[int, float]:
+        """Expected tokens per request per ms for every candidate the cell can price. With a
+        ``view``, each request's own acceptance and the best dense set count (``dense.plan_dense``);
+        without, the batch's acceptance."""
         out: dict[int, float] = {}
         for k in self.candidates:
+            ms = self.round_ms(key, k)
+            if ms is None:
+                continue
             if k == 0:
-                if c.plain.value is not None:
-                    out[k] = 1.0 / (c.plain.value + gap)
-            elif c.draft_step.value is not None and c.verify.value is not None:
-                cost = k * c.draft_step.value + c.verify.value + gap
-                out[k] = expected_tokens(self.acceptance.alpha, k) / cost
+                out[k] = 1.0 / ms
+            elif view is not None and len(view.alpha):
+                plan = plan_dense(view, k, ms)
+                out[k] = plan.tokens / len(view.alpha) / plan.ms
+            else:
+                out[k] = expected_tokens(self.acceptance.alpha, k) / ms
         return out
 
-    def choose(self, batch_size: int, mean_len: float) -> tuple[int, tuple[int, int]]:
+    def choose(
+        self, batch_size: int, mean_len: float, view: BatchView | None = None
+    ) -> tuple[int, tuple[int, int]]:
         """(k for this round, the cost cell it will be measured into)."""
         key = (batch_bucket(batch_size), context_bucket(mean_len))
         c = self.table.cell(key)
         c.rounds += 1
         probe = self._probe(c)
-        k = probe if probe is not None else self._best(key, c)
+        k = probe if probe is not None else self._best(key, c, view)
         # Any round with drafts measures the draft step and the verify, so it refreshes every k >= 1.
         c.last_probe[0 if k == 0 else self.k_max] = c.rounds
         self.counts[k] += 1
@@ -295,8 +277,8 @@ class SpeculationPolicy:
             return stalest
         return None
 
-    def _best(self, key: tuple[int, int], c: CostCell) -> int:
-        rates = self.rates(key)
+    def _best(self, key: tuple[int, int], c: CostCell, view: BatchView | None = None) -> int:
+        rates = self.rates(key, view)
         if not rates:
             return self.k_max
         best = max(rates, key=rates.__getitem__)

@@ -1,0 +1,179 @@
+"""Dense drafting for the requests their sparse plan serves badly.
+
+A request whose drafts are often rejected gains little from a PILLAR round: at per-draft
+acceptance a it emits E_k(a) tokens per round (``expected_tokens``), and a round of a full batch
+costs several stock decode steps, so such a request decodes *slower* than under stock SGLang. In a
+run with a fixed number of requests the batch ends with exactly those requests (H100, 256 x 7000,
+sampled-8f4fce1-7000: 61 s at a full batch, then 32 s of drain at accept 2-3), and the slowest
+request sets the makespan.
+
+The same draft step can attend to a request's whole prefix instead of its plan (the draft kernel
+reads positions [tail_start, seq_len) contiguously; tail_start = 0 makes it the full prefix). Its
+drafts then come from the target distribution itself, up to kernel numerics, so they are accepted
+with probability ~1 and the request emits ~k + 1 tokens per round. The verify stays exact either
+way: only the proposal changes. The price is the extra KV the draft steps read for that request:
+k x (L - budget) x bytes per position.
+
+Which requests draft densely is a fractional-knapsack choice per round: with the batch's expected
+tokens S and round time T, request i adds g_i = E_k(a_dense) - E_k(a_i) tokens for c_i = k x
+extra_ms_i; taking requests by decreasing g_i / c_i while g_i / c_i > S / T maximises S / T. At a
+full batch with long contexts the round is long and S / T high, so few requests qualify; as the batch
+drains the round shrinks and the low-acceptance requests switch.
+
+Per-request acceptance counts only the rounds the request drafted sparsely (dense rounds say
+nothing about its plan). Nothing here touches SGLang or the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from .rounds import LaunchedRounds
+
+# Effective bandwidth (GB/s) at which the draft kernel reads a dense prefix. Measured for the
+# split-KV attention kernels on the H100 (kernels_tune_h100.json: 2.54 TB/s at 256 x 7K); taken
+# lower so that the estimate errs towards keeping a request sparse.
+DENSE_READ_GBPS = 2000.0
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one request emits in a round of k drafts at per-draft acceptance ``alpha`` (geometric
+    model): sum_{j=0..k} alpha^j, the bonus token included."""
+    if k == 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class RequestAcceptance:
+    """One request's sparse-draft acceptance: decayed hits (accepted drafts) and misses (a
+    rejection before the k-th draft) of the rounds it drafted sparsely."""
+
+    __slots__ = ("hits", "misses")
+    DECAY = 0.8
+
+    def __init__(self) -> None:
+        self.hits = 0.0
+        self.misses = 0.0
+
+    def add(self, accepted: int, k: int) -> None:
+        self.hits = self.DECAY * self.hits + accepted
+        self.misses = self.DECAY * self.misses + (1.0 if accepted < k else 0.0)
+
+    def alpha(self, prior: float) -> float:
+        """The estimate with one pseudo-observation of ``prior`` (the batch's acceptance)."""
+        return (self.hits + prior) / (self.hits + self.misses + 1.0)
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """A decode batch as the speculation policy prices it.
+
+    alpha:       [bs] each request's per-draft acceptance under its sparse plan;
+    extra_ms:    [bs] what one draft step costs more when the request attends its whole prefix;
+    alpha_dense: per-draft acceptance of dense drafts (~1: they come from the target model).
+    """
+
+    alpha: Sequence[float]
+    extra_ms: Sequence[float]
+    alpha_dense: float
+
+    def __post_init__(self) -> None:
+        if len(self.alpha) != len(self.extra_ms):
+            raise ValueError(f"alpha has {len(self.alpha)} entries, extra_ms {len(self.extra_ms)}")
+
+
+@dataclass(frozen=True)
+class DensePlan:
+    """tokens: the batch's expected tokens; ms: the round's expected time; dense: [bs] which
+    requests draft over their whole prefix."""
+
+    tokens: float
+    ms: float
+    dense: list[bool]
+
+
+def plan_dense(view: BatchView, k: int, round_ms: float) -> DensePlan:
+    """The dense set maximising expected tokens per ms for a round of ``k`` drafts whose all-sparse
+    cost is ``round_ms`` (see the module docstring)."""
+    n = len(view.alpha)
+    sparse = [expected_tokens(a, k) for a in view.alpha]
+    e_dense = expected_tokens(view.alpha_dense, k)
+    tokens, ms = sum(sparse), round_ms
+    dense = [False] * n
+    if k == 0 or n == 0:
+        return DensePlan(tokens, ms, dense)
+
+    def ratio(i: int) -> float:
+        cost = k * view.extra_ms[i]
+        return (e_dense - sparse[i]) / cost if cost > 0 else float("inf")
+
+    for i in sorted(range(n), key=ratio, reverse=True):
+        gain, cost = e_dense - sparse[i], k * view.extra_ms[i]
+        # Ratios only fall and tokens / ms only rises from here: the first request that does not
+        # raise the rate ends the choice.
+        if gain <= 0 or gain * ms <= tokens * cost:
+            break
+        dense[i] = True
+        tokens += gain
+        ms += cost
+    return DensePlan(tokens, ms, dense)
+
+
+def dense_extra_ms(context: int, budget: int, bytes_per_position: int, gbps: float = DENSE_READ_GBPS) -> float:
+    """Milliseconds one draft step spends reading a request's KV beyond its sparse budget."""
+    return max(context - budget, 0) * bytes_per_position / (gbps * 1e6)
+
+
+class DenseChooser:
+    """Tracks each request's sparse acceptance and prices batches for the speculation policy.
+
+    Requests are any objects with a ``seqlen`` (SGLang's ``Req``); their state lives in a weak map,
+    so a finished request takes it along. ``budget(L)`` is the plan's KV budget at context L;
+    ``bytes_per_position`` the KV bytes of one position over all layers (K and V).
+    """
+
+    DENSE_PRIOR = 0.95  # dense drafts come from the target distribution up to kernel numerics
+
+    def __init__(self, budget: Callable[[int], int], bytes_per_position: int, gbps: float = DENSE_READ_GBPS):
+        self.budget = budget
+        self.bytes_per_position = bytes_per_position
+        self.gbps = gbps
+        self._acc: WeakKeyDictionary[Any, RequestAcceptance] = WeakKeyDictionary()
+        self._dense_acc = RequestAcceptance()
+        self._rounds = LaunchedRounds()
+        self.dense_request_rounds = 0
+
+    def view(self, reqs: Sequence[Any], prior: float) -> BatchView:
+        """The batch's acceptances (``prior``: the batch's, for requests without history) and costs."""
+        alpha, extra = [], []
+        for r in reqs:
+            acc = self._acc.get(r)
+            alpha.append(prior if acc is None else acc.alpha(prior))
+            length = r.seqlen
+            extra.append(dense_extra_ms(length, self.budget(length), self.bytes_per_position, self.gbps))
+        return BatchView(alpha, extra, self._dense_acc.alpha(self.DENSE_PRIOR))
+
+    def launched(self, reqs: Sequence[Any], k: int, dense: Sequence[bool] | None) -> None:
+        flags = list(dense) if dense is not None else [False] * len(reqs)
+        self.dense_request_rounds += sum(flags) if k else 0
+        self._rounds.launched(k, len(reqs), (list(reqs), flags))
+
+    def completed(self, accepted: Sequence[int]) -> None:
+        """SGLang's accept counts of the oldest launched round (see ``LaunchedRounds``)."""
+        matched = self._rounds.completed(accepted)
+        if matched is None:
+            return
+        reqs, flags = matched.payload
+        for r, dense, a in zip(reqs, flags, matched.accepted):
+            if dense:
+                self._dense_acc.add(a, matched.k)
+            else:
+                acc = self._acc.get(r)
+                if acc is None:
+                    acc = self._acc[r] = RequestAcceptance()
+                acc.add(a, matched.k)

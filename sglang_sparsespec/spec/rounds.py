@@ -1,0 +1,44 @@
+"""Decode rounds matched with their accept counts, which SGLang reports a round or two late."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+
+class Matched(NamedTuple):
+    """A launched round with its accept counts: k, each request's accepted drafts (capped at k), and
+    what the launcher attached to it."""
+
+    k: int
+    accepted: list[int]
+    payload: Any
+
+
+class LaunchedRounds:
+    """Decode rounds in launch order, matched with the accept counts SGLang copies to the host for
+    them (``on_verify_complete_cpu``: in launch order, one or two rounds late under the overlap
+    scheduler). Idle rounds (batch size 0) are not queued. A batch-size mismatch means a round went
+    by unseen: the queue is dropped and matching starts afresh with the next launch."""
+
+    def __init__(self) -> None:
+        self._pending: deque[tuple[int, int, Any]] = deque()
+
+    def launched(self, k: int, batch_size: int, payload: Any = None) -> None:
+        if batch_size > 0:
+            self._pending.append((k, batch_size, payload))
+
+    def completed(self, accepted: Sequence[int]) -> Matched | None:
+        """The oldest launched round with its counts capped at k; None when nothing is pending, the
+        sizes disagree, or the round had no drafts. The cap: a greedy verify may match stale columns
+        past the k drafted ones."""
+        if not self._pending:
+            return None
+        k, bs, payload = self._pending.popleft()
+        if bs != len(accepted):
+            self._pending.clear()
+            return None
+        if k == 0:
+            return None
+        return Matched(k, [min(max(a, 0), k) for a in accepted], payload)

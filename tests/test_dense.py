@@ -1,0 +1,128 @@
+"""spec/dense.py: which requests draft over their whole prefix, and the policy pricing it."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from sglang_sparsespec.spec.adaptive import RoundSample, SpeculationPolicy
+from sglang_sparsespec.spec.dense import (
+    BatchView,
+    DenseChooser,
+    dense_extra_ms,
+    expected_tokens,
+    plan_dense,
+)
+
+
+def _rate(view: BatchView, k: int, round_ms: float, dense: tuple[bool, ...]) -> float:
+    e_dense = expected_tokens(view.alpha_dense, k)
+    tokens = sum(e_dense if d else expected_tokens(a, k) for a, d in zip(view.alpha, dense))
+    return tokens / (round_ms + sum(k * x for x, d in zip(view.extra_ms, dense) if d))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plan_dense_is_the_best_subset(seed):
+    rng = random.Random(seed)
+    n, k = 8, rng.choice([2, 4, 8])
+    view = BatchView([rng.uniform(0.2, 0.98) for _ in range(n)], [rng.uniform(0.01, 0.6) for _ in range(n)], 0.97)
+    round_ms = rng.uniform(2.0, 40.0)
+    plan = plan_dense(view, k, round_ms)
+    best = max(_rate(view, k, round_ms, d) for d in itertools.product((False, True), repeat=n))
+    assert plan.tokens / plan.ms == pytest.approx(best)
+    assert plan.tokens / plan.ms == pytest.approx(_rate(view, k, round_ms, tuple(plan.dense)))
+
+
+def test_plan_dense_switches_the_poor_drafters_only_when_the_round_is_short():
+    # Two requests at acceptance 0.5, 254 at 0.92, 7K context, SmolLM2-sized KV (23,040 B per position).
+    extra = dense_extra_ms(7000, 350, 23040)
+    assert extra == pytest.approx(6650 * 23040 / 2e9)
+    full = BatchView([0.5, 0.5] + [0.92] * 254, [extra] * 256, 0.97)
+    assert not any(plan_dense(full, 8, 42.8).dense)  # a full batch's 43 ms round: not worth its KV reads
+    drain = BatchView([0.5, 0.5, 0.92, 0.92], [extra] * 4, 0.97)
+    plan = plan_dense(drain, 8, 9.0)  # four requests left: a 9 ms round
+    assert plan.dense[:2] == [True, True]
+    assert plan_dense(drain, 0, 9.0).dense == [False] * 4
+
+
+def test_short_contexts_draft_densely_for_free():
+    # Below the budget the plan already holds the whole prefix: no extra cost, no gain either.
+    assert dense_extra_ms(100, 128, 23040) == 0.0
+    plan = plan_dense(BatchView([0.6], [0.0], 0.97), 4, 5.0)
+    assert plan.dense == [True] and plan.ms == 5.0
+
+
+class _Req:  # SGLang's Req as the chooser sees it: an object with a seqlen (weakly referenced)
+    def __init__(self, seqlen: int) -> None:
+        self.seqlen = seqlen
+
+
+def test_chooser_tracks_sparse_acceptance_per_request_and_dense_rounds_apart():
+    chooser = DenseChooser(lambda n: min(n, 128), 1000)
+    a, b = _Req(5000), _Req(64)
+    view = chooser.view([a, b], prior=0.8)
+    assert view.alpha == [0.8, 0.8] and view.extra_ms[1] == 0.0
+    assert view.extra_ms[0] == pytest.approx((5000 - 128) * 1000 / 2e9)
+    for _ in range(20):  # a's drafts always fail at the first position; b drafts densely and passes
+        chooser.launched([a, b], 4, [False, True])
+        chooser.completed([0, 4])
+    view = chooser.view([a, b], prior=0.8)
+    assert view.alpha[0] < 0.15 and view.alpha[1] == 0.8  # b's dense rounds say nothing about its plan
+    assert view.alpha_dense > 0.95 and chooser.dense_request_rounds == 20
+    chooser.launched([a], 0, None)  # a plain round has no drafts: nothing to learn
+    chooser.completed([1])
+    assert chooser.view([a], 0.8).alpha[0] == view.alpha[0]
+    assert len(chooser._acc) == 1  # only a drafted sparsely
+    del a  # a finished request takes its state along
+    assert len(chooser._acc) == 0
+
+
+def test_policy_prices_dense_drafting_per_request():
+    policy = SpeculationPolicy((0, 2, 4, 8))
+    key = policy.choose(4, 6000)[1]
+    policy.choose(4, 6000)
+    policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8 * 1.0, 2.0, 0.2)])
+    poor = BatchView([0.4] * 4, [0.05] * 4, 0.97)
+    # Sparse only, four requests at 0.4 emit 1.67 tokens per 10.2 ms round: plain decoding wins ...
+    assert policy.rates(key)[0] > expected_tokens(0.4, 8) / 10.2
+    # ... but drafting all four densely emits ~8 tokens per 11.8 ms, and the policy sees it.
+    rates = policy.rates(key, poor)
+    assert rates[8] == pytest.approx(expected_tokens(0.97, 8) / (10.2 + 4 * 8 * 0.05))
+    assert max(rates, key=rates.__getitem__) == 8
+    assert policy.choose(4, 6000, poor)[0] == 8
+    assert policy.round_ms(key, 8) == pytest.approx(10.2) and policy.round_ms(key, 0) == pytest.approx(2.2)
+
+
+def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
+    from sglang_sparsespec.patches.worker import PillarWorker
+
+    from sglang_sparsespec.metrics import PillarMetrics
+    from sglang_sparsespec.spec.adaptive import RoundClock
+
+    class Event:
+        def record(self) -> None: ...
+
+        def query(self) -> bool:
+            return True
+
+        def elapsed_time(self, end) -> float:
+            return 1.0
+
+    policy = SpeculationPolicy((0, 2, 4, 8))
+    worker = type("W", (), {})()
+    worker.policy, worker.clock, worker.metrics = policy, RoundClock(Event), PillarMetrics(8)
+    worker.dense, worker.cfg = DenseChooser(lambda n: min(n, 128), 23040), type("C", (), {"num_steps": 8})
+    reqs = [_Req(6000) for _ in range(4)]
+    batch = type("B", (), {"reqs": reqs, "forward_mode": type("M", (), {"is_idle": lambda self: False})()})()
+    key = policy.choose(4, 6000)[1]
+    policy.choose(4, 6000)
+    policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8.0, 2.0, 0.2)])
+    for r in reqs:  # every request's plan drafts badly
+        worker.dense.launched([r], 8, None)
+        worker.dense.completed([0])
+    steps, dense = PillarWorker._choose_steps(worker, batch)
+    assert steps in (4, 8) and dense == [True] * 4  # plain decoding would emit 1 token per 2.2 ms
+    PillarWorker.on_verify_complete_cpu(worker, [steps] * 4)  # that round all accepted: dense acceptance
+    assert worker.dense.dense_request_rounds == 4 and worker.policy.acceptance.alpha > 0.7

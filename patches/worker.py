@@ -249,7 +249,7 @@ class PillarWorker(BaseSpecWorker):
         self.policy.acceptance.launched(steps, len(reqs))
         self.dense.launched(reqs, steps, dense)
         self.clock.start(key, steps)
-        rounds = sum(self.policy.counts.values())
+        rounds = sum(self.metrics.rounds_by_steps.values()) + 1  # this round is counted at launch
         if rounds % PATH_LOG_EVERY == 0:
             logger.info("PILLAR adaptive: %s", self.summary())
         return steps, (dense if dense is not None and any(dense) else None)
@@ -263,7 +263,10 @@ class PillarWorker(BaseSpecWorker):
 
     def summary(self) -> dict[str, Any]:
         """PILLAR's live numbers for /server_info."""
-        out: dict[str, Any] = {"step_candidates": list(self.cfg.step_candidates)}
+        out: dict[str, Any] = {
+            "step_candidates": list(self.cfg.step_candidates),
+            "rounds_by_k": {str(k): self.metrics.rounds_by_steps[k] for k in self.cfg.step_candidates},
+        }
         if self.policy is not None:
             out.update(self.policy.summary(), dense_request_rounds=self.dense.dense_request_rounds)
         return out

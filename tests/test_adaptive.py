@@ -124,7 +124,6 @@ def test_policy_reprobes_the_unused_mode_and_counts_paths():
     picks = [policy.choose(256, 7000)[0] for _ in range(30)]
     assert picks.count(0) in (2, 3) and picks.count(8) >= 27
     summary = policy.summary()
-    assert summary["rounds_by_k"] == {"0": 1 + picks.count(0), "8": 1 + picks.count(8)}
     # The cell's measured costs, keyed by batch bucket x context (7000 tokens: the 2^13 half-octave).
     cell = summary["cells"]["256x8192"]
     assert cell["rounds"] == 32

@@ -24,7 +24,7 @@ Nothing here touches SGLang or the GPU directly: events come from a factory (tes
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -207,7 +207,6 @@ class SpeculationPolicy:
         self.margin = margin
         self.table = CostTable()
         self.acceptance = acceptance or AcceptanceTracker()
-        self.counts: Counter[int] = Counter()
 
     @property
     def k_max(self) -> int:
@@ -263,7 +262,6 @@ class SpeculationPolicy:
         k = probe if probe is not None else self._best(key, c, view)
         # Any round with drafts measures the draft step and the verify, so it refreshes every k >= 1.
         c.last_probe[0 if k == 0 else self.k_max] = c.rounds
-        self.counts[k] += 1
         return k, key
 
     def _probe(self, c: CostCell) -> int | None:
@@ -289,10 +287,10 @@ class SpeculationPolicy:
         return best
 
     def summary(self) -> dict[str, Any]:
-        """Path counts, the acceptance estimate and the measured cost of every cell that ran, as
-        ``"<batch bucket>x<context ~tokens>"`` -> ms (for the log line and /server_info)."""
+        """The acceptance estimate and the measured cost of every cell that ran, as
+        ``"<batch bucket>x<context ~tokens>"`` -> ms (for the log line and /server_info; the path
+        counts are ``PillarMetrics.rounds_by_steps``)."""
         return {
-            "rounds_by_k": {str(k): self.counts[k] for k in self.candidates},
             "alpha": round(self.acceptance.alpha, 4),
             "cells": {
                 f"{bs}x{round(2 ** (ctx / 2))}": {

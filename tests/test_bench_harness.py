@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -527,14 +528,36 @@ def test_step_times_end_to_end_and_its_report(
 # --------------------------------------------------------------------------- report
 
 
+def _generated_pages(folder: Path) -> dict[str, str]:
+    """The report's pages in ``folder`` (hand-written pages there, like history.md, do not start with its note)."""
+    note = report.PAGE_NOTE.format(readme="results.md")
+    return {f.name: f.read_text() for f in sorted(folder.glob("*.md")) if f.read_text().startswith(note)}
+
+
 def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_path: Path) -> None:
-    """docs/results.md's generated block is what the report makes of benchmarks/results: no number by hand."""
+    """docs/results.md's index block and the table pages in docs/results/ are what the report makes of
+    benchmarks/results: no number by hand, no page left over or missing."""
     repo = Path(__file__).resolve().parents[1]
     page = tmp_path / "results.md"
     page.write_text((repo / "docs" / "results.md").read_text())
     assert report.main(["--results-dir", str(repo / "benchmarks" / "results"), "--out", str(tmp_path / "S.md"),
                         "--no-plots", "--readme", str(page)]) == 0  # fmt: skip
     assert page.read_text() == (repo / "docs" / "results.md").read_text()
+    made, checked_in = _generated_pages(tmp_path / "results"), _generated_pages(repo / "docs" / "results")
+    assert set(made) == {p.file for p in report.results_pages([])} == set(checked_in)  # every kind has results
+    assert made == checked_in
+    index = page.read_text().split(report.README_BEGIN)[1].split(report.README_END)[0]
+    assert sorted(re.findall(r"\]\(results/([\w.-]+)\)", index)) == sorted(made)
+    assert len(index.strip().split("\n")) == len(made)  # one line per page
+    assert "- [Throughput](results/throughput.md): single runs" in index and "; 10 runs." in index
+    assert "sampled-8f4fce1-7000" in made["throughput.md"] and "sweep-85d9722" not in made["throughput.md"]
+    assert "| pillar | 256 | 512 | 37757 | 1.66x | 2.10x |" in made["throughput.md"]  # the headline
+    assert "## Run-to-run spread" in made["throughput-sweep.md"]
+    assert "\n## Losslessness (greedy token ids vs stock)\n" in made["acceptance-and-lossless.md"]
+    for body in made.values():  # one title, then sections one level below it
+        heads = [line.split(" ")[0] for line in body.split("\n") if line.startswith("#")]
+        assert heads.count("#") == 1 and heads[0] == "#" and heads[1] == "##", heads[:3]
+    assert len(page.read_text().encode()) < 40_000  # the reading stays short; the tables are on the pages
     summary = (tmp_path / "S.md").read_text()
     # Ratios only against the stock rows of the same run: the budget run has no stock, so no ratio.
     assert "| pillar | 256 | 512 | 37380 | 1.65x | 1.97x |" in summary
@@ -545,3 +568,51 @@ def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_pat
     with pytest.raises(SystemExit, match="results:begin"):
         report.main(["--results-dir", str(repo / "benchmarks" / "results"), "--out", str(tmp_path / "S.md"),
                      "--no-plots", "--readme", str(page)])  # fmt: skip
+
+
+def test_report_writes_one_page_per_kind_and_keeps_the_hand_written_text(tmp_path: Path) -> None:
+    """--readme writes the pages of the kinds present into <readme stem>/, the index between the markers only,
+    removes a page it wrote whose kind is gone, never touches hand-written pages, and a rerun changes nothing."""
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    results = tmp_path / "results_in"
+    results.mkdir()
+    for name in ("throughput_sampled-8f4fce1-7000_stock.json", "throughput_sampled-8f4fce1-7000_pillar.json",
+                 "lossless_k8_split.json", "steps_smollm2_h100_sampled_8f4fce1.json"):
+        shutil.copy(src / name, results / name)
+    pages = tmp_path / "docs" / "results"
+    pages.mkdir(parents=True)
+    head = "# Results\n\nHand-written reading, [history](results/history.md).\n\n"
+    tail = "\n\n## A reading\n\nMore hand-written text.\n"
+    readme = tmp_path / "docs" / "results.md"
+    readme.write_text(head + report.README_BEGIN + "\nold tables\n" + report.README_END + tail)
+    note = report.PAGE_NOTE.format(readme="results.md")
+    (pages / "history.md").write_text("# History\n\nkept as is\n")
+    (pages / "kernels.md").write_text(note + "\n\nan old generated page\n")
+    (pages / "throughput-sweep.md").write_text("a hand-written page of a generated name is kept\n")
+    argv = ["--results-dir", str(results), "--out", str(tmp_path / "S.md"), "--no-plots", "--readme", str(readme)]
+    assert report.main(argv) == 0
+    text = readme.read_text()
+    assert text.startswith(head + report.README_BEGIN + "\n") and text.endswith(report.README_END + tail)
+    assert "old tables" not in text
+    written = {"throughput.md", "acceptance-and-lossless.md", "step-times.md"}
+    assert {f.name for f in pages.iterdir()} == written | {"history.md", "throughput-sweep.md"}  # kernels.md removed
+    assert (pages / "history.md").read_text() == "# History\n\nkept as is\n"
+    index = text.split(report.README_BEGIN)[1].split(report.README_END)[0].strip().split("\n")
+    links = [re.fullmatch(r"- \[[^]]+\]\(results/([\w.-]+)\): .+; .+\.", line) for line in index]
+    assert all(links) and [m.group(1) for m in links] == ["throughput.md", "acceptance-and-lossless.md", "step-times.md"]
+    assert index[0].endswith("; 1 run.") and index[1].endswith("; 1 lossless run, 0 acceptance runs, 0 exactness runs.")
+    for name in written:
+        first, rest = (pages / name).read_text().split("\n", 1)
+        assert first == note and "`python -m benchmarks.report --readme docs/results.md`" in first
+        assert rest.startswith("\n# ")
+    assert "| pillar | 256 | 512 | 37757 | 1.66x | 2.10x |" in (pages / "throughput.md").read_text()
+    assert "## Step times, run 20261125-072548" in (pages / "step-times.md").read_text()
+    # A rerun is idempotent, and a generated page edited by hand is written over.
+    before = {f.name: f.read_text() for f in [readme, *pages.iterdir()]}
+    (pages / "step-times.md").write_text("edited by hand\n")
+    assert report.main(argv) == 0
+    assert {f.name: f.read_text() for f in [readme, *pages.iterdir()]} == before
+    # Hand-written text changed outside the markers survives a rerun as is.
+    readme.write_text(text.replace("More hand-written text.", "Changed by hand."))
+    assert report.main(argv) == 0
+    assert readme.read_text() == text.replace("More hand-written text.", "Changed by hand.")

@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 ALGORITHM_NAME = "PILLAR"
 DEFAULT_NUM_STEPS = 8
 DEFAULT_MAX_RUNNING_REQUESTS = 256
-SUPPORTED_ATTENTION_BACKENDS = ("triton",)
+SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
+# PILLAR's verify and plain-decoding forwards hook this backend's extend kernel (triton_verify.py),
+# so it must serve TARGET_VERIFY whatever the user's backend is.
+VERIFY_ATTENTION_BACKEND = "triton"
 
 
 class PillarSpecAlgo(CustomSpecAlgo):
@@ -53,9 +56,31 @@ def is_pillar(algorithm: object) -> bool:
     return isinstance(algorithm, PillarSpecAlgo)
 
 
-def _backends(sa: ServerArgs) -> set[str]:
-    names = {sa.attention_backend, sa.decode_attention_backend, sa.prefill_attention_backend}
-    return {n for n in names if n is not None}
+def route_attention(sa: ServerArgs) -> str | None:
+    """Route TARGET_VERIFY (and DECODE) to the Triton backend, prefill to the user's; None or why not.
+
+    With --attention-backend flashinfer this sets --decode-attention-backend triton and
+    --speculative-attention-mode decode: SGLang then builds a HybridAttnBackend whose
+    ``_select_backend`` sends decode/idle and, in mode "decode", target-verify forwards to its
+    decode (Triton) child and every extend (prefill) forward to its prefill (FlashInfer) child.
+    """
+    prefill, decode = sa.get_attention_backends()
+    given = sorted({name for name in (prefill, decode) if name is not None})
+    if not given or not set(given) <= set(SUPPORTED_ATTENTION_BACKENDS):
+        return (
+            f"supports --attention-backend {' or '.join(SUPPORTED_ATTENTION_BACKENDS)} only (FA3 is not supported: "
+            f"its prebuilt kernel cannot be installed on the GPU machines PILLAR is tested on), "
+            f"got {given or 'the default'}"
+        )
+    if decode != VERIFY_ATTENTION_BACKEND:
+        if sa.decode_attention_backend is not None:
+            return f"drafts and verifies through its Triton kernels; --decode-attention-backend must be triton, got {decode}"
+        sa.prefill_attention_backend = prefill
+        sa.decode_attention_backend = VERIFY_ATTENTION_BACKEND
+    if prefill != VERIFY_ATTENTION_BACKEND:
+        # SGLang's default mode "prefill" would send the verify to the prefill child.
+        sa.speculative_attention_mode = "decode"
+    return None
 
 
 def unsupported_attention(model_config) -> str | None:
@@ -90,12 +115,9 @@ def validate_server_args(sa: ServerArgs) -> None:
 
     if sa.page_size not in (None, 1):
         reject(f"needs --page-size 1 (token-granular KV for per-token sparse lists), got {sa.page_size}")
-    backends = _backends(sa)
-    if not backends or not backends <= set(SUPPORTED_ATTENTION_BACKENDS):
-        reject(
-            f"supports --attention-backend {'/'.join(SUPPORTED_ATTENTION_BACKENDS)} only, "
-            f"got {sorted(backends) or 'the default'}; pass --attention-backend triton"
-        )
+    routing_gap = route_attention(sa)
+    if routing_gap is not None:
+        reject(routing_gap)
     if sa.speculative_draft_model_path is not None:
         reject("drafts with the target model itself; remove --speculative-draft-model-path")
     if getattr(sa, "enable_dp_attention", False):

@@ -79,8 +79,40 @@ class VerifyHooks:
     split_kernel: bool
 
 
+def verify_backend(backend: Any) -> Any:
+    """The TritonAttnBackend that runs ``backend``'s TARGET_VERIFY forwards.
+
+    With --attention-backend flashinfer the runner's backend is SGLang's HybridAttnBackend
+    (spec_algo.route_attention); asking it the way it routes each forward finds the Triton child.
+    """
+    from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    if isinstance(backend, HybridAttnBackend):
+        backend = backend._select_backend(ForwardMode.TARGET_VERIFY)
+    if not isinstance(backend, TritonAttnBackend):
+        raise TypeError(f"PILLAR verifies through the Triton attention backend, got {type(backend).__name__}")
+    return backend
+
+
+def new_verify_backend(model_runner: Any) -> Any:
+    """A second backend for the width-1 (plain-decoding) verify graphs, on its own workspace."""
+    if model_runner.server_args.get_attention_backends()[0] != "triton":
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        # Only verify forwards run on it: a hybrid would also build an unused FlashInfer
+        # backend with a fresh workspace buffer.
+        return TritonAttnBackend(model_runner)
+    keep = model_runner.init_new_workspace
+    try:
+        return model_runner._get_attention_backend(init_new_workspace=True)
+    finally:
+        model_runner.init_new_workspace = keep
+
+
 def attach_verify(backend, hooks: VerifyHooks) -> None:
-    setattr(backend, ATTR, hooks)
+    setattr(verify_backend(backend), ATTR, hooks)
 
 
 def split_kernel_gap(call: ExtendCall) -> str | None:

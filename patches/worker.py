@@ -55,7 +55,7 @@ from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
 
 from .draft_runner import PillarDraftRunner
 from .sampler_warmup import build_sampling_kernels
-from .triton_verify import VerifyHooks, attach_verify
+from .triton_verify import VerifyHooks, attach_verify, new_verify_backend, verify_backend
 from .verify_sample import PillarRound, attach_round
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class PillarWorker(BaseSpecWorker):
 
     def init_attention_backends(self):
         mc = self.model_runner.model_config
-        backend = self.model_runner.attn_backend
+        backend = verify_backend(self.model_runner.attn_backend)
         rows = self.req_to_token_pool.req_to_token.shape[0]
         per_head = self.cfg.policy is SelectionPolicy.PILLAR
         self.state = PlanState.allocate(
@@ -198,11 +198,7 @@ class PillarWorker(BaseSpecWorker):
         }
         get_context().override("sparsespec.plain_capture", speculative_num_steps=0, speculative_num_draft_tokens=1)
         try:
-            keep = mr.init_new_workspace
-            try:
-                backend = mr._get_attention_backend(init_new_workspace=True)
-            finally:
-                mr.init_new_workspace = keep
+            backend = new_verify_backend(mr)
             attach_verify(backend, VerifyHooks(None, split_kernel=self.cfg.verify_kernel is VerifyKernel.SPLIT))
             runner = None
             if not self.server_args.disable_cuda_graph:

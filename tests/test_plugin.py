@@ -76,6 +76,20 @@ def test_defaults_fill_spec_shape_fields(llama_config_dir):
     assert sa.disable_overlap_schedule is False
 
 
+def test_flashinfer_prefills_and_triton_verifies(llama_config_dir):
+    sa = _args(llama_config_dir, attention_backend="flashinfer")
+    assert sa.get_attention_backends() == ("flashinfer", "triton")
+    # HybridAttnBackend sends TARGET_VERIFY to its decode (Triton) child only in mode "decode".
+    assert sa.speculative_attention_mode == "decode"
+    assert (sa.speculative_num_steps, sa.speculative_num_draft_tokens, sa.page_size) == (8, 9, 1)
+
+
+def test_triton_stays_a_single_backend(llama_config_dir):
+    sa = _args(llama_config_dir)
+    assert (sa.attention_backend, sa.prefill_attention_backend, sa.decode_attention_backend) == ("triton", None, None)
+    assert sa.speculative_attention_mode == "prefill"
+
+
 def test_num_steps_flag_sets_k(llama_config_dir):
     sa = _args(llama_config_dir, speculative_num_steps=4, max_running_requests=32)
     assert (sa.speculative_num_steps, sa.speculative_num_draft_tokens, sa.max_running_requests) == (4, 5, 32)
@@ -85,7 +99,10 @@ def test_num_steps_flag_sets_k(llama_config_dir):
     "overrides, message",
     [
         (dict(page_size=16), "--page-size 1"),
-        (dict(attention_backend="flashinfer"), "--attention-backend triton"),
+        ({"attention_backend": "fa3"}, "FA3 is not supported"),
+        ({"attention_backend": "torch_native"}, "--attention-backend triton or flashinfer only"),
+        ({"attention_backend": "flashinfer", "decode_attention_backend": "fa3"}, "FA3 is not supported"),
+        ({"attention_backend": "flashinfer", "decode_attention_backend": "flashinfer"}, "must be triton"),
         (dict(speculative_num_draft_tokens=5), "--speculative-num-draft-tokens must be 9"),
         (dict(speculative_eagle_topk=4), "--speculative-eagle-topk must be 1"),
         (dict(tp_size=2), "--tp-size 1"),

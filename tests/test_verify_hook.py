@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang_sparsespec.patches.triton_verify import (
     ExtendCall,
     VerifyHooks,
@@ -28,7 +29,8 @@ D, H_KV, GROUP, N_EXT = 32, 2, 3, 4
 PREFIX = [40, 7, 90]
 
 
-class _Backend:
+class _Backend(TritonAttnBackend):
+    # A Triton backend (attach_verify accepts no other) without the model runner its __init__ reads.
     def __init__(self, hooks: VerifyHooks | None):
         self.calls: list[dict] = []
 

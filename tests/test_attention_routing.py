@@ -1,0 +1,102 @@
+"""PILLAR with --attention-backend flashinfer: prefill on FlashInfer, verify on the Triton backend.
+
+spec_algo.route_attention makes SGLang build its HybridAttnBackend; triton_verify.verify_backend
+must find the Triton child inside it the way SGLang routes TARGET_VERIFY forwards. The hybrid is
+SGLang's real class, built around stand-in children (real FlashInfer/Triton backends need a GPU).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_sparsespec.patches.triton_verify import (
+    ATTR,
+    VerifyHooks,
+    attach_verify,
+    new_verify_backend,
+    verify_backend,
+)
+
+
+class _Triton(TritonAttnBackend):
+    # The real class (verify_backend checks it) without the model runner its __init__ reads.
+    def __init__(self):
+        self.needs_cpu_seq_lens = False
+
+
+class _FlashInfer:
+    needs_cpu_seq_lens = True
+
+
+def _runner(mode: str, prefill: str = "flashinfer", decode: str = "triton") -> SimpleNamespace:
+    return SimpleNamespace(
+        kv_cache_dtype=None,
+        token_to_kv_pool=None,
+        req_to_token_pool=None,
+        model_config=SimpleNamespace(context_len=4096),
+        server_args=SimpleNamespace(speculative_attention_mode=mode, get_attention_backends=lambda: (prefill, decode)),
+    )
+
+
+def _hybrid(mode: str) -> tuple[HybridAttnBackend, _Triton, _FlashInfer]:
+    triton, flashinfer = _Triton(), _FlashInfer()
+    return HybridAttnBackend(_runner(mode), prefill_backend=flashinfer, decode_backend=triton), triton, flashinfer
+
+
+def test_verify_and_decode_go_to_triton_and_prefill_to_flashinfer_in_decode_mode():
+    hybrid, triton, flashinfer = _hybrid("decode")
+    assert verify_backend(hybrid) is triton
+    assert hybrid._select_backend(ForwardMode.DECODE) is triton
+    assert hybrid._select_backend(ForwardMode.EXTEND) is flashinfer
+    # FlashInfer's host-side plan would otherwise force a seq_lens D2H every round.
+    assert hybrid.needs_cpu_seq_lens is False
+
+
+def test_attach_verify_marks_the_triton_child_only():
+    hybrid, triton, flashinfer = _hybrid("decode")
+    hooks = VerifyHooks(None, split_kernel=True)
+    attach_verify(hybrid, hooks)
+    assert getattr(triton, ATTR) is hooks
+    assert not hasattr(hybrid, ATTR) and not hasattr(flashinfer, ATTR)
+
+
+def test_plain_triton_backend_is_its_own_verify_backend():
+    triton = _Triton()
+    assert verify_backend(triton) is triton
+
+
+def test_verify_routed_to_flashinfer_is_refused():
+    # SGLang's default mode "prefill" would verify on FlashInfer, where no PILLAR kernel runs.
+    hybrid, _, _ = _hybrid("prefill")
+    with pytest.raises(TypeError, match="Triton attention backend, got _FlashInfer"):
+        verify_backend(hybrid)
+
+
+def test_plain_decoding_backend_under_flashinfer_is_triton_only(monkeypatch):
+    built = []
+    monkeypatch.setattr(
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend", lambda mr: built.append(mr) or "triton"
+    )
+    runner = _runner("decode")
+    runner._get_attention_backend = lambda **_: pytest.fail("would build a second FlashInfer backend")
+    assert new_verify_backend(runner) == "triton" and built == [runner]
+
+
+def test_plain_decoding_backend_under_triton_is_sglangs_with_a_new_workspace():
+    runner = _runner("prefill", prefill="triton")
+    runner.init_new_workspace = False
+
+    def build(init_new_workspace: bool):
+        runner.init_new_workspace = init_new_workspace
+        return ("backend", init_new_workspace)
+
+    runner._get_attention_backend = build
+    assert new_verify_backend(runner) == ("backend", True)
+    assert runner.init_new_workspace is False

@@ -159,6 +159,12 @@ class PillarDraftRunner:
                 self.out_tokens[:bs, step] = tokens
 
     def _sample_step(self, logits: torch.Tensor, step: int, bs: int) -> torch.Tensor:
+        # Under tensor parallelism every rank must draft the same tokens (they are the next step's
+        # and the verify's inputs, paired across ranks by the model's all-reduces). They are equal
+        # by construction, as SGLang's own sampler relies on (no SYNC_TOKEN_IDS_ACROSS_TP by default):
+        # the logits are all-gathered to the full vocabulary on every rank, and the noise comes from
+        # the default CUDA generator, seeded on every rank with the random seed rank 0 broadcasts
+        # (TpModelWorker) and advanced by the same sequence of draws and graph replays on each rank.
         noise = torch.empty((bs, self.num_cand), dtype=torch.float32, device=logits.device).exponential_()
         tokens = torch.empty(bs, dtype=torch.int64, device=logits.device)
         inputs = DraftSampleInputs(

@@ -124,8 +124,6 @@ def validate_server_args(sa: ServerArgs) -> None:
         reject("does not support --enable-dp-attention")
     if sa.pp_size != 1:
         reject(f"does not support pipeline parallelism (--pp-size {sa.pp_size})")
-    if sa.tp_size != 1:
-        reject(f"supports --tp-size 1 only for now, got {sa.tp_size}")
     if sa.speculative_eagle_topk not in (None, 1):
         reject(f"drafts a single chain; --speculative-eagle-topk must be 1, got {sa.speculative_eagle_topk}")
     if getattr(sa, "speculative_adaptive", False):

@@ -55,6 +55,7 @@ from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
 
 from .draft_runner import PillarDraftRunner
 from .sampler_warmup import build_sampling_kernels
+from .tp_agree import RoundAgreement
 from .triton_verify import VerifyHooks, attach_verify, new_verify_backend, verify_backend
 from .verify_sample import PillarRound, attach_round
 
@@ -96,6 +97,7 @@ class PillarWorker(BaseSpecWorker):
         if self.cfg.adaptive:
             self.policy = SpeculationPolicy(self.cfg.step_candidates)
             self.clock = RoundClock(lambda: torch.cuda.Event(enable_timing=True))
+            self.agreement = RoundAgreement.for_tp_group()
         if self.cfg.timing_every:
             self.timer = RoundTimer(
                 self.cfg.timing_every,
@@ -242,6 +244,7 @@ class PillarWorker(BaseSpecWorker):
         steps, key = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1), view)
         round_ms = self.policy.round_ms(key, steps) if steps else None
         dense = plan_dense(view, steps, round_ms).dense if round_ms is not None else None
+        steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         self.policy.acceptance.launched(steps, len(reqs))
         self.dense.launched(reqs, steps, dense)
         self.clock.start(key, steps)

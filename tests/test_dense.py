@@ -97,6 +97,7 @@ def test_policy_prices_dense_drafting_per_request():
 
 def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     from sglang_sparsespec.patches.worker import PillarWorker
+    from sglang_sparsespec.patches.tp_agree import RoundAgreement
 
     from sglang_sparsespec.metrics import PillarMetrics
     from sglang_sparsespec.spec.adaptive import RoundClock
@@ -113,6 +114,7 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     policy = SpeculationPolicy((0, 2, 4, 8))
     worker = type("W", (), {})()
     worker.policy, worker.clock, worker.metrics = policy, RoundClock(Event), PillarMetrics(8)
+    worker.agreement = RoundAgreement(None)  # one rank
     worker.dense, worker.cfg = DenseChooser(lambda n: min(n, 128), 23040), type("C", (), {"num_steps": 8})
     reqs = [_Req(6000) for _ in range(4)]
     batch = type("B", (), {"reqs": reqs, "forward_mode": type("M", (), {"is_idle": lambda self: False})()})()

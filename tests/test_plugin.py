@@ -105,7 +105,6 @@ def test_num_steps_flag_sets_k(llama_config_dir):
         ({"attention_backend": "flashinfer", "decode_attention_backend": "flashinfer"}, "must be triton"),
         (dict(speculative_num_draft_tokens=5), "--speculative-num-draft-tokens must be 9"),
         (dict(speculative_eagle_topk=4), "--speculative-eagle-topk must be 1"),
-        (dict(tp_size=2), "--tp-size 1"),
         (dict(speculative_accept_threshold_single=0.5), "lossless"),
         (dict(kv_cache_dtype="fp8_e4m3"), "16-bit KV cache"),
     ],
@@ -115,6 +114,27 @@ def test_unsupported_flags_fail_with_one_line(llama_config_dir, overrides, messa
         _args(llama_config_dir, **overrides)
     text = str(err.value)
     assert message in text and "\n" not in text and text.startswith("--speculative-algorithm PILLAR")
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_tensor_parallelism_is_accepted(tmp_path, tp):
+    import json
+
+    from conftest import SMOLLM2_CONFIG
+
+    # 8 query / 4 KV heads: tp = 8 replicates KV heads (one per rank), as SGLang does.
+    (tmp_path / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, "num_attention_heads": 8, "num_key_value_heads": 4}))
+    sa = _args(tmp_path, tp_size=tp)
+    assert (sa.tp_size, sa.speculative_num_draft_tokens) == (tp, 9)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [({"tp_size": 2, "enable_dp_attention": True}, "dp-attention"), ({"pp_size": 2}, "pipeline parallelism")],
+)
+def test_tensor_parallelism_still_refuses_dp_attention_and_pipelines(llama_config_dir, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _args(llama_config_dir, **overrides)
 
 
 def test_bad_environment_knob_fails_in_launcher(llama_config_dir, monkeypatch):

@@ -1,0 +1,55 @@
+"""One round shape for every tensor-parallel rank.
+
+Under ``--tp-size N`` every rank runs the same PILLAR round on its own attention heads, and the
+model's all-reduces pair the ranks' forwards one to one. The adaptive policy picks the round's
+draft count and its dense-drafting requests from round costs each rank measures on its own GPU
+(``spec/adaptive.py``), so two ranks could pick different counts: they would then run different
+numbers of forwards and the next all-reduce would hang. Rank 0's choice is broadcast over SGLang's
+CPU group of the TP ranks instead, once per round (not per draft step) and only with N > 1, as
+SGLang's scheduler broadcasts each iteration's requests from rank 0 over the same group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def encode_round(steps: int, dense: list[bool] | None, bs: int) -> torch.Tensor:
+    """[1 + bs] int32: the draft count, then 1 per dense-drafting request (all 0 for None)."""
+    msg = torch.zeros(1 + bs, dtype=torch.int32)
+    msg[0] = steps
+    if dense is not None:
+        msg[1:] = torch.tensor(dense, dtype=torch.int32)
+    return msg
+
+
+def decode_round(msg: torch.Tensor) -> tuple[int, list[bool] | None]:
+    dense = [bool(x) for x in msg[1:].tolist()]
+    return int(msg[0]), (dense if any(dense) else None)
+
+
+class RoundAgreement:
+    """``agree`` returns rank 0's (steps, dense) on every rank; ``broadcast(t)`` sends rank 0's ``t``
+    into every rank's ``t`` in place (a CPU group's broadcast; a stand-in in tests)."""
+
+    def __init__(self, broadcast: Callable[[torch.Tensor], None] | None):
+        self.broadcast = broadcast
+
+    @classmethod
+    def for_tp_group(cls) -> RoundAgreement:
+        from sglang.srt.distributed import get_tp_group
+
+        group = get_tp_group()
+        if group.world_size == 1:
+            return cls(None)
+        src = group.ranks[0]  # global rank of the group's rank 0
+        return cls(lambda t: torch.distributed.broadcast(t, src=src, group=group.cpu_group))
+
+    def agree(self, steps: int, dense: list[bool] | None, bs: int) -> tuple[int, list[bool] | None]:
+        if self.broadcast is None:
+            return steps, dense
+        msg = encode_round(steps, dense, bs)
+        self.broadcast(msg)
+        return decode_round(msg)

@@ -245,7 +245,7 @@ class PillarWorker(BaseSpecWorker):
         round_ms = self.policy.round_ms(key, steps) if steps else None
         dense = plan_dense(view, steps, round_ms).dense if round_ms is not None else None
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
-        self.policy.acceptance.launched(steps, len(reqs))
+        self.policy.acceptance.launched(steps, len(reqs), dense)
         self.dense.launched(reqs, steps, dense)
         self.clock.start(key, steps)
         rounds = sum(self.metrics.rounds_by_steps.values()) + 1  # this round is counted at launch

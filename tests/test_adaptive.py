@@ -38,6 +38,16 @@ def test_acceptance_matches_rounds_in_launch_order():
     assert acc.alpha == pytest.approx(2 / 3)
 
 
+def test_acceptance_counts_only_the_sparse_drafters():
+    acc = AcceptanceTracker(decay=0.0, prior=0.5)
+    acc.launched(4, 3, [False, True, False])
+    acc.completed([1, 4, 3])  # the dense row's 4 accepted drafts are left out: (1 + 3) / (4 + 2)
+    assert acc.alpha == pytest.approx(4 / 6)
+    acc.launched(4, 2, [True, True])
+    acc.completed([4, 4])  # all rows dense: nothing learned
+    assert acc.alpha == pytest.approx(4 / 6)
+
+
 def test_acceptance_resynchronises_on_a_batch_mismatch():
     acc = AcceptanceTracker(decay=0.0, prior=0.5)
     acc.launched(4, 3)

@@ -45,8 +45,10 @@ class AcceptanceTracker:
     """Per-draft acceptance probability ``alpha``, an EMA over recent speculative rounds.
 
     One round with k drafts and per-request accepted counts a_i contributes the truncated-geometric
-    estimate sum(a_i) / (sum(a_i) + #{a_i < k}). Rounds are matched with their counts by
-    ``LaunchedRounds`` (``launched``, then ``completed`` with SGLang's host copy of the counts).
+    estimate sum(a_i) / (sum(a_i) + #{a_i < k}) over the requests that drafted with their sparse plan
+    (dense drafts, ``spec/dense.py``, are accepted ~always and say nothing about the plans). Rounds
+    are matched with their counts by ``LaunchedRounds`` (``launched``, then ``completed`` with
+    SGLang's host copy of the counts).
     """
 
     def __init__(self, decay: float = 0.8, prior: float = 0.7):
@@ -56,14 +58,16 @@ class AcceptanceTracker:
         self.alpha = prior
         self._rounds = LaunchedRounds()
 
-    def launched(self, k: int, batch_size: int) -> None:
-        self._rounds.launched(k, batch_size)
+    def launched(self, k: int, batch_size: int, dense: Sequence[bool] | None = None) -> None:
+        self._rounds.launched(k, batch_size, dense)
 
     def completed(self, accepted: Sequence[int]) -> None:
         matched = self._rounds.completed(accepted)
         if matched is None:
             return
-        k, capped, _ = matched
+        k, capped, dense = matched
+        if dense is not None:
+            capped = [a for a, d in zip(capped, dense) if not d]
         hits = sum(capped)
         misses = sum(1 for a in capped if a < k)
         if hits + misses == 0:

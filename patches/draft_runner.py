@@ -207,7 +207,9 @@ class PillarDraftRunner:
         self.min_p[start:end] = 0.0
         self.sparse[start:end] = 1
 
-    def run(self, req_pool_indices, seq_lens, bonus, sampling_info, steps: int, dense=None) -> DraftOutput:
+    def run(
+        self, req_pool_indices, seq_lens, bonus, sampling_info, steps: int, dense: torch.Tensor | None = None
+    ) -> DraftOutput:
         """Draft ``steps`` (one of ``step_counts``) tokens for a decode batch; no host synchronisation.
         The output has k columns; those past ``steps`` are stale. ``dense``: [bs] int32 on the
         device, 1 where the request drafts over its whole prefix (None: every request uses its plan)."""

@@ -112,7 +112,10 @@ def plan_dense(view: BatchView, k: int, round_ms: float) -> DensePlan:
         cost = k * view.extra_ms[i]
         return (e_dense - sparse[i]) / cost if cost > 0 else float("inf")
 
-    for i in sorted(range(n), key=ratio, reverse=True):
+    ratios = [ratio(i) for i in range(n)]
+    if max(ratios) * ms <= tokens:  # the usual full batch: nobody raises the rate, skip the sort
+        return DensePlan(tokens, ms, dense)
+    for i in sorted(range(n), key=ratios.__getitem__, reverse=True):
         gain, cost = e_dense - sparse[i], k * view.extra_ms[i]
         # Ratios only fall and tokens / ms only rises from here: the first request that does not
         # raise the rate ends the choice.

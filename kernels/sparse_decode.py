@@ -117,11 +117,13 @@ def _sparse_decode_stage1(
             # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
             e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
 
-    # Every split writes (an empty one: lse = -inf, zeros) so stage 2 needs no length logic.
+    # Every split writes (an empty one: lse = -inf, zeros) so stage 2 needs no length logic. With one
+    # split, Mid_O is the output itself and there is no stage 2 (see sparse_decode_fwd).
     part, lse = finish_partial(e_max, e_sum, acc)
     mid = cur_b * stride_mb + cur_heads * stride_mh + split * stride_ms
-    tl.store(Mid_O + mid[:, None] + offs_d[None, :], part, mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(Mid_lse + cur_b * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
+    tl.store(Mid_O + mid[:, None] + offs_d[None, :], part.to(Mid_O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
+    if NUM_SPLITS > 1:
+        tl.store(Mid_lse + cur_b * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
 
 
 @triton.jit
@@ -218,8 +220,13 @@ def sparse_decode_fwd(
     if num_kv_splits is None:
         num_kv_splits = default_num_splits(bs * h_kv, q.device)
     block_d = triton.next_power_of_2(d)
-    mid_o = torch.empty((bs, h_q, num_kv_splits, d), dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty((bs, h_q, num_kv_splits), dtype=torch.float32, device=q.device)
+    if num_kv_splits == 1:
+        # A full batch already fills the GPU with one split per (request, KV head): stage 1 writes
+        # the output, and the merge launch (one per layer and draft step) is skipped.
+        mid_o, mid_lse = o.unsqueeze(2), o
+    else:
+        mid_o = torch.empty((bs, h_q, num_kv_splits, d), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((bs, h_q, num_kv_splits), dtype=torch.float32, device=q.device)
     _sparse_decode_stage1[(bs, h_kv, num_kv_splits)](
         q,
         k_buffer,
@@ -247,7 +254,7 @@ def sparse_decode_fwd(
         mid_o.stride(1),
         mid_o.stride(2),
         mid_lse.stride(0),
-        mid_lse.stride(1),
+        mid_lse.stride(1) if num_kv_splits > 1 else 0,
         GROUP=group,
         KMAX=sel_pos.shape[2],
         D=d,
@@ -260,6 +267,8 @@ def sparse_decode_fwd(
         num_warps=num_warps,
         num_stages=num_stages,
     )
+    if num_kv_splits == 1:
+        return o
     _sparse_decode_stage2[(bs, h_q)](
         mid_o,
         mid_lse,

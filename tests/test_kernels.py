@@ -247,8 +247,9 @@ def _make_decode_case(group, specs, kmax, h_kv=2, max_ctx=160):
     )
 
 
+@pytest.mark.parametrize("num_kv_splits", [1, 3])  # 1: stage 1 writes the output, no merge launch
 @pytest.mark.parametrize("group", [1, 3])
-def test_sparse_decode_ragged(group):
+def test_sparse_decode_ragged(group, num_kv_splits):
     torch.manual_seed(40 + group)
     kmax = 48
     specs = [
@@ -262,7 +263,7 @@ def test_sparse_decode_ragged(group):
     case = _make_decode_case(group, specs, kmax)
     o = torch.full_like(case["q"], float("nan"))
     expected = o.clone()
-    sparse_decode_fwd(o=o, num_kv_splits=3, **case)
+    sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, **case)
     sparse_decode_ref(o=expected, **case)
     assert not o.isnan().any()
     assert (o[5] == 0).all()

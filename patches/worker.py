@@ -37,6 +37,7 @@ from sglang.srt.speculative.eagle_worker_common import (
 )
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.spec_utils import get_plan_stream
+from sglang_sparsespec.kernels._common import default_num_splits
 
 from sglang_sparsespec.config import (
     PillarConfig,
@@ -158,8 +159,12 @@ class PillarWorker(BaseSpecWorker):
         attach_verify(backend, VerifyHooks(sink, split_kernel=self.cfg.verify_kernel is VerifyKernel.SPLIT))
         self.selector = make_selector(self.cfg, self.state, sink)
         if self.policy is not None:
-            kv_bytes = mc.num_hidden_layers * backend.num_kv_head * mc.head_dim * 2
-            self.dense = DenseChooser(self.cfg.budget, kv_bytes * self.model_runner.kv_cache_dtype.itemsize)
+            h_kv, dev = backend.num_kv_head, torch.device(self.device)
+            kv_bytes = mc.num_hidden_layers * h_kv * mc.head_dim * 2 * self.model_runner.kv_cache_dtype.itemsize
+            # The draft kernel's own split rule (sparse_decode_fwd's default), so the policy prices
+            # a dense request's programs as the kernel will cut them.
+            splits = lambda bs: default_num_splits(bs * h_kv, dev)  # noqa: E731
+            self.dense = DenseChooser(self.cfg.budget, kv_bytes, mc.num_hidden_layers, splits)
 
     def _capture_bs(self) -> list[int]:
         from sglang.srt.model_executor.runner import get_batch_sizes_to_capture

@@ -35,21 +35,25 @@ def test_plan_dense_is_the_best_subset(seed):
     assert plan.tokens / plan.ms == pytest.approx(_rate(view, k, round_ms, tuple(plan.dense)))
 
 
-def test_plan_dense_switches_the_poor_drafters_only_when_the_round_is_short():
-    # Two requests at acceptance 0.5, 254 at 0.92, 7K context, SmolLM2-sized KV (23,040 B per position).
-    extra = dense_extra_ms(7000, 350, 23040)
-    assert extra == pytest.approx(6650 * 23040 / 2e9)
-    full = BatchView([0.5, 0.5] + [0.92] * 254, [extra] * 256, 0.97)
-    assert not any(plan_dense(full, 8, 42.8).dense)  # a full batch's 43 ms round: not worth its KV reads
-    drain = BatchView([0.5, 0.5, 0.92, 0.92], [extra] * 4, 0.97)
-    plan = plan_dense(drain, 8, 9.0)  # four requests left: a 9 ms round
+def test_plan_dense_keeps_long_contexts_sparse_at_a_full_batch_and_switches_small_batches():
+    # SmolLM2: 23,040 KV bytes per position, 30 layers; an H100 has 132 SMs: one KV split per
+    # (request, KV head) at batch 256, 22 at batch 4 (sparse_decode_fwd's default for 3 KV heads).
+    full_extra = dense_extra_ms(7000, 350, 23040, layers=30, splits=1)
+    # 0.08 ms of extra KV, but each layer's attention waits for 6650 more positions in one program.
+    assert full_extra == pytest.approx(6650 * 23040 / 2e9 + 30 * 6650 * 40e-6)
+    full = BatchView([0.5, 0.5] + [0.92] * 254, [full_extra] * 256, 0.97)
+    assert not any(plan_dense(full, 8, 42.8).dense)
+    small_extra = dense_extra_ms(2000, 128, 23040, layers=30, splits=22)
+    assert small_extra == pytest.approx(1872 * 23040 / 2e9 + 30 * (91 - 6) * 40e-6)
+    small = BatchView([0.5, 0.5, 0.92, 0.92], [small_extra] * 4, 0.97)
+    plan = plan_dense(small, 8, 9.0)  # four requests left: a 9 ms round
     assert plan.dense[:2] == [True, True]
-    assert plan_dense(drain, 0, 9.0).dense == [False] * 4
+    assert plan_dense(small, 0, 9.0).dense == [False] * 4
 
 
 def test_short_contexts_draft_densely_for_free():
     # Below the budget the plan already holds the whole prefix: no extra cost, no gain either.
-    assert dense_extra_ms(100, 128, 23040) == 0.0
+    assert dense_extra_ms(100, 128, 23040, layers=30, splits=1) == 0.0
     plan = plan_dense(BatchView([0.6], [0.0], 0.97), 4, 5.0)
     assert plan.dense == [True] and plan.ms == 5.0
 
@@ -60,11 +64,11 @@ class _Req:  # SGLang's Req as the chooser sees it: an object with a seqlen (wea
 
 
 def test_chooser_tracks_sparse_acceptance_per_request_and_dense_rounds_apart():
-    chooser = DenseChooser(lambda n: min(n, 128), 1000)
+    chooser = DenseChooser(lambda n: min(n, 128), 1000, layers=2, splits=lambda bs: 4 * bs)
     a, b = _Req(5000), _Req(64)
-    view = chooser.view([a, b], prior=0.8)
+    view = chooser.view([a, b], prior=0.8)  # 8 splits at batch 2
     assert view.alpha == [0.8, 0.8] and view.extra_ms[1] == 0.0
-    assert view.extra_ms[0] == pytest.approx((5000 - 128) * 1000 / 2e9)
+    assert view.extra_ms[0] == pytest.approx((5000 - 128) * 1000 / 2e9 + 2 * (625 - 16) * 40e-6)
     for _ in range(20):  # a's drafts always fail at the first position; b drafts densely and passes
         chooser.launched([a, b], 4, [False, True])
         chooser.completed([0, 4])
@@ -115,11 +119,11 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     worker = type("W", (), {})()
     worker.policy, worker.clock, worker.metrics = policy, RoundClock(Event), PillarMetrics(8)
     worker.agreement = RoundAgreement(None)  # one rank
-    worker.dense, worker.cfg = DenseChooser(lambda n: min(n, 128), 23040), type("C", (), {"num_steps": 8})
-    reqs = [_Req(6000) for _ in range(4)]
+    worker.dense, worker.cfg = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22), type("C", (), {"num_steps": 8})
+    reqs = [_Req(2000) for _ in range(4)]
     batch = type("B", (), {"reqs": reqs, "forward_mode": type("M", (), {"is_idle": lambda self: False})()})()
-    key = policy.choose(4, 6000)[1]
-    policy.choose(4, 6000)
+    key = policy.choose(4, 2000)[1]
+    policy.choose(4, 2000)
     policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8.0, 2.0, 0.2)])
     for r in reqs:  # every request's plan drafts badly
         worker.dense.launched([r], 8, None)

@@ -11,8 +11,14 @@ The same draft step can attend to a request's whole prefix instead of its plan (
 reads positions [tail_start, seq_len) contiguously; tail_start = 0 makes it the full prefix). Its
 drafts then come from the target distribution itself, up to kernel numerics, so they are accepted
 with probability ~1 and the request emits ~k + 1 tokens per round. The verify stays exact either
-way: only the proposal changes. The price is the extra KV the draft steps read for that request:
-k x (L - budget) x bytes per position.
+way: only the proposal changes. The price, per draft step, is the extra KV read for that request
+((L - budget) x bytes per position at the kernel's bandwidth) and, above all, the extra length of
+its programs: the draft kernel's grid is static (one program per request, KV head and split; one
+split once a batch fills the GPU), so a dense request's programs read L / splits positions one
+tile after another while a sparse one reads budget / splits, and the layer's attention lasts as
+long as its longest program. Each request is charged both, as if it alone set that length (an
+overestimate when several share it): at a full batch that keeps every long context sparse, and
+dense drafting pays at small batches, where a request's prefix is split over many programs.
 
 Which requests draft densely is a fractional-knapsack choice per round: with the batch's expected
 tokens S and round time T, request i adds g_i = E_k(a_dense) - E_k(a_i) tokens for c_i = k x
@@ -37,6 +43,11 @@ from .rounds import LaunchedRounds
 # split-KV attention kernels on the H100 (kernels_tune_h100.json: 2.54 TB/s at 256 x 7K); taken
 # lower so that the estimate errs towards keeping a request sparse.
 DENSE_READ_GBPS = 2000.0
+# Time one draft-attention program spends per position it reads (one KV head, all layers counted
+# separately). An estimate, to be measured: on the H100 the draft kernel took 54 us per layer at
+# 256 x 7K (kernels_tune_sparse_h100.json), ~1.5 waves of programs reading ~450 positions each
+# while sharing SMs, i.e. up to ~80 ns per position; a long program left alone on its SM runs faster.
+SERIAL_NS_PER_POSITION = 40.0
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -127,9 +138,21 @@ def plan_dense(view: BatchView, k: int, round_ms: float) -> DensePlan:
     return DensePlan(tokens, ms, dense)
 
 
-def dense_extra_ms(context: int, budget: int, bytes_per_position: int, gbps: float = DENSE_READ_GBPS) -> float:
-    """Milliseconds one draft step spends reading a request's KV beyond its sparse budget."""
-    return max(context - budget, 0) * bytes_per_position / (gbps * 1e6)
+def dense_extra_ms(
+    context: int,
+    budget: int,
+    bytes_per_position: int,
+    layers: int,
+    splits: int,
+    gbps: float = DENSE_READ_GBPS,
+    serial_ns: float = SERIAL_NS_PER_POSITION,
+) -> float:
+    """Milliseconds one draft step costs more when a request attends its whole prefix: its extra KV
+    at the kernel's bandwidth, plus the longer programs (``splits`` per request and KV head) in each
+    of ``layers`` attention launches (see the module docstring)."""
+    extra = max(context - budget, 0)
+    longer = -(-context // splits) - -(-budget // splits) if extra else 0
+    return extra * bytes_per_position / (gbps * 1e6) + layers * longer * serial_ns * 1e-6
 
 
 class DenseChooser:
@@ -137,15 +160,19 @@ class DenseChooser:
 
     Requests are any objects with a ``seqlen`` (SGLang's ``Req``); their state lives in a weak map,
     so a finished request takes it along. ``budget(L)`` is the plan's KV budget at context L;
-    ``bytes_per_position`` the KV bytes of one position over all layers (K and V).
+    ``bytes_per_position`` the KV bytes of one position over all layers (K and V); ``layers`` the
+    attention launches per draft step; ``splits(bs)`` the draft kernel's KV splits at batch size bs.
     """
 
     DENSE_PRIOR = 0.95  # dense drafts come from the target distribution up to kernel numerics
 
-    def __init__(self, budget: Callable[[int], int], bytes_per_position: int, gbps: float = DENSE_READ_GBPS):
+    def __init__(
+        self, budget: Callable[[int], int], bytes_per_position: int, layers: int, splits: Callable[[int], int]
+    ):
         self.budget = budget
         self.bytes_per_position = bytes_per_position
-        self.gbps = gbps
+        self.layers = layers
+        self.splits = splits
         self._acc: WeakKeyDictionary[Any, RequestAcceptance] = WeakKeyDictionary()
         self._dense_acc = RequestAcceptance()
         self._rounds = LaunchedRounds()
@@ -154,11 +181,12 @@ class DenseChooser:
     def view(self, reqs: Sequence[Any], prior: float) -> BatchView:
         """The batch's acceptances (``prior``: the batch's, for requests without history) and costs."""
         alpha, extra = [], []
+        splits = self.splits(len(reqs))
         for r in reqs:
             acc = self._acc.get(r)
             alpha.append(prior if acc is None else acc.alpha(prior))
             length = r.seqlen
-            extra.append(dense_extra_ms(length, self.budget(length), self.bytes_per_position, self.gbps))
+            extra.append(dense_extra_ms(length, self.budget(length), self.bytes_per_position, self.layers, splits))
         return BatchView(alpha, extra, self._dense_acc.alpha(self.DENSE_PRIOR))
 
     def launched(self, reqs: Sequence[Any], k: int, dense: Sequence[bool] | None) -> None:

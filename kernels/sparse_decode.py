@@ -254,7 +254,7 @@ def sparse_decode_fwd(
         mid_o.stride(1),
         mid_o.stride(2),
         mid_lse.stride(0),
-        mid_lse.stride(1) if num_kv_splits > 1 else 0,
+        mid_lse.stride(1),
         GROUP=group,
         KMAX=sel_pos.shape[2],
         D=d,

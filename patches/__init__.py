@@ -8,9 +8,13 @@ DecodeCudaGraphRunner built under a spec-config override and EAGLEWorkerV2's one
 forward context, graph capture mode), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
 renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
-``triton_verify`` (extend_attention_fwd's signature) and ``request_guard`` (SamplingParams' and the
-tokenized request's msgspec schema and SGLang's IPC codec, to check a request before dispatch). Nothing outside this package imports SGLang
-internals.
+``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the
+Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
+(SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a
+request before dispatch), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start
+instead of on the first sampled request), ``tp_agree`` (the TP group's CPU group, to broadcast rank
+0's round shape), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
+allocator). Nothing outside this package imports SGLang internals.
 """
 
 from __future__ import annotations

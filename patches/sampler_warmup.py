@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 
 import torch
+from sglang.srt.sampling.sampling_params import TOP_K_ALL  # what sampling_info.top_ks holds for "no top-k"
 
 logger = logging.getLogger(__name__)
-TOP_K_ALL = 1 << 30  # SGLang's "no top-k" value in sampling_info.top_ks
 
 
 def warm_sampling(

@@ -212,6 +212,18 @@ def reset_spec_counters(server: Server) -> bool:
     return bool(reply) and all(reply)
 
 
+def pillar_state(server: Server) -> dict[str, Any] | None:
+    """PILLAR's live numbers from /server_info (rounds by draft count, dense request rounds, the
+    policy's cost cells, the metrics summary): cumulative since the server started, so a run's record
+    holds everything up to its end. None for other servers or when the request fails."""
+    try:
+        info = http_json(server.base_url + "/server_info", timeout=30)
+    except (OSError, ValueError):
+        return None
+    states = info.get("internal_states") or [{}]
+    return states[0].get("pillar") if isinstance(states[0], dict) else None
+
+
 def server_info(server: Server) -> dict[str, Any] | None:
     try:
         info = http_json(server.base_url + "/server_info", timeout=30)
@@ -368,6 +380,8 @@ def run_one(config: ServerConfig, seg: Segment, r: dict[str, Any], server: Serve
         if code != 0:
             raise RuntimeError(f"bench_serving exited with code {code}")
         r["metrics"] = parse_bench_result(result_file)
+        if config.speculative and (state := pillar_state(server)) is not None:
+            r["pillar_state"] = state
         done = r["metrics"]["completed"]
         r["status"] = "ok" if done == n else "failed"
         if done == n:

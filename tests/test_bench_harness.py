@@ -73,6 +73,8 @@ FAKE_SERVER = textwrap.dedent(
                 return self.reply(503 if mode == "never_healthy" else 200, {})
             if self.path == "/server_info":
                 info = {"version": "fake", "internal_states": [{"x": 1}]}
+                if spec:
+                    info["internal_states"][0]["pillar"] = {"rounds_by_k": {"8": 3}}
                 if os.environ.get("FAKE_POOL_TOKENS"):  # SGLang's KV pool size (max_total_num_tokens)
                     info["max_total_num_tokens"] = int(os.environ["FAKE_POOL_TOKENS"])
                 return self.reply(200, info)
@@ -434,6 +436,9 @@ def test_throughput_end_to_end(
     assert [r["status"] for r in stock["runs"]] == ["ok", "ok"] and stock["runs"][0]["num_prompts"] == 4
     assert pillar["runs"][1]["metrics"]["accept_length"] == 2.5 and pillar["meta"]["run_id"] == "R-16"
     assert stock["config"]["pillar_config"] is None and pillar["config"]["pillar_config"]["policy"] == "pillar"
+    # PILLAR's /server_info numbers after each run; the server-level record keeps none of the per-step state.
+    assert "pillar_state" not in stock["runs"][0] and pillar["runs"][0]["pillar_state"] == {"rounds_by_k": {"8": 3}}
+    assert "internal_states" not in pillar["server"]["server_info"]
     # Every length ran on one server start per config: one JSON per length, each its own run id.
     d24 = json.loads((out / "throughput_R-24_pillar.json").read_text())
     assert d24["server"] == pillar["server"] and d24["runs"][0]["metrics"]["total_output_tokens"] == 4 * 24
@@ -549,9 +554,9 @@ def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_pat
     index = page.read_text().split(report.README_BEGIN)[1].split(report.README_END)[0]
     assert sorted(re.findall(r"\]\(results/([\w.-]+)\)", index)) == sorted(made)
     assert len(index.strip().split("\n")) == len(made)  # one line per page
-    assert "- [Throughput](results/throughput.md): single runs" in index and "; 10 runs." in index
-    assert "sampled-8f4fce1-7000" in made["throughput.md"] and "sweep-85d9722" not in made["throughput.md"]
-    assert "| pillar | 256 | 512 | 37757 | 1.66x | 2.10x |" in made["throughput.md"]  # the headline
+    assert "- [Throughput](results/throughput.md): single runs" in index and "; 11 runs." in index
+    assert "sampled-5653bde-7000" in made["throughput.md"] and "sweep-85d9722" not in made["throughput.md"]
+    assert "| pillar | 256 | 512 | 40185 | 1.76x | 2.15x |" in made["throughput.md"]  # the headline
     assert "## Run-to-run spread" in made["throughput-sweep.md"]
     assert "\n## Losslessness (greedy token ids vs stock)\n" in made["acceptance-and-lossless.md"]
     for body in made.values():  # one title, then sections one level below it

@@ -95,7 +95,8 @@ FAKE = textwrap.dedent(
             with lock:
                 active[0] += 1
             try:
-                self.generate(body, ids, sp["max_new_tokens"])
+                # Like a sampled SmolLM2 answer, a request that does not ignore EOS ends early.
+                self.generate(body, ids, sp["max_new_tokens"] if sp.get("ignore_eos") else min(sp["max_new_tokens"], 16))
             except OSError:
                 pass  # the client left: the request is aborted
             finally:
@@ -189,7 +190,8 @@ def test_plan_load_mixes_lengths_settings_and_aborts():
     assert len(dropped) == 80 and all(r.max_new_tokens >= 1000 for r in dropped)
     assert all(1 <= r.abort_after <= 4 for r in dropped if r.stream)
     assert all(0.2 <= r.abort_after <= 1.0 for r in dropped if not r.stream)
-    assert all(r.max_new_tokens == 3000 for r in dropped)
+    assert all(r.max_new_tokens == 3000 and r.ignore_eos for r in dropped)
+    assert not any(r.ignore_eos for r in plan if r.abort_after is None)
     kept = [r.max_new_tokens for r in plan if r.abort_after is None]
     assert min(kept) < 30 and max(kept) > 1500 and all(8 <= n <= 3000 for n in kept)
     assert 0.3 < sum(r.stream for r in plan) / len(plan) < 0.5

@@ -56,6 +56,30 @@ def test_every_hook_is_applied():
         assert hook.why
 
 
+def test_every_direct_sglang_import_of_the_patches_resolves():
+    """The patches import most SGLang symbols lazily, inside code that runs only on a GPU server;
+    a renamed or misspelled one would surface there first. Each ``from sglang.X import Y`` in
+    patches/ must resolve against the pinned SGLang (as a module attribute or a submodule)."""
+    import ast
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    import sglang_sparsespec.patches as patches_pkg
+
+    missing, seen = [], 0
+    for path in sorted(Path(patches_pkg.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang.")):
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                seen += 1
+                if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
+                    missing.append(f"{path.name}: from {node.module} import {alias.name}")
+    assert seen > 50 and not missing, missing
+
+
 def test_hooked_functions_dispatch_to_pillar(llama_config_dir):
     from sglang.srt.managers.utils import compute_num_reserved_tokens
     from sglang.srt.mem_cache import kv_cache_builder

@@ -180,6 +180,14 @@ HOOKS: tuple[Hook, ...] = (
         "new prefills would take the memory parked requests wait for",
     ),
     Hook(
+        "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req",
+        "AROUND",
+        offload_hooks.admit_against_host,
+        "admission counts free host tokens for decode growth: SGLang admits ignore_eos requests "
+        "(radix off) only when their exact demand fits the GPU, so it queues instead of over-admitting "
+        "and nothing is ever parked (H100, 64 x 7000 tokens at demand / 1.5: 43 ran, 21 waited)",
+    ),
+    Hook(
         "sglang.srt.mem_cache.common.release_kv_cache",
         "AROUND",
         offload_hooks.release_parked_kv,

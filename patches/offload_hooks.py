@@ -64,6 +64,14 @@ def hold_admission_while_parked(original, scheduler, *args, **kwargs):
     return original(scheduler, *args, **kwargs)
 
 
+def admit_against_host(original, adder, req, *args, **kwargs):
+    # The adder has no scheduler reference; this process's offloader is the module's.
+    off = offload._ACTIVE
+    if off is not None:
+        return off.admit(original, adder, req, *args, **kwargs)
+    return original(adder, req, *args, **kwargs)
+
+
 def release_parked_kv(original, req, tree_cache, is_insert: bool = True):
     off = offload._ACTIVE
     if off is not None and off.tracks(req):

@@ -25,6 +25,7 @@ from benchmarks import (
     bench_driver,
     configs,
     lossless,
+    offload,
     report,
     server,
     step_times,
@@ -472,6 +473,37 @@ def test_throughput_end_to_end(
     assert throughput.main(args3) == 0
     assert "SKIPPED 4 runs for the time budget" in (tmp_path / "o3" / "throughput_R-16-24.log").read_text()
     assert (tmp_path / "o3" / "throughput_R-16_pillar.recent_window-16.json").is_file()  # a name that comes back
+
+
+def test_offload_runs_split_over_commands_with_resume(
+    fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "res" / "offload_x.json"
+    argv = ["--model", str(tiny_tokenizer_dir), "--data-dir", str(data_dir), "--out", str(out), "--num-prompts", "4",
+            "--max-new-tokens", "20", "--host-gb", "1"]  # fmt: skip
+    for bad in (["--runs", "stock,nope"], ["--resume", str(tmp_path / "no")]):
+        with pytest.raises(SystemExit):
+            offload.main([*argv, *bad])
+    # First command: the reference and stock; the JSON and the reference's outputs file suffice to resume.
+    assert offload.main([*argv, "--runs", "reference,stock"]) == 0
+    first = json.loads(out.read_text())
+    assert sorted(first["runs"]) == ["reference", "stock"] and first["runs"]["stock"]["outputs_identical"] is True
+    assert offload.reference_path(out).is_file() and first["ratio_vs_stock"] is None
+    # Second command, into another folder: nothing but the offload runs starts; identity against the kept reference.
+    out2 = tmp_path / "res2" / out.name
+    argv2 = [*argv[:5], str(out2), *argv[6:], "--runs", "stock_offload,pillar_offload,stock",
+             "--resume", str(out.parent)]  # fmt: skip
+    assert offload.main(argv2) == 0
+    doc = json.loads(out2.read_text())
+    assert sorted(doc["runs"]) == ["pillar_offload", "reference", "stock", "stock_offload"]
+    assert doc["runs"]["stock"]["measured"]["run_id"] == first["meta"]["run_id"]
+    pillar = doc["runs"]["pillar_offload"]
+    assert "measured" not in pillar and pillar["outputs_identical"] is True
+    assert doc["ratio_vs_stock"] is not None and offload.reference_path(out2).is_file()
+    assert not (out2.parent / f"{out2.stem}_stock.server.log").exists()  # kept: not run again
+    # Other workload settings: nothing is resumed.
+    assert offload.main([*argv, "--max-new-tokens", "21", "--runs", "stock", "--resume", str(out.parent)]) == 0
+    assert "nothing resumed (offload_x.json: settings.max_new_tokens differs)" in out.with_suffix(".log").read_text()
 
 
 def test_sweep_runs_the_matrix_writes_the_report_and_resumes(

@@ -6,6 +6,11 @@ holds half their demand, with ``SPARSESPEC_OFFLOAD_HOST_GB`` set, answers them a
 others are aborted mid-flight (some of them parked at the time). Every completed request must be
 token-identical to the reference, no request may be retracted, some must have been parked and
 restored, and the server must survive (SGLang's idle leak check kills the scheduler on a leaked slot).
+Admission counts the host budget (docs/offload.md), so all requests run at once in every
+parametrisation; without it SGLang queues ignore_eos requests (radix off) and nothing is parked.
+The pool is half of (short demand + 36,000 aborted tokens) and the 24 short requests' demand is
+above 36,000, so they alone exceed the pool: at least one of them is parked and restored whatever
+the abort timing.
 """
 
 from __future__ import annotations

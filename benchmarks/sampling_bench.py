@@ -5,7 +5,10 @@
 Times (ms per call, eager, mean of 20) the draft sampler (``kernels/draft_sample.py``) next to the ``torch.topk`` it
 replaced, the verify's temperature softmax and fused rejection sampling (``kernels/verify_accept.py``)
 next to their torch references, on peaked random logits (20 tokens lifted by 12, as a reasoning
-model at T 0.6).
+model at T 0.6). The verify's target rows (k + 1 per request, T 0.6, top-p 0.95; also with top-k 50)
+come from ``kernels/target_filter.py`` (``target_filter_*``) and, before it, from ``softmax_t_fwd``
+followed by SGLang's renorm kernels (``old_target_*``, when sgl_kernel is installed);
+``target_filter_flat`` prices the exact vocabulary-wide path on flat rows (every nucleus > C).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
+from sglang_sparsespec.kernels.target_filter import target_filter_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
 
 from benchmarks.meta import new_run_id, run_metadata
@@ -33,6 +37,39 @@ def mean_ms(fn, reps: int = 20) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / reps
+
+
+def old_target(rows: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor, repeats: int):
+    """The verify's target before target_filter_fwd: softmax_t_fwd, then SGLang's renorm kernels
+    (top-p alone, or joint top-k / top-p as the intersection of both renorms' supports)."""
+    from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
+
+    probs = softmax_t_fwd(rows, temp, repeats)
+    top_p = top_p.repeat_interleave(repeats)
+    if top_k is None:
+        return top_p_renorm_prob(probs, top_p)
+    keep = (top_k_renorm_prob(probs, top_k.repeat_interleave(repeats)) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
+    probs = torch.where(keep, probs, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def target_rows_timed(rows: torch.Tensor, temp: torch.Tensor, top_p: torch.Tensor, repeats: int) -> dict:
+    """The verify's target rows, new kernel vs the old path, top-p alone and with top-k 50."""
+    top_k_off = torch.full_like(temp, 1 << 30, dtype=torch.int32)
+    top_k50 = torch.full_like(temp, 50, dtype=torch.int32)
+    flat = rows * 0.05
+    timed = {
+        "target_filter_top_p": lambda: target_filter_fwd(rows, temp, top_k_off, top_p, None, repeats),
+        "target_filter_top_k_top_p": lambda: target_filter_fwd(rows, temp, top_k50, top_p, None, repeats),
+        "target_filter_flat": lambda: target_filter_fwd(flat, temp, top_k_off, top_p, None, repeats),
+    }
+    try:
+        import sgl_kernel  # noqa: F401
+    except ImportError:
+        return timed
+    timed["old_target_top_p"] = lambda: old_target(rows, temp, None, top_p, repeats)
+    timed["old_target_top_k_top_p"] = lambda: old_target(rows, temp, top_k50, top_p, repeats)
+    return timed
 
 
 def measure(vocab: int, bs: int, k: int, c: int) -> dict[str, float]:
@@ -60,6 +97,7 @@ def measure(vocab: int, bs: int, k: int, c: int) -> dict[str, float]:
         # The kernel rewrites each request's final row; repeating it on the same rows does the same work.
         "rejection_fwd": lambda: rejection_fwd(p, tokens, ids, q, q_tok, k, coins, final),
         "rejection_sample_torch": lambda: rejection_sample(p, DraftRecord(tokens, ids, q, q_tok), coins, final),
+        **target_rows_timed(rows, temp, top_p, k + 1),
     }
     return {name: round(mean_ms(fn), 4) for name, fn in timed.items()}
 

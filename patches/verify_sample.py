@@ -4,7 +4,8 @@ SGLang's sampled verify (``chain_speculative_sampling_triton``) needs every draf
 vocabulary distribution. PILLAR drafts record q on C candidates only (``DraftRecord``), so for a
 PILLAR verify input (``attach_round``) that is not all greedy, this replaces the sampling half of
 ``eagle_sample``: the same logit processing as SGLang (NaN guard, penalties, logit bias, grammar
-mask), the target distribution stock decoding samples from (``target_probs_gpu``), then exact
+mask), the target distribution stock decoding samples from (``target_probs_gpu``: one kernel,
+``kernels/target_filter.py``), then exact
 rejection sampling (``kernels/verify_accept.py`` on the GPU; ``spec/rejection.rejection_sample`` is
 its reference). All-greedy batches, idle batches and other algorithms run SGLang's own code.
 """
@@ -15,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
+from sglang_sparsespec.kernels.target_filter import target_filter_fwd
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
@@ -37,37 +39,17 @@ def attach_round(verify_input, pillar_round: PillarRound) -> None:
 
 
 def target_probs_gpu(logits: torch.Tensor, sampling_info, repeats: int) -> torch.Tensor:
-    """Stock decoding's distribution for each row (as ``target_probs``), with SGLang's renorm kernels.
+    """Stock decoding's distribution for each row (as ``target_probs``), in one Triton kernel.
 
     Stock SGLang samples joint top-k/top-p (flashinfer ``filter_apply_order="joint"``), or top-k
     renorm -> top-p renorm -> min-p when min-p is on; SGLang's own verify applies top-k then top-p
-    and drops min-p, which differs from stock when both top-k and top-p are set.
+    and drops min-p, which differs from stock when both top-k and top-p are set. Filters a batch
+    does not use hold their off values per row (top_k TOP_K_ALL, top_p 1), and greedy requests
+    top_k 1, so the per-row parameters alone decide; min-p is read only when the batch needs it.
     """
-    from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
-
-    def per_row(t: torch.Tensor) -> torch.Tensor:
-        return torch.repeat_interleave(t.view(-1), repeats, dim=0)
-
-    probs = softmax_t_fwd(logits, sampling_info.temperatures.view(-1), repeats)
-    top_k = per_row(sampling_info.top_ks)
-    top_p = per_row(sampling_info.top_ps)
-    if sampling_info.need_min_p_sampling:
-        if sampling_info.need_top_k_sampling:
-            probs = top_k_renorm_prob(probs, top_k)
-        if sampling_info.need_top_p_sampling:
-            probs = top_p_renorm_prob(probs, top_p)
-        floor = probs.amax(dim=-1, keepdim=True) * per_row(sampling_info.min_ps)[:, None]
-        probs = torch.where(probs >= floor, probs, 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
-    if sampling_info.need_top_k_sampling and sampling_info.need_top_p_sampling:
-        keep = (top_k_renorm_prob(probs, top_k) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
-        probs = torch.where(keep, probs, 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
-    if sampling_info.need_top_k_sampling:
-        return top_k_renorm_prob(probs, top_k)
-    if sampling_info.need_top_p_sampling:
-        return top_p_renorm_prob(probs, top_p)
-    return probs
+    min_p = sampling_info.min_ps if sampling_info.need_min_p_sampling else None
+    temperature = sampling_info.temperatures.view(-1)
+    return target_filter_fwd(logits, temperature, sampling_info.top_ks, sampling_info.top_ps, min_p, repeats)
 
 
 def _stock_probs(logits: torch.Tensor, sampling_info, repeats: int) -> torch.Tensor:

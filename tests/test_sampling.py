@@ -396,9 +396,9 @@ def _stock_sampler_counts(probs: torch.Tensor, top_p: float, draws: int) -> torc
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and SGLang's sampling kernels")
 @pytest.mark.parametrize("top_p", [0.95, 0.8])
 def test_stock_sampler_is_the_verify_target(top_p):
-    """The verify's target (SGLang's renorm kernel, as target_probs_gpu uses it) must be the
+    """The verify's target (``kernels/target_filter.py``, as target_probs_gpu uses it) must be the
     distribution stock decoding samples from, or PILLAR is exact against the wrong thing."""
-    from sgl_kernel import top_p_renorm_prob
+    from sglang_sparsespec.kernels.target_filter import target_filter_fwd
 
     gen = torch.Generator().manual_seed(11)
     draws = 1_000_000
@@ -406,12 +406,13 @@ def test_stock_sampler_is_the_verify_target(top_p):
         logits = (torch.randn(1, 49_152, generator=gen) * 3).cuda()
         logits = logits.to(torch.bfloat16).float()  # ties as a bf16 model's logits have them
         probs = torch.softmax(logits / 0.6, dim=-1)
-        want = top_p_renorm_prob(probs, torch.tensor([top_p], device="cuda"))[0].double()
-        ours = target_probs(logits, _rows([0.6], [top_p], [-1], device="cuda"))[0].double()
+        rows = _rows([0.6], [top_p], [-1], device="cuda")
+        want = target_filter_fwd(logits, rows.temperature, rows.top_k, rows.top_p, None)[0].double()
+        ours = target_probs(logits, rows)[0].double()
         counts = _stock_sampler_counts(probs, top_p, draws).cpu()
         support = (want > 0).cpu()
-        print(f"row {row}: renorm keeps {int(support.sum())}, torch keeps {int((ours > 0).sum())}, "
-              f"sampler drew {int((counts > 0).sum())} ids, outside renorm's support: {int(counts[~support].sum())}")
+        print(f"row {row}: target_filter keeps {int(support.sum())}, torch keeps {int((ours > 0).sum())}, "
+              f"sampler drew {int((counts > 0).sum())} ids, outside its support: {int(counts[~support].sum())}")
         stat, df = _chi2(counts, want.cpu() * draws)
         assert counts[~support].sum() == 0
         assert _p_value(stat, df) > 1e-4, (row, stat, df)

@@ -1,7 +1,8 @@
 """patches/verify_sample.py: PILLAR's sampled verify, called as SGLang's run_eagle_verify calls it.
 
 On the CPU the target distribution comes from the torch form of stock's filters
-(``target_probs``); the GPU path swaps in SGLang's renorm kernels for the same filters.
+(``target_probs``); the GPU path computes it with ``kernels/target_filter.py``
+(``target_probs_gpu``, checked here against ``target_probs`` under Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -100,6 +101,27 @@ def test_other_batches_run_sglang_sampling(case):
         attach_round(verify_input, PillarRound(None if case == "no_record" else record))
     sentinel = object()
     assert pillar_eagle_sample(lambda *a: sentinel, verify_input, batch, logits) is sentinel
+
+
+@pytest.mark.parametrize("min_p", [False, True])
+def test_target_probs_gpu_is_the_stock_distribution(min_p):
+    """target_probs_gpu reads sampling_info as SGLang lays it out: temperatures [bs, 1], off filters
+    as TOP_K_ALL / 1.0, greedy requests as top_k 1 with temperature 1, min_ps only when needed."""
+    from sglang.srt.sampling.sampling_params import TOP_K_ALL
+
+    _, batch, logits, _ = _inputs(3)
+    info = batch.sampling_info
+    info.top_ks = torch.tensor([TOP_K_ALL, 1, 4, TOP_K_ALL, 12, 1], dtype=torch.int32)
+    info.top_ps = torch.tensor([0.9, 1.0, 0.95, 1.0, 0.6, 0.9])
+    info.temperatures = torch.tensor([[0.6], [1.0], [1.0], [1.5], [0.8], [1.0]])
+    info.min_ps = torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.2])
+    info.need_min_p_sampling = min_p
+    raw = logits.next_token_logits
+    rows = SamplingRows(info.temperatures.view(-1), info.top_ps, info.top_ks, info.min_ps if min_p else None)
+    want = target_probs(raw, rows, repeats=K + 1)
+    got = verify_sample.target_probs_gpu(raw, info, K + 1)
+    assert torch.equal(got > 0, want > 0)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
 def test_run_eagle_verify_sees_the_hook():

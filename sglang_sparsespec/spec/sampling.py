@@ -3,8 +3,9 @@
 ``target_probs`` is the distribution stock SGLang decoding samples from (its flashinfer sampler):
 temperature, then top-k / top-p judged *jointly* on the softmax (``filter_apply_order="joint"``),
 or, when min-p is on, top-k renorm -> top-p renorm -> min-p, as its sampler chains them. It is the
-plain-torch form (a full-vocabulary sort, so CPU tests and references only); the GPU verify uses
-SGLang's renorm kernels for the same filters (``patches/verify_sample.py``). Drafts are sampled by
+plain-torch form (a full-vocabulary sort, so CPU tests and references only); the GPU verify computes
+the same rows with one Triton kernel (``kernels/target_filter.py``, via
+``patches/verify_sample.target_probs_gpu``). Drafts are sampled by
 ``kernels/draft_sample.py`` from a compact proposal that needs neither the sort nor a full row.
 
 Everything here is shape-static, vectorised over the batch and free of host syncs.

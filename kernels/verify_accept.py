@@ -1,15 +1,14 @@
 """The sampled verify's acceptance, fused: exact rejection sampling against the target rows.
 
 SGLang's logits rows of one verify are [bs * (k + 1), V]. Stock-exact acceptance needs the target
-distribution p of every row (``kernels/target_filter.py``: temperature, top-k / top-p / min-p,
-renormalised, in one kernel) and then, per request, the accepted prefix of the drafts and one token
+distribution p of every row (``kernels/target_filter.py`` in one kernel when every request's top_k
+is small, else ``softmax_t_fwd`` below and SGLang's renorm kernels) and then, per request, the accepted prefix of the drafts and one token
 drawn from the residual max(0, p - q) at the first rejection (or from p after the last draft). In
 plain torch the last part (``spec/rejection.rejection_sample``, the reference) costs ~1.5 ms at
 batch 256 x 49K tokens on an H100, mostly in vocabulary-wide temporaries. Here:
 
 ``softmax_t_fwd``: probs = softmax(logits / T_row), one program per row, two reads and one write;
-    the verify's first stage before ``target_filter_fwd`` replaced it together with SGLang's renorm
-    kernels, kept as that baseline's half in ``benchmarks/sampling_bench.py``.
+    the first stage of the renorm path (batches with top-p alone or a large top_k).
 ``rejection_fwd``: one program per request; the accept test reads k probabilities; the residual
     differs from p only on the C candidate ids of the rejected draft's record, so it is written into
     the final row in place (``target_p`` is consumed), and the draw reads that row twice (its total

@@ -6,7 +6,8 @@ registers them with SGLang's ``HookRegistry`` and registers the PILLAR algorithm
 directly: ``worker`` (BaseSpecWorker, EAGLE's verify helpers, and for plain-decoding rounds a second
 DecodeCudaGraphRunner built under a spec-config override and EAGLEWorkerV2's one-token verify input), ``draft_runner`` (ForwardBatch,
 forward context, graph capture mode, the capture-time gc freeze), ``draft_attention`` (a TritonAttnBackend subclass for the
-draft steps), ``verify_sample`` (eagle_sample's logit processing and verify coins), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
+draft steps), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
+renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the
 Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
 (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a

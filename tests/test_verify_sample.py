@@ -13,7 +13,12 @@ import pytest
 import torch
 from sglang.srt.plugins import load_plugins
 from sglang_sparsespec.patches import verify_sample
-from sglang_sparsespec.patches.verify_sample import PillarRound, attach_round, pillar_eagle_sample
+from sglang_sparsespec.patches.verify_sample import (
+    PillarRound,
+    attach_round,
+    pillar_eagle_sample,
+)
+from triton_env import DEVICE
 
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
@@ -48,6 +53,7 @@ def _inputs(seed: int, greedy: bool = False, logit_bias=None):
         forward_mode=SimpleNamespace(is_idle=lambda: False),
         sampling_info=_sampling_info(greedy, logit_bias),
         seq_lens=torch.full((BS,), 100),
+        reqs=[SimpleNamespace(sampling_params=SimpleNamespace(top_k=1 << 30)) for _ in range(BS)],
     )
     logits = SimpleNamespace(next_token_logits=torch.randn(BS * (K + 1), V, generator=gen) * 3)
     return verify_input, batch, logits, record
@@ -103,25 +109,41 @@ def test_other_batches_run_sglang_sampling(case):
     assert pillar_eagle_sample(lambda *a: sentinel, verify_input, batch, logits) is sentinel
 
 
+@pytest.mark.parametrize("bounded", [True, False])
 @pytest.mark.parametrize("min_p", [False, True])
-def test_target_probs_gpu_is_the_stock_distribution(min_p):
+def test_target_probs_gpu_is_the_stock_distribution(min_p, bounded):
     """target_probs_gpu reads sampling_info as SGLang lays it out: temperatures [bs, 1], off filters
-    as TOP_K_ALL / 1.0, greedy requests as top_k 1 with temperature 1, min_ps only when needed."""
+    as TOP_K_ALL / 1.0, greedy requests as top_k 1 with temperature 1, min_ps only when needed. Both
+    paths give the reference's rows; the renorm path needs sgl_kernel (GPU)."""
     from sglang.srt.sampling.sampling_params import TOP_K_ALL
 
+    if not bounded and DEVICE == "cpu":
+        pytest.skip("SGLang's renorm kernels run on CUDA only")
     _, batch, logits, _ = _inputs(3)
     info = batch.sampling_info
-    info.top_ks = torch.tensor([TOP_K_ALL, 1, 4, TOP_K_ALL, 12, 1], dtype=torch.int32)
-    info.top_ps = torch.tensor([0.9, 1.0, 0.95, 1.0, 0.6, 0.9])
-    info.temperatures = torch.tensor([[0.6], [1.0], [1.0], [1.5], [0.8], [1.0]])
-    info.min_ps = torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.2])
+    info.top_ks = torch.tensor([TOP_K_ALL, 1, 4, TOP_K_ALL, 12, 1], dtype=torch.int32, device=DEVICE)
+    info.top_ps = torch.tensor([0.9, 1.0, 0.95, 1.0, 0.6, 0.9], device=DEVICE)
+    info.temperatures = torch.tensor([[0.6], [1.0], [1.0], [1.5], [0.8], [1.0]], device=DEVICE)
+    info.min_ps = torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.2], device=DEVICE)
     info.need_min_p_sampling = min_p
-    raw = logits.next_token_logits
+    info.need_top_k_sampling = info.need_top_p_sampling = True
+    raw = logits.next_token_logits.to(DEVICE)
     rows = SamplingRows(info.temperatures.view(-1), info.top_ps, info.top_ks, info.min_ps if min_p else None)
     want = target_probs(raw, rows, repeats=K + 1)
-    got = verify_sample.target_probs_gpu(raw, info, K + 1)
+    got = verify_sample.target_probs_gpu(raw, info, K + 1, bounded)
     assert torch.equal(got > 0, want > 0)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_the_one_kernel_filter_only_when_every_top_k_is_small():
+    from sglang.srt.sampling.sampling_params import TOP_K_ALL
+
+    def reqs(*top_ks):
+        return [SimpleNamespace(sampling_params=SimpleNamespace(top_k=k)) for k in top_ks]
+
+    assert verify_sample.top_k_bounded(reqs(1, 20, verify_sample.FILTER_CANDIDATES))
+    assert not verify_sample.top_k_bounded(reqs(1, 20, verify_sample.FILTER_CANDIDATES + 1))
+    assert not verify_sample.top_k_bounded(reqs(20, TOP_K_ALL))
 
 
 def test_run_eagle_verify_sees_the_hook():

@@ -9,6 +9,8 @@ model at T 0.6). The verify's target rows (k + 1 per request, T 0.6, top-p 0.95;
 come from ``kernels/target_filter.py`` (``target_filter_*``) and, before it, from ``softmax_t_fwd``
 followed by SGLang's renorm kernels (``old_target_*``, when sgl_kernel is installed);
 ``target_filter_flat`` prices the exact vocabulary-wide path on flat rows (every nucleus > C).
+``--tune`` adds both kernels at every vocabulary tile x warp count of ``TUNE_GRID`` (``<name>@<tile>x<warps>``):
+one program per row walks its row several times, so its speed is set by how much of the row is in flight.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
 
 from benchmarks.meta import new_run_id, run_metadata
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
+
+TUNE_GRID = [(block_v, warps) for block_v in (1024, 2048, 4096, 8192) for warps in (4, 8, 16)]
 
 
 def mean_ms(fn, reps: int = 20) -> float:
@@ -72,7 +76,7 @@ def target_rows_timed(rows: torch.Tensor, temp: torch.Tensor, top_p: torch.Tenso
     return timed
 
 
-def measure(vocab: int, bs: int, k: int, c: int) -> dict[str, float]:
+def measure(vocab: int, bs: int, k: int, c: int, tune: bool) -> dict[str, float]:
     dev = "cuda"
     logits = torch.randn(bs, vocab, device=dev) * 3
     logits[:, :20] += 12
@@ -99,6 +103,17 @@ def measure(vocab: int, bs: int, k: int, c: int) -> dict[str, float]:
         "rejection_sample_torch": lambda: rejection_sample(p, DraftRecord(tokens, ids, q, q_tok), coins, final),
         **target_rows_timed(rows, temp, top_p, k + 1),
     }
+    if tune:
+        top_k_off, top_k50 = (torch.full_like(top_p, v, dtype=torch.int32) for v in (1 << 30, 50))
+        for bv, nw in TUNE_GRID:
+            launch = {"block_v": bv, "num_warps": nw}
+            timed |= {
+                f"draft_sample_fwd@{bv}x{nw}": lambda kw=launch: draft_sample_fwd(x, *outs, **kw),
+                f"target_filter_top_p@{bv}x{nw}": lambda kw=launch: target_filter_fwd(
+                    rows, temp, top_k_off, top_p, None, k + 1, **kw),
+                f"target_filter_top_k_top_p@{bv}x{nw}": lambda kw=launch: target_filter_fwd(
+                    rows, temp, top_k50, top_p, None, k + 1, **kw),
+            }  # fmt: skip
     return {name: round(mean_ms(fn), 4) for name, fn in timed.items()}
 
 
@@ -109,9 +124,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--candidates", type=int, default=64)
+    parser.add_argument("--tune", action="store_true", help="also every tile x warp count of TUNE_GRID")
     a = parser.parse_args()
-    ms = measure(a.vocab, a.batch, a.k, a.candidates)
-    settings = {"vocab": a.vocab, "batch": a.batch, "k": a.k, "candidates": a.candidates,
+    ms = measure(a.vocab, a.batch, a.k, a.candidates, a.tune)
+    settings = {"vocab": a.vocab, "batch": a.batch, "k": a.k, "candidates": a.candidates, "tune_grid": TUNE_GRID,
                 "unit": "ms per call, mean of 20 after one warm-up"}  # fmt: skip
     out = {"kind": "sampling_kernels", "meta": run_metadata(new_run_id()), "settings": settings, "ms": ms}
     a.out.write_text(json.dumps(out, indent=1))

@@ -186,10 +186,17 @@ class DraftSampleInputs:
 
 
 def draft_sample_fwd(
-    x: DraftSampleInputs, token: torch.Tensor, cand_ids: torch.Tensor, cand_q: torch.Tensor, q_tok: torch.Tensor
+    x: DraftSampleInputs,
+    token: torch.Tensor,
+    cand_ids: torch.Tensor,
+    cand_q: torch.Tensor,
+    q_tok: torch.Tensor,
+    block_v: int = 1024,
+    num_warps: int = 4,
 ) -> None:
     """Fill token [n] int64, cand_ids [n, C] int64, cand_q [n, C] float32, q_tok [n] float32
-    (see the module docstring)."""
+    (see the module docstring). ``block_v`` (the vocabulary tile) and ``num_warps`` are launch
+    parameters only (``benchmarks.sampling_bench --tune`` times them); the result does not change."""
     n, c = x.noise.shape
     if n == 0:
         return
@@ -200,7 +207,7 @@ def draft_sample_fwd(
         x.logits, x.temperature, x.top_p, x.top_k, x.min_p, x.noise, token, cand_ids, cand_q, q_tok,
         x.logits.shape[1], x.logits.stride(0), x.noise.stride(0), cand_ids.stride(0), cand_q.stride(0),
         GREEDY_EPS_C=GREEDY_EPS, DELTA_BASE_C=DELTA_BASE, LADDER_C=LADDER, C=c,
-        BLOCK_C=triton.next_power_of_2(c), BLOCK_V=1024,
+        BLOCK_C=triton.next_power_of_2(c), BLOCK_V=block_v, num_warps=num_warps,
     )  # fmt: skip
 
 

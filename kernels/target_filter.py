@@ -273,13 +273,15 @@ def target_filter_fwd(
     repeats: int = 1,
     candidates: int = 64,
     block_v: int = 1024,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """``target_probs`` on the GPU: [n, V] float32 rows, row i under request i // repeats.
 
     logits [n, V] (any float dtype, last dim contiguous); temperature, top_p [n / repeats] float;
     top_k [n / repeats] int (1: greedy; <= 0 or >= V: off); min_p [n / repeats] float, or None for
     a batch without min-p (top-k and top-p then judged jointly). ``candidates`` (C) sizes the fast
-    path's register sort; ``block_v`` the vocabulary tile. Shape-static, no host sync.
+    path's register sort; ``block_v`` (the vocabulary tile) and ``num_warps`` are launch parameters
+    only (``benchmarks.sampling_bench --tune`` times them). Shape-static, no host sync.
     """
     n, vocab = logits.shape
     bs = n // repeats if repeats >= 1 else -1
@@ -296,6 +298,6 @@ def target_filter_fwd(
             logits, temperature, top_k, top_p, top_p if min_p is None else min_p, cand, probs,
             vocab, logits.stride(0), cand.stride(0), probs.stride(0), repeats,
             GREEDY_EPS_C=GREEDY_EPS, DELTA_BASE_C=DELTA_BASE, LADDER_C=LADDER, MIN_P=min_p is not None,
-            C=candidates, BLOCK_C=triton.next_power_of_2(candidates), BLOCK_V=block_v,
+            C=candidates, BLOCK_C=triton.next_power_of_2(candidates), BLOCK_V=block_v, num_warps=num_warps,
         )  # fmt: skip
     return probs

@@ -117,3 +117,29 @@ def test_rejects_bad_shapes():
         target_filter_fwd(logits, t[:2], k, t, None, repeats=2)
     with pytest.raises(ValueError, match="integer"):
         target_filter_fwd(logits, t, t, t, None, repeats=2)
+
+
+def test_launch_tiles_do_not_change_either_sampled_kernel():
+    """``sampling_bench --tune`` times other tiles and warp counts; they must give the same rows (up to
+    the order of the normaliser's float sums: same support, same draws)."""
+    from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
+
+    gen = torch.Generator().manual_seed(5)
+    bs, vocab = 3, 700
+    logits = (torch.randn(bs, vocab, generator=gen) * 3).to(DEVICE)
+    temp, top_p = torch.full((bs,), 0.6, device=DEVICE), torch.full((bs,), 0.95, device=DEVICE)
+    top_k = torch.full((bs,), 1 << 30, dtype=torch.int32, device=DEVICE)
+    rows = [target_filter_fwd(logits, temp, top_k, top_p, None, 1, C, bv, num_warps=nw) for bv, nw in ((128, 4), (512, 8))]
+    _assert_same(*rows)
+    noise = torch.empty(bs, C, device=DEVICE).exponential_(generator=None)
+    x = DraftSampleInputs(logits, temp, top_p, -torch.ones_like(top_k), torch.zeros_like(temp), noise)
+    draws = []
+    for bv, nw in ((128, 4), (512, 8)):
+        outs = (torch.empty(bs, dtype=torch.int64, device=DEVICE), torch.empty(bs, C, dtype=torch.int64, device=DEVICE),
+                torch.empty(bs, C, device=DEVICE), torch.empty(bs, device=DEVICE))  # fmt: skip
+        draft_sample_fwd(x, *outs, block_v=bv, num_warps=nw)
+        draws.append(outs)
+    (tok_a, ids_a, q_a, qt_a), (tok_b, ids_b, q_b, qt_b) = draws
+    assert torch.equal(tok_a, tok_b) and torch.equal(ids_a, ids_b)
+    torch.testing.assert_close(q_a, q_b)
+    torch.testing.assert_close(qt_a, qt_b)

@@ -4,7 +4,8 @@ A 0.5.17 non-streaming ``/generate`` reply is ``{"text", "output_ids", "meta_inf
 ``meta_info`` carries ``completion_tokens``, ``finish_reason`` and, for speculative
 servers once a request was verified at least once, ``spec_verify_ct`` and
 ``spec_accept_length`` (= completion_tokens / spec_verify_ct, bonus token included) and
-``spec_correct_drafts_histogram`` (entry n = verify steps that accepted n drafts).
+``spec_correct_drafts_histogram`` (entry n = verify steps that accepted n drafts); ``cached_tokens`` counts
+the prompt tokens served from the radix cache.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class GenOutput:
     runner_up: list[int] | None = None
     margin: list[float] | None = None
     accept_histogram: list[int] | None = None
+    cached_tokens: int | None = None  # prompt tokens the radix cache served (None: not reported)
 
     @property
     def accept_length(self) -> float | None:
@@ -68,6 +70,7 @@ def parse_generate_reply(reply: Any) -> GenOutput:
         accept_histogram=[int(n) for n in meta["spec_correct_drafts_histogram"]]
         if meta.get("spec_correct_drafts_histogram")
         else None,
+        cached_tokens=int(meta["cached_tokens"]) if meta.get("cached_tokens") is not None else None,
     )
 
 

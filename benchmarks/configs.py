@@ -1,7 +1,7 @@
 """Named server configurations compared by the benchmarks.
 
-Every configuration shares ``COMMON_FLAGS`` so that only the decoding method (and, for
-``stock-flashinfer``, the attention backend) differs between rows of a results table.
+Every configuration shares ``COMMON_FLAGS`` so that only the decoding method (and, for the
+``-flashinfer`` configs, the attention backend) differs between rows of a results table.
 A PILLAR config name may carry knob suffixes, ``pillar-streaming:verify_kernel=sglang:recent_window=16``:
 each ``:knob=value`` sets ``SPARSESPEC_<KNOB>=value`` for that server only.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sglang_sparsespec.config import ENV_PREFIX, KNOBS, PillarConfig
@@ -45,10 +45,10 @@ _FIXED: dict[str, tuple[str, ...]] = {
     "ngram": ("--attention-backend", "triton", "--speculative-algorithm", "NGRAM",
               "--speculative-num-draft-tokens", str(NGRAM_DRAFT_TOKENS)),
 }  # fmt: skip
-_PILLAR_NAME = re.compile(r"pillar(?:-k(\d+))?(?:-(coarse|streaming|oracle))?")
+_PILLAR_NAME = re.compile(r"pillar(?:-k(\d+))?(?:-(coarse|streaming|oracle))?(-flashinfer)?")
 _KNOB = re.compile(r"([a-z_]+)=(.+)")
 KNOWN_CONFIGS = (*_FIXED, "pillar", "pillar-k<N>", "pillar[-k<N>]-{coarse,streaming,oracle}",
-                 "<pillar config>:<knob>=<value>[:...]")  # fmt: skip
+                 "<any pillar config>-flashinfer", "<pillar config>:<knob>=<value>[:...]")  # fmt: skip
 CONFIGS_HELP = f"comma-separated config names: {', '.join(KNOWN_CONFIGS)} (knobs: see benchmarks/README.md)"
 
 
@@ -85,8 +85,10 @@ class ServerConfig:
 def resolve_config(name: str, extra_flags: tuple[str, ...] = ()) -> ServerConfig:
     """Flags of a named config; ``pillar-k4`` means PILLAR with 4 draft steps (``pillar`` = 8);
     a ``-coarse`` / ``-streaming`` / ``-oracle`` suffix selects that draft policy
-    (SPARSESPEC_POLICY) instead of per-layer, per-KV-head PillarAttn; ``:knob=value`` suffixes
-    set other PILLAR knobs. The name keeps its suffixes, so results tell the variants apart."""
+    (SPARSESPEC_POLICY) instead of per-layer, per-KV-head PillarAttn; a final ``-flashinfer``
+    prefills through FlashInfer (PILLAR still drafts and verifies through its Triton kernels);
+    ``:knob=value`` suffixes set other PILLAR knobs. The name keeps its suffixes, so results tell
+    the variants apart."""
     base, *knobs = name.split(":")
     if m := _PILLAR_NAME.fullmatch(base):
         method, env = _pillar(name, m, knobs)
@@ -99,6 +101,18 @@ def resolve_config(name: str, extra_flags: tuple[str, ...] = ()) -> ServerConfig
     return ServerConfig(name=name, flags=method + COMMON_FLAGS + tuple(extra_flags), env=tuple(env.items()))
 
 
+def with_radix_cache(config: ServerConfig) -> ServerConfig:
+    """``config`` with SGLang's radix (prefix) cache back on: COMMON_FLAGS turn it off for the throughput
+    tables, but a workload whose requests share a prefix is what the cache is for (lossless --radix-cache)."""
+    return replace(config, flags=tuple(f for f in config.flags if f != "--disable-radix-cache"))
+
+
+def flag_value(flags: Sequence[str], flag: str) -> str | None:
+    """The value of the last ``flag`` in ``flags`` (SGLang's parser keeps the last), None if absent."""
+    values = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == flag]
+    return values[-1] if values else None
+
+
 def _pillar(name: str, m: re.Match[str], knobs: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
     """Flags and environment of a PILLAR config; the knobs are checked by PillarConfig itself, so a bad
     value fails here (at argument parsing) and not on the GPU node."""
@@ -106,7 +120,7 @@ def _pillar(name: str, m: re.Match[str], knobs: Sequence[str]) -> tuple[tuple[st
     if steps < 1:
         raise ValueError(f"config {name!r}: PILLAR needs at least 1 draft step")
     method = (
-        "--attention-backend", "triton",
+        "--attention-backend", "flashinfer" if m.group(3) else "triton",
         "--speculative-algorithm", "PILLAR",
         "--speculative-num-steps", str(steps),
     )  # fmt: skip

@@ -2,7 +2,9 @@
 
     python -m benchmarks.lossless --model M --data-dir D --out F.json \\
         [--num-prompts 32] [--max-new-tokens 1024] [--num-steps 8] \\
-        [--accept-temps 0,0.6 --accept-max-new-tokens 2048] [--temperature T]
+        [--accept-temps 0,0.6 --accept-max-new-tokens 2048] [--temperature T] \\
+        [--attention-backend flashinfer] [--radix-cache] [--chunked-prefill-size C] \\
+        [--shared-prefix-tokens N] [--long-prompt-tokens L]
 
 With ``--temperature 0`` (default) the stock server answers the prompts greedily (twice,
 to measure its own run-to-run determinism, unless --no-stock-repeat), then a PILLAR server
@@ -18,9 +20,18 @@ share of divergences that SGLang's verify kernels cause by themselves.
 ``--temperature T > 0`` skips the stock server and only records acceptance (sampled
 outputs cannot be compared token by token).
 ``--accept-temps`` adds acceptance-only passes against the same PILLAR server start.
+``--attention-backend flashinfer`` runs both sides with FlashInfer (``stock-flashinfer`` vs
+``pillar-k<k>-flashinfer``). The setup users run: ``--radix-cache`` turns the prefix cache back on
+(every server), ``--chunked-prefill-size C`` sets SGLang's prefill chunk, ``--shared-prefix-tokens N``
+puts the same N prompt tokens before every request and ``--long-prompt-tokens L`` adds one request of
+L prompt tokens (its part after the shared prefix longer than C): PILLAR must stay lossless when its
+draft selection sees cached and chunk-prefilled positions. The JSON records these settings, the
+prompt lengths and each pass's ``cached_prompt_tokens``; acceptance with the cache on compares with
+the same command run with the cache off.
 
 Writes F.json (rewritten after every stage, so a killed job keeps what it had) and F.log.
-Exit code 0 = PASS (or acceptance-only OK) with every pass finished, 1 otherwise.
+Exit code 0 = PASS (or acceptance-only OK) with every pass finished, 2 when a prompt plus its new
+tokens would not fit the server's context (nothing is run), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -34,12 +45,20 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.client import GenOutput
-from benchmarks.configs import add_server_options, resolve_config
+from benchmarks.configs import ServerConfig, add_server_options, flag_value, resolve_config, with_radix_cache
 from benchmarks.meta import git_commit, run_metadata
 from benchmarks.passes import PassResult, parse_pass_options, prompt_settings, run_passes
 from benchmarks.runlog import write_json
 from benchmarks.server import begin
-from benchmarks.workload import DEFAULT_DATASETS, Prompt, build_prompts, load_tokenizer
+from benchmarks.workload import (
+    DEFAULT_DATASETS,
+    Prompt,
+    build_prompts,
+    load_problems,
+    load_tokenizer,
+    prompt_token_stats,
+    with_shared_prefix,
+)
 
 # A divergence is explained by rounding when stock's top-2 log-probability gap at that position
 # was at most this: a few bf16 ulps of a logit of 10-30 (ulp 0.0625-0.125). Whether the candidate
@@ -169,6 +188,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rejudge", type=Path, default=None, metavar="F.json",
                    help="only re-classify the divergences of a finished run with this version's rule and rewrite F.json")
     p.add_argument("--controls", default="", help="more configs to check against stock, e.g. ngram,pillar-streaming")
+    p.add_argument("--attention-backend", choices=("triton", "flashinfer"), default="triton",
+                   help="stock and PILLAR both with this backend (flashinfer: stock-flashinfer vs pillar-k<k>-flashinfer)")
+    p.add_argument("--radix-cache", action="store_true", help="keep SGLang's radix cache on (the configs turn it off)")
+    p.add_argument("--chunked-prefill-size", type=int, default=None, metavar="C", help="SGLang's prefill chunk, every server")
+    p.add_argument("--shared-prefix-tokens", type=int, default=0, metavar="N",
+                   help="the same N-token block (problem text, tokenized once) before every prompt")
+    p.add_argument("--long-prompt-tokens", type=int, default=0, metavar="L",
+                   help="one extra request of L prompt tokens: the shared prefix, other problems' text, a question")
     add_server_options(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--server-log-dir", type=Path, default=None, help="full server logs (default: a temp dir)")
@@ -183,6 +210,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--candidate-repeats must be >= 0")
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
+    if min(args.shared_prefix_tokens, args.long_prompt_tokens) < 0 or (args.chunked_prefill_size is not None and args.chunked_prefill_size < 1):
+        p.error("--shared-prefix-tokens and --long-prompt-tokens must be >= 0, --chunked-prefill-size >= 1")
+    if args.long_prompt_tokens and args.chunked_prefill_size and \
+            args.long_prompt_tokens - args.shared_prefix_tokens <= args.chunked_prefill_size:
+        # With the prefix cached only the rest is prefilled; it must still take more than one chunk.
+        p.error("--long-prompt-tokens minus --shared-prefix-tokens must exceed --chunked-prefill-size")
     try:
         args.accept_temps = [float(t) for t in args.accept_temps.split(",") if t.strip()]
     except ValueError:
@@ -195,6 +228,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         except ValueError as e:
             p.error(str(e))
     return args
+
+
+def server_config(name: str, args: argparse.Namespace) -> ServerConfig:
+    """A named config with this run's server settings: extra flags, the prefill chunk, the radix cache."""
+    chunk = ("--chunked-prefill-size", str(args.chunked_prefill_size)) if args.chunked_prefill_size else ()
+    config = resolve_config(name, args.extra_server_args + chunk)
+    return with_radix_cache(config) if args.radix_cache else config
 
 
 def rejudge(path: Path) -> int:
@@ -236,6 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "accept_temps": args.accept_temps,
             "accept_max_new_tokens": args.accept_max_new_tokens or args.max_new_tokens,
             "candidate_repeats": args.candidate_repeats,
+            "attention_backend": args.attention_backend,
+            "radix_cache": args.radix_cache,
+            "chunked_prefill_size": args.chunked_prefill_size,
+            "shared_prefix_tokens": args.shared_prefix_tokens,
+            "long_prompt_tokens": args.long_prompt_tokens,
         },
         "servers": {},
         "stock_repeat": None,
@@ -250,12 +295,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tokenizer = load_tokenizer(args.model)
     prompts = build_prompts(tokenizer, args.data_dir, args.num_prompts, args.datasets)
+    if args.shared_prefix_tokens or args.long_prompt_tokens:
+        problems = load_problems(args.data_dir, args.datasets)
+        prompts = with_shared_prefix(tokenizer, prompts, problems, args.shared_prefix_tokens, args.long_prompt_tokens)
+    doc["prompt_tokens"] = prompt_token_stats(prompts)
     log.line(f"{len(prompts)} prompts, {sum(len(p.input_ids) for p in prompts)} prompt tokens")
+
+    suffix = "-flashinfer" if args.attention_backend == "flashinfer" else ""
+    stock, pillar = server_config(f"stock{suffix}", args), server_config(f"pillar-k{args.num_steps}{suffix}", args)
+    # SGLang refuses a request whose prompt plus max_new_tokens exceeds the context: fail here, not on the GPU.
+    longest = max(len(p.input_ids) for p in prompts) + max(args.max_new_tokens, args.accept_max_new_tokens or 0)
+    context = flag_value(pillar.flags, "--context-length")
+    if context is not None and longest > int(context):
+        log.line(f"a prompt plus its new tokens needs {longest} tokens > --context-length {context}: nothing run")
+        return 2
 
     identity_mode = args.temperature == 0
     stock_passes: list[PassResult] = []
     if identity_mode:
-        stock = resolve_config("stock", args.extra_server_args)
         # The first stock pass is the reference and carries top-2 log-probabilities, so every
         # divergence can be classified; the repeat measures stock's own run-to-run noise.
         stock_passes = [PassResult("stock", 0.0, args.max_new_tokens, top2=i == 0) for i in range(1 if args.no_stock_repeat else 2)]
@@ -282,7 +339,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return ident
 
-    pillar = resolve_config(f"pillar-k{args.num_steps}", args.extra_server_args)
     accept_max = args.accept_max_new_tokens or args.max_new_tokens
     # Repeats follow the main pass on the same server: the same requests then land on reused
     # request rows and KV slots, after other requests' plans and at another selection phase,
@@ -301,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc["controls"] = {}
     for name in args.controls:
         control = PassResult(name, args.temperature, args.max_new_tokens)
-        record = run_passes(resolve_config(name, args.extra_server_args), [control], prompts, args, deadline, log)
+        record = run_passes(server_config(name, args), [control], prompts, args, deadline, log)
         doc["servers"][name] = record
         doc["controls"][name] = {"pass": control.summary(), "identity": identity(name, control)}
         write_json(args.out, doc)

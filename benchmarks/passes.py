@@ -66,6 +66,7 @@ def acceptance_summary(outputs: Sequence[GenOutput], wall_s: float | None = None
     ``correct_drafts_histogram``): ``accept_rate_by_position[j-1]`` = share of verify
     steps that accepted at least j drafts, and ``conditional_accept_by_position[j-1]`` =
     the same given that draft j-1 was accepted (how well draft j matches once reached).
+    ``cached_prompt_tokens``: prompt tokens the radix cache served (shows a shared prefix was shared).
     """
     spec = [o for o in outputs if o.verify_ct]
     total_tokens = sum(o.completion_tokens for o in outputs)
@@ -78,6 +79,9 @@ def acceptance_summary(outputs: Sequence[GenOutput], wall_s: float | None = None
         "accept_length_overall": None,
         "accept_length_mean": None,
         "accept_length_per_request": [None if a is None else round(a, 4) for a in per_req],
+        "cached_prompt_tokens": sum(o.cached_tokens or 0 for o in outputs)
+        if any(o.cached_tokens is not None for o in outputs)
+        else None,
     }
     if spec:
         doc["accept_length_overall"] = sum(o.completion_tokens for o in spec) / sum(o.verify_ct or 0 for o in spec)

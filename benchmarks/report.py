@@ -212,6 +212,15 @@ def _identity_cells(ident: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _lossless_candidate(s: dict[str, Any]) -> str:
+    """``pillar``, with what the run changed in the serving setup (earlier runs recorded none of it)."""
+    setup = [s.get("attention_backend") if s.get("attention_backend") not in (None, "triton") else "",
+             "radix" if s.get("radix_cache") else "", f"chunk {s['chunked_prefill_size']}" if s.get("chunked_prefill_size") else "",
+             f"prefix {s['shared_prefix_tokens']}" if s.get("shared_prefix_tokens") else "",
+             f"long {s['long_prompt_tokens']}" if s.get("long_prompt_tokens") else ""]  # fmt: skip
+    return " ".join(["pillar", *filter(None, setup)])
+
+
 def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
     docs = [d for d in docs if d.get("kind") == "lossless"]
     if not docs:
@@ -224,7 +233,7 @@ def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
             fmt(ident.get("reference_margin_median"), ".2f") if ident else "-",
         ]
         head = [d["meta"]["run_id"]]
-        rows.append([*head, "pillar", s["num_steps"], s["num_prompts"], s["max_new_tokens"], d.get("verdict"),
+        rows.append([*head, _lossless_candidate(s), s["num_steps"], s["num_prompts"], s["max_new_tokens"], d.get("verdict"),
                      *_identity_cells(ident), *stock_cells])  # fmt: skip
         for i, rep_ident in enumerate(d.get("identity_repeats", [])):
             rows.append([*head, f"pillar repeat {i + 1}", s["num_steps"], s["num_prompts"], s["max_new_tokens"], "-",

@@ -76,6 +76,48 @@ def build_prompts(
     return out
 
 
+def filler_ids(tokenizer: Any, problems: Sequence[tuple[str, str]], n_tokens: int) -> list[int]:
+    """Exactly ``n_tokens`` token ids of the problems' text, joined in order (cycled) and tokenized as one
+    string, so the block is real text and the same ids on every call."""
+    text, ids, i = "", [], 0
+    while len(ids) < n_tokens:
+        text += problems[i % len(problems)][1] + "\n\n"
+        i += 1
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    return list(ids[:n_tokens])
+
+
+def with_shared_prefix(
+    tokenizer: Any,
+    prompts: Sequence[Prompt],
+    problems: Sequence[tuple[str, str]],
+    prefix_tokens: int,
+    long_prompt_tokens: int = 0,
+) -> list[Prompt]:
+    """``prompts`` behind one common ``prefix_tokens``-token block (a long "system" context of problems in
+    file order), plus, with ``long_prompt_tokens``, one more request of exactly that many prompt tokens: the
+    same prefix, then other problems' text, then the first prompt's question.
+
+    The block is tokenized once and its ids are prepended, so every request starts with the very same ids
+    and SGLang's radix cache can share them (a text prefix re-tokenized per request may merge tokens
+    across its end). ``text`` is the decoded prefix plus the prompt's text, for reading only.
+    """
+    prefix = filler_ids(tokenizer, problems, prefix_tokens)
+    head = tokenizer.decode(prefix)
+    out = [Prompt(source=p.source, text=head + p.text, input_ids=prefix + p.input_ids) for p in prompts]
+    if long_prompt_tokens:
+        question = prompts[0]
+        body = long_prompt_tokens - len(prefix) - len(question.input_ids)
+        if body < 1:
+            raise ValueError(f"a {long_prompt_tokens}-token long prompt leaves no room after the {len(prefix)}-token "
+                             f"prefix and the {len(question.input_ids)}-token question")  # fmt: skip
+        # The problems in reverse order, so the body is not the prefix's text again.
+        filler = filler_ids(tokenizer, problems[::-1], body)
+        out.append(Prompt(source=f"long:{long_prompt_tokens}", text=tokenizer.decode(prefix + filler) + question.text,
+                          input_ids=prefix + filler + question.input_ids))  # fmt: skip
+    return out
+
+
 def write_bench_serving_file(path: Path, prompts: Sequence[Prompt]) -> None:
     """Write prompts in bench_serving's ``custom`` dataset format (JSONL, first two conversation turns).
 

@@ -53,6 +53,13 @@ FAKE_SERVER = textwrap.dedent(
         open(os.environ["FAKE_CHILD_PIDFILE"], "w").write(str(child.pid))
     diverge_at = int(os.environ.get("FAKE_DIVERGE_AT", "-1"))
     served = [0]
+    radix, seen = "--disable-radix-cache" not in argv, []  # radix on: earlier prompts' common prefix is cached
+
+    def cached(ids):
+        common = lambda a: next((i for i, (x, y) in enumerate(zip(a, ids)) if x != y), min(len(a), len(ids)))
+        hit = max(map(common, seen), default=0)
+        seen.append(ids)
+        return hit
 
     def tokens(ids, n):
         return [(sum(ids) + 7 * i) % 5000 for i in range(n)]
@@ -91,7 +98,8 @@ FAKE_SERVER = textwrap.dedent(
             out = tokens(ids, n)
             if spec and diverge_at >= 0 and sum(ids) % 2 == 0:
                 out[diverge_at] += 1
-            meta = {"completion_tokens": n, "finish_reason": {"type": "length", "length": n}}
+            meta = {"completion_tokens": n, "finish_reason": {"type": "length", "length": n},
+                    "cached_tokens": cached(ids) if radix else 0}
             if body.get("return_logprob"):  # stock's top-2 gap is FAKE_MARGIN where the candidate diverges
                 gap = [float(os.environ.get("FAKE_MARGIN", "3")) if i == diverge_at else 3.0 for i in range(n)]
                 meta["output_top_logprobs"] = [[[-0.1, t, None], [-0.1 - m, t + 1, None]] for t, m in zip(out, gap)]
@@ -232,11 +240,28 @@ def test_config_flags_parse_with_sglang_cli_and_bad_names_fail_early() -> None:
 
     from sglang.srt.server_args import ServerArgs
 
-    for name in ("stock", "stock-flashinfer", "ngram", "pillar-k4-streaming:recent_window=16"):
+    from sglang_sparsespec.patches.spec_algo import route_attention
+
+    def parse(cfg: configs.ServerConfig) -> argparse.Namespace:
         parser = argparse.ArgumentParser()
         ServerArgs.add_cli_args(parser)
-        cfg = configs.resolve_config(name)
-        ns = parser.parse_args(["--model-path", "m", *cfg.flags])
+        return parser.parse_args(["--model-path", "m", *cfg.flags])
+
+    # Every PILLAR config has a FlashInfer twin: the same flags but the backend, which PILLAR's validator
+    # routes (prefill on FlashInfer, decode and verify on Triton).
+    for name in ("pillar-flashinfer", "pillar-k4-coarse-flashinfer:recent_window=16"):
+        twin = configs.resolve_config(name.replace("-flashinfer", ""))
+        ns = parse(cfg := configs.resolve_config(name))
+        assert [f for f in cfg.flags if f != "flashinfer"] == [f for f in twin.flags if f != "triton"] and cfg.env == twin.env
+        ns.get_attention_backends = lambda ns=ns: ServerArgs.get_attention_backends(ns)
+        assert ns.attention_backend == "flashinfer" and route_attention(ns) is None
+        assert (ns.prefill_attention_backend, ns.decode_attention_backend, ns.speculative_attention_mode) == (
+            "flashinfer", "triton", "decode")  # fmt: skip
+    on = configs.with_radix_cache(configs.resolve_config("stock", ("--chunked-prefill-size", "512")))
+    ns = parse(on)
+    assert not ns.disable_radix_cache and ns.chunked_prefill_size == 512 and configs.flag_value(on.flags, "--page-size") == "1"
+    for name in ("stock", "stock-flashinfer", "ngram", "pillar-k4-streaming:recent_window=16"):
+        ns = parse(cfg := configs.resolve_config(name))
         assert ns.disable_radix_cache and ns.cuda_graph_max_bs_decode == 256 and ns.page_size == 1
     assert ns.speculative_algorithm == "PILLAR" and ns.speculative_num_steps == 4
     assert dict(cfg.env) == {"SPARSESPEC_POLICY": "streaming", "SPARSESPEC_RECENT_WINDOW": "16"}
@@ -245,7 +270,7 @@ def test_config_flags_parse_with_sglang_cli_and_bad_names_fail_early() -> None:
         "eagle": "unknown config", "pillar-k0": "at least 1", "stock:recent_window=16": "'stock' takes none",
         "pillar:foo=1": "unknown PILLAR knob 'foo'", "pillar:budget_ratio=2": "BUDGET_RATIO must be in",
         "pillar-streaming:policy=pillar": "the -streaming suffix already sets the policy",
-        "pillar:sink_tokens=1:sink_tokens=2": "sink_tokens given twice",
+        "pillar:sink_tokens=1:sink_tokens=2": "sink_tokens given twice", "pillar-flashinfer-k4": "unknown config",
     }  # fmt: skip
     for name, message in bad.items():
         with pytest.raises(ValueError, match=re.escape(message)):
@@ -421,6 +446,50 @@ def test_lossless_end_to_end(
     monkeypatch.setenv("FAKE_MODE", "exit_early")
     code, doc = run("dead", "--temperature", "0.7")
     assert code == 1 and doc["verdict"] == "INCOMPLETE" and "CUDA out of memory" in doc["servers"]["pillar"]["error"]
+
+
+def test_lossless_with_radix_cache_chunked_prefill_and_a_shared_prefix(
+    fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    """Every prompt starts with the same prefix ids, one more exceeds the chunk past it, the servers run with
+    the cache on and the chunk set, and the JSON records the setup, the cache hits and PILLAR's accept length."""
+    out = tmp_path / "radix.json"
+    argv = ["--model", str(tiny_tokenizer_dir), "--data-dir", str(data_dir), "--num-prompts", "4", "--max-new-tokens", "30",
+            "--server-log-dir", str(tmp_path / "logs"), "--out", str(out), "--radix-cache", "--chunked-prefill-size", "16",
+            "--shared-prefix-tokens", "24", "--long-prompt-tokens", "60", "--attention-backend", "flashinfer"]  # fmt: skip
+    assert lossless.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["verdict"] == "PASS" and doc["identity"]["identical"] == 5
+    s = doc["settings"]
+    assert (s["radix_cache"], s["chunked_prefill_size"], s["shared_prefix_tokens"], s["long_prompt_tokens"]) == (True, 16, 24, 60)
+    assert s["attention_backend"] == "flashinfer" and doc["prompt_tokens"]["max"] == 60
+    assert "| pillar flashinfer radix chunk 16 prefix 24 long 60 | 8 | 4 | 30 | PASS |" in report.lossless_markdown([doc])
+    assert doc["identity"]["requests"][-1]["source"] == "long:60" and doc["identity"]["requests"][-1]["prompt_len"] == 60
+    for name, rec in doc["servers"].items():
+        assert "--disable-radix-cache" not in rec["command"] and configs.flag_value(rec["command"], "--chunked-prefill-size") == "16"
+        assert configs.flag_value(rec["command"], "--attention-backend") == "flashinfer"
+    # The fake caches the longest prefix shared with an earlier prompt: at least the 24 ids of the prefix for
+    # every request after the first, so the ids were identical.
+    pillar = doc["acceptance"][0]
+    assert pillar["cached_prompt_tokens"] >= 4 * 24 and pillar["accept_length_overall"] == pytest.approx(3.0)
+
+    tok = workload.load_tokenizer(str(tiny_tokenizer_dir))
+    problems = workload.load_problems(data_dir)
+    prompts = workload.with_shared_prefix(tok, workload.build_prompts(tok, data_dir, 4), problems, 24, 60)
+    prefix = workload.filler_ids(tok, problems, 24)
+    assert len(prefix) == 24 and all(p.input_ids[:24] == prefix for p in prompts)
+    assert prompts[-1].input_ids[-len(prompts[0].input_ids) + 24:] == prompts[0].input_ids[24:]  # ends with a question
+    # Without the cache nothing is served from it; the same prompts and acceptance to compare with.
+    off_argv = [str(tmp_path / "off.json") if a == str(out) else a for a in argv if a != "--radix-cache"]
+    assert lossless.main(off_argv) == 0
+    off = json.loads((tmp_path / "off.json").read_text())
+    assert off["acceptance"][0]["cached_prompt_tokens"] == 0 and not off["settings"]["radix_cache"]
+    assert "--disable-radix-cache" in off["servers"]["pillar"]["command"]
+    # Bad sizes fail at argument parsing or before any server starts.
+    for bad in (["--long-prompt-tokens", "40"], ["--shared-prefix-tokens", "-1"]):
+        with pytest.raises(SystemExit):
+            lossless.parse_args([*argv, *bad])
+    assert lossless.main([*argv, "--max-new-tokens", "8200"]) == 2
 
 
 def test_throughput_end_to_end(

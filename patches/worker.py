@@ -50,7 +50,7 @@ from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.spec.adaptive import RoundClock, SpeculationPolicy
-from sglang_sparsespec.spec.dense import DenseChooser, plan_dense
+from sglang_sparsespec.spec.dense import DenseChooser
 from sglang_sparsespec.spec.rejection import DraftRecord
 from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
 
@@ -246,9 +246,7 @@ class PillarWorker(BaseSpecWorker):
         self.metrics.rounds_timed(samples)
         reqs = batch.reqs
         view = self.dense.view(reqs, self.policy.acceptance.alpha)
-        steps, key = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1), view)
-        round_ms = self.policy.round_ms(key, steps) if steps else None
-        dense = plan_dense(view, steps, round_ms).dense if round_ms is not None else None
+        steps, key, dense = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1), view)
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         self.policy.acceptance.launched(steps, len(reqs), dense)
         self.dense.launched(reqs, steps, dense)

@@ -95,7 +95,9 @@ def test_policy_prices_dense_drafting_per_request():
     rates = policy.rates(key, poor)
     assert rates[8] == pytest.approx(expected_tokens(0.97, 8) / (10.2 + 4 * 8 * 0.05))
     assert max(rates, key=rates.__getitem__) == 8
-    assert policy.choose(4, 6000, poor)[0] == 8
+    # The choice carries the plan it was priced with: the worker plans no second time.
+    choice = policy.choose(4, 6000, poor)
+    assert choice.steps == 8 and choice.dense == plan_dense(poor, 8, policy.round_ms(key, 8)).dense == [True] * 4
     assert policy.round_ms(key, 8) == pytest.approx(10.2) and policy.round_ms(key, 0) == pytest.approx(2.2)
 
 

@@ -27,9 +27,9 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from .dense import BatchView, expected_tokens, plan_dense
+from .dense import BatchView, DensePlan, expected_tokens, plan_dense
 from .rounds import LaunchedRounds
 
 
@@ -189,6 +189,15 @@ class RoundClock:
         return out
 
 
+class Choice(NamedTuple):
+    """One round's decision: ``steps`` drafts (0 = plain decoding), the cost cell ``key`` its time is
+    measured into, and ``dense`` ([bs] per request, or None: all sparse / not planned)."""
+
+    steps: int
+    key: tuple[int, int]
+    dense: list[bool] | None
+
+
 class SpeculationPolicy:
     """Chooses k per round from ``candidates`` (0 = plain decoding; the largest is the verify width
     - 1) by expected tokens per millisecond; see the module docstring.
@@ -241,32 +250,38 @@ class SpeculationPolicy:
         """Expected tokens per request per ms for every candidate the cell can price. With a
         ``view``, each request's own acceptance and the best dense set count (``dense.plan_dense``);
         without, the batch's acceptance."""
-        out: dict[int, float] = {}
+        return {k: rate for k, (rate, _) in self._priced(key, view).items()}
+
+    def _priced(self, key: tuple[int, int], view: BatchView | None) -> dict[int, tuple[float, DensePlan | None]]:
+        out: dict[int, tuple[float, DensePlan | None]] = {}
         for k in self.candidates:
             ms = self.round_ms(key, k)
             if ms is None:
                 continue
             if k == 0:
-                out[k] = 1.0 / ms
+                out[k] = (1.0 / ms, None)
             elif view is not None and len(view.alpha):
                 plan = plan_dense(view, k, ms)
-                out[k] = plan.tokens / len(view.alpha) / plan.ms
+                out[k] = (plan.tokens / len(view.alpha) / plan.ms, plan)
             else:
-                out[k] = expected_tokens(self.acceptance.alpha, k) / ms
+                out[k] = (expected_tokens(self.acceptance.alpha, k) / ms, None)
         return out
 
-    def choose(
-        self, batch_size: int, mean_len: float, view: BatchView | None = None
-    ) -> tuple[int, tuple[int, int]]:
-        """(k for this round, the cost cell it will be measured into)."""
+    def choose(self, batch_size: int, mean_len: float, view: BatchView | None = None) -> Choice:
+        """This round's draft count, the cost cell it will be measured into, and (with a ``view``
+        and a priced cell) which requests draft densely: the plan the count was chosen by."""
         key = (batch_bucket(batch_size), context_bucket(mean_len))
         c = self.table.cell(key)
         c.rounds += 1
         probe = self._probe(c)
-        k = probe if probe is not None else self._best(key, c, view)
+        if probe is None:
+            k, plan = self._best(key, c, view)
+        else:
+            ms = self.round_ms(key, probe) if probe and view is not None and len(view.alpha) else None
+            k, plan = probe, (plan_dense(view, probe, ms) if ms is not None else None)
         # Any round with drafts measures the draft step and the verify, so it refreshes every k >= 1.
         c.last_probe[0 if k == 0 else self.k_max] = c.rounds
-        return k, key
+        return Choice(k, key, plan.dense if plan is not None else None)
 
     def _probe(self, c: CostCell) -> int | None:
         # Unpriced modes first (k_max prices every k >= 1), then the stalest, every reprobe_every rounds.
@@ -279,16 +294,16 @@ class SpeculationPolicy:
             return stalest
         return None
 
-    def _best(self, key: tuple[int, int], c: CostCell, view: BatchView | None = None) -> int:
-        rates = self.rates(key, view)
-        if not rates:
-            return self.k_max
-        best = max(rates, key=rates.__getitem__)
+    def _best(self, key: tuple[int, int], c: CostCell, view: BatchView | None) -> tuple[int, DensePlan | None]:
+        priced = self._priced(key, view)
+        if not priced:
+            return self.k_max, None
+        best = max(priced, key=lambda k: priced[k][0])
         prev = c.last_choice
-        if prev in rates and rates[best] <= rates[prev] * (1.0 + self.margin):
+        if prev in priced and priced[best][0] <= priced[prev][0] * (1.0 + self.margin):
             best = prev
         c.last_choice = best
-        return best
+        return best, priced[best][1]
 
     def summary(self) -> dict[str, Any]:
         """The acceptance estimate and the measured cost of every cell that ran, as

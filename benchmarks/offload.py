@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.client import GenOutput, generate_all
-from benchmarks.configs import resolve_config
+from benchmarks.configs import resolve_config, with_radix_cache
 from benchmarks.lossless import compare_outputs, verdict
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import RunLog, write_json
@@ -63,10 +63,10 @@ def runs(args: argparse.Namespace, pool_tokens: int) -> Plan:
 
 
 def server_flags(config: str, extra: tuple[str, ...], args: argparse.Namespace) -> list[str]:
-    flags = list(resolve_config(config, extra).flags)
-    if args.radix_cache or "--enable-hierarchical-cache" in flags:  # HiCache lives in the radix tree
-        flags.remove("--disable-radix-cache")
-    return flags
+    resolved = resolve_config(config, extra)
+    if args.radix_cache or "--enable-hierarchical-cache" in resolved.flags:  # HiCache lives in the radix tree
+        resolved = with_radix_cache(resolved)
+    return list(resolved.flags)
 
 
 def reference_path(out: Path) -> Path:

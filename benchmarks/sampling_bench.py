@@ -57,14 +57,23 @@ def old_target(rows: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor | Non
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
+def filter_timed(rows, temp, top_p, repeats: int, suffix: str = "", **launch) -> dict:
+    """target_filter_fwd on ``rows`` with top-p alone and with top-k 50, under ``launch`` parameters."""
+    top_ks = {"top_p": 1 << 30, "top_k_top_p": 50}
+    return {
+        f"target_filter_{case}{suffix}": lambda k=torch.full_like(temp, v, dtype=torch.int32): target_filter_fwd(
+            rows, temp, k, top_p, None, repeats, **launch)
+        for case, v in top_ks.items()
+    }  # fmt: skip
+
+
 def target_rows_timed(rows: torch.Tensor, temp: torch.Tensor, top_p: torch.Tensor, repeats: int) -> dict:
     """The verify's target rows, new kernel vs the old path, top-p alone and with top-k 50."""
     top_k_off = torch.full_like(temp, 1 << 30, dtype=torch.int32)
     top_k50 = torch.full_like(temp, 50, dtype=torch.int32)
     flat = rows * 0.05
     timed = {
-        "target_filter_top_p": lambda: target_filter_fwd(rows, temp, top_k_off, top_p, None, repeats),
-        "target_filter_top_k_top_p": lambda: target_filter_fwd(rows, temp, top_k50, top_p, None, repeats),
+        **filter_timed(rows, temp, top_p, repeats),
         "target_filter_flat": lambda: target_filter_fwd(flat, temp, top_k_off, top_p, None, repeats),
     }
     try:
@@ -103,17 +112,10 @@ def measure(vocab: int, bs: int, k: int, c: int, tune: bool) -> dict[str, float]
         "rejection_sample_torch": lambda: rejection_sample(p, DraftRecord(tokens, ids, q, q_tok), coins, final),
         **target_rows_timed(rows, temp, top_p, k + 1),
     }
-    if tune:
-        top_k_off, top_k50 = (torch.full_like(top_p, v, dtype=torch.int32) for v in (1 << 30, 50))
-        for bv, nw in TUNE_GRID:
-            launch = {"block_v": bv, "num_warps": nw}
-            timed |= {
-                f"draft_sample_fwd@{bv}x{nw}": lambda kw=launch: draft_sample_fwd(x, *outs, **kw),
-                f"target_filter_top_p@{bv}x{nw}": lambda kw=launch: target_filter_fwd(
-                    rows, temp, top_k_off, top_p, None, k + 1, **kw),
-                f"target_filter_top_k_top_p@{bv}x{nw}": lambda kw=launch: target_filter_fwd(
-                    rows, temp, top_k50, top_p, None, k + 1, **kw),
-            }  # fmt: skip
+    for bv, nw in TUNE_GRID if tune else ():
+        launch = {"block_v": bv, "num_warps": nw}
+        timed[f"draft_sample_fwd@{bv}x{nw}"] = lambda kw=launch: draft_sample_fwd(x, *outs, **kw)
+        timed |= filter_timed(rows, temp, top_p, k + 1, f"@{bv}x{nw}", **launch)
     return {name: round(mean_ms(fn), 4) for name, fn in timed.items()}
 
 

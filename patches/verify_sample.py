@@ -62,13 +62,13 @@ def target_probs_gpu(logits: torch.Tensor, sampling_info, repeats: int, top_k_bo
     top_k 1. ``top_k_bounded`` (every request's top_k <= FILTER_CANDIDATES, known on the host)
     picks ``target_filter_fwd``; both paths give the same distribution.
     """
+    if not top_k_bounded:
+        return _renorm_probs(logits, sampling_info, repeats)
     min_p = sampling_info.min_ps if sampling_info.need_min_p_sampling else None
     temperature = sampling_info.temperatures.view(-1)
-    if top_k_bounded:
-        return target_filter_fwd(
-            logits, temperature, sampling_info.top_ks, sampling_info.top_ps, min_p, repeats, FILTER_CANDIDATES
-        )
-    return _renorm_probs(logits, sampling_info, repeats)
+    return target_filter_fwd(
+        logits, temperature, sampling_info.top_ks, sampling_info.top_ps, min_p, repeats, FILTER_CANDIDATES
+    )
 
 
 def _renorm_probs(logits: torch.Tensor, sampling_info, repeats: int) -> torch.Tensor:

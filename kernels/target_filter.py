@@ -272,7 +272,7 @@ def target_filter_fwd(
     min_p: torch.Tensor | None,
     repeats: int = 1,
     candidates: int = 64,
-    block_v: int = 1024,
+    block_v: int = 2048,
     num_warps: int = 4,
 ) -> torch.Tensor:
     """``target_probs`` on the GPU: [n, V] float32 rows, row i under request i // repeats.
@@ -281,7 +281,8 @@ def target_filter_fwd(
     top_k [n / repeats] int (1: greedy; <= 0 or >= V: off); min_p [n / repeats] float, or None for
     a batch without min-p (top-k and top-p then judged jointly). ``candidates`` (C) sizes the fast
     path's register sort; ``block_v`` (the vocabulary tile) and ``num_warps`` are launch parameters
-    only (``benchmarks.sampling_bench --tune`` times them). Shape-static, no host sync.
+    only (``benchmarks.sampling_bench --tune`` times them; 2048 x 4 was the fastest at batch 32 and 256 x
+    49,152 and 256 x 151,936 on the H100, ``kernels_tune_h100_0c83c86_*.json``). Shape-static, no host sync.
     """
     n, vocab = logits.shape
     bs = n // repeats if repeats >= 1 else -1

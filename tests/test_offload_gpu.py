@@ -79,15 +79,35 @@ def _post(url, body):
         pass  # an aborted request's connection may close without a reply
 
 
-@pytest.mark.parametrize("config", ["stock", "pillar-k4"])
-@pytest.mark.parametrize("radix", [False, True])
-def test_no_corruption_under_2x_oversubscription_with_aborts(config, radix, tmp_path):
-    from benchmarks.lossless import compare_outputs
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
     from benchmarks.workload import load_tokenizer
 
     tok = load_tokenizer(MODEL)
-    prompts = [tok.encode(f"Problem {i}: write a long story about the number {i * 37 % 101}.") for i in range(N)]
-    ref, _, _ = _serve("stock", (), radix, {}, tmp_path / "ref.log", prompts, top2=True)
+    return [tok.encode(f"Problem {i}: write a long story about the number {i * 37 % 101}.") for i in range(N)]
+
+
+@pytest.fixture(scope="module")
+def references(prompts, tmp_path_factory):
+    """The unpressured stock outputs per radix setting, served once for both configs (a server start
+    is most of a case's time)."""
+    refs: dict[bool, list] = {}
+
+    def get(radix: bool) -> list:
+        if radix not in refs:
+            log = tmp_path_factory.mktemp("ref") / "ref.log"
+            refs[radix] = _serve("stock", (), radix, {}, log, prompts, top2=True)[0]
+        return refs[radix]
+
+    return get
+
+
+@pytest.mark.parametrize("config", ["stock", "pillar-k4"])
+@pytest.mark.parametrize("radix", [False, True])
+def test_no_corruption_under_2x_oversubscription_with_aborts(config, radix, prompts, references, tmp_path):
+    from benchmarks.lossless import compare_outputs
+
+    ref = references(radix)
     demand = sum(len(p) + MAX_NEW for p in prompts) + ABORTED * 6000
     extra = ("--max-total-tokens", str(demand // 2))
     env = {"SPARSESPEC_OFFLOAD_HOST_GB": "4"}

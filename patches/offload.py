@@ -223,6 +223,9 @@ class KVOffloader:
         b.seq_lens_cpu = None if any(c is None for c in cpu) else torch.cat(cpu)
         b.orig_seq_lens = torch.cat([r.orig_seq_len for r in rows])
         b.input_ids = None  # relayed through the FutureMap row, as for every decode round
+        # prepare_for_extend leaves a per-request list here, and merge_batch / filter_batch index and
+        # concatenate it whenever the running batch has one (the H100 offload test died on None).
+        b.multimodal_inputs = [r.multimodal_inputs for r in reqs]
         if b.return_logprob:
             b.top_logprobs_nums = [r.logprob.top_logprobs_num for r in reqs]
             b.token_ids_logprobs = [r.logprob.token_ids_logprob for r in reqs]

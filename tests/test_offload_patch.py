@@ -339,3 +339,39 @@ def test_admission_slack_excludes_parked_growth_and_never_funds_the_prefill(admi
         adder = admission.make(host=10_000, chunk=chunk)
         adder.add_one_req(_adder_req("new", 100, 500), False, None)
         assert bool(adder.can_run_list) is admitted
+
+
+def test_restored_batch_merges_and_filters_with_sglang_batches(monkeypatch):
+    """The batch ``_batch_of`` builds goes through SGLang's own ScheduleBatch.merge_batch and filter_batch
+    either way round with a batch that came from prefill (which carries a per-request multimodal list)."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    sampling = SimpleNamespace(merge_batch=lambda other: None, filter_batch=lambda *a, **k: None)
+    monkeypatch.setattr(SamplingBatchInfo, "from_schedule_batch", classmethod(lambda cls, b, vocab: sampling))
+    sched = SimpleNamespace(
+        req_to_token_pool=SimpleNamespace(device="cpu"), token_to_kv_pool_allocator=None, tree_cache=None,
+        model_config=SimpleNamespace(vocab_size=32, is_encoder_decoder=False), enable_overlap=True,
+        spec_algorithm=SpeculativeAlgorithm.NONE,
+    )  # fmt: skip
+    off = offload.KVOffloader.__new__(offload.KVOffloader)
+    off.scheduler = sched
+
+    def batch(rid: str, idx: int, n: int) -> ScheduleBatch:
+        req = SimpleNamespace(rid=rid, req_pool_idx=idx, return_logprob=False, grammar=None, is_prefill_only=False,
+                              multimodal_inputs=None, return_hidden_states_mode=CaptureHiddenMode.NULL,
+                              finished=lambda: False)  # fmt: skip
+        n_t = torch.tensor([n])
+        return off._batch_of([offload._Row(req=req, seq_len=n_t, seq_len_cpu=n_t, orig_seq_len=n_t, spec_info=None)])
+
+    prefilled = batch("running", 1, 5)
+    prefilled.multimodal_inputs = [None]  # as prepare_for_extend leaves a text-only batch
+    prefilled.merge_batch(batch("restored", 2, 7))
+    restored = batch("restored-alone", 3, 9)  # a restore into an empty running batch, then a prefill joins it
+    restored.merge_batch(prefilled)
+    assert [r.rid for r in restored.reqs] == ["restored-alone", "running", "restored"]
+    assert restored.multimodal_inputs == [None] * 3 and restored.seq_lens.tolist() == [9, 5, 7]
+    restored.filter_batch(keep_indices=[2])
+    assert [r.rid for r in restored.reqs] == ["restored"] and restored.multimodal_inputs == [None]

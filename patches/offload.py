@@ -182,7 +182,12 @@ class KVOffloader:
             for rid in list(self.rows):
                 self._free_device(self.ledger.settle(rid))
         restored: list[_Row] = []
-        running_need = 0 if empty else running_batch.new_tokens_required_next_decode()
+        running_need = 0
+        if not empty:
+            # Requests that finished last round are still in the batch until SGLang filters it, their KV
+            # already released (req.kv None, which SGLang's speculative estimate reads): they need nothing.
+            live = [i for i, r in enumerate(running_batch.reqs) if r.kv is not None and not r.finished()]
+            running_need = running_batch.new_tokens_required_next_decode(live)
         for rec in self.ledger.parked_in_order():
             batch_need = running_need + self.decode_reserve * (len(restored) + 1)
             need = rec.tokens + batch_need * (1 if empty and not restored else RESTORE_HEADROOM_ROUNDS)

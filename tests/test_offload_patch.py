@@ -105,8 +105,9 @@ class Batch:
     def is_empty(self):
         return not self.reqs
 
-    def new_tokens_required_next_decode(self):
-        return len(self.reqs)
+    def new_tokens_required_next_decode(self, selected_indices=None):
+        reqs = self.reqs if selected_indices is None else [self.reqs[i] for i in selected_indices]
+        return sum(1 for r in reqs if r.kv.kv_allocated_len)  # reads r.kv, as SGLang's speculative estimate does
 
     def check_decode_mem(self):
         return self.token_to_kv_pool_allocator.available_size() >= self.new_tokens_required_next_decode()
@@ -176,6 +177,17 @@ def test_park_frees_slots_only_after_the_copy_and_restore_puts_kv_back(world):
     assert torch.equal(_kv_of(w, far), before)  # same KV at the same positions, in new slots
     s = w.off.summary()
     assert (s["parks"], s["restores"], s["bytes_to_host"], s["retraction_fallbacks"]) == (1, 1, 10 * 2 * H, 0)
+
+
+def test_restore_skips_finished_requests_still_in_the_running_batch(world):
+    """A request that finished last round stays in the running batch until SGLang filters it, with its
+    KV released (req.kv None): the restore's estimate of the batch's next round must skip it."""
+    w, near = world, world.reqs[0]
+    w.off.park_if_needed(w.batch)
+    w.allocator.free(w.pool.req_to_token[1, 4:10].long())
+    near.kv, near.finished = None, lambda: True
+    running = w.off.before_schedule(w.batch)  # 16 free < far's 10 + 16 rounds of its own growth: stays parked
+    assert running.reqs == [near] and w.off.ledger.where("far") is Where.PARKED
 
 
 def test_only_private_kv_moves_and_host_budget_falls_back(world):

@@ -75,7 +75,7 @@ def _config_rank(name: str) -> tuple[int, str]:
 
 def workload_key(doc: dict[str, Any]) -> tuple[Any, ...]:
     w = doc.get("workload", {})
-    return (w.get("kind"), w.get("output_len"), w.get("input_len"), w.get("temperature"))
+    return (w.get("kind"), w.get("output_len"), w.get("input_len"), w.get("temperature"), w.get("top_p"))
 
 
 def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -136,8 +136,9 @@ def _seconds(ms: Any) -> float | None:
 
 
 def describe_workload(key: tuple[Any, ...]) -> str:
-    _, out_len, _, temp = key
-    return f"AIME24+AMC23 chat prompts, {out_len} output tokens (ignore_eos), temperature {temp}"
+    _, out_len, _, temp, top_p = key
+    nucleus = "" if top_p is None else f", top-p {top_p:g}"  # runs before --top-p existed did not record it
+    return f"AIME24+AMC23 chat prompts, {out_len} output tokens (ignore_eos), temperature {temp}{nucleus}"
 
 
 STREAM_INTERVAL_1_NOTE = (

@@ -655,9 +655,11 @@ def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_pat
     index = page.read_text().split(report.README_BEGIN)[1].split(report.README_END)[0]
     assert sorted(re.findall(r"\]\(results/([\w.-]+)\)", index)) == sorted(made)
     assert len(index.strip().split("\n")) == len(made)  # one line per page
-    assert "- [Throughput](results/throughput.md): single runs" in index and "; 11 runs." in index
-    assert "sampled-5653bde-7000" in made["throughput.md"] and "sweep-85d9722" not in made["throughput.md"]
-    assert "| pillar | 256 | 512 | 40185 | 1.76x | 2.15x |" in made["throughput.md"]  # the headline
+    assert "- [Throughput](results/throughput.md): single runs" in index and "; 12 runs." in index
+    assert "sampled-3dc3540-7000" in made["throughput.md"] and "sweep-85d9722" not in made["throughput.md"]
+    assert "| pillar | 256 | 512 | 39247 | 1.72x | 2.06x |" in made["throughput.md"]  # the headline
+    assert "| stock-flashinfer | 256 | 512 | 21957 | 0.96x | 0.96x |" in made["throughput.md"]
+    assert "temperature 0.6, top-p 0.95; stream interval 8" in made["throughput.md"]
     assert "## Run-to-run spread" in made["throughput-sweep.md"]
     assert "\n## Losslessness (greedy token ids vs stock)\n" in made["acceptance-and-lossless.md"]
     for body in made.values():  # one title, then sections one level below it

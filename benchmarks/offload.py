@@ -36,7 +36,14 @@ from benchmarks.configs import resolve_config, with_radix_cache
 from benchmarks.lossless import compare_outputs, verdict
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import RunLog, write_json
-from benchmarks.server import Server, ServerError, http_json, install_signal_handlers, start_recorded
+from benchmarks.server import (
+    Server,
+    ServerError,
+    http_json,
+    install_signal_handlers,
+    scheduler_state,
+    start_recorded,
+)
 from benchmarks.throughput import PROVENANCE_KEYS
 from benchmarks.workload import build_prompts, load_tokenizer
 
@@ -135,7 +142,7 @@ def one_run(name, config, extra, env, prompts, args, log: RunLog) -> dict[str, A
             return rec
         wall = time.monotonic() - t0
         info = http_json(server.base_url + "/server_info", timeout=30)
-        state = (info.get("internal_states") or [{}])[0]
+        state = scheduler_state(info)
         tokens = sum(len(o.output_ids) for o in rec["outputs"])
         rec.update(wall_s=round(wall, 2), output_tokens=tokens, output_tok_s=round(tokens / wall, 1),
                    completed=sum(o.finish_reason == "length" for o in rec["outputs"]),

@@ -69,6 +69,13 @@ def http_json(url: str, body: Any | None = None, timeout: float = 30.0) -> Any:
         return json.loads(resp.read() or b"null")
 
 
+def scheduler_state(info: dict[str, Any]) -> dict[str, Any]:
+    """The first scheduler's ``internal_states`` entry of a /server_info reply (PILLAR's ``pillar``,
+    the offloader's ``offload``, ...); {} when the reply has none."""
+    states = info.get("internal_states") or [{}]
+    return states[0] if isinstance(states[0], dict) else {}
+
+
 def _die_with_parent() -> None:
     if sys.platform == "linux":
         PR_SET_PDEATHSIG = 1

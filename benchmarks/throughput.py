@@ -48,6 +48,7 @@ from benchmarks.server import (
     http_json,
     install_signal_handlers,
     log_tail,
+    scheduler_state,
     start_recorded,
 )
 from benchmarks.workload import (
@@ -220,8 +221,7 @@ def pillar_state(server: Server) -> dict[str, Any] | None:
         info = http_json(server.base_url + "/server_info", timeout=30)
     except (OSError, ValueError):
         return None
-    states = info.get("internal_states") or [{}]
-    return states[0].get("pillar") if isinstance(states[0], dict) else None
+    return scheduler_state(info).get("pillar")
 
 
 def server_info(server: Server) -> dict[str, Any] | None:

@@ -162,7 +162,7 @@ def test_the_scheduler_builds_its_metrics_reporter_after_the_worker():
     reason="needs CUDA and SPARSESPEC_TEST_MODEL (a model folder)",
 )
 def test_metrics_reach_prometheus_on_gpu(tmp_path):
-    from benchmarks.server import Server, http_json
+    from benchmarks.server import Server, http_json, scheduler_state
 
     flags = ["--attention-backend", "triton", "--page-size", "1", "--speculative-algorithm", "PILLAR",
              "--speculative-num-steps", "8", "--enable-metrics", "--decode-log-interval", "1",
@@ -186,7 +186,7 @@ def test_metrics_reach_prometheus_on_gpu(tmp_path):
                 text = r.read().decode()
             info = http_json(srv.base_url + "/server_info", timeout=30)
             got = _samples(text)
-            pillar = info["internal_states"][0]["pillar"]["metrics"]
+            pillar = scheduler_state(info)["pillar"]["metrics"]
             if pillar["drafts"] == _value(got, "sglang:pillar_num_drafts_total"):
                 break
             time.sleep(0.5)

@@ -34,7 +34,7 @@ N, MAX_NEW, ABORTED = 24, 1500, 6
 def _serve(config, extra, radix, env, log, prompts, abort_rids=(), top2=False):
     from benchmarks.client import generate_all
     from benchmarks.configs import resolve_config
-    from benchmarks.server import Server, http_json
+    from benchmarks.server import Server, http_json, scheduler_state
 
     flags = list(resolve_config(config, tuple(extra)).flags)
     if radix:
@@ -67,7 +67,7 @@ def _serve(config, extra, radix, env, log, prompts, abort_rids=(), top2=False):
         time.sleep(5)  # the scheduler goes idle and runs its leak check
         server.check_alive()
         info = http_json(url + "/server_info", timeout=30)
-    return outs, (info.get("internal_states") or [{}])[0], Path(log).read_text(errors="replace")
+    return outs, scheduler_state(info), Path(log).read_text(errors="replace")
 
 
 def _post(url, body):

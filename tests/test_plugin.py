@@ -223,7 +223,11 @@ def test_pillar_knobs_are_launch_flags(llama_config_dir, monkeypatch):
     text = parser.format_help()
     assert all(knob.flag in text for knob in KNOBS) and "--pillar-policy" in text
     for knob in KNOBS:
-        monkeypatch.delenv(knob.env, raising=False)
+        # The flags hook writes os.environ itself (as the launcher must). delenv of an unset variable
+        # records nothing to undo, so setenv first: teardown then removes what the hook wrote instead of
+        # leaking e.g. SPARSESPEC_POLICY=streaming into later tests' servers.
+        monkeypatch.setenv(knob.env, "")
+        monkeypatch.delenv(knob.env)
     monkeypatch.setenv("SPARSESPEC_MIN_BUDGET", "64")  # the fallback, for knobs without a flag
     base = ["--model-path", str(llama_config_dir), "--attention-backend", "triton", "--speculative-algorithm",
             "PILLAR", "--skip-tokenizer-init", "--device", "cpu"]  # fmt: skip

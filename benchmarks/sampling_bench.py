@@ -27,6 +27,7 @@ from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
 from benchmarks.meta import new_run_id, run_metadata
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 
+TOP_K_OFF = 1 << 30  # what SGLang's sampling_info.top_ks holds for "no top-k" (TOP_K_ALL)
 TUNE_GRID = [(block_v, warps) for block_v in (1024, 2048, 4096, 8192) for warps in (4, 8, 16)]
 
 
@@ -59,7 +60,7 @@ def old_target(rows: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor | Non
 
 def filter_timed(rows, temp, top_p, repeats: int, suffix: str = "", **launch) -> dict:
     """target_filter_fwd on ``rows`` with top-p alone and with top-k 50, under ``launch`` parameters."""
-    top_ks = {"top_p": 1 << 30, "top_k_top_p": 50}
+    top_ks = {"top_p": TOP_K_OFF, "top_k_top_p": 50}
     return {
         f"target_filter_{case}{suffix}": lambda k=torch.full_like(temp, v, dtype=torch.int32): target_filter_fwd(
             rows, temp, k, top_p, None, repeats, **launch)
@@ -69,7 +70,7 @@ def filter_timed(rows, temp, top_p, repeats: int, suffix: str = "", **launch) ->
 
 def target_rows_timed(rows: torch.Tensor, temp: torch.Tensor, top_p: torch.Tensor, repeats: int) -> dict:
     """The verify's target rows, new kernel vs the old path, top-p alone and with top-k 50."""
-    top_k_off = torch.full_like(temp, 1 << 30, dtype=torch.int32)
+    top_k_off = torch.full_like(temp, TOP_K_OFF, dtype=torch.int32)
     top_k50 = torch.full_like(temp, 50, dtype=torch.int32)
     flat = rows * 0.05
     timed = {

@@ -4,8 +4,9 @@
 temperature, then top-k / top-p judged *jointly* on the softmax (``filter_apply_order="joint"``),
 or, when min-p is on, top-k renorm -> top-p renorm -> min-p, as its sampler chains them. It is the
 plain-torch form (a full-vocabulary sort, so CPU tests and references only); the GPU verify computes
-the same rows with one Triton kernel (``kernels/target_filter.py``, via
-``patches/verify_sample.target_probs_gpu``). Drafts are sampled by
+the same rows in ``patches/verify_sample.target_probs_gpu``: one Triton kernel
+(``kernels/target_filter.py``) when every request's top_k is small, else SGLang's renorm kernels.
+Drafts are sampled by
 ``kernels/draft_sample.py`` from a compact proposal that needs neither the sort nor a full row.
 
 Everything here is shape-static, vectorised over the batch and free of host syncs.

@@ -27,7 +27,7 @@ DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
 
 
-REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times", "exactness")
+REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times", "exactness", "offload")
 
 
 def result_kind(doc: Any) -> str | None:
@@ -520,6 +520,38 @@ def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
     )
 
 
+def _gb(n: Any) -> str:
+    return f"{n / 1e9:.2f} GB" if isinstance(n, (int, float)) else "-"
+
+
+def offload_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """One table per ``benchmarks.offload`` file: each run's out tok/s against the pressured stock run of the
+    same file, retractions, parks and bytes moved, and its outputs' verdict against the unpressured reference."""
+    parts = []
+    for d in sorted((d for d in docs if d.get("kind") == "offload"), key=lambda d: d["meta"]["run_id"]):
+        runs = d.get("runs", {})
+        stock = (runs.get("stock") or {}).get("output_tok_s")
+        rows = []
+        for name, r in runs.items():
+            moved = r.get("offload") or {}
+            verdict = {True: "PASS", False: "FAIL"}.get(r.get("outputs_identical"), "-")
+            if r.get("token_identical") is not None:
+                verdict += f" ({r['token_identical']}/{d['requests']} identical)"
+            rows.append([name, r.get("status"), fmt(r.get("output_tok_s"), ".0f"), fmt(_ratio(r.get("output_tok_s"), stock), ".2f", "x"),
+                         r.get("retractions", "-"), f"{moved['parks']} / {moved['restores']}" if moved else "-",
+                         _gb(moved.get("bytes_to_host")), _gb(moved.get("bytes_to_device")), verdict])  # fmt: skip
+        m = d["meta"]
+        parts.append(
+            f"### Offload {d['_file']}\n\n{m['device']}; commit {m['git_commit']}; run {m['run_id']}. {d['requests']} "
+            f"requests x {d['settings']['max_new_tokens']} tokens, demand {d['demand_tokens']} tokens over a GPU pool of "
+            f"{d['pool_tokens']} (oversubscription {d['settings']['oversubscription']}), {d['settings']['host_gb']} GB "
+            f"host, radix cache {'on' if d['settings'].get('radix_cache') else 'off'}. `ratio_vs_stock` "
+            f"{fmt(d.get('ratio_vs_stock'), '.3f')}, `ratio_vs_stock_hicache` {fmt(d.get('ratio_vs_stock_hicache'), '.3f')}."
+            "\n\n" + markdown_table(["run", "status", "out tok/s", "vs stock", "retractions", "parks / restores",
+                                      "to host", "to device", "outputs vs reference"], rows) + "\n")  # fmt: skip
+    return ("## Offload\n\n" + "\n".join(parts)) if parts else ""
+
+
 def _num(v: Any) -> float | None:
     return v if isinstance(v, (int, float)) else None
 
@@ -614,7 +646,7 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = (),
          "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n"),
     ]
     for section in (throughput_markdown(docs), repeats_markdown(docs, repeats), lossless_markdown(docs), acceptance_markdown(docs), exactness_markdown(docs),
-                    policy_sim_markdown(docs), kernels_markdown(docs), step_times_markdown(docs)):
+                    policy_sim_markdown(docs), kernels_markdown(docs), step_times_markdown(docs), offload_markdown(docs)):
         if section:
             parts.append(section)
     parts += [f"- {n}" for n in notes]
@@ -705,6 +737,11 @@ def results_pages(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, An
             "stock's decode step against PILLAR's draft / verify / accept / select per round by context and batch, "
             "projected speedups, the score-capture cost, measured / ideal",
             _plural(len(by_kind["step_times"]), "run"), step_times_markdown(docs),
+        ),
+        ResultsPage(
+            "offload.md", "Offload", "the offload-aware KV pool under oversubscription: out tok/s against pressured "
+            "stock, retractions, parks and bytes moved, outputs against an unpressured run",
+            _plural(len([d for d in docs if d.get("kind") == "offload"]), "run"), offload_markdown(docs),
         ),
         ResultsPage(
             "kernels.md", "Kernels",

@@ -661,6 +661,9 @@ def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_pat
     assert "| stock-flashinfer | 256 | 512 | 21957 | 0.96x | 0.96x |" in made["throughput.md"]
     assert "temperature 0.6, top-p 0.95; stream interval 8" in made["throughput.md"]
     assert "## Run-to-run spread" in made["throughput-sweep.md"]
+    # The offload table: ratios against the pressured stock of the same file, the verdict vs the reference.
+    assert "| pillar_offload | ok | 18676 | 1.68x | 0 | 16 / 16 | 1.53 GB | 1.53 GB | PASS (8/64 identical) |" in made["offload.md"]
+    assert "| reference | ok | 8969 | 0.81x | 0 | - | - | - | - |" in made["offload.md"]
     assert "\n## Losslessness (greedy token ids vs stock)\n" in made["acceptance-and-lossless.md"]
     for body in made.values():  # one title, then sections one level below it
         heads = [line.split(" ")[0] for line in body.split("\n") if line.startswith("#")]

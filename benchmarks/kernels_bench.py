@@ -4,7 +4,9 @@
 
 (a) sparse decode attention at a 5 % budget + a 16-token tail vs full-context decode with SGLang's
     Triton kernel and FlashInfer (if importable), plus SGLang's kernel on a head-shared index list of
-    the same length (same bytes, no per-head lists); achieved bandwidth = K/V/index bytes gathered / time;
+    the same length (same bytes, no per-head lists), and FlashInfer's page-table decode on the same
+    per-head selections (each KV head its own row of one-head pages; output checked against ours);
+    achieved bandwidth = K/V/index bytes gathered / time;
 (b) verify attention of k + 1 = 9 causal rows per request over the prefix with the LSE output: PILLAR's
     split-KV kernel vs SGLang's Triton extend kernel (achieved bandwidth = prefix K/V/index bytes / time);
     score capture over the prefix, fp32 and fp16 output, as a fraction of either verify attention — the
@@ -24,7 +26,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -182,6 +184,28 @@ def draft_selection(shape: Shape, bs: int, seq_len: int, kv_bytes: int) -> tuple
     return sel, sel_cnt, cnt, gathered
 
 
+def per_head_pages(req_to_token: torch.Tensor, sel: torch.Tensor, cnt: int, tail_start: torch.Tensor) -> torch.Tensor:
+    """Page ids of every (request, KV head)'s selected positions and tail, row-major over (request, KV head),
+    for the KV cache viewed as [slots x H_kv] pages of one token and one head: FlashInfer's page table is
+    shared by a row's heads, so per-head selections need one row per KV head."""
+    bs, h_kv = sel.shape[:2]
+    tail = (tail_start[:, None] + torch.arange(TAIL, device=sel.device))[:, None, :].expand(bs, h_kv, TAIL)
+    pos = torch.cat([sel[:, :, :cnt].long(), tail], dim=2)
+    slots = torch.gather(req_to_token.long()[:, None, :].expand(bs, h_kv, -1), 2, pos)
+    return (slots * h_kv + torch.arange(h_kv, device=sel.device)[None, :, None]).flatten()
+
+
+def flashinfer_head_sparse(shape: Shape, q, k, v, req_to_token, sel, cnt, tail_start) -> Callable[[], object] | str:
+    """FlashInfer's paged decode on PILLAR's per-head selections (issue 23: its page-table decode as the
+    draft kernel). Kernel time only: in a draft loop its ``plan`` needs host-side row lengths every step."""
+    bs, group, n = q.shape[0], shape.h_q // shape.h_kv, cnt + TAIL
+    rows = replace(shape, name=f"{shape.name}/per-head", h_q=group, h_kv=1)
+    q_rows = q.view(bs, shape.h_kv, group, shape.d).reshape(bs * shape.h_kv, group, shape.d)
+    indptr = torch.arange(0, bs * shape.h_kv + 1, device=DEVICE, dtype=torch.int32) * n
+    pages = per_head_pages(req_to_token, sel, cnt, tail_start)
+    return flashinfer_decode(rows, q_rows, k.view(-1, 1, shape.d), v.view(-1, 1, shape.d), indptr, pages)
+
+
 def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
     k, v, req_to_token = make_pool(shape, bs, seq_len)
     q = torch.randn(bs, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
@@ -211,6 +235,10 @@ def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
     row["sglang_shared_sparse_us"] = timed_or_note(
         sglang_decode(shape, q, k, v, shared_indptr, shared_indices, torch.full_like(seq_lens, n))
     )
+    fi_sparse = flashinfer_head_sparse(shape, q, k, v, req_to_token, sel, cnt, tail_start)
+    if not isinstance(fi_sparse, str):  # same positions, same scale: the outputs must agree to bf16 rounding
+        row["flashinfer_sparse_max_err"] = (fi_sparse().view_as(o).float() - o.float()).abs().max().item()
+    row["flashinfer_sparse_us"] = timed_or_note(fi_sparse)
     if isinstance(row["sglang_full_us"], float):
         row["speedup_vs_sglang_full"] = row["sglang_full_us"] / row["sparse_us"]
     return row

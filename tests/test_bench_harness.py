@@ -727,3 +727,34 @@ def test_report_writes_one_page_per_kind_and_keeps_the_hand_written_text(tmp_pat
     readme.write_text(text.replace("More hand-written text.", "Changed by hand."))
     assert report.main(argv) == 0
     assert readme.read_text() == text.replace("More hand-written text.", "Changed by hand.")
+
+
+def test_flashinfer_per_head_pages_attend_exactly_the_sparse_kernels_positions() -> None:
+    """kernels_bench times FlashInfer's page-table decode on PILLAR's per-head selections by making each
+    (request, KV head) a row of one-head pages; attention over those pages (plain torch, as FlashInfer
+    computes it) must equal the sparse kernel's reference, or the timing compares different work."""
+    from benchmarks.kernels_bench import TAIL, per_head_pages
+    from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
+
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    bs, h_kv, group, d, seq_len, cnt = 3, 3, 3, 16, 80, 7
+    slots = bs * seq_len + 5
+    k = torch.randn(slots, h_kv, d, generator=gen).to(torch.bfloat16)
+    v = torch.randn(slots, h_kv, d, generator=gen).to(torch.bfloat16)
+    req_to_token = torch.randperm(slots - 1, generator=gen)[: bs * seq_len].view(bs, seq_len).to(torch.int32) + 1
+    tail_start = torch.full((bs,), seq_len - TAIL)
+    sel = torch.stack([torch.randperm(seq_len - TAIL, generator=gen)[:cnt].sort().values for _ in range(bs * h_kv)])
+    sel = sel.view(bs, h_kv, cnt).to(torch.int32)
+    q = torch.randn(bs, h_kv * group, d, generator=gen)
+
+    pages = per_head_pages(req_to_token, sel, cnt, tail_start).view(bs * h_kv, cnt + TAIL)
+    k_pages, v_pages = k.view(-1, d).float(), v.view(-1, d).float()  # [slots x H_kv] one-head pages
+    q_rows = q.to(torch.bfloat16).float().view(bs * h_kv, group, d)
+    scores = torch.einsum("rgd,rnd->rgn", q_rows, k_pages[pages]) * d**-0.5
+    out = torch.einsum("rgn,rnd->rgd", scores.softmax(-1), v_pages[pages]).view(bs, h_kv * group, d)
+
+    ref = sparse_decode_ref(q, k, v, torch.zeros(bs, h_kv * group, d), req_to_token, torch.arange(bs), sel,
+                            torch.full((bs,), cnt), tail_start, torch.full((bs,), seq_len), d**-0.5)  # fmt: skip
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert len(set(pages[0].tolist())) == cnt + TAIL  # distinct pages: no position read twice

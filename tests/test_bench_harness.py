@@ -733,10 +733,11 @@ def test_flashinfer_per_head_pages_attend_exactly_the_sparse_kernels_positions()
     """kernels_bench times FlashInfer's page-table decode on PILLAR's per-head selections by making each
     (request, KV head) a row of one-head pages; attention over those pages (plain torch, as FlashInfer
     computes it) must equal the sparse kernel's reference, or the timing compares different work."""
-    from benchmarks.kernels_bench import TAIL, per_head_pages
+    import torch
     from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
 
-    torch = pytest.importorskip("torch")
+    from benchmarks.kernels_bench import TAIL, per_head_pages
+
     gen = torch.Generator().manual_seed(0)
     bs, h_kv, group, d, seq_len, cnt = 3, 3, 3, 16, 80, 7
     slots = bs * seq_len + 5

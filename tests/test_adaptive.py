@@ -137,7 +137,44 @@ def test_policy_reprobes_the_unused_mode_and_counts_paths():
     # The cell's measured costs, keyed by batch bucket x context (7000 tokens: the 2^13 half-octave).
     cell = summary["cells"]["256x8192"]
     assert cell["rounds"] == 32
-    assert (cell["plain"], cell["draft_step"], cell["verify"]) == pytest.approx((20.0, 2.0, 20.0))
+    assert (cell["plain"], cell["draft_8"], cell["verify"]) == pytest.approx((20.0, 16.0, 20.0))
+
+
+def test_speculative_reprobes_draft_the_fewest_and_price_each_count_by_its_own_rounds():
+    """Where plain decoding wins, the speculative re-probe drafts k_min (2), not k_max: it refreshes the
+    verify and the acceptance for a third of the cost. A count not yet run is priced from the nearest
+    measured one, scaled; once run, by its own draft phase (the phase has a fixed part)."""
+    policy = SpeculationPolicy((0, 2, 4, 8), reprobe_every=10, acceptance=AcceptanceTracker(prior=0.6))
+    key = policy.choose(1, 7000)[1]
+    assert policy.choose(1, 7000)[0] == 8  # the first speculative probe prices k_max
+    _feed(policy, key, plain=1.8, step=1.4, verify=1.7)
+    picks = [policy.choose(1, 7000)[0] for _ in range(30)]
+    assert picks.count(2) == 3 and picks.count(0) == 27 and 8 not in picks
+    assert policy.round_ms(key, 4) == pytest.approx(4 * 1.4 + 1.7 + 0.1)  # from k = 8's phase, scaled
+    policy.observe([RoundSample(key, 2, 3.3, 1.7, 0.1)])  # k = 2's own phase: 1.65 ms per draft
+    assert policy.round_ms(key, 2) == pytest.approx(3.3 + 1.7 + 0.1)
+    assert policy.round_ms(key, 8) == pytest.approx(8 * 1.4 + 1.7 + 0.1)
+    assert policy.round_ms(key, 4) == pytest.approx(2 * 3.3 + 1.7 + 0.1)  # nearest: 2 (the shorter on a tie)
+
+
+def test_a_new_context_bucket_starts_from_its_neighbours_costs():
+    """Contexts cross a half-octave every few hundred tokens: the new cell is priced from the nearest cell
+    of the same batch bucket and decides at once (no probe of either mode); its costs are its own after
+    that, and another batch bucket still probes."""
+    policy = SpeculationPolicy((0, 2, 4, 8), reprobe_every=10, acceptance=AcceptanceTracker(prior=0.85))
+    key = policy.choose(256, 4000)[1]
+    policy.choose(256, 4000)
+    _feed(policy, key, plain=12.0, step=2.2, verify=16.0)
+    assert policy.choose(256, 4000)[0] == 8
+    new_key = policy.choose(256, 5800)[1]
+    assert new_key != key and policy.choose(256, 5800)[0] == 8 and policy.choose(256, 5800)[0] == 8
+    assert policy.round_ms(new_key, 8) == pytest.approx(policy.round_ms(key, 8))
+    _feed(policy, new_key, plain=10.0, step=2.0, verify=12.0)
+    assert policy.round_ms(new_key, 8) != pytest.approx(policy.round_ms(key, 8))
+    picks = [policy.choose(256, 5800)[0] for _ in range(12)]
+    assert picks.count(0) == 1  # the plain re-probe comes on the usual schedule
+    assert policy.choose(128, 5800)[0] == 0  # a new batch bucket: probed from scratch
+    assert policy.choose(256, 16000)[0] == 0  # two octaves away: too far to borrow from
 
 
 def test_policy_hysteresis_keeps_a_near_tie():

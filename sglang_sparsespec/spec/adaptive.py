@@ -6,17 +6,26 @@ no fixed k is right for a server whose batch drains and refills. Each round pick
 maximises the expected emitted tokens per GPU millisecond:
 
     k = 0:   1 token per request, cost  plain + gap
-    k >= 1:  E_k = (1 - a^(k+1)) / (1 - a) tokens per request, cost  k * draft_step + verify + gap
+    k >= 1:  E_k = (1 - a^(k+1)) / (1 - a) tokens per request, cost  draft(k) + verify + gap
 
 where ``a`` is the per-draft acceptance probability (geometric model, estimated from the accept
 counts SGLang already copies to the host, ``AcceptanceTracker``), and the costs are measured on
 this server: every round records CUDA events, and ``RoundClock`` reads them once they have
 completed (``query()``, never a wait), feeding ``CostTable`` cells keyed by the batch-size bucket
-and the context-length bucket. ``verify`` covers the verify pass, acceptance and selection, whose
-cost does not depend on k because the verify graph has one width (k_max + 1; a round with fewer
-drafts caps their acceptance, see ``DraftRecord.num_drafts``). A cell with an unmeasured mode
-probes it once; a cell re-probes its unused modes every ``reprobe_every`` rounds, which also keeps
-the acceptance estimate fresh while plain decoding runs.
+and the context-length bucket. ``draft(k)`` is the draft phase measured at k drafts, or, until a
+round of k ran in the cell, the nearest measured count's scaled by k (the phase has a small fixed
+part, so the cell keeps one figure per k). ``verify`` covers the verify pass, acceptance and
+selection, whose cost does not depend on k because the verify graph has one width (k_max + 1; a
+round with fewer drafts caps their acceptance, see ``DraftRecord.num_drafts``).
+
+Probes. A cell prices its two modes (plain, speculative) once, speculating at k_max the first time.
+After that it re-probes the mode it is not using every ``reprobe_every`` rounds, which also keeps
+the acceptance estimate fresh while plain decoding runs; a speculative re-probe drafts the fewest
+candidate count, since any round with drafts refreshes the verify cost and the acceptance: where
+plain decoding wins (few requests), a k = 8 probe costs ~7 plain rounds for ~2.7 tokens, a k = 2
+probe ~2.5 for ~2. A new cell starts from the costs of the nearest cell of its batch bucket within
+an octave of context (contexts grow through a half-octave every few hundred tokens), so it needs no
+first probes.
 
 Nothing here touches SGLang or the GPU directly: events come from a factory (testable on CPU).
 """
@@ -92,21 +101,49 @@ class _Ema:
 @dataclass
 class CostCell:
     """Measured milliseconds of one (batch bucket, context bucket): plain = a k = 0 round;
-    draft_step = one draft step; verify = the rest of a k >= 1 round; gap = stream idle time before
-    a round that followed another decode round. Bookkeeping: rounds chosen here, the round each mode
-    (0, or k_max for every k >= 1) last ran, and the last non-probe choice (for the hysteresis)."""
+    draft[k] = the draft phase of a round of k drafts; verify = the rest of a k >= 1 round; gap =
+    stream idle time before a round that followed another decode round. Bookkeeping: rounds chosen
+    here, the round each mode (0, or SPECULATE for every k >= 1) last ran, and the last non-probe
+    choice (for the hysteresis)."""
 
     plain: _Ema
-    draft_step: _Ema
     verify: _Ema
     gap: _Ema
+    draft: dict[int, _Ema] = field(default_factory=dict)
     rounds: int = 0
     last_probe: dict[int, int] = field(default_factory=dict)
     last_choice: int | None = None
 
     @classmethod
     def empty(cls, decay: float) -> CostCell:
-        return cls(_Ema(decay), _Ema(decay), _Ema(decay), _Ema(decay))
+        return cls(_Ema(decay), _Ema(decay), _Ema(decay))
+
+    def seeded(self, decay: float) -> CostCell:
+        """A new cell holding this one's costs and last choice, its measured modes counted as probed
+        at its round 0 (so they are re-probed on the usual schedule, not at once)."""
+
+        def copy(e: _Ema) -> _Ema:
+            out = _Ema(decay)
+            out.value = e.value
+            return out
+
+        cell = CostCell(copy(self.plain), copy(self.verify), copy(self.gap), {k: copy(e) for k, e in self.draft.items()})
+        cell.last_probe = dict.fromkeys(self.last_probe, 0)
+        cell.last_choice = self.last_choice
+        return cell
+
+    def draft_ms(self, k: int) -> float | None:
+        """The draft phase of k drafts: measured at k, else the nearest measured count's scaled by k."""
+        measured = {j: e.value for j, e in self.draft.items() if e.value is not None}
+        if k in measured:
+            return measured[k]
+        if not measured:
+            return None
+        near = min(measured, key=lambda j: (abs(j - k), -j))
+        return measured[near] * k / near
+
+
+SPECULATE = -1  # CostCell.last_probe's key for the speculative mode (every k >= 1)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -119,7 +156,14 @@ def context_bucket(mean_len: float) -> int:
     return round(2.0 * math.log2(max(mean_len, 1.0)))
 
 
+SEED_SPAN = 2  # a new cell borrows costs from a cell at most this many half-octaves of context away
+
+
 class CostTable:
+    """CostCells by (batch bucket, context bucket); a new cell is seeded from the nearest cell of its
+    batch bucket within SEED_SPAN context buckets (the shorter context on a tie), or starts empty:
+    step costs grow with the context, so a far neighbour would mislead more than a probe costs."""
+
     def __init__(self, decay: float = 0.7):
         self.decay = decay
         self.cells: dict[tuple[int, int], CostCell] = {}
@@ -127,7 +171,13 @@ class CostTable:
     def cell(self, key: tuple[int, int]) -> CostCell:
         c = self.cells.get(key)
         if c is None:
-            c = self.cells[key] = CostCell.empty(self.decay)
+            bs, ctx = key
+            near = [k for k, cell in self.cells.items() if k[0] == bs and abs(k[1] - ctx) <= SEED_SPAN and cell.last_probe]
+            if near:
+                c = self.cells[min(near, key=lambda k: (abs(k[1] - ctx), k[1]))].seeded(self.decay)
+            else:
+                c = CostCell.empty(self.decay)
+            self.cells[key] = c
         return c
 
 
@@ -225,13 +275,18 @@ class SpeculationPolicy:
     def k_max(self) -> int:
         return self.candidates[-1]
 
+    @property
+    def k_min(self) -> int:
+        """The fewest drafts a round may run (the speculative re-probe's count)."""
+        return next(k for k in self.candidates if k >= 1)
+
     def observe(self, samples: list[RoundSample]) -> None:
         for s in samples:
             c = self.table.cell(s.key)
             if s.k == 0:
                 c.plain.add(s.rest_ms)
             else:
-                c.draft_step.add(s.draft_ms / s.k)
+                c.draft.setdefault(s.k, _Ema(self.table.decay)).add(s.draft_ms)
                 c.verify.add(s.rest_ms)
             if s.gap_ms is not None:
                 c.gap.add(s.gap_ms)
@@ -242,9 +297,10 @@ class SpeculationPolicy:
         gap = c.gap.value or 0.0
         if k == 0:
             return None if c.plain.value is None else c.plain.value + gap
-        if c.draft_step.value is None or c.verify.value is None:
+        draft = c.draft_ms(k)
+        if draft is None or c.verify.value is None:
             return None
-        return k * c.draft_step.value + c.verify.value + gap
+        return draft + c.verify.value + gap
 
     def rates(self, key: tuple[int, int], view: BatchView | None = None) -> dict[int, float]:
         """Expected tokens per request per ms for every candidate the cell can price. With a
@@ -279,19 +335,20 @@ class SpeculationPolicy:
         else:
             ms = self.round_ms(key, probe) if probe and view is not None and len(view.alpha) else None
             k, plan = probe, (plan_dense(view, probe, ms) if ms is not None else None)
-        # Any round with drafts measures the draft step and the verify, so it refreshes every k >= 1.
-        c.last_probe[0 if k == 0 else self.k_max] = c.rounds
+        # Any round with drafts measures the verify and the acceptance, so it refreshes every k >= 1.
+        c.last_probe[0 if k == 0 else SPECULATE] = c.rounds
         return Choice(k, key, plan.dense if plan is not None else None)
 
     def _probe(self, c: CostCell) -> int | None:
-        # Unpriced modes first (k_max prices every k >= 1), then the stalest, every reprobe_every rounds.
-        modes = [m for m in (0, self.k_max) if m in self.candidates]
+        # Unpriced modes first (plain, then k_max), then the stalest every reprobe_every rounds, the
+        # speculative mode at the fewest drafts (see the module docstring).
+        modes = [m for m in (0, SPECULATE) if m != 0 or 0 in self.candidates]
         unpriced = [m for m in modes if m not in c.last_probe]
         if unpriced:
-            return unpriced[0]
+            return self.k_max if unpriced[0] == SPECULATE else 0
         stalest = min(modes, key=lambda m: c.last_probe[m])
         if c.rounds - c.last_probe[stalest] >= self.reprobe_every:
-            return stalest
+            return self.k_min if stalest == SPECULATE else 0
         return None
 
     def _best(self, key: tuple[int, int], c: CostCell, view: BatchView | None) -> tuple[int, DensePlan | None]:
@@ -315,6 +372,7 @@ class SpeculationPolicy:
                 f"{bs}x{round(2 ** (ctx / 2))}": {
                     "rounds": c.rounds,
                     **{n: round(e.value, 3) for n, e in vars(c).items() if isinstance(e, _Ema) and e.value is not None},
+                    **{f"draft_{k}": round(e.value, 3) for k, e in sorted(c.draft.items()) if e.value is not None},
                 }
                 for (bs, ctx), c in sorted(self.table.cells.items())
                 if c.rounds

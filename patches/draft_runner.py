@@ -4,13 +4,19 @@ Each step is an ordinary SGLang DECODE forward of the target model under
 ``PillarDraftBackend``, whose attention reads, per layer and KV head, only the request's
 planned positions plus the recent tail and this round's tokens (``PlanState``). Sampled
 drafts come from a compact proposal over at most C of the most probable tokens (``kernels/draft_sample.py``),
-recorded for the verify's rejection sampling. The whole
-k-step loop — k forwards and draft sampling — is captured as one CUDA graph per
-batch-size bucket, so a round costs one graph launch for drafting plus the target's own
-TARGET_VERIFY graph for verifying. Batches larger than the largest bucket run the same
-loop eagerly. A round may draft fewer than k tokens (adaptive speculation): each draft count
-the policy can choose has its own graphs, and the columns past it keep stale values that the
-verify never accepts (``DraftRecord.num_drafts``).
+recorded for the verify's rejection sampling. One draft step — a forward and its draft
+sampling — is captured as one CUDA graph per batch-size bucket (greedy and sampled), and a
+round of k drafts replays it k times: everything a step depends on (its index, its input
+token) lives in device buffers the step itself advances, so the replays need no host work
+between them. Batches larger than the largest bucket run the same step eagerly. A round may
+draft any count up to k (adaptive speculation) from the same graphs; the columns past it keep
+stale values that the verify never accepts (``DraftRecord.num_drafts``).
+
+Why one step per graph rather than the whole loop: capture time. Graphs of the whole loop
+needed one capture per draft count the policy may choose (2, 4 and 8 steps: 14 captured
+forwards per batch size, 54 s of every server start on an H100 for SmolLM2); one step is one
+captured forward per batch size. A replay costs a graph launch (a few microseconds), k - 1 more
+per round than one loop graph: ~0.1% of a 34 ms round at 256 x 4K.
 """
 
 from __future__ import annotations
@@ -48,14 +54,11 @@ class PillarDraftRunner:
         state: PlanState,
         max_bs: int,
         capture_bs: list[int],
-        step_counts: tuple[int, ...],
     ):
         self.mr = model_runner
         self.cfg = cfg
         self.state = state
         self.k = cfg.num_steps
-        # The draft counts rounds may run (graphs are captured for each).
-        self.step_counts = tuple(n for n in step_counts if n >= 1)
         self.max_bs = max_bs
         self.device = model_runner.device
         # The proposal's support: at most C of the most probable tokens (any proposal keeps verify exact).
@@ -63,7 +66,6 @@ class PillarDraftRunner:
         with torch.device(self.device):
             self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64)
             self.seq_lens = torch.ones(max_bs, dtype=torch.int64)
-            self.bonus = torch.zeros(max_bs, dtype=torch.int64)
             self.temperature = torch.ones(max_bs, dtype=torch.float32)
             self.top_p = torch.ones(max_bs, dtype=torch.float32)
             self.top_k = torch.ones(max_bs, dtype=torch.int32)
@@ -76,19 +78,27 @@ class PillarDraftRunner:
                 sel_cnt=torch.zeros(max_bs, dtype=torch.int32),
                 seq_lens=torch.ones(max_bs, dtype=torch.int64),
             )
+            # The step body's state: the index of the next draft step ([1], for index_copy_) and its
+            # input token (the bonus token, loaded by run(), then each step's draft).
+            self.step = torch.zeros(1, dtype=torch.int64)
+            self.tokens = torch.zeros(max_bs, dtype=torch.int64)
             self.out_tokens = torch.zeros((max_bs, self.k), dtype=torch.int64)
-            # Step-major, so each draft step writes one contiguous [bs, ...] block.
+            # Step-major, so each draft step fills one contiguous [bs, ...] block.
             self.cand_ids = torch.zeros((self.k, max_bs, self.num_cand), dtype=torch.int64)
             self.cand_q = torch.zeros((self.k, max_bs, self.num_cand), dtype=torch.float32)
             self.q_tok = torch.ones((self.k, max_bs), dtype=torch.float32)
+            # One step's proposal, written by the sampler and copied into the step's block above.
+            self.step_ids = torch.zeros((max_bs, self.num_cand), dtype=torch.int64)
+            self.step_q = torch.zeros((max_bs, self.num_cand), dtype=torch.float32)
+            self.step_q_tok = torch.ones(max_bs, dtype=torch.float32)
         # A private backend: draft attention never touches the target backend's metadata,
         # which the verify graph was captured with.
         self.backend = PillarDraftBackend(
             model_runner, state, self.inputs, oracle=cfg.policy is SelectionPolicy.ORACLE
         )
-        # Keyed by (batch-size bucket, greedy, draft count): all-greedy batches draft by argmax
+        # One draft step, keyed by (batch-size bucket, greedy): all-greedy batches draft by argmax
         # and skip the draft records, which their verify never reads.
-        self.graphs: dict[tuple[int, bool, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.capture_bs = sorted(b for b in capture_bs if b <= max_bs)
         self._forward_batches: dict[int, object] = {}
 
@@ -106,11 +116,11 @@ class PillarDraftRunner:
             fb = ForwardBatch(
                 forward_mode=ForwardMode.DECODE,
                 batch_size=bs,
-                input_ids=self.bonus[:bs],
+                input_ids=self.tokens[:bs],
                 req_pool_indices=self.req_pool_indices[:bs],
                 seq_lens=self.seq_lens[:bs],
                 seq_lens_cpu=None,
-                out_cache_loc=self.bonus[:bs],
+                out_cache_loc=self.tokens[:bs],
                 seq_lens_sum=0,
                 return_logprob=False,
                 positions=self.seq_lens[:bs],
@@ -122,8 +132,19 @@ class PillarDraftRunner:
             self._forward_batches[bs] = fb
         return fb
 
-    # ---- the k-step loop (eager body == captured body) ----------------------------
-    def _run_steps(self, bs: int, greedy: bool, steps: int) -> None:
+    # ---- one draft step (eager body == captured body) -------------------------------
+    def _begin_round(self, bs: int) -> None:
+        """Per round, before the first step: the plans' tail starts in batch order and step 0."""
+        rpi = self.req_pool_indices[:bs]
+        # A dense row's tail starts at 0: its draft attention reads the whole prefix.
+        self.inputs.tail_start[:bs] = self.state.tail_start[rpi] * self.sparse[:bs]
+        if self.backend.oracle:  # only the oracle reads the counts in batch order
+            self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
+        self.step.zero_()
+
+    def _step(self, bs: int, greedy: bool) -> None:
+        """Draft step ``self.step`` of the round: reads only device buffers and advances them (the
+        step index, the input token), so replaying its graph k times runs k steps."""
         from sglang.srt.layers.dp_attention import (
             set_dp_buffer_len,
             set_is_extend_in_batch,
@@ -133,33 +154,29 @@ class PillarDraftRunner:
             forward_context,
         )
 
-        req_to_token = self.mr.req_to_token_pool.req_to_token
         rpi = self.req_pool_indices[:bs]
-        lens = self.seq_lens[:bs]
-        # A dense row's tail starts at 0: its draft attention reads the whole prefix.
-        self.inputs.tail_start[:bs] = self.state.tail_start[rpi] * self.sparse[:bs]
-        if self.backend.oracle:  # only the oracle reads the counts in batch order
-            self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
+        tokens = self.tokens[:bs]
+        positions = self.seq_lens[:bs] + self.step
+        self.inputs.seq_lens[:bs] = positions + 1
         fb = self._forward_batch(bs)
         fb.mark_forward_metadata_ready()
         set_dp_buffer_len(None, bs, False, None)
         set_is_extend_in_batch(False)
-        tokens = self.bonus[:bs]
+        fb.input_ids = tokens
+        fb.positions = positions
+        fb.out_cache_loc = self.mr.req_to_token_pool.req_to_token[rpi, positions].to(torch.int64)
         with forward_context(ForwardContext(attn_backend=self.backend)):
-            for step in range(steps):
-                positions = lens + step
-                self.inputs.seq_lens[:bs] = positions + 1
-                fb.input_ids = tokens
-                fb.positions = positions
-                fb.out_cache_loc = req_to_token[rpi, positions].to(torch.int64)
-                logits = self.mr.model.forward(tokens, positions, fb).next_token_logits
-                if greedy:
-                    tokens = logits.argmax(dim=-1)
-                else:
-                    tokens = self._sample_step(logits, step, bs)
-                self.out_tokens[:bs, step] = tokens
+            logits = self.mr.model.forward(tokens, positions, fb).next_token_logits
+        drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)
+        self.out_tokens[:bs].index_copy_(1, self.step, drafted.view(bs, 1))
+        if not greedy:
+            self.cand_ids[:, :bs].index_copy_(0, self.step, self.step_ids[:bs].unsqueeze(0))
+            self.cand_q[:, :bs].index_copy_(0, self.step, self.step_q[:bs].unsqueeze(0))
+            self.q_tok[:, :bs].index_copy_(0, self.step, self.step_q_tok[:bs].unsqueeze(0))
+        tokens.copy_(drafted)
+        self.step.add_(1)
 
-    def _sample_step(self, logits: torch.Tensor, step: int, bs: int) -> torch.Tensor:
+    def _sample_step(self, logits: torch.Tensor, bs: int) -> torch.Tensor:
         # Under tensor parallelism every rank must draft the same tokens (they are the next step's
         # and the verify's inputs, paired across ranks by the model's all-reduces). They are equal
         # by construction, as SGLang's own sampler relies on (no SYNC_TOKEN_IDS_ACROSS_TP by default):
@@ -171,7 +188,7 @@ class PillarDraftRunner:
         inputs = DraftSampleInputs(
             logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], noise
         )
-        draft_sample_fwd(inputs, tokens, self.cand_ids[step, :bs], self.cand_q[step, :bs], self.q_tok[step, :bs])
+        draft_sample_fwd(inputs, tokens, self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs])
         return tokens
 
     # ---- capture / run -------------------------------------------------------------
@@ -183,33 +200,32 @@ class PillarDraftRunner:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         # As SGLang's own runners: every torch.cuda.graph() entry runs gc.collect(), which walks the
-        # whole server heap unless it is frozen first; this capture makes 2 x 3 graphs per batch size.
+        # whole server heap unless it is frozen first; this capture makes 2 graphs per batch size.
         with model_capture_mode(), freeze_gc(self.mr.server_args.enable_cudagraph_gc):
             for bs in reversed(self.capture_bs):
                 for greedy in (True, False):
                     self._load_padding(0, bs)
+                    self._begin_round(bs)
                     stream.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(stream):
-                        # One eager warm-up at the most steps (Triton JIT must not run under capture):
-                        # a shorter loop launches the same kernels with the same arguments, and these
-                        # kernels do not autotune, so a second pass adds nothing.
-                        self._run_steps(bs, greedy, max(self.step_counts))
+                        # One eager warm-up step (Triton JIT must not run under capture); these
+                        # kernels do not autotune, so a second step adds nothing.
+                        self._step(bs, greedy)
                     torch.cuda.current_stream().wait_stream(stream)
-                    for steps in self.step_counts:  # capture records, it runs nothing: the padding stays
-                        graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph, pool=pool, stream=stream):
-                            self._run_steps(bs, greedy, steps)
-                        self.graphs[(bs, greedy, steps)] = graph
+                    graph = torch.cuda.CUDAGraph()  # capture records, it runs nothing: the padding stays
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self._step(bs, greedy)
+                    self.graphs[(bs, greedy)] = graph
         logger.info(
-            "PILLAR draft graphs captured in %.1f s for batch sizes %s, draft counts %s",
-            time.monotonic() - t0, self.capture_bs, self.step_counts,
+            "PILLAR draft-step graphs captured in %.1f s for batch sizes %s",
+            time.monotonic() - t0, self.capture_bs,
         )  # fmt: skip
 
     def _load_padding(self, start: int, end: int) -> None:
         """Padding rows read the all-zero request row 0 and sample greedily."""
         self.req_pool_indices[start:end] = 0
         self.seq_lens[start:end] = 1
-        self.bonus[start:end] = 0
+        self.tokens[start:end] = 0
         self.temperature[start:end] = 1.0
         self.top_p[start:end] = 1.0
         self.top_k[start:end] = 1
@@ -219,11 +235,11 @@ class PillarDraftRunner:
     def run(
         self, req_pool_indices, seq_lens, bonus, sampling_info, steps: int, dense: torch.Tensor | None = None
     ) -> DraftOutput:
-        """Draft ``steps`` (one of ``step_counts``) tokens for a decode batch; no host synchronisation.
-        The output has k columns; those past ``steps`` are stale. ``dense``: [bs] int32 on the
-        device, 1 where the request drafts over its whole prefix (None: every request uses its plan)."""
-        if steps not in self.step_counts:
-            raise ValueError(f"draft count {steps} not among the captured {self.step_counts}")
+        """Draft ``steps`` (1..k) tokens for a decode batch; no host synchronisation. The output has
+        k columns; those past ``steps`` are stale. ``dense``: [bs] int32 on the device, 1 where the
+        request drafts over its whole prefix (None: every request uses its plan)."""
+        if not 1 <= steps <= self.k:
+            raise ValueError(f"draft count {steps} not in 1..{self.k}")
         bs = req_pool_indices.shape[0]
         graph_bs = next((b for b in self.capture_bs if b >= bs), None)
         padded = graph_bs if graph_bs is not None else bs
@@ -231,7 +247,7 @@ class PillarDraftRunner:
             raise RuntimeError(f"PILLAR draft batch {bs} exceeds max running requests {self.max_bs}")
         self.req_pool_indices[:bs] = req_pool_indices
         self.seq_lens[:bs] = seq_lens
-        self.bonus[:bs] = bonus
+        self.tokens[:bs] = bonus
         self.temperature[:bs] = sampling_info.temperatures.view(-1)
         self.top_p[:bs] = sampling_info.top_ps
         self.top_k[:bs] = sampling_info.top_ks
@@ -246,10 +262,13 @@ class PillarDraftRunner:
         if padded > bs:
             self._load_padding(bs, padded)
         greedy = bool(sampling_info.is_all_greedy)
-        if graph_bs is not None:
-            self.graphs[(graph_bs, greedy, steps)].replay()
-        else:
-            self._run_steps(bs, greedy, steps)
+        self._begin_round(padded)
+        graph = self.graphs.get((graph_bs, greedy)) if graph_bs is not None else None
+        for _ in range(steps):
+            if graph is not None:
+                graph.replay()
+            else:
+                self._step(bs, greedy)
         record = None
         if not greedy:
             record = DraftRecord(

@@ -185,7 +185,6 @@ class PillarWorker(BaseSpecWorker):
             self.state,
             max_bs=self.max_bs,
             capture_bs=capture_bs,
-            step_counts=self.cfg.step_candidates,
         )
         if capture_bs:
             self.draft_runner.capture()

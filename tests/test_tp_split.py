@@ -100,12 +100,12 @@ def _draft_step(seed: int, logits: torch.Tensor) -> torch.Tensor:
         top_p=torch.full((bs,), 0.95),
         top_k=torch.full((bs,), 40, dtype=torch.int32),
         min_p=torch.zeros(bs),
-        cand_ids=torch.zeros((1, bs, num_cand), dtype=torch.int64),
-        cand_q=torch.zeros((1, bs, num_cand)),
-        q_tok=torch.ones((1, bs)),
+        step_ids=torch.zeros((bs, num_cand), dtype=torch.int64),
+        step_q=torch.zeros((bs, num_cand)),
+        step_q_tok=torch.ones(bs),
     )
     torch.manual_seed(seed)  # set_random_seed(random_seed rank 0 broadcast) on every rank
-    return torch.stack([PillarDraftRunner._sample_step(runner, logits, 0, bs) for _ in range(3)])
+    return torch.stack([PillarDraftRunner._sample_step(runner, logits, bs) for _ in range(3)])
 
 
 def test_ranks_with_the_same_seed_draft_the_same_tokens():

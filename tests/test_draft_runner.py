@@ -1,0 +1,112 @@
+"""The draft runner's round: k replays of one draft-step body that keeps all its state on the device.
+
+The GPU replays one captured step k times, so the step body must not depend on anything the host
+sets per step. Here the same body runs eagerly (capture needs CUDA) against a stand-in model whose
+greedy next token is a known function of (input token, position, row): k calls of the body must
+draft the chain a loop over explicit steps would, at the right positions and KV slots, fill each
+step's proposal block, leave the columns past the round's count untouched, and start every round
+afresh.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from sglang_sparsespec.patches import draft_runner as dr
+from triton_env import DEVICE
+
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.selection.state import PlanState
+
+V, K, BS = 97, 4, 3
+
+
+class FakeBackend:
+    def __init__(self, model_runner, state, inputs, oracle):
+        self.inputs, self.oracle = inputs, oracle
+
+
+class FakeModel:
+    """Greedy next token = (31 * token + 7 * position + row) % V, peaked enough that sampling at
+    temperature 0.6 / top-k 4 keeps it among the candidates."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, input_ids, positions, fb):
+        self.calls.append((input_ids.clone(), positions.clone(), fb.out_cache_loc.clone()))
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        peak = (31 * input_ids + 7 * positions + rows) % V
+        v = torch.arange(V, device=input_ids.device)
+        logits = -((v[None, :] - peak[:, None]).abs().float())
+        return SimpleNamespace(next_token_logits=logits)
+
+
+def next_token(tok: int, pos: int, row: int) -> int:
+    return (31 * tok + 7 * pos + row) % V
+
+
+@pytest.fixture
+def runner(monkeypatch) -> dr.PillarDraftRunner:
+    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+    req_to_token = torch.arange(8 * 64, dtype=torch.int32, device=DEVICE).view(8, 64) + 1000
+    mr = SimpleNamespace(
+        device=DEVICE, model=FakeModel(), model_config=SimpleNamespace(vocab_size=V), spec_algorithm=None,
+        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+    )  # fmt: skip
+    state = PlanState.allocate(8, 2, 3, True, 16, torch.device(DEVICE))
+    return dr.PillarDraftRunner(mr, PillarConfig(num_steps=K, draft_candidates=4), state, max_bs=8, capture_bs=[])
+
+
+def sampling(greedy: bool) -> SimpleNamespace:
+    return SimpleNamespace(
+        is_all_greedy=greedy, temperatures=torch.full((BS, 1), 0.6, device=DEVICE),
+        top_ps=torch.full((BS,), 0.95, device=DEVICE), top_ks=torch.full((BS,), 4, dtype=torch.int32, device=DEVICE),
+        min_ps=None,
+    )  # fmt: skip
+
+
+def test_steps_replay_one_body_and_each_round_starts_afresh(runner: dr.PillarDraftRunner) -> None:
+    rpi = torch.tensor([5, 1, 6], device=DEVICE)
+    seq_lens = torch.tensor([10, 3, 20], device=DEVICE)
+    bonus = torch.tensor([7, 8, 9], device=DEVICE)
+    runner.out_tokens.fill_(-1)
+    for steps in (3, K, 1):  # any count up to k, one round after another
+        runner.mr.model.calls.clear()
+        before = runner.out_tokens.clone()
+        out = runner.run(rpi, seq_lens, bonus, sampling(True), steps)
+        assert out.record is None and len(runner.mr.model.calls) == steps
+        for b in range(BS):
+            tok = int(bonus[b])
+            for j in range(steps):
+                ids, pos, loc = (t[b].item() for t in runner.mr.model.calls[j])
+                assert (ids, pos) == (tok, int(seq_lens[b]) + j)
+                assert loc == int(runner.mr.req_to_token_pool.req_to_token[rpi[b], pos])
+                tok = next_token(tok, pos, b)
+                assert int(out.tokens[b, j]) == tok
+        assert torch.equal(out.tokens[:, steps:], before[:BS, steps:])  # stale columns: untouched
+        assert torch.equal(runner.inputs.seq_lens[:BS], seq_lens + steps)  # the last step's attention length
+    with pytest.raises(ValueError, match="draft count"):
+        runner.run(rpi, seq_lens, bonus, sampling(True), K + 1)
+
+
+def test_sampled_steps_fill_their_own_proposal_blocks(runner: dr.PillarDraftRunner) -> None:
+    rpi, seq_lens = torch.tensor([0, 2, 4], device=DEVICE), torch.tensor([4, 9, 30], device=DEVICE)
+    runner.cand_ids.fill_(-7)
+    torch.manual_seed(0)
+    out = runner.run(rpi, seq_lens, torch.tensor([1, 2, 3], device=DEVICE), sampling(False), 3)
+    rec = out.record
+    assert rec is not None and rec.num_drafts == 3
+    for b in range(BS):
+        tok = [1, 2, 3][b]
+        for j in range(3):
+            pos = int(seq_lens[b]) + j
+            drafted = int(rec.tokens[b, j])
+            ids = rec.cand_ids[b, j]
+            assert drafted in ids.tolist() and next_token(tok, pos, b) in ids.tolist()  # the peak is a candidate
+            # The record's probability of the drafted token is the one its own block holds.
+            assert float(rec.q_tok[b, j]) == pytest.approx(float(rec.cand_q[b, j][ids == drafted].sum()))
+            tok = drafted
+    assert bool((runner.cand_ids[3:] == -7).all())  # the step past the round: untouched

@@ -4,9 +4,10 @@
 
 (a) sparse decode attention at a 5 % budget + a 16-token tail vs full-context decode with SGLang's
     Triton kernel and FlashInfer (if importable), plus SGLang's kernel on a head-shared index list of
-    the same length (same bytes, no per-head lists), and FlashInfer's page-table decode on the same
-    per-head selections (each KV head its own row of one-head pages; output checked against ours);
-    achieved bandwidth = K/V/index bytes gathered / time;
+    the same length (same bytes, no per-head lists), FlashInfer's page-table decode on the same
+    per-head selections (each KV head its own row of one-head pages; output checked against ours),
+    and PILLAR's verify kernel at one row per request over the full context (a plain-decoding
+    round's attention); achieved bandwidth = K/V/index bytes gathered / time;
 (b) verify attention of k + 1 = 9 causal rows per request over the prefix with the LSE output: PILLAR's
     split-KV kernel vs SGLang's Triton extend kernel (achieved bandwidth = prefix K/V/index bytes / time);
     score capture over the prefix, fp32 and fp16 output, as a fraction of either verify attention — the
@@ -235,6 +236,15 @@ def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
     row["sglang_shared_sparse_us"] = timed_or_note(
         sglang_decode(shape, q, k, v, shared_indptr, shared_indices, torch.full_like(seq_lens, n))
     )
+    # A plain-decoding round (adaptive k = 0) attends through the verify kernel at one row per request:
+    # against SGLang's decode kernel (stock's step) it must not cost more.
+    qo_one = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32)
+    k_one = torch.randn(bs, shape.h_kv, shape.d, device=DEVICE, dtype=torch.bfloat16)
+    v_one, o_one = torch.randn_like(k_one), torch.empty_like(q)
+    row["plain_verify_us"] = bench_us(lambda: verify_attention_fwd(
+        q, k_one, v_one, o_one, k, v, qo_one, full_indptr, full_indices, 1, shape.d**-0.5))  # fmt: skip
+    if isinstance(row["sglang_full_us"], float):
+        row["plain_verify_vs_sglang_decode"] = row["plain_verify_us"] / row["sglang_full_us"]
     fi_sparse = flashinfer_head_sparse(shape, q, k, v, req_to_token, sel, cnt, tail_start)
     if not isinstance(fi_sparse, str):  # same positions, same scale: the outputs must agree to bf16 rounding
         row["flashinfer_sparse_max_err"] = (fi_sparse().view_as(o).float() - o.float()).abs().max().item()

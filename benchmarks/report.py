@@ -190,6 +190,35 @@ def throughput_markdown(docs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def plain_vs_stock_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Stock's decode step (``decode_step_ms``: its server log, by cell) against PILLAR's plain round (its
+    ``pillar_state`` cells: round + gap) at the same run id, workload, concurrency and cell (batch bucket
+    x context). Above 1.00x, a round of plain decoding costs more than stock's step: where the adaptive
+    policy chooses it, PILLAR is slower than stock by that much. Cells stock logged fewer than 3 clean
+    intervals of are left out."""
+    runs = [(d, r) for d in docs if d.get("kind") == "throughput" for r in d.get("runs", [])]
+    stock = {(d["meta"]["run_id"], workload_key(d), r["concurrency"]): r["decode_step_ms"]
+             for d, r in runs if d["config"]["name"] == "stock" and r.get("decode_step_ms")}  # fmt: skip
+    rows = []
+    for d, r in runs:
+        steps = stock.get((d["meta"]["run_id"], workload_key(d), r["concurrency"]))
+        cells = (r.get("pillar_state") or {}).get("cells") or {}
+        for cell, step in (steps or {}).items():
+            c = cells.get(cell) or {}
+            if step["lines"] < 3 or c.get("plain") is None:
+                continue
+            plain = c["plain"] + (c.get("gap") or 0.0)
+            rows.append([d["meta"]["run_id"], d["config"]["name"], r["concurrency"], cell, step["lines"],
+                         f"{step['ms']:.2f}", f"{plain:.2f}", f"{plain / step['ms']:.2f}x"])  # fmt: skip
+    if not rows:
+        return ""
+    head = ("### Plain rounds against stock's decode step\n\nms per step: stock from its own log lines (running "
+            "requests / tok/s over 40 steps, median), PILLAR's plain round (k = 0) from its CUDA events plus the "
+            "gap before it. Above 1.00x, plain decoding costs more than stock's step.\n")  # fmt: skip
+    return head + "\n" + markdown_table(["run", "config", "conc", "cell", "stock intervals", "stock ms",
+                                         "plain ms", "plain / stock"], rows) + "\n"  # fmt: skip
+
+
 LOSSLESS_HEADERS = (
     "run", "candidate", "k", "prompts", "max new", "verdict", "identical", "early div", "near-tie div",
     "unexplained early", "max div margin", "first div min/med", "stock self-identical", "stock margin med",
@@ -645,7 +674,7 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = (),
          "the average request finishes; one-wave out tok/s ends with the slowest request instead); "
          "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n"),
     ]
-    for section in (throughput_markdown(docs), repeats_markdown(docs, repeats), lossless_markdown(docs), acceptance_markdown(docs), exactness_markdown(docs),
+    for section in (throughput_markdown(docs), plain_vs_stock_markdown(docs), repeats_markdown(docs, repeats), lossless_markdown(docs), acceptance_markdown(docs), exactness_markdown(docs),
                     policy_sim_markdown(docs), kernels_markdown(docs), step_times_markdown(docs), offload_markdown(docs)):
         if section:
             parts.append(section)
@@ -719,7 +748,8 @@ def results_pages(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, An
         spread = repeats_markdown(group, repeats)
         return ResultsPage(file, title, holds + ("; the run-to-run spread" if spread else ""),
                            _plural(len({r["run_id"] for r in throughput_rows(group)}), "run"),
-                           "\n".join(p for p in (throughput_markdown(group), spread) if p))  # fmt: skip
+                           "\n".join(p for p in (throughput_markdown(group), plain_vs_stock_markdown(group), spread)
+                                     if p))  # fmt: skip
 
     pages = [
         throughput_page("throughput.md", "Throughput", "single runs, the headline among them: out tok/s, latency and "

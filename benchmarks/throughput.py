@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -58,6 +60,7 @@ from benchmarks.workload import (
     prompt_token_stats,
     write_bench_serving_file,
 )
+from sglang_sparsespec.spec.adaptive import batch_bucket, context_bucket
 
 START_GUESS_FLOOR_S = 90.0  # floor of the server-start guess (a start takes 60-140 s warm, up to 240 s on a fresh node)
 MIN_RUN_S = 20.0  # the guess for a run shape never measured
@@ -224,6 +227,31 @@ def pillar_state(server: Server) -> dict[str, Any] | None:
     return scheduler_state(info).get("pillar")
 
 
+_DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+), .*gen throughput \(token/s\): ([\d.]+)")
+
+
+def decode_step_cells(log_text: str) -> dict[str, dict[str, float]]:
+    """Stock SGLang's decode step time from its own log lines (every 40 decode steps: running requests,
+    their tokens, output tok/s over the interval), in the cells of PILLAR's adaptive policy ("<batch
+    bucket>x<context ~tokens>", as /server_info shows them) so a plain PILLAR round is read against
+    stock's step at the same batch and context: ms per step = running requests / tok/s, the median
+    per cell. Only intervals that followed another decode interval count (one with a prefill or an
+    idle stretch in it is not a decode step's time)."""
+    steps: dict[str, list[float]] = {}
+    previous_was_decode = False
+    for line in log_text.splitlines():
+        m = _DECODE_LINE.search(line)
+        if m is None:
+            previous_was_decode = previous_was_decode and "Prefill batch" not in line
+            continue
+        running, tokens, tok_s = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        if previous_was_decode and running > 0 and tok_s > 0:
+            cell = f"{batch_bucket(running)}x{round(2 ** (context_bucket(tokens / running) / 2))}"
+            steps.setdefault(cell, []).append(1000.0 * running / tok_s)
+        previous_was_decode = True
+    return {cell: {"ms": round(statistics.median(v), 3), "lines": len(v)} for cell, v in sorted(steps.items())}
+
+
 def server_info(server: Server) -> dict[str, Any] | None:
     try:
         info = http_json(server.base_url + "/server_info", timeout=30)
@@ -368,6 +396,7 @@ def run_one(config: ServerConfig, seg: Segment, r: dict[str, Any], server: Serve
         return
     if config.speculative and not reset_spec_counters(server):
         r["accept_length_note"] = "counter reset failed: accept length is cumulative since server start"
+    log_start = server.log_path.stat().st_size if server.log_path.is_file() else 0
     stem = f"bench_{file_stem(config.name)}_{out_len}_c{c}"
     result_file = args.work_dir / f"{stem}.jsonl"
     result_file.unlink(missing_ok=True)
@@ -382,6 +411,10 @@ def run_one(config: ServerConfig, seg: Segment, r: dict[str, Any], server: Serve
         r["metrics"] = parse_bench_result(result_file)
         if config.speculative and (state := pillar_state(server)) is not None:
             r["pillar_state"] = state
+        elif not config.speculative:
+            with open(server.log_path, "rb") as f:
+                f.seek(log_start)
+                r["decode_step_ms"] = decode_step_cells(f.read().decode("utf-8", "replace"))
         done = r["metrics"]["completed"]
         r["status"] = "ok" if done == n else "failed"
         if done == n:

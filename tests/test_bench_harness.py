@@ -759,3 +759,35 @@ def test_flashinfer_per_head_pages_attend_exactly_the_sparse_kernels_positions()
                             torch.full((bs,), cnt), tail_start, torch.full((bs,), seq_len), d**-0.5)  # fmt: skip
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     assert len(set(pages[0].tolist())) == cnt + TAIL  # distinct pages: no position read twice
+
+
+def test_stock_decode_steps_from_its_log_meet_pillars_plain_rounds_in_the_report() -> None:
+    """benchmarks.throughput reads stock's step time off SGLang's own "Decode batch" lines into the cells of
+    PILLAR's adaptive policy; the report sets PILLAR's plain rounds against them (same run, concurrency,
+    cell). Intervals after a prefill or at a run's start hold more than decode steps and are left out."""
+    from benchmarks.throughput import decode_step_cells
+
+    def decode(running: int, tokens: int, tok_s: float) -> str:
+        return (f"[2026-11-25 13:39:29] Decode batch, #running-req: {running}, #token: {tokens}, token usage: 0.03, "
+                f"cuda graph: True, gen throughput (token/s): {tok_s}, #queue-req: 0")  # fmt: skip
+
+    log = "\n".join([
+        decode(64, 64 * 4000, 100.0),  # the first interval: idle time in it
+        decode(64, 64 * 4000, 16000.0), decode(64, 64 * 4100, 20000.0), decode(64, 64 * 4200, 12800.0),
+        "[2026-11-25 13:39:30] Prefill batch, #new-seq: 1, #new-token: 500",
+        decode(64, 64 * 4000, 1000.0),  # had a prefill in it
+        decode(40, 40 * 6000, 16000.0),  # another cell: batch bucket 64, context 2^12.5
+    ])  # fmt: skip
+    cells = decode_step_cells(log)
+    assert cells == {"64x4096": {"ms": 4.0, "lines": 3}, "64x5793": {"ms": 2.5, "lines": 1}}
+
+    def doc(config: str, run: dict) -> dict:
+        return {"kind": "throughput", "meta": {"run_id": "r1"}, "config": {"name": config},
+                "workload": {"output_len": 2048}, "runs": [{"concurrency": 64, **run}]}  # fmt: skip
+
+    pillar_cells = {"64x4096": {"plain": 4.6, "gap": 0.2}, "64x5793": {"plain": 3.0}}
+    docs = [doc("stock", {"decode_step_ms": cells}), doc("pillar", {"pillar_state": {"cells": pillar_cells}})]
+    text = report.plain_vs_stock_markdown(docs)
+    assert "| r1 | pillar | 64 | 64x4096 | 3 | 4.00 | 4.80 | 1.20x |" in text
+    assert "64x5793" not in text  # one clean interval: too few to read
+    assert report.plain_vs_stock_markdown([docs[1]]) == ""  # no stock in the run: nothing to compare

@@ -41,6 +41,24 @@ LADDER = 16
 
 
 @triton.jit
+def load_z(base_l, idx, vocab, inv_t):
+    # One multiply, rounded once: every pass sees bit-identical z, so z == z* is exact across passes.
+    return tl.load(base_l + idx, mask=idx < vocab, other=-float("inf")).to(tl.float32) * inv_t
+
+
+@triton.jit
+def candidate_ranks(zc, p, valid, offs_c):
+    """(rank, mass ahead) of each candidate slot: c' ranks before c when its z is larger, ties by the
+    lower slot (= the lower id, candidates being gathered in id order); invalid slots rank nothing."""
+    ahead = valid[:, None] & (
+        (zc[:, None] > zc[None, :]) | ((zc[:, None] == zc[None, :]) & (offs_c[:, None] < offs_c[None, :]))
+    )
+    rank = tl.sum(ahead.to(tl.int32), axis=0)
+    mass_before = tl.sum(tl.where(ahead, p[:, None], 0.0), axis=0)
+    return rank, mass_before
+
+
+@triton.jit
 def _draft_sample_kernel(
     Logits,
     Temperature,
@@ -81,7 +99,7 @@ def _draft_sample_kernel(
     s = 0.0
     for start in range(0, vocab, BLOCK_V):
         idx = start + offs_v
-        z = tl.load(base_l + idx, mask=idx < vocab, other=-float("inf")).to(tl.float32) * inv_t
+        z = load_z(base_l, idx, vocab, inv_t)
         bm = tl.max(z, axis=0)
         barg = start + tl.argmax(z, axis=0)
         arg = tl.where(bm > m, barg, arg)
@@ -104,7 +122,7 @@ def _draft_sample_kernel(
         counts = tl.zeros([LADDER_C], dtype=tl.int32)
         for start in range(0, vocab, BLOCK_V):
             idx = start + offs_v
-            z = tl.load(base_l + idx, mask=idx < vocab, other=-float("inf")).to(tl.float32) * inv_t
+            z = load_z(base_l, idx, vocab, inv_t)
             counts += tl.sum((z[:, None] >= cut[None, :]).to(tl.int32), axis=0)
         fits = tl.sum((counts <= C).to(tl.int32), axis=0)
         thr = tl.max(tl.where(rungs == tl.maximum(fits - 1, 0), cut, -float("inf")), axis=0)
@@ -116,7 +134,7 @@ def _draft_sample_kernel(
         filled = 0
         for start in range(0, vocab, BLOCK_V):
             idx = start + offs_v
-            z = tl.load(base_l + idx, mask=idx < vocab, other=-float("inf")).to(tl.float32) * inv_t
+            z = load_z(base_l, idx, vocab, inv_t)
             take = z >= thr
             slot = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
             take = take & (slot < C)
@@ -128,12 +146,7 @@ def _draft_sample_kernel(
         zc = tl.load(q_out, mask=mask_c, other=-float("inf"))
         valid = mask_c & (offs_c < filled)
         p = tl.where(valid, tl.exp(zc - m) / s, 0.0)
-        # ahead[c', c]: candidate c' ranks before c (larger z; ties: lower slot = lower id).
-        ahead = valid[:, None] & (
-            (zc[:, None] > zc[None, :]) | ((zc[:, None] == zc[None, :]) & (offs_c[:, None] < offs_c[None, :]))
-        )
-        rank = tl.sum(ahead.to(tl.int32), axis=0)
-        mass_before = tl.sum(tl.where(ahead, p[:, None], 0.0), axis=0)
+        rank, mass_before = candidate_ranks(zc, p, valid, offs_c)
         top_p = tl.load(Top_p + row).to(tl.float32)
         min_p = tl.load(Min_p + row).to(tl.float32)
         k_eff = tl.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)

@@ -38,13 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .draft_sample import DELTA_BASE, GREEDY_EPS, LADDER
-
-
-@triton.jit
-def _load_z(base_l, idx, vocab, inv_t):
-    # One multiply, rounded once: every pass sees bit-identical z, so z == z* is exact across passes.
-    return tl.load(base_l + idx, mask=idx < vocab, other=-float("inf")).to(tl.float32) * inv_t
+from .draft_sample import DELTA_BASE, GREEDY_EPS, LADDER, candidate_ranks, load_z
 
 
 @triton.jit
@@ -73,7 +67,7 @@ def _above(base_l, vocab, inv_t, m, inv_s, t, BLOCK_V: tl.constexpr):
     cnt = 0
     mass = 0.0
     for start in range(0, vocab, BLOCK_V):
-        z = _load_z(base_l, start + offs, vocab, inv_t)
+        z = load_z(base_l, start + offs, vocab, inv_t)
         ge = z >= t
         cnt += tl.sum(ge.to(tl.int32), axis=0)
         mass += tl.sum(tl.where(ge, tl.exp(z - m), 0.0), axis=0)
@@ -105,7 +99,7 @@ def _ties(base_l, vocab, inv_t, m, inv_s, z_star, lim, p_lim, BLOCK_V: tl.conste
     n_eq = 0
     mass_gt = 0.0
     for start in range(0, vocab, BLOCK_V):
-        z = _load_z(base_l, start + offs, vocab, inv_t)
+        z = load_z(base_l, start + offs, vocab, inv_t)
         n_gt += tl.sum((z > z_star).to(tl.int32), axis=0)
         n_eq += tl.sum((z == z_star).to(tl.int32), axis=0)
         mass_gt += tl.sum(tl.where(z > z_star, tl.exp(z - m), 0.0), axis=0)
@@ -152,7 +146,7 @@ def _candidates(
     counts = tl.zeros([LADDER_C], dtype=tl.int32)
     n_finite = 0
     for start in range(0, vocab, BLOCK_V):
-        z = _load_z(base_l, start + offs_v, vocab, inv_t)
+        z = load_z(base_l, start + offs_v, vocab, inv_t)
         counts += tl.sum((z[:, None] >= cut[None, :]).to(tl.int32), axis=0)
         n_finite += tl.sum((z > -float("inf")).to(tl.int32), axis=0)
     fits = tl.sum((counts <= C).to(tl.int32), axis=0)
@@ -164,7 +158,7 @@ def _candidates(
     filled = 0
     for start in range(0, vocab, BLOCK_V):
         idx = start + offs_v
-        take = _load_z(base_l, idx, vocab, inv_t) >= thr
+        take = load_z(base_l, idx, vocab, inv_t) >= thr
         slot = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
         take = take & (slot < C)
         tl.store(cand + slot, idx, mask=take)
@@ -172,14 +166,9 @@ def _candidates(
     tl.debug_barrier()
     valid = offs_c < n
     ids = tl.load(cand + offs_c, mask=valid, other=0)
-    zc = tl.where(valid, _load_z(base_l, ids, vocab, inv_t), -float("inf"))
+    zc = tl.where(valid, load_z(base_l, ids, vocab, inv_t), -float("inf"))
     p = tl.where(valid, tl.exp(zc - m) * inv_s, 0.0)
-    # ahead[c', c]: c' ranks before c (larger z; ties: lower slot = lower id).
-    ahead = valid[:, None] & (
-        (zc[:, None] > zc[None, :]) | ((zc[:, None] == zc[None, :]) & (offs_c[:, None] < offs_c[None, :]))
-    )
-    rank = tl.sum(ahead.to(tl.int32), axis=0)
-    mass_before = tl.sum(tl.where(ahead, p[:, None], 0.0), axis=0)
+    rank, mass_before = candidate_ranks(zc, p, valid, offs_c)
     cand_mass = tl.sum(p, axis=0)
     rest_is_masked = n >= n_finite  # every token outside has p = 0: kept or not, it writes 0
     p_lim = tl.where(top_p >= 1.0, float("inf"), top_p)
@@ -230,7 +219,7 @@ def _target_filter_kernel(
     m = -3.0e38
     s = 0.0
     for start in range(0, vocab, BLOCK_V):
-        z = _load_z(base_l, start + offs, vocab, inv_t)
+        z = load_z(base_l, start + offs, vocab, inv_t)
         new_m = tl.maximum(m, tl.max(z, axis=0))
         s = s * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
         m = new_m
@@ -257,7 +246,7 @@ def _target_filter_kernel(
     seen = 0
     for start in range(0, vocab, BLOCK_V):
         idx = start + offs
-        z = _load_z(base_l, idx, vocab, inv_t)
+        z = load_z(base_l, idx, vocab, inv_t)
         eq = z == z_star
         keep = (z > z_star) | (eq & (seen + tl.cumsum(eq.to(tl.int32), axis=0) <= n_tie))
         tl.store(Probs + row * stride_p + idx, tl.where(keep, tl.exp(z - m) * scale, 0.0), mask=idx < vocab)

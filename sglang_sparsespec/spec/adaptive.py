@@ -32,6 +32,7 @@ Nothing here touches SGLang or the GPU directly: events come from a factory (tes
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -118,18 +119,12 @@ class CostCell:
     def empty(cls, decay: float) -> CostCell:
         return cls(_Ema(decay), _Ema(decay), _Ema(decay))
 
-    def seeded(self, decay: float) -> CostCell:
+    def seeded(self) -> CostCell:
         """A new cell holding this one's costs and last choice, its measured modes counted as probed
         at its round 0 (so they are re-probed on the usual schedule, not at once)."""
-
-        def copy(e: _Ema) -> _Ema:
-            out = _Ema(decay)
-            out.value = e.value
-            return out
-
-        cell = CostCell(copy(self.plain), copy(self.verify), copy(self.gap), {k: copy(e) for k, e in self.draft.items()})
+        cell = copy.deepcopy(self)
+        cell.rounds = 0
         cell.last_probe = dict.fromkeys(self.last_probe, 0)
-        cell.last_choice = self.last_choice
         return cell
 
     def draft_ms(self, k: int) -> float | None:
@@ -174,7 +169,7 @@ class CostTable:
             bs, ctx = key
             near = [k for k, cell in self.cells.items() if k[0] == bs and abs(k[1] - ctx) <= SEED_SPAN and cell.last_probe]
             if near:
-                c = self.cells[min(near, key=lambda k: (abs(k[1] - ctx), k[1]))].seeded(self.decay)
+                c = self.cells[min(near, key=lambda k: (abs(k[1] - ctx), k[1]))].seeded()
             else:
                 c = CostCell.empty(self.decay)
             self.cells[key] = c

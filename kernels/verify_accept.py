@@ -2,10 +2,11 @@
 
 SGLang's logits rows of one verify are [bs * (k + 1), V]. Stock-exact acceptance needs the target
 distribution p of every row (``kernels/target_filter.py`` in one kernel when every request's top_k
-is small, else ``softmax_t_fwd`` below and SGLang's renorm kernels) and then, per request, the accepted prefix of the drafts and one token
-drawn from the residual max(0, p - q) at the first rejection (or from p after the last draft). In
-plain torch the last part (``spec/rejection.rejection_sample``, the reference) costs ~1.5 ms at
-batch 256 x 49K tokens on an H100, mostly in vocabulary-wide temporaries. Here:
+is small, else ``softmax_t_fwd`` below and SGLang's renorm kernels) and then, per request, the
+accepted prefix of the drafts and one token drawn from the residual max(0, p - q) at the first
+rejection (or from p after the last draft). In plain torch the last part
+(``spec/rejection.rejection_sample``, the reference) costs ~1.5 ms at batch 256 x 49K tokens on an
+H100, mostly in vocabulary-wide temporaries. Here:
 
 ``softmax_t_fwd``: probs = softmax(logits / T_row), one program per row, two reads and one write;
     the first stage of the renorm path (batches with top-p alone or a large top_k).

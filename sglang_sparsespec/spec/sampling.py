@@ -6,8 +6,8 @@ or, when min-p is on, top-k renorm -> top-p renorm -> min-p, as its sampler chai
 plain-torch form (a full-vocabulary sort, so CPU tests and references only); the GPU verify computes
 the same rows in ``patches/verify_sample.target_probs_gpu``: one Triton kernel
 (``kernels/target_filter.py``) when every request's top_k is small, else SGLang's renorm kernels.
-Drafts are sampled by
-``kernels/draft_sample.py`` from a compact proposal that needs neither the sort nor a full row.
+Drafts are sampled by ``kernels/draft_sample.py`` from a compact proposal that needs neither the
+sort nor a full row.
 
 Everything here is shape-static, vectorised over the batch and free of host syncs.
 """

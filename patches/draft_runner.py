@@ -16,7 +16,9 @@ Why one step per graph rather than the whole loop: capture time. Graphs of the w
 needed one capture per draft count the policy may choose (2, 4 and 8 steps: 14 captured
 forwards per batch size, 54 s of every server start on an H100 for SmolLM2); one step is one
 captured forward per batch size. A replay costs a graph launch (a few microseconds), k - 1 more
-per round than one loop graph: ~0.1% of a 34 ms round at 256 x 4K.
+per round than one loop graph, and the round's prologue (tail starts in batch order, the step
+reset), which the loop graph held, runs as a few eager launches: together ~0.1% of a 34 ms round
+at 256 x 4K.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ sets per step. Here the same body runs eagerly (capture needs CUDA) against a st
 greedy next token is a known function of (input token, position, row): k calls of the body must
 draft the chain a loop over explicit steps would, at the right positions and KV slots, fill each
 step's proposal block, leave the columns past the round's count untouched, and start every round
-afresh.
+afresh. On a GPU the last test captures the body as a CUDA graph and checks that the replays draft
+the same chains and fill the same proposal blocks as the eager body.
 """
 
 from __future__ import annotations
@@ -48,16 +49,23 @@ def next_token(tok: int, pos: int, row: int) -> int:
     return (31 * tok + 7 * pos + row) % V
 
 
-@pytest.fixture
-def runner(monkeypatch) -> dr.PillarDraftRunner:
-    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+def make_runner(capture_bs: list[int]) -> dr.PillarDraftRunner:
     req_to_token = torch.arange(8 * 64, dtype=torch.int32, device=DEVICE).view(8, 64) + 1000
     mr = SimpleNamespace(
         device=DEVICE, model=FakeModel(), model_config=SimpleNamespace(vocab_size=V), spec_algorithm=None,
         req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+        server_args=SimpleNamespace(enable_cudagraph_gc=False),
     )  # fmt: skip
     state = PlanState.allocate(8, 2, 3, True, 16, torch.device(DEVICE))
-    return dr.PillarDraftRunner(mr, PillarConfig(num_steps=K, draft_candidates=4), state, max_bs=8, capture_bs=[])
+    return dr.PillarDraftRunner(
+        mr, PillarConfig(num_steps=K, draft_candidates=4), state, max_bs=8, capture_bs=capture_bs
+    )
+
+
+@pytest.fixture
+def runner(monkeypatch) -> dr.PillarDraftRunner:
+    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+    return make_runner([])
 
 
 def sampling(greedy: bool) -> SimpleNamespace:
@@ -110,3 +118,41 @@ def test_sampled_steps_fill_their_own_proposal_blocks(runner: dr.PillarDraftRunn
             assert float(rec.q_tok[b, j]) == pytest.approx(float(rec.cand_q[b, j][ids == drafted].sum()))
             tok = drafted
     assert bool((runner.cand_ids[3:] == -7).all())  # the step past the round: untouched
+
+
+def check_round(out: dr.DraftOutput, rpi, seq_lens, bonus, steps: int) -> None:
+    """The drafted chain follows the stand-in model from each row's bonus token, and every step's
+    record holds its own drafted token (a block written under another step's index would not)."""
+    for b in range(rpi.shape[0]):
+        tok = int(bonus[b])
+        for j in range(steps):
+            pos = int(seq_lens[b]) + j
+            drafted = int(out.tokens[b, j])
+            if out.record is None:
+                assert drafted == next_token(tok, pos, b)
+            else:
+                ids, q = out.record.cand_ids[b, j], out.record.cand_q[b, j]
+                assert next_token(tok, pos, b) in ids.tolist()
+                assert float(out.record.q_tok[b, j]) == pytest.approx(float(q[ids == drafted].sum()))
+            tok = drafted
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_captured_step_replays_like_the_eager_body(monkeypatch) -> None:
+    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+    graphed, eager = make_runner([4]), make_runner([])
+    graphed.capture()
+    assert set(graphed.graphs) == {(4, True), (4, False)}
+    rpi = torch.tensor([5, 1, 6], device=DEVICE)
+    seq_lens = torch.tensor([10, 3, 20], device=DEVICE)
+    bonus = torch.tensor([7, 8, 9], device=DEVICE)
+    for greedy in (True, False):
+        for steps in (K, 2, 1, 3):  # graph replays of several counts, one round after another
+            graphed.mr.model.calls.clear()
+            out = graphed.run(rpi, seq_lens, bonus, sampling(greedy), steps)
+            assert not graphed.mr.model.calls  # replays, not the eager body
+            check_round(out, rpi, seq_lens, bonus, steps)
+            if greedy:
+                ref = eager.run(rpi, seq_lens, bonus, sampling(True), steps)
+                assert torch.equal(out.tokens[:, :steps], ref.tokens[:, :steps])
+            assert torch.equal(graphed.inputs.seq_lens[:3], seq_lens + steps)

@@ -1,25 +1,37 @@
-"""Sampled exactness on the GPU: PILLAR's output distribution vs stock SGLang's, by chi-square.
+"""Sampled exactness on the GPU: a candidate's output distribution vs a reference server's, by chi-square.
 
-    python -m benchmarks.exactness --model M --data-dir D --out F.json \\
+    python -m benchmarks.exactness --model M --data-dir D --out F.json [--reference stock] [--candidate pillar] \\
         [--settings 0.6:0.95,1.0:1.0] [--contexts 2] [--context-tokens 1500] [--samples 100000]
 
-Each context is an AIME/AMC prompt plus ``--context-tokens`` of stock's greedy continuation (long
-enough that the draft's sparse attention reads a small part of it, so draft and target differ and
-the residual path runs). For every (temperature:top_p setting, context) each server answers
+Each context is an AIME/AMC prompt plus ``--context-tokens`` of the reference's greedy continuation
+(long enough that the draft's sparse attention reads a small part of it, so draft and target differ
+and the residual path runs). For every (temperature:top_p setting, context) each server answers
 ``--samples`` copies of the context with ``--new-tokens`` sampled tokens (radix cache on: the
 prefill is shared). Token 1 comes from the prefill; tokens 2.. come from PILLAR's first verify
-(accepted drafts, the residual draw at a rejection, the bonus). For each position j >= 2 the pair
-(token j-1, token j) is tallied per server and a two-sample chi-square test of homogeneity says
+(accepted drafts, the residual draw at a rejection, the bonus). Token 1 is tallied alone, and for
+each position j >= 2 the pair (token j-1, token j); a two-sample chi-square test of homogeneity says
 whether the two servers sample the same distribution (cells expected below 5 are pooled).
-A control compares stock with stock at 1.3x the temperature on the first context (half the
-samples): the test must reject that, or it has no power at this sample size. ``--controls`` runs
-more configs through the same comparison with stock (default ``stock-flashinfer``: stock with
-another attention kernel, i.e. the same distribution up to bf16 rounding of the logits), which
-shows how far rounding alone moves the statistic; only the candidate decides the verdict. Each
-server's per-position token marginals (top 20) are kept for diagnosis.
+
+Two questions, two references. Against ``stock`` the test asks whether PILLAR samples what stock
+samples; but the two servers' forwards round differently in bf16 (a one-step change of a logit
+moves a token's probability by 6-20% at these temperatures), which this many samples resolve.
+Against a PILLAR reference that differs from the candidate only in its drafts, e.g.
+``pillar:adaptive_steps=off:budget_ratio=1`` (drafts that attend the whole context, accepted almost
+always) vs ``pillar:adaptive_steps=off`` (sparse drafts, often rejected), both servers run the same
+prefill and the same verify forwards at the same batch sizes, so only the speculation (acceptance,
+residual draw, draft record) can tell them apart. Token 1 is the built-in null: no PILLAR code runs
+before it, so where it differs the servers' numerics differ and the run says NUMERICS (no verdict
+on the speculation) instead of FAIL.
+
+A control compares the reference with itself at 1.3x the temperature on the first context (half
+the samples): the test must reject that, or it has no power at this sample size. ``--controls``
+runs more configs through the same comparison with the reference (default ``stock-flashinfer``:
+stock with another attention kernel, i.e. the same distribution up to bf16 rounding), which shows
+how far rounding alone moves the statistic; only the candidate decides the verdict. Each server's
+per-position token marginals (top 20) are kept for diagnosis.
 
 Writes F.json (rewritten after every stage) and F.log. Exit 0 when every comparison ran and no
-p-value is below --alpha / (number of tests), 1 otherwise.
+p-value is below --alpha / (number of tests) (PASS), 1 otherwise (FAIL, NUMERICS or INCOMPLETE).
 """
 
 from __future__ import annotations
@@ -87,6 +99,25 @@ def pair_counts(outputs: Sequence[Sequence[int]], j: int) -> Counter:
     return Counter((o[j - 1], o[j]) for o in outputs)
 
 
+def verdict(judged: Sequence[dict[str, Any]], n_tests: int, control: dict[str, Any] | None, alpha: float) -> tuple[str, float | None]:
+    """The run's verdict and its Bonferroni threshold (alpha / n_tests) from the candidate's tests.
+
+    INCOMPLETE: a test or the control is missing. NO_POWER: the control (a 1.3x temperature) does not
+    reject, so a pass would mean nothing. NUMERICS: token 1 rejects; it is drawn before any PILLAR code
+    runs, so the two servers' forwards round differently and the later tokens cannot be pinned on the
+    speculation. FAIL: token 1 passes and a later token rejects. PASS: nothing rejects.
+    """
+    if len(judged) != n_tests or control is None:
+        return "INCOMPLETE", None
+    threshold = alpha / n_tests
+    rejects = {t["position"] for t in judged if t["p_value"] < threshold}
+    if control["p_value"] >= threshold:
+        return "NO_POWER", threshold
+    if 1 in rejects:
+        return "NUMERICS", threshold
+    return ("FAIL" if rejects else "PASS"), threshold
+
+
 def sample(server: Server, context: list[int], n: int, params: dict[str, Any], timeout: float) -> list[list[int]]:
     """n sampled continuations of one context, BATCH requests per call."""
     out: list[list[int]] = []
@@ -110,8 +141,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=100_000, help="per server, setting and context")
     p.add_argument("--new-tokens", type=int, default=4)
     p.add_argument("--alpha", type=float, default=1e-3)
-    p.add_argument("--candidate", default="pillar", help="the config compared with stock")
-    p.add_argument("--controls", default="stock-flashinfer", help="more configs compared with stock (not judged)")
+    p.add_argument("--reference", default="stock", help="the config every other is compared with")
+    p.add_argument("--candidate", default="pillar", help="the config judged against the reference")
+    p.add_argument("--controls", default="stock-flashinfer", help="more configs compared with the reference (not judged)")
     add_server_options(p)
     p.add_argument("--run-id", default=None)
     args = p.parse_args(argv)
@@ -119,10 +151,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.settings = [tuple(float(x) for x in s.split(":")) for s in args.settings.split(",")]
         args.env = parse_env(args.env)
         args.controls = [c for c in args.controls.split(",") if c]
-        for name in (args.candidate, *args.controls):
+        for name in (args.reference, args.candidate, *args.controls):
             resolve_config(name)
     except ValueError as e:
         p.error(str(e))
+    if len({args.reference, args.candidate, *args.controls}) != 2 + len(args.controls):
+        p.error("--reference, --candidate and --controls must name different configs")
     if any(len(s) != 2 or s[0] <= 0 or not 0 < s[1] <= 1 for s in args.settings):
         p.error("--settings takes temperature:top_p pairs with temperature > 0 and top_p in (0, 1]")
     if min(args.contexts, args.samples, args.context_tokens) < 1 or args.new_tokens < 2:
@@ -147,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     deadline, log = begin(args.time_budget, args.out.with_suffix(".log"))
     log_dir = Path(tempfile.mkdtemp(prefix="sparsespec-exact-"))
     doc: dict[str, Any] = {
-        "kind": "exactness", "schema": 1, "meta": run_metadata(args.run_id),
+        "kind": "exactness", "schema": 2, "meta": run_metadata(args.run_id),
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")} | {"batch": BATCH},
         "servers": {}, "contexts": [], "tests": [], "control": None, "marginals": {}, "verdict": "INCOMPLETE",
     }  # fmt: skip
@@ -156,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples: dict[tuple[str, int, int], list[list[int]]] = {}  # (config, setting, context) -> outputs
     contexts: list[list[int]] = []
     timeout = max(60.0, deadline.remaining())
-    for name in ("stock", args.candidate, *args.controls):
+    ref = args.reference
+    for name in (ref, args.candidate, *args.controls):
         server, record = _server(name, args, log_dir)
         doc["servers"][name] = record
         with server:
@@ -177,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ]
                     log.line(f"{name} T={temp} top_p={top_p} context {ci}: {args.samples} samples")
                     write_json(args.out, doc)  # a cut run keeps the marginals it has
-            if name == "stock":
+            if name == ref:
                 temp, top_p = args.settings[0]
                 params = {"temperature": CONTROL_SCALE * temp, "top_p": top_p, "max_new_tokens": args.new_tokens, "ignore_eos": True}
                 # Half the samples: the control only has to show the test can reject.
@@ -188,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in (args.candidate, *args.controls):
         for si, (temp, top_p) in enumerate(args.settings):
             for ci in range(len(contexts)):
-                key_s, key_c = ("stock", si, ci), (name, si, ci)
+                key_s, key_c = (ref, si, ci), (name, si, ci)
                 if key_s not in samples or key_c not in samples:
                     continue
                 # Token 1 alone (both servers sample it in the prefill), then (token j-1, token j) pairs.
@@ -198,14 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     doc["tests"].append({"config": name, "temperature": temp, "top_p": top_p, "context": ci, "position": j + 1, **test})
                     log.line(f"{name} T={temp} top_p={top_p} ctx {ci} token {j + 1}: chi2 {test['stat']:.1f} df {test['df']} p {test['p_value']:.4f}")
     if ("control", 0, 0) in samples:
-        doc["control"] = {"temperature_scale": CONTROL_SCALE, **homogeneity(pair_counts(samples[("stock", 0, 0)], 1), pair_counts(samples[("control", 0, 0)], 1))}
-        log.line(f"control (stock vs stock at {CONTROL_SCALE}x T, token 2): p {doc['control']['p_value']:.3g}")
+        doc["control"] = {"temperature_scale": CONTROL_SCALE, **homogeneity(pair_counts(samples[(ref, 0, 0)], 1), pair_counts(samples[("control", 0, 0)], 1))}
+        log.line(f"control ({ref} vs {ref} at {CONTROL_SCALE}x T, token 2): p {doc['control']['p_value']:.3g}")
     judged = [t for t in doc["tests"] if t["config"] == args.candidate]
-    if len(judged) == n_tests and doc["control"] is not None:
-        threshold = args.alpha / n_tests
-        passed = min(t["p_value"] for t in judged) >= threshold and doc["control"]["p_value"] < threshold
-        doc["verdict"] = "PASS" if passed else "FAIL"
-        doc["bonferroni_threshold"] = threshold
+    doc["verdict"], doc["bonferroni_threshold"] = verdict(judged, n_tests, doc["control"], args.alpha)
     write_json(args.out, doc)
     log.line(f"verdict {doc['verdict']}")
     return 0 if doc["verdict"] == "PASS" else 1

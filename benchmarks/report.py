@@ -350,25 +350,30 @@ def verify_kernel_table(d: dict[str, Any]) -> str:
 
 
 def exactness_markdown(docs: Sequence[dict[str, Any]]) -> str:
-    """Every exactness run: per setting and token position, the chi-square of PILLAR (or a control) vs stock."""
+    """Every exactness run: per setting and token position, the chi-square of PILLAR (or a control) vs the
+    run's reference server (stock before schema 2)."""
     rows = []
     for d in sorted((d for d in docs if d.get("kind") == "exactness"), key=lambda d: d["meta"]["run_id"]):
         control = d.get("control") or {}
         threshold = d.get("bonferroni_threshold")
+        reference = d["settings"].get("reference", "stock")
         for t in d["tests"]:
             judged = "-" if threshold is None else ("rejects" if t["p_value"] < threshold else "passes")
             rows.append([d["_file"], str(d["meta"]["git_commit"])[:12], t.get("config", d["settings"]["candidate"]),
-                         t["temperature"], t["top_p"], t["context"], t["position"], fmt(t["stat"], ".1f"), t["df"],
-                         f"{t['p_value']:.3g}", f"{control.get('p_value', float('nan')):.3g}", judged])  # fmt: skip
+                         reference, t["temperature"], t["top_p"], t["context"], t["position"], fmt(t["stat"], ".1f"),
+                         t["df"], f"{t['p_value']:.3g}", f"{control.get('p_value', float('nan')):.3g}", judged,
+                         d.get("verdict", "-")])  # fmt: skip
     if not rows:
         return ""
     return (
         "### Sampled exactness (exactness)\n\n"
         "Two-sample chi-square of the token at each position (1: the prefill's; 2 on: pairs with the token before) "
-        "against stock's on the same context; control = stock vs stock at a higher temperature (must reject); "
-        "the last column judges each test at the run's Bonferroni threshold.\n\n"
-        + markdown_table(("file", "commit", "config", "T", "top p", "context", "token", "chi2", "df", "p", "control p",
-                          "at alpha / tests"), rows)
+        "against the reference server's on the same context; control = the reference vs itself at a higher "
+        "temperature (must reject); `at alpha / tests` judges each test at the run's Bonferroni threshold. Verdict "
+        "NUMERICS: token 1, drawn before any PILLAR code runs, differs, so the servers' forwards round differently "
+        "and the run says nothing about the speculation.\n\n"
+        + markdown_table(("file", "commit", "config", "reference", "T", "top p", "context", "token", "chi2", "df", "p",
+                          "control p", "at alpha / tests", "verdict"), rows)
         + "\n"
     )
 

@@ -41,8 +41,30 @@ def test_chi2_sf_and_pair_counts():
 def test_parse_args_checks_settings(tmp_path):
     base = ["--model", "m", "--data-dir", str(tmp_path), "--out", str(tmp_path / "e.json")]
     args = exactness.parse_args(base + ["--settings", "0.6:0.95,1:1"])
-    assert args.settings == [(0.6, 0.95), (1.0, 1.0)] and args.candidate == "pillar"
+    assert args.settings == [(0.6, 0.95), (1.0, 1.0)] and args.candidate == "pillar" and args.reference == "stock"
     assert args.controls == ["stock-flashinfer"]
-    for bad in (["--settings", "0:0.9"], ["--settings", "0.6"], ["--new-tokens", "1"], ["--candidate", "eagle"], ["--controls", "x"]):
+    same_numerics = ["--reference", "pillar:adaptive_steps=off:budget_ratio=1", "--candidate", "pillar:adaptive_steps=off"]
+    assert exactness.parse_args(base + same_numerics + ["--controls", ""]).reference.endswith("budget_ratio=1")
+    for bad in (["--settings", "0:0.9"], ["--settings", "0.6"], ["--new-tokens", "1"], ["--candidate", "eagle"],
+                ["--controls", "x"], ["--reference", "pillar:budget_ratio=2"], ["--reference", "pillar"],
+                ["--controls", "stock"]):  # fmt: skip
         with pytest.raises(SystemExit):
             exactness.parse_args(base + bad)
+
+
+def _tests(p_by_position: dict[int, float]) -> list[dict]:
+    return [{"position": j, "p_value": p} for j, p in p_by_position.items()]
+
+
+def test_verdict_separates_numerics_from_speculation():
+    power = {"p_value": 1e-30}
+    ok = {1: 0.3, 2: 0.5, 3: 0.02, 4: 0.9}
+    assert exactness.verdict(_tests(ok), 4, power, 1e-3) == ("PASS", 2.5e-4)
+    # A later token rejects while token 1 (drawn before any PILLAR code) agrees: the speculation is wrong.
+    assert exactness.verdict(_tests(ok | {3: 1e-6}), 4, power, 1e-3)[0] == "FAIL"
+    # Token 1 rejects: the servers round differently, so no token says anything about the speculation.
+    assert exactness.verdict(_tests(ok | {1: 1e-8, 3: 1e-6}), 4, power, 1e-3)[0] == "NUMERICS"
+    # A control that does not reject means the sample size has no power: no pass on that.
+    assert exactness.verdict(_tests(ok), 4, {"p_value": 0.2}, 1e-3)[0] == "NO_POWER"
+    assert exactness.verdict(_tests(ok), 8, power, 1e-3) == ("INCOMPLETE", None)
+    assert exactness.verdict(_tests(ok), 4, None, 1e-3) == ("INCOMPLETE", None)

@@ -34,7 +34,8 @@ def warm_sampling(
 
 def build_sampling_kernels(sampling_backend: str, vocab_size: int, device: torch.device | str) -> None:
     """Build FlashInfer's sampling kernels now when SGLang will sample with them (CUDA only)."""
-    if sampling_backend != "flashinfer" or not torch.cuda.is_available():
+    # The device decides, not the machine: a CPU device on a GPU machine has no FlashInfer kernels to build.
+    if sampling_backend != "flashinfer" or torch.device(device).type != "cuda":
         return
     from sglang.srt.layers import sampler  # imports FlashInfer's sampling functions on CUDA
 

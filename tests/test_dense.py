@@ -58,6 +58,14 @@ def test_short_contexts_draft_densely_for_free():
     assert plan.dense == [True] and plan.ms == 5.0
 
 
+def test_a_request_that_gains_nothing_does_not_stop_the_others():
+    # The first request's context fits its budget (no extra cost) and its plan already drafts better
+    # than a dense draft would: it gains nothing and goes last, not first, where it would end the
+    # choice before the second request (which gains ~3 tokens for 0.08 ms).
+    view = BatchView([0.99, 0.3], [0.0, 0.01], 0.97)
+    assert plan_dense(view, 8, 5.0).dense == [False, True]
+
+
 class _Req:  # SGLang's Req as the chooser sees it: an object with a seqlen (weakly referenced)
     def __init__(self, seqlen: int) -> None:
         self.seqlen = seqlen

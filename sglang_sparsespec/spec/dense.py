@@ -32,6 +32,7 @@ nothing about its plan). Nothing here touches SGLang or the GPU.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,8 +121,10 @@ def plan_dense(view: BatchView, k: int, round_ms: float) -> DensePlan:
         return DensePlan(tokens, ms, dense)
 
     def ratio(i: int) -> float:
-        cost = k * view.extra_ms[i]
-        return (e_dense - sparse[i]) / cost if cost > 0 else float("inf")
+        gain, cost = e_dense - sparse[i], k * view.extra_ms[i]
+        if gain <= 0:  # nothing to gain: last in the order, where it ends the choice
+            return -math.inf
+        return gain / cost if cost > 0 else math.inf
 
     ratios = [ratio(i) for i in range(n)]
     if max(ratios) * ms <= tokens:  # the usual full batch: nobody raises the rate, skip the sort

@@ -24,6 +24,7 @@ from benchmarks import (
     acceptance,
     bench_driver,
     configs,
+    exactness,
     lossless,
     offload,
     report,
@@ -37,7 +38,7 @@ from benchmarks.client import generate_all
 
 FAKE_SERVER = textwrap.dedent(
     r'''
-    import json, os, subprocess, sys, time
+    import json, math, os, random, subprocess, sys, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     argv = sys.argv[1:]
@@ -63,6 +64,20 @@ FAKE_SERVER = textwrap.dedent(
 
     def tokens(ids, n):
         return [(sum(ids) + 7 * i) % 5000 for i in range(n)]
+
+    # Sampled replies (benchmarks.exactness sends batches of copies): each token from a softmax over 4
+    # tokens whose logits follow the token before, at the request's temperature. FAKE_SAMPLE_BIAS_AT=j
+    # lifts token 0 at output position j on a sparse-drafting PILLAR server (no SPARSESPEC_BUDGET_RATIO).
+    rng = random.Random(7 + len(os.environ.get("SPARSESPEC_BUDGET_RATIO", "")))
+    bias_at = int(os.environ.get("FAKE_SAMPLE_BIAS_AT", "-1")) if spec and "SPARSESPEC_BUDGET_RATIO" not in os.environ else -1
+
+    def sampled(ids, params):
+        prev, out = ids[-1], []
+        for j in range(params["max_new_tokens"]):
+            logits = [((prev + 3 * v) % 7) / 2.0 + (1.0 if j == bias_at and v == 0 else 0.0) for v in range(4)]
+            prev = rng.choices(range(4), weights=[math.exp(x / params["temperature"]) for x in logits])[0]
+            out.append(prev)
+        return {"text": "x", "output_ids": out, "meta_info": {"completion_tokens": len(out)}}
 
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -94,6 +109,8 @@ FAKE_SERVER = textwrap.dedent(
                 return self.reply(200, [True])
             if self.path != "/generate":
                 return self.reply(404, {})
+            if body["input_ids"] and isinstance(body["input_ids"][0], list):  # a batch: one reply per prompt
+                return self.reply(200, [sampled(ids, body["sampling_params"]) for ids in body["input_ids"]])
             ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
             out = tokens(ids, n)
             if spec and diverge_at >= 0 and sum(ids) % 2 == 0:
@@ -407,6 +424,34 @@ def test_acceptance_end_to_end(fake_sglang: Path, tiny_tokenizer_dir: Path, data
     assert "| pillar | 0.6 | 3.00 | 1.00 1.00 | ok |" in out.with_suffix(".log").read_text()
     with pytest.raises(SystemExit):  # a non-speculative config is refused
         acceptance.main([*argv, "--configs", "stock"])
+
+
+def test_exactness_end_to_end_with_a_pillar_reference(
+    fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reference and candidate that sample alike pass; a candidate that tilts a verify token fails; one
+    whose token 1 differs (drawn before any PILLAR code runs) is NUMERICS, not FAIL."""
+    argv = ["--model", str(tiny_tokenizer_dir), "--data-dir", str(data_dir), "--contexts", "1",
+            "--context-tokens", "8", "--samples", "3000", "--new-tokens", "3", "--settings", "1.0:1.0",
+            "--controls", "", "--reference", "pillar:adaptive_steps=off:budget_ratio=1",
+            "--candidate", "pillar:adaptive_steps=off"]  # fmt: skip
+
+    def run(name: str) -> tuple[int, dict]:
+        out = tmp_path / f"{name}.json"
+        code = exactness.main([*argv, "--out", str(out)])
+        return code, json.loads(out.read_text())
+
+    code, doc = run("same")
+    assert code == 0 and doc["verdict"] == "PASS" and doc["settings"]["reference"].endswith("budget_ratio=1")
+    assert doc["control"]["p_value"] < doc["bonferroni_threshold"] and len(doc["tests"]) == 3
+    assert doc["servers"]["pillar:adaptive_steps=off"]["env"] == {"SPARSESPEC_ADAPTIVE_STEPS": "off"}
+    monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "1")  # the candidate's first verify token
+    code, doc = run("tilted")
+    assert code == 1 and doc["verdict"] == "FAIL"
+    assert [t["p_value"] < doc["bonferroni_threshold"] for t in doc["tests"]] == [False, True, True]
+    monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "0")  # token 1: the servers' numerics differ
+    code, doc = run("numerics")
+    assert code == 1 and doc["verdict"] == "NUMERICS"
 
 
 def test_lossless_end_to_end(

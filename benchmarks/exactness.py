@@ -5,7 +5,8 @@
 
 Each context is an AIME/AMC prompt plus ``--context-tokens`` of the reference's greedy continuation
 (long enough that the draft's sparse attention reads a small part of it, so draft and target differ
-and the residual path runs). For every (temperature:top_p setting, context) each server answers
+and the residual path runs); the reference's radix cache is flushed after it, so every server
+prefills the contexts itself. For every (temperature:top_p setting, context) each server answers
 ``--samples`` copies of the context with ``--new-tokens`` sampled tokens (radix cache on: the
 prefill is shared). Token 1 comes from the prefill; tokens 2.. come from PILLAR's first verify
 (accepted drafts, the residual draw at a rejection, the bonus). Token 1 is tallied alone, and for
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import tempfile
+import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -116,6 +118,15 @@ def verdict(judged: Sequence[dict[str, Any]], n_tests: int, control: dict[str, A
     if 1 in rejects:
         return "NUMERICS", threshold
     return ("FAIL" if rejects else "PASS"), threshold
+
+
+def flush_radix_cache(server: Server, timeout: float) -> None:
+    """Empty the server's radix cache (SGLang's /flush_cache; it refuses while requests run, and this
+    raises then). The contexts' KV came from this server's greedy decode (decode or verify forwards),
+    while every other server prefills them: token 1 must come from a prefill on every server."""
+    req = urllib.request.Request(server.base_url + "/flush_cache", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        resp.read()
 
 
 def sample(server: Server, context: list[int], n: int, params: dict[str, Any], timeout: float) -> list[list[int]]:
@@ -203,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     reply = http_json(server.base_url + "/generate", {"input_ids": prompt.input_ids, "sampling_params": greedy}, timeout)
                     contexts.append(prompt.input_ids + [int(t) for t in reply["output_ids"]])
                     doc["contexts"].append({"source": prompt.source, "tokens": len(contexts[-1])})
+                flush_radix_cache(server, timeout)
             for si, (temp, top_p) in enumerate(args.settings):
                 params = {"temperature": temp, "top_p": top_p, "max_new_tokens": args.new_tokens, "ignore_eos": True}
                 for ci, context in enumerate(contexts):

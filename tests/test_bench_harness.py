@@ -104,6 +104,8 @@ FAKE_SERVER = textwrap.dedent(
             self.reply(404, {})
 
         def do_POST(self):
+            if self.path == "/flush_cache":  # SGLang's radix-cache flush, no body (benchmarks.exactness)
+                return self.reply(200, {})
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path == "/set_internal_state":
                 return self.reply(200, [True])

@@ -80,14 +80,23 @@ class PillarMetrics:
         if matched is None:
             return
         steps, accepted, _ = matched
-        per_pos = [sum(a > j for a in accepted) for j in range(steps)]
+        # per_pos[j] = requests that accepted more than j drafts: a histogram of the counts (capped at
+        # steps), summed from the top; one pass over the batch instead of one per position.
+        hist = [0] * (steps + 1)
+        for a in accepted:
+            hist[a] += 1
+        per_pos, more = [0] * steps, 0
+        for j in range(steps - 1, -1, -1):
+            more += hist[j + 1]
+            per_pos[j] = more
+        total = sum(accepted)
         self.drafts += len(accepted)
         self.draft_tokens += steps * len(accepted)
-        self.accepted_tokens += sum(accepted)
+        self.accepted_tokens += total
         for j, n in enumerate(per_pos):
             self.accepted_per_pos[j] += n
         if self.sink is not None:
-            self.sink.drafts_verified(len(accepted), steps * len(accepted), sum(accepted), per_pos)
+            self.sink.drafts_verified(len(accepted), steps * len(accepted), total, per_pos)
 
     def rounds_timed(self, samples: Iterable[RoundSample]) -> None:
         for s in samples:

@@ -120,17 +120,16 @@ def plan_dense(view: BatchView, k: int, round_ms: float) -> DensePlan:
     if k == 0 or n == 0:
         return DensePlan(tokens, ms, dense)
 
-    def ratio(i: int) -> float:
-        gain, cost = e_dense - sparse[i], k * view.extra_ms[i]
-        if gain <= 0:  # nothing to gain: last in the order, where it ends the choice
-            return -math.inf
-        return gain / cost if cost > 0 else math.inf
-
-    ratios = [ratio(i) for i in range(n)]
+    # Per request (comprehensions: this runs for every candidate count of every round, on the
+    # scheduler's thread): tokens gained and ms added by drafting densely, and their ratio. A request
+    # with nothing to gain goes last in the order, where it ends the choice.
+    gains = [e_dense - s for s in sparse]
+    costs = [k * x for x in view.extra_ms]
+    ratios = [-math.inf if g <= 0 else (g / c if c > 0 else math.inf) for g, c in zip(gains, costs)]
     if max(ratios) * ms <= tokens:  # the usual full batch: nobody raises the rate, skip the sort
         return DensePlan(tokens, ms, dense)
     for i in sorted(range(n), key=ratios.__getitem__, reverse=True):
-        gain, cost = e_dense - sparse[i], k * view.extra_ms[i]
+        gain, cost = gains[i], costs[i]
         # Ratios only fall and tokens / ms only rises from here: the first request that does not
         # raise the rate ends the choice.
         if gain <= 0 or gain * ms <= tokens * cost:

@@ -40,6 +40,8 @@ from __future__ import annotations
 import argparse
 import shlex
 import tempfile
+import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Sequence
@@ -120,13 +122,22 @@ def verdict(judged: Sequence[dict[str, Any]], n_tests: int, control: dict[str, A
     return ("FAIL" if rejects else "PASS"), threshold
 
 
-def flush_radix_cache(server: Server, timeout: float) -> None:
-    """Empty the server's radix cache (SGLang's /flush_cache; it refuses while requests run, and this
-    raises then). The contexts' KV came from this server's greedy decode (decode or verify forwards),
-    while every other server prefills them: token 1 must come from a prefill on every server."""
-    req = urllib.request.Request(server.base_url + "/flush_cache", data=b"", method="POST")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        resp.read()
+def flush_radix_cache(server: Server, timeout: float, tries: int = 20) -> None:
+    """Empty the server's radix cache (SGLang's /flush_cache). The contexts' KV came from this server's
+    greedy decode (decode or verify forwards), while every other server prefills them: token 1 must
+    come from a prefill on every server. SGLang answers 400 while a request is still in its batches
+    (a finished one can linger there for a scheduler iteration), so a refusal is retried for a few
+    seconds before it is raised."""
+    for attempt in range(tries):
+        req = urllib.request.Request(server.base_url + "/flush_cache", data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                resp.read()
+                return
+        except urllib.error.HTTPError as e:
+            if e.code != 400 or attempt == tries - 1:
+                raise
+        time.sleep(0.25)
 
 
 def sample(server: Server, context: list[int], n: int, params: dict[str, Any], timeout: float) -> list[list[int]]:

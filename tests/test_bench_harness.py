@@ -53,7 +53,7 @@ FAKE_SERVER = textwrap.dedent(
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         open(os.environ["FAKE_CHILD_PIDFILE"], "w").write(str(child.pid))
     diverge_at = int(os.environ.get("FAKE_DIVERGE_AT", "-1"))
-    served = [0]
+    served, refusals = [0], [0]
     radix, seen = "--disable-radix-cache" not in argv, []  # radix on: earlier prompts' common prefix is cached
 
     def cached(ids):
@@ -105,7 +105,8 @@ FAKE_SERVER = textwrap.dedent(
 
         def do_POST(self):
             if self.path == "/flush_cache":  # SGLang's radix-cache flush, no body (benchmarks.exactness)
-                return self.reply(200, {})
+                refusals[0] += 1  # SGLang refuses while a finished request lingers in its batches
+                return self.reply(400 if refusals[0] <= int(os.environ.get("FAKE_FLUSH_REFUSALS", "0")) else 200, {})
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path == "/set_internal_state":
                 return self.reply(200, [True])
@@ -443,6 +444,7 @@ def test_exactness_end_to_end_with_a_pillar_reference(
         code = exactness.main([*argv, "--out", str(out)])
         return code, json.loads(out.read_text())
 
+    monkeypatch.setenv("FAKE_FLUSH_REFUSALS", "2")  # the radix-cache flush is retried through refusals
     code, doc = run("same")
     assert code == 0 and doc["verdict"] == "PASS" and doc["settings"]["reference"].endswith("budget_ratio=1")
     assert doc["control"]["p_value"] < doc["bonferroni_threshold"] and len(doc["tests"]) == 3

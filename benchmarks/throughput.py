@@ -60,7 +60,7 @@ from benchmarks.workload import (
     prompt_token_stats,
     write_bench_serving_file,
 )
-from sglang_sparsespec.spec.adaptive import batch_bucket, context_bucket
+from sglang_sparsespec.spec.adaptive import cell_key, cell_label
 
 START_GUESS_FLOOR_S = 90.0  # floor of the server-start guess (a start takes 60-140 s warm, up to 240 s on a fresh node)
 MIN_RUN_S = 20.0  # the guess for a run shape never measured
@@ -246,7 +246,7 @@ def decode_step_cells(log_text: str) -> dict[str, dict[str, float]]:
             continue
         running, tokens, tok_s = int(m.group(1)), int(m.group(2)), float(m.group(3))
         if previous_was_decode and running > 0 and tok_s > 0:
-            cell = f"{batch_bucket(running)}x{round(2 ** (context_bucket(tokens / running) / 2))}"
+            cell = cell_label(cell_key(running, tokens / running))
             steps.setdefault(cell, []).append(1000.0 * running / tok_s)
         previous_was_decode = True
     return {cell: {"ms": round(statistics.median(v), 3), "lines": len(v)} for cell, v in sorted(steps.items())}

@@ -151,6 +151,17 @@ def context_bucket(mean_len: float) -> int:
     return round(2.0 * math.log2(max(mean_len, 1.0)))
 
 
+def cell_key(batch_size: int, mean_len: float) -> tuple[int, int]:
+    """The cost cell of a batch: (batch bucket, context bucket)."""
+    return batch_bucket(batch_size), context_bucket(mean_len)
+
+
+def cell_label(key: tuple[int, int]) -> str:
+    """A cell as /server_info and the reports name it: "<batch bucket>x<context ~tokens>"."""
+    bs, ctx = key
+    return f"{bs}x{round(2 ** (ctx / 2))}"
+
+
 SEED_SPAN = 2  # a new cell borrows costs from a cell at most this many half-octaves of context away
 
 
@@ -321,7 +332,7 @@ class SpeculationPolicy:
     def choose(self, batch_size: int, mean_len: float, view: BatchView | None = None) -> Choice:
         """This round's draft count, the cost cell it will be measured into, and (with a ``view``
         and a priced cell) which requests draft densely: the plan the count was chosen by."""
-        key = (batch_bucket(batch_size), context_bucket(mean_len))
+        key = cell_key(batch_size, mean_len)
         c = self.table.cell(key)
         c.rounds += 1
         probe = self._probe(c)
@@ -364,12 +375,12 @@ class SpeculationPolicy:
         return {
             "alpha": round(self.acceptance.alpha, 4),
             "cells": {
-                f"{bs}x{round(2 ** (ctx / 2))}": {
+                cell_label(key): {
                     "rounds": c.rounds,
                     **{n: round(e.value, 3) for n, e in vars(c).items() if isinstance(e, _Ema) and e.value is not None},
                     **{f"draft_{k}": round(e.value, 3) for k, e in sorted(c.draft.items()) if e.value is not None},
                 }
-                for (bs, ctx), c in sorted(self.table.cells.items())
+                for key, c in sorted(self.table.cells.items())
                 if c.rounds
             },
         }

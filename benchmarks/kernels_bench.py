@@ -35,7 +35,6 @@ import triton
 import triton.testing
 from sglang_sparsespec.kernels._common import num_sms
 from sglang_sparsespec.kernels.score_capture import score_capture
-from sglang_sparsespec.kernels.plan_slots import plan_slots_fwd
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.topk_select import topk_select
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
@@ -222,18 +221,6 @@ def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
     )
     n = cnt + TAIL
     row["sparse_GBps"] = gathered / row["sparse_us"] / 1e3
-    # The round's slots (kernels/plan_slots.py): the steps read slots instead of positions + req_to_token.
-    # plan_slots_round_us gathers every layer's sets once per round; each of the k steps saves
-    # num_layers x (sparse_us - sparse_slots_us).
-    sel_all = sel.repeat(1, shape.num_layers, 1)
-    slots_all = torch.empty_like(sel_all)
-    row["plan_slots_round_us"] = bench_us(
-        lambda: plan_slots_fwd(sel_all, sel_cnt, rpi, tail_start, req_to_token, rpi, slots_all)
-    )
-    slots, o_slots = slots_all[:, : shape.h_kv], torch.empty_like(o)
-    row["sparse_slots_us"] = bench_us(lambda: sparse_decode_fwd(
-        q, k, v, o_slots, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5, sel_slots=slots))  # fmt: skip
-    row["sparse_slots_max_err"] = (o_slots.float() - o.float()).abs().max().item()  # the same positions: 0
 
     full_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * seq_len
     full_indices = req_to_token.flatten().to(torch.int64)

@@ -36,7 +36,6 @@ def _sparse_decode_stage1(
     Sel_pos,
     Sel_cnt,
     Sel_rows,
-    Sel_slots,
     Tail_start,
     Seq_lens,
     Mid_O,
@@ -51,8 +50,6 @@ def _sparse_decode_stage1(
     stride_rt,
     stride_sb,
     stride_sh,
-    stride_xb,
-    stride_xh,
     stride_mb,
     stride_mh,
     stride_ms,
@@ -67,7 +64,6 @@ def _sparse_decode_stage1(
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     HAS_SEL_ROWS: tl.constexpr,
-    HAS_SEL_SLOTS: tl.constexpr,
 ):
     cur_b = tl.program_id(0).to(tl.int64)
     cur_kv_head = tl.program_id(1)
@@ -111,20 +107,10 @@ def _sparse_decode_stage1(
             offs_j = start_n + tl.arange(0, BLOCK_N)
             in_range = offs_j < split_end
             in_sel = offs_j < cnt
-            if HAS_SEL_SLOTS:
-                # The round's slots (plan_slots_fwd): the K/V load waits on one index load, not two.
-                slot_base = Sel_slots + cur_b * stride_xb + cur_kv_head * stride_xh
-                sel_slot = tl.load(slot_base + offs_j, mask=in_range & in_sel, other=-1)
-                tail_pos = tail_start + offs_j - cnt
-                in_tail = in_range & ~in_sel & (tail_pos < seq_len)
-                tail_slot = tl.load(req_row + tail_pos, mask=in_tail, other=0)
-                valid = (in_range & in_sel & (sel_slot >= 0)) | in_tail
-                slot = tl.where(in_sel, sel_slot, tail_slot).to(tl.int64)
-            else:
-                sel_pos = tl.load(sel_base + offs_j, mask=in_range & in_sel, other=-1)
-                pos = tl.where(in_sel, sel_pos, tail_start + offs_j - cnt)
-                valid = in_range & (pos >= 0) & (pos < tl.where(in_sel, tail_start, seq_len))
-                slot = tl.load(req_row + pos, mask=valid, other=0).to(tl.int64)
+            sel_pos = tl.load(sel_base + offs_j, mask=in_range & in_sel, other=-1)
+            pos = tl.where(in_sel, sel_pos, tail_start + offs_j - cnt)
+            valid = in_range & (pos >= 0) & (pos < tl.where(in_sel, tail_start, seq_len))
+            slot = tl.load(req_row + pos, mask=valid, other=0).to(tl.int64)
             k, v = load_kv_tile(
                 K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d
             )
@@ -188,7 +174,6 @@ def sparse_decode_fwd(
     sm_scale: float,
     logit_cap: float = 0.0,
     sel_rows: torch.Tensor | None = None,
-    sel_slots: torch.Tensor | None = None,
     num_kv_splits: int | None = None,
     block_n: int = 32,
     num_warps: int = 4,
@@ -201,9 +186,6 @@ def sparse_decode_fwd(
     sel_pos: [N, H_kv, Kmax] int32 sorted positions (-1 padded), e.g. a layer slice of topk_select's
     output; sel_cnt: [N] int32 valid entries (clamped to [0, Kmax]); sel_rows: optional [bs] row of
     request b in sel_pos/sel_cnt (e.g. req_pool_indices), default b.
-    sel_slots: optional [bs, H_kv, Kmax] int32, ``plan_slots_fwd`` of these sel_pos / sel_cnt /
-    sel_rows / tail_start (the selected positions' KV slots in batch order, -1 where dropped): read
-    instead of sel_pos and req_to_token for the selected part, the same result.
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
@@ -230,13 +212,6 @@ def sparse_decode_fwd(
             f"got {sel_pos.dtype} {tuple(sel_pos.shape)}"
         )
     check_int_vector("sel_cnt", sel_cnt, sel_pos.shape[0])
-    if sel_slots is not None and (
-        sel_slots.dtype != torch.int32 or sel_slots.shape != (bs, h_kv, sel_pos.shape[2]) or sel_slots.stride(2) != 1
-    ):
-        raise ValueError(
-            f"sel_slots must be int32 [{bs}, {h_kv}, {sel_pos.shape[2]}] with a contiguous last dim, "
-            f"got {sel_slots.dtype} {tuple(sel_slots.shape)}"
-        )
     if sel_rows is not None:
         check_int_vector("sel_rows", sel_rows, bs)
     elif sel_pos.shape[0] < bs:
@@ -261,7 +236,6 @@ def sparse_decode_fwd(
         sel_pos,
         sel_cnt,
         sel_rows,
-        sel_slots,
         tail_start,
         seq_lens,
         mid_o,
@@ -276,8 +250,6 @@ def sparse_decode_fwd(
         req_to_token.stride(0),
         sel_pos.stride(0),
         sel_pos.stride(1),
-        sel_slots.stride(0) if sel_slots is not None else 0,
-        sel_slots.stride(1) if sel_slots is not None else 0,
         mid_o.stride(0),
         mid_o.stride(1),
         mid_o.stride(2),
@@ -292,7 +264,6 @@ def sparse_decode_fwd(
         NUM_SPLITS=num_kv_splits,
         LOGIT_CAP=logit_cap,
         HAS_SEL_ROWS=sel_rows is not None,
-        HAS_SEL_SLOTS=sel_slots is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

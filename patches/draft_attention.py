@@ -27,16 +27,13 @@ class DraftStepInputs:
 
     req_pool_indices int64; tail_start int32 (the plan's, gathered per round);
     sel_cnt int32 (the plan's, batch order); seq_lens int64 = current position + 1
-    (the current token's K/V is written before it attends); sel_slots [max_bs, groups, kmax] int32:
-    the KV slots of the plans' positions in batch order, filled per round (``kernels/plan_slots.py``;
-    None with the oracle, which selects per step).
+    (the current token's K/V is written before it attends).
     """
 
     req_pool_indices: torch.Tensor
     tail_start: torch.Tensor
     sel_cnt: torch.Tensor
     seq_lens: torch.Tensor
-    sel_slots: torch.Tensor | None
 
 
 class PillarDraftBackend(TritonAttnBackend):
@@ -80,10 +77,8 @@ class PillarDraftBackend(TritonAttnBackend):
                 layer.scaling, logit_cap, self.oracle_pos, self.oracle_cnt,
             )
             sel_pos, sel_cnt, sel_rows = self.oracle_pos, self.oracle_cnt, None
-            sel_slots = None
         else:
             sel_pos, sel_cnt, sel_rows = self.state.layer(layer.layer_id), self.state.sel_cnt, rpi
-            sel_slots = self.state.layer_of(inputs.sel_slots[:bs], layer.layer_id)
         o = torch.empty_like(q)
         sparse_decode_fwd(
             q,
@@ -99,6 +94,5 @@ class PillarDraftBackend(TritonAttnBackend):
             layer.scaling,
             logit_cap=logit_cap,
             sel_rows=sel_rows,
-            sel_slots=sel_slots,
         )
         return o.view(bs, -1)

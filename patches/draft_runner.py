@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
-from sglang_sparsespec.kernels.plan_slots import plan_slots_fwd
 
 from sglang_sparsespec.config import PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
@@ -75,13 +74,11 @@ class PillarDraftRunner:
             self.min_p = torch.zeros(max_bs, dtype=torch.float32)
             # 1 = attend the plan, 0 = attend the whole prefix (dense drafting, spec/dense.py).
             self.sparse = torch.ones(max_bs, dtype=torch.int32)
-            oracle = cfg.policy is SelectionPolicy.ORACLE
             self.inputs = DraftStepInputs(
                 req_pool_indices=self.req_pool_indices,
                 tail_start=torch.zeros(max_bs, dtype=torch.int32),
                 sel_cnt=torch.zeros(max_bs, dtype=torch.int32),
                 seq_lens=torch.ones(max_bs, dtype=torch.int64),
-                sel_slots=None if oracle else torch.full((max_bs, *state.sel_pos.shape[1:]), -1, dtype=torch.int32),
             )
             # The step body's state: the index of the next draft step ([1], for index_copy_) and its
             # input token (the bonus token, loaded by run(), then each step's draft).
@@ -98,7 +95,9 @@ class PillarDraftRunner:
             self.step_q_tok = torch.ones(max_bs, dtype=torch.float32)
         # A private backend: draft attention never touches the target backend's metadata,
         # which the verify graph was captured with.
-        self.backend = PillarDraftBackend(model_runner, state, self.inputs, oracle=oracle)
+        self.backend = PillarDraftBackend(
+            model_runner, state, self.inputs, oracle=cfg.policy is SelectionPolicy.ORACLE
+        )
         # One draft step, keyed by (batch-size bucket, greedy): all-greedy batches draft by argmax
         # and skip the draft records, which their verify never reads.
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
@@ -137,17 +136,12 @@ class PillarDraftRunner:
 
     # ---- one draft step (eager body == captured body) -------------------------------
     def _begin_round(self, bs: int) -> None:
-        """Per round, before the first step: the plans' tail starts in batch order, the KV slots of
-        their selections (no KV moves within a round, so the steps skip that lookup) and step 0."""
+        """Per round, before the first step: the plans' tail starts in batch order and step 0."""
         rpi = self.req_pool_indices[:bs]
         # A dense row's tail starts at 0: its draft attention reads the whole prefix.
         self.inputs.tail_start[:bs] = self.state.tail_start[rpi] * self.sparse[:bs]
         if self.backend.oracle:  # only the oracle reads the counts in batch order
             self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
-        else:
-            req_to_token = self.mr.req_to_token_pool.req_to_token
-            plan_slots_fwd(self.state.sel_pos, self.state.sel_cnt, rpi, self.inputs.tail_start[:bs], req_to_token, rpi,
-                           self.inputs.sel_slots[:bs])  # fmt: skip
         self.step.zero_()
 
     def _step(self, bs: int, greedy: bool) -> None:

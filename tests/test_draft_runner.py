@@ -120,22 +120,6 @@ def test_sampled_steps_fill_their_own_proposal_blocks(runner: dr.PillarDraftRunn
     assert bool((runner.cand_ids[3:] == -7).all())  # the step past the round: untouched
 
 
-def test_each_round_looks_up_the_slots_of_its_plans(runner: dr.PillarDraftRunner) -> None:
-    """The round's prologue fills the draft backend's slot buffer (batch order) from the plans, with the
-    round's tail starts: a request drafting densely drops its selections."""
-    state, r2t = runner.state, runner.mr.req_to_token_pool.req_to_token
-    rpi, seq_lens = torch.tensor([5, 1, 6], device=DEVICE), torch.tensor([30, 40, 50], device=DEVICE)
-    for row, ts in ((5, 20), (1, 30), (6, 40)):
-        state.sel_pos[row, :, :5] = torch.tensor([0, 3, 7, 11, 15], dtype=torch.int32, device=DEVICE) + row % 2
-        state.sel_cnt[row], state.tail_start[row] = 5, ts
-    dense = torch.tensor([0, 1, 0], dtype=torch.int32, device=DEVICE)  # request 1 drafts over its whole prefix
-    runner.run(rpi, seq_lens, torch.tensor([1, 2, 3], device=DEVICE), sampling(True), 2, dense)
-    slots = runner.inputs.sel_slots[:BS, :, :5]
-    for b, row in enumerate(rpi.tolist()):
-        want = (r2t[row, state.sel_pos[row, :, :5].long()] if b != 1 else torch.full_like(slots[b], -1)).to(torch.int32)
-        assert torch.equal(slots[b], want), b
-
-
 def check_round(out: dr.DraftOutput, rpi, seq_lens, bonus, steps: int) -> None:
     """The drafted chain follows the stand-in model from each row's bonus token, and every step's
     record holds its own drafted token (a block written under another step's index would not)."""

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd, draft_sample_ref
-from sglang_sparsespec.kernels.plan_slots import plan_slots_fwd, plan_slots_ref
 from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from sglang_sparsespec.kernels.topk_select import topk_select, topk_select_ref
@@ -269,46 +268,6 @@ def test_sparse_decode_ragged(group, num_kv_splits):
     assert not o.isnan().any()
     assert (o[5] == 0).all()
     torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
-
-
-def _round_slots(case: dict, tail_start: torch.Tensor) -> torch.Tensor:
-    bs, (_, h_kv, kmax) = case["q"].shape[0], case["sel_pos"].shape
-    out = torch.full((bs, h_kv, kmax), POISON, dtype=torch.int32, device=DEVICE)
-    rows = case["sel_rows"]
-    return plan_slots_fwd(case["sel_pos"], case["sel_cnt"], rows, tail_start, case["req_to_token"], case["req_pool_indices"], out)
-
-
-def test_plan_slots_match_the_reference():
-    """Each listed selection becomes its KV slot, a dropped one (at or past the round's tail start, or
-    any of a request drafting densely, tail start 0) -1; entries past the count stay untouched."""
-    torch.manual_seed(41)
-    case = _make_decode_case(2, [(150, 90, 40, 3), (40, 33, 0, 0), (70, 60, 48, 0), (120, 0, 20, 20)], kmax=48)
-    slots = _round_slots(case, case["tail_start"])
-    expected = plan_slots_ref(case["sel_pos"], case["sel_cnt"], case["sel_rows"], case["tail_start"],
-                              case["req_to_token"], case["req_pool_indices"], torch.full_like(slots, POISON))  # fmt: skip
-    assert torch.equal(slots, expected)
-    assert (slots[0, :, :40] >= 0).sum() >= 2 * 37 and (slots[0, :, :40] == -1).any()  # 3 per head drop
-    assert (slots[3, :, :20] == -1).all() and (slots[:, :, 48:] == POISON).all()
-    assert (slots[0, :, 40:] == POISON).all() and (slots[1] == POISON).all()
-    b, h = 2, 1  # a kept entry is req_to_token at the selected position
-    pos = case["sel_pos"][case["sel_rows"][b], h, 7].long()
-    assert slots[b, h, 7] == case["req_to_token"][case["req_pool_indices"][b], pos]
-
-
-@pytest.mark.parametrize("num_kv_splits", [1, 3])
-@pytest.mark.parametrize("group", [1, 3])
-def test_sparse_decode_with_the_round_slots_is_unchanged(group, num_kv_splits):
-    """Reading the round's slots instead of positions + req_to_token attends to the same positions in
-    the same order: the same output, bit for bit."""
-    torch.manual_seed(42 + group)
-    specs = [(150, 90, 40, 3), (40, 33, 0, 0), (1, 0, 0, 0), (70, 60, 48, 0), (25, 25, 5, 0), (120, 0, 20, 20)]
-    case = _make_decode_case(group, specs, kmax=48)
-    plain, with_slots = torch.zeros_like(case["q"]), torch.zeros_like(case["q"])
-    sparse_decode_fwd(o=plain, num_kv_splits=num_kv_splits, **case)
-    sparse_decode_fwd(o=with_slots, num_kv_splits=num_kv_splits, sel_slots=_round_slots(case, case["tail_start"]), **case)
-    assert torch.equal(plain, with_slots)
-    with pytest.raises(ValueError, match="sel_slots"):
-        sparse_decode_fwd(o=plain, sel_slots=torch.zeros(2, 2, 48, dtype=torch.int32, device=DEVICE), **case)
 
 
 def test_sparse_decode_dense_row_is_full_attention():

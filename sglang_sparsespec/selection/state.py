@@ -54,14 +54,10 @@ class PlanState:
 
     def layer(self, layer_id: int) -> torch.Tensor:
         """[rows, H_kv, kmax] view of one layer's sets (head stride 0 for shared plans)."""
-        return self.layer_of(self.sel_pos, layer_id)
-
-    def layer_of(self, sets: torch.Tensor, layer_id: int) -> torch.Tensor:
-        """The same view of any [n, groups, kmax] tensor laid out like ``sel_pos`` (e.g. its slots)."""
-        n, groups, kmax = sets.shape
+        rows, groups, kmax = self.sel_pos.shape
         if groups == 1:
-            return sets.expand(n, self.num_kv_heads, kmax)
-        return sets.view(n, self.num_layers, self.num_kv_heads, kmax)[:, layer_id]
+            return self.sel_pos.expand(rows, self.num_kv_heads, kmax)
+        return self.sel_pos.view(rows, self.num_layers, self.num_kv_heads, kmax)[:, layer_id]
 
     def store(
         self, rows: torch.Tensor, sel_pos: torch.Tensor, sel_cnt: torch.Tensor, tail_start: torch.Tensor

@@ -12,7 +12,8 @@ renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at 
 Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
 (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a
 request before dispatch), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start
-instead of on the first sampled request), ``tp_agree`` (the TP group's CPU group, to broadcast rank
+instead of on the first sampled request), ``serve_warmup`` (SGLang's custom-warmup registry and
+GenerateReqInput: real warm-up batches before the server listens), ``tp_agree`` (the TP group's CPU group, to broadcast rank
 0's round shape), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
 allocator). Nothing outside this package imports SGLang internals.
 """
@@ -29,6 +30,7 @@ from . import (
     offload_hooks,
     request_guard,
     reserved_tokens,
+    serve_warmup,
     server_args_flags,
     server_info,
     triton_verify,
@@ -233,4 +235,5 @@ def apply() -> None:
     )(_factory)
     for hook in HOOKS:
         HookRegistry.register(hook.target, hook.fn, HookType[hook.kind])
+    serve_warmup.register()
     _applied = True

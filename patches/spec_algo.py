@@ -14,6 +14,8 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_sparsespec.config import PillarConfig
 
+from .serve_warmup import add_to_server_args
+
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
@@ -165,3 +167,5 @@ def validate_server_args(sa: ServerArgs) -> None:
     if sa.max_running_requests is None:
         # The draft runner's static buffers (tokens, draft records) are sized by this.
         sa.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
+    # Before the server listens, every eager kernel variant of a round is built (patches/serve_warmup.py).
+    add_to_server_args(sa)

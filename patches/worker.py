@@ -53,6 +53,7 @@ from sglang_sparsespec.spec.adaptive import RoundClock, SpeculationPolicy
 from sglang_sparsespec.spec.dense import DenseChooser
 from sglang_sparsespec.spec.rejection import DraftRecord
 from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
+from sglang_sparsespec.spec.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
 from .sampler_warmup import build_sampling_kernels
@@ -95,6 +96,7 @@ class PillarWorker(BaseSpecWorker):
         self.clock: RoundClock | None = None
         self.dense: DenseChooser | None = None  # with the policy: which requests draft densely
         self.metrics = PillarMetrics(self.cfg.num_steps)  # issue 22: /server_info, Prometheus (patches/metrics.py)
+        self.warmup_rounds = 0  # start-up warm-up rounds so far (patches/serve_warmup.py)
         if self.cfg.adaptive:
             self.policy = SpeculationPolicy(self.cfg.step_candidates)
             self.clock = RoundClock(lambda: torch.cuda.Event(enable_timing=True))
@@ -272,9 +274,19 @@ class PillarWorker(BaseSpecWorker):
             out.update(self.policy.summary(), dense_request_rounds=self.dense.dense_request_rounds)
         return out
 
-    def _decode_round(self, batch, on_publish, grammar_barrier):
+    def _round_shape(self, batch) -> tuple[int, list[bool] | None]:
+        """This round's draft count and dense set, counted in the metrics; a start-up warm-up batch
+        (``spec/warmup.py``) takes every draft count in turn, so each count's kernels build, and the
+        policy, its clock and the metrics never see it (its late accept counts match no launched round)."""
+        if is_warmup(batch.reqs):
+            self.warmup_rounds += 1
+            return warmup_steps(self.cfg.step_candidates, self.warmup_rounds - 1), None
         steps, dense = self._choose_steps(batch)
         self.metrics.launched(steps, len(batch.reqs))
+        return steps, dense
+
+    def _decode_round(self, batch, on_publish, grammar_barrier):
+        steps, dense = self._round_shape(batch)
         if steps == 0:
             return self._plain_round(batch, on_publish, grammar_barrier)
         draft_input = batch.spec_info

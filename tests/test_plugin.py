@@ -258,3 +258,17 @@ def test_plain_rounds_borrow_only_fields_the_pillar_worker_has():
     assert used == {"_target_worker", "device", "topk"}
     init = inspect.getsource(PillarWorker.__init__)
     assert all(f"self.{name} =" in init for name in used)
+
+
+def test_pillar_warmup_joins_the_server_warmups_unless_skipped(llama_config_dir):
+    """SGLang runs the named custom warmups before the HTTP server listens; PILLAR's is added after the
+    user's own, and --skip-server-warmup (a user who wants the fastest start) leaves it out."""
+    from sglang.srt.entrypoints.warmup import _warmup_registry
+
+    from sglang_sparsespec.patches.serve_warmup import pillar_warmup
+
+    assert _warmup_registry["pillar"] is pillar_warmup
+    assert _args(llama_config_dir).warmups == "pillar"
+    assert _args(llama_config_dir, warmups="voice_chat").warmups == "voice_chat,pillar"
+    assert _args(llama_config_dir, warmups="pillar").warmups == "pillar"
+    assert _args(llama_config_dir, skip_server_warmup=True).warmups is None

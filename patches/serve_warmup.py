@@ -1,0 +1,51 @@
+"""PILLAR's start-up warm-up through SGLang's custom-warmup registry (``--warmups``): the batches of
+``spec/warmup.py`` go through the tokenizer manager, the scheduler and the worker as real requests,
+so every eager kernel variant a round launches is built before the HTTP server listens (SGLang runs
+custom warmups in the server's start-up, before uvicorn accepts connections). ``spec_algo`` adds the
+name to ``--warmups`` unless ``--skip-server-warmup`` is given."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sglang_sparsespec.spec.warmup import WARMUP_NAME, warmup_plan
+
+logger = logging.getLogger(__name__)
+
+
+async def pillar_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
+    """Send the plan's batches one after another, each awaited to its end."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    if disaggregation_mode != "null":
+        # A prefill or decode server alone cannot run a whole request.
+        logger.info("PILLAR warm-up skipped: disaggregated serving (%s)", disaggregation_mode)
+        return
+    t0 = time.monotonic()
+    plan = warmup_plan(tokenizer_manager.server_args.max_running_requests, tokenizer_manager.model_config.vocab_size)
+    for batch in plan:
+        req = GenerateReqInput(
+            input_ids=batch.input_ids, sampling_params=[batch.sampling] * batch.size, rid=batch.rids
+        )
+        async for _ in tokenizer_manager.generate_request(req, None):
+            pass
+    logger.info(
+        "PILLAR warm-up: %d batches (sizes %d-%d, greedy and sampled) in %.1f s",
+        len(plan), plan[0].size, plan[-1].size, time.monotonic() - t0,
+    )  # fmt: skip
+
+
+def register() -> None:
+    from sglang.srt.entrypoints.warmup import warmup
+
+    warmup(WARMUP_NAME)(pillar_warmup)
+
+
+def add_to_server_args(sa) -> None:
+    """Name PILLAR's warm-up in ``sa.warmups`` (after the user's own), unless the user skips warm-up."""
+    if sa.skip_server_warmup:
+        return
+    names = [n for n in (sa.warmups or "").split(",") if n]
+    if WARMUP_NAME not in names:
+        sa.warmups = ",".join([*names, WARMUP_NAME])

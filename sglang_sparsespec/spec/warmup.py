@@ -1,0 +1,96 @@
+"""The start-up warm-up plan: batches that make a new PILLAR server build, before it serves anyone,
+every kernel variant its rounds launch outside CUDA graphs.
+
+Why: Triton compiles a kernel for each new set of compile-time arguments on first use, and several
+arguments of a round's eager kernels follow the batch: SGLang's ``assign_req_to_token_pool`` takes
+``next_power_of_2(batch size)``, our rejection kernel the round's draft count, the target filter a
+min-p switch. On a machine whose Triton cache lacks them, the first batches of each size compile
+while the scheduler waits: on the H100 at ce113f5 (the Triton cache's file times) a greedy pass
+compiled 14 variants of ``assign_req_to_token_pool`` within 4 s, and in the first sampled PILLAR run
+on that machine (256 x 2048 tokens, two waves) about half the requests waited ~8 s for their first
+token (mean TTFT 4.1 s against stock FlashInfer's 0.46 s), which such compiles would explain (the
+next GPU run, with this warm-up, tells).
+
+The plan: for each batch size (powers of two up to the running-request cap, and the cap) and each
+sampling shape (greedy; top-p only, which takes SGLang's renorm kernels; top-k + top-p, which takes
+``kernels/target_filter.py``; min-p), one batch of that many requests with short distinct prompts.
+Warm-up rounds cycle through the draft counts (``warmup_steps``) so every count's kernels build, and
+teach nothing: the adaptive policy, its clock and the metrics never see them (``is_warmup``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# SGLang's custom-warmup name (``--warmups``) and the request-id prefix that marks warm-up requests
+# (ids are otherwise random hex; a client's own rid with this prefix only changes its path choice).
+WARMUP_NAME = "pillar"
+WARMUP_RID_PREFIX = "__pillar_warmup__"
+PROMPT_TOKENS = 16
+# Enough for len(step candidates) rounds even when every round emits k_max + 1 = 9 tokens.
+NEW_TOKENS = 48
+# Prompt ids start above the special tokens of common vocabularies.
+FIRST_TOKEN_ID = 100
+
+SAMPLING_SHAPES: tuple[dict[str, Any], ...] = (
+    {"temperature": 0.0},
+    {"temperature": 0.6, "top_p": 0.95},
+    {"temperature": 0.6, "top_p": 0.95, "top_k": 20},
+    {"temperature": 1.0, "top_k": 20, "min_p": 0.05},
+)
+
+
+@dataclass(frozen=True)
+class WarmupBatch:
+    """One batch sent as a single request of ``size`` prompts: ``input_ids`` [size][PROMPT_TOKENS],
+    ``rids`` [size] (each starts with WARMUP_RID_PREFIX), ``sampling`` SGLang sampling params shared by
+    every prompt (ignore_eos, so each request runs NEW_TOKENS tokens)."""
+
+    size: int
+    sampling: dict[str, Any]
+    rids: list[str]
+    input_ids: list[list[int]]
+
+
+def batch_sizes(max_running_requests: int) -> list[int]:
+    """1, 2, 4, ... below the cap, then the cap: one size per ``next_power_of_2`` bucket up to it."""
+    if max_running_requests < 1:
+        raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+    sizes, n = [], 1
+    while n < max_running_requests:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, max_running_requests]
+
+
+def warmup_plan(max_running_requests: int, vocab_size: int) -> list[WarmupBatch]:
+    """Every (batch size, sampling shape) pair, smallest batches first; prompts differ from each other
+    (a radix cache cannot merge them) and stay inside the vocabulary."""
+    span = vocab_size - FIRST_TOKEN_ID
+    if span < PROMPT_TOKENS:
+        raise ValueError(f"vocabulary of {vocab_size} tokens is too small for the warm-up prompts")
+    plan: list[WarmupBatch] = []
+    serial = 0
+    for size in batch_sizes(max_running_requests):
+        for shape in SAMPLING_SHAPES:
+            ids, rids = [], []
+            for _ in range(size):
+                ids.append([FIRST_TOKEN_ID + (serial * 7919 + j * 31) % span for j in range(PROMPT_TOKENS)])
+                rids.append(f"{WARMUP_RID_PREFIX}{serial}")
+                serial += 1
+            sampling = {**shape, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+            plan.append(WarmupBatch(size, sampling, rids, ids))
+    return plan
+
+
+def is_warmup(reqs: Sequence[Any]) -> bool:
+    """Whether a batch is a warm-up batch. Warm-up runs before the server listens, so its batches hold
+    warm-up requests only and the first one decides (O(1) per round)."""
+    return bool(reqs) and str(reqs[0].rid).startswith(WARMUP_RID_PREFIX)
+
+
+def warmup_steps(candidates: Sequence[int], round_index: int) -> int:
+    """The draft count of the ``round_index``-th warm-up round: the candidates in turn."""
+    return candidates[round_index % len(candidates)]

@@ -1,0 +1,158 @@
+"""The start-up warm-up (spec/warmup.py, patches/serve_warmup.py): which batches it sends, that SGLang
+accepts them as requests, and that the worker's warm-up rounds take every draft count and teach the
+adaptive policy and the metrics nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sglang_sparsespec.spec.warmup import (
+    SAMPLING_SHAPES,
+    WARMUP_RID_PREFIX,
+    batch_sizes,
+    is_warmup,
+    warmup_plan,
+    warmup_steps,
+)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3, 48, 256, 1000])
+def test_batch_sizes_reach_every_power_of_two_bucket_up_to_the_cap(cap):
+    sizes = batch_sizes(cap)
+    assert sizes[-1] == cap and sizes == sorted(set(sizes))
+    # SGLang's assign_req_to_token_pool compiles one variant per next_power_of_2(batch size).
+    assert {_pow2(b) for b in range(1, cap + 1)} == {_pow2(s) for s in sizes}
+
+
+def test_batch_sizes_reject_a_cap_below_one():
+    with pytest.raises(ValueError):
+        batch_sizes(0)
+
+
+def test_plan_covers_every_size_and_sampling_shape_with_distinct_in_vocab_prompts():
+    vocab = 49152
+    plan = warmup_plan(16, vocab)
+    assert [(b.size, {k: v for k, v in b.sampling.items() if k not in ("max_new_tokens", "ignore_eos")})
+            for b in plan] == [(s, shape) for s in batch_sizes(16) for shape in SAMPLING_SHAPES]  # fmt: skip
+    rids = [r for b in plan for r in b.rids]
+    assert len(rids) == len(set(rids)) and all(r.startswith(WARMUP_RID_PREFIX) for r in rids)
+    prompts = [tuple(p) for b in plan for p in b.input_ids]
+    assert len({p[0] for p in prompts}) == len(prompts)  # no two share a first token: no radix hit
+    assert all(0 <= t < vocab for p in prompts for t in p)
+    for b in plan:
+        assert len(b.input_ids) == len(b.rids) == b.size
+        assert b.sampling["ignore_eos"] is True and b.sampling["max_new_tokens"] >= 4 * 9
+
+
+def test_sampling_shapes_are_valid_sglang_params_and_take_each_verify_path():
+    """Greedy, sampled through SGLang's renorm kernels (top_k off), sampled through the one-kernel
+    filter (top_k <= 64), and the filter's min-p variant."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from sglang_sparsespec.patches.verify_sample import top_k_bounded
+
+    kinds = set()
+    for shape in SAMPLING_SHAPES:
+        params = SamplingParams(**shape)
+        params.normalize(None)
+        params.verify(49152)
+        req = type("R", (), {"sampling_params": params})()
+        greedy = params.temperature == 0 or params.top_k == 1
+        kinds.add(("greedy",) if greedy else ("sampled", top_k_bounded([req]), params.min_p > 0))
+    assert kinds == {("greedy",), ("sampled", False, False), ("sampled", True, False), ("sampled", True, True)}
+
+
+def test_plan_rejects_a_vocabulary_too_small_for_its_prompts():
+    with pytest.raises(ValueError):
+        warmup_plan(4, 110)
+
+
+class _Req:
+    def __init__(self, rid):
+        self.rid = rid
+
+
+def test_a_batch_is_a_warmup_batch_by_its_first_request_id():
+    assert is_warmup([_Req(WARMUP_RID_PREFIX + "3"), _Req(WARMUP_RID_PREFIX + "4")])
+    assert not is_warmup([_Req("9f1c2ab0e4")])
+    assert not is_warmup([])
+
+
+@pytest.mark.parametrize("candidates", [(8,), (0, 2, 4, 8), (2, 8)])
+def test_any_run_of_warmup_rounds_as_long_as_the_candidates_takes_every_draft_count(candidates):
+    for start in range(7):
+        assert {warmup_steps(candidates, start + i) for i in range(len(candidates))} == set(candidates)
+
+
+def test_worker_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
+    from sglang_sparsespec.patches.worker import PillarWorker
+
+    from sglang_sparsespec.config import PillarConfig
+    from sglang_sparsespec.metrics import PillarMetrics
+    from sglang_sparsespec.spec.adaptive import SpeculationPolicy
+
+    worker = type("W", (), {})()
+    worker.cfg = PillarConfig.from_env(8)
+    worker.warmup_rounds, worker.metrics = 0, PillarMetrics(8)
+    worker.policy = SpeculationPolicy(worker.cfg.step_candidates)
+    worker._choose_steps = lambda batch: (4, None)  # the adaptive path, stubbed: only warm-up is under test
+    warm = type("B", (), {"reqs": [_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)]})()
+    shapes = [PillarWorker._round_shape(worker, warm) for _ in range(8)]
+    assert [s for s, _ in shapes] == [*worker.cfg.step_candidates] * (8 // len(worker.cfg.step_candidates))
+    assert all(d is None for _, d in shapes)
+    assert sum(worker.metrics.rounds_by_steps.values()) == 0 and not worker.policy.table.cells
+    # Their accept counts arrive after warm-up and match no launched round.
+    PillarWorker.on_verify_complete_cpu(worker_with_dense(worker), [8, 8, 8])
+    assert worker.policy.acceptance.alpha == pytest.approx(0.7) and worker.metrics.accepted_per_pos == [0] * 8
+    real = type("B", (), {"reqs": [_Req("9f1c2ab0e4")]})()
+    assert PillarWorker._round_shape(worker, real) == (4, None)
+    assert worker.metrics.rounds_by_steps[4] == 1
+
+
+def worker_with_dense(worker):
+    from sglang_sparsespec.spec.dense import DenseChooser
+
+    worker.dense = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22)
+    return worker
+
+
+class _FakeTokenizerManager:
+    """What pillar_warmup uses of SGLang's TokenizerManager; each request is normalized by SGLang's own
+    GenerateReqInput code, as generate_request does first."""
+
+    def __init__(self, max_running_requests: int, vocab_size: int):
+        self.server_args = type("SA", (), {"max_running_requests": max_running_requests})()
+        self.model_config = type("MC", (), {"vocab_size": vocab_size})()
+        self.requests = []
+
+    async def generate_request(self, obj, request=None):
+        obj.normalize_batch_and_arguments()
+        self.requests.append(obj)
+        yield [{"text": ""}] * obj.batch_size
+
+
+def test_pillar_warmup_sends_the_plan_as_sglang_batch_requests():
+    from sglang_sparsespec.patches.serve_warmup import pillar_warmup
+
+    tm = _FakeTokenizerManager(4, 49152)
+    asyncio.run(pillar_warmup("null", tm))
+    plan = warmup_plan(4, 49152)
+    assert len(tm.requests) == len(plan)
+    for obj, batch in zip(tm.requests, plan):
+        assert obj.is_single is False and obj.batch_size == batch.size
+        assert obj.rid == batch.rids and obj.input_ids == batch.input_ids
+        assert obj.sampling_params == [batch.sampling] * batch.size
+
+
+def test_pillar_warmup_skips_disaggregated_servers():
+    from sglang_sparsespec.patches.serve_warmup import pillar_warmup
+
+    tm = _FakeTokenizerManager(4, 49152)
+    asyncio.run(pillar_warmup("prefill", tm))
+    assert tm.requests == []

@@ -23,7 +23,8 @@ async def pillar_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
         logger.info("PILLAR warm-up skipped: disaggregated serving (%s)", disaggregation_mode)
         return
     t0 = time.monotonic()
-    plan = warmup_plan(tokenizer_manager.server_args.max_running_requests, tokenizer_manager.model_config.vocab_size)
+    sa, mc = tokenizer_manager.server_args, tokenizer_manager.model_config
+    plan = warmup_plan(sa.max_running_requests, mc.vocab_size, sa.chunked_prefill_size, mc.context_len)
     for batch in plan:
         req = GenerateReqInput(
             input_ids=batch.input_ids, sampling_params=[batch.sampling] * batch.size, rid=batch.rids
@@ -31,8 +32,8 @@ async def pillar_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
         async for _ in tokenizer_manager.generate_request(req, None):
             pass
     logger.info(
-        "PILLAR warm-up: %d batches (sizes %d-%d, greedy and sampled) in %.1f s",
-        len(plan), plan[0].size, plan[-1].size, time.monotonic() - t0,
+        "PILLAR warm-up: %d batches of %d-%d requests in %.1f s",
+        len(plan), plan[0].size, max(b.size for b in plan), time.monotonic() - t0,
     )  # fmt: skip
 
 

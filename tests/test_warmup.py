@@ -68,6 +68,19 @@ def test_sampling_shapes_are_valid_sglang_params_and_take_each_verify_path():
     assert kinds == {("greedy",), ("sampled", False, False), ("sampled", True, False), ("sampled", True, True)}
 
 
+def test_plan_ends_with_a_batch_whose_prefill_outgrows_the_chunk():
+    base = warmup_plan(64, 49152)
+    plan = warmup_plan(64, 49152, chunk_tokens=8192, context_len=8192)
+    assert plan[: len(base)] == base and len(plan) == len(base) + 1
+    last = plan[-1]
+    assert last.size == 64 and sum(len(p) for p in last.input_ids) > 8192
+    assert all(len(p) + last.sampling["max_new_tokens"] <= 8192 for p in last.input_ids)
+    assert len({p[0] for b in plan for p in b.input_ids}) == sum(b.size for b in plan)
+    # No chunking (SGLang's -1) or prompts that cannot fit the context: no such batch.
+    assert warmup_plan(64, 49152, chunk_tokens=-1, context_len=8192) == base
+    assert warmup_plan(1, 49152, chunk_tokens=8192, context_len=8192) == warmup_plan(1, 49152)
+
+
 def test_plan_rejects_a_vocabulary_too_small_for_its_prompts():
     with pytest.raises(ValueError):
         warmup_plan(4, 110)
@@ -127,8 +140,8 @@ class _FakeTokenizerManager:
     GenerateReqInput code, as generate_request does first."""
 
     def __init__(self, max_running_requests: int, vocab_size: int):
-        self.server_args = type("SA", (), {"max_running_requests": max_running_requests})()
-        self.model_config = type("MC", (), {"vocab_size": vocab_size})()
+        self.server_args = type("SA", (), {"max_running_requests": max_running_requests, "chunked_prefill_size": 64})()
+        self.model_config = type("MC", (), {"vocab_size": vocab_size, "context_len": 8192})()
         self.requests = []
 
     async def generate_request(self, obj, request=None):
@@ -142,7 +155,8 @@ def test_pillar_warmup_sends_the_plan_as_sglang_batch_requests():
 
     tm = _FakeTokenizerManager(4, 49152)
     asyncio.run(pillar_warmup("null", tm))
-    plan = warmup_plan(4, 49152)
+    plan = warmup_plan(4, 49152, chunk_tokens=64, context_len=8192)
+    assert sum(len(p) for p in plan[-1].input_ids) > 64  # the chunked batch went too
     assert len(tm.requests) == len(plan)
     for obj, batch in zip(tm.requests, plan):
         assert obj.is_single is False and obj.batch_size == batch.size

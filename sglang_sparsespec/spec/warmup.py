@@ -13,7 +13,9 @@ next GPU run, with this warm-up, tells).
 
 The plan: for each batch size (powers of two up to the running-request cap, and the cap) and each
 sampling shape (greedy; top-p only, which takes SGLang's renorm kernels; top-k + top-p, which takes
-``kernels/target_filter.py``; min-p), one batch of that many requests with short distinct prompts.
+``kernels/target_filter.py``; min-p), one batch of that many requests with short distinct prompts;
+then one batch of the cap whose prompts together outgrow the prefill chunk, so that a request is
+prefilled in two chunks (attention over a cached prefix) as a first wave of long prompts is.
 Warm-up rounds cycle through the draft counts (``warmup_steps``) so every count's kernels build, and
 teach nothing: the adaptive policy, its clock and the metrics never see them (``is_warmup``).
 """
@@ -65,23 +67,35 @@ def batch_sizes(max_running_requests: int) -> list[int]:
     return [*sizes, max_running_requests]
 
 
-def warmup_plan(max_running_requests: int, vocab_size: int) -> list[WarmupBatch]:
-    """Every (batch size, sampling shape) pair, smallest batches first; prompts differ from each other
-    (a radix cache cannot merge them) and stay inside the vocabulary."""
+def warmup_plan(
+    max_running_requests: int, vocab_size: int, chunk_tokens: int | None = None, context_len: int | None = None
+) -> list[WarmupBatch]:
+    """Every (batch size, sampling shape) pair, smallest batches first, then the chunked batch when
+    ``chunk_tokens`` (SGLang's --chunked-prefill-size; None or <= 0: no chunking) is set and its prompts
+    fit ``context_len``. Prompts differ from each other (a radix cache cannot merge them) and stay
+    inside the vocabulary."""
     span = vocab_size - FIRST_TOKEN_ID
     if span < PROMPT_TOKENS:
         raise ValueError(f"vocabulary of {vocab_size} tokens is too small for the warm-up prompts")
     plan: list[WarmupBatch] = []
     serial = 0
+
+    def batch(size: int, shape: dict[str, Any], prompt_tokens: int) -> WarmupBatch:
+        nonlocal serial
+        ids, rids = [], []
+        for _ in range(size):
+            ids.append([FIRST_TOKEN_ID + (serial * 7919 + j * 31) % span for j in range(prompt_tokens)])
+            rids.append(f"{WARMUP_RID_PREFIX}{serial}")
+            serial += 1
+        return WarmupBatch(size, {**shape, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}, rids, ids)
+
     for size in batch_sizes(max_running_requests):
-        for shape in SAMPLING_SHAPES:
-            ids, rids = [], []
-            for _ in range(size):
-                ids.append([FIRST_TOKEN_ID + (serial * 7919 + j * 31) % span for j in range(PROMPT_TOKENS)])
-                rids.append(f"{WARMUP_RID_PREFIX}{serial}")
-                serial += 1
-            sampling = {**shape, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
-            plan.append(WarmupBatch(size, sampling, rids, ids))
+        plan.extend(batch(size, shape, PROMPT_TOKENS) for shape in SAMPLING_SHAPES)
+    if chunk_tokens is not None and chunk_tokens > 0:
+        # size x prompt_tokens > chunk_tokens: the batch's prefill needs a second chunk.
+        prompt_tokens = chunk_tokens // max_running_requests + PROMPT_TOKENS
+        if context_len is None or prompt_tokens + NEW_TOKENS <= context_len:
+            plan.append(batch(max_running_requests, SAMPLING_SHAPES[0], prompt_tokens))
     return plan
 
 

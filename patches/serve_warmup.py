@@ -25,6 +25,9 @@ async def pillar_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
     t0 = time.monotonic()
     sa, mc = tokenizer_manager.server_args, tokenizer_manager.model_config
     plan = warmup_plan(sa.max_running_requests, mc.vocab_size, sa.chunked_prefill_size, mc.context_len)
+    if not plan:
+        logger.info("PILLAR warm-up skipped: a %d-token context holds no warm-up request", mc.context_len)
+        return
     for batch in plan:
         req = GenerateReqInput(
             input_ids=batch.input_ids, sampling_params=[batch.sampling] * batch.size, rid=batch.rids

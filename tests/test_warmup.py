@@ -74,11 +74,17 @@ def test_plan_ends_with_a_batch_whose_prefill_outgrows_the_chunk():
     assert plan[: len(base)] == base and len(plan) == len(base) + 1
     last = plan[-1]
     assert last.size == 64 and sum(len(p) for p in last.input_ids) > 8192
-    assert all(len(p) + last.sampling["max_new_tokens"] <= 8192 for p in last.input_ids)
+    assert all(2 * (len(p) + last.sampling["max_new_tokens"]) <= 8192 for p in last.input_ids)
     assert len({p[0] for b in plan for p in b.input_ids}) == sum(b.size for b in plan)
     # No chunking (SGLang's -1) or prompts that cannot fit the context: no such batch.
     assert warmup_plan(64, 49152, chunk_tokens=-1, context_len=8192) == base
     assert warmup_plan(1, 49152, chunk_tokens=8192, context_len=8192) == warmup_plan(1, 49152)
+    assert warmup_plan(2, 49152, chunk_tokens=4096, context_len=4096) == warmup_plan(2, 49152)
+
+
+def test_a_context_too_short_for_a_warmup_request_gets_an_empty_plan():
+    assert warmup_plan(8, 49152, context_len=127) == []
+    assert warmup_plan(8, 49152, context_len=128) == warmup_plan(8, 49152)
 
 
 def test_plan_rejects_a_vocabulary_too_small_for_its_prompts():
@@ -164,9 +170,11 @@ def test_pillar_warmup_sends_the_plan_as_sglang_batch_requests():
         assert obj.sampling_params == [batch.sampling] * batch.size
 
 
-def test_pillar_warmup_skips_disaggregated_servers():
+def test_pillar_warmup_skips_disaggregated_servers_and_tiny_contexts():
     from sglang_sparsespec.patches.serve_warmup import pillar_warmup
 
     tm = _FakeTokenizerManager(4, 49152)
     asyncio.run(pillar_warmup("prefill", tm))
+    tm.model_config.context_len = 100
+    asyncio.run(pillar_warmup("null", tm))
     assert tm.requests == []

@@ -71,13 +71,20 @@ def warmup_plan(
     max_running_requests: int, vocab_size: int, chunk_tokens: int | None = None, context_len: int | None = None
 ) -> list[WarmupBatch]:
     """Every (batch size, sampling shape) pair, smallest batches first, then the chunked batch when
-    ``chunk_tokens`` (SGLang's --chunked-prefill-size; None or <= 0: no chunking) is set and its prompts
-    fit ``context_len``. Prompts differ from each other (a radix cache cannot merge them) and stay
-    inside the vocabulary."""
+    ``chunk_tokens`` (SGLang's --chunked-prefill-size; None or <= 0: no chunking) is set. A request
+    runs only where prompt + new tokens fill at most half of ``context_len`` (far from the verify
+    window SGLang reserves at the limit); with a context too short for any, the plan is empty.
+    Prompts differ from each other (a radix cache cannot merge them) and stay inside the vocabulary."""
     span = vocab_size - FIRST_TOKEN_ID
     if span < PROMPT_TOKENS:
         raise ValueError(f"vocabulary of {vocab_size} tokens is too small for the warm-up prompts")
+
+    def fits(prompt_tokens: int) -> bool:
+        return context_len is None or 2 * (prompt_tokens + NEW_TOKENS) <= context_len
+
     plan: list[WarmupBatch] = []
+    if not fits(PROMPT_TOKENS):
+        return plan
     serial = 0
 
     def batch(size: int, shape: dict[str, Any], prompt_tokens: int) -> WarmupBatch:
@@ -94,7 +101,7 @@ def warmup_plan(
     if chunk_tokens is not None and chunk_tokens > 0:
         # size x prompt_tokens > chunk_tokens: the batch's prefill needs a second chunk.
         prompt_tokens = chunk_tokens // max_running_requests + PROMPT_TOKENS
-        if context_len is None or prompt_tokens + NEW_TOKENS <= context_len:
+        if fits(prompt_tokens):
             plan.append(batch(max_running_requests, SAMPLING_SHAPES[0], prompt_tokens))
     return plan
 

@@ -5,8 +5,13 @@ adaptive policy and the metrics nothing."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+import torch
 
 from sglang_sparsespec.spec.warmup import (
     SAMPLING_SHAPES,
@@ -178,3 +183,39 @@ def test_pillar_warmup_skips_disaggregated_servers_and_tiny_contexts():
     tm.model_config.context_len = 100
     asyncio.run(pillar_warmup("null", tm))
     assert tm.requests == []
+
+
+def _compiled_kernels() -> set[str]:
+    """The compiled kernels in Triton's on-disk cache (one folder per kernel variant)."""
+    root = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    return {str(p.relative_to(root)) for p in root.glob("*/*.cubin")}
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not os.environ.get("SPARSESPEC_TEST_MODEL"),
+    reason="needs CUDA and SPARSESPEC_TEST_MODEL (a model folder)",
+)
+def test_no_kernel_compiles_while_serving_after_the_warmup(tmp_path):
+    """What the warm-up is for: once the server listens, batches of sizes and sampling settings the
+    warm-up never ran exactly (odd sizes, longer prompts, both verify filter paths) build nothing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.server import Server, http_json
+
+    flags = ["--attention-backend", "triton", "--page-size", "1", "--speculative-algorithm", "PILLAR",
+             "--speculative-num-steps", "8", "--context-length", "4096", "--max-running-requests", "128",
+             "--mem-fraction-static", "0.6"]  # fmt: skip
+    with Server.sglang(os.environ["SPARSESPEC_TEST_MODEL"], flags, log_path=tmp_path / "server.log") as srv:
+        srv.start(timeout_s=600)
+        before = _compiled_kernels()
+        params = ({"temperature": 0.0}, {"temperature": 0.6, "top_p": 0.95}, {"temperature": 0.6, "top_p": 0.95, "top_k": 20})
+        for size in (3, 24, 100):
+            for sp in params:
+                body = lambda i: {  # noqa: E731
+                    "input_ids": [200 + (i * 13 + j) % 40000 for j in range(300)],
+                    "sampling_params": {**sp, "max_new_tokens": 96, "ignore_eos": True},
+                }
+                with ThreadPoolExecutor(size) as pool:
+                    list(pool.map(lambda i: http_json(srv.base_url + "/generate", body(i), timeout=300), range(size)))
+        new = _compiled_kernels() - before
+    assert "PILLAR warm-up:" in (tmp_path / "server.log").read_text()
+    assert not new, f"compiled while serving: {sorted(new)}"

@@ -82,10 +82,10 @@ class RunClock:
     ``rates[(config, c, n)]``: slowest output tok/s over bench_serving's own timed window (``duration``) of a
     finished run at concurrency ``c`` with ``n`` output tokens per request (the window, not the wall
     time, so results from before the bench driver, which paid a 26 s import per run, still apply);
-    ``startup_s``: slowest server start so far."""
+    ``starts[family]``: slowest server start of a config family (``config_family``) so far."""
 
     rates: dict[tuple[str, int, int], float] = field(default_factory=dict)
-    startup_s: float = START_GUESS_FLOOR_S
+    starts: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def seeded(cls, results_dir: Path) -> RunClock:
@@ -140,8 +140,16 @@ class RunClock:
         key = (config, concurrency, output_len)
         self.rates[key] = min(rate, self.rates.get(key, rate))
 
-    def record_start(self, seconds: float) -> None:
-        self.startup_s = max(self.startup_s, seconds)
+    def startup_guess(self, config: str) -> float:
+        """The slowest start of the config's family in this command, else the floor. Per family: a
+        stock start paying FlashInfer's JIT (245 s on the H100 at ce113f5) said nothing of the PILLAR
+        start after it (94 s), yet skipped it; and a skip wastes the rest of the budget, where a start
+        that runs out of it still fills the JIT caches the next command starts from."""
+        return self.starts.get(config_family(config), START_GUESS_FLOOR_S)
+
+    def record_start(self, config: str, seconds: float) -> None:
+        family = config_family(config)
+        self.starts[family] = max(self.starts.get(family, START_GUESS_FLOOR_S), seconds)
 
 
 METRIC_KEYS = (
@@ -350,7 +358,7 @@ def run_config(
 
     first_seg, first = all_runs[0]
     first_run_s = clock.guess_s(config.name, first["concurrency"], first_seg.workload.output_len, first["num_prompts"])
-    if not deadline.allows(clock.startup_s + first_run_s + STOP_RESERVE_S):
+    if not deadline.allows(clock.startup_guess(config.name) + first_run_s + STOP_RESERVE_S):
         srv.update(status="skipped", error=f"time budget ({deadline.remaining():.0f} s left)")
         for _, r in all_runs:
             r["error"] = "time budget"
@@ -370,7 +378,7 @@ def run_config(
                 r.update(status="failed", error="server failed to start")
             write_all()
             return
-        clock.record_start(srv["startup_s"])
+        clock.record_start(config.name, srv["startup_s"])
         srv["server_info"] = server_info(server)
         log.line(f"{config.name}: server up after {srv['startup_s']:.0f} s")
         for seg, r in all_runs:

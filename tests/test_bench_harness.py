@@ -840,3 +840,18 @@ def test_stock_decode_steps_from_its_log_meet_pillars_plain_rounds_in_the_report
     assert "| r1 | pillar | 64 | 64x4096 | 3 | 4.00 | 4.80 | 1.20x |" in text
     assert "64x5793" not in text  # one clean interval: too few to read
     assert report.plain_vs_stock_markdown([docs[1]]) == ""  # no stock in the run: nothing to compare
+
+
+def test_a_server_start_guess_comes_from_the_same_config_family():
+    """A slow stock start (FlashInfer's JIT on a fresh node) must not make the PILLAR start after it
+    look too slow to fit the budget (flashinfer-ce113f5-2048 skipped one that took 94 s)."""
+    clock = throughput.RunClock()
+    assert clock.startup_guess("pillar-flashinfer") == throughput.START_GUESS_FLOOR_S
+    clock.record_start("stock-flashinfer", 245.0)
+    assert clock.startup_guess("stock") == 245.0
+    assert clock.startup_guess("pillar-flashinfer") == throughput.START_GUESS_FLOOR_S
+    clock.record_start("pillar:adaptive_steps=off", 300.0)
+    clock.record_start("pillar-coarse", 120.0)
+    assert clock.startup_guess("pillar-flashinfer") == 300.0  # the family's slowest
+    clock.record_start("stock", 30.0)
+    assert clock.startup_guess("stock-flashinfer") == 245.0

@@ -30,7 +30,7 @@ async def pillar_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
         return
     for batch in plan:
         req = GenerateReqInput(
-            input_ids=batch.input_ids, sampling_params=[batch.sampling] * batch.size, rid=batch.rids
+            input_ids=batch.input_ids, sampling_params=[dict(batch.sampling) for _ in batch.rids], rid=batch.rids
         )
         async for _ in tokenizer_manager.generate_request(req, None):
             pass

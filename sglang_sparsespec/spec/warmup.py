@@ -6,7 +6,7 @@ arguments of a round's eager kernels follow the batch: SGLang's ``assign_req_to_
 ``next_power_of_2(batch size)``, our rejection kernel the round's draft count, the target filter a
 min-p switch. On a machine whose Triton cache lacks them, the first batches of each size compile
 while the scheduler waits: on the H100 at ce113f5 (the Triton cache's file times) a greedy pass
-compiled 14 variants of ``assign_req_to_token_pool`` within 4 s, and in the first sampled PILLAR run
+compiled 14 variants of ``assign_req_to_token_pool`` within 7 s, and in the first sampled PILLAR run
 on that machine (256 x 2048 tokens, two waves) about half the requests waited ~8 s for their first
 token (mean TTFT 4.1 s against stock FlashInfer's 0.46 s), which such compiles would explain (the
 next GPU run, with this warm-up, tells).

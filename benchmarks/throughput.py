@@ -447,9 +447,11 @@ def progress_line(config: str, run: dict[str, Any]) -> str:
     if run["status"] != "ok" or not m:
         return f"{head}: {run['status'].upper()} ({str(run.get('error')).splitlines()[0]})"
     acc = f", accept {m['accept_length']:.2f}" if m.get("accept_length") else ""
+    # A mean far above the median: some requests waited for their first token (a stall).
+    mean = f" mean {m['mean_ttft_ms']:.0f}" if m.get("mean_ttft_ms") is not None else ""
     return (
         f"{head}: {m['output_throughput']:.0f} out tok/s, TPOT med {m['median_tpot_ms']:.2f} ms "
-        f"p99 {m['p99_tpot_ms']:.2f} ms, TTFT med {m['median_ttft_ms']:.0f} ms{acc} ({run['wall_s']:.0f} s)"
+        f"p99 {m['p99_tpot_ms']:.2f} ms, TTFT med {m['median_ttft_ms']:.0f}{mean} ms{acc} ({run['wall_s']:.0f} s)"
     )
 
 

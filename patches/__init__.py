@@ -12,8 +12,9 @@ renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at 
 Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
 (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a
 request before dispatch), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start
-instead of on the first sampled request), ``serve_warmup`` (SGLang's custom-warmup registry and
-GenerateReqInput: real warm-up batches before the server listens), ``tp_agree`` (the TP group's CPU group, to broadcast rank
+instead of on the first sampled request), ``serve_warmup`` (SGLang's custom-warmup registry,
+``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the
+server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group, to broadcast rank
 0's round shape), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
 allocator). Nothing outside this package imports SGLang internals.
 """

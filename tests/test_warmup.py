@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sglang_sparsespec.spec.adaptive import batch_bucket
 from sglang_sparsespec.spec.warmup import (
     SAMPLING_SHAPES,
     WARMUP_RID_PREFIX,
@@ -23,16 +24,12 @@ from sglang_sparsespec.spec.warmup import (
 )
 
 
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
 @pytest.mark.parametrize("cap", [1, 2, 3, 48, 256, 1000])
 def test_batch_sizes_reach_every_power_of_two_bucket_up_to_the_cap(cap):
     sizes = batch_sizes(cap)
     assert sizes[-1] == cap and sizes == sorted(set(sizes))
     # SGLang's assign_req_to_token_pool compiles one variant per next_power_of_2(batch size).
-    assert {_pow2(b) for b in range(1, cap + 1)} == {_pow2(s) for s in sizes}
+    assert {batch_bucket(b) for b in range(1, cap + 1)} == {batch_bucket(s) for s in sizes}
 
 
 def test_batch_sizes_reject_a_cap_below_one():
@@ -120,11 +117,13 @@ def test_worker_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
     from sglang_sparsespec.config import PillarConfig
     from sglang_sparsespec.metrics import PillarMetrics
     from sglang_sparsespec.spec.adaptive import SpeculationPolicy
+    from sglang_sparsespec.spec.dense import DenseChooser
 
     worker = type("W", (), {})()
     worker.cfg = PillarConfig.from_env(8)
     worker.warmup_rounds, worker.metrics = 0, PillarMetrics(8)
     worker.policy = SpeculationPolicy(worker.cfg.step_candidates)
+    worker.dense = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22)
     worker._choose_steps = lambda batch: (4, None)  # the adaptive path, stubbed: only warm-up is under test
     warm = type("B", (), {"reqs": [_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)]})()
     shapes = [PillarWorker._round_shape(worker, warm) for _ in range(8)]
@@ -132,18 +131,11 @@ def test_worker_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
     assert all(d is None for _, d in shapes)
     assert sum(worker.metrics.rounds_by_steps.values()) == 0 and not worker.policy.table.cells
     # Their accept counts arrive after warm-up and match no launched round.
-    PillarWorker.on_verify_complete_cpu(worker_with_dense(worker), [8, 8, 8])
+    PillarWorker.on_verify_complete_cpu(worker, [8, 8, 8])
     assert worker.policy.acceptance.alpha == pytest.approx(0.7) and worker.metrics.accepted_per_pos == [0] * 8
     real = type("B", (), {"reqs": [_Req("9f1c2ab0e4")]})()
     assert PillarWorker._round_shape(worker, real) == (4, None)
     assert worker.metrics.rounds_by_steps[4] == 1
-
-
-def worker_with_dense(worker):
-    from sglang_sparsespec.spec.dense import DenseChooser
-
-    worker.dense = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22)
-    return worker
 
 
 class _FakeTokenizerManager:

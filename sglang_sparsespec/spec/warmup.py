@@ -5,8 +5,9 @@ Why: Triton compiles a kernel for each new set of compile-time arguments on firs
 arguments of a round's eager kernels follow the batch: SGLang's ``assign_req_to_token_pool`` takes
 ``next_power_of_2(batch size)``, our rejection kernel the round's draft count, the target filter a
 min-p switch. On a machine whose Triton cache lacks them, the first batches of each size compile
-while the scheduler waits: on the H100 at ce113f5 (the Triton cache's file times) a greedy pass
-compiled 14 variants of ``assign_req_to_token_pool`` within 7 s, and in the first sampled PILLAR run
+while the scheduler waits: on the H100 at ce113f5 (the Triton cache's file times,
+``jitcache_times_h100_ce113f5.txt``) 13 variants of ``assign_req_to_token_pool`` compiled during a
+3 s greedy pass of a server that was up, and in the first sampled PILLAR run
 on that machine (256 x 2048 tokens, two waves) about half the requests waited ~8 s for their first
 token (mean TTFT 4.1 s against stock FlashInfer's 0.46 s), which such compiles would explain (the
 next GPU run, with this warm-up, tells).
@@ -46,8 +47,8 @@ SAMPLING_SHAPES: tuple[dict[str, Any], ...] = (
 
 @dataclass(frozen=True)
 class WarmupBatch:
-    """One batch sent as a single request of ``size`` prompts: ``input_ids`` [size][PROMPT_TOKENS],
-    ``rids`` [size] (each starts with WARMUP_RID_PREFIX), ``sampling`` SGLang sampling params shared by
+    """One batch sent as a single request of ``size`` prompts: ``input_ids`` [size][prompt tokens]
+    (PROMPT_TOKENS, more in the chunked batch), ``rids`` [size] (each starts with WARMUP_RID_PREFIX), ``sampling`` SGLang sampling params shared by
     every prompt (ignore_eos, so each request runs NEW_TOKENS tokens)."""
 
     size: int

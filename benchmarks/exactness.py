@@ -1,17 +1,20 @@
 """Sampled exactness on the GPU: a candidate's output distribution vs a reference server's, by chi-square.
 
     python -m benchmarks.exactness --model M --data-dir D --out F.json [--reference stock] [--candidate pillar] \\
-        [--settings 0.6:0.95,1.0:1.0] [--contexts 2] [--context-tokens 1500] [--samples 100000]
+        [--settings 0.6:0.95,1.0:1.0] [--contexts 2] [--context-tokens 1500] [--samples 100000] [--resume OLD.json]
 
-Each context is an AIME/AMC prompt plus ``--context-tokens`` of the reference's greedy continuation
-(long enough that the draft's sparse attention reads a small part of it, so draft and target differ
-and the residual path runs); the reference's radix cache is flushed after it, so every server
+Each context is an AIME/AMC prompt plus the first server's greedy continuation, cut in its second half
+(``--context-tokens`` / 2 to ``--context-tokens``) where the greedy token led its runner-up by the least:
+long enough that the draft's sparse attention reads a small part of it (so draft and target differ and
+the residual path runs), and uncertain at the cut, so that the samples spread over several tokens (a
+near-certain next token leaves the test nothing to compare: the first same-numerics run, at a cut where
+99.5% of the samples were one token). The first server's radix cache is flushed after, so every server
 prefills the contexts itself. For every (temperature:top_p setting, context) each server answers
-``--samples`` copies of the context with ``--new-tokens`` sampled tokens (radix cache on: the
-prefill is shared). Token 1 comes from the prefill; tokens 2.. come from PILLAR's first verify
-(accepted drafts, the residual draw at a rejection, the bonus). Token 1 is tallied alone, and for
-each position j >= 2 the pair (token j-1, token j); a two-sample chi-square test of homogeneity says
-whether the two servers sample the same distribution (cells expected below 5 are pooled).
+``--samples`` copies of the context with ``--new-tokens`` sampled tokens (radix cache on: the prefill is
+shared). Token 1 comes from the prefill; tokens 2.. come from PILLAR's first verify (accepted drafts, the
+residual draw at a rejection, the bonus). Token 1 is tallied alone, and for each position j >= 2 the
+pair (token j-1, token j); a two-sample chi-square test of homogeneity says whether the two servers
+sample the same distribution (cells expected below 5 are pooled).
 
 Two questions, two references. Against ``stock`` the test asks whether PILLAR samples what stock
 samples; but the two servers' forwards round differently in bf16 (a one-step change of a logit
@@ -28,16 +31,21 @@ A control compares the reference with itself at 1.3x the temperature on the firs
 the samples): the test must reject that, or it has no power at this sample size. ``--controls``
 runs more configs through the same comparison with the reference (default ``stock-flashinfer``:
 stock with another attention kernel, i.e. the same distribution up to bf16 rounding), which shows
-how far rounding alone moves the statistic; only the candidate decides the verdict. Each server's
-per-position token marginals (top 20) are kept for diagnosis.
+how far rounding alone moves the statistic; only the candidate decides the verdict.
 
-Writes F.json (rewritten after every stage) and F.log. Exit 0 when every comparison ran and no
-p-value is below --alpha / (number of tests) (PASS), 1 otherwise (FAIL, NUMERICS or INCOMPLETE).
+The JSON keeps each cell's counts (token 1's, and each position's pairs: all the tests need), the
+contexts' token ids and each cell's seconds, rewritten with the tests after every cell. Before a
+server start or a cell, the time the same step took earlier is checked against ``--time-budget``, so
+a 10-minute command ends with whole cells; ``--resume OLD.json`` (the same settings) keeps OLD's
+contexts and cells and samples only the missing ones, so 100,000 samples per cell can span commands.
+Writes F.json and F.log. Exit 0 when every comparison ran and no p-value is below --alpha / (number
+of tests) (PASS), 1 otherwise (FAIL, NUMERICS, NO_POWER or INCOMPLETE).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import tempfile
 import time
@@ -50,7 +58,7 @@ from typing import Any
 
 from benchmarks.configs import add_server_options, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
-from benchmarks.runlog import write_json
+from benchmarks.runlog import Deadline, write_json
 from benchmarks.server import Server, begin, http_json, start_recorded
 from benchmarks.workload import DEFAULT_DATASETS, build_prompts, load_tokenizer
 
@@ -140,13 +148,13 @@ def flush_radix_cache(server: Server, timeout: float, tries: int = 20) -> None:
         time.sleep(0.25)
 
 
-def sample(server: Server, context: list[int], n: int, params: dict[str, Any], timeout: float) -> list[list[int]]:
-    """n sampled continuations of one context, BATCH requests per call."""
+def sample(server: Server, context: list[int], n: int, params: dict[str, Any], deadline: Deadline) -> list[list[int]]:
+    """n sampled continuations of one context, BATCH requests per call (each call may use the rest of the budget)."""
     out: list[list[int]] = []
     while len(out) < n:
         m = min(BATCH, n - len(out))
         body = {"input_ids": [context] * m, "sampling_params": params, "stream": False}
-        replies = http_json(server.base_url + "/generate", body, timeout=timeout)
+        replies = http_json(server.base_url + "/generate", body, timeout=max(30.0, deadline.remaining()))
         out.extend([int(t) for t in r["output_ids"]] for r in replies)
     return out
 
@@ -168,6 +176,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--controls", default="stock-flashinfer", help="more configs compared with the reference (not judged)")
     add_server_options(p)
     p.add_argument("--run-id", default=None)
+    p.add_argument("--resume", type=Path, default=None, help="an earlier run's JSON of the same question: keep its contexts and cells")
     args = p.parse_args(argv)
     try:
         args.settings = [tuple(float(x) for x in s.split(":")) for s in args.settings.split(",")]
@@ -198,71 +207,147 @@ def _server(name: str, args: argparse.Namespace, log_dir: Path) -> tuple[Server,
     return server, {"flags": flags, "env": env}
 
 
+def tally(outputs: Sequence[Sequence[int]], new_tokens: int) -> dict[str, Any]:
+    """What the tests need of one cell's outputs, JSON-ready: token 1's counts [[token, n], ...] and, per
+    position j >= 2, the (token j-1, token j) pair counts [[a, b, n], ...]."""
+    first = Counter(o[0] for o in outputs)
+    pairs = [pair_counts(outputs, j) for j in range(1, new_tokens)]
+    return {"n": len(outputs), "first": [[t, c] for t, c in first.items()],
+            "pairs": [[[a, b, c] for (a, b), c in pc.items()] for pc in pairs]}  # fmt: skip
+
+
+def counters(cell: dict[str, Any]) -> list[Counter]:
+    """A tally back as Counters: [token 1's, then the pairs of positions 2..]."""
+    return [Counter({t: c for t, c in cell["first"]})] + [Counter({(a, b): c for a, b, c in pc}) for pc in cell["pairs"]]
+
+
+def most_uncertain_cut(top_logprobs: Sequence[Sequence[Sequence[Any]]], lo: int) -> tuple[int, float]:
+    """The output index p >= lo whose greedy token had the smallest lead over the runner-up (natural log), and
+    that lead. The context is cut before it, so token 1 is drawn where the model hesitates most and the test
+    has samples off the mode to compare (a context whose next tokens are near-certain says nothing)."""
+    gaps = [(float(t[0][0]) - float(t[1][0]) if len(t) > 1 else float("inf"), i) for i, t in enumerate(top_logprobs) if i >= lo]
+    if not gaps:
+        raise ValueError(f"no output position at or after {lo} to cut at")
+    gap, p = min(gaps)
+    return p, gap
+
+
+def cell_key(name: str, si: int, ci: int) -> str:
+    return f"{name} | setting {si} | context {ci}"
+
+
+def judge(doc: dict[str, Any], args: argparse.Namespace) -> None:
+    """Recompute every test whose two cells exist, the control and the verdict (after each new cell, so a cut run keeps them)."""
+    counts, ref = doc["counts"], args.reference
+    doc["tests"] = []
+    for name in (args.candidate, *args.controls):
+        for si, (temp, top_p) in enumerate(args.settings):
+            for ci in range(len(doc["contexts"])):
+                a, b = counts.get(cell_key(ref, si, ci)), counts.get(cell_key(name, si, ci))
+                if a is None or b is None:
+                    continue
+                # Token 1 alone (both servers sample it in the prefill), then (token j-1, token j) pairs.
+                for j, (ca, cb) in enumerate(zip(counters(a), counters(b))):
+                    doc["tests"].append({"config": name, "temperature": temp, "top_p": top_p, "context": ci, "position": j + 1,
+                                         **homogeneity(ca, cb)})  # fmt: skip
+    ref_cell, control = counts.get(cell_key(ref, 0, 0)), counts.get(cell_key("control", 0, 0))
+    doc["control"] = None
+    if ref_cell is not None and control is not None:
+        doc["control"] = {"temperature_scale": CONTROL_SCALE, **homogeneity(counters(ref_cell)[1], counters(control)[1])}
+    n_tests = len(args.settings) * args.contexts * args.new_tokens
+    judged = [t for t in doc["tests"] if t["config"] == args.candidate]
+    doc["verdict"], doc["bonferroni_threshold"] = verdict(judged, n_tests, doc["control"], args.alpha)
+
+
+def resumed(path: Path | None, doc: dict[str, Any]) -> None:
+    """Take the contexts and cell counts of an earlier run of the same question (same settings) into ``doc``."""
+    if path is None:
+        return
+    old = json.loads(path.read_text())
+    same = ("reference", "candidate", "settings", "contexts", "context_tokens", "new_tokens", "datasets", "model")
+    diff = [k for k in same if json.dumps(old["settings"].get(k)) != json.dumps(doc["settings"].get(k))]
+    if diff or "counts" not in old:
+        raise SystemExit(f"--resume {path}: not the same question ({', '.join(diff) or 'no counts: an older schema'} differ)")
+    doc["contexts"], doc["counts"] = old["contexts"], old["counts"]
+    doc["servers"] = {n: r | {"resumed": True} for n, r in old["servers"].items()}
+    doc["resumed_from"] = old["meta"]["run_id"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     deadline, log = begin(args.time_budget, args.out.with_suffix(".log"))
     log_dir = Path(tempfile.mkdtemp(prefix="sparsespec-exact-"))
     doc: dict[str, Any] = {
-        "kind": "exactness", "schema": 2, "meta": run_metadata(args.run_id),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")} | {"batch": BATCH},
-        "servers": {}, "contexts": [], "tests": [], "control": None, "marginals": {}, "verdict": "INCOMPLETE",
+        "kind": "exactness", "schema": 3, "meta": run_metadata(args.run_id),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir", "resume")} | {"batch": BATCH},
+        "servers": {}, "contexts": [], "counts": {}, "seconds": {}, "tests": [], "control": None, "verdict": "INCOMPLETE",
     }  # fmt: skip
-    tokenizer = load_tokenizer(args.model)
-    prompts = build_prompts(tokenizer, args.data_dir, args.contexts, args.datasets)
-    samples: dict[tuple[str, int, int], list[list[int]]] = {}  # (config, setting, context) -> outputs
-    contexts: list[list[int]] = []
-    timeout = max(60.0, deadline.remaining())
+    resumed(args.resume, doc)
     ref = args.reference
     for name in (ref, args.candidate, *args.controls):
+        cells = [(cell_key(name, si, ci), si, ci) for si in range(len(args.settings)) for ci in range(args.contexts)]
+        if name == ref:
+            cells.append((cell_key("control", 0, 0), -1, 0))
+        todo = [c for c in cells if c[0] not in doc["counts"]]
+        if not todo:
+            log.line(f"{name}: every cell resumed, no server start")
+            continue
+        # A server is started only if its start and one cell fit what is left of the budget.
+        starts = [r["startup_s"] for r in doc["servers"].values() if r.get("startup_s")]
+        need = max(starts, default=0.0) + min(doc["seconds"].values(), default=0.0)
+        if not deadline.allows(need):
+            log.line(f"{name}: SKIPPED (time budget: {deadline.remaining():.0f} s left, ~{need:.0f} s needed)")
+            break
         server, record = _server(name, args, log_dir)
         doc["servers"][name] = record
         with server:
             if not start_recorded(server, name, record, args.startup_timeout, log):
                 break
-            if not contexts:
-                greedy = {"temperature": 0.0, "max_new_tokens": args.context_tokens, "ignore_eos": True}
-                for prompt in prompts:
-                    reply = http_json(server.base_url + "/generate", {"input_ids": prompt.input_ids, "sampling_params": greedy}, timeout)
-                    contexts.append(prompt.input_ids + [int(t) for t in reply["output_ids"]])
-                    doc["contexts"].append({"source": prompt.source, "tokens": len(contexts[-1])})
-                flush_radix_cache(server, timeout)
-            for si, (temp, top_p) in enumerate(args.settings):
+            if not doc["contexts"]:
+                build_contexts(server, args, doc, deadline)
+            for key, si, ci in todo:
+                # The same cell on an earlier server says how long it takes (the control: half a setting-0 cell).
+                est = doc["seconds"].get(f"setting {max(si, 0)} | context {ci}", 0.0) * (0.5 if si < 0 else 1.0)
+                if not deadline.allows(est + 5):
+                    log.line(f"{key}: SKIPPED (time budget: {deadline.remaining():.0f} s left, ~{est:.0f} s needed)")
+                    break
+                temp, top_p = args.settings[max(si, 0)]
+                n = args.samples
+                if si < 0:  # the control: the reference at a higher temperature; half the samples only show the test can reject
+                    temp, n = CONTROL_SCALE * temp, args.samples // 2
                 params = {"temperature": temp, "top_p": top_p, "max_new_tokens": args.new_tokens, "ignore_eos": True}
-                for ci, context in enumerate(contexts):
-                    outs = samples[(name, si, ci)] = sample(server, context, args.samples, params, timeout)
-                    doc["marginals"][f"{name} T={temp} top_p={top_p} ctx {ci}"] = [
-                        Counter(o[j] for o in outs).most_common(20) for j in range(args.new_tokens)
-                    ]
-                    log.line(f"{name} T={temp} top_p={top_p} context {ci}: {args.samples} samples")
-                    write_json(args.out, doc)  # a cut run keeps the marginals it has
-            if name == ref:
-                temp, top_p = args.settings[0]
-                params = {"temperature": CONTROL_SCALE * temp, "top_p": top_p, "max_new_tokens": args.new_tokens, "ignore_eos": True}
-                # Half the samples: the control only has to show the test can reject.
-                samples[("control", 0, 0)] = sample(server, contexts[0], args.samples // 2, params, timeout)
+                t0 = time.monotonic()
+                doc["counts"][key] = tally(sample(server, doc["contexts"][ci]["ids"], n, params, deadline), args.new_tokens)
+                if si >= 0:
+                    doc["seconds"][f"setting {si} | context {ci}"] = time.monotonic() - t0
+                judge(doc, args)
+                write_json(args.out, doc)  # a cut run keeps every finished cell and its tests
+                log.line(f"{key}: {n} samples in {time.monotonic() - t0:.0f} s")
         log.line(f"{name}: done, {deadline.remaining():.0f} s of the budget left")
-        write_json(args.out, doc)
-    n_tests = len(args.settings) * len(contexts) * args.new_tokens
-    for name in (args.candidate, *args.controls):
-        for si, (temp, top_p) in enumerate(args.settings):
-            for ci in range(len(contexts)):
-                key_s, key_c = (ref, si, ci), (name, si, ci)
-                if key_s not in samples or key_c not in samples:
-                    continue
-                # Token 1 alone (both servers sample it in the prefill), then (token j-1, token j) pairs.
-                tests = [homogeneity(Counter(o[0] for o in samples[key_s]), Counter(o[0] for o in samples[key_c]))]
-                tests += [homogeneity(pair_counts(samples[key_s], j), pair_counts(samples[key_c], j)) for j in range(1, args.new_tokens)]
-                for j, test in enumerate(tests):
-                    doc["tests"].append({"config": name, "temperature": temp, "top_p": top_p, "context": ci, "position": j + 1, **test})
-                    log.line(f"{name} T={temp} top_p={top_p} ctx {ci} token {j + 1}: chi2 {test['stat']:.1f} df {test['df']} p {test['p_value']:.4f}")
-    if ("control", 0, 0) in samples:
-        doc["control"] = {"temperature_scale": CONTROL_SCALE, **homogeneity(pair_counts(samples[(ref, 0, 0)], 1), pair_counts(samples[("control", 0, 0)], 1))}
-        log.line(f"control ({ref} vs {ref} at {CONTROL_SCALE}x T, token 2): p {doc['control']['p_value']:.3g}")
-    judged = [t for t in doc["tests"] if t["config"] == args.candidate]
-    doc["verdict"], doc["bonferroni_threshold"] = verdict(judged, n_tests, doc["control"], args.alpha)
+    judge(doc, args)
     write_json(args.out, doc)
+    for t in doc["tests"]:
+        log.line(f"{t['config']} T={t['temperature']} top_p={t['top_p']} ctx {t['context']} token {t['position']}: "
+                 f"chi2 {t['stat']:.1f} df {t['df']} p {t['p_value']:.4g}")  # fmt: skip
+    if doc["control"] is not None:
+        log.line(f"control ({ref} vs {ref} at {CONTROL_SCALE}x T, token 2): p {doc['control']['p_value']:.3g}")
     log.line(f"verdict {doc['verdict']}")
     return 0 if doc["verdict"] == "PASS" else 1
+
+
+def build_contexts(server: Server, args: argparse.Namespace, doc: dict[str, Any], deadline: Deadline) -> None:
+    """Each context: a prompt plus the first server's greedy continuation, cut where the model hesitates most in
+    its second half (``most_uncertain_cut``); the radix cache is flushed after, so every server prefills them."""
+    tokenizer = load_tokenizer(args.model)
+    greedy = {"temperature": 0.0, "max_new_tokens": args.context_tokens, "ignore_eos": True}
+    for prompt in build_prompts(tokenizer, args.data_dir, args.contexts, args.datasets):
+        body = {"input_ids": prompt.input_ids, "sampling_params": greedy, "return_logprob": True, "top_logprobs_num": 2}
+        reply = http_json(server.base_url + "/generate", body, max(60.0, deadline.remaining()))
+        out = [int(t) for t in reply["output_ids"]]
+        cut, lead = most_uncertain_cut(reply["meta_info"]["output_top_logprobs"], args.context_tokens // 2)
+        ids = prompt.input_ids + out[:cut]
+        doc["contexts"].append({"source": prompt.source, "tokens": len(ids), "greedy_lead_nats": lead, "ids": ids})
+    flush_radix_cache(server, max(60.0, deadline.remaining()))
 
 
 if __name__ == "__main__":

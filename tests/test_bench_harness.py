@@ -122,6 +122,8 @@ FAKE_SERVER = textwrap.dedent(
                     "cached_tokens": cached(ids) if radix else 0}
             if body.get("return_logprob"):  # stock's top-2 gap is FAKE_MARGIN where the candidate diverges
                 gap = [float(os.environ.get("FAKE_MARGIN", "3")) if i == diverge_at else 3.0 for i in range(n)]
+                hesitate = int(os.environ.get("FAKE_HESITATE_AT", "-1"))  # a near tie of the greedy continuation
+                gap = [0.01 if i == hesitate else g for i, g in enumerate(gap)]
                 meta["output_top_logprobs"] = [[[-0.1, t, None], [-0.1 - m, t + 1, None]] for t, m in zip(out, gap)]
             if spec and os.environ.get("SPARSESPEC_POLICY") == "streaming":  # accepts no draft
                 meta.update(spec_verify_ct=n, spec_accept_length=1.0, spec_correct_drafts_histogram=[n])
@@ -445,9 +447,25 @@ def test_exactness_end_to_end_with_a_pillar_reference(
         return code, json.loads(out.read_text())
 
     monkeypatch.setenv("FAKE_FLUSH_REFUSALS", "2")  # the radix-cache flush is retried through refusals
+    monkeypatch.setenv("FAKE_HESITATE_AT", "6")  # the context is cut where the greedy continuation hesitates
     code, doc = run("same")
     assert code == 0 and doc["verdict"] == "PASS" and doc["settings"]["reference"].endswith("budget_ratio=1")
     assert doc["control"]["p_value"] < doc["bonferroni_threshold"] and len(doc["tests"]) == 3
+    (ctx,) = doc["contexts"]
+    assert ctx["greedy_lead_nats"] == pytest.approx(0.01) and len(ctx["ids"]) == ctx["tokens"]
+    assert sum(n for _, n in doc["counts"]["pillar:adaptive_steps=off | setting 0 | context 0"]["first"]) == 3000
+    # A resumed run keeps the cells it is given and samples only the missing ones (here: the candidate's).
+    partial = json.loads((tmp_path / "same.json").read_text())
+    del partial["counts"]["pillar:adaptive_steps=off | setting 0 | context 0"]
+    (tmp_path / "partial.json").write_text(json.dumps(partial))
+    resume = ["--resume", str(tmp_path / "partial.json")]
+    code = exactness.main([*argv, "--out", str(tmp_path / "resumed.json"), *resume])
+    doc = json.loads((tmp_path / "resumed.json").read_text())
+    assert code == 0 and doc["verdict"] == "PASS" and doc["resumed_from"] == partial["meta"]["run_id"]
+    assert doc["contexts"] == partial["contexts"] and doc["servers"]["pillar:adaptive_steps=off"].get("resumed") is None
+    assert "pillar:adaptive_steps=off:budget_ratio=1: every cell resumed" in (tmp_path / "resumed.log").read_text()
+    with pytest.raises(SystemExit, match="not the same question"):
+        exactness.main([*argv, "--new-tokens", "2", "--out", str(tmp_path / "x.json"), *resume])
     assert doc["servers"]["pillar:adaptive_steps=off"]["env"] == {"SPARSESPEC_ADAPTIVE_STEPS": "off"}
     monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "1")  # the candidate's first verify token
     code, doc = run("tilted")

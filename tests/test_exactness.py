@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
@@ -68,3 +69,16 @@ def test_verdict_separates_numerics_from_speculation():
     assert exactness.verdict(_tests(ok), 4, {"p_value": 0.2}, 1e-3)[0] == "NO_POWER"
     assert exactness.verdict(_tests(ok), 8, power, 1e-3) == ("INCOMPLETE", None)
     assert exactness.verdict(_tests(ok), 4, None, 1e-3) == ("INCOMPLETE", None)
+
+
+def test_tallies_round_trip_through_json_and_the_cut_finds_the_closest_call():
+    outs = [[1, 2, 3], [1, 2, 4], [5, 2, 3]]
+    cell = json.loads(json.dumps(exactness.tally(outs, 3)))
+    assert cell["n"] == 3
+    assert exactness.counters(cell) == [Counter({1: 2, 5: 1}), exactness.pair_counts(outs, 1), exactness.pair_counts(outs, 2)]
+    # output_top_logprobs rows: [[logprob, id, text], ...]; index 3 is the nearest tie at or after lo = 2
+    rows = [[[-0.1, 7, None], [-0.2, 8, None]], [[-0.1, 7, None], [-3.0, 8, None]], [[-0.5, 7, None], [-2.0, 9, None]],
+            [[-0.6, 7, None], [-0.9, 9, None]], [[-0.01, 7, None]]]  # fmt: skip
+    assert exactness.most_uncertain_cut(rows, 2) == (3, pytest.approx(0.3))
+    with pytest.raises(ValueError, match="no output position"):
+        exactness.most_uncertain_cut(rows, 5)

@@ -9,8 +9,9 @@ while the scheduler waits: on the H100 at ce113f5 (the Triton cache's file times
 ``jitcache_times_h100_ce113f5.txt``) 13 variants of ``assign_req_to_token_pool`` compiled during a
 3 s greedy pass of a server that was up, and in the first sampled PILLAR run
 on that machine (256 x 2048 tokens, two waves) about half the requests waited ~8 s for their first
-token (mean TTFT 4.1 s against stock FlashInfer's 0.46 s), which such compiles would explain (the
-next GPU run, with this warm-up, tells).
+token (mean TTFT 4.1 s against stock FlashInfer's 0.46 s). With this warm-up (eea1983, same point)
+the mean TTFT was 264 ms against stock's 398 and PILLAR 1.10x stock FlashInfer; the warm-up took 25 s on
+the machine's first start, 6 s on the next.
 
 The plan: for each batch size (powers of two up to the running-request cap, and the cap) and each
 sampling shape (greedy; top-p only, which takes SGLang's renorm kernels; top-k + top-p, which takes

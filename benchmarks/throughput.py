@@ -183,7 +183,7 @@ def bench_argv(
         "--sharegpt-output-len", str(workload.output_len),
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
         "--temperature", str(workload.temperature), "--top-p", str(workload.top_p), "--seed", "1",
-        "--output-file", str(output_file), "--disable-tqdm",
+        "--output-file", str(output_file), "--disable-tqdm", "--output-details",
     ]  # fmt: skip
 
 
@@ -202,6 +202,20 @@ def parse_bench_result(path: Path) -> dict[str, Any]:
     if not isinstance(result, dict) or result.get("output_throughput") is None:
         raise ValueError(f"bench_serving result in {path} has no output_throughput")
     return {k: result.get(k) for k in METRIC_KEYS}
+
+
+def per_request(path: Path) -> dict[str, list[float]] | None:
+    """Each request's time to first token and end-to-end latency (s, ms resolution) and output length, in
+    bench_serving's request order, from the details ``--output-details`` adds to the last result line (None
+    without them). Why: a fixed-size run's throughput ends with its slowest request, so the spread of the
+    latencies, not their mean, says how much a drain costs."""
+    result = json.loads([l for l in path.read_text(encoding="utf-8").splitlines() if l.strip()][-1])
+    if not {"ttfts", "itls", "output_lens"} <= result.keys():
+        return None
+    ttft = [float(t or 0.0) for t in result["ttfts"]]
+    e2e = [t + sum(itl or ()) for t, itl in zip(ttft, result["itls"])]
+    return {"ttft_s": [round(t, 3) for t in ttft], "e2e_s": [round(t, 3) for t in e2e],
+            "output_len": [int(n or 0) for n in result["output_lens"]]}  # fmt: skip
 
 
 def default_num_prompts(concurrency: int, waves: int = 2) -> int:
@@ -417,6 +431,8 @@ def run_one(config: ServerConfig, seg: Segment, r: dict[str, Any], server: Serve
         if code != 0:
             raise RuntimeError(f"bench_serving exited with code {code}")
         r["metrics"] = parse_bench_result(result_file)
+        if (details := per_request(result_file)) is not None:
+            r["per_request"] = details
         if config.speculative and (state := pillar_state(server)) is not None:
             r["pillar_state"] = state
         elif not config.speculative:

@@ -172,6 +172,9 @@ FAKE_BENCH = textwrap.dedent(
                "median_tpot_ms": 5.0, "p99_tpot_ms": 9.0, "median_itl_ms": 4.0, "p99_itl_ms": 8.0,
                "median_ttft_ms": 30.0, "accept_length": 2.5 if "pillar" in get("--output-file") else None,
                "server_info": {"big": "dropped"}}
+        if "--output-details" in a:  # per request, as bench_serving adds them (ITLs per streamed chunk)
+            res.update(ttfts=[0.25] * n, itls=[[0.5, 0.25 * i] for i in range(n)], output_lens=[out_len] * n,
+                       generated_texts=["x"] * n, errors=[""] * n)
         open(get("--output-file"), "a").write(json.dumps(res) + "\n")
     '''
 )
@@ -572,6 +575,8 @@ def test_throughput_end_to_end(
     stock, pillar = (json.loads((out / f"throughput_R-16_{c}.json").read_text()) for c in ("stock", "pillar"))
     assert [r["status"] for r in stock["runs"]] == ["ok", "ok"] and stock["runs"][0]["num_prompts"] == 4
     assert pillar["runs"][1]["metrics"]["accept_length"] == 2.5 and pillar["meta"]["run_id"] == "R-16"
+    # Each request's latencies (TTFT + its ITLs = end to end), the texts and ITL lists themselves not kept.
+    assert stock["runs"][0]["per_request"] == {"ttft_s": [0.25] * 4, "e2e_s": [0.75, 1.0, 1.25, 1.5], "output_len": [16] * 4}
     assert stock["config"]["pillar_config"] is None and pillar["config"]["pillar_config"]["policy"] == "pillar"
     # PILLAR's /server_info numbers after each run; the server-level record keeps none of the per-step state.
     assert "pillar_state" not in stock["runs"][0] and pillar["runs"][0]["pillar_state"] == {"rounds_by_k": {"8": 3}}

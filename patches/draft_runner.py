@@ -19,6 +19,10 @@ captured forward per batch size. A replay costs a graph launch (a few microsecon
 per round than one loop graph, and the round's prologue (tail starts in batch order, the step
 reset), which the loop graph held, runs as a few eager launches: together ~0.1% of a 34 ms round
 at 256 x 4K.
+
+With SPARSESPEC_PLAIN_PATH=decode, a plain-decoding round (adaptive draft count 0) is one more
+captured step per bucket: the same DECODE forward of the pending token with every request attending
+its whole prefix, whose logits are copied out for SGLang's own sampler (``decode_logits``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class PillarDraftRunner:
         state: PlanState,
         max_bs: int,
         capture_bs: list[int],
+        plain_decode: bool = False,
     ):
         self.mr = model_runner
         self.cfg = cfg
@@ -93,6 +98,11 @@ class PillarDraftRunner:
             self.step_ids = torch.zeros((max_bs, self.num_cand), dtype=torch.int64)
             self.step_q = torch.zeros((max_bs, self.num_cand), dtype=torch.float32)
             self.step_q_tok = torch.ones(max_bs, dtype=torch.float32)
+            # Plain-decoding rounds as DECODE forwards (PlainPath.DECODE): the step's logits, copied out of
+            # its graph for SGLang's sampler ([max_bs, V] fp32; only when that path is on).
+            self.plain_logits = (
+                torch.zeros((max_bs, model_runner.model_config.vocab_size), dtype=torch.float32) if plain_decode else None
+            )
         # A private backend: draft attention never touches the target backend's metadata,
         # which the verify graph was captured with.
         self.backend = PillarDraftBackend(
@@ -101,6 +111,7 @@ class PillarDraftRunner:
         # One draft step, keyed by (batch-size bucket, greedy): all-greedy batches draft by argmax
         # and skip the draft records, which their verify never reads.
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.plain_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by batch-size bucket
         self.capture_bs = sorted(b for b in capture_bs if b <= max_bs)
         self._forward_batches: dict[int, object] = {}
 
@@ -144,9 +155,9 @@ class PillarDraftRunner:
             self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
         self.step.zero_()
 
-    def _step(self, bs: int, greedy: bool) -> None:
-        """Draft step ``self.step`` of the round: reads only device buffers and advances them (the
-        step index, the input token), so replaying its graph k times runs k steps."""
+    def _forward(self, bs: int, positions: torch.Tensor) -> torch.Tensor:
+        """One DECODE forward of ``self.tokens`` at ``positions`` (its K/V written to the request's slot
+        of each position) under the draft attention backend; the next-token logits [bs, V]."""
         from sglang.srt.layers.dp_attention import (
             set_dp_buffer_len,
             set_is_extend_in_batch,
@@ -158,7 +169,6 @@ class PillarDraftRunner:
 
         rpi = self.req_pool_indices[:bs]
         tokens = self.tokens[:bs]
-        positions = self.seq_lens[:bs] + self.step
         self.inputs.seq_lens[:bs] = positions + 1
         fb = self._forward_batch(bs)
         fb.mark_forward_metadata_ready()
@@ -168,7 +178,13 @@ class PillarDraftRunner:
         fb.positions = positions
         fb.out_cache_loc = self.mr.req_to_token_pool.req_to_token[rpi, positions].to(torch.int64)
         with forward_context(ForwardContext(attn_backend=self.backend)):
-            logits = self.mr.model.forward(tokens, positions, fb).next_token_logits
+            return self.mr.model.forward(tokens, positions, fb).next_token_logits
+
+    def _step(self, bs: int, greedy: bool) -> None:
+        """Draft step ``self.step`` of the round: reads only device buffers and advances them (the
+        step index, the input token), so replaying its graph k times runs k steps."""
+        tokens = self.tokens[:bs]
+        logits = self._forward(bs, self.seq_lens[:bs] + self.step)
         drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)
         self.out_tokens[:bs].index_copy_(1, self.step, drafted.view(bs, 1))
         if not greedy:
@@ -177,6 +193,11 @@ class PillarDraftRunner:
             self.q_tok[:, :bs].index_copy_(0, self.step, self.step_q_tok[:bs].unsqueeze(0))
         tokens.copy_(drafted)
         self.step.add_(1)
+
+    def _plain_step(self, bs: int) -> None:
+        """A plain-decoding round's forward: the pending token at each request's ``seq_len``, attending
+        its whole prefix (``decode_logits`` sets every tail start to 0), logits into ``plain_logits``."""
+        self.plain_logits[:bs].copy_(self._forward(bs, self.seq_lens[:bs]))
 
     def _sample_step(self, logits: torch.Tensor, bs: int) -> torch.Tensor:
         # Under tensor parallelism every rank must draft the same tokens (they are the next step's
@@ -218,9 +239,20 @@ class PillarDraftRunner:
                     with torch.cuda.graph(graph, pool=pool, stream=stream):
                         self._step(bs, greedy)
                     self.graphs[(bs, greedy)] = graph
+                if self.plain_logits is not None:
+                    self._load_padding(0, bs)
+                    self.inputs.tail_start[:bs] = 0
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        self._plain_step(bs)  # eager warm-up, as above
+                    torch.cuda.current_stream().wait_stream(stream)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self._plain_step(bs)
+                    self.plain_graphs[bs] = graph
         logger.info(
-            "PILLAR draft-step graphs captured in %.1f s for batch sizes %s",
-            time.monotonic() - t0, self.capture_bs,
+            "PILLAR draft-step graphs%s captured in %.1f s for batch sizes %s",
+            " and plain-decoding steps" if self.plain_logits is not None else "", time.monotonic() - t0, self.capture_bs,
         )  # fmt: skip
 
     def _load_padding(self, start: int, end: int) -> None:
@@ -234,6 +266,36 @@ class PillarDraftRunner:
         self.min_p[start:end] = 0.0
         self.sparse[start:end] = 1
 
+    def _bucket(self, bs: int) -> tuple[int | None, int]:
+        """The captured batch size that serves ``bs`` (None: run eagerly) and the padded size."""
+        graph_bs = next((b for b in self.capture_bs if b >= bs), None)
+        padded = graph_bs if graph_bs is not None else bs
+        if padded > self.max_bs:
+            raise RuntimeError(f"PILLAR draft batch {bs} exceeds max running requests {self.max_bs}")
+        return graph_bs, padded
+
+    def decode_logits(self, req_pool_indices, seq_lens, tokens) -> tuple[torch.Tensor, bool]:
+        """A plain-decoding round (PlainPath.DECODE): one DECODE forward of ``tokens`` (the pending token
+        of each request, at position ``seq_lens``) over every request's whole prefix, which writes that
+        token's K/V. Returns the logits [bs, V] (fp32, valid until the next call) and whether a captured
+        graph ran; no host synchronisation."""
+        if self.plain_logits is None:
+            raise RuntimeError("PILLAR plain decode path is off (SPARSESPEC_PLAIN_PATH=verify)")
+        bs = req_pool_indices.shape[0]
+        graph_bs, padded = self._bucket(bs)
+        self.req_pool_indices[:bs] = req_pool_indices
+        self.seq_lens[:bs] = seq_lens
+        self.tokens[:bs] = tokens
+        if padded > bs:
+            self._load_padding(bs, padded)
+        self.inputs.tail_start[:padded] = 0  # every row attends its whole prefix
+        graph = self.plain_graphs.get(graph_bs) if graph_bs is not None else None
+        if graph is not None:
+            graph.replay()
+        else:
+            self._plain_step(bs)
+        return self.plain_logits[:bs], graph is not None
+
     def run(
         self, req_pool_indices, seq_lens, bonus, sampling_info, steps: int, dense: torch.Tensor | None = None
     ) -> DraftOutput:
@@ -243,10 +305,7 @@ class PillarDraftRunner:
         if not 1 <= steps <= self.k:
             raise ValueError(f"draft count {steps} not in 1..{self.k}")
         bs = req_pool_indices.shape[0]
-        graph_bs = next((b for b in self.capture_bs if b >= bs), None)
-        padded = graph_bs if graph_bs is not None else bs
-        if padded > self.max_bs:
-            raise RuntimeError(f"PILLAR draft batch {bs} exceeds max running requests {self.max_bs}")
+        graph_bs, padded = self._bucket(bs)
         self.req_pool_indices[:bs] = req_pool_indices
         self.seq_lens[:bs] = seq_lens
         self.tokens[:bs] = bonus

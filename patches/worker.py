@@ -18,7 +18,9 @@ Adaptive speculation (``spec/adaptive.py``, on unless SPARSESPEC_ADAPTIVE_STEPS=
 round's draft count from the candidates: k >= 1 drafts k tokens (verify width stays k_max + 1,
 the undrafted columns are never accepted); k = 0 is plain decoding: one forward of the pending
 token through a second TARGET_VERIFY graph of width 1 (SGLang's own shape for EAGLE's zero-step
-rounds), with its own attention backend, swapped in for that round only.
+rounds), with its own attention backend, swapped in for that round only; with
+SPARSESPEC_PLAIN_PATH=decode, a DECODE forward of the pending token over the whole prefix (the draft
+step's graph) sampled by SGLang's own sampler, for the batches that sampler serves alone.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from sglang_sparsespec.kernels._common import default_num_splits
 
 from sglang_sparsespec.config import (
     PillarConfig,
+    PlainPath,
     ScoreRows,
     SelectionPolicy,
     VerifyKernel,
@@ -73,6 +76,25 @@ class PlainState:
 
     attn_backend: Any
     graph_runner: Any
+
+
+def decode_path_serves(batch) -> bool:
+    """Whether a plain round of ``batch`` may take the decode path (PlainPath.DECODE): SGLang's sampler
+    alone gives its tokens. Logprobs, hidden states, grammars, penalties, logit biases, custom logit
+    processors and sampling masks are applied by SGLang's verify path, which such batches keep."""
+    si = batch.sampling_info
+    penalized = si.penalizer_orchestrator is not None and si.penalizer_orchestrator.is_required
+    return not (
+        batch.return_logprob
+        or batch.return_hidden_states
+        or batch.has_grammar
+        or penalized
+        or si.acc_additive_penalties is not None
+        or si.acc_scaling_penalties is not None
+        or si.logit_bias is not None
+        or si.has_custom_logit_processor
+        or any(si.return_sampling_masks or ())
+    )
 
 
 class PillarWorker(BaseSpecWorker):
@@ -187,6 +209,7 @@ class PillarWorker(BaseSpecWorker):
             self.state,
             max_bs=self.max_bs,
             capture_bs=capture_bs,
+            plain_decode=0 in self.cfg.step_candidates and self.cfg.plain_path is PlainPath.DECODE,
         )
         if capture_bs:
             self.draft_runner.capture()
@@ -333,6 +356,8 @@ class PillarWorker(BaseSpecWorker):
     def _plain_round(self, batch, on_publish, grammar_barrier):
         """One token per request from the target's full forward (no drafts, plans unchanged: their
         recent tail grows by the new token)."""
+        if self.draft_runner.plain_logits is not None and decode_path_serves(batch):
+            return self._plain_decode_round(batch, on_publish)
         self.timer.interrupt()
         mr = self.model_runner
         saved = mr.attn_backend, mr.decode_cuda_graph_runner
@@ -351,6 +376,35 @@ class PillarWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
+        return result
+
+    def _plain_decode_round(self, batch, on_publish):
+        """A plain round as stock decodes (PlainPath.DECODE): one DECODE forward of the pending tokens
+        over every request's whole prefix (the draft step's graph), then SGLang's own sampler on its
+        logits: the token stock would sample from these logits, so the output stays the target's.
+        Result layout as the width-1 verify's: one token per request, accept length 1."""
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        self.timer.interrupt()
+        logits, graphed = self.draft_runner.decode_logits(
+            batch.req_pool_indices, batch.seq_lens, batch.spec_info.bonus_tokens
+        )
+        out = LogitsProcessorOutput(next_token_logits=logits)
+        # The pending token's position seeds deterministic sampling, as stock's decode positions do.
+        tokens = self.model_runner.sampler(out, batch.sampling_info, False, [], [], batch.seq_lens).to(torch.int32)
+        self.clock.end()
+        result = GenerationBatchResult(
+            logits_output=out,
+            next_token_ids=tokens,
+            can_run_cuda_graph=graphed,
+            speculative_num_draft_tokens=1,
+            next_draft_input=self._next_draft_input(tokens),
+            accept_lens=torch.ones_like(tokens),
+            new_seq_lens=batch.seq_lens + 1,
+        )
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
         return result
 
     def _verify(self, batch, grammar_barrier, num_steps: int):

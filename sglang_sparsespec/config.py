@@ -58,6 +58,17 @@ class VerifyKernel(str, Enum):
     SGLANG = "sglang"
 
 
+class PlainPath(str, Enum):
+    """How a plain-decoding round (adaptive draft count 0) runs its one forward."""
+
+    # A TARGET_VERIFY forward of width 1 through SGLang's EAGLE verify path (its zero-step rounds' shape).
+    VERIFY = "verify"
+    # A DECODE forward: the draft step's graph with every request attending its whole prefix, sampled by
+    # SGLang's own sampler, as stock decodes; batches that need logprobs, hidden states, a grammar,
+    # penalties, a logit bias or custom logit processors keep the verify path.
+    DECODE = "decode"
+
+
 # The draft counts "auto" adds below --speculative-num-steps: plain decoding and two short rounds.
 AUTO_STEPS = (0, 2, 4)
 
@@ -116,6 +127,10 @@ class PillarConfig:
     # Adaptive speculation (spec/adaptive.py): the draft counts a round may run besides num_steps,
     # 0 = plain decoding, as a comma list; "auto" = AUTO_STEPS below num_steps; "off" = always num_steps.
     adaptive_steps: str = "auto"
+    # Plain-decoding rounds: VERIFY until the decode path's same-run A/B (issue 21) says otherwise; in
+    # sampled-3dc3540-7000 plain rounds cost 3.96 / 5.61 ms at 32 / 64 requests x 5.8K against stock
+    # steps of 2.86 / 4.56 ms in another run (docs/design.md, adaptive speculation).
+    plain_path: PlainPath = PlainPath.VERIFY
     # Pinned host memory (GB) for parking running requests' KV instead of retracting them when the
     # GPU pool runs out (patches/offload.py, docs/offload.md); 0 = off. Applies to stock decoding too.
     offload_host_gb: float = 0.0
@@ -136,6 +151,9 @@ class PillarConfig:
             )
         if not 0.0 <= self.offload_host_gb < float("inf"):
             raise ValueError(f"{ENV_PREFIX}OFFLOAD_HOST_GB must be a finite number >= 0, got {self.offload_host_gb}")
+        if self.plain_path is PlainPath.DECODE and self.policy is SelectionPolicy.ORACLE:
+            # The oracle's draft backend selects from each query itself; it has no whole-prefix step.
+            raise ValueError(f"{ENV_PREFIX}PLAIN_PATH=decode does not combine with {ENV_PREFIX}POLICY=oracle")
         if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
             raise ValueError(
                 f"{ENV_PREFIX}RECENT_WINDOW, {ENV_PREFIX}SINK_TOKENS and {ENV_PREFIX}STEP_TIMING must be >= 0"
@@ -224,6 +242,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SCORE_ROWS", "score_rows"),
     Knob("DRAFT_CANDIDATES", "draft_candidates"),
     Knob("ADAPTIVE_STEPS", "adaptive_steps"),
+    Knob("PLAIN_PATH", "plain_path"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb"),
 )
 

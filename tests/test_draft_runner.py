@@ -49,7 +49,7 @@ def next_token(tok: int, pos: int, row: int) -> int:
     return (31 * tok + 7 * pos + row) % V
 
 
-def make_runner(capture_bs: list[int]) -> dr.PillarDraftRunner:
+def make_runner(capture_bs: list[int], plain_decode: bool = False) -> dr.PillarDraftRunner:
     req_to_token = torch.arange(8 * 64, dtype=torch.int32, device=DEVICE).view(8, 64) + 1000
     mr = SimpleNamespace(
         device=DEVICE, model=FakeModel(), model_config=SimpleNamespace(vocab_size=V), spec_algorithm=None,
@@ -58,7 +58,8 @@ def make_runner(capture_bs: list[int]) -> dr.PillarDraftRunner:
     )  # fmt: skip
     state = PlanState.allocate(8, 2, 3, True, 16, torch.device(DEVICE))
     return dr.PillarDraftRunner(
-        mr, PillarConfig(num_steps=K, draft_candidates=4), state, max_bs=8, capture_bs=capture_bs
+        mr, PillarConfig(num_steps=K, draft_candidates=4), state, max_bs=8, capture_bs=capture_bs,
+        plain_decode=plain_decode,
     )
 
 
@@ -120,6 +121,36 @@ def test_sampled_steps_fill_their_own_proposal_blocks(runner: dr.PillarDraftRunn
     assert bool((runner.cand_ids[3:] == -7).all())  # the step past the round: untouched
 
 
+def check_plain(runner: dr.PillarDraftRunner, rpi, seq_lens, bonus) -> None:
+    """A plain-decoding step: the pending token's logits at its own position, every row dense (tail start
+    0: the whole prefix), the draft state untouched."""
+    state_tail = runner.state.tail_start.clone()
+    runner.out_tokens.fill_(-3)
+    logits, graphed = runner.decode_logits(rpi, seq_lens, bonus)
+    assert graphed == bool(runner.plain_graphs) and logits.shape == (rpi.shape[0], V)
+    peaks = [next_token(int(bonus[b]), int(seq_lens[b]), b) for b in range(rpi.shape[0])]
+    assert logits.argmax(dim=-1).tolist() == peaks
+    assert int(runner.inputs.tail_start[: rpi.shape[0]].abs().sum()) == 0
+    assert torch.equal(runner.inputs.seq_lens[: rpi.shape[0]], seq_lens + 1)  # the pending token attends itself
+    assert bool((runner.out_tokens == -3).all()) and torch.equal(runner.state.tail_start, state_tail)
+
+
+def test_plain_decode_step_is_one_dense_forward_of_the_pending_token(monkeypatch) -> None:
+    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+    runner = make_runner([], plain_decode=True)
+    rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
+    runner.state.tail_start.fill_(5)
+    check_plain(runner, rpi, seq_lens, bonus)
+    ((ids, pos, loc),) = runner.mr.model.calls  # one forward, writing the pending token's K/V
+    assert ids.tolist() == bonus.tolist() and pos.tolist() == seq_lens.tolist()
+    assert torch.equal(loc, runner.mr.req_to_token_pool.req_to_token[rpi, seq_lens].long())
+    # The next draft round takes its tail starts from the plans again.
+    runner.run(rpi, seq_lens + 1, bonus, sampling(True), 1)
+    assert bool((runner.inputs.tail_start[:3] == 5).all())
+    with pytest.raises(RuntimeError, match="PLAIN_PATH=verify"):
+        make_runner([]).decode_logits(rpi, seq_lens, bonus)
+
+
 def check_round(out: dr.DraftOutput, rpi, seq_lens, bonus, steps: int) -> None:
     """The drafted chain follows the stand-in model from each row's bonus token, and every step's
     record holds its own drafted token (a block written under another step's index would not)."""
@@ -156,3 +187,17 @@ def test_captured_step_replays_like_the_eager_body(monkeypatch) -> None:
                 ref = eager.run(rpi, seq_lens, bonus, sampling(True), steps)
                 assert torch.equal(out.tokens[:, :steps], ref.tokens[:, :steps])
             assert torch.equal(graphed.inputs.seq_lens[:3], seq_lens + steps)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_captured_plain_step_replays_like_the_eager_body(monkeypatch) -> None:
+    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+    graphed = make_runner([4], plain_decode=True)
+    graphed.capture()
+    assert set(graphed.plain_graphs) == {4}
+    rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
+    graphed.mr.model.calls.clear()
+    check_plain(graphed, rpi, seq_lens, bonus)
+    assert not graphed.mr.model.calls  # a replay, not the eager body
+    out = graphed.run(rpi, seq_lens + 1, bonus, sampling(True), 2)  # draft graphs still draft after it
+    check_round(out, rpi, seq_lens + 1, bonus, 2)

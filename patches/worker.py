@@ -293,6 +293,8 @@ class PillarWorker(BaseSpecWorker):
             "step_candidates": list(self.cfg.step_candidates),
             "rounds_by_k": {str(k): self.metrics.rounds_by_steps[k] for k in self.cfg.step_candidates},
         }
+        if self.cfg.plain_path is PlainPath.DECODE:  # which of the plain rounds the decode path served
+            out["plain_decode_rounds"] = self.metrics.plain_decode_rounds
         if self.policy is not None:
             out.update(self.policy.summary(), dense_request_rounds=self.dense.dense_request_rounds)
         return out
@@ -357,6 +359,8 @@ class PillarWorker(BaseSpecWorker):
         """One token per request from the target's full forward (no drafts, plans unchanged: their
         recent tail grows by the new token)."""
         if self.draft_runner.plain_logits is not None and decode_path_serves(batch):
+            if not is_warmup(batch.reqs):
+                self.metrics.plain_decode_rounds += 1
             return self._plain_decode_round(batch, on_publish)
         self.timer.interrupt()
         mr = self.model_runner

@@ -50,6 +50,8 @@ class PillarMetrics:
     max_steps: int
     sink: MetricsSink | None = None
     rounds_by_steps: Counter[int] = field(default_factory=Counter)
+    # Plain rounds (rounds_by_steps[0]) that took the decode path (SPARSESPEC_PLAIN_PATH=decode).
+    plain_decode_rounds: int = 0
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -116,6 +118,7 @@ class PillarMetrics:
         timed = self.timed_rounds
         return {
             "rounds_by_steps": {str(k): n for k, n in sorted(self.rounds_by_steps.items())},
+            "plain_decode_rounds": self.plain_decode_rounds,
             "drafts": self.drafts,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,

@@ -11,6 +11,7 @@ import torch
 from sglang_sparsespec.patches import worker as w
 
 from sglang_sparsespec.config import PillarConfig, PlainPath, SelectionPolicy
+from sglang_sparsespec.metrics import PillarMetrics
 
 
 def sampling_info(**over) -> SimpleNamespace:
@@ -69,10 +70,10 @@ def test_a_plain_round_on_the_decode_path_hands_the_scheduler_one_sampled_token_
     clock = SimpleNamespace(ended=0)
     clock.end = lambda: setattr(clock, "ended", clock.ended + 1)
     worker = SimpleNamespace(draft_runner=Runner(logits), model_runner=SimpleNamespace(sampler=sampler),
-                             timer=SimpleNamespace(interrupt=lambda: None), clock=clock,
+                             timer=SimpleNamespace(interrupt=lambda: None), clock=clock, metrics=PillarMetrics(8),
                              _next_draft_input=w.PillarWorker._next_draft_input)  # fmt: skip
     worker._plain_decode_round = lambda b, p: w.PillarWorker._plain_decode_round(worker, b, p)
-    b = batch(req_pool_indices=torch.tensor([3, 4]), seq_lens=torch.tensor([10, 20]),
+    b = batch(req_pool_indices=torch.tensor([3, 4]), seq_lens=torch.tensor([10, 20]), reqs=[SimpleNamespace(rid="a")],
               spec_info=SimpleNamespace(bonus_tokens=torch.tensor([7, 8], dtype=torch.int32)))  # fmt: skip
     published = []
     result = w.PillarWorker._plain_round(worker, b, published.append, None)
@@ -83,3 +84,4 @@ def test_a_plain_round_on_the_decode_path_hands_the_scheduler_one_sampled_token_
     assert result.new_seq_lens.tolist() == [11, 21] and published[0] is result.new_seq_lens
     assert result.next_draft_input.bonus_tokens.tolist() == [1, 0] and result.can_run_cuda_graph
     assert result.logits_output.hidden_states is None and clock.ended == 1
+    assert worker.metrics.summary()["plain_decode_rounds"] == 1  # counted for /server_info

@@ -113,7 +113,7 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 THROUGHPUT_HEADERS = (
     "config", "conc", "reqs", "out tok/s", "vs stock", "E2E vs stock", "TPOT med ms", "TPOT p99 ms",
-    "ITL med ms", "ITL p99 ms", "TTFT med ms", "TTFT mean ms", "E2E mean s", "E2E p99 s", "accept len", "status",
+    "ITL med ms", "ITL p99 ms", "TTFT med ms", "TTFT mean ms", "E2E mean s", "E2E p99 s", "busy", "accept len", "status",
 )  # fmt: skip
 
 
@@ -126,6 +126,8 @@ def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
             fmt(m.get("median_itl_ms")), fmt(m.get("p99_itl_ms")), fmt(m.get("median_ttft_ms"), ".1f"),
             fmt(m.get("mean_ttft_ms"), ".0f"),  # a mean far above the median: some requests waited (a stall)
             fmt(_seconds(m.get("mean_e2e_latency_ms")), ".1f"), fmt(_seconds(m.get("p99_e2e_latency_ms")), ".1f"),
+            # Mean requests in flight over the concurrency: below 100%, slots sat idle (a drain, slow admissions).
+            fmt(_pct(_ratio(m.get("concurrency"), r["concurrency"])), ".0f", "%"),
             fmt(m.get("accept_length")), r["status"],
         ]  # fmt: skip
 

@@ -222,34 +222,31 @@ class PillarDraftRunner:
         t0 = time.monotonic()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
+
+        def captured(body) -> torch.cuda.CUDAGraph:
+            # One eager warm-up run (Triton JIT must not run under capture); these kernels do not
+            # autotune, so a second run adds nothing. Capture records, it runs nothing: the padding stays.
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                body()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                body()
+            return graph
+
         # As SGLang's own runners: every torch.cuda.graph() entry runs gc.collect(), which walks the
-        # whole server heap unless it is frozen first; this capture makes 2 graphs per batch size.
+        # whole server heap unless it is frozen first; this capture makes 2-3 graphs per batch size.
         with model_capture_mode(), freeze_gc(self.mr.server_args.enable_cudagraph_gc):
             for bs in reversed(self.capture_bs):
                 for greedy in (True, False):
                     self._load_padding(0, bs)
                     self._begin_round(bs)
-                    stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(stream):
-                        # One eager warm-up step (Triton JIT must not run under capture); these
-                        # kernels do not autotune, so a second step adds nothing.
-                        self._step(bs, greedy)
-                    torch.cuda.current_stream().wait_stream(stream)
-                    graph = torch.cuda.CUDAGraph()  # capture records, it runs nothing: the padding stays
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self._step(bs, greedy)
-                    self.graphs[(bs, greedy)] = graph
+                    self.graphs[(bs, greedy)] = captured(lambda: self._step(bs, greedy))
                 if self.plain_logits is not None:
                     self._load_padding(0, bs)
                     self.inputs.tail_start[:bs] = 0
-                    stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(stream):
-                        self._plain_step(bs)  # eager warm-up, as above
-                    torch.cuda.current_stream().wait_stream(stream)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self._plain_step(bs)
-                    self.plain_graphs[bs] = graph
+                    self.plain_graphs[bs] = captured(lambda: self._plain_step(bs))
         logger.info(
             "PILLAR draft-step graphs%s captured in %.1f s for batch sizes %s",
             " and plain-decoding steps" if self.plain_logits is not None else "", time.monotonic() - t0, self.capture_bs,

@@ -58,7 +58,7 @@ from typing import Any
 
 from benchmarks.configs import add_server_options, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
-from benchmarks.runlog import Deadline, write_json
+from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import Server, begin, http_json, start_recorded
 from benchmarks.workload import DEFAULT_DATASETS, build_prompts, load_tokenizer
 
@@ -225,7 +225,7 @@ def most_uncertain_cut(top_logprobs: Sequence[Sequence[Sequence[Any]]], lo: int)
     """The output index p >= lo whose greedy token had the smallest lead over the runner-up (natural log), and
     that lead. The context is cut before it, so token 1 is drawn where the model hesitates most and the test
     has samples off the mode to compare (a context whose next tokens are near-certain says nothing)."""
-    gaps = [(float(t[0][0]) - float(t[1][0]) if len(t) > 1 else float("inf"), i) for i, t in enumerate(top_logprobs) if i >= lo]
+    gaps = [(float(t[0][0]) - float(t[1][0]) if t and len(t) > 1 else float("inf"), i) for i, t in enumerate(top_logprobs) if i >= lo]
     if not gaps:
         raise ValueError(f"no output position at or after {lo} to cut at")
     gap, p = min(gaps)
@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not start_recorded(server, name, record, args.startup_timeout, log):
                 break
             if not doc["contexts"]:
-                build_contexts(server, args, doc, deadline)
+                build_contexts(server, args, doc, deadline, log)
             for key, si, ci in todo:
                 # The same cell on an earlier server says how long it takes (the control: half a setting-0 cell).
                 est = doc["seconds"].get(f"setting {max(si, 0)} | context {ci}", 0.0) * (0.5 if si < 0 else 1.0)
@@ -335,16 +335,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if doc["verdict"] == "PASS" else 1
 
 
-def build_contexts(server: Server, args: argparse.Namespace, doc: dict[str, Any], deadline: Deadline) -> None:
+def build_contexts(server: Server, args: argparse.Namespace, doc: dict[str, Any], deadline: Deadline, log: RunLog) -> None:
     """Each context: a prompt plus the first server's greedy continuation, cut where the model hesitates most in
-    its second half (``most_uncertain_cut``); the radix cache is flushed after, so every server prefills them."""
+    its second half (``most_uncertain_cut``); the radix cache is flushed after, so every server prefills them.
+    A reply without top-2 logprobs for every token keeps the whole continuation (logged)."""
     tokenizer = load_tokenizer(args.model)
     greedy = {"temperature": 0.0, "max_new_tokens": args.context_tokens, "ignore_eos": True}
     for prompt in build_prompts(tokenizer, args.data_dir, args.contexts, args.datasets):
         body = {"input_ids": prompt.input_ids, "sampling_params": greedy, "return_logprob": True, "top_logprobs_num": 2}
         reply = http_json(server.base_url + "/generate", body, max(60.0, deadline.remaining()))
         out = [int(t) for t in reply["output_ids"]]
-        cut, lead = most_uncertain_cut(reply["meta_info"]["output_top_logprobs"], args.context_tokens // 2)
+        tops = reply.get("meta_info", {}).get("output_top_logprobs")
+        if isinstance(tops, list) and len(tops) == len(out):
+            cut, lead = most_uncertain_cut(tops, args.context_tokens // 2)
+        else:
+            cut, lead = len(out), None
+            log.line(f"{prompt.source}: no top-2 logprobs in the greedy reply, the context keeps all {len(out)} tokens")
         ids = prompt.input_ids + out[:cut]
         doc["contexts"].append({"source": prompt.source, "tokens": len(ids), "greedy_lead_nats": lead, "ids": ids})
     flush_radix_cache(server, max(60.0, deadline.remaining()))

@@ -120,7 +120,7 @@ FAKE_SERVER = textwrap.dedent(
                 out[diverge_at] += 1
             meta = {"completion_tokens": n, "finish_reason": {"type": "length", "length": n},
                     "cached_tokens": cached(ids) if radix else 0}
-            if body.get("return_logprob"):  # stock's top-2 gap is FAKE_MARGIN where the candidate diverges
+            if body.get("return_logprob") and not os.environ.get("FAKE_NO_TOP_LOGPROBS"):  # stock's top-2 gap is FAKE_MARGIN where the candidate diverges
                 gap = [float(os.environ.get("FAKE_MARGIN", "3")) if i == diverge_at else 3.0 for i in range(n)]
                 hesitate = int(os.environ.get("FAKE_HESITATE_AT", "-1"))  # a near tie of the greedy continuation
                 gap = [0.01 if i == hesitate else g for i, g in enumerate(gap)]
@@ -477,6 +477,10 @@ def test_exactness_end_to_end_with_a_pillar_reference(
     monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "0")  # token 1: the servers' numerics differ
     code, doc = run("numerics")
     assert code == 1 and doc["verdict"] == "NUMERICS"
+    monkeypatch.setenv("FAKE_NO_TOP_LOGPROBS", "1")  # a reply without them: the whole continuation, logged
+    code, doc = run("no_logprobs")
+    assert doc["contexts"][0]["greedy_lead_nats"] is None and doc["contexts"][0]["tokens"] == len(doc["contexts"][0]["ids"])
+    assert "no top-2 logprobs in the greedy reply" in (tmp_path / "no_logprobs.log").read_text()
 
 
 def test_lossless_end_to_end(

@@ -279,7 +279,7 @@ def resumed(path: Path | None, doc: dict[str, Any]) -> None:
     diff = [k for k in same if json.dumps(old["settings"].get(k)) != json.dumps(doc["settings"].get(k))]
     if diff or "counts" not in old:
         raise SystemExit(f"--resume {path}: not the same question ({', '.join(diff) or 'no counts: an older schema'} differ)")
-    doc["contexts"], doc["counts"] = old["contexts"], old["counts"]
+    doc["contexts"], doc["counts"], doc["seconds"] = old["contexts"], old["counts"], old.get("seconds", {})
     doc["servers"] = {n: r | {"resumed": True} for n, r in old["servers"].items()}
     doc["resumed_from"] = old["meta"]["run_id"]
 

@@ -466,6 +466,7 @@ def test_exactness_end_to_end_with_a_pillar_reference(
     doc = json.loads((tmp_path / "resumed.json").read_text())
     assert code == 0 and doc["verdict"] == "PASS" and doc["resumed_from"] == partial["meta"]["run_id"]
     assert doc["contexts"] == partial["contexts"] and doc["servers"]["pillar:adaptive_steps=off"].get("resumed") is None
+    assert doc["seconds"].keys() == partial["seconds"].keys()  # the earlier cells' times still plan this command
     assert "pillar:adaptive_steps=off:budget_ratio=1: every cell resumed" in (tmp_path / "resumed.log").read_text()
     with pytest.raises(SystemExit, match="not the same question"):
         exactness.main([*argv, "--new-tokens", "2", "--out", str(tmp_path / "x.json"), *resume])

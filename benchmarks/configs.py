@@ -65,8 +65,11 @@ class ServerConfig:
     env: tuple[tuple[str, str], ...] = ()
 
     def environment(self, base: dict[str, str]) -> dict[str, str]:
-        """The server's environment: ``base`` (the caller's ``--env``) plus what this config needs."""
-        return {**base, **dict(self.env)}
+        """The server's environment: ``base`` (the caller's ``--env``) plus what this config needs. A PILLAR
+        server starts without the costs an earlier server of its setup measured (SPARSESPEC_COST_CACHE=off,
+        unless a config or ``--env`` says otherwise), so every run is measured from the same cold start."""
+        cold = {"SPARSESPEC_COST_CACHE": "off"} if "PILLAR" in self.flags else {}
+        return {**cold, **base, **dict(self.env)}
 
     @property
     def speculative(self) -> bool:

@@ -34,8 +34,9 @@ class RoundAgreement:
     """``agree`` returns rank 0's (steps, dense) on every rank; ``broadcast(t)`` sends rank 0's ``t``
     into every rank's ``t`` in place (a CPU group's broadcast; a stand-in in tests)."""
 
-    def __init__(self, broadcast: Callable[[torch.Tensor], None] | None):
+    def __init__(self, broadcast: Callable[[torch.Tensor], None] | None, rank: int = 0):
         self.broadcast = broadcast
+        self.rank = rank  # this rank's index in the TP group
 
     @classmethod
     def for_tp_group(cls) -> RoundAgreement:
@@ -45,7 +46,7 @@ class RoundAgreement:
         if group.world_size == 1:
             return cls(None)
         src = group.ranks[0]  # global rank of the group's rank 0
-        return cls(lambda t: torch.distributed.broadcast(t, src=src, group=group.cpu_group))
+        return cls(lambda t: torch.distributed.broadcast(t, src=src, group=group.cpu_group), group.rank_in_group)
 
     def agree(self, steps: int, dense: list[bool] | None, bs: int) -> tuple[int, list[bool] | None]:
         if self.broadcast is None:

@@ -53,6 +53,7 @@ from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.spec.adaptive import RoundClock, SpeculationPolicy
+from sglang_sparsespec.spec.cost_cache import CostFile
 from sglang_sparsespec.spec.dense import DenseChooser
 from sglang_sparsespec.spec.rejection import DraftRecord
 from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
@@ -65,7 +66,7 @@ from .triton_verify import VerifyHooks, attach_verify, new_verify_backend, verif
 from .verify_sample import PillarRound, attach_round
 
 logger = logging.getLogger(__name__)
-# Rounds between the log lines that count which draft count each round ran.
+# Rounds between the log lines that count which draft count each round ran (and the cost-file writes).
 PATH_LOG_EVERY = 2000
 
 
@@ -119,10 +120,13 @@ class PillarWorker(BaseSpecWorker):
         self.dense: DenseChooser | None = None  # with the policy: which requests draft densely
         self.metrics = PillarMetrics(self.cfg.num_steps)  # issue 22: /server_info, Prometheus (patches/metrics.py)
         self.warmup_rounds = 0  # start-up warm-up rounds so far (patches/serve_warmup.py)
+        self.cost_file: CostFile | None = None  # where the policy's measured costs persist (rank 0 writes)
         if self.cfg.adaptive:
             self.policy = SpeculationPolicy(self.cfg.step_candidates)
             self.clock = RoundClock(lambda: torch.cuda.Event(enable_timing=True))
             self.agreement = RoundAgreement.for_tp_group()
+            self.cost_file = CostFile.resolve(self.cfg.cost_cache, self._setup_identity())
+            self._restore_costs()
         if self.cfg.timing_every:
             self.timer = RoundTimer(
                 self.cfg.timing_every,
@@ -133,6 +137,47 @@ class PillarWorker(BaseSpecWorker):
         build_sampling_kernels(
             server_args.sampling_backend, self.model_runner.model_config.vocab_size, self.device
         )
+
+    def _setup_identity(self) -> dict[str, Any]:
+        """What moves this server's round costs (``spec/cost_cache.py``)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            plugin = version("sglang-sparsespec")
+        except PackageNotFoundError:
+            plugin = "unknown"
+        sa = self.server_args
+        return {
+            "gpu": torch.cuda.get_device_name(self.model_runner.gpu_id),
+            "model": sa.model_path,
+            "tp_size": sa.tp_size,
+            "attention_backend": sa.attention_backend,
+            "kv_dtype": str(self.model_runner.kv_cache_dtype),
+            "step_candidates": list(self.cfg.step_candidates),
+            "plain_path": self.cfg.plain_path.value,
+            "plugin": plugin,
+        }
+
+    def _restore_costs(self) -> None:
+        cells = self.cost_file.load() if self.cost_file is not None else None
+        if not cells:
+            return
+        try:
+            n = self.policy.table.restore(cells)
+        except ValueError as e:  # a hand-edited or truncated file: measure from scratch
+            logger.warning("PILLAR costs in %s not used: %s", self.cost_file.path, e)
+            return
+        logger.info("PILLAR costs: %d measured cells from %s", n, self.cost_file.path)
+
+    def _save_costs(self) -> None:
+        # Rank 0's costs decide every rank's round (tp_agree), so only rank 0 writes.
+        if self.cost_file is None or self.agreement.rank != 0:
+            return
+        try:
+            self.cost_file.save(self.policy.table.export())
+        except OSError as e:
+            logger.warning("PILLAR costs not saved to %s (%s); not trying again", self.cost_file.path, e)
+            self.cost_file = None
 
     def _phase_report(self, report) -> None:
         logger.info(format_report(report))
@@ -278,6 +323,7 @@ class PillarWorker(BaseSpecWorker):
         rounds = sum(self.metrics.rounds_by_steps.values()) + 1  # this round is counted at launch
         if rounds % PATH_LOG_EVERY == 0:
             logger.info("PILLAR adaptive: %s", self.summary())
+            self._save_costs()
         return steps, (dense if dense is not None and any(dense) else None)
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:

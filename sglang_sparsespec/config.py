@@ -14,9 +14,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "SPARSESPEC_"
+# The folder of everything the package caches on disk (the built test model, measured round costs).
+CACHE_ENV = "SPARSESPEC_CACHE"
 # The draft sampler keeps a proposal's candidates in registers of one program.
 MAX_DRAFT_CANDIDATES = 1024
 
@@ -131,6 +134,10 @@ class PillarConfig:
     # sampled-3dc3540-7000 plain rounds cost 3.96 / 5.61 ms at 32 / 64 requests x 5.8K against stock
     # steps of 2.86 / 4.56 ms in another run (docs/design.md, adaptive speculation).
     plain_path: PlainPath = PlainPath.VERIFY
+    # Where adaptive speculation keeps the round costs it measured, so a restarted server of the same
+    # setup starts priced (spec/cost_cache.py): "auto" = a file per setup under $SPARSESPEC_CACHE/costs
+    # (default ~/.cache/sglang_sparsespec), "off", or a file path.
+    cost_cache: str = "auto"
     # Pinned host memory (GB) for parking running requests' KV instead of retracting them when the
     # GPU pool runs out (patches/offload.py, docs/offload.md); 0 = off. Applies to stock decoding too.
     offload_host_gb: float = 0.0
@@ -151,6 +158,8 @@ class PillarConfig:
             )
         if not 0.0 <= self.offload_host_gb < float("inf"):
             raise ValueError(f"{ENV_PREFIX}OFFLOAD_HOST_GB must be a finite number >= 0, got {self.offload_host_gb}")
+        if not self.cost_cache.strip():
+            raise ValueError(f"{ENV_PREFIX}COST_CACHE must be 'auto', 'off' or a file path")
         if self.plain_path is PlainPath.DECODE and self.policy is SelectionPolicy.ORACLE:
             # The oracle's draft backend selects from each query itself; it has no whole-prefix step.
             raise ValueError(f"{ENV_PREFIX}PLAIN_PATH=decode does not combine with {ENV_PREFIX}POLICY=oracle")
@@ -243,8 +252,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("DRAFT_CANDIDATES", "draft_candidates"),
     Knob("ADAPTIVE_STEPS", "adaptive_steps"),
     Knob("PLAIN_PATH", "plain_path"),
+    Knob("COST_CACHE", "cost_cache"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb"),
 )
+
+
+def cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """$SPARSESPEC_CACHE, else ~/.cache/sglang_sparsespec."""
+    env = os.environ if env is None else env
+    return Path(env.get(CACHE_ENV) or Path.home() / ".cache" / "sglang_sparsespec").expanduser()
 
 
 def offload_host_gb(env: Mapping[str, str] | None = None) -> float:

@@ -470,7 +470,8 @@ def test_exactness_end_to_end_with_a_pillar_reference(
     assert "pillar:adaptive_steps=off:budget_ratio=1: every cell resumed" in (tmp_path / "resumed.log").read_text()
     with pytest.raises(SystemExit, match="not the same question"):
         exactness.main([*argv, "--new-tokens", "2", "--out", str(tmp_path / "x.json"), *resume])
-    assert doc["servers"]["pillar:adaptive_steps=off"]["env"] == {"SPARSESPEC_ADAPTIVE_STEPS": "off"}
+    # Every PILLAR server starts cold: no round costs from an earlier server of its setup.
+    assert doc["servers"]["pillar:adaptive_steps=off"]["env"] == {"SPARSESPEC_ADAPTIVE_STEPS": "off", "SPARSESPEC_COST_CACHE": "off"}
     monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "1")  # the candidate's first verify token
     code, doc = run("tilted")
     assert code == 1 and doc["verdict"] == "FAIL"

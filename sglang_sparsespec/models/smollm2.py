@@ -21,10 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sglang_sparsespec.config import cache_root
+
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_NAME = f"{MODEL_NAME}.Q4_1.gguf"
 GGUF_ENV = "SPARSESPEC_SMOLLM2_GGUF"
-CACHE_ENV = "SPARSESPEC_CACHE"
 GPU_NODE_GGUF = Path("/tmp/models") / GGUF_NAME
 STAMP_NAME = ".sparsespec-build.json"
 # Part of the stamp: bump it when the folder's contents change so that older caches rebuild.
@@ -92,8 +93,7 @@ def _check_magic(path: Path) -> Path:
 
 def default_out_dir() -> Path:
     """$SPARSESPEC_CACHE/SmolLM2-135M-Instruct, else ~/.cache/sglang_sparsespec/SmolLM2-135M-Instruct."""
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "sglang_sparsespec"
-    return Path(root).expanduser() / MODEL_NAME
+    return cache_root() / MODEL_NAME
 
 
 def gguf_stamp(gguf: Path) -> dict[str, object]:

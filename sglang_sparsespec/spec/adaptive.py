@@ -162,17 +162,66 @@ def cell_label(key: tuple[int, int]) -> str:
     return f"{bs}x{round(2 ** (ctx / 2))}"
 
 
+def _ms(value: Any) -> float:
+    ms = float(value)
+    if not 0.0 <= ms < 1e6:  # NaN fails both
+        raise ValueError(f"{value!r} is not a round time in ms")
+    return ms
+
+
 SEED_SPAN = 2  # a new cell borrows costs from a cell at most this many half-octaves of context away
 
 
 class CostTable:
     """CostCells by (batch bucket, context bucket); a new cell is seeded from the nearest cell of its
     batch bucket within SEED_SPAN context buckets (the shorter context on a tie), or starts empty:
-    step costs grow with the context, so a far neighbour would mislead more than a probe costs."""
+    step costs grow with the context, so a far neighbour would mislead more than a probe costs.
+
+    ``export`` / ``restore``: the measured costs as JSON-ready data, ``{"<bs bucket>,<ctx bucket>":
+    {"plain": ms, "verify": ms, "gap": ms, "draft": {"<k>": ms}}}`` (unmeasured entries left out), so a
+    restarted server starts from them (``spec/cost_cache.py``)."""
 
     def __init__(self, decay: float = 0.7):
         self.decay = decay
         self.cells: dict[tuple[int, int], CostCell] = {}
+
+    def export(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for (bs, ctx), c in sorted(self.cells.items()):
+            entry: dict[str, Any] = {n: e.value for n in ("plain", "verify", "gap") if (e := getattr(c, n)).value is not None}
+            draft = {str(k): e.value for k, e in sorted(c.draft.items()) if e.value is not None}
+            if draft:
+                entry["draft"] = draft
+            if "plain" in entry or ("verify" in entry and draft):
+                out[f"{bs},{ctx}"] = entry
+        return out
+
+    def restore(self, cells: dict[str, Any]) -> int:
+        """Take an export's cells as starting costs; each priced mode counts as probed at round 0, so it is
+        re-probed on the usual schedule. Cells measured here already are kept. Returns the cells taken;
+        ValueError on a malformed entry (nothing is taken then)."""
+        taken: dict[tuple[int, int], CostCell] = {}
+        try:
+            for label, entry in cells.items():
+                bs, ctx = (int(x) for x in label.split(","))
+                c = CostCell.empty(self.decay)
+                for name in ("plain", "verify", "gap"):
+                    if name in entry:
+                        getattr(c, name).add(_ms(entry[name]))
+                for k, ms in entry.get("draft", {}).items():
+                    c.draft.setdefault(int(k), _Ema(self.decay)).add(_ms(ms))
+                if c.plain.value is not None:
+                    c.last_probe[0] = 0
+                if c.verify.value is not None and c.draft:
+                    c.last_probe[SPECULATE] = 0
+                if bs < 1 or not c.last_probe:
+                    raise ValueError(f"cell {label!r} prices no mode")
+                taken[(bs, ctx)] = c
+        except (AttributeError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed cost cells: {e}") from None
+        for key, c in taken.items():
+            self.cells.setdefault(key, c)
+        return len(taken)
 
     def cell(self, key: tuple[int, int]) -> CostCell:
         c = self.cells.get(key)

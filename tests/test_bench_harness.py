@@ -735,7 +735,9 @@ def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_pat
     assert len(index.strip().split("\n")) == len(made)  # one line per page
     assert "- [Throughput](results/throughput.md): single runs" in index and "; 12 runs." in index
     assert "sampled-3dc3540-7000" in made["throughput.md"] and "sweep-85d9722" not in made["throughput.md"]
-    assert "| pillar | 256 | 512 | 39247 | 1.72x | 2.06x |" in made["throughput.md"]  # the headline
+    assert "| pillar | 256 | 512 | 39247 | 1.72x | 1.72x | 2.06x |" in made["throughput.md"]  # the headline
+    # Against the best stock backend of its point: stock FlashInfer alone in that run.
+    assert "| pillar-flashinfer | 256 | 512 | 53359 | - | 1.10x |" in made["throughput.md"]
     assert "| stock-flashinfer | 256 | 512 | 21957 | 0.96x | 0.96x |" in made["throughput.md"]
     assert "temperature 0.6, top-p 0.95; stream interval 8" in made["throughput.md"]
     assert "## Run-to-run spread" in made["throughput-sweep.md"]
@@ -749,7 +751,7 @@ def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_pat
     assert len(page.read_text().encode()) < 40_000  # the reading stays short; the tables are on the pages
     summary = (tmp_path / "S.md").read_text()
     # Ratios only against the stock rows of the same run: the budget run has no stock, so no ratio.
-    assert "| pillar | 256 | 512 | 37380 | 1.65x | 1.97x |" in summary
+    assert "| pillar | 256 | 512 | 37380 | 1.65x | 1.65x | 1.97x |" in summary
     assert "| pillar:budget_ratio=0.1 | 1 | 4 | 549 | - | - |" in summary
     for section in ("### Kernel launch sweep", "### Draft policies in the CPU reference", "### Run-to-run spread"):
         assert section in summary
@@ -794,7 +796,7 @@ def test_report_writes_one_page_per_kind_and_keeps_the_hand_written_text(tmp_pat
         first, rest = (pages / name).read_text().split("\n", 1)
         assert first == note and "`python -m benchmarks.report --readme docs/results.md`" in first
         assert rest.startswith("\n# ")
-    assert "| pillar | 256 | 512 | 37757 | 1.66x | 2.10x |" in (pages / "throughput.md").read_text()
+    assert "| pillar | 256 | 512 | 37757 | 1.66x | 1.66x | 2.10x |" in (pages / "throughput.md").read_text()
     assert "## Step times, run 20261125-072548" in (pages / "step-times.md").read_text()
     # A rerun is idempotent, and a generated page edited by hand is written over.
     before = {f.name: f.read_text() for f in [readme, *pages.iterdir()]}

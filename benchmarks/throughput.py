@@ -187,8 +187,9 @@ def bench_argv(
     ]  # fmt: skip
 
 
-def parse_bench_result(path: Path) -> dict[str, Any]:
-    """Metrics of the last result line bench_serving appended to ``path``; ValueError if there is none."""
+def read_bench_result(path: Path) -> dict[str, Any]:
+    """The last result line bench_serving appended to ``path``, parsed once (with ``--output-details`` it
+    also carries every request's ITLs: tens of MB at 256 x 7000); ValueError if there is none."""
     try:
         lines = [l for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
     except OSError as e:
@@ -201,15 +202,14 @@ def parse_bench_result(path: Path) -> dict[str, Any]:
         raise ValueError(f"bench_serving result in {path} is not JSON: {e}") from None
     if not isinstance(result, dict) or result.get("output_throughput") is None:
         raise ValueError(f"bench_serving result in {path} has no output_throughput")
-    return {k: result.get(k) for k in METRIC_KEYS}
+    return result
 
 
-def per_request(path: Path) -> dict[str, list[float]] | None:
+def per_request(result: dict[str, Any]) -> dict[str, list[float]] | None:
     """Each request's time to first token and end-to-end latency (s, ms resolution) and output length, in
-    bench_serving's request order, from the details ``--output-details`` adds to the last result line (None
+    bench_serving's request order, from the details ``--output-details`` adds to its result (None
     without them). Why: a fixed-size run's throughput ends with its slowest request, so the spread of the
     latencies, not their mean, says how much a drain costs."""
-    result = json.loads([l for l in path.read_text(encoding="utf-8").splitlines() if l.strip()][-1])
     if not {"ttfts", "itls", "output_lens"} <= result.keys():
         return None
     ttft = [float(t or 0.0) for t in result["ttfts"]]
@@ -430,8 +430,9 @@ def run_one(config: ServerConfig, seg: Segment, r: dict[str, Any], server: Serve
         r["wall_s"] = time.monotonic() - t0
         if code != 0:
             raise RuntimeError(f"bench_serving exited with code {code}")
-        r["metrics"] = parse_bench_result(result_file)
-        if (details := per_request(result_file)) is not None:
+        result = read_bench_result(result_file)
+        r["metrics"] = {k: result.get(k) for k in METRIC_KEYS}
+        if (details := per_request(result)) is not None:
             r["per_request"] = details
         if config.speculative and (state := pillar_state(server)) is not None:
             r["pillar_state"] = state

@@ -263,13 +263,20 @@ class PillarDraftRunner:
         self.min_p[start:end] = 0.0
         self.sparse[start:end] = 1
 
-    def _bucket(self, bs: int) -> tuple[int | None, int]:
-        """The captured batch size that serves ``bs`` (None: run eagerly) and the padded size."""
+    def _load(self, req_pool_indices, seq_lens, tokens) -> tuple[int, int | None, int]:
+        """Copy a batch's pool rows, lengths and input tokens into the static buffers and pad them up to the
+        captured batch size that serves it. Returns (bs, that size or None to run eagerly, padded size)."""
+        bs = req_pool_indices.shape[0]
         graph_bs = next((b for b in self.capture_bs if b >= bs), None)
         padded = graph_bs if graph_bs is not None else bs
         if padded > self.max_bs:
             raise RuntimeError(f"PILLAR draft batch {bs} exceeds max running requests {self.max_bs}")
-        return graph_bs, padded
+        self.req_pool_indices[:bs] = req_pool_indices
+        self.seq_lens[:bs] = seq_lens
+        self.tokens[:bs] = tokens
+        if padded > bs:
+            self._load_padding(bs, padded)
+        return bs, graph_bs, padded
 
     def decode_logits(self, req_pool_indices, seq_lens, tokens) -> tuple[torch.Tensor, bool]:
         """A plain-decoding round (PlainPath.DECODE): one DECODE forward of ``tokens`` (the pending token
@@ -278,13 +285,7 @@ class PillarDraftRunner:
         graph ran; no host synchronisation."""
         if self.plain_logits is None:
             raise RuntimeError("PILLAR plain decode path is off (SPARSESPEC_PLAIN_PATH=verify)")
-        bs = req_pool_indices.shape[0]
-        graph_bs, padded = self._bucket(bs)
-        self.req_pool_indices[:bs] = req_pool_indices
-        self.seq_lens[:bs] = seq_lens
-        self.tokens[:bs] = tokens
-        if padded > bs:
-            self._load_padding(bs, padded)
+        bs, graph_bs, padded = self._load(req_pool_indices, seq_lens, tokens)
         self.inputs.tail_start[:padded] = 0  # every row attends its whole prefix
         graph = self.plain_graphs.get(graph_bs) if graph_bs is not None else None
         if graph is not None:
@@ -301,11 +302,7 @@ class PillarDraftRunner:
         request drafts over its whole prefix (None: every request uses its plan)."""
         if not 1 <= steps <= self.k:
             raise ValueError(f"draft count {steps} not in 1..{self.k}")
-        bs = req_pool_indices.shape[0]
-        graph_bs, padded = self._bucket(bs)
-        self.req_pool_indices[:bs] = req_pool_indices
-        self.seq_lens[:bs] = seq_lens
-        self.tokens[:bs] = bonus
+        bs, graph_bs, padded = self._load(req_pool_indices, seq_lens, bonus)
         self.temperature[:bs] = sampling_info.temperatures.view(-1)
         self.top_p[:bs] = sampling_info.top_ps
         self.top_k[:bs] = sampling_info.top_ks
@@ -317,8 +314,6 @@ class PillarDraftRunner:
             self.min_p[:bs] = sampling_info.min_ps
         else:
             self.min_p[:bs] = 0.0
-        if padded > bs:
-            self._load_padding(bs, padded)
         greedy = bool(sampling_info.is_all_greedy)
         self._begin_round(padded)
         graph = self.graphs.get((graph_bs, greedy)) if graph_bs is not None else None

@@ -4,7 +4,10 @@
 registers them with SGLang's ``HookRegistry`` and registers the PILLAR algorithm through
 ``SpeculativeAlgorithm.register``. Besides the hooked symbols, these modules use SGLang code
 directly: ``worker`` (BaseSpecWorker, EAGLE's verify helpers, and for plain-decoding rounds a second
-DecodeCudaGraphRunner built under a spec-config override and EAGLEWorkerV2's one-token verify input), ``draft_runner`` (ForwardBatch,
+DecodeCudaGraphRunner built under a spec-config override and EAGLEWorkerV2's one-token verify input; on
+the decode path, ModelRunner.sampler (Sampler.forward's signature) on the step's logits wrapped in
+LogitsProcessorOutput, a GenerationBatchResult built as run_eagle_verify builds it, and ScheduleBatch /
+SamplingBatchInfo fields that say which batches the sampler alone serves), ``draft_runner`` (ForwardBatch,
 forward context, graph capture mode, the capture-time gc freeze), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
 renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
@@ -14,8 +17,8 @@ Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), 
 request before dispatch), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start
 instead of on the first sampled request), ``serve_warmup`` (SGLang's custom-warmup registry,
 ``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the
-server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group, to broadcast rank
-0's round shape), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
+server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to broadcast rank
+0's round shape and let rank 0 alone write the cost file), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
 allocator). Nothing outside this package imports SGLang internals.
 """
 

@@ -56,6 +56,7 @@ from sglang_sparsespec.spec.adaptive import RoundClock, SpeculationPolicy
 from sglang_sparsespec.spec.cost_cache import CostFile
 from sglang_sparsespec.spec.dense import DenseChooser
 from sglang_sparsespec.spec.rejection import DraftRecord
+from sglang_sparsespec.spec.rounds import RoundShape
 from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
 from sglang_sparsespec.spec.warmup import is_warmup, warmup_steps
 
@@ -233,7 +234,9 @@ class PillarWorker(BaseSpecWorker):
             # The draft kernel's own split rule (sparse_decode_fwd's default), so the policy prices
             # a dense request's programs as the kernel will cut them.
             splits = lambda bs: default_num_splits(bs * h_kv, dev)  # noqa: E731
-            self.dense = DenseChooser(self.cfg.budget, kv_bytes, mc.num_hidden_layers, splits)
+            self.dense = DenseChooser(
+                self.cfg.budget, kv_bytes, mc.num_hidden_layers, splits, self.cfg.num_steps, self.cfg.boosts
+            )
 
     def _capture_bs(self) -> list[int]:
         from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
@@ -305,26 +308,29 @@ class PillarWorker(BaseSpecWorker):
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
         return result
 
-    def _choose_steps(self, batch) -> tuple[int, list[bool] | None]:
-        """This round's draft count and which requests draft densely (host-side only: sizes and the
-        accept counts SGLang already copied to the host)."""
+    def _choose_steps(self, batch) -> RoundShape:
+        """This round's draft count, which requests draft densely and which select boosted plans
+        (host-side only: sizes and the accept counts SGLang already copied to the host)."""
         if self.policy is None or batch.forward_mode.is_idle():
-            return self.cfg.num_steps, None
+            return RoundShape(self.cfg.num_steps)
         samples = self.clock.poll()
         self.policy.observe(samples)
         self.metrics.rounds_timed(samples)
         reqs = batch.reqs
         view = self.dense.view(reqs, self.policy.acceptance.alpha)
+        # Boosts change only how many positions a selection buys, not the round's shape: each TP rank
+        # may decide its own (they see the same accept counts) without a hang.
+        boost = self.dense.boost(reqs, view)
         steps, key, dense = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1), view)
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         self.policy.acceptance.launched(steps, len(reqs), dense)
-        self.dense.launched(reqs, steps, dense)
+        self.dense.launched(reqs, steps, dense, boost)
         self.clock.start(key, steps)
         rounds = sum(self.metrics.rounds_by_steps.values()) + 1  # this round is counted at launch
         if rounds % PATH_LOG_EVERY == 0:
             logger.info("PILLAR adaptive: %s", self.summary())
             self._save_costs()
-        return steps, (dense if dense is not None and any(dense) else None)
+        return RoundShape(steps, dense if dense is not None and any(dense) else None, boost)
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
         # SGLang calls this with each decode round's accept counts once they are on the host.
@@ -343,21 +349,23 @@ class PillarWorker(BaseSpecWorker):
             out["plain_decode_rounds"] = self.metrics.plain_decode_rounds
         if self.policy is not None:
             out.update(self.policy.summary(), dense_request_rounds=self.dense.dense_request_rounds)
+            if self.cfg.boosts:
+                out["boosted_request_rounds"] = self.dense.boosted_request_rounds
         return out
 
-    def _round_shape(self, batch) -> tuple[int, list[bool] | None]:
-        """This round's draft count and dense set, counted in the metrics; a start-up warm-up batch
+    def _round_shape(self, batch) -> RoundShape:
+        """This round's shape (``_choose_steps``), counted in the metrics; a start-up warm-up batch
         (``spec/warmup.py``) takes every draft count in turn, so each count's kernels build, and the
         policy, its clock and the metrics never see it (its late accept counts match no launched round)."""
         if is_warmup(batch.reqs):
             self.warmup_rounds += 1
-            return warmup_steps(self.cfg.step_candidates, self.warmup_rounds - 1), None
-        steps, dense = self._choose_steps(batch)
-        self.metrics.launched(steps, len(batch.reqs))
-        return steps, dense
+            return RoundShape(warmup_steps(self.cfg.step_candidates, self.warmup_rounds - 1))
+        shape = self._choose_steps(batch)
+        self.metrics.launched(shape.steps, len(batch.reqs))
+        return shape
 
     def _decode_round(self, batch, on_publish, grammar_barrier):
-        steps, dense = self._round_shape(batch)
+        steps, dense, boost = self._round_shape(batch)
         if steps == 0:
             return self._plain_round(batch, on_publish, grammar_barrier)
         draft_input = batch.spec_info
@@ -367,6 +375,10 @@ class PillarWorker(BaseSpecWorker):
         if dense is not None:
             # Pinned, so the copy is asynchronous; the caching host allocator keeps the block until it is done.
             dense = torch.tensor(dense, dtype=torch.int32, pin_memory=True).to(self.device, non_blocking=True)
+        ratio = None
+        if boost is not None:  # the budget ratio of each request's next selection
+            ratios = [self.cfg.boost_ratio if b else self.cfg.budget_ratio for b in boost]
+            ratio = torch.tensor(ratios, dtype=torch.float64, pin_memory=True).to(self.device, non_blocking=True)
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
@@ -392,7 +404,7 @@ class PillarWorker(BaseSpecWorker):
         self.timer.mark("accept")
         # Before on_publish: publishing lets the schedule stream start preparing the next
         # batch, and the selection must read this round's seq_lens before anything reuses them.
-        self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens)
+        self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens, ratio)
         self.timer.mark("select")
         if self.clock is not None:
             self.clock.end()

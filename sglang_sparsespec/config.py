@@ -62,7 +62,11 @@ class VerifyKernel(str, Enum):
 
 
 class PlainPath(str, Enum):
-    """How a plain-decoding round (adaptive draft count 0) runs its one forward."""
+    """How a plain-decoding round (adaptive draft count 0) runs its one forward. PillarConfig resolves
+    AUTO, so a built config holds VERIFY or DECODE."""
+
+    # DECODE, except under the oracle policy, whose draft backend has no whole-prefix step: VERIFY.
+    AUTO = "auto"
 
     # A TARGET_VERIFY forward of width 1 through SGLang's EAGLE verify path (its zero-step rounds' shape).
     VERIFY = "verify"
@@ -95,12 +99,17 @@ def _parse_steps(raw: str, num_steps: int) -> tuple[int, ...]:
 class PillarConfig:
     """Knobs of one PILLAR server.
 
-    Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``min_budget >= 1``;
+    Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``boost_ratio`` 0 or in
+    ``(budget_ratio, 1]``; ``min_budget >= 1``;
     ``recent_window >= 0``; ``sink_tokens >= 0``; ``select_every >= 1``.
     """
 
     num_steps: int = 8
     budget_ratio: float = 0.05
+    # The budget ratio of the poor drafters (spec/dense.py, "boosted plans"); 0 = everyone drafts at
+    # budget_ratio. A global 10% lifted the tail but slowed the good drafters (sampled-c4a7753-h200-7000:
+    # E2E p99 65.0 -> 54.7 s, p10 25.9 -> 28.8 s); this spends the larger budget on the tail alone.
+    boost_ratio: float = 0.0
     min_budget: int = 128
     # Measured on SmolLM2-135M, 4096 tokens (benchmarks/results/acceptance_h100_*.json): a
     # 64-token tail beats 16 (accept 6.02/6.82 vs 4.78/5.54 at T=0/0.6) and 128 (5.33/4.39,
@@ -130,10 +139,9 @@ class PillarConfig:
     # Adaptive speculation (spec/adaptive.py): the draft counts a round may run besides num_steps,
     # 0 = plain decoding, as a comma list; "auto" = AUTO_STEPS below num_steps; "off" = always num_steps.
     adaptive_steps: str = "auto"
-    # Plain-decoding rounds: VERIFY until the decode path's same-run A/B (issue 21) says otherwise; in
-    # sampled-3dc3540-7000 plain rounds cost 3.96 / 5.61 ms at 32 / 64 requests x 5.8K against stock
-    # steps of 2.86 / 4.56 ms in another run (docs/design.md, adaptive speculation).
-    plain_path: PlainPath = PlainPath.VERIFY
+    # Plain-decoding rounds: the decode path since its same-run A/B (plain-c4a7753-h200-2048: 1.04x
+    # stock at 64 x 2048 against the verify path's 0.99x, lossless PASS; docs/results.md).
+    plain_path: PlainPath = PlainPath.AUTO
     # Where adaptive speculation keeps the round costs it measured, so a restarted server of the same
     # setup starts priced (spec/cost_cache.py): "auto" = a file per setup under $SPARSESPEC_CACHE/costs
     # (default ~/.cache/sglang_sparsespec), "off", or a file path.
@@ -148,6 +156,11 @@ class PillarConfig:
             raise ValueError(f"PILLAR needs --speculative-num-steps >= 1, got {self.num_steps}")
         if not 0.0 < self.budget_ratio <= 1.0:
             raise ValueError(f"{ENV_PREFIX}BUDGET_RATIO must be in (0, 1], got {self.budget_ratio}")
+        if self.boost_ratio != 0.0 and not self.budget_ratio < self.boost_ratio <= 1.0:
+            raise ValueError(
+                f"{ENV_PREFIX}BOOST_RATIO must be 0 (off) or in ({self.budget_ratio}, 1] "
+                f"(above {ENV_PREFIX}BUDGET_RATIO), got {self.boost_ratio}"
+            )
         if self.min_budget < 1:
             raise ValueError(f"{ENV_PREFIX}MIN_BUDGET must be >= 1, got {self.min_budget}")
         if self.select_every < 1:
@@ -160,7 +173,10 @@ class PillarConfig:
             raise ValueError(f"{ENV_PREFIX}OFFLOAD_HOST_GB must be a finite number >= 0, got {self.offload_host_gb}")
         if not self.cost_cache.strip():
             raise ValueError(f"{ENV_PREFIX}COST_CACHE must be 'auto', 'off' or a file path")
-        if self.plain_path is PlainPath.DECODE and self.policy is SelectionPolicy.ORACLE:
+        if self.plain_path is PlainPath.AUTO:
+            oracle = self.policy is SelectionPolicy.ORACLE
+            object.__setattr__(self, "plain_path", PlainPath.VERIFY if oracle else PlainPath.DECODE)
+        elif self.plain_path is PlainPath.DECODE and self.policy is SelectionPolicy.ORACLE:
             # The oracle's draft backend selects from each query itself; it has no whole-prefix step.
             raise ValueError(f"{ENV_PREFIX}PLAIN_PATH=decode does not combine with {ENV_PREFIX}POLICY=oracle")
         if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
@@ -177,13 +193,21 @@ class PillarConfig:
     def adaptive(self) -> bool:
         return len(self.step_candidates) > 1
 
-    def budget(self, context_len: int) -> int:
-        """Draft KV budget B(L) = max(min_budget, ceil(ratio * L)), never above L."""
-        return min(context_len, max(self.min_budget, math.ceil(self.budget_ratio * context_len)))
+    @property
+    def boosts(self) -> bool:
+        """Whether poor drafters get the larger budget ``boost_ratio``."""
+        return self.boost_ratio > 0.0
+
+    def budget(self, context_len: int, ratio: float | None = None) -> int:
+        """Draft KV budget B(L) = max(min_budget, ceil(ratio * L)), never above L; ``ratio``
+        defaults to ``budget_ratio``."""
+        ratio = self.budget_ratio if ratio is None else ratio
+        return min(context_len, max(self.min_budget, math.ceil(ratio * context_len)))
 
     def max_budget(self, max_context_len: int) -> int:
-        """Largest budget any request can reach; sizes the static selection buffers."""
-        return self.budget(max_context_len)
+        """Largest budget any request can reach, boosted ones included; sizes the static
+        selection buffers."""
+        return self.budget(max_context_len, max(self.budget_ratio, self.boost_ratio))
 
     @classmethod
     def from_env(cls, num_steps: int, env: Mapping[str, str] | None = None) -> PillarConfig:
@@ -241,6 +265,7 @@ class Knob:
 # Every knob PillarConfig.from_env reads (all fields but num_steps, which is --speculative-num-steps).
 KNOBS: tuple[Knob, ...] = (
     Knob("BUDGET_RATIO", "budget_ratio"),
+    Knob("BOOST_RATIO", "boost_ratio"),
     Knob("MIN_BUDGET", "min_budget"),
     Knob("RECENT_WINDOW", "recent_window"),
     Knob("SINK_TOKENS", "sink_tokens"),

@@ -91,6 +91,38 @@ def test_chooser_tracks_sparse_acceptance_per_request_and_dense_rounds_apart():
     assert len(chooser._acc) == 0
 
 
+def test_poor_drafters_are_boosted_once_their_estimate_decides_and_stay_boosted():
+    from sglang_sparsespec.spec.dense import BOOST_AFTER
+
+    off = DenseChooser(lambda n: min(n, 128), 1000, layers=2, splits=lambda bs: 1)
+    reqs = [_Req(4000) for _ in range(4)]
+    assert off.boost(reqs, off.view(reqs, 0.8)) is None  # boosts off: nobody
+    chooser = DenseChooser(lambda n: min(n, 128), 1000, layers=2, splits=lambda bs: 1, num_steps=8, boosts=True)
+    poor, fair = reqs[0], reqs[1]
+    for i in range(BOOST_AFTER):
+        view = chooser.view(reqs, 0.8)
+        # Until BOOST_AFTER rounds stand behind an estimate, nobody is boosted.
+        assert chooser.boost(reqs, view) is None
+        chooser.launched(reqs, 8, None, None)
+        chooser.completed([1, 3, 8, 8])  # poor emits 2 tokens a round, fair 4, the others 9
+    view = chooser.view(reqs, 0.8)
+    assert expected_tokens(view.alpha[1], 8) > 0.6 * sum(expected_tokens(a, 8) for a in view.alpha) / 4
+    assert chooser.boost(reqs, view) == [True, False, False, False]
+    frozen = chooser._acc[poor].alpha(0.8)
+    for _ in range(20):  # boosted, poor drafts well: its boosted estimate learns it, its own stays
+        chooser.launched(reqs, 8, None, [True, False, False, False])
+        chooser.completed([8, 3, 8, 8])
+    assert chooser._acc[poor].alpha(0.8) == frozen and chooser.view(reqs, 0.8).alpha[0] > 0.9
+    # poor stays boosted for life; its better drafts raised the batch mean, and fair is now below the bar
+    assert chooser.boost(reqs, chooser.view(reqs, 0.8)) == [True, True, False, False]
+    assert chooser.boosted_request_rounds == 20
+    chooser.launched(reqs, 0, None, [True, True, False, False])  # plain rounds select nothing
+    chooser.completed([0, 0, 0, 0])
+    assert chooser.boosted_request_rounds == 20
+    del poor, fair, reqs, view
+    assert len(chooser._boosted) == 0  # a finished request takes its state along
+
+
 def test_policy_prices_dense_drafting_per_request():
     policy = SpeculationPolicy((0, 2, 4, 8))
     key = policy.choose(4, 6000)[1]
@@ -138,7 +170,8 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     for r in reqs:  # every request's plan drafts badly
         worker.dense.launched([r], 8, None)
         worker.dense.completed([0])
-    steps, dense = PillarWorker._choose_steps(worker, batch)
+    steps, dense, boost = PillarWorker._choose_steps(worker, batch)
+    assert boost is None  # boosted plans are off by default
     assert steps in (4, 8) and dense == [True] * 4  # plain decoding would emit 1 token per 2.2 ms
     PillarWorker.on_verify_complete_cpu(worker, [steps] * 4)  # that round all accepted: dense acceptance
     assert worker.dense.dense_request_rounds == 4

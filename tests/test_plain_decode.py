@@ -38,8 +38,10 @@ def test_decode_path_serves_only_what_the_sampler_alone_gives():
         assert not w.decode_path_serves(b)
 
 
-def test_the_decode_path_is_a_knob_and_refuses_the_oracle():
-    assert PillarConfig().plain_path is PlainPath.VERIFY
+def test_the_decode_path_is_the_default_knob_and_refuses_the_oracle():
+    assert PillarConfig().plain_path is PlainPath.DECODE
+    assert PillarConfig.from_env(8, {"SPARSESPEC_POLICY": "oracle"}).plain_path is PlainPath.VERIFY
+    assert PillarConfig.from_env(8, {"SPARSESPEC_PLAIN_PATH": "verify"}).plain_path is PlainPath.VERIFY
     assert PillarConfig.from_env(8, {"SPARSESPEC_PLAIN_PATH": "DECODE"}).plain_path is PlainPath.DECODE
     with pytest.raises(ValueError, match="SPARSESPEC_PLAIN_PATH='x'"):
         PillarConfig.from_env(8, {"SPARSESPEC_PLAIN_PATH": "x"})

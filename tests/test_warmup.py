@@ -32,6 +32,13 @@ def test_batch_sizes_reach_every_power_of_two_bucket_up_to_the_cap(cap):
     assert {batch_bucket(b) for b in range(1, cap + 1)} == {batch_bucket(s) for s in sizes}
 
 
+def test_plan_allocates_kv_at_odd_and_even_slots():
+    """Triton specialises SGLang's slot-list pointers on 16-byte alignment: a batch whose tokens add up
+    to an odd count shifts the next allocation to an odd int64 slot, so both variants build."""
+    plan = warmup_plan(8, 49152)
+    assert plan[0].size == 1 and len(plan[0].input_ids[0]) % 2 == 1
+
+
 def test_batch_sizes_reject_a_cap_below_one():
     with pytest.raises(ValueError):
         batch_sizes(0)
@@ -85,8 +92,8 @@ def test_plan_ends_with_a_batch_whose_prefill_outgrows_the_chunk():
 
 
 def test_a_context_too_short_for_a_warmup_request_gets_an_empty_plan():
-    assert warmup_plan(8, 49152, context_len=127) == []
-    assert warmup_plan(8, 49152, context_len=128) == warmup_plan(8, 49152)
+    assert warmup_plan(8, 49152, context_len=129) == []
+    assert warmup_plan(8, 49152, context_len=130) == warmup_plan(8, 49152)
 
 
 def test_plan_rejects_a_vocabulary_too_small_for_its_prompts():
@@ -118,23 +125,24 @@ def test_worker_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
     from sglang_sparsespec.metrics import PillarMetrics
     from sglang_sparsespec.spec.adaptive import SpeculationPolicy
     from sglang_sparsespec.spec.dense import DenseChooser
+    from sglang_sparsespec.spec.rounds import RoundShape
 
     worker = type("W", (), {})()
     worker.cfg = PillarConfig.from_env(8)
     worker.warmup_rounds, worker.metrics = 0, PillarMetrics(8)
     worker.policy = SpeculationPolicy(worker.cfg.step_candidates)
     worker.dense = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22)
-    worker._choose_steps = lambda batch: (4, None)  # the adaptive path, stubbed: only warm-up is under test
+    worker._choose_steps = lambda batch: RoundShape(4)  # the adaptive path, stubbed: only warm-up is under test
     warm = type("B", (), {"reqs": [_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)]})()
     shapes = [PillarWorker._round_shape(worker, warm) for _ in range(8)]
-    assert [s for s, _ in shapes] == [*worker.cfg.step_candidates] * (8 // len(worker.cfg.step_candidates))
-    assert all(d is None for _, d in shapes)
+    assert [s for s, _, _ in shapes] == [*worker.cfg.step_candidates] * (8 // len(worker.cfg.step_candidates))
+    assert all(d is None and b is None for _, d, b in shapes)
     assert sum(worker.metrics.rounds_by_steps.values()) == 0 and not worker.policy.table.cells
     # Their accept counts arrive after warm-up and match no launched round.
     PillarWorker.on_verify_complete_cpu(worker, [8, 8, 8])
     assert worker.policy.acceptance.alpha == pytest.approx(0.7) and worker.metrics.accepted_per_pos == [0] * 8
     real = type("B", (), {"reqs": [_Req("9f1c2ab0e4")]})()
-    assert PillarWorker._round_shape(worker, real) == (4, None)
+    assert PillarWorker._round_shape(worker, real) == RoundShape(4)
     assert worker.metrics.rounds_by_steps[4] == 1
 
 

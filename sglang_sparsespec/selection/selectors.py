@@ -38,19 +38,26 @@ class Selector(ABC):
 
     @abstractmethod
     def after_verify(
-        self, req_pool_indices: torch.Tensor, verify_lens: torch.Tensor, new_lens: torch.Tensor
+        self,
+        req_pool_indices: torch.Tensor,
+        verify_lens: torch.Tensor,
+        new_lens: torch.Tensor,
+        ratio: torch.Tensor | None = None,
     ) -> None:
-        """verify_lens: prefix the verify attended to; new_lens: committed length after it."""
+        """verify_lens: prefix the verify attended to; new_lens: committed length after it;
+        ratio: [bs] float64 budget ratio per request (boosted plans), None = cfg.budget_ratio."""
 
 
 class StreamingSelector(Selector):
-    def after_verify(self, req_pool_indices, verify_lens, new_lens) -> None:
+    """The sinks + recent window again; its window is the budget, so boosted plans do not apply."""
+
+    def after_verify(self, req_pool_indices, verify_lens, new_lens, ratio=None) -> None:
         self.after_prefill(req_pool_indices, new_lens)
 
 
 class OracleSelector(Selector):
-    def after_verify(self, req_pool_indices, verify_lens, new_lens) -> None:
-        tail_start, count = draft_window(self.cfg, verify_lens, new_lens, self.state.kmax)
+    def after_verify(self, req_pool_indices, verify_lens, new_lens, ratio=None) -> None:
+        tail_start, count = draft_window(self.cfg, verify_lens, new_lens, self.state.kmax, ratio)
         self.state.store_window(req_pool_indices, count, tail_start)
 
 
@@ -70,14 +77,14 @@ class ScoredSelector(Selector):
         self.verify_passes = 0
         sink.set_capture(True)
 
-    def after_verify(self, req_pool_indices, verify_lens, new_lens) -> None:
+    def after_verify(self, req_pool_indices, verify_lens, new_lens, ratio=None) -> None:
         selects = self.verify_passes % self.cfg.select_every == 0
         self.verify_passes += 1
         if self.cfg.select_every > 1:
             self.sink.set_capture(self.verify_passes % self.cfg.select_every == 0)
         if not selects:
             return
-        tail_start, count = draft_window(self.cfg, verify_lens, new_lens, self.state.kmax)
+        tail_start, count = draft_window(self.cfg, verify_lens, new_lens, self.state.kmax, ratio)
         # Writes sel_pos and sel_cnt of the batch's rows; positions >= tail_start are never candidates.
         topk_select(
             self.sink.candidates(),

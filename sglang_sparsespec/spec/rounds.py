@@ -16,6 +16,16 @@ class Matched(NamedTuple):
     payload: Any
 
 
+class RoundShape(NamedTuple):
+    """How one decode round runs: ``steps`` drafts per request (0 = plain decoding); ``dense`` [bs]
+    1 where a request drafts over its whole prefix; ``boost`` [bs] True where the request's next
+    selection takes the boosted budget (spec/dense.py). None = nobody."""
+
+    steps: int
+    dense: list[bool] | None = None
+    boost: list[bool] | None = None
+
+
 class LaunchedRounds:
     """Decode rounds in launch order, matched with the accept counts SGLang copies to the host for
     them (``on_verify_complete_cpu``: in launch order, one or two rounds late under the overlap

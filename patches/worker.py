@@ -320,7 +320,7 @@ class PillarWorker(BaseSpecWorker):
         view = self.dense.view(reqs, self.policy.acceptance.alpha)
         # Boosts change only how many positions a selection buys, not the round's shape: each TP rank
         # may decide its own (they see the same accept counts) without a hang.
-        boost = self.dense.boost(reqs, view)
+        boost = self.dense.boost(reqs, self.policy.acceptance.alpha)
         steps, key, dense = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1), view)
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         self.policy.acceptance.launched(steps, len(reqs), dense)

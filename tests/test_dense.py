@@ -91,35 +91,35 @@ def test_chooser_tracks_sparse_acceptance_per_request_and_dense_rounds_apart():
     assert len(chooser._acc) == 0
 
 
-def test_poor_drafters_are_boosted_once_their_estimate_decides_and_stay_boosted():
-    from sglang_sparsespec.spec.dense import BOOST_AFTER
+def test_poor_drafters_are_boosted_poorest_first_within_the_share_and_stay_boosted():
+    from sglang_sparsespec.spec.dense import BOOST_AFTER, BOOST_MAX_SHARE
 
     off = DenseChooser(lambda n: min(n, 128), 1000, layers=2, splits=lambda bs: 1)
-    reqs = [_Req(4000) for _ in range(4)]
-    assert off.boost(reqs, off.view(reqs, 0.8)) is None  # boosts off: nobody
+    reqs = [_Req(4000) for _ in range(16)]
+    assert off.boost(reqs, 0.8) is None  # boosts off: nobody
     chooser = DenseChooser(lambda n: min(n, 128), 1000, layers=2, splits=lambda bs: 1, num_steps=8, boosts=True)
-    poor, fair = reqs[0], reqs[1]
-    for i in range(BOOST_AFTER):
-        view = chooser.view(reqs, 0.8)
+    # Three poor drafters (1, 2 and 2 tokens a round), a fair one (~4.8) and twelve good ones (~8.7).
+    pattern = [0, 1, 1, 5] + [8] * 12
+    for _ in range(BOOST_AFTER):
         # Until BOOST_AFTER rounds stand behind an estimate, nobody is boosted.
-        assert chooser.boost(reqs, view) is None
+        assert chooser.boost(reqs, 0.8) is None
         chooser.launched(reqs, 8, None, None)
-        chooser.completed([1, 3, 8, 8])  # poor emits 2 tokens a round, fair 4, the others 9
-    view = chooser.view(reqs, 0.8)
-    assert expected_tokens(view.alpha[1], 8) > 0.6 * sum(expected_tokens(a, 8) for a in view.alpha) / 4
-    assert chooser.boost(reqs, view) == [True, False, False, False]
-    frozen = chooser._acc[poor].alpha(0.8)
-    for _ in range(20):  # boosted, poor drafts well: its boosted estimate learns it, its own stays
-        chooser.launched(reqs, 8, None, [True, False, False, False])
-        chooser.completed([8, 3, 8, 8])
-    assert chooser._acc[poor].alpha(0.8) == frozen and chooser.view(reqs, 0.8).alpha[0] > 0.9
-    # poor stays boosted for life; its better drafts raised the batch mean, and fair is now below the bar
-    assert chooser.boost(reqs, chooser.view(reqs, 0.8)) == [True, True, False, False]
-    assert chooser.boosted_request_rounds == 20
-    chooser.launched(reqs, 0, None, [True, True, False, False])  # plain rounds select nothing
-    chooser.completed([0, 0, 0, 0])
-    assert chooser.boosted_request_rounds == 20
-    del poor, fair, reqs, view
+        chooser.completed(pattern)
+    assert int(BOOST_MAX_SHARE * 16) == 2
+    first = chooser.boost(reqs, 0.8)  # the two poorest; the third waits for room, fair is above the bar
+    assert first == [True, True] + [False] * 14
+    frozen = chooser._acc[reqs[0]].alpha(0.8)
+    for _ in range(20):  # boosted, the two draft well: their boosted estimates learn it, their own stay
+        chooser.launched(reqs, 8, None, first)
+        chooser.completed([8, 8, 1, 5] + [8] * 12)
+    assert chooser._acc[reqs[0]].alpha(0.8) == frozen and chooser.view(reqs, 0.8).alpha[0] > 0.9
+    # Boosted for life; their better drafts do not raise the bar for fair (the first A/B's cascade).
+    assert chooser.boost(reqs, 0.8) == first
+    assert chooser.boosted_request_rounds == 40
+    chooser.launched(reqs, 0, None, first)  # plain rounds select nothing
+    chooser.completed([0] * 16)
+    assert chooser.boosted_request_rounds == 40
+    del reqs
     assert len(chooser._boosted) == 0  # a finished request takes its state along
 
 

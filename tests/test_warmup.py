@@ -5,6 +5,7 @@ adaptive policy and the metrics nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -48,9 +49,14 @@ def test_plan_covers_every_size_and_sampling_shape_with_distinct_in_vocab_prompt
     vocab = 49152
     plan = warmup_plan(16, vocab)
     assert [(b.size, {k: v for k, v in b.sampling.items() if k not in ("max_new_tokens", "ignore_eos")})
-            for b in plan] == [(s, shape) for s in batch_sizes(16) for shape in SAMPLING_SHAPES]  # fmt: skip
+            for b in plan[:-1]] == [(s, shape) for s in batch_sizes(16) for shape in SAMPLING_SHAPES]  # fmt: skip
     rids = [r for b in plan for r in b.rids]
     assert len(rids) == len(set(rids)) and all(r.startswith(WARMUP_RID_PREFIX) for r in rids)
+    # The last batch replays the cap's greedy prompts: each prefill then extends a cached prefix.
+    cap_greedy = plan[-1 - len(SAMPLING_SHAPES)]
+    assert (cap_greedy.size, cap_greedy.sampling["temperature"]) == (16, 0.0)
+    assert plan[-1].input_ids == cap_greedy.input_ids and plan[-1].sampling == cap_greedy.sampling
+    plan = plan[:-1]
     prompts = [tuple(p) for b in plan for p in b.input_ids]
     assert len({p[0] for p in prompts}) == len(prompts)  # no two share a first token: no radix hit
     assert all(0 <= t < vocab for p in prompts for t in p)
@@ -84,7 +90,8 @@ def test_plan_ends_with_a_batch_whose_prefill_outgrows_the_chunk():
     last = plan[-1]
     assert last.size == 64 and sum(len(p) for p in last.input_ids) > 8192
     assert all(2 * (len(p) + last.sampling["max_new_tokens"]) <= 8192 for p in last.input_ids)
-    assert len({p[0] for b in plan for p in b.input_ids}) == sum(b.size for b in plan)
+    distinct = plan[: len(base) - 1] + plan[len(base) :]  # all but the replay of cached prompts
+    assert len({p[0] for b in distinct for p in b.input_ids}) == sum(b.size for b in distinct)
     # No chunking (SGLang's -1) or prompts that cannot fit the context: no such batch.
     assert warmup_plan(64, 49152, chunk_tokens=-1, context_len=8192) == base
     assert warmup_plan(1, 49152, chunk_tokens=8192, context_len=8192) == warmup_plan(1, 49152)
@@ -191,6 +198,21 @@ def _compiled_kernels() -> set[str]:
     return {str(p.relative_to(root)) for p in root.glob("*/*.cubin")}
 
 
+def _specialisation(variant: str) -> str:
+    """What tells a compiled variant from the other variants of its kernel: the entries of its
+    metadata (Triton's ``<kernel>.json`` beside the cubin) that differ from another variant's."""
+    root = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    meta = root / variant.replace(".cubin", ".json")
+    mine = json.loads(meta.read_text()) if meta.exists() else {}
+    out = []
+    for other in sorted(root.glob(f"*/{meta.name}")):
+        if other != meta:
+            theirs = json.loads(other.read_text())
+            diff = {k: (mine.get(k), theirs.get(k)) for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
+            out.append(f"vs {other.parent.name}: {diff}")
+    return f"{variant}: " + ("; ".join(out) or "no other variant")
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available() or not os.environ.get("SPARSESPEC_TEST_MODEL"),
     reason="needs CUDA and SPARSESPEC_TEST_MODEL (a model folder)",
@@ -218,4 +240,4 @@ def test_no_kernel_compiles_while_serving_after_the_warmup(tmp_path):
                     list(pool.map(lambda i: http_json(srv.base_url + "/generate", body(i), timeout=300), range(size)))
         new = _compiled_kernels() - before
     assert "PILLAR warm-up:" in (tmp_path / "server.log").read_text()
-    assert not new, f"compiled while serving: {sorted(new)}"
+    assert not new, "compiled while serving: " + " | ".join(_specialisation(v) for v in sorted(new))

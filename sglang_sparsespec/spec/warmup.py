@@ -16,7 +16,8 @@ the machine's first start, 6 s on the next.
 The plan: for each batch size (powers of two up to the running-request cap, and the cap) and each
 sampling shape (greedy; top-p only, which takes SGLang's renorm kernels; top-k + top-p, which takes
 ``kernels/target_filter.py``; min-p), one batch of that many requests with short distinct prompts;
-then one batch of the cap whose prompts together outgrow the prefill chunk, so that a request is
+the cap's greedy prompts once more (prefills past a cached prefix); then one batch of the cap whose
+prompts together outgrow the prefill chunk, so that a request is
 prefilled in two chunks (attention over a cached prefix) as a first wave of long prompts is.
 Warm-up rounds cycle through the draft counts (``warmup_steps``) so every count's kernels build, and
 teach nothing: the adaptive policy, its clock and the metrics never see them (``is_warmup``).
@@ -105,6 +106,14 @@ def warmup_plan(
 
     for size in batch_sizes(max_running_requests):
         plan.extend(batch(size, shape, PROMPT_TOKENS) for shape in SAMPLING_SHAPES)
+    # The cap's greedy batch again under new ids: every prompt is then in the radix cache and its
+    # prefill extends one token past a cached prefix, as retried requests and shared prompts are
+    # served. Served that way after warm-up, SGLang's write_req_to_token_pool_triton built a variant
+    # the 16- and 17-token warm-ups had not (gpu_tests_h200_warmup_c4a7753.log, _e691ef2.log).
+    cached = plan[-len(SAMPLING_SHAPES)]
+    rids = [f"{WARMUP_RID_PREFIX}{serial + i}" for i in range(cached.size)]
+    serial += cached.size
+    plan.append(WarmupBatch(cached.size, cached.sampling, rids, cached.input_ids))
     if chunk_tokens is not None and chunk_tokens > 0:
         # size x prompt_tokens > chunk_tokens: the batch's prefill needs a second chunk.
         prompt_tokens = chunk_tokens // max_running_requests + PROMPT_TOKENS

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.testing
-from sglang_sparsespec.kernels._common import num_sms
+from sglang_sparsespec.kernels._common import default_num_splits, num_sms
 from sglang_sparsespec.kernels.score_capture import score_capture
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.topk_select import topk_select
@@ -359,6 +359,8 @@ def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
                 rows.append(dict(base, kernel="capture", splits=splits, block_n=block_n, warps=warps, us=us))
     if "sparse" in kernels:
         rows += tune_sparse(shape, bs, seq_len, q[:bs], k, v, req_to_token, seq_lens, stock)
+    if "dense" in kernels:
+        rows += tune_dense(shape, bs, seq_len, q[:bs], k, v, req_to_token, seq_lens)
     for r in rows:
         if isinstance(r["us"], float) and r["kernel"] != "sparse":
             r["GBps"] = prefix_bytes / (2 if r["kernel"] == "capture" else 1) / r["us"] / 1e3
@@ -383,6 +385,26 @@ def tune_sparse(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_
     return rows
 
 
+def tune_dense(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_lens) -> list[dict]:
+    """The plain-decoding step's attention: the draft kernel over every request's whole prefix (tail
+    at 0, nothing selected), over its split count and tile; SGLang's decode kernel on the same pool is
+    the row ``tune`` adds (stock's step attends the same bytes)."""
+    rpi, o = torch.arange(bs, device=DEVICE), torch.empty_like(q)
+    sel = torch.full((bs, shape.h_kv, 1), -1, dtype=torch.int32, device=DEVICE)
+    sel_cnt, tail_start = torch.zeros(bs, dtype=torch.int32, device=DEVICE), torch.zeros_like(seq_lens)
+    rows = []
+    for splits in (1, 2, 3, 4, 6, 8, 12, 16):
+        for block_n in (32, 64):
+            for stages in (2, 3):
+                us = bench_us(lambda: sparse_decode_fwd(
+                    q, k, v, o, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5,
+                    num_kv_splits=splits, block_n=block_n, num_stages=stages))  # fmt: skip
+                rows.append(dict(shape=shape.name, bs=bs, seq_len=seq_len, kernel="dense", splits=splits,
+                                 default_splits=default_num_splits(bs * shape.h_kv, q.device), block_n=block_n,
+                                 warps=4, stages=stages, us=us))  # fmt: skip
+    return rows
+
+
 def markdown(rows: list[dict]) -> str:
     if not rows:
         return ""
@@ -396,12 +418,15 @@ def markdown(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON result path")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 128])
-    parser.add_argument("--lens", type=int, nargs="+", default=[4096, 16384, 32768])
+    parser.add_argument("--batches", type=int, nargs="+", default=None, help="default 1 4 16 64 128; with --tune: "
+                        "tune at every (batch, len) instead of TUNE_POINTS")
+    parser.add_argument("--lens", type=int, nargs="+", default=None, help="default 4096 16384 32768")
     parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES], choices=[s.name for s in SHAPES])
-    parser.add_argument("--tune", nargs="+", choices=["verify", "sparse"], default=None,
+    parser.add_argument("--tune", nargs="+", choices=["verify", "sparse", "dense"], default=None,
                         help="instead: sweep these kernels' launch parameters at TUNE_POINTS (verify: + capture)")
     args = parser.parse_args()
+    explicit = args.batches is not None or args.lens is not None
+    args.batches, args.lens = args.batches or [1, 4, 16, 64, 128], args.lens or [4096, 16384, 32768]
     if not torch.cuda.is_available():
         raise SystemExit("kernels_bench needs a CUDA GPU")
     started = time.time()
@@ -426,12 +451,13 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for shape in (s for s in SHAPES if s.name in args.shapes and args.tune):
-        for bs, seq_len in TUNE_POINTS[shape.name]:
+        points = [(b, n) for b in args.batches for n in args.lens] if explicit else TUNE_POINTS[shape.name]
+        for bs, seq_len in points:
             rows = tune(shape, bs, seq_len, args.tune)
             sections["tune"] += rows
             result["wall_s"] = time.time() - started
             args.out.write_text(json.dumps(result, indent=1))
-            for kernel in ("verify", "capture", "sparse"):
+            for kernel in ("verify", "capture", "sparse", "dense"):
                 best = sorted((r for r in rows if r["kernel"] == kernel), key=lambda r: r["us"])[:3]
                 if not best:
                     continue

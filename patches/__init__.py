@@ -15,7 +15,8 @@ renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at 
 Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
 (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a
 request before dispatch), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start
-instead of on the first sampled request), ``serve_warmup`` (SGLang's custom-warmup registry,
+instead of on the first sampled request), ``slot_warmup`` (write_req_to_token_pool_triton's signature as
+write_cache_indices calls it: both alignment variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry,
 ``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the
 server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to broadcast rank
 0's round shape and let rank 0 alone write the cost file), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV

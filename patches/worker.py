@@ -62,6 +62,7 @@ from sglang_sparsespec.spec.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
 from .sampler_warmup import build_sampling_kernels
+from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
 from .triton_verify import VerifyHooks, attach_verify, new_verify_backend, verify_backend
 from .verify_sample import PillarRound, attach_round
@@ -195,6 +196,11 @@ class PillarWorker(BaseSpecWorker):
         self.max_context_len = self.req_to_token_pool.req_to_token.shape[1]
         self.kmax = self.cfg.max_budget(self.max_context_len)
         self.max_bs = self.model_runner.max_running_requests
+        if torch.device(self.device).type == "cuda":
+            try:
+                build_slot_kernels(self.req_to_token_pool.req_to_token)
+            except Exception as exc:  # a warm-up: serving still works, the first unaligned prefill compiles
+                logger.warning("PILLAR: KV slot kernels not pre-built (%s); a prefill may compile them", exc)
         k_idx = torch.arange(self.cfg.num_steps, dtype=torch.long, device=self.device)
         self._chain_parents = (k_idx - 1).repeat(self.max_bs, 1)
         self._chain_scores_index = k_idx.repeat(self.max_bs, 1)

@@ -241,3 +241,14 @@ def test_no_kernel_compiles_while_serving_after_the_warmup(tmp_path):
         new = _compiled_kernels() - before
     assert "PILLAR warm-up:" in (tmp_path / "server.log").read_text()
     assert not new, "compiled while serving: " + " | ".join(_specialisation(v) for v in sorted(new))
+
+
+def test_slot_kernels_build_on_a_scratch_row_with_sglangs_signature():
+    """The start-up launch of SGLang's write_req_to_token_pool_triton (both out_cache_loc
+    alignments) runs with the arguments SGLang's write_cache_indices passes and leaves the pool alone."""
+    from sglang_sparsespec.patches.slot_warmup import build_slot_kernels
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    pool = torch.full((4, 96), 7, dtype=torch.int32, device=device)
+    build_slot_kernels(pool)  # raises if the kernel wrote nothing
+    assert (pool == 7).all()

@@ -100,7 +100,7 @@ class PillarConfig:
     """Knobs of one PILLAR server.
 
     Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``boost_ratio`` 0 or in
-    ``(budget_ratio, 1]``; ``min_budget >= 1``;
+    ``(budget_ratio, 1]`` with adaptive speculation on; ``min_budget >= 1``;
     ``recent_window >= 0``; ``sink_tokens >= 0``; ``select_every >= 1``.
     """
 
@@ -161,6 +161,9 @@ class PillarConfig:
                 f"{ENV_PREFIX}BOOST_RATIO must be 0 (off) or in ({self.budget_ratio}, 1] "
                 f"(above {ENV_PREFIX}BUDGET_RATIO), got {self.boost_ratio}"
             )
+        if self.boost_ratio != 0.0 and not self.adaptive:
+            # The per-request acceptance that picks the boosted requests is kept by adaptive speculation.
+            raise ValueError(f"{ENV_PREFIX}BOOST_RATIO needs adaptive speculation ({ENV_PREFIX}ADAPTIVE_STEPS not 'off')")
         if self.min_budget < 1:
             raise ValueError(f"{ENV_PREFIX}MIN_BUDGET must be >= 1, got {self.min_budget}")
         if self.select_every < 1:

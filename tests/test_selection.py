@@ -83,6 +83,8 @@ def test_boost_ratio_must_exceed_the_budget_ratio():
         with pytest.raises(ValueError, match="BOOST_RATIO"):
             PillarConfig.from_env(8, {"SPARSESPEC_BOOST_RATIO": bad})
     assert PillarConfig.from_env(8, {"SPARSESPEC_BOOST_RATIO": "0.15"}).boost_ratio == 0.15
+    with pytest.raises(ValueError, match="BOOST_RATIO needs adaptive"):
+        PillarConfig.from_env(8, {"SPARSESPEC_BOOST_RATIO": "0.15", "SPARSESPEC_ADAPTIVE_STEPS": "off"})
 
 
 def test_streaming_plan_is_sinks_plus_recent():

@@ -35,7 +35,7 @@ import triton
 import triton.testing
 from sglang_sparsespec.kernels._common import default_num_splits, num_sms
 from sglang_sparsespec.kernels.score_capture import score_capture
-from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
+from sglang_sparsespec.kernels.sparse_decode import plan_work, sparse_decode_fwd
 from sglang_sparsespec.kernels.topk_select import topk_select
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
@@ -402,6 +402,16 @@ def tune_dense(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_l
                 rows.append(dict(shape=shape.name, bs=bs, seq_len=seq_len, kernel="dense", splits=splits,
                                  default_splits=default_num_splits(bs * shape.h_kv, q.device), block_n=block_n,
                                  warps=4, stages=stages, us=us))  # fmt: skip
+    # The planned grid (SPARSESPEC_DRAFT_GRID=planned): the work list is planned once per step, so it
+    # is timed apart from the attention of one layer.
+    for chunk in (128, 256, 512):
+        for per_request in (4, 8, 16):
+            plan = lambda: plan_work(sel_cnt, tail_start, seq_lens, 1, per_request * bs, chunk, 16)  # noqa: E731
+            work = plan()
+            us = bench_us(lambda: sparse_decode_fwd(
+                q, k, v, o, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5, work=work))  # fmt: skip
+            rows.append(dict(shape=shape.name, bs=bs, seq_len=seq_len, kernel="dense_planned", chunk=chunk,
+                             programs_per_request=per_request, us=us, plan_us=bench_us(plan)))  # fmt: skip
     return rows
 
 
@@ -457,7 +467,7 @@ def main() -> None:
             sections["tune"] += rows
             result["wall_s"] = time.time() - started
             args.out.write_text(json.dumps(result, indent=1))
-            for kernel in ("verify", "capture", "sparse", "dense"):
+            for kernel in ("verify", "capture", "sparse", "dense", "dense_planned"):
                 best = sorted((r for r in rows if r["kernel"] == kernel), key=lambda r: r["us"])[:3]
                 if not best:
                     continue

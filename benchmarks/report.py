@@ -419,6 +419,13 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
+def _launch(r: dict[str, Any]) -> str:
+    """A tune row's launch parameters: a work-list launch's chunk and pool, else splits and tile."""
+    if "chunk" in r:
+        return f"chunk {r['chunk']}, {r['programs_per_request']} programs / request"
+    return f"splits {r['splits']}, tile {r['block_n']}, {r['warps']} warps" + (f", {r['stages']} stages" if "stages" in r else "")
+
+
 def tune_table(rows: Sequence[dict[str, Any]]) -> str:
     """Per (kernel, shape, batch, L) of a ``kernels_bench --tune`` run: its fastest launch, next to SGLang's
     decode kernel on the same pool (one query row per request, the same prefix)."""
@@ -428,8 +435,7 @@ def tune_table(rows: Sequence[dict[str, Any]]) -> str:
         key = (r["kernel"], r["shape"], r["bs"], r["seq_len"])
         if r["kernel"] != "sglang_decode" and (key not in best or r["us"] < best[key]["us"]):
             best[key] = r
-    cells = [[*key, f"splits {r['splits']}, tile {r['block_n']}, {r['warps']} warps" + (f", {r['stages']} stages" if "stages" in r else ""),
-              fmt(r["us"], ".1f"), fmt(_num(stock.get(key[1:])), ".1f"), fmt(r.get("GBps"), ".0f")]
+    cells = [[*key, _launch(r), fmt(r["us"], ".1f"), fmt(_num(stock.get(key[1:])), ".1f"), fmt(r.get("GBps"), ".0f")]
              for key, r in best.items()]  # fmt: skip
     return markdown_table(("kernel", "shape", "bs", "L", "fastest launch", "us", "SGLang decode us", "GB/s"), cells)
 

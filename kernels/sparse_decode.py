@@ -11,12 +11,19 @@ Selections stay position-based (sorted, as topk_select writes them), so they sur
 Flash-decoding in two stages like SGLang's decode kernel: stage 1 runs a program per
 (request, KV head, split) that handles the whole GQA group with tl.dot and writes a normalized
 partial output and its LSE; stage 2 merges the splits. Split boundaries come from the device
-lengths, the grid only from static sizes, so launches are CUDA-graph safe. bf16/fp16 inputs,
+lengths, the grid only from static sizes, so launches are CUDA-graph safe.
+
+With a work list (``plan_work``) the programs follow the plan lengths instead: a static pool of P
+programs per KV head, each given one request and one chunk of its plan, so a long plan (a dense or
+boosted request) is spread over several programs instead of one long one that every layer waits
+for; stage 2 merges each request's programs. bf16/fp16 inputs,
 fp32 accumulation, natural-log softmax, optional tanh logit soft-cap. An empty attention set
 yields a zero output row.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -38,6 +45,9 @@ def _sparse_decode_stage1(
     Sel_rows,
     Tail_start,
     Seq_lens,
+    Prog_req,
+    Prog_start,
+    Prog_end,
     Mid_O,
     Mid_lse,
     sm_scale,
@@ -64,10 +74,18 @@ def _sparse_decode_stage1(
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     HAS_SEL_ROWS: tl.constexpr,
+    WORKLIST: tl.constexpr,
 ):
-    cur_b = tl.program_id(0).to(tl.int64)
     cur_kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    if WORKLIST:  # program p of the pool: its request and plan range from the work list
+        cur_p = tl.program_id(0).to(tl.int64)
+        cur_b = tl.load(Prog_req + cur_p).to(tl.int64)
+        row = cur_p
+        split = 0
+    else:
+        cur_b = tl.program_id(0).to(tl.int64)
+        row = cur_b
+        split = tl.program_id(2)
 
     if HAS_SEL_ROWS:
         sel_row = tl.load(Sel_rows + cur_b).to(tl.int64)
@@ -84,9 +102,13 @@ def _sparse_decode_stage1(
     total = cnt + tl.maximum(seq_len - tail_start, 0)
 
     # Virtual index j < cnt is the j-th selected position, j >= cnt is tail position tail_start + j - cnt.
-    chunk = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    split_start = split * chunk
-    split_end = tl.minimum(split_start + chunk, total)
+    if WORKLIST:
+        split_start = tl.load(Prog_start + cur_p).to(tl.int32)
+        split_end = tl.minimum(tl.load(Prog_end + cur_p).to(tl.int32), total)
+    else:
+        chunk = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        split_start = split * chunk
+        split_end = tl.minimum(split_start + chunk, total)
 
     offs_h = tl.arange(0, BLOCK_H)
     mask_h = offs_h < GROUP
@@ -118,12 +140,13 @@ def _sparse_decode_stage1(
             e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
 
     # Every split writes (an empty one: lse = -inf, zeros) so stage 2 needs no length logic. With one
-    # split, Mid_O is the output itself and there is no stage 2 (see sparse_decode_fwd).
+    # split, Mid_O is the output itself and there is no stage 2 (see sparse_decode_fwd). A work-list
+    # program writes its own row p (an idle one too: no request's merge reads it).
     part, lse = finish_partial(e_max, e_sum, acc)
-    mid = cur_b * stride_mb + cur_heads * stride_mh + split * stride_ms
+    mid = row * stride_mb + cur_heads * stride_mh + split * stride_ms
     tl.store(Mid_O + mid[:, None] + offs_d[None, :], part.to(Mid_O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
-    if NUM_SPLITS > 1:
-        tl.store(Mid_lse + cur_b * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
+    if NUM_SPLITS > 1 or WORKLIST:
+        tl.store(Mid_lse + row * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
 
 
 @triton.jit
@@ -160,6 +183,110 @@ def _sparse_decode_stage2(
     tl.store(Out + cur_b * stride_ob + cur_head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
 
 
+@triton.jit
+def _sparse_decode_merge_work(
+    Mid_O,
+    Mid_lse,
+    Req_first,
+    Req_count,
+    Out,
+    stride_mp,
+    stride_mh,
+    stride_lp,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Stage 2 of a work-list launch: request b's programs are rows first_b .. first_b + count_b - 1."""
+    cur_b = tl.program_id(0).to(tl.int64)
+    cur_head = tl.program_id(1)
+    first = tl.load(Req_first + cur_b).to(tl.int64)
+    count = tl.load(Req_count + cur_b)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < count
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    rows = first + offs_s
+    lse = tl.load(Mid_lse + rows * stride_lp + cur_head * stride_lh, mask=mask_s, other=-float("inf"))
+    parts = tl.load(
+        Mid_O + rows[:, None] * stride_mp + cur_head * stride_mh + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    o, _ = merge_splits(lse, parts)
+    tl.store(Out + cur_b * stride_ob + cur_head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
+
+
+@dataclass
+class DraftWork:
+    """A work list for one draft step's attention (all layers share it): P programs per KV head.
+
+    prog_req:   [P] int32 — the request (batch index) of program p; an idle program holds 0 and an
+                empty range;
+    prog_start: [P] int32, prog_end: [P] int32 — the plan's virtual indices [start, end) program p
+                reads (selected positions first, then the tail, as in stage 1);
+    req_first:  [bs] int32, req_count: [bs] int32 — request b's programs are first_b .. first_b +
+                count_b - 1 (count_b in [1, max_chunks]);
+    max_chunks: static bound on count_b (sizes stage 2's tile).
+    """
+
+    prog_req: torch.Tensor
+    prog_start: torch.Tensor
+    prog_end: torch.Tensor
+    req_first: torch.Tensor
+    req_count: torch.Tensor
+    max_chunks: int
+
+
+def plan_work(
+    sel_cnt: torch.Tensor,
+    tail_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kmax: int,
+    programs: int,
+    chunk: int,
+    max_chunks: int,
+    block_n: int = 32,
+) -> DraftWork:
+    """Spread each request's plan over programs of about ``chunk`` positions (device tensor ops, no
+    host sync: CUDA-graph safe). sel_cnt [bs] (batch order), tail_start, seq_lens [bs]: the plan as
+    stage 1 reads it. Request b asks for ceil(plan_b / chunk) programs (1 to max_chunks); when the
+    asks exceed the pool (``programs`` >= bs), every request's extra programs shrink in proportion,
+    so the pool always covers every plan (its chunks grow instead)."""
+    bs = seq_lens.shape[0]
+    if programs < bs or chunk < 1 or max_chunks < 1:
+        raise ValueError(f"need programs >= bs ({programs} < {bs}?), chunk >= 1 and max_chunks >= 1")
+    tail = tail_start.to(torch.int64)
+    cnt = torch.where(tail > 0, sel_cnt.to(torch.int64).clamp(0, kmax), 0)
+    total = cnt + (seq_lens.to(torch.int64) - tail).clamp(min=0)
+    extra = (torch.div(total + chunk - 1, chunk, rounding_mode="floor").clamp(1, max_chunks) - 1).to(torch.float64)
+    # Scale the extras so that bs + sum(extra) <= programs (floor keeps the sum below the room).
+    scale = ((programs - bs) / extra.sum().clamp(min=1.0)).clamp(max=1.0)
+    count = 1 + torch.floor(extra * scale).to(torch.int64)
+    per = torch.div(total + count - 1, count, rounding_mode="floor")
+    per = torch.div(per + block_n - 1, block_n, rounding_mode="floor") * block_n  # whole tiles per program
+    ends = torch.cumsum(count, 0)
+    first = ends - count
+    p = torch.arange(programs, device=seq_lens.device)
+    req = torch.searchsorted(ends, p, right=True)
+    idle = req >= bs
+    req = req.clamp(max=bs - 1)
+    start = (p - first[req]) * per[req]
+    end = torch.minimum(start + per[req], total[req])
+    start, end = torch.where(idle, 0, start), torch.where(idle, 0, end)
+    return DraftWork(
+        torch.where(idle, 0, req).to(torch.int32),
+        start.to(torch.int32),
+        end.to(torch.int32),
+        first.to(torch.int32),
+        count.to(torch.int32),
+        max_chunks,
+    )
+
+
 def sparse_decode_fwd(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -178,6 +305,7 @@ def sparse_decode_fwd(
     block_n: int = 32,
     num_warps: int = 4,
     num_stages: int = 3,
+    work: DraftWork | None = None,
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -188,6 +316,7 @@ def sparse_decode_fwd(
     request b in sel_pos/sel_cnt (e.g. req_pool_indices), default b.
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
+    work: a work list from ``plan_work`` over this batch's plan (then num_kv_splits is unused).
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
     H100 sweep, benchmarks/results/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
     """
@@ -217,17 +346,27 @@ def sparse_decode_fwd(
     elif sel_pos.shape[0] < bs:
         raise ValueError(f"sel_pos has {sel_pos.shape[0]} rows for a batch of {bs}")
     group = h_q // h_kv
-    if num_kv_splits is None:
+    if work is not None:
+        num_kv_splits = 1
+        if work.req_first.shape[0] != bs:
+            raise ValueError(f"the work list was planned for {work.req_first.shape[0]} requests, the batch has {bs}")
+    elif num_kv_splits is None:
         num_kv_splits = default_num_splits(bs * h_kv, q.device)
     block_d = triton.next_power_of_2(d)
-    if num_kv_splits == 1:
+    if work is not None:
+        programs = work.prog_req.shape[0]
+        mid_o = torch.empty((programs, h_q, 1, d), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((programs, h_q, 1), dtype=torch.float32, device=q.device)
+    elif num_kv_splits == 1:
         # A full batch already fills the GPU with one split per (request, KV head): stage 1 writes
         # the output, and the merge launch (one per layer and draft step) is skipped.
         mid_o, mid_lse = o.unsqueeze(2), o
     else:
         mid_o = torch.empty((bs, h_q, num_kv_splits, d), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((bs, h_q, num_kv_splits), dtype=torch.float32, device=q.device)
-    _sparse_decode_stage1[(bs, h_kv, num_kv_splits)](
+    grid = (work.prog_req.shape[0], h_kv, 1) if work is not None else (bs, h_kv, num_kv_splits)
+    prog = (work.prog_req, work.prog_start, work.prog_end) if work is not None else (seq_lens, seq_lens, seq_lens)
+    _sparse_decode_stage1[grid](
         q,
         k_buffer,
         v_buffer,
@@ -238,6 +377,7 @@ def sparse_decode_fwd(
         sel_rows,
         tail_start,
         seq_lens,
+        *prog,
         mid_o,
         mid_lse,
         sm_scale,
@@ -264,9 +404,29 @@ def sparse_decode_fwd(
         NUM_SPLITS=num_kv_splits,
         LOGIT_CAP=logit_cap,
         HAS_SEL_ROWS=sel_rows is not None,
+        WORKLIST=work is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
+    if work is not None:
+        _sparse_decode_merge_work[(bs, h_q)](
+            mid_o,
+            mid_lse,
+            work.req_first,
+            work.req_count,
+            o,
+            mid_o.stride(0),
+            mid_o.stride(1),
+            mid_lse.stride(0),
+            mid_lse.stride(1),
+            o.stride(0),
+            o.stride(1),
+            D=d,
+            BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(work.max_chunks),
+            num_warps=4,
+        )
+        return o
     if num_kv_splits == 1:
         return o
     _sparse_decode_stage2[(bs, h_q)](

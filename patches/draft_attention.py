@@ -15,10 +15,20 @@ from sglang.srt.layers.attention.triton_backend import (
     TritonAttnBackend,
     logit_capping_mod,
 )
-from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
+from sglang_sparsespec.kernels.sparse_decode import DraftWork, plan_work, sparse_decode_fwd
 
 from sglang_sparsespec.selection.oracle import oracle_select
 from sglang_sparsespec.selection.state import PlanState
+
+
+# The planned grid (SPARSESPEC_DRAFT_GRID=planned): a draft step's pool holds 2 programs per request
+# and KV head, in chunks about a normal plan long (5% of 7K plus the tail is ~430 positions), so most
+# requests take one and a long plan spreads over the spare half; the plain-decoding step (every
+# prefix whole) holds 8 per request in chunks of 256, about the parallelism of SGLang's decode kernel
+# (up to 8 splits). First guesses, for `kernels_bench --tune dense` and the A/B to set.
+DRAFT_CHUNK, DRAFT_PROGRAMS_PER_REQUEST = 512, 2
+PLAIN_CHUNK, PLAIN_PROGRAMS_PER_REQUEST = 256, 8
+MAX_CHUNKS = 16  # programs one request may take (stage 2 merges them in one tile)
 
 
 @dataclass
@@ -43,18 +53,38 @@ class PillarDraftBackend(TritonAttnBackend):
     (analysis only); otherwise from the plan of each request's pool row in ``state``.
     """
 
-    def __init__(self, model_runner, state: PlanState, inputs: DraftStepInputs, oracle: bool):
+    def __init__(self, model_runner, state: PlanState, inputs: DraftStepInputs, oracle: bool, planned: bool = False):
         super().__init__(model_runner)
         self.state = state
         self.inputs = inputs
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.oracle = oracle
+        self.planned = planned
+        self.work: DraftWork | None = None  # the current step's work list (planned grid)
         if oracle:
             max_bs = inputs.req_pool_indices.shape[0]
             self.oracle_pos = torch.empty(
                 (max_bs, state.num_kv_heads, state.kmax), dtype=torch.int32, device=model_runner.device
             )
             self.oracle_cnt = torch.empty(max_bs, dtype=torch.int32, device=model_runner.device)
+
+    def plan(self, bs: int, whole_prefix: bool) -> None:
+        """Before a step's forward (planned grid only): its work list, which every layer's attention
+        shares, from the step's inputs (tail starts, seq_lens) and the plans' counts."""
+        if not self.planned:
+            return
+        chunk, per_request = (PLAIN_CHUNK, PLAIN_PROGRAMS_PER_REQUEST) if whole_prefix else (
+            DRAFT_CHUNK, DRAFT_PROGRAMS_PER_REQUEST)  # fmt: skip
+        inputs = self.inputs
+        self.work = plan_work(
+            self.state.sel_cnt[inputs.req_pool_indices[:bs]],
+            inputs.tail_start[:bs],
+            inputs.seq_lens[:bs],
+            self.state.kmax,
+            per_request * bs,
+            chunk,
+            MAX_CHUNKS,
+        )
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
@@ -94,5 +124,6 @@ class PillarDraftBackend(TritonAttnBackend):
             layer.scaling,
             logit_cap=logit_cap,
             sel_rows=sel_rows,
+            work=self.work if self.planned else None,
         )
         return o.view(bs, -1)

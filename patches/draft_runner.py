@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 
-from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import DraftGrid, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.spec.rejection import DraftRecord
 
@@ -106,7 +106,11 @@ class PillarDraftRunner:
         # A private backend: draft attention never touches the target backend's metadata,
         # which the verify graph was captured with.
         self.backend = PillarDraftBackend(
-            model_runner, state, self.inputs, oracle=cfg.policy is SelectionPolicy.ORACLE
+            model_runner,
+            state,
+            self.inputs,
+            oracle=cfg.policy is SelectionPolicy.ORACLE,
+            planned=cfg.draft_grid is DraftGrid.PLANNED,
         )
         # One draft step, keyed by (batch-size bucket, greedy): all-greedy batches draft by argmax
         # and skip the draft records, which their verify never reads.
@@ -155,9 +159,10 @@ class PillarDraftRunner:
             self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
         self.step.zero_()
 
-    def _forward(self, bs: int, positions: torch.Tensor) -> torch.Tensor:
+    def _forward(self, bs: int, positions: torch.Tensor, whole_prefix: bool = False) -> torch.Tensor:
         """One DECODE forward of ``self.tokens`` at ``positions`` (its K/V written to the request's slot
-        of each position) under the draft attention backend; the next-token logits [bs, V]."""
+        of each position) under the draft attention backend; the next-token logits [bs, V].
+        ``whole_prefix``: every request attends its whole prefix (the plain-decoding step)."""
         from sglang.srt.layers.dp_attention import (
             set_dp_buffer_len,
             set_is_extend_in_batch,
@@ -170,6 +175,7 @@ class PillarDraftRunner:
         rpi = self.req_pool_indices[:bs]
         tokens = self.tokens[:bs]
         self.inputs.seq_lens[:bs] = positions + 1
+        self.backend.plan(bs, whole_prefix)
         fb = self._forward_batch(bs)
         fb.mark_forward_metadata_ready()
         set_dp_buffer_len(None, bs, False, None)
@@ -197,7 +203,7 @@ class PillarDraftRunner:
     def _plain_step(self, bs: int) -> None:
         """A plain-decoding round's forward: the pending token at each request's ``seq_len``, attending
         its whole prefix (``decode_logits`` sets every tail start to 0), logits into ``plain_logits``."""
-        self.plain_logits[:bs].copy_(self._forward(bs, self.seq_lens[:bs]))
+        self.plain_logits[:bs].copy_(self._forward(bs, self.seq_lens[:bs], whole_prefix=True))
 
     def _sample_step(self, logits: torch.Tensor, bs: int) -> torch.Tensor:
         # Under tensor parallelism every rank must draft the same tokens (they are the next step's

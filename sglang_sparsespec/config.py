@@ -61,6 +61,17 @@ class VerifyKernel(str, Enum):
     SGLANG = "sglang"
 
 
+class DraftGrid(str, Enum):
+    """How the draft kernel spreads a step's attention over GPU programs."""
+
+    # One program per (request, KV head, split) with one split count for the batch: a request's
+    # programs are its plan / splits long, so a long plan (dense, boosted) sets each layer's time.
+    STATIC = "static"
+    # A work list per step: programs of about equal length whatever the plan lengths
+    # (kernels/sparse_decode.py, plan_work). Not yet measured on a GPU.
+    PLANNED = "planned"
+
+
 class PlainPath(str, Enum):
     """How a plain-decoding round (adaptive draft count 0) runs its one forward. PillarConfig resolves
     AUTO, so a built config holds VERIFY or DECODE."""
@@ -139,6 +150,7 @@ class PillarConfig:
     # Adaptive speculation (spec/adaptive.py): the draft counts a round may run besides num_steps,
     # 0 = plain decoding, as a comma list; "auto" = AUTO_STEPS below num_steps; "off" = always num_steps.
     adaptive_steps: str = "auto"
+    draft_grid: DraftGrid = DraftGrid.STATIC
     # Plain-decoding rounds: the decode path since its same-run A/B (plain-c4a7753-h200-2048: 1.04x
     # stock at 64 x 2048 against the verify path's 0.99x, lossless PASS; docs/results.md).
     plain_path: PlainPath = PlainPath.AUTO
@@ -176,6 +188,9 @@ class PillarConfig:
             raise ValueError(f"{ENV_PREFIX}OFFLOAD_HOST_GB must be a finite number >= 0, got {self.offload_host_gb}")
         if not self.cost_cache.strip():
             raise ValueError(f"{ENV_PREFIX}COST_CACHE must be 'auto', 'off' or a file path")
+        if self.draft_grid is DraftGrid.PLANNED and self.policy is SelectionPolicy.ORACLE:
+            # The oracle picks each query's positions inside the step; its counts are not known to plan from.
+            raise ValueError(f"{ENV_PREFIX}DRAFT_GRID=planned does not combine with {ENV_PREFIX}POLICY=oracle")
         if self.plain_path is PlainPath.AUTO:
             oracle = self.policy is SelectionPolicy.ORACLE
             object.__setattr__(self, "plain_path", PlainPath.VERIFY if oracle else PlainPath.DECODE)
@@ -279,6 +294,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SCORE_ROWS", "score_rows"),
     Knob("DRAFT_CANDIDATES", "draft_candidates"),
     Knob("ADAPTIVE_STEPS", "adaptive_steps"),
+    Knob("DRAFT_GRID", "draft_grid"),
     Knob("PLAIN_PATH", "plain_path"),
     Knob("COST_CACHE", "cost_cache"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb"),

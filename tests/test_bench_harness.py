@@ -886,3 +886,20 @@ def test_a_server_start_guess_comes_from_the_same_config_family():
     assert clock.startup_guess("pillar-flashinfer") == 300.0  # the family's slowest
     clock.record_start("stock", 30.0)
     assert clock.startup_guess("stock-flashinfer") == 245.0
+
+
+def test_tune_table_keeps_each_kernels_fastest_launch_static_and_planned():
+    from benchmarks.report import tune_table
+
+    base = dict(shape="smollm2-135m", bs=32, seq_len=2048)
+    rows = [
+        dict(base, kernel="sglang_decode", us=20.0),
+        dict(base, kernel="dense", splits=3, block_n=32, warps=4, stages=3, us=40.0, GBps=1200.0),
+        dict(base, kernel="dense", splits=8, block_n=32, warps=4, stages=3, us=25.0, GBps=1900.0),
+        dict(base, kernel="dense_planned", chunk=256, programs_per_request=8, us=22.0, GBps=2200.0),
+        dict(base, kernel="dense_planned", chunk=512, programs_per_request=4, us=30.0, GBps=1600.0),
+    ]
+    table = tune_table(rows)
+    assert "| dense | smollm2-135m | 32 | 2048 | splits 8, tile 32, 4 warps, 3 stages | 25.0 | 20.0 | 1900 |" in table
+    assert "| dense_planned | smollm2-135m | 32 | 2048 | chunk 256, 8 programs / request | 22.0 | 20.0 | 2200 |" in table
+    assert "splits 3" not in table and "chunk 512" not in table

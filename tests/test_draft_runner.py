@@ -25,8 +25,14 @@ V, K, BS = 97, 4, 3
 
 
 class FakeBackend:
-    def __init__(self, model_runner, state, inputs, oracle):
-        self.inputs, self.oracle = inputs, oracle
+    def __init__(self, model_runner, state, inputs, oracle, planned=False):
+        self.inputs, self.oracle, self.planned = inputs, oracle, planned
+        self.plans: list[tuple[int, bool]] = []
+
+    def plan(self, bs: int, whole_prefix: bool) -> None:
+        # The step's work list is planned from the inputs the runner has already set for this step.
+        assert bool(self.inputs.tail_start[:bs].abs().sum() == 0) or not whole_prefix
+        self.plans.append((bs, whole_prefix))
 
 
 class FakeModel:
@@ -87,6 +93,7 @@ def test_steps_replay_one_body_and_each_round_starts_afresh(runner: dr.PillarDra
         before = runner.out_tokens.clone()
         out = runner.run(rpi, seq_lens, bonus, sampling(True), steps)
         assert out.record is None and len(runner.mr.model.calls) == steps
+        assert runner.backend.plans[-steps:] == [(BS, False)] * steps  # one work list per draft step
         for b in range(BS):
             tok = int(bonus[b])
             for j in range(steps):
@@ -128,6 +135,8 @@ def check_plain(runner: dr.PillarDraftRunner, rpi, seq_lens, bonus) -> None:
     runner.out_tokens.fill_(-3)
     logits, graphed = runner.decode_logits(rpi, seq_lens, bonus)
     assert graphed == bool(runner.plain_graphs) and logits.shape == (rpi.shape[0], V)
+    if not graphed:  # a graph replay runs no host code; its capture planned for the bucket
+        assert runner.backend.plans[-1] == (rpi.shape[0], True)  # planned for whole prefixes
     peaks = [next_token(int(bonus[b]), int(seq_lens[b]), b) for b in range(rpi.shape[0])]
     assert logits.argmax(dim=-1).tolist() == peaks
     assert int(runner.inputs.tail_start[: rpi.shape[0]].abs().sum()) == 0

@@ -83,6 +83,9 @@ def test_boost_ratio_must_exceed_the_budget_ratio():
         with pytest.raises(ValueError, match="BOOST_RATIO"):
             PillarConfig.from_env(8, {"SPARSESPEC_BOOST_RATIO": bad})
     assert PillarConfig.from_env(8, {"SPARSESPEC_BOOST_RATIO": "0.15"}).boost_ratio == 0.15
+    assert PillarConfig.from_env(8, {"SPARSESPEC_DRAFT_GRID": "PLANNED"}).draft_grid.value == "planned"
+    with pytest.raises(ValueError, match="DRAFT_GRID=planned does not combine"):
+        PillarConfig.from_env(8, {"SPARSESPEC_DRAFT_GRID": "planned", "SPARSESPEC_POLICY": "oracle"})
     with pytest.raises(ValueError, match="BOOST_RATIO needs adaptive"):
         PillarConfig.from_env(8, {"SPARSESPEC_BOOST_RATIO": "0.15", "SPARSESPEC_ADAPTIVE_STEPS": "off"})
 

@@ -35,7 +35,8 @@ import triton
 import triton.testing
 from sglang_sparsespec.kernels._common import default_num_splits, num_sms
 from sglang_sparsespec.kernels.score_capture import score_capture
-from sglang_sparsespec.kernels.sparse_decode import plan_work, sparse_decode_fwd
+from sglang_sparsespec.kernels.draft_work import plan_work
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.topk_select import topk_select
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
@@ -406,7 +407,7 @@ def tune_dense(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_l
     # is timed apart from the attention of one layer.
     for chunk in (128, 256, 512):
         for per_request in (4, 8, 16):
-            plan = lambda: plan_work(sel_cnt, tail_start, seq_lens, 1, per_request * bs, chunk, 16)  # noqa: E731
+            plan = lambda: plan_work(sel_cnt, rpi, tail_start, seq_lens, 1, per_request * bs, chunk, 16)  # noqa: E731
             work = plan()
             us = bench_us(lambda: sparse_decode_fwd(
                 q, k, v, o, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5, work=work))  # fmt: skip

@@ -13,7 +13,7 @@ Flash-decoding in two stages like SGLang's decode kernel: stage 1 runs a program
 partial output and its LSE; stage 2 merges the splits. Split boundaries come from the device
 lengths, the grid only from static sizes, so launches are CUDA-graph safe.
 
-With a work list (``plan_work``) the programs follow the plan lengths instead: a static pool of P
+With a work list (``draft_work.plan_work``) the programs follow the plan lengths instead: a static pool of P
 programs per KV head, each given one request and one chunk of its plan, so a long plan (a dense or
 boosted request) is spread over several programs instead of one long one that every layer waits
 for; stage 2 merges each request's programs. bf16/fp16 inputs,
@@ -23,13 +23,12 @@ yields a zero output row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
+from .draft_work import DraftWork
 from ._tiles import attend_tile, finish_partial, load_kv_tile, merge_splits
 
 
@@ -220,73 +219,6 @@ def _sparse_decode_merge_work(
     tl.store(Out + cur_b * stride_ob + cur_head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
 
 
-@dataclass
-class DraftWork:
-    """A work list for one draft step's attention (all layers share it): P programs per KV head.
-
-    prog_req:   [P] int32 — the request (batch index) of program p; an idle program holds 0 and an
-                empty range;
-    prog_start: [P] int32, prog_end: [P] int32 — the plan's virtual indices [start, end) program p
-                reads (selected positions first, then the tail, as in stage 1);
-    req_first:  [bs] int32, req_count: [bs] int32 — request b's programs are first_b .. first_b +
-                count_b - 1 (count_b in [1, max_chunks]);
-    max_chunks: static bound on count_b (sizes stage 2's tile).
-    """
-
-    prog_req: torch.Tensor
-    prog_start: torch.Tensor
-    prog_end: torch.Tensor
-    req_first: torch.Tensor
-    req_count: torch.Tensor
-    max_chunks: int
-
-
-def plan_work(
-    sel_cnt: torch.Tensor,
-    tail_start: torch.Tensor,
-    seq_lens: torch.Tensor,
-    kmax: int,
-    programs: int,
-    chunk: int,
-    max_chunks: int,
-    block_n: int = 32,
-) -> DraftWork:
-    """Spread each request's plan over programs of about ``chunk`` positions (device tensor ops, no
-    host sync: CUDA-graph safe). sel_cnt [bs] (batch order), tail_start, seq_lens [bs]: the plan as
-    stage 1 reads it. Request b asks for ceil(plan_b / chunk) programs (1 to max_chunks); when the
-    asks exceed the pool (``programs`` >= bs), every request's extra programs shrink in proportion,
-    so the pool always covers every plan (its chunks grow instead)."""
-    bs = seq_lens.shape[0]
-    if programs < bs or chunk < 1 or max_chunks < 1:
-        raise ValueError(f"need programs >= bs ({programs} < {bs}?), chunk >= 1 and max_chunks >= 1")
-    tail = tail_start.to(torch.int64)
-    cnt = torch.where(tail > 0, sel_cnt.to(torch.int64).clamp(0, kmax), 0)
-    total = cnt + (seq_lens.to(torch.int64) - tail).clamp(min=0)
-    extra = (torch.div(total + chunk - 1, chunk, rounding_mode="floor").clamp(1, max_chunks) - 1).to(torch.float64)
-    # Scale the extras so that bs + sum(extra) <= programs (floor keeps the sum below the room).
-    scale = ((programs - bs) / extra.sum().clamp(min=1.0)).clamp(max=1.0)
-    count = 1 + torch.floor(extra * scale).to(torch.int64)
-    per = torch.div(total + count - 1, count, rounding_mode="floor")
-    per = torch.div(per + block_n - 1, block_n, rounding_mode="floor") * block_n  # whole tiles per program
-    ends = torch.cumsum(count, 0)
-    first = ends - count
-    p = torch.arange(programs, device=seq_lens.device)
-    req = torch.searchsorted(ends, p, right=True)
-    idle = req >= bs
-    req = req.clamp(max=bs - 1)
-    start = (p - first[req]) * per[req]
-    end = torch.minimum(start + per[req], total[req])
-    start, end = torch.where(idle, 0, start), torch.where(idle, 0, end)
-    return DraftWork(
-        torch.where(idle, 0, req).to(torch.int32),
-        start.to(torch.int32),
-        end.to(torch.int32),
-        first.to(torch.int32),
-        count.to(torch.int32),
-        max_chunks,
-    )
-
-
 def sparse_decode_fwd(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -316,7 +248,7 @@ def sparse_decode_fwd(
     request b in sel_pos/sel_cnt (e.g. req_pool_indices), default b.
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
-    work: a work list from ``plan_work`` over this batch's plan (then num_kv_splits is unused).
+    work: a work list from ``draft_work.plan_work`` over this batch's plan (then num_kv_splits is unused).
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
     H100 sweep, benchmarks/results/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
     """

@@ -15,7 +15,8 @@ from sglang.srt.layers.attention.triton_backend import (
     TritonAttnBackend,
     logit_capping_mod,
 )
-from sglang_sparsespec.kernels.sparse_decode import DraftWork, plan_work, sparse_decode_fwd
+from sglang_sparsespec.kernels.draft_work import DraftWork, plan_work
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 
 from sglang_sparsespec.selection.oracle import oracle_select
 from sglang_sparsespec.selection.state import PlanState
@@ -77,7 +78,8 @@ class PillarDraftBackend(TritonAttnBackend):
             DRAFT_CHUNK, DRAFT_PROGRAMS_PER_REQUEST)  # fmt: skip
         inputs = self.inputs
         self.work = plan_work(
-            self.state.sel_cnt[inputs.req_pool_indices[:bs]],
+            self.state.sel_cnt,
+            inputs.req_pool_indices[:bs],
             inputs.tail_start[:bs],
             inputs.seq_lens[:bs],
             self.state.kmax,

@@ -14,7 +14,8 @@ import pytest
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd, draft_sample_ref
 from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_ref
-from sglang_sparsespec.kernels.sparse_decode import plan_work, sparse_decode_fwd, sparse_decode_ref
+from sglang_sparsespec.kernels.draft_work import plan_work, plan_work_ref
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from sglang_sparsespec.kernels.topk_select import topk_select, topk_select_ref
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd, softmax_t_ref
 from sglang_sparsespec.kernels.verify_attention import (
@@ -289,9 +290,9 @@ def test_sparse_decode_dense_row_is_full_attention():
     torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
-def _plan_of(case, kmax, programs, chunk, max_chunks):
-    return plan_work(case["sel_cnt"][case["sel_rows"]], case["tail_start"], case["seq_lens"], kmax, programs,
-                     chunk, max_chunks, block_n=16)  # fmt: skip
+def _plan_of(case, kmax, programs, chunk, max_chunks, plan=plan_work):
+    return plan(case["sel_cnt"], case["sel_rows"], case["tail_start"], case["seq_lens"], kmax, programs, chunk,
+                max_chunks, block_n=16)  # fmt: skip
 
 
 @pytest.mark.parametrize("programs,chunk,max_chunks", [(24, 16, 8), (6, 16, 8), (9, 32, 4), (40, 8, 16)])
@@ -303,6 +304,9 @@ def test_plan_work_covers_every_plan_once(programs, chunk, max_chunks):
     specs = [(150, 90, 40, 3), (40, 33, 0, 0), (1, 0, 0, 0), (70, 60, 48, 0), (25, 25, 5, 0), (30, 30, 0, 0)]
     case = _make_decode_case(3, specs, 48)
     work = _plan_of(case, 48, programs, chunk, max_chunks)
+    ref = _plan_of(case, 48, programs, chunk, max_chunks, plan_work_ref)
+    for field in ("prog_req", "prog_start", "prog_end", "req_first", "req_count"):  # the kernel is its reference
+        assert torch.equal(getattr(work, field).cpu(), getattr(ref, field).cpu()), field
     totals = [min(c, 48) * (t > 0) + max(n - t, 0) for n, t, c, _ in specs]
     owned = set()
     for b, total in enumerate(totals):

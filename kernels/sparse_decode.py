@@ -11,14 +11,14 @@ Selections stay position-based (sorted, as topk_select writes them), so they sur
 Flash-decoding in two stages like SGLang's decode kernel: stage 1 runs a program per
 (request, KV head, split) that handles the whole GQA group with tl.dot and writes a normalized
 partial output and its LSE; stage 2 merges the splits. Split boundaries come from the device
-lengths, the grid only from static sizes, so launches are CUDA-graph safe.
-
-With a work list (``draft_work.plan_work``) the programs follow the plan lengths instead: a static pool of P
-programs per KV head, each given one request and one chunk of its plan, so a long plan (a dense or
-boosted request) is spread over several programs instead of one long one that every layer waits
-for; stage 2 merges each request's programs. bf16/fp16 inputs,
+lengths, the grid only from static sizes, so launches are CUDA-graph safe. bf16/fp16 inputs,
 fp32 accumulation, natural-log softmax, optional tanh logit soft-cap. An empty attention set
 yields a zero output row.
+
+With a work list (``draft_work.plan_work``) the programs follow the plan lengths instead: a static
+pool of P programs per KV head, each given one request and one chunk of its plan, so a long plan (a
+dense or boosted request) is spread over several programs instead of one long one that every layer
+waits for; stage 2 merges each request's programs.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
-from .draft_work import DraftWork
 from ._tiles import attend_tile, finish_partial, load_kv_tile, merge_splits
+from .draft_work import DraftWork
 
 
 @triton.jit

@@ -61,7 +61,6 @@ from sglang_sparsespec.spec.rounds import RoundShape
 from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
 from sglang_sparsespec.spec.warmup import is_warmup, warmup_steps
 
-from .draft_attention import MAX_CHUNKS
 from .draft_runner import PillarDraftRunner
 from .sampler_warmup import build_sampling_kernels
 from .slot_warmup import build_slot_kernels
@@ -241,10 +240,9 @@ class PillarWorker(BaseSpecWorker):
             kv_bytes = mc.num_hidden_layers * h_kv * mc.head_dim * 2 * self.model_runner.kv_cache_dtype.itemsize
             # The draft kernel's own split rule (sparse_decode_fwd's default), so the policy prices
             # a dense request's programs as the kernel will cut them; the planned grid spreads a long
-            # plan over up to MAX_CHUNKS programs.
-            if self.cfg.draft_grid is DraftGrid.PLANNED:
-                splits = lambda bs: MAX_CHUNKS  # noqa: E731
-            else:
+            # plan over more programs instead (its pool's limit is left to the measured round times).
+            splits = None
+            if self.cfg.draft_grid is DraftGrid.STATIC:
                 splits = lambda bs: default_num_splits(bs * h_kv, dev)  # noqa: E731
             self.dense = DenseChooser(
                 self.cfg.budget, kv_bytes, mc.num_hidden_layers, splits, self.cfg.num_steps, self.cfg.boosts

@@ -9,6 +9,7 @@ import pytest
 
 from sglang_sparsespec.spec.adaptive import RoundSample, SpeculationPolicy
 from sglang_sparsespec.spec.dense import (
+    DENSE_READ_GBPS,
     BatchView,
     DenseChooser,
     dense_extra_ms,
@@ -56,6 +57,13 @@ def test_short_contexts_draft_densely_for_free():
     assert dense_extra_ms(100, 128, 23040, layers=30, splits=1) == 0.0
     plan = plan_dense(BatchView([0.6], [0.0], 0.97), 4, 5.0)
     assert plan.dense == [True] and plan.ms == 5.0
+
+
+def test_the_planned_grid_prices_a_dense_request_by_its_kv_alone():
+    static = dense_extra_ms(7000, 350, 23040, 30, 1)
+    planned = dense_extra_ms(7000, 350, 23040, 30, None)
+    assert planned == pytest.approx(6650 * 23040 / (DENSE_READ_GBPS * 1e6))
+    assert static > 10 * planned  # one program reading 7000 positions in every layer
 
 
 def test_a_request_that_gains_nothing_does_not_stop_the_others():

@@ -168,15 +168,16 @@ def dense_extra_ms(
     budget: int,
     bytes_per_position: int,
     layers: int,
-    splits: int,
+    splits: int | None,
     gbps: float = DENSE_READ_GBPS,
     serial_ns: float = SERIAL_NS_PER_POSITION,
 ) -> float:
     """Milliseconds one draft step costs more when a request attends its whole prefix: its extra KV
     at the kernel's bandwidth, plus the longer programs (``splits`` per request and KV head) in each
-    of ``layers`` attention launches (see the module docstring)."""
+    of ``layers`` attention launches (see the module docstring). ``splits`` None: the programs follow
+    the plan lengths (the planned grid), so a dense request adds programs, not length: its KV only."""
     extra = max(context - budget, 0)
-    longer = -(-context // splits) - -(-budget // splits) if extra else 0
+    longer = -(-context // splits) - -(-budget // splits) if extra and splits is not None else 0
     return extra * bytes_per_position / (gbps * 1e6) + layers * longer * serial_ns * 1e-6
 
 
@@ -186,7 +187,8 @@ class DenseChooser:
     Requests are any objects with a ``seqlen`` (SGLang's ``Req``); their state lives in weak maps,
     so a finished request takes it along. ``budget(L)`` is the plan's KV budget at context L;
     ``bytes_per_position`` the KV bytes of one position over all layers (K and V); ``layers`` the
-    attention launches per draft step; ``splits(bs)`` the draft kernel's KV splits at batch size bs;
+    attention launches per draft step; ``splits(bs)`` the draft kernel's KV splits at batch size bs
+    (None: the planned grid, whose programs follow the plan lengths);
     ``num_steps`` the longest round (whose expected tokens decide a boost); ``boosts`` whether poor
     drafters get boosted plans (module docstring).
     """
@@ -198,7 +200,7 @@ class DenseChooser:
         budget: Callable[[int], int],
         bytes_per_position: int,
         layers: int,
-        splits: Callable[[int], int],
+        splits: Callable[[int], int] | None,
         num_steps: int = 8,
         boosts: bool = False,
     ):
@@ -226,7 +228,7 @@ class DenseChooser:
         """The batch's acceptances (``prior``: the batch's, for requests without history; a boosted
         request's under its boosted plan) and costs."""
         alpha, extra = [], []
-        splits = self.splits(len(reqs))
+        splits = self.splits(len(reqs)) if self.splits is not None else None
         for r in reqs:
             alpha.append(self._alpha(r, prior))
             length = r.seqlen

@@ -126,6 +126,6 @@ class PillarDraftBackend(TritonAttnBackend):
             layer.scaling,
             logit_cap=logit_cap,
             sel_rows=sel_rows,
-            work=self.work if self.planned else None,
+            work=self.work,  # None unless the grid is planned
         )
         return o.view(bs, -1)

@@ -383,12 +383,10 @@ class PillarWorker(BaseSpecWorker):
         verify_lens = batch.seq_lens
         self.timer.start(bs)
         if dense is not None:
-            # Pinned, so the copy is asynchronous; the caching host allocator keeps the block until it is done.
-            dense = torch.tensor(dense, dtype=torch.int32, pin_memory=True).to(self.device, non_blocking=True)
+            dense = self._to_device(dense, torch.int32)
         ratio = None
         if boost is not None:  # the budget ratio of each request's next selection
-            ratios = [self.cfg.boost_ratio if b else self.cfg.budget_ratio for b in boost]
-            ratio = torch.tensor(ratios, dtype=torch.float64, pin_memory=True).to(self.device, non_blocking=True)
+            ratio = self._to_device([self.cfg.boost_ratio if b else self.cfg.budget_ratio for b in boost], torch.float64)
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
@@ -478,6 +476,11 @@ class PillarWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         return result
+
+    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """A per-request host list on the device. Pinned, so the copy is asynchronous; the caching host
+        allocator keeps the block until it is done."""
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
 
     def _verify(self, batch, grammar_barrier, num_steps: int):
         """SGLang's topk=1 EAGLE verify of a chain of ``num_steps`` + 1 tokens per request."""

@@ -68,7 +68,7 @@ class DraftGrid(str, Enum):
     # programs are its plan / splits long, so a long plan (dense, boosted) sets each layer's time.
     STATIC = "static"
     # A work list per step: programs of about equal length whatever the plan lengths
-    # (kernels/sparse_decode.py, plan_work). Not yet measured on a GPU.
+    # (kernels/draft_work.py). Not yet measured on a GPU.
     PLANNED = "planned"
 
 

@@ -38,8 +38,9 @@ tokens per round at k = num_steps fall below BOOST_BELOW x the batch's mean, poo
 most BOOST_MAX_SHARE of the batch, and stays boosted for its life (its own estimate stops there:
 boosted rounds are counted apart, as dense ones are, and price it from then on). The bar is the
 mean of the estimates under the normal budget: judged by their boosted estimates, the boosted
-requests raised the mean until nearly every request was boosted (the first A/B). The larger plans make its programs in the draft kernel longer; that cost
-reaches the policy through the measured round times, not through a model here.
+requests raised the mean until nearly every request was boosted (the first A/B). The larger plans
+make the request's programs in the draft kernel longer (static grid); that cost reaches the policy
+through the measured round times, not through a model here.
 """
 
 from __future__ import annotations

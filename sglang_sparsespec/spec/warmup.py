@@ -33,11 +33,11 @@ from typing import Any
 # (ids are otherwise random hex; a client's own rid with this prefix only changes its path choice).
 WARMUP_NAME = "pillar"
 WARMUP_RID_PREFIX = "__pillar_warmup__"
-# Odd, so that the batches' KV allocations (slices of SGLang's free list) start at both odd and even
-# slots: Triton specialises a pointer argument on 16-byte alignment, and an int64 slot list that starts
-# at an odd slot is a second variant of every kernel that takes it. With 16 tokens every allocation
-# stayed aligned, and the first radix-cache hit of a served batch (a 1-token extend per request)
-# compiled SGLang's write_req_to_token_pool_triton anew (gpu_tests_h200_warmup_c4a7753.log).
+# Odd, meant to start the batches' KV allocations (slices of SGLang's free list) at odd slots too:
+# Triton specialises a pointer argument on 16-byte alignment, and an int64 slot list that starts at an
+# odd slot is a second variant of every kernel that takes it. Measured not enough: with 17 tokens the
+# warm-up still never met an unaligned slice and SGLang's write_req_to_token_pool_triton compiled
+# while serving (gpu_tests_h200_warmup_e691ef2.log); patches/slot_warmup.py builds that variant directly.
 PROMPT_TOKENS = 17
 # Enough for len(step candidates) rounds even when every round emits k_max + 1 = 9 tokens.
 NEW_TOKENS = 48
@@ -108,8 +108,8 @@ def warmup_plan(
         plan.extend(batch(size, shape, PROMPT_TOKENS) for shape in SAMPLING_SHAPES)
     # The cap's greedy batch again under new ids: every prompt is then in the radix cache and its
     # prefill extends one token past a cached prefix, as retried requests and shared prompts are
-    # served. Served that way after warm-up, SGLang's write_req_to_token_pool_triton built a variant
-    # the 16- and 17-token warm-ups had not (gpu_tests_h200_warmup_c4a7753.log, _e691ef2.log).
+    # served. Added for the write_req_to_token_pool_triton variant, which it did not build either
+    # (gpu_tests_h200_warmup_bf21a0d.log: an alignment, now built by patches/slot_warmup.py).
     cached = plan[-len(SAMPLING_SHAPES)]
     rids = [f"{WARMUP_RID_PREFIX}{serial + i}" for i in range(cached.size)]
     serial += cached.size

@@ -24,6 +24,7 @@ ran at >= 90% of the requested batch.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import json
 import random
 import sys
@@ -38,6 +39,7 @@ from benchmarks.configs import CONFIGS_HELP, ServerConfig, add_server_options, f
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import MIN_START_S, STOP_RESERVE_S, Server, begin, http_json, start_recorded
+from benchmarks.trace_summary import load_trace, summarize
 from sglang_sparsespec.config import ENV_PREFIX, PillarConfig, SelectionPolicy
 from sglang_sparsespec.spec.timing import GAP, PHASES, parse_reports
 
@@ -93,6 +95,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--accept", type=float, default=None, help="accept length measured on a real model, for the projection")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling of every request (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="N > 0: after each point, profile N scheduler steps of a third pass (GPU kernels; row 'profile')")
     add_server_options(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--work-dir", type=Path, default=None)
@@ -105,6 +109,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(str(e))
     if not 0 < args.m1 < args.m2:
         p.error("--decode-tokens needs 0 < M1 < M2")
+    if args.profile_steps < 0:
+        p.error("--profile-steps must be >= 0")
     if args.temperature < 0 or not 0.0 < args.top_p <= 1.0:
         p.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.shape not in SHAPES and not (Path(args.shape) / "config.json").is_file():
@@ -201,7 +207,37 @@ def measure_point(server: Server, length: int, batch: int, args: argparse.Namesp
             row[f"{p}_ms"] = sum(r.ms[p] * r.rounds for r in full) / n
         row["round_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
         row["timed_rounds"] = n
+    if args.profile_steps:
+        row["profile"] = profile_pass(server, prompts, args, delay_s=1.2 * walls[args.m1])
     return row
+
+
+def profile_pass(server: Server, prompts: list[list[int]], args: argparse.Namespace, delay_s: float) -> dict[str, Any]:
+    """Kernel time of ``args.profile_steps`` scheduler steps (rounds) in the middle of a decode pass.
+
+    The profile starts ``delay_s`` into the pass (past the prefill and the M1 tokens) and the pass
+    decodes 10 tokens per profiled step more than M2, so even rounds of 9 tokens stay in decode."""
+    out_dir = Path(tempfile.mkdtemp(prefix="profile-", dir=args.work_dir))
+    request = {"output_dir": str(out_dir), "num_steps": args.profile_steps, "activities": ["GPU"],
+               "with_stack": False, "record_shapes": False}  # fmt: skip
+    pool = cf.ThreadPoolExecutor(max_workers=1)
+    try:
+        tokens = args.m2 + 10 * args.profile_steps
+        done = pool.submit(generate_all, server, prompts, sampling(args, tokens), concurrency=len(prompts), timeout_s=240)
+        time.sleep(delay_s)
+        http_json(server.base_url + "/start_profile", request, timeout=120)
+        done.result()
+    finally:
+        pool.shutdown(wait=True)
+    # The scheduler writes the trace after the last profiled step; a file still being written fails to load.
+    end = time.monotonic() + 60
+    while True:
+        try:
+            return summarize(load_trace(next(out_dir.glob("*.trace.json*"))), args.profile_steps)
+        except (StopIteration, OSError, EOFError, ValueError) as e:
+            if time.monotonic() > end:
+                raise TimeoutError(f"no usable trace in {out_dir} 60 s after the profiled pass: {e!r}") from None
+            time.sleep(1.0)
 
 
 def run_config(

@@ -1,0 +1,64 @@
+"""Where a profiled window's GPU time goes: a summary of a PyTorch (Kineto) chrome trace.
+
+SGLang's ``/start_profile`` writes one ``*.trace.json.gz`` per rank; ``summarize`` reads its GPU
+kernel and memcpy/memset events and returns, per scheduler step of the window: the wall span from the
+first GPU event to the last, the GPU busy time (the union of the events' intervals: concurrent
+streams count once), the idle rest (host-bound time), and the kernels that take the most time. This is
+what says whether a step costs more than another on the GPU (which kernels) or on the host (idle).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+TOP_KERNELS = 25
+NAME_CHARS = 120  # template-heavy kernel names are cut; the prefix tells them apart
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def summarize(trace: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Per-step GPU time of a trace whose window covered ``steps`` scheduler steps (ms)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES]
+    if not events:
+        raise ValueError("the trace holds no GPU events (was the GPU activity profiled?)")
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events]
+    window = max(end for _, end in spans) - min(start for start, _ in spans)
+    busy = busy_us(spans)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        entry = by_name[str(e.get("name", "?"))[:NAME_CHARS]]
+        entry[0] += float(e.get("dur", 0.0))
+        entry[1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
+    per = 1000.0 * steps  # us in the window -> ms per step
+    return {
+        "steps": steps,
+        "events": len(events),
+        "window_ms_per_step": window / per,
+        "busy_ms_per_step": busy / per,
+        "idle_ms_per_step": (window - busy) / per,
+        "kernels": [{"name": n, "ms_per_step": d / per, "calls_per_step": c / steps} for n, (d, c) in top],
+    }

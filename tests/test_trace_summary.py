@@ -1,0 +1,40 @@
+"""benchmarks.trace_summary on a hand-made chrome trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from benchmarks.trace_summary import busy_us, load_trace, summarize
+
+
+def _kernel(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def test_busy_time_counts_overlaps_once():
+    assert busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+
+
+def test_summary_per_step(tmp_path):
+    trace = {"traceEvents": [
+        _kernel("attn", 0, 100), _kernel("gemm", 100, 50), _kernel("attn", 400, 100),
+        _kernel("copy", 520, 30, cat="gpu_memcpy"),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # host events do not count
+    ]}  # fmt: skip
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    s = summarize(load_trace(path), steps=2)
+    assert s["window_ms_per_step"] == pytest.approx(0.275)  # 550 us over 2 steps
+    assert s["busy_ms_per_step"] == pytest.approx(0.14)
+    assert s["idle_ms_per_step"] == pytest.approx(0.135)
+    assert s["kernels"][0] == {"name": "attn", "ms_per_step": pytest.approx(0.1), "calls_per_step": 1.0}
+    assert [k["name"] for k in s["kernels"]] == ["attn", "gemm", "copy"]
+
+
+def test_no_gpu_events_is_an_error():
+    with pytest.raises(ValueError, match="no GPU events"):
+        summarize({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 0, "dur": 1}]}, steps=1)

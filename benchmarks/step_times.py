@@ -30,6 +30,7 @@ import random
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -229,10 +230,16 @@ def profile_pass(server: Server, prompts: list[list[int]], args: argparse.Namesp
         tokens = args.m2 + 10 * args.profile_steps
         done = pool.submit(generate_all, server, prompts, sampling(args, tokens), concurrency=len(prompts), timeout_s=240)
         time.sleep(delay_s)
+        try:  # a profile whose window outlasted the last pass stops at the next step: end it first
+            urllib.request.urlopen(server.base_url + "/stop_profile", timeout=120).close()
+        except urllib.error.HTTPError:
+            pass  # none in progress
         post = urllib.request.Request(server.base_url + "/start_profile", data=json.dumps(request).encode(),
                                       headers={"Content-Type": "application/json"})  # fmt: skip
-        with urllib.request.urlopen(post, timeout=120):  # the reply is plain text
-            pass
+        try:
+            urllib.request.urlopen(post, timeout=120).close()  # the reply is plain text
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"/start_profile: HTTP {e.code}: {e.read()[:300]!r}") from None
         done.result()
     finally:
         pool.shutdown(wait=True)

@@ -332,6 +332,8 @@ class PillarWorker(BaseSpecWorker):
         # may decide its own (they see the same accept counts) without a hang.
         boost = self.dense.boost(reqs, self.policy.acceptance.alpha)
         steps, key, dense = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1), view)
+        if self.cfg.force_steps >= 0:  # analysis: the cell still measures what runs, which is forced
+            steps, dense = self.cfg.force_steps, None
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         self.policy.acceptance.launched(steps, len(reqs), dense)
         self.dense.launched(reqs, steps, dense, boost)

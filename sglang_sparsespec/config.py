@@ -150,6 +150,9 @@ class PillarConfig:
     # Adaptive speculation (spec/adaptive.py): the draft counts a round may run besides num_steps,
     # 0 = plain decoding, as a comma list; "auto" = AUTO_STEPS below num_steps; "off" = always num_steps.
     adaptive_steps: str = "auto"
+    # Analysis only: every round runs this draft count (one of the candidates; 0 = plain decoding) while
+    # the policy still prices its cells, so a step-time run can time one path alone; -1 = the policy's.
+    force_steps: int = -1
     draft_grid: DraftGrid = DraftGrid.STATIC
     # Plain-decoding rounds: the decode path since its same-run A/B (plain-c4a7753-h200-2048: 1.04x
     # stock at 64 x 2048 against the verify path's 0.99x, lossless PASS; docs/results.md).
@@ -166,6 +169,11 @@ class PillarConfig:
         _parse_steps(self.adaptive_steps, self.num_steps)
         if self.num_steps < 1:
             raise ValueError(f"PILLAR needs --speculative-num-steps >= 1, got {self.num_steps}")
+        if self.force_steps != -1 and self.force_steps not in self.step_candidates:
+            raise ValueError(
+                f"{ENV_PREFIX}FORCE_STEPS must be -1 (off) or one of the draft counts {list(self.step_candidates)}, "
+                f"got {self.force_steps}"
+            )
         if not 0.0 < self.budget_ratio <= 1.0:
             raise ValueError(f"{ENV_PREFIX}BUDGET_RATIO must be in (0, 1], got {self.budget_ratio}")
         if self.boost_ratio != 0.0 and not self.budget_ratio < self.boost_ratio <= 1.0:
@@ -294,6 +302,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SCORE_ROWS", "score_rows"),
     Knob("DRAFT_CANDIDATES", "draft_candidates"),
     Knob("ADAPTIVE_STEPS", "adaptive_steps"),
+    Knob("FORCE_STEPS", "force_steps"),
     Knob("DRAFT_GRID", "draft_grid"),
     Knob("PLAIN_PATH", "plain_path"),
     Knob("COST_CACHE", "cost_cache"),

@@ -206,6 +206,14 @@ def test_adaptive_steps_knob():
         PillarConfig(num_steps=4, adaptive_steps="two")
 
 
+def test_force_steps_knob_takes_a_candidate():
+    assert PillarConfig(num_steps=8, force_steps=0).force_steps == 0
+    with pytest.raises(ValueError, match="FORCE_STEPS"):
+        PillarConfig(num_steps=8, force_steps=3)  # not among (0, 2, 4, 8)
+    with pytest.raises(ValueError, match="FORCE_STEPS"):
+        PillarConfig(num_steps=8, adaptive_steps="off", force_steps=0)
+
+
 def test_server_info_gets_the_worker_summary():
     class Worker:
         metrics = PillarMetrics(4)

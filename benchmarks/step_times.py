@@ -113,6 +113,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--decode-tokens needs 0 < M1 < M2")
     if args.profile_steps < 0:
         p.error("--profile-steps must be >= 0")
+    # The longest pass: the profiled one decodes 10 tokens per profiled step past M2 (profile_pass).
+    args.m_max = args.m2 + 10 * args.profile_steps
     if args.temperature < 0 or not 0.0 < args.top_p <= 1.0:
         p.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.shape not in SHAPES and not (Path(args.shape) / "config.json").is_file():
@@ -124,11 +126,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     max_pos = shape.get("max_position_embeddings")
     if not isinstance(max_pos, int):
         p.error(f"--shape {args.shape!r}: config.json needs an integer max_position_embeddings, got {max_pos!r}")
-    fits = [n for n in DEFAULT_CONTEXTS if context_length(n, args.m2) <= max_pos]
+    fits = [n for n in DEFAULT_CONTEXTS if context_length(n, args.m_max) <= max_pos]
     args.contexts = fits if args.contexts is None else args.contexts
-    too_long = [n for n in args.contexts if context_length(n, args.m2) > max_pos]
+    too_long = [n for n in args.contexts if context_length(n, args.m_max) > max_pos]
     if not args.contexts or too_long or min(args.contexts) < 1:
-        p.error(f"--contexts {args.contexts}: each must be >= 1 and leave {args.m2} + 64 tokens inside the shape's "
+        p.error(f"--contexts {args.contexts}: each must be >= 1 and leave {args.m_max} + 64 tokens inside the shape's "
                 f"{max_pos} positions (contexts that fit among the defaults: {fits})")
     args.extra_server_args = tuple(args.extra_server_args.split())
     names = [c for c in args.configs.split(",") if c]
@@ -153,7 +155,7 @@ def real_weights(shape: str) -> bool:
 
 def server_flags(args: argparse.Namespace) -> tuple[str, ...]:
     """Flags of every server on top of its config's: weights, contexts and batches of this run."""
-    ctx = context_length(max(args.contexts), args.m2)
+    ctx = context_length(max(args.contexts), args.m_max)
     weights = () if real_weights(args.shape) else ("--load-format", "dummy")
     return (*weights, "--skip-tokenizer-init", "--context-length", str(ctx),
             "--max-running-requests", str(max(args.batches)), "--cuda-graph-max-bs-decode", str(max(args.batches)),
@@ -173,10 +175,10 @@ def kv_pool_tokens(server: Server) -> int | None:
 
 def pool_skip_reason(length: int, batch: int, pool: int | None, args: argparse.Namespace) -> str | None:
     """Why (L, B) cannot run as one batch: requests that do not fit the KV pool would queue."""
-    need = batch * (length + args.m2 + KV_SLACK)
+    need = batch * (length + args.m_max + KV_SLACK)
     if pool is None or need <= pool:
         return None
-    return f"KV pool: {batch} x ({length} + {args.m2} + {KV_SLACK}) = {need} tokens > {pool}"
+    return f"KV pool: {batch} x ({length} + {args.m_max} + {KV_SLACK}) = {need} tokens > {pool}"
 
 
 def sampling(args: argparse.Namespace, tokens: int) -> dict[str, Any]:
@@ -227,7 +229,7 @@ def profile_pass(server: Server, prompts: list[list[int]], args: argparse.Namesp
                "with_stack": False, "record_shapes": False}  # fmt: skip
     pool = cf.ThreadPoolExecutor(max_workers=1)
     try:
-        tokens = args.m2 + 10 * args.profile_steps
+        tokens = args.m_max
         done = pool.submit(generate_all, server, prompts, sampling(args, tokens), concurrency=len(prompts), timeout_s=240)
         time.sleep(delay_s)
         try:  # a profile whose window outlasted the last pass stops at the next step: end it first

@@ -4,6 +4,11 @@ The draft steps of a PILLAR round are ordinary DECODE forwards of the target mod
 under this backend (through SGLang's forward context). Its decode attention writes the
 step's K/V like the stock backend, then attends, per layer and KV head, only to that
 request's planned positions plus the recent tail (``kernels/sparse_decode.py``).
+
+The plain-decoding step (every prefix whole) attends through SGLang's own decode kernel and
+split heuristic instead, on metadata this backend builds on the device (so it is captured in the
+step's graph): profiled at 32 / 64 requests x 1K on the H200 (steps_plain_profile_h200_9aa0a6a.json),
+the draft kernel over whole prefixes took 0.72 / 1.08 ms per step against SGLang's 0.56 / 1.01.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
 from sglang.srt.layers.attention.triton_backend import (
     TritonAttnBackend,
     logit_capping_mod,
@@ -24,11 +30,9 @@ from sglang_sparsespec.selection.state import PlanState
 
 # The planned grid (SPARSESPEC_DRAFT_GRID=planned): a draft step's pool holds 2 programs per request
 # and KV head, in chunks about a normal plan long (5% of 7K plus the tail is ~430 positions), so most
-# requests take one and a long plan spreads over the spare half; the plain-decoding step (every
-# prefix whole) holds 8 per request in chunks of 256, about the parallelism of SGLang's decode kernel
-# (up to 8 splits). First guesses, for `kernels_bench --tune dense` and the A/B to set.
+# requests take one and a long plan spreads over the spare half. First guesses, for `kernels_bench
+# --tune dense` and the A/B to set.
 DRAFT_CHUNK, DRAFT_PROGRAMS_PER_REQUEST = 512, 2
-PLAIN_CHUNK, PLAIN_PROGRAMS_PER_REQUEST = 256, 8
 MAX_CHUNKS = 16  # programs one request may take (stage 2 merges them in one tile)
 
 
@@ -47,6 +51,22 @@ class DraftStepInputs:
     seq_lens: torch.Tensor
 
 
+@dataclass
+class WholePrefixMeta:
+    """SGLang's decode-kernel metadata for the plain step, refilled on the device before each one.
+
+    kv_indptr int32 [max_bs + 1]; kv_indices int64 (every row's KV slots, concatenated; sized by the
+    KV pool, which bounds their sum); num_kv_splits int32 [max_bs]; attn_logits fp32
+    [max_bs, q heads, max splits, v dim]; attn_lse fp32 [max_bs, q heads, max splits].
+    """
+
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    num_kv_splits: torch.Tensor
+    attn_logits: torch.Tensor
+    attn_lse: torch.Tensor
+
+
 class PillarDraftBackend(TritonAttnBackend):
     """Decode attention of the draft steps; everything else is the stock Triton backend.
 
@@ -54,7 +74,15 @@ class PillarDraftBackend(TritonAttnBackend):
     (analysis only); otherwise from the plan of each request's pool row in ``state``.
     """
 
-    def __init__(self, model_runner, state: PlanState, inputs: DraftStepInputs, oracle: bool, planned: bool = False):
+    def __init__(
+        self,
+        model_runner,
+        state: PlanState,
+        inputs: DraftStepInputs,
+        oracle: bool,
+        planned: bool = False,
+        plain: bool = False,
+    ):
         super().__init__(model_runner)
         self.state = state
         self.inputs = inputs
@@ -62,6 +90,20 @@ class PillarDraftBackend(TritonAttnBackend):
         self.oracle = oracle
         self.planned = planned
         self.work: DraftWork | None = None  # the current step's work list (planned grid)
+        self.whole_prefix = False  # the current step is the plain step
+        self.whole: WholePrefixMeta | None = None
+        if plain:
+            max_bs = inputs.req_pool_indices.shape[0]
+            slots = min(max_bs * self.max_context_len, model_runner.max_total_num_tokens + max_bs)
+            splits = (max_bs, self.num_head, self.max_kv_splits)
+            with torch.device(model_runner.device):
+                self.whole = WholePrefixMeta(
+                    kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32),
+                    kv_indices=torch.zeros(slots, dtype=torch.int64),
+                    num_kv_splits=torch.full((max_bs,), self.max_kv_splits, dtype=torch.int32),
+                    attn_logits=torch.zeros((*splits, self.v_head_dim), dtype=torch.float32),
+                    attn_lse=torch.zeros(splits, dtype=torch.float32),
+                )
         if oracle:
             max_bs = inputs.req_pool_indices.shape[0]
             self.oracle_pos = torch.empty(
@@ -70,13 +112,26 @@ class PillarDraftBackend(TritonAttnBackend):
             self.oracle_cnt = torch.empty(max_bs, dtype=torch.int32, device=model_runner.device)
 
     def plan(self, bs: int, whole_prefix: bool) -> None:
-        """Before a step's forward (planned grid only): its work list, which every layer's attention
-        shares, from the step's inputs (tail starts, seq_lens) and the plans' counts."""
+        """Before a step's forward, what every layer's attention shares: for the plain step
+        (``whole_prefix``), SGLang's decode metadata over the step's seq_lens; for a draft step under
+        the planned grid, its work list from the step's inputs (tail starts, seq_lens) and the plans'
+        counts."""
+        self.whole_prefix = whole_prefix
+        inputs = self.inputs
+        if whole_prefix:
+            if self.whole is None:
+                raise RuntimeError("PillarDraftBackend built without the plain step's metadata (plain=False)")
+            rpi, seq_lens, meta = inputs.req_pool_indices[:bs], inputs.seq_lens[:bs], self.whole
+            kv_indptr = meta.kv_indptr[: bs + 1]
+            kv_indptr[1:] = torch.cumsum(seq_lens, dim=0)
+            create_flashinfer_kv_indices_triton[(bs,)](
+                self.req_to_token, rpi, seq_lens, kv_indptr, None, meta.kv_indices, self.req_to_token.stride(0)
+            )
+            self.get_num_kv_splits(meta.num_kv_splits[:bs], seq_lens)
+            return
         if not self.planned:
             return
-        chunk, per_request = (PLAIN_CHUNK, PLAIN_PROGRAMS_PER_REQUEST) if whole_prefix else (
-            DRAFT_CHUNK, DRAFT_PROGRAMS_PER_REQUEST)  # fmt: skip
-        inputs = self.inputs
+        chunk, per_request = DRAFT_CHUNK, DRAFT_PROGRAMS_PER_REQUEST
         self.work = plan_work(
             self.state.sel_cnt,
             inputs.req_pool_indices[:bs],
@@ -101,6 +156,8 @@ class PillarDraftBackend(TritonAttnBackend):
         k_buffer = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buffer = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
         logit_cap = logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
+        if self.whole_prefix:
+            return self._whole_prefix_decode(q, k_buffer, v_buffer, layer, logit_cap)
         inputs = self.inputs
         rpi, tail_start, seq_lens = inputs.req_pool_indices[:bs], inputs.tail_start[:bs], inputs.seq_lens[:bs]
         if self.oracle:
@@ -127,5 +184,33 @@ class PillarDraftBackend(TritonAttnBackend):
             logit_cap=logit_cap,
             sel_rows=sel_rows,
             work=self.work,  # None unless the grid is planned
+        )
+        return o.view(bs, -1)
+
+    def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):
+        """The plain step's attention: SGLang's decode kernel as its Triton backend calls it (no KV
+        scales: the draft backend serves unquantised KV only)."""
+        meta, bs = self.whole, q.shape[0]
+        o = torch.empty_like(q)
+        self.decode_attention_fwd(
+            q,
+            k_buffer,
+            v_buffer,
+            o,
+            meta.kv_indptr[: bs + 1],
+            meta.kv_indices,
+            meta.attn_logits,
+            meta.attn_lse,
+            meta.num_kv_splits[:bs],
+            self.max_kv_splits,
+            layer.scaling,
+            1.0,
+            1.0,
+            logit_cap=logit_cap,
+            sinks=None,
+            xai_temperature_len=layer.xai_temperature_len,
+            has_mla=False,
+            use_pdl=self.use_pdl,
+            page_size=self.page_size,
         )
         return o.view(bs, -1)

@@ -111,6 +111,7 @@ class PillarDraftRunner:
             self.inputs,
             oracle=cfg.policy is SelectionPolicy.ORACLE,
             planned=cfg.draft_grid is DraftGrid.PLANNED,
+            plain=plain_decode,
         )
         # One draft step, keyed by (batch-size bucket, greedy): all-greedy batches draft by argmax
         # and skip the draft records, which their verify never reads.

@@ -327,11 +327,12 @@ class PillarWorker(BaseSpecWorker):
         self.policy.observe(samples)
         self.metrics.rounds_timed(samples)
         reqs = batch.reqs
-        view = self.dense.view(reqs, self.policy.acceptance.alpha)
+        alpha = self.policy.acceptance.alpha
         # Boosts change only how many positions a selection buys, not the round's shape: each TP rank
         # may decide its own (they see the same accept counts) without a hang.
-        boost = self.dense.boost(reqs, self.policy.acceptance.alpha)
-        steps, key, dense = self.policy.choose(len(reqs), sum(r.seqlen for r in reqs) / max(len(reqs), 1), view)
+        boost = self.dense.boost(reqs, alpha)
+        mean_len = sum(r.seqlen for r in reqs) / max(len(reqs), 1)
+        steps, key, dense = self.policy.choose(len(reqs), mean_len, lambda: self.dense.view(reqs, alpha))
         if self.cfg.force_steps >= 0:  # analysis: the cell still measures what runs, which is forced
             steps, dense = self.cfg.force_steps, None
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape

@@ -7,6 +7,7 @@ from sglang_sparsespec.patches.server_info import add_pillar_state
 
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.metrics import PillarMetrics
+from sglang_sparsespec.spec.dense import BatchView
 from sglang_sparsespec.spec.adaptive import (
     AcceptanceTracker,
     RoundClock,
@@ -232,3 +233,24 @@ def test_server_info_gets_the_worker_summary():
     assert pillar["rounds_by_k"] == {"0": 3} and pillar["metrics"]["rounds_by_steps"] == {"0": 1}
     stock = Out()
     assert add_pillar_state(stock, type("S", (), {"draft_worker": None})(), None).internal_state == {"x": 1}
+
+
+def test_a_settled_plain_choice_skips_the_per_request_pricing():
+    """Where plain decoding won its last priced choice, the next settle - 1 rounds take it without
+    building the batch's view (host time the GPU waits for in the shortest rounds); probes still come
+    on schedule and a re-pricing can switch back to speculation."""
+    policy = SpeculationPolicy((0, 2, 4, 8), reprobe_every=100, settle=4, acceptance=AcceptanceTracker(prior=0.5))
+    key = policy.choose(32, 1000)[1]
+    policy.choose(32, 1000)
+    _feed(policy, key, plain=1.0, step=0.9, verify=1.2)
+    views: list[int] = []
+
+    def view() -> BatchView:
+        views.append(1)
+        return BatchView([0.5] * 32, [0.01] * 32, 0.97)
+
+    picks = [policy.choose(32, 1000, view).steps for _ in range(12)]
+    assert picks == [0] * 12 and len(views) == 3  # priced at rounds 1, 5 and 9 of the twelve
+    _feed(policy, key, plain=30.0, step=0.1, verify=1.0)  # speculation now wins by far
+    picks = [policy.choose(32, 1000, view).steps for _ in range(4)]
+    assert picks[-1] != 0 and len(views) >= 4

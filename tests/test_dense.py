@@ -144,7 +144,7 @@ def test_policy_prices_dense_drafting_per_request():
     assert rates[8] == pytest.approx(expected_tokens(0.97, 8) / (10.2 + 4 * 8 * 0.05))
     assert max(rates, key=rates.__getitem__) == 8
     # The choice carries the plan it was priced with: the worker plans no second time.
-    choice = policy.choose(4, 6000, poor)
+    choice = policy.choose(4, 6000, lambda: poor)
     assert choice.steps == 8 and choice.dense == plan_dense(poor, 8, policy.round_ms(key, 8)).dense == [True] * 4
     assert policy.round_ms(key, 8) == pytest.approx(10.2) and policy.round_ms(key, 0) == pytest.approx(2.2)
 
@@ -169,7 +169,7 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     worker = type("W", (), {})()
     worker.policy, worker.clock, worker.metrics = policy, RoundClock(Event), PillarMetrics(8)
     worker.agreement = RoundAgreement(None)  # one rank
-    worker.dense, worker.cfg = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22), type("C", (), {"num_steps": 8})
+    worker.dense, worker.cfg = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22), type("C", (), {"num_steps": 8, "force_steps": -1})
     reqs = [_Req(2000) for _ in range(4)]
     batch = type("B", (), {"reqs": reqs, "forward_mode": type("M", (), {"is_idle": lambda self: False})()})()
     key = policy.choose(4, 2000)[1]

@@ -25,7 +25,7 @@ V, K, BS = 97, 4, 3
 
 
 class FakeBackend:
-    def __init__(self, model_runner, state, inputs, oracle, planned=False):
+    def __init__(self, model_runner, state, inputs, oracle, planned=False, plain=False):
         self.inputs, self.oracle, self.planned = inputs, oracle, planned
         self.plans: list[tuple[int, bool]] = []
 

@@ -105,7 +105,7 @@ class CostCell:
     draft[k] = the draft phase of a round of k drafts; verify = the rest of a k >= 1 round; gap =
     stream idle time before a round that followed another decode round. Bookkeeping: rounds chosen
     here, the round each mode (0, or SPECULATE for every k >= 1) last ran, and the last non-probe
-    choice (for the hysteresis)."""
+    choice (for the hysteresis) and the round it was priced at."""
 
     plain: _Ema
     verify: _Ema
@@ -114,6 +114,7 @@ class CostCell:
     rounds: int = 0
     last_probe: dict[int, int] = field(default_factory=dict)
     last_choice: int | None = None
+    last_priced: int = 0  # the round whose choice last priced every count
 
     @classmethod
     def empty(cls, decay: float) -> CostCell:
@@ -308,7 +309,10 @@ class SpeculationPolicy:
     - 1) by expected tokens per millisecond; see the module docstring.
 
     ``margin``: a different k must promise this much more throughput than the cell's last choice
-    (hysteresis against noise).
+    (hysteresis against noise). ``settle``: once a cell's priced choice is plain decoding, the next
+    ``settle - 1`` rounds there take it again without pricing: plain rounds are the shortest (1-3 ms
+    where they win), so the per-request pricing (~0.2 ms at 32 requests, ``policy_host``) is a share
+    of them the GPU waits for, while the costs and acceptances it reads move over tens of rounds.
     """
 
     def __init__(
@@ -317,12 +321,16 @@ class SpeculationPolicy:
         reprobe_every: int = 64,
         margin: float = 0.03,
         acceptance: AcceptanceTracker | None = None,
+        settle: int = 8,
     ):
         self.candidates = tuple(sorted(set(candidates)))
         if not self.candidates or self.candidates[0] < 0 or self.candidates[-1] < 1:
             raise ValueError(f"candidates need a k >= 1 and no negative k, got {self.candidates}")
+        if settle < 1:
+            raise ValueError(f"settle must be >= 1, got {settle}")
         self.reprobe_every = reprobe_every
         self.margin = margin
+        self.settle = settle
         self.table = CostTable()
         self.acceptance = acceptance or AcceptanceTracker()
 
@@ -378,18 +386,23 @@ class SpeculationPolicy:
                 out[k] = (expected_tokens(self.acceptance.alpha, k) / ms, None)
         return out
 
-    def choose(self, batch_size: int, mean_len: float, view: BatchView | None = None) -> Choice:
+    def choose(self, batch_size: int, mean_len: float, view: Callable[[], BatchView] | None = None) -> Choice:
         """This round's draft count, the cost cell it will be measured into, and (with a ``view``
-        and a priced cell) which requests draft densely: the plan the count was chosen by."""
+        and a priced cell) which requests draft densely: the plan the count was chosen by. ``view``
+        builds the batch's per-request view; it is called only when a choice prices requests."""
         key = cell_key(batch_size, mean_len)
         c = self.table.cell(key)
         c.rounds += 1
         probe = self._probe(c)
-        if probe is None:
-            k, plan = self._best(key, c, view)
+        if probe is None and c.last_choice == 0 and c.rounds - c.last_priced < self.settle:
+            k, plan = 0, None
+        elif probe is None:
+            k, plan = self._best(key, c, view() if view is not None else None)
+            c.last_priced = c.rounds
         else:
-            ms = self.round_ms(key, probe) if probe and view is not None and len(view.alpha) else None
-            k, plan = probe, (plan_dense(view, probe, ms) if ms is not None else None)
+            ms = self.round_ms(key, probe) if probe and view is not None else None
+            batch = view() if ms is not None else None
+            k, plan = probe, (plan_dense(batch, probe, ms) if batch is not None and len(batch.alpha) else None)
         # Any round with drafts measures the verify and the acceptance, so it refreshes every k >= 1.
         c.last_probe[0 if k == 0 else SPECULATE] = c.rounds
         return Choice(k, key, plan.dense if plan is not None else None)

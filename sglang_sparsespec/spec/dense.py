@@ -271,7 +271,7 @@ class DenseChooser:
     def completed(self, accepted: Sequence[int]) -> None:
         """SGLang's accept counts of the oldest launched round (see ``LaunchedRounds``)."""
         matched = self._rounds.completed(accepted)
-        if matched is None:
+        if matched is None or matched.k == 0:  # a plain round drafted nothing to judge
             return
         reqs, flags = matched.payload
         for r, dense, a in zip(reqs, flags, matched.accepted):

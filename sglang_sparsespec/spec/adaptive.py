@@ -313,11 +313,6 @@ class SpeculationPolicy:
     ``settle - 1`` rounds there take it again without pricing: plain rounds are the shortest (1-3 ms
     where they win), so the per-request pricing (~0.2 ms at 32 requests, ``policy_host``) is a share
     of them the GPU waits for, while the costs and acceptances it reads move over tens of rounds.
-    ``premium``: speculation must promise this much more throughput than plain decoding. Its
-    estimate is optimistic where the gain is thin (per-request acceptances picked after lucky rounds,
-    and a batch-wide k makes the poor drafters the stragglers that set a wave's end):
-    plainkernel-f6f40a8-h200-2048 chose k = 8 for 23% of the rounds at 64 requests x 2K, where plain
-    rounds cost stock's step, and ran at 0.92x stock with E2E p99 5.5 s against 4.5 s.
     """
 
     def __init__(
@@ -327,17 +322,15 @@ class SpeculationPolicy:
         margin: float = 0.03,
         acceptance: AcceptanceTracker | None = None,
         settle: int = 8,
-        premium: float = 0.1,
     ):
         self.candidates = tuple(sorted(set(candidates)))
         if not self.candidates or self.candidates[0] < 0 or self.candidates[-1] < 1:
             raise ValueError(f"candidates need a k >= 1 and no negative k, got {self.candidates}")
-        if settle < 1 or premium < 0:
-            raise ValueError(f"settle must be >= 1 and premium >= 0, got {settle}, {premium}")
+        if settle < 1:
+            raise ValueError(f"settle must be >= 1, got {settle}")
         self.reprobe_every = reprobe_every
         self.margin = margin
         self.settle = settle
-        self.premium = premium
         self.table = CostTable()
         self.acceptance = acceptance or AcceptanceTracker()
 
@@ -434,8 +427,6 @@ class SpeculationPolicy:
         prev = c.last_choice
         if prev in priced and priced[best][0] <= priced[prev][0] * (1.0 + self.margin):
             best = prev
-        if best != 0 and 0 in priced and priced[best][0] < priced[0][0] * (1.0 + self.premium):
-            best = 0
         c.last_choice = best
         return best, priced[best][1]
 

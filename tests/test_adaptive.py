@@ -254,3 +254,17 @@ def test_a_settled_plain_choice_skips_the_per_request_pricing():
     _feed(policy, key, plain=30.0, step=0.1, verify=1.0)  # speculation now wins by far
     picks = [policy.choose(32, 1000, view).steps for _ in range(4)]
     assert picks[-1] != 0 and len(views) >= 4
+
+
+def test_a_seeded_cell_prices_its_own_choice_on_the_settle_schedule():
+    """A cell seeded from a neighbour late in its life restarts the settle count with its own rounds."""
+    policy = SpeculationPolicy((0, 8), reprobe_every=1000, settle=4, acceptance=AcceptanceTracker(prior=0.5))
+    key = policy.choose(32, 1000)[1]
+    policy.choose(32, 1000)
+    _feed(policy, key, plain=1.0, step=0.9, verify=1.2)
+    for _ in range(50):
+        policy.choose(32, 1000)
+    views: list[int] = []
+    view = lambda: views.append(1) or BatchView([0.5] * 32, [0.01] * 32, 0.97)  # noqa: E731
+    picks = [policy.choose(32, 1300, view).steps for _ in range(8)]  # the next half-octave: seeded
+    assert picks == [0] * 8 and len(views) == 2

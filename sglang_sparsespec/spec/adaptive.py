@@ -124,7 +124,7 @@ class CostCell:
         """A new cell holding this one's costs and last choice, its measured modes counted as probed
         at its round 0 (so they are re-probed on the usual schedule, not at once)."""
         cell = copy.deepcopy(self)
-        cell.rounds = 0
+        cell.rounds = cell.last_priced = 0
         cell.last_probe = dict.fromkeys(self.last_probe, 0)
         return cell
 

@@ -55,8 +55,8 @@ class DraftStepInputs:
 class WholePrefixMeta:
     """SGLang's decode-kernel metadata for the plain step, refilled on the device before each one.
 
-    kv_indptr int32 [max_bs + 1]; kv_indices int64 (every row's KV slots, concatenated; sized by the
-    KV pool, which bounds their sum); num_kv_splits int32 [max_bs]; attn_logits fp32
+    kv_indptr int32 [max_bs + 1]; kv_indices int64 [max_bs x context length] (every row's KV slots,
+    concatenated); num_kv_splits int32 [max_bs]; attn_logits fp32
     [max_bs, q heads, max splits, v dim]; attn_lse fp32 [max_bs, q heads, max splits].
     """
 
@@ -94,7 +94,9 @@ class PillarDraftBackend(TritonAttnBackend):
         self.whole: WholePrefixMeta | None = None
         if plain:
             max_bs = inputs.req_pool_indices.shape[0]
-            slots = min(max_bs * self.max_context_len, model_runner.max_total_num_tokens + max_bs)
+            # Every row may reach the context length: with the radix cache, rows share prefix slots, so
+            # the rows' lengths can sum past the KV pool's size (SGLang sizes its graph buffer so too).
+            slots = max_bs * self.max_context_len
             splits = (max_bs, self.num_head, self.max_kv_splits)
             with torch.device(model_runner.device):
                 self.whole = WholePrefixMeta(

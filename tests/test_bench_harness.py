@@ -38,7 +38,7 @@ from benchmarks.client import generate_all
 
 FAKE_SERVER = textwrap.dedent(
     r'''
-    import json, math, os, random, subprocess, sys, time
+    import gzip, json, math, os, random, subprocess, sys, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     argv = sys.argv[1:]
@@ -92,6 +92,8 @@ FAKE_SERVER = textwrap.dedent(
             self.wfile.write(data)
 
         def do_GET(self):
+            if self.path == "/stop_profile":
+                return self.reply(400, {"error": "Profiling is not in progress."})
             if self.path == "/health_generate":
                 return self.reply(503 if mode == "never_healthy" else 200, {})
             if self.path == "/server_info":
@@ -110,6 +112,15 @@ FAKE_SERVER = textwrap.dedent(
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path == "/set_internal_state":
                 return self.reply(200, [True])
+            if self.path == "/start_profile":  # SGLang replies in plain text; the trace comes after the steps
+                trace = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "attn", "ts": 0, "dur": 300 * body["num_steps"]},
+                                         {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 400 * body["num_steps"], "dur": 100}]}
+                with gzip.open(os.path.join(body["output_dir"], "p-TP-0.trace.json.gz"), "wt") as f:
+                    json.dump(trace, f)
+                self.send_response(200)
+                self.send_header("Content-Length", "17")
+                self.end_headers()
+                return self.wfile.write(b"Start profiling.\n")
             if self.path != "/generate":
                 return self.reply(404, {})
             if body["input_ids"] and isinstance(body["input_ids"][0], list):  # a batch: one reply per prompt
@@ -707,6 +718,23 @@ def test_step_times_end_to_end_and_its_report(
     # Too little budget for a server start: skipped and listed, never started.
     assert step_times.main([*argv[:3], str(tmp_path / "short.json"), *argv[4:], "--time-budget", "80"]) == 0
     assert {r["status"] for r in json.loads((tmp_path / "short.json").read_text())["servers"].values()} == {"skipped"}
+
+
+def test_step_times_profiles_a_window_of_each_point(fake_sglang: Path, tmp_path: Path) -> None:
+    """--profile-steps: a third pass per point, profiled through /start_profile (plain-text reply; a
+    leftover profile is stopped first, which answers 400 when there is none); the trace's GPU time per step
+    lands in the row, and the server's context covers the longer profiled pass."""
+    out = tmp_path / "steps.json"
+    argv = ["--shape", "qwen3-1.7b", "--out", str(out), "--contexts", "8", "--batches", "2", "--configs", "stock",
+            "--decode-tokens", "10,60", "--profile-steps", "3", "--work-dir", str(tmp_path / "w")]  # fmt: skip
+    assert step_times.main(argv) == 0
+    (row,) = json.loads(out.read_text())["servers"]["stock"]["rows"]
+    prof = row["profile"]
+    assert prof["steps"] == 3 and [k["name"] for k in prof["kernels"]] == ["attn", "gemm"]
+    # attn 900 us + gemm 100 us busy in a 1300 us window, over 3 steps
+    assert prof["busy_ms_per_step"] == pytest.approx(1.0 / 3) and prof["idle_ms_per_step"] == pytest.approx(0.1)
+    flags = json.loads(out.read_text())["servers"]["stock"]["flags"]
+    assert int(flags[flags.index("--context-length") + 1]) >= 8 + 60 + 10 * 3
 
 
 # --------------------------------------------------------------------------- report

@@ -203,7 +203,8 @@ class PillarDraftRunner:
 
     def _plain_step(self, bs: int) -> None:
         """A plain-decoding round's forward: the pending token at each request's ``seq_len``, attending
-        its whole prefix (``decode_logits`` sets every tail start to 0), logits into ``plain_logits``."""
+        its whole prefix through SGLang's decode kernel (``PillarDraftBackend.plan(whole_prefix=True)``),
+        logits into ``plain_logits``."""
         self.plain_logits[:bs].copy_(self._forward(bs, self.seq_lens[:bs], whole_prefix=True))
 
     def _sample_step(self, logits: torch.Tensor, bs: int) -> torch.Tensor:

@@ -55,7 +55,7 @@ def stand_in_worker(bs: int, context: int, rng: random.Random) -> tuple[object, 
     """A worker with PILLAR's default policy state and a decode batch of ``bs`` requests."""
     cfg = PillarConfig()
     worker = SimpleNamespace(
-        cfg=cfg, policy=SpeculationPolicy(cfg.step_candidates), clock=RoundClock(_Event),
+        cfg=cfg, policy=SpeculationPolicy(cfg.step_candidates, floor_quantile=cfg.floor_quantile), clock=RoundClock(_Event),
         metrics=PillarMetrics(cfg.num_steps), agreement=RoundAgreement(None),
         dense=DenseChooser(cfg.budget, KV_BYTES, LAYERS, lambda b: max(1, SPLIT_PROGRAMS // (3 * b))),
     )  # fmt: skip
@@ -76,7 +76,7 @@ def time_rounds(bs: int, context: int, rounds: int, seed: int = 0) -> dict[str, 
     choose_s = complete_s = 0.0
     for _ in range(rounds):
         t0 = time.perf_counter()
-        steps, _ = PillarWorker._choose_steps(worker, batch)
+        steps = PillarWorker._choose_steps(worker, batch).steps
         worker.metrics.launched(steps, bs)  # the rest of a round's host-side policy work (_decode_round)
         worker.clock.end()
         t1 = time.perf_counter()

@@ -153,6 +153,10 @@ class PillarConfig:
     # Analysis only: every round runs this draft count (one of the candidates; 0 = plain decoding) while
     # the policy still prices its cells, so a step-time run can time one path alone; -1 = the policy's.
     force_steps: int = -1
+    # Adaptive speculation speculates only if the batch's request at this quantile of expected tokens
+    # decodes at least as fast as under plain decoding (spec/adaptive.py, SpeculationPolicy); 0 = the
+    # throughput choice alone.
+    floor_quantile: float = 0.1
     draft_grid: DraftGrid = DraftGrid.STATIC
     # Plain-decoding rounds: the decode path since its same-run A/B (plain-c4a7753-h200-2048: 1.04x
     # stock at 64 x 2048 against the verify path's 0.99x, lossless PASS; docs/results.md).
@@ -174,6 +178,8 @@ class PillarConfig:
                 f"{ENV_PREFIX}FORCE_STEPS must be -1 (off) or one of the draft counts {list(self.step_candidates)}, "
                 f"got {self.force_steps}"
             )
+        if not 0.0 <= self.floor_quantile < 1.0:
+            raise ValueError(f"{ENV_PREFIX}FLOOR_QUANTILE must be in [0, 1) (0 = off), got {self.floor_quantile}")
         if not 0.0 < self.budget_ratio <= 1.0:
             raise ValueError(f"{ENV_PREFIX}BUDGET_RATIO must be in (0, 1], got {self.budget_ratio}")
         if self.boost_ratio != 0.0 and not self.budget_ratio < self.boost_ratio <= 1.0:
@@ -303,6 +309,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("DRAFT_CANDIDATES", "draft_candidates"),
     Knob("ADAPTIVE_STEPS", "adaptive_steps"),
     Knob("FORCE_STEPS", "force_steps"),
+    Knob("FLOOR_QUANTILE", "floor_quantile"),
     Knob("DRAFT_GRID", "draft_grid"),
     Knob("PLAIN_PATH", "plain_path"),
     Knob("COST_CACHE", "cost_cache"),

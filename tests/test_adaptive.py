@@ -7,7 +7,7 @@ from sglang_sparsespec.patches.server_info import add_pillar_state
 
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.metrics import PillarMetrics
-from sglang_sparsespec.spec.dense import BatchView
+from sglang_sparsespec.spec.dense import BatchView, floor_tokens
 from sglang_sparsespec.spec.adaptive import (
     AcceptanceTracker,
     RoundClock,
@@ -268,3 +268,47 @@ def test_a_seeded_cell_prices_its_own_choice_on_the_settle_schedule():
     view = lambda: views.append(1) or BatchView([0.5] * 32, [0.01] * 32, 0.97)  # noqa: E731
     picks = [policy.choose(32, 1300, view).steps for _ in range(8)]  # the next half-octave: seeded
     assert picks == [0] * 8 and len(views) == 2
+
+
+def test_the_floor_keeps_the_poor_drafters_at_their_plain_speed():
+    """32 requests, an eighth of them poor drafters: the mean says speculate (7.5 tokens per request
+    per 12.6 ms round against 1 per 1.9 ms), but the floor's request (the 4th poorest) would emit
+    ~1.7 tokens per round, slower than plain decoding, so the policy decodes plainly and counts the
+    round as floored; floor_quantile 0 gives the throughput choice."""
+    view = lambda: BatchView([0.4] * 4 + [0.98] * 28, [10.0] * 32, 0.97)  # noqa: E731 (dense never pays)
+
+    def policy_with(q: float) -> tuple[SpeculationPolicy, tuple[int, int]]:
+        policy = SpeculationPolicy((0, 8), floor_quantile=q, acceptance=AcceptanceTracker(prior=0.9))
+        key = policy.choose(32, 2000)[1]
+        policy.choose(32, 2000)
+        _feed(policy, key, plain=1.8, step=1.1, verify=3.7)
+        return policy, key
+
+    floored, key = policy_with(0.1)
+    rates = floored.rates(key, view())
+    assert rates[8] > rates[0]  # the throughput choice
+    assert floor_tokens(view(), 8, [False] * 32, 0.1) == pytest.approx(expected_tokens(0.4, 8))
+    assert [floored.choose(32, 2000, view).steps for _ in range(3)] == [0, 0, 0]
+    assert floored.summary()["floored_rounds"] >= 1
+    free, _ = policy_with(0.0)
+    assert [free.choose(32, 2000, view).steps for _ in range(3)] == [8, 8, 8]
+    assert free.summary()["floored_rounds"] == 0
+    # Long contexts, a full batch: a round of 8 costs ~2 plain steps, so a drafter at 0.6 gains too.
+    deep = SpeculationPolicy((0, 8), acceptance=AcceptanceTracker(prior=0.9))
+    key = deep.choose(256, 7000)[1]
+    deep.choose(256, 7000)
+    _feed(deep, key, plain=15.0, step=2.2, verify=14.0)
+    many = lambda: BatchView([0.6] * 26 + [0.9] * 230, [10.0] * 256, 0.97)  # noqa: E731
+    assert deep.choose(256, 7000, many).steps == 8
+
+
+def test_floor_tokens_counts_dense_requests_at_the_dense_acceptance():
+    view = BatchView([0.2, 0.5, 0.9, 0.95], [0.0] * 4, 0.99)
+    assert floor_tokens(view, 4, [False] * 4, 0.0) == pytest.approx(expected_tokens(0.2, 4))
+    assert floor_tokens(view, 4, [True, False, False, False], 0.0) == pytest.approx(expected_tokens(0.5, 4))
+    assert floor_tokens(view, 4, [False] * 4, 0.5) == pytest.approx(expected_tokens(0.9, 4))
+    assert floor_tokens(view, 4, [False] * 4, 0.99) == pytest.approx(expected_tokens(0.95, 4))
+    with pytest.raises(ValueError, match="floor_quantile"):
+        SpeculationPolicy((0, 8), floor_quantile=1.0)
+    with pytest.raises(ValueError, match="FLOOR_QUANTILE"):
+        PillarConfig(num_steps=8, floor_quantile=-0.1)

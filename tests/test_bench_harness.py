@@ -933,3 +933,14 @@ def test_tune_table_keeps_each_kernels_fastest_launch_static_and_planned():
     assert "| dense | smollm2-135m | 32 | 2048 | splits 8, tile 32, 4 warps, 3 stages | 25.0 | 20.0 | 1900 |" in table
     assert "| dense_planned | smollm2-135m | 32 | 2048 | chunk 256, 8 programs / request | 22.0 | 20.0 | 2200 |" in table
     assert "splits 3" not in table and "chunk 512" not in table
+
+
+def test_policy_host_times_the_workers_own_round_choice(tmp_path):
+    """benchmarks.policy_host drives PillarWorker._choose_steps on stand-ins: it must follow the worker."""
+    from benchmarks import policy_host
+
+    out = tmp_path / "host.json"
+    assert policy_host.main(["--out", str(out), "--batches", "1", "32", "--rounds", "40"]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["bs"] for r in rows] == [1, 32]
+    assert all(sum(r["rounds_by_k"].values()) == 40 and r["choose_us"] > 0 for r in rows)

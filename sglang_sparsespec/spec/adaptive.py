@@ -18,6 +18,11 @@ part, so the cell keeps one figure per k). ``verify`` covers the verify pass, ac
 selection, whose cost does not depend on k because the verify graph has one width (k_max + 1; a
 round with fewer drafts caps their acceptance, see ``DraftRecord.num_drafts``).
 
+The floor. Priced per request (``dense.BatchView``), a speculative count must also leave the
+batch's request at ``floor_quantile`` of expected tokens (10% by default) at least its plain speed:
+E_k(a_q) / (draft(k) + verify + gap) >= 1 / (plain + gap). Throughput alone weighs a good drafter's
+gain against a poor one's loss, but with a fixed number of requests the poor ones end the run.
+
 Probes. A cell prices its two modes (plain, speculative) once, speculating at k_max the first time.
 After that it re-probes the mode it is not using every ``reprobe_every`` rounds, which also keeps
 the acceptance estimate fresh while plain decoding runs; a speculative re-probe drafts the fewest
@@ -39,7 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from .dense import BatchView, DensePlan, expected_tokens, plan_dense
+from .dense import BatchView, DensePlan, expected_tokens, floor_tokens, plan_dense
 from .rounds import LaunchedRounds
 
 
@@ -295,6 +300,15 @@ class RoundClock:
         return out
 
 
+class _Priced(NamedTuple):
+    """One candidate count as ``SpeculationPolicy`` prices it: expected tokens per request per ms, the
+    dense plan it assumes (None: unplanned), and whether the floor allows it."""
+
+    rate: float
+    plan: DensePlan | None
+    allowed: bool
+
+
 class Choice(NamedTuple):
     """One round's decision: ``steps`` drafts (0 = plain decoding), the cost cell ``key`` its time is
     measured into, and ``dense`` ([bs] per request, or None: all sparse / not planned)."""
@@ -309,7 +323,12 @@ class SpeculationPolicy:
     - 1) by expected tokens per millisecond; see the module docstring.
 
     ``margin``: a different k must promise this much more throughput than the cell's last choice
-    (hysteresis against noise). ``settle``: once a cell's priced choice is plain decoding, the next
+    (hysteresis against noise). ``floor_quantile`` (0 = off): a speculative count is a choice only
+    if the batch's request at that quantile of expected tokens (``floor_tokens``) decodes at least
+    as fast as under plain decoding. The batch-wide k speeds the good drafters and slows the poor
+    ones, and with a fixed number of requests the slowest ones set the wall: at 64 x 2K the
+    throughput choice alone gave per-request TPOT 1.68-2.75 ms against stock's 2.11-2.22 and a 6%
+    longer run (plainkernel-f6f40a8-h200-2048) although its mean request finished 3% sooner. ``settle``: once a cell's priced choice is plain decoding, the next
     ``settle - 1`` rounds there take it again without pricing: plain rounds are the shortest (1-3 ms
     where they win), so the per-request pricing (~0.2 ms at 32 requests, ``policy_host``) is a share
     of them the GPU waits for, while the costs and acceptances it reads move over tens of rounds.
@@ -322,15 +341,20 @@ class SpeculationPolicy:
         margin: float = 0.03,
         acceptance: AcceptanceTracker | None = None,
         settle: int = 8,
+        floor_quantile: float = 0.1,
     ):
         self.candidates = tuple(sorted(set(candidates)))
         if not self.candidates or self.candidates[0] < 0 or self.candidates[-1] < 1:
             raise ValueError(f"candidates need a k >= 1 and no negative k, got {self.candidates}")
         if settle < 1:
             raise ValueError(f"settle must be >= 1, got {settle}")
+        if not 0.0 <= floor_quantile < 1.0:
+            raise ValueError(f"floor_quantile must be in [0, 1), got {floor_quantile}")
         self.reprobe_every = reprobe_every
         self.margin = margin
         self.settle = settle
+        self.floor_quantile = floor_quantile
+        self.floored = 0  # priced rounds where the floor turned the throughput choice down
         self.table = CostTable()
         self.acceptance = acceptance or AcceptanceTracker()
 
@@ -369,21 +393,26 @@ class SpeculationPolicy:
         """Expected tokens per request per ms for every candidate the cell can price. With a
         ``view``, each request's own acceptance and the best dense set count (``dense.plan_dense``);
         without, the batch's acceptance."""
-        return {k: rate for k, (rate, _) in self._priced(key, view).items()}
+        return {k: p.rate for k, p in self._priced(key, view).items()}
 
-    def _priced(self, key: tuple[int, int], view: BatchView | None) -> dict[int, tuple[float, DensePlan | None]]:
-        out: dict[int, tuple[float, DensePlan | None]] = {}
+    def _priced(self, key: tuple[int, int], view: BatchView | None) -> dict[int, _Priced]:
+        out: dict[int, _Priced] = {}
+        plain = self.round_ms(key, 0) if 0 in self.candidates else None
         for k in self.candidates:
             ms = self.round_ms(key, k)
             if ms is None:
                 continue
             if k == 0:
-                out[k] = (1.0 / ms, None)
+                out[k] = _Priced(1.0 / ms, None, True)
             elif view is not None and len(view.alpha):
                 plan = plan_dense(view, k, ms)
-                out[k] = (plan.tokens / len(view.alpha) / plan.ms, plan)
+                # The floor's request keeps its plain speed: floor tokens per plan.ms >= 1 per plain ms.
+                ok = plain is None or not self.floor_quantile or (
+                    floor_tokens(view, k, plan.dense, self.floor_quantile) * plain >= plan.ms
+                )
+                out[k] = _Priced(plan.tokens / len(view.alpha) / plan.ms, plan, ok)
             else:
-                out[k] = (expected_tokens(self.acceptance.alpha, k) / ms, None)
+                out[k] = _Priced(expected_tokens(self.acceptance.alpha, k) / ms, None, True)
         return out
 
     def choose(self, batch_size: int, mean_len: float, view: Callable[[], BatchView] | None = None) -> Choice:
@@ -423,12 +452,15 @@ class SpeculationPolicy:
         priced = self._priced(key, view)
         if not priced:
             return self.k_max, None
-        best = max(priced, key=lambda k: priced[k][0])
+        allowed = {k: p for k, p in priced.items() if p.allowed}
+        best = max(allowed, key=lambda k: allowed[k].rate)
+        if allowed[best].rate < max(p.rate for p in priced.values()):
+            self.floored += 1
         prev = c.last_choice
-        if prev in priced and priced[best][0] <= priced[prev][0] * (1.0 + self.margin):
+        if prev in allowed and allowed[best].rate <= allowed[prev].rate * (1.0 + self.margin):
             best = prev
         c.last_choice = best
-        return best, priced[best][1]
+        return best, allowed[best].plan
 
     def summary(self) -> dict[str, Any]:
         """The acceptance estimate and the measured cost of every cell that ran, as
@@ -436,6 +468,7 @@ class SpeculationPolicy:
         counts are ``PillarMetrics.rounds_by_steps``)."""
         return {
             "alpha": round(self.acceptance.alpha, 4),
+            "floored_rounds": self.floored,
             "cells": {
                 cell_label(key): {
                     "rounds": c.rounds,

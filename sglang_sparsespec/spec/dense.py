@@ -164,6 +164,14 @@ def plan_dense(view: BatchView, k: int, round_ms: float) -> DensePlan:
     return DensePlan(tokens, ms, dense)
 
 
+def floor_tokens(view: BatchView, k: int, dense: Sequence[bool], quantile: float) -> float:
+    """Expected tokens, in a round of ``k`` drafts, of the batch's request at ``quantile`` of them
+    (0: the poorest; index floor(quantile x bs)), each request sparse or dense as ``dense`` says."""
+    e_dense = expected_tokens(view.alpha_dense, k)
+    tokens = sorted(e_dense if d else expected_tokens(a, k) for a, d in zip(view.alpha, dense))
+    return tokens[min(int(quantile * len(tokens)), len(tokens) - 1)]
+
+
 def dense_extra_ms(
     context: int,
     budget: int,

@@ -332,11 +332,14 @@ class PillarWorker(BaseSpecWorker):
         # may decide its own (they see the same accept counts) without a hang.
         boost = self.dense.boost(reqs, alpha)
         mean_len = sum(r.seqlen for r in reqs) / max(len(reqs), 1)
-        steps, key, dense = self.policy.choose(len(reqs), mean_len, lambda: self.dense.view(reqs, alpha))
+        choice = self.policy.choose(len(reqs), mean_len, lambda: self.dense.view(reqs, alpha))
+        steps, key, dense = choice.steps, choice.key, choice.dense
         if self.cfg.force_steps >= 0:  # analysis: the cell still measures what runs, which is forced
             steps, dense = self.cfg.force_steps, None
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
-        self.policy.acceptance.launched(steps, len(reqs), dense)
+        # The calibration compares a round with what it was chosen for: only a round that ran as chosen.
+        expected = choice.expected if (steps, dense) == (choice.steps, choice.dense) else None
+        self.policy.acceptance.launched(steps, len(reqs), dense, expected)
         self.dense.launched(reqs, steps, dense, boost)
         self.clock.start(key, steps)
         rounds = sum(self.metrics.rounds_by_steps.values()) + 1  # this round is counted at launch

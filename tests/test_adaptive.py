@@ -312,3 +312,37 @@ def test_floor_tokens_counts_dense_requests_at_the_dense_acceptance():
         SpeculationPolicy((0, 8), floor_quantile=1.0)
     with pytest.raises(ValueError, match="FLOOR_QUANTILE"):
         PillarConfig(num_steps=8, floor_quantile=-0.1)
+
+
+def test_calibration_scales_the_expectation_by_what_the_rounds_delivered():
+    """Rounds of 4 drafts chosen for 4.5 tokens per request that emit 3 each pull the calibration of
+    k = 4 towards 2/3 (clamped at CAL_RANGE), and the policy's rate for k = 4 with it; rounds that were
+    not chosen as priced (expected None) and other counts leave it alone."""
+    acc = AcceptanceTracker(prior=0.9)
+    for _ in range(200):
+        acc.launched(4, 2, None, expected=9.0)
+        acc.completed([2, 2])
+    assert acc.calibrated(4) == pytest.approx(6.0 / 9.0, rel=1e-3)
+    assert acc.calibrated(8) == 1.0
+    acc.launched(4, 2, None, None)
+    acc.completed([4, 4])
+    assert acc.calibrated(4) == pytest.approx(6.0 / 9.0, rel=1e-3)
+    for _ in range(200):
+        acc.launched(8, 1, None, expected=1.0)
+        acc.completed([8])
+    assert acc.calibrated(8) == AcceptanceTracker.CAL_RANGE[1]
+
+    policy = SpeculationPolicy((0, 4), acceptance=AcceptanceTracker(prior=0.9))
+    key = policy.choose(8, 3000)[1]
+    policy.choose(8, 3000)
+    _feed(policy, key, plain=2.0, step=1.0, verify=3.0, k=4)
+    choice = policy.choose(8, 3000)
+    assert choice.steps == 4 and choice.expected == pytest.approx(8 * expected_tokens(0.9, 4))
+    for _ in range(100):
+        policy.acceptance.launched(4, 8, None, choice.expected)
+        policy.acceptance.completed([1] * 8)  # 2 tokens each against ~4.1 expected
+    acc = policy.acceptance
+    assert acc.calibrated(4) < 0.6
+    assert policy.rates(key)[4] == pytest.approx(acc.calibrated(4) * expected_tokens(acc.alpha, 4) / policy.round_ms(key, 4))
+    assert policy.choose(8, 3000).steps == 0  # calibrated, plain decoding wins
+    assert policy.summary()["calibration"] == {"4": round(policy.acceptance.calibrated(4), 3)}

@@ -125,7 +125,9 @@ class PillarWorker(BaseSpecWorker):
         self.warmup_rounds = 0  # start-up warm-up rounds so far (patches/serve_warmup.py)
         self.cost_file: CostFile | None = None  # where the policy's measured costs persist (rank 0 writes)
         if self.cfg.adaptive:
-            self.policy = SpeculationPolicy(self.cfg.step_candidates, floor_quantile=self.cfg.floor_quantile)
+            self.policy = SpeculationPolicy(
+                self.cfg.step_candidates, floor_quantile=self.cfg.floor_quantile, premium=self.cfg.spec_premium
+            )
             self.clock = RoundClock(lambda: torch.cuda.Event(enable_timing=True))
             self.agreement = RoundAgreement.for_tp_group()
             self.cost_file = CostFile.resolve(self.cfg.cost_cache, self._setup_identity())

@@ -157,6 +157,8 @@ class PillarConfig:
     # decodes at least as fast as under plain decoding (spec/adaptive.py, SpeculationPolicy); 0 = the
     # throughput choice alone.
     floor_quantile: float = 0.1
+    # ... and only if it promises this much more throughput than plain decoding (SpeculationPolicy).
+    spec_premium: float = 0.15
     draft_grid: DraftGrid = DraftGrid.STATIC
     # Plain-decoding rounds: the decode path since its same-run A/B (plain-c4a7753-h200-2048: 1.04x
     # stock at 64 x 2048 against the verify path's 0.99x, lossless PASS; docs/results.md).
@@ -180,6 +182,8 @@ class PillarConfig:
             )
         if not 0.0 <= self.floor_quantile < 1.0:
             raise ValueError(f"{ENV_PREFIX}FLOOR_QUANTILE must be in [0, 1) (0 = off), got {self.floor_quantile}")
+        if not 0.0 <= self.spec_premium < float("inf"):
+            raise ValueError(f"{ENV_PREFIX}SPEC_PREMIUM must be a finite number >= 0, got {self.spec_premium}")
         if not 0.0 < self.budget_ratio <= 1.0:
             raise ValueError(f"{ENV_PREFIX}BUDGET_RATIO must be in (0, 1], got {self.budget_ratio}")
         if self.boost_ratio != 0.0 and not self.budget_ratio < self.boost_ratio <= 1.0:
@@ -310,6 +314,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ADAPTIVE_STEPS", "adaptive_steps"),
     Knob("FORCE_STEPS", "force_steps"),
     Knob("FLOOR_QUANTILE", "floor_quantile"),
+    Knob("SPEC_PREMIUM", "spec_premium"),
     Knob("DRAFT_GRID", "draft_grid"),
     Knob("PLAIN_PATH", "plain_path"),
     Knob("COST_CACHE", "cost_cache"),

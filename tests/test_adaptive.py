@@ -114,7 +114,7 @@ def test_policy_probes_unpriced_modes_first():
     [
         (1.0, 0.85, 1.2, 0.85, 0),  # draft step ~ decode step (small batch): plain decoding
         (20.0, 2.5, 21.0, 0.85, 8),  # long contexts, cheap sparse steps: the longest round
-        (10.0, 2.0, 11.0, 0.45, 2),  # poor acceptance: a short round
+        (11.0, 2.0, 11.0, 0.45, 2),  # poor acceptance: a short round
     ],
 )
 def test_policy_picks_the_best_expected_rate(plain, step, verify, alpha, want):
@@ -278,7 +278,7 @@ def test_the_floor_keeps_the_poor_drafters_at_their_plain_speed():
     view = lambda: BatchView([0.4] * 4 + [0.98] * 28, [10.0] * 32, 0.97)  # noqa: E731 (dense never pays)
 
     def policy_with(q: float) -> tuple[SpeculationPolicy, tuple[int, int]]:
-        policy = SpeculationPolicy((0, 8), floor_quantile=q, acceptance=AcceptanceTracker(prior=0.9))
+        policy = SpeculationPolicy((0, 8), floor_quantile=q, premium=0.0, acceptance=AcceptanceTracker(prior=0.9))
         key = policy.choose(32, 2000)[1]
         policy.choose(32, 2000)
         _feed(policy, key, plain=1.8, step=1.1, verify=3.7)
@@ -346,3 +346,17 @@ def test_calibration_scales_the_expectation_by_what_the_rounds_delivered():
     assert policy.rates(key)[4] == pytest.approx(acc.calibrated(4) * expected_tokens(acc.alpha, 4) / policy.round_ms(key, 4))
     assert policy.choose(8, 3000).steps == 0  # calibrated, plain decoding wins
     assert policy.summary()["calibration"] == {"4": round(policy.acceptance.calibrated(4), 3)}
+
+
+def test_the_premium_keeps_plain_decoding_where_speculation_gains_little():
+    """k = 8 at acceptance 0.9 promises 6.1 tokens per 11.1 ms round, 10% more than plain decoding's
+    one per 2.0 ms: below the 15% premium, so the policy decodes plainly; at 0.95 (7.4 tokens, +33%) it
+    speculates."""
+    for alpha, want in ((0.9, 0), (0.95, 8)):
+        policy = SpeculationPolicy((0, 8), acceptance=AcceptanceTracker(prior=alpha))
+        key = policy.choose(32, 2000)[1]
+        policy.choose(32, 2000)
+        policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.0), RoundSample(key, 8, 8.0, 3.1, 0.0)])
+        assert policy.choose(32, 2000).steps == want
+    with pytest.raises(ValueError, match="SPEC_PREMIUM"):
+        PillarConfig(num_steps=8, spec_premium=-1.0)

@@ -55,7 +55,8 @@ def stand_in_worker(bs: int, context: int, rng: random.Random) -> tuple[object, 
     """A worker with PILLAR's default policy state and a decode batch of ``bs`` requests."""
     cfg = PillarConfig()
     worker = SimpleNamespace(
-        cfg=cfg, policy=SpeculationPolicy(cfg.step_candidates, floor_quantile=cfg.floor_quantile, premium=cfg.spec_premium), clock=RoundClock(_Event),
+        cfg=cfg, clock=RoundClock(_Event),
+        policy=SpeculationPolicy(cfg.step_candidates, floor_quantile=cfg.floor_quantile, premium=cfg.spec_premium),
         metrics=PillarMetrics(cfg.num_steps), agreement=RoundAgreement(None),
         dense=DenseChooser(cfg.budget, KV_BYTES, LAYERS, lambda b: max(1, SPLIT_PROGRAMS // (3 * b))),
     )  # fmt: skip

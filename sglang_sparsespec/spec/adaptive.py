@@ -21,8 +21,14 @@ round with fewer drafts caps their acceptance, see ``DraftRecord.num_drafts``).
 Calibration. The expected tokens are estimates, and the rounds that run are the ones whose
 estimates looked best; so the tracker keeps, per draft count, the ratio of the tokens the rounds
 emitted to the tokens they were chosen for, and the policy scales every speculative expectation by
-it. At 32 requests x 2K (floor-00600ec-h200-2048) the speculative rounds emitted ~10% fewer tokens
-than their estimates, which turned a predicted 8% gain over plain decoding into a loss.
+it. Measured 0.97-1.02 at 8-64 requests x 2K (calib-5e3bb34-h200-2048): a guard, not a correction
+that run needed.
+
+The premium. A speculative count must promise ``premium`` (15%) more throughput than plain
+decoding. In the same run, 32 / 64 requests x 2K went at 0.98 / 0.97x stock with every round plain
+and at 0.93 / 0.89x when the rounds with a predicted gain of a few percent speculated: their tokens
+matched the estimates, so the loss is in costs the cells do not see (not measured apart yet; the
+wave ends thinner, 31.4 requests in flight on average against 31.9).
 
 The floor. Priced per request (``dense.BatchView``), a speculative count must also leave the
 batch's request at ``floor_quantile`` of expected tokens (10% by default) at least its plain speed:
@@ -329,13 +335,11 @@ class RoundClock:
 
 class _Priced(NamedTuple):
     """One candidate count as ``SpeculationPolicy`` prices it: calibrated expected tokens per request
-    per ms, the dense plan it assumes (None: unplanned), whether the floor allows it, and the
-    uncalibrated expected tokens (the batch's with a plan, one request's without; None for k = 0)."""
+    per ms, the dense plan it assumes (None: unplanned), and whether the floor allows it."""
 
     rate: float
     plan: DensePlan | None
     allowed: bool
-    tokens: float | None
 
 
 class Choice(NamedTuple):
@@ -355,21 +359,15 @@ class SpeculationPolicy:
     - 1) by expected tokens per millisecond; see the module docstring.
 
     ``margin``: a different k must promise this much more throughput than the cell's last choice
-    (hysteresis against noise). ``premium``: a speculative count must promise this much more throughput
-    than plain decoding: a thin predicted gain is lost in serving (same run, calib-5e3bb34-h200-2048:
-    32 / 64 requests x 2K at 0.98 / 0.97x stock with every round plain, 0.93 / 0.89x with the
-    rounds whose predicted gain was a few percent speculating; their accept counts matched the
-    estimates, calibration 0.98-1.02, so the loss is in costs the cells do not see, not measured
-    apart yet: the wave ends thinner, 31.4 requests in flight on average against 31.9, and the
-    speculative rounds' selection work runs beside the next rounds). ``floor_quantile`` (0 = off): a speculative count is a choice only
-    if the batch's request at that quantile of expected tokens (``floor_tokens``) decodes at least
-    as fast as under plain decoding. The batch-wide k speeds the good drafters and slows the poor
-    ones, and with a fixed number of requests the slowest ones set the wall: at 64 x 2K the
-    throughput choice alone gave per-request TPOT 1.68-2.75 ms against stock's 2.11-2.22 and a 6%
-    longer run (plainkernel-f6f40a8-h200-2048) although its mean request finished 3% sooner. ``settle``: once a cell's priced choice is plain decoding, the next
-    ``settle - 1`` rounds there take it again without pricing: plain rounds are the shortest (1-3 ms
-    where they win), so the per-request pricing (~0.2 ms at 32 requests, ``policy_host``) is a share
-    of them the GPU waits for, while the costs and acceptances it reads move over tens of rounds.
+    (hysteresis against noise). ``premium`` and ``floor_quantile`` (0 = off): the module docstring;
+    the floor's request is the batch's at that quantile of expected tokens (``floor_tokens``). At 64
+    x 2K the throughput choice alone gave per-request TPOT 1.68-2.75 ms against stock's 2.11-2.22 and
+    a 6% longer run although its mean request finished 3% sooner (plainkernel-f6f40a8-h200-2048): the
+    batch-wide k speeds the good drafters, slows the poor ones, and the slowest set the wall.
+    ``settle``: once a cell's priced choice is plain decoding, the next ``settle - 1`` rounds there
+    take it again without pricing: plain rounds are the shortest (1-3 ms where they win), so the
+    per-request pricing (~0.2 ms at 32 requests, ``policy_host``) is a share of them the GPU waits
+    for, while the costs and acceptances it reads move over tens of rounds.
     """
 
     def __init__(
@@ -445,7 +443,7 @@ class SpeculationPolicy:
             if ms is None:
                 continue
             if k == 0:
-                out[k] = _Priced(1.0 / ms, None, True, None)
+                out[k] = _Priced(1.0 / ms, None, True)
                 continue
             cal = self.acceptance.calibrated(k)
             if view is not None and len(view.alpha):
@@ -454,10 +452,9 @@ class SpeculationPolicy:
                 ok = plain is None or not self.floor_quantile or (
                     cal * floor_tokens(view, k, plan.dense, self.floor_quantile) * plain >= plan.ms
                 )
-                out[k] = _Priced(cal * plan.tokens / len(view.alpha) / plan.ms, plan, ok, plan.tokens)
+                out[k] = _Priced(cal * plan.tokens / len(view.alpha) / plan.ms, plan, ok)
             else:
-                tokens = expected_tokens(self.acceptance.alpha, k)
-                out[k] = _Priced(cal * tokens / ms, None, True, tokens)
+                out[k] = _Priced(cal * expected_tokens(self.acceptance.alpha, k) / ms, None, True)
         return out
 
     def choose(self, batch_size: int, mean_len: float, view: Callable[[], BatchView] | None = None) -> Choice:

@@ -60,7 +60,10 @@ def stand_in_worker(bs: int, context: int, rng: random.Random) -> tuple[object, 
         metrics=PillarMetrics(cfg.num_steps), agreement=RoundAgreement(None),
         dense=DenseChooser(cfg.budget, KV_BYTES, LAYERS, lambda b: max(1, SPLIT_PROGRAMS // (3 * b))),
     )  # fmt: skip
-    worker.summary = lambda: PillarWorker.summary(worker)  # the path-count log line every PATH_LOG_EVERY rounds
+    # The path-count log line and the cost save (no cost file here) every PATH_LOG_EVERY rounds.
+    worker.cost_file = None
+    worker.summary = lambda: PillarWorker.summary(worker)
+    worker._save_costs = lambda: PillarWorker._save_costs(worker)
     reqs = [_Req(context + rng.randrange(512)) for _ in range(bs)]
     batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False))
     key = worker.policy.choose(bs, context)[1]

@@ -7,7 +7,7 @@ from sglang_sparsespec.patches.server_info import add_pillar_state
 
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.metrics import PillarMetrics
-from sglang_sparsespec.spec.dense import BatchView, floor_tokens
+from sglang_sparsespec.spec.dense import BatchView, floor_tokens, plan_dense
 from sglang_sparsespec.spec.adaptive import (
     AcceptanceTracker,
     RoundClock,
@@ -287,7 +287,7 @@ def test_the_floor_keeps_the_poor_drafters_at_their_plain_speed():
     floored, key = policy_with(0.1)
     rates = floored.rates(key, view())
     assert rates[8] > rates[0]  # the throughput choice
-    assert floor_tokens(view(), 8, [False] * 32, 0.1) == pytest.approx(expected_tokens(0.4, 8))
+    assert floor_tokens(plan_dense(view(), 8, floored.round_ms(key, 8)), 0.1) == pytest.approx(expected_tokens(0.4, 8))
     assert [floored.choose(32, 2000, view).steps for _ in range(3)] == [0, 0, 0]
     assert floored.summary()["floored_rounds"] >= 1
     free, _ = policy_with(0.0)
@@ -303,11 +303,15 @@ def test_the_floor_keeps_the_poor_drafters_at_their_plain_speed():
 
 
 def test_floor_tokens_counts_dense_requests_at_the_dense_acceptance():
-    view = BatchView([0.2, 0.5, 0.9, 0.95], [0.0] * 4, 0.99)
-    assert floor_tokens(view, 4, [False] * 4, 0.0) == pytest.approx(expected_tokens(0.2, 4))
-    assert floor_tokens(view, 4, [True, False, False, False], 0.0) == pytest.approx(expected_tokens(0.5, 4))
-    assert floor_tokens(view, 4, [False] * 4, 0.5) == pytest.approx(expected_tokens(0.9, 4))
-    assert floor_tokens(view, 4, [False] * 4, 0.99) == pytest.approx(expected_tokens(0.95, 4))
+    alpha = [0.2, 0.5, 0.9, 0.95]
+    sparse = plan_dense(BatchView(alpha, [100.0] * 4, 0.99), 4, 10.0)  # dense never pays
+    first = plan_dense(BatchView(alpha, [0.0] + [100.0] * 3, 0.99), 4, 10.0)  # free for the first only
+    assert sparse.dense == [False] * 4 and first.dense == [True, False, False, False]
+    assert sum(first.each) == pytest.approx(first.tokens)
+    assert floor_tokens(sparse, 0.0) == pytest.approx(expected_tokens(0.2, 4))
+    assert floor_tokens(first, 0.0) == pytest.approx(expected_tokens(0.5, 4))
+    assert floor_tokens(sparse, 0.5) == pytest.approx(expected_tokens(0.9, 4))
+    assert floor_tokens(sparse, 0.99) == pytest.approx(expected_tokens(0.95, 4))
     with pytest.raises(ValueError, match="floor_quantile"):
         SpeculationPolicy((0, 8), floor_quantile=1.0)
     with pytest.raises(ValueError, match="FLOOR_QUANTILE"):
@@ -343,7 +347,8 @@ def test_calibration_scales_the_expectation_by_what_the_rounds_delivered():
         policy.acceptance.completed([1] * 8)  # 2 tokens each against ~4.1 expected
     acc = policy.acceptance
     assert acc.calibrated(4) < 0.6
-    assert policy.rates(key)[4] == pytest.approx(acc.calibrated(4) * expected_tokens(acc.alpha, 4) / policy.round_ms(key, 4))
+    want = acc.calibrated(4) * expected_tokens(acc.alpha, 4) / policy.round_ms(key, 4)
+    assert policy.rates(key)[4] == pytest.approx(want)
     assert policy.choose(8, 3000).steps == 0  # calibrated, plain decoding wins
     assert policy.summary()["calibration"] == {"4": round(policy.acceptance.calibrated(4), 3)}
 

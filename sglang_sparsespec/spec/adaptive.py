@@ -360,7 +360,7 @@ class SpeculationPolicy:
 
     ``margin``: a different k must promise this much more throughput than the cell's last choice
     (hysteresis against noise). ``premium`` and ``floor_quantile`` (0 = off): the module docstring;
-    the floor's request is the batch's at that quantile of expected tokens (``floor_tokens``). At 64
+    the floor's request is the plan's at that quantile of expected tokens (``floor_tokens``). At 64
     x 2K the throughput choice alone gave per-request TPOT 1.68-2.75 ms against stock's 2.11-2.22 and
     a 6% longer run although its mean request finished 3% sooner (plainkernel-f6f40a8-h200-2048): the
     batch-wide k speeds the good drafters, slows the poor ones, and the slowest set the wall.
@@ -439,7 +439,7 @@ class SpeculationPolicy:
         out: dict[int, _Priced] = {}
         plain = self.round_ms(key, 0) if 0 in self.candidates else None
         for k in self.candidates:
-            ms = self.round_ms(key, k)
+            ms = plain if k == 0 else self.round_ms(key, k)
             if ms is None:
                 continue
             if k == 0:
@@ -450,7 +450,7 @@ class SpeculationPolicy:
                 plan = plan_dense(view, k, ms)
                 # The floor's request keeps its plain speed: floor tokens per plan.ms >= 1 per plain ms.
                 ok = plain is None or not self.floor_quantile or (
-                    cal * floor_tokens(view, k, plan.dense, self.floor_quantile) * plain >= plan.ms
+                    cal * floor_tokens(plan, self.floor_quantile) * plain >= plan.ms
                 )
                 out[k] = _Priced(cal * plan.tokens / len(view.alpha) / plan.ms, plan, ok)
             else:

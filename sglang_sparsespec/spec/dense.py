@@ -126,32 +126,34 @@ class BatchView:
 @dataclass(frozen=True)
 class DensePlan:
     """tokens: the batch's expected tokens; ms: the round's expected time; dense: [bs] which
-    requests draft over their whole prefix."""
+    requests draft over their whole prefix; each: [bs] each request's expected tokens (dense or
+    sparse as ``dense`` says; they sum to ``tokens``)."""
 
     tokens: float
     ms: float
     dense: list[bool]
+    each: list[float]
 
 
 def plan_dense(view: BatchView, k: int, round_ms: float) -> DensePlan:
     """The dense set maximising expected tokens per ms for a round of ``k`` drafts whose all-sparse
     cost is ``round_ms`` (see the module docstring)."""
     n = len(view.alpha)
-    sparse = [expected_tokens(a, k) for a in view.alpha]
+    each = [expected_tokens(a, k) for a in view.alpha]
     e_dense = expected_tokens(view.alpha_dense, k)
-    tokens, ms = sum(sparse), round_ms
+    tokens, ms = sum(each), round_ms
     dense = [False] * n
     if k == 0 or n == 0:
-        return DensePlan(tokens, ms, dense)
+        return DensePlan(tokens, ms, dense, each)
 
     # Per request (comprehensions: this runs for every candidate count of every round, on the
     # scheduler's thread): tokens gained and ms added by drafting densely, and their ratio. A request
     # with nothing to gain goes last in the order, where it ends the choice.
-    gains = [e_dense - s for s in sparse]
+    gains = [e_dense - s for s in each]
     costs = [k * x for x in view.extra_ms]
     ratios = [-math.inf if g <= 0 else (g / c if c > 0 else math.inf) for g, c in zip(gains, costs)]
     if max(ratios) * ms <= tokens:  # the usual full batch: nobody raises the rate, skip the sort
-        return DensePlan(tokens, ms, dense)
+        return DensePlan(tokens, ms, dense, each)
     for i in sorted(range(n), key=ratios.__getitem__, reverse=True):
         gain, cost = gains[i], costs[i]
         # Ratios only fall and tokens / ms only rises from here: the first request that does not
@@ -159,16 +161,16 @@ def plan_dense(view: BatchView, k: int, round_ms: float) -> DensePlan:
         if gain <= 0 or gain * ms <= tokens * cost:
             break
         dense[i] = True
+        each[i] = e_dense
         tokens += gain
         ms += cost
-    return DensePlan(tokens, ms, dense)
+    return DensePlan(tokens, ms, dense, each)
 
 
-def floor_tokens(view: BatchView, k: int, dense: Sequence[bool], quantile: float) -> float:
-    """Expected tokens, in a round of ``k`` drafts, of the batch's request at ``quantile`` of them
-    (0: the poorest; index floor(quantile x bs)), each request sparse or dense as ``dense`` says."""
-    e_dense = expected_tokens(view.alpha_dense, k)
-    tokens = sorted(e_dense if d else expected_tokens(a, k) for a, d in zip(view.alpha, dense))
+def floor_tokens(plan: DensePlan, quantile: float) -> float:
+    """The expected tokens of the plan's request at ``quantile`` of them (0: the poorest; index
+    floor(quantile x bs)); the plan must cover at least one request."""
+    tokens = sorted(plan.each)
     return tokens[min(int(quantile * len(tokens)), len(tokens) - 1)]
 
 

@@ -253,7 +253,6 @@ class PillarDraftRunner:
                     self.graphs[(bs, greedy)] = captured(lambda: self._step(bs, greedy))
                 if self.plain_logits is not None:
                     self._load_padding(0, bs)
-                    self.inputs.tail_start[:bs] = 0
                     self.plain_graphs[bs] = captured(lambda: self._plain_step(bs))
         logger.info(
             "PILLAR draft-step graphs%s captured in %.1f s for batch sizes %s",
@@ -294,7 +293,6 @@ class PillarDraftRunner:
         if self.plain_logits is None:
             raise RuntimeError("PILLAR plain decode path is off (SPARSESPEC_PLAIN_PATH=verify)")
         bs, graph_bs, padded = self._load(req_pool_indices, seq_lens, tokens)
-        self.inputs.tail_start[:padded] = 0  # every row attends its whole prefix
         graph = self.plain_graphs.get(graph_bs) if graph_bs is not None else None
         if graph is not None:
             graph.replay()

@@ -207,6 +207,11 @@ class PillarWorker(BaseSpecWorker):
         k_idx = torch.arange(self.cfg.num_steps, dtype=torch.long, device=self.device)
         self._chain_parents = (k_idx - 1).repeat(self.max_bs, 1)
         self._chain_scores_index = k_idx.repeat(self.max_bs, 1)
+        # Constant per-request rows handed to the scheduler each round (see _next_draft_input and the plain
+        # round's accept lengths): views of these instead of a fresh tensor, and a launch, per round.
+        self._relay_index = torch.zeros((self.max_bs, 1), dtype=torch.int64, device=self.device)
+        self._relay_p = torch.ones((self.max_bs, 1), dtype=torch.float32, device=self.device)
+        self._ones = torch.ones(self.max_bs, dtype=torch.int32, device=self.device)
 
     def init_attention_backends(self):
         mc = self.model_runner.model_config
@@ -478,7 +483,7 @@ class PillarWorker(BaseSpecWorker):
             can_run_cuda_graph=graphed,
             speculative_num_draft_tokens=1,
             next_draft_input=self._next_draft_input(tokens),
-            accept_lens=torch.ones_like(tokens),
+            accept_lens=self._rows(self._ones, tokens.shape[0]),  # read only (copied to the host)
             new_seq_lens=batch.seq_lens + 1,
         )
         if on_publish is not None:
@@ -519,15 +524,22 @@ class PillarWorker(BaseSpecWorker):
                 q_tok=torch.zeros((bs, 0), dtype=torch.float32),
             )
 
-    @staticmethod
-    def _next_draft_input(bonus_tokens: torch.Tensor) -> EagleDraftInput:
-        # topk_p / topk_index are sliced unconditionally by the non-overlap scheduler's
-        # filter/merge, so they must exist even though PILLAR relays only the bonus token.
+    def _next_draft_input(self, bonus_tokens: torch.Tensor) -> EagleDraftInput:
+        # topk_p / topk_index must exist, one row per request, though PILLAR relays only the bonus token:
+        # the scheduler slices and concatenates them (filter/merge), copies them into its future map and
+        # tells an idle input by their length; nothing reads their values, so constant rows serve.
+        bs = bonus_tokens.shape[0]
         return EagleDraftInput(
             bonus_tokens=bonus_tokens,
-            topk_index=bonus_tokens.view(-1, 1).to(torch.int64),
-            topk_p=torch.ones((bonus_tokens.shape[0], 1), dtype=torch.float32, device=bonus_tokens.device),
+            topk_index=self._rows(self._relay_index, bs),
+            topk_p=self._rows(self._relay_p, bs),
         )
+
+    def _rows(self, constant: torch.Tensor, bs: int) -> torch.Tensor:
+        """The first ``bs`` rows of a constant per-request buffer (sized by --max-running-requests)."""
+        if bs > constant.shape[0]:
+            raise RuntimeError(f"PILLAR: a batch of {bs} requests exceeds max running requests {constant.shape[0]}")
+        return constant[:bs]
 
     # ---- the rest of the BaseSpecWorker contract ---------------------------------------
     def clear_cache_pool(self):

@@ -73,7 +73,10 @@ def test_a_plain_round_on_the_decode_path_hands_the_scheduler_one_sampled_token_
     clock.end = lambda: setattr(clock, "ended", clock.ended + 1)
     worker = SimpleNamespace(draft_runner=Runner(logits), model_runner=SimpleNamespace(sampler=sampler),
                              timer=SimpleNamespace(interrupt=lambda: None), clock=clock, metrics=PillarMetrics(8),
-                             _next_draft_input=w.PillarWorker._next_draft_input)  # fmt: skip
+                             _relay_index=torch.zeros((4, 1), dtype=torch.int64), _relay_p=torch.ones((4, 1)),
+                             _ones=torch.ones(4, dtype=torch.int32))  # fmt: skip
+    for name in ("_next_draft_input", "_rows"):
+        setattr(worker, name, getattr(w.PillarWorker, name).__get__(worker))
     worker._plain_decode_round = lambda b, p: w.PillarWorker._plain_decode_round(worker, b, p)
     b = batch(req_pool_indices=torch.tensor([3, 4]), seq_lens=torch.tensor([10, 20]), reqs=[SimpleNamespace(rid="a")],
               spec_info=SimpleNamespace(bonus_tokens=torch.tensor([7, 8], dtype=torch.int32)))  # fmt: skip
@@ -85,5 +88,8 @@ def test_a_plain_round_on_the_decode_path_hands_the_scheduler_one_sampled_token_
     assert result.accept_lens.tolist() == [1, 1] and result.speculative_num_draft_tokens == 1
     assert result.new_seq_lens.tolist() == [11, 21] and published[0] is result.new_seq_lens
     assert result.next_draft_input.bonus_tokens.tolist() == [1, 0] and result.can_run_cuda_graph
+    assert result.next_draft_input.topk_p.shape == result.next_draft_input.topk_index.shape == (2, 1)
+    with pytest.raises(RuntimeError, match="exceeds max running requests"):
+        worker._rows(worker._ones, 5)
     assert result.logits_output.hidden_states is None and clock.ended == 1
     assert worker.metrics.summary()["plain_decode_rounds"] == 1  # counted for /server_info

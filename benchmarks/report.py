@@ -22,6 +22,7 @@ from typing import Any
 
 from benchmarks import step_times
 from benchmarks.lossless import NEAR_TIE_NATS
+from benchmarks.schedule import full_batch_rate
 
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
@@ -80,9 +81,10 @@ def workload_key(doc: dict[str, Any]) -> tuple[Any, ...]:
 
 def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (config, concurrency) run, with ``ratio_vs_stock`` (out tok/s over stock's),
-    ``ratio_vs_best_stock`` (over the fastest ``stock*`` config's: Triton, FlashInfer) and
+    ``ratio_vs_best_stock`` (over the fastest ``stock*`` config's: Triton, FlashInfer),
     ``e2e_vs_stock`` (stock's mean request latency over this config's: > 1 when requests finish sooner)
-    filled where a stock row of the same run id, workload and concurrency matches."""
+    and ``full_vs_stock`` (the full-batch rates' ratio, ``benchmarks/schedule.py``) filled where a stock
+    row of the same run id, workload and concurrency matches."""
     rows = []
     for doc in docs:
         if doc.get("kind") != "throughput":
@@ -100,6 +102,7 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "status": run["status"],
                 "metrics": m,
                 "tok_s": m.get("output_throughput") if run["status"] == "ok" else None,
+                "full_tok_s": _full_batch_rate(run),
                 "commit": str(made.get("git_commit"))[:12],
                 "stream_interval": stream_interval(doc["config"].get("flags", [])),
             })  # fmt: skip
@@ -115,12 +118,22 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         r["ratio_vs_stock"] = _ratio(r["tok_s"], b["tok_s"]) if b else None
         r["ratio_vs_best_stock"] = _ratio(r["tok_s"], best.get((r["run_id"], r["workload"], r["concurrency"])))
         r["e2e_vs_stock"] = _ratio(b["metrics"].get("mean_e2e_latency_ms"), r["metrics"].get("mean_e2e_latency_ms")) if b else None
+        r["full_vs_stock"] = _ratio(r["full_tok_s"], b["full_tok_s"]) if b else None
     rows.sort(key=lambda r: (r["run_id"], str(r["workload"]), _config_rank(r["config"]), r["concurrency"]))
     return rows
 
 
+def _full_batch_rate(run: dict[str, Any]) -> float | None:
+    """The run's output tok/s while every slot was busy (None without per-request data or a second wave)."""
+    pr, m = run.get("per_request"), run.get("metrics") or {}
+    if run["status"] != "ok" or not pr or not m.get("duration"):
+        return None
+    return full_batch_rate(pr["e2e_s"], pr["ttft_s"], pr["output_len"], run["concurrency"], m["duration"])
+
+
 THROUGHPUT_HEADERS = (
-    "config", "conc", "reqs", "out tok/s", "vs stock", "vs best stock", "E2E vs stock", "TPOT med ms", "TPOT p99 ms",
+    "config", "conc", "reqs", "out tok/s", "vs stock", "vs best stock", "E2E vs stock", "full-batch tok/s",
+    "full-batch vs stock", "TPOT med ms", "TPOT p99 ms",
     "ITL med ms", "ITL p99 ms", "TTFT med ms", "TTFT mean ms", "E2E mean s", "E2E p99 s", "busy", "accept len", "status",
 )  # fmt: skip
 
@@ -130,7 +143,8 @@ def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
         m = r["metrics"]
         return [
             r["config"], r["concurrency"], fmt(r["num_prompts"], "d"), fmt(r["tok_s"], ".0f"),
-            fmt(r["ratio_vs_stock"], ".2f", "x"), fmt(r["ratio_vs_best_stock"], ".2f", "x"), fmt(r["e2e_vs_stock"], ".2f", "x"), fmt(m.get("median_tpot_ms")), fmt(m.get("p99_tpot_ms")),
+            fmt(r["ratio_vs_stock"], ".2f", "x"), fmt(r["ratio_vs_best_stock"], ".2f", "x"), fmt(r["e2e_vs_stock"], ".2f", "x"),
+            fmt(r["full_tok_s"], ".0f"), fmt(r["full_vs_stock"], ".2f", "x"), fmt(m.get("median_tpot_ms")), fmt(m.get("p99_tpot_ms")),
             fmt(m.get("median_itl_ms")), fmt(m.get("p99_itl_ms")), fmt(m.get("median_ttft_ms"), ".1f"),
             fmt(m.get("mean_ttft_ms"), ".0f"),  # a mean far above the median: some requests waited (a stall)
             fmt(_seconds(m.get("mean_e2e_latency_ms")), ".1f"), fmt(_seconds(m.get("p99_e2e_latency_ms")), ".1f"),
@@ -694,6 +708,9 @@ def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = (),
          "`vs stock` = output tok/s divided by the stock config's in the same run and concurrency; "
          "`vs best stock` = divided by the fastest stock backend's there (Triton or FlashInfer); "
          "busy = mean requests in flight over the concurrency; "
+         "full-batch tok/s = output tok/s until the last request started, while every slot was busy (the schedule "
+         "rebuilt from the per-request latencies, `benchmarks/schedule.py`; a steady load's rate, without the run's "
+         "final drain; `-` for one wave or runs without per-request data); "
          "`E2E vs stock` = the stock config's mean request latency divided by this config's (how much sooner "
          "the average request finishes; one-wave out tok/s ends with the slowest request instead); "
          "accept len = output tokens per verify step (bonus token included), 1.0 for no speculation.\n"),

@@ -1,0 +1,60 @@
+"""A closed-loop run's schedule, rebuilt from its per-request latencies, and its full-batch rate.
+
+bench_serving (request rate inf, ``--max-concurrency C``) sends its requests in order and starts the next
+one whenever one finishes, so request i >= C starts at the (i - C + 1)-th completion. From the end-to-end
+latencies in request order (``per_request`` of a ``benchmarks.throughput`` run) that gives every request's
+start; rebuilt that way the run's end matched the measured duration to 0.1 s on the e058028 runs.
+
+Fixed-length requests make such a run end in a drain: once the last request has started, slots empty
+one by one. Stock decodes every request at one pace, so its requests end together and the drain is
+short. Speculation gives each request its own pace (its acceptance), so PILLAR's run ends with a long
+drain whose length depends on how many waves the run has. The full-batch rate is the output tokens per
+second from the start to the last request's start, while every slot is busy. It is what a server
+under steady load sustains. Each request's tokens in that window are counted pro rata of its decode
+time (TTFT to end), an estimate: a request decoding faster early in its life (short context, plain
+rounds) is undercounted.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+# The rebuilt end must match the measured duration this closely, or the order assumption failed.
+END_TOLERANCE = 0.02
+
+
+def rebuild_starts(e2e_s: Sequence[float], concurrency: int) -> list[float]:
+    """Each request's start (s from the run's start): the first ``concurrency`` at 0, then each at the
+    earliest end among the requests in flight."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    ends: list[float] = []
+    starts = []
+    for i, e in enumerate(e2e_s):
+        start = 0.0 if i < concurrency else heapq.heappop(ends)
+        starts.append(start)
+        heapq.heappush(ends, start + e)
+    return starts
+
+
+def full_batch_rate(
+    e2e_s: Sequence[float], ttft_s: Sequence[float], output_len: Sequence[int], concurrency: int, duration_s: float
+) -> float | None:
+    """Output tokens per second until the last request starts (every slot busy), or None where the run
+    has no such window (one wave) or its rebuilt end misses ``duration_s`` (the order assumption failed)."""
+    if not len(e2e_s) == len(ttft_s) == len(output_len) or len(e2e_s) <= concurrency:
+        return None
+    starts = rebuild_starts(e2e_s, concurrency)
+    end = max(s + e for s, e in zip(starts, e2e_s))
+    if abs(end - duration_s) > END_TOLERANCE * duration_s:
+        return None
+    window = starts[-1]
+    if window <= 0.0:
+        return None
+    tokens = 0.0
+    for start, e2e, ttft, n in zip(starts, e2e_s, ttft_s, output_len):
+        first, last = start + ttft, start + e2e
+        if last > first:
+            tokens += n * max(0.0, min(last, window) - first) / (last - first)
+    return tokens / window

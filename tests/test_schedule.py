@@ -1,0 +1,37 @@
+"""The closed-loop schedule rebuilt from per-request latencies, and the full-batch rate read off it."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.schedule import full_batch_rate, rebuild_starts
+
+
+def test_requests_start_in_order_as_slots_free() -> None:
+    # Two slots: requests 0 and 1 start at once; request 2 takes the slot that frees first (request 1
+    # ends at 3 s), request 3 the next end (request 2 at 3 + 1 = 4 s), request 4 the next (request 0 at 5 s).
+    assert rebuild_starts([5.0, 3.0, 1.0, 2.0, 4.0], 2) == [0.0, 0.0, 3.0, 4.0, 5.0]
+    with pytest.raises(ValueError, match="concurrency"):
+        rebuild_starts([1.0], 0)
+
+
+def test_lockstep_requests_sustain_the_whole_first_wave() -> None:
+    # Stock's shape: every request 10 s (1 s prefill), 90 tokens; two waves of two. The second wave starts
+    # at 10 s; until then both slots decode 90 tokens each over 9 s.
+    e2e, ttft, n = [10.0] * 4, [1.0] * 4, [90] * 4
+    assert full_batch_rate(e2e, ttft, n, 2, duration_s=20.0) == pytest.approx(180 / 10)
+
+
+def test_uneven_requests_count_the_tokens_before_the_last_start() -> None:
+    # Request 2 starts when request 0 ends (4 s), request 3 when request 1 ends (8 s): the window is 8 s.
+    # Tokens by then: request 0 all 40, request 1 all 80, request 2 (4-10 s) 4/6 of 60 = 40, request 3 none.
+    e2e, ttft, n = [4.0, 8.0, 6.0, 2.0], [0.0] * 4, [40, 80, 60, 20]
+    assert rebuild_starts(e2e, 2) == [0.0, 0.0, 4.0, 8.0]
+    assert full_batch_rate(e2e, ttft, n, 2, duration_s=10.0) == pytest.approx((40 + 80 + 40) / 8)
+
+
+def test_no_rate_without_a_second_wave_or_when_the_order_does_not_hold() -> None:
+    assert full_batch_rate([3.0, 4.0], [0.1, 0.1], [10, 10], 2, duration_s=4.0) is None  # one wave
+    # The rebuilt run ends at 10 s; a measured duration of 14 s means the requests did not start in order.
+    assert full_batch_rate([4.0, 8.0, 6.0, 2.0], [0.0] * 4, [1] * 4, 2, duration_s=14.0) is None
+    assert full_batch_rate([4.0, 8.0], [0.0], [1, 1], 1, duration_s=12.0) is None  # lengths differ

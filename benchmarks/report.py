@@ -467,7 +467,9 @@ def _num_steps(flags: Sequence[str]) -> int | None:
 def _step_rows(d: dict[str, Any]) -> list[list[str]]:
     """One row per measured (config, L, B) with PILLAR phase times, stock's decode step at the same point."""
     stock = {(r["context"], r["batch"]): r.get("step_ms") for r in d["servers"].get("stock", {}).get("rows", [])}
-    proj = {(p["config"], p["context"], p["batch"]): p["projected_speedup"] for p in d.get("projection", [])}
+    # Recomputed rather than read from the file, so runs recorded before a projection existed show it too.
+    projected = step_times.projections(d["servers"], d["settings"].get("accept_assumed"))
+    proj = {(p["config"], p["context"], p["batch"]): p for p in projected}
     with_proj = d["settings"].get("accept_assumed") is not None
     rows = []
     for name, rec in d["servers"].items():
@@ -477,8 +479,15 @@ def _step_rows(d: dict[str, Any]) -> list[list[str]]:
             rows.append([name, *point, fmt(stock.get(point), ".3f"), fmt(r["draft_ms"], ".3f"),
                          fmt(r["draft_ms"] / k if k else None, ".3f"), fmt(r["verify_ms"], ".3f"),
                          fmt(r["select_ms"], ".3f"), fmt(r["round_ms"], ".3f")]
-                        + ([fmt(proj.get((name, *point)), ".2f", "x")] if with_proj else []))  # fmt: skip
+                        + (_projected(proj.get((name, *point))) if with_proj else []))  # fmt: skip
     return rows
+
+
+def _projected(p: dict[str, Any] | None) -> list[str]:
+    """The projection cells of a row: speedup, mixed-phase round's best case and its speedup."""
+    p = p or {}
+    return [fmt(p.get("projected_speedup"), ".2f", "x"), fmt(p.get("mixed_round_ms"), ".3f"),
+            fmt(p.get("projected_speedup_mixed"), ".2f", "x")]  # fmt: skip
 
 
 def _not_measured(d: dict[str, Any]) -> list[str]:
@@ -526,7 +535,8 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
     for d in sorted((d for d in docs if d.get("kind") == "step_times"), key=lambda d: d["meta"]["run_id"]):
         meta, s = d["meta"], d["settings"]
         accept = s.get("accept_assumed")
-        headers = STEP_HEADERS + ((f"projected speedup (accept {accept:g})",) if accept is not None else ())
+        headers = STEP_HEADERS + ((f"projected speedup (accept {accept:g})", "mixed round ms (best case)",
+                                   "projected speedup, mixed (best case)") if accept is not None else ())  # fmt: skip
         cap = [[c["config"] if c["twin"] in d["servers"] else f"{c['config']} (twin: {c['twin']})", c["context"],
                 c["batch"], fmt(c["capture_ms"], ".3f"), fmt(c["select_ms"], ".3f"),
                 fmt(_pct(c["capture_select_frac_of_verify"]), ".0f", "%")]
@@ -550,7 +560,9 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "time difference of two output lengths / their token difference (host overheads included); PILLAR phases "
         "= mean GPU ms per round from `SPARSESPEC_STEP_TIMING` (draft = k sparse steps, draft / step = draft / k). "
         "The projected speedup is a projection, not a measurement: an accept length measured on a real model x "
-        "stock step / PILLAR round. Capture = verify ms of a score-using policy minus its streaming twin's (same "
+        "stock step / PILLAR round. Mixed round (best case) = the round less what its verify costs above stock's "
+        "decode step at the same point (verify ms - stock step): the most mixed-phase batching could hide "
+        "(docs/design.md). Capture = verify ms of a score-using policy minus its streaming twin's (same "
         "flags and knobs, `SPARSESPEC_POLICY=streaming`: no score capture, no LSE); share = (capture + select) / "
         "(verify + select).\n\n" + "\n".join(parts)
     )

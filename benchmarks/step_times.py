@@ -303,7 +303,8 @@ def run_config(
 
 
 def projections(servers: dict[str, dict[str, Any]], accept: float | None) -> list[dict[str, Any]]:
-    """accept * stock step / PILLAR round per (L, B) measured by both; a projection, not a measurement."""
+    """accept * stock step / PILLAR round per (L, B) measured by both, and the same with the mixed-phase
+    round's best case (``mixed_round_bound``); projections, not measurements."""
     if accept is None or "stock" not in servers:
         return []
     stock = {(r["context"], r["batch"]): r for r in servers["stock"]["rows"] if "step_ms" in r}
@@ -312,9 +313,21 @@ def projections(servers: dict[str, dict[str, Any]], accept: float | None) -> lis
         for r in rec["rows"] if name != "stock" else []:
             key = (r["context"], r["batch"])
             if "round_ms" in r and key in stock:
+                step = stock[key]["step_ms"]
+                mixed = mixed_round_bound(r, step)
                 out.append({"config": name, "context": key[0], "batch": key[1], "accept_assumed": accept,
-                            "projected_speedup": accept * stock[key]["step_ms"] / r["round_ms"]})  # fmt: skip
+                            "projected_speedup": accept * step / r["round_ms"], "mixed_round_ms": mixed,
+                            "projected_speedup_mixed": accept * step / mixed})  # fmt: skip
     return out
+
+
+def mixed_round_bound(row: dict[str, Any], stock_step_ms: float) -> float:
+    """The mixed-phase round's best case at a PILLAR row's (L, B) (docs/design.md, mixed-phase batching).
+    Spread over the k + 1 forwards, the verify rows share the draft forwards' weight read and launches and
+    keep their KV read, which a stock decode step at the same (L, B) also pays. So at most what the verify
+    costs above that step (its k + 1 rows' matrix work, its own pass) goes: the round less
+    max(0, verify - stock step). The accept and select phases and every draft step stay."""
+    return row["round_ms"] - max(0.0, row["verify_ms"] - stock_step_ms)
 
 
 def capture_overhead(servers: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

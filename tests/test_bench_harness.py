@@ -710,6 +710,8 @@ def test_step_times_end_to_end_and_its_report(
     (cap,) = doc["capture_overhead"]
     assert cap["twin"] == "pillar-streaming:verify_kernel=sglang" and cap["capture_ms"] == pytest.approx(0.5)
     assert doc["projection"][0]["projected_speedup"] == pytest.approx(6.0 * stock["rows"][0]["step_ms"] / 4.25)
+    # The mixed bound hides what the fake's 2.0 ms verify costs above its stock step, if anything.
+    assert doc["projection"][0]["mixed_round_ms"] == pytest.approx(4.25 - max(0.0, 2.0 - stock["rows"][0]["step_ms"]))
     assert report.main(["--results-dir", str(results), "--no-plots"]) == 0
     md = (results / "SUMMARY.md").read_text()
     assert "shape qwen3-1.7b; M1/M2 = 10/60 output tokens; weights dummy (random): times only" in md
@@ -946,3 +948,16 @@ def test_policy_host_times_the_workers_own_round_choice(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["bs"] for r in rows] == [1, 32]
     assert all(sum(r["rounds_by_k"].values()) == rounds and r["choose_us"] > 0 for r in rows)
+
+
+def test_the_mixed_round_bound_hides_the_verify_pass_above_a_decode_forward() -> None:
+    # Qwen3-8B at 4K x 64 (steps_qwen3-8b_h100.json): verify 31.88 ms against stock's 24.61 ms step, so at most
+    # 7.27 ms of the 96.27 ms round is the verify's own pass that mixed forwards could hide.
+    row = {"context": 4096, "batch": 64, "verify_ms": 31.88, "round_ms": 96.27}
+    assert step_times.mixed_round_bound(row, 24.61) == pytest.approx(89.0)
+    # A verify faster than stock's step (GPU events against wall time) hides nothing, never a negative.
+    assert step_times.mixed_round_bound({**row, "verify_ms": 20.0}, 24.61) == 96.27
+    servers = {"stock": {"rows": [{"context": 4096, "batch": 64, "step_ms": 24.61}]}, "pillar": {"rows": [row]}}
+    (p,) = step_times.projections(servers, 6.0)
+    assert p["mixed_round_ms"] == pytest.approx(89.0)
+    assert p["projected_speedup_mixed"] == pytest.approx(6.0 * 24.61 / 89.0)

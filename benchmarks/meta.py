@@ -19,10 +19,13 @@ def new_run_id() -> str:
 
 
 def device_name() -> str:
-    """GPU model as nvidia-smi reports it (first GPU), else torch's name, else 'cpu'."""
+    """GPU model as nvidia-smi reports it (the first GPU CUDA_VISIBLE_DEVICES names, else the first GPU),
+    else torch's name, else 'cpu'."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader",
+             *(["-i", visible] if visible else [])],
             capture_output=True, text=True, timeout=30, check=True,
         ).stdout.strip()  # fmt: skip
         if out:
@@ -70,6 +73,8 @@ def run_metadata(run_id: str) -> dict[str, str | None]:
         "run_id": run_id,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": device_name(),
+        # Which of the host's GPUs ran it (None: all visible), where several runs share a host at once.
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "hostname": platform.node(),
         "git_commit": git_commit(),
         "sglang_version": package_version("sglang"),

@@ -685,6 +685,26 @@ def test_sweep_runs_the_matrix_writes_the_report_and_resumes(
         sweep.main([*argv, "--tag", "a/b"])
 
 
+def test_sweep_on_two_gpus_runs_each_length_on_its_own_card(
+    fake_sglang: Path, fake_bench: str, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "sweep"
+    argv = ["--model", str(tiny_tokenizer_dir), "--data-dir", str(data_dir), "--out", str(out), "--tag", "t2",
+            "--configs", "stock,pillar", "--output-len", "16,24,32", "--concurrency", "2", "--no-plots", "--gpus", "0,1"]  # fmt: skip
+    assert sweep.main(argv) == 0
+    # Lengths round-robin over the GPUs: 16 and 32 on GPU 0, 24 on GPU 1; every config of a length on its GPU.
+    for n, gpu in ((16, "0"), (24, "1"), (32, "0")):
+        for config in ("stock", "pillar"):
+            doc = json.loads((out / f"throughput_sweep-t2-{n}_{config}.json").read_text())
+            assert doc["meta"]["cuda_visible_devices"] == gpu and doc["runs"][0]["status"] == "ok"
+    # One throughput run (and log) per GPU, over its lengths; each child's output in its own log.
+    assert (out / "throughput_sweep-t2-16-32.log").is_file() and (out / "throughput_sweep-t2-24.log").is_file()
+    assert "done: 4 ok" in (out / "sweep_gpu0.log").read_text() and "done: 2 ok" in (out / "sweep_gpu1.log").read_text()
+    assert "### Throughput, run sweep-t2-32" in (out / "SUMMARY.md").read_text()
+    with pytest.raises(SystemExit):
+        sweep.main([*argv[:-1], "0,0"])
+
+
 def test_step_times_end_to_end_and_its_report(
     fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -455,7 +455,7 @@ def tune_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 STEP_HEADERS = ("config", "L", "B", "stock decode step ms", "draft ms / round", "draft ms / step", "verify ms",
-                "select ms", "round ms")  # fmt: skip
+                "verify / stock step", "select ms", "round ms")  # fmt: skip
 CAPTURE_HEADERS = ("config", "L", "B", "capture ms", "select ms", "share of verify step")
 
 
@@ -478,6 +478,9 @@ def _step_rows(d: dict[str, Any]) -> list[list[str]]:
             point = (r["context"], r["batch"])
             rows.append([name, *point, fmt(stock.get(point), ".3f"), fmt(r["draft_ms"], ".3f"),
                          fmt(r["draft_ms"] / k if k else None, ".3f"), fmt(r["verify_ms"], ".3f"),
+                         # Issue 20's bar for the verify pass: <= 1.3x a decode step at the same batch and context
+                         # (a step <= 0 ms is a failed measurement: no ratio).
+                         fmt(_ratio(r["verify_ms"], step) if (step := stock.get(point) or 0) > 0 else None, ".2f", "x"),
                          fmt(r["select_ms"], ".3f"), fmt(r["round_ms"], ".3f")]
                         + (_projected(proj.get((name, *point))) if with_proj else []))  # fmt: skip
     return rows

@@ -76,7 +76,8 @@ def _config_rank(name: str) -> tuple[int, str]:
 
 def workload_key(doc: dict[str, Any]) -> tuple[Any, ...]:
     w = doc.get("workload", {})
-    return (w.get("kind"), w.get("output_len"), w.get("input_len"), w.get("temperature"), w.get("top_p"))
+    return (w.get("kind"), w.get("output_len"), w.get("input_len"), w.get("temperature"), w.get("top_p"),
+            w.get("request_rate", "inf"))  # fmt: skip
 
 
 def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -102,7 +103,7 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "status": run["status"],
                 "metrics": m,
                 "tok_s": m.get("output_throughput") if run["status"] == "ok" else None,
-                "full_tok_s": _full_batch_rate(run),
+                "full_tok_s": _full_batch_rate(run, doc),
                 "commit": str(made.get("git_commit"))[:12],
                 "stream_interval": stream_interval(doc["config"].get("flags", [])),
             })  # fmt: skip
@@ -123,10 +124,11 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _full_batch_rate(run: dict[str, Any]) -> float | None:
-    """The run's output tok/s while every slot was busy (None without per-request data or a second wave)."""
+def _full_batch_rate(run: dict[str, Any], doc: dict[str, Any]) -> float | None:
+    """The run's output tok/s while every slot was busy (None without per-request data or a second wave, and
+    for Poisson arrivals, where requests do not start as others end)."""
     pr, m = run.get("per_request"), run.get("metrics") or {}
-    if run["status"] != "ok" or not pr or not m.get("duration"):
+    if run["status"] != "ok" or not pr or not m.get("duration") or doc["workload"].get("request_rate", "inf") != "inf":
         return None
     return full_batch_rate(pr["e2e_s"], pr["ttft_s"], pr["output_len"], run["concurrency"], m["duration"])
 
@@ -161,9 +163,10 @@ def _seconds(ms: Any) -> float | None:
 
 
 def describe_workload(key: tuple[Any, ...]) -> str:
-    _, out_len, _, temp, top_p = key
+    _, out_len, _, temp, top_p, rate = key
     nucleus = "" if top_p is None else f", top-p {top_p:g}"  # runs before --top-p existed did not record it
-    return f"AIME24+AMC23 chat prompts, {out_len} output tokens (ignore_eos), temperature {temp}{nucleus}"
+    arrivals = "" if rate == "inf" else f", Poisson arrivals at {rate:g} requests/s"
+    return f"AIME24+AMC23 chat prompts, {out_len} output tokens (ignore_eos), temperature {temp}{nucleus}{arrivals}"
 
 
 STREAM_INTERVAL_1_NOTE = (

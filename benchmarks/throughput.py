@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shlex
 import statistics
@@ -171,6 +172,9 @@ class Workload:
     temperature: float
     top_p: float
     dataset_files: dict[int, Path]
+    # Requests per second, Poisson arrivals (bench_serving); inf sends them all at once, so the
+    # concurrency alone paces them (a closed loop: a finished request lets the next one start).
+    request_rate: float = math.inf
 
 
 def bench_argv(
@@ -183,6 +187,7 @@ def bench_argv(
         "--sharegpt-output-len", str(workload.output_len),
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
         "--temperature", str(workload.temperature), "--top-p", str(workload.top_p), "--seed", "1",
+        "--request-rate", str(workload.request_rate),
         "--output-file", str(output_file), "--disable-tqdm", "--output-details",
     ]  # fmt: skip
 
@@ -297,7 +302,7 @@ def resumable_runs(earlier: Path, doc: dict[str, Any]) -> tuple[dict[int, dict[s
         return {}, f"no earlier {earlier.name}"
     old = json.loads(earlier.read_text())
     for part, keys in (("config", ("name", "flags", "env", "pillar_config")),
-                       ("workload", ("kind", "output_len", "input_len", "temperature", "top_p", "datasets"))):  # fmt: skip
+                       ("workload", ("kind", "output_len", "input_len", "temperature", "top_p", "datasets", "request_rate"))):  # fmt: skip
         for key in keys:
             if old.get(part, {}).get(key) != doc[part].get(key):
                 return {}, f"{earlier.name}: {part}.{key} differs"
@@ -496,6 +501,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS))
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for every request (1: off)")
+    p.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests per second, Poisson arrivals (default inf: all at once, paced by --concurrency); "
+                        "a finite rate measures latency at a fixed load")
     add_server_options(p, 540.0)
     p.add_argument("--run-id", default=None,
                    help="share one id across invocations of one comparison; with several --output-len it must "
@@ -523,6 +531,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--waves must be >= 1")
     if args.temperature < 0 or not 0.0 < args.top_p <= 1.0:
         p.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    if not args.request_rate > 0:
+        p.error(f"--request-rate must be > 0 (inf: all at once), got {args.request_rate}")
     if args.resume is not None and not args.resume.is_dir():
         p.error(f"--resume must be a folder of result files, got {args.resume}")
     try:
@@ -568,7 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def workload_doc(output_len: int) -> dict[str, Any]:
         # kind and input_len stay in the record: --resume matches them against earlier files
         return {"kind": "aime", "output_len": output_len, "input_len": None,
-                "temperature": args.temperature, "top_p": args.top_p, "ignore_eos": True, "request_rate": "inf",
+                "temperature": args.temperature, "top_p": args.top_p, "ignore_eos": True,
+                "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
                 "num_prompts": {str(c): n for c, n in num_prompts.items()}, **prompt_doc}  # fmt: skip
 
     docs = []
@@ -594,7 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     kept, why_not = resumable_runs(args.resume / out_path.name, doc)
                     log.line(f"{config.name} len={n}: resumed c={','.join(map(str, sorted(kept)))} from {args.resume}"
                              if kept else f"{config.name} len={n}: nothing resumed ({why_not})")  # fmt: skip
-                segments.append(Segment(Workload(n, args.temperature, args.top_p, files), doc, out_path, kept))
+                segments.append(Segment(Workload(n, args.temperature, args.top_p, files, args.request_rate), doc, out_path, kept))
             run_config(config, segments, args.concurrencies, num_prompts, inv)
             docs.extend(seg.doc for seg in segments)
 

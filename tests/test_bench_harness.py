@@ -328,6 +328,7 @@ def test_bench_driver_with_the_real_bench_serving(tiny_tokenizer_dir: Path, data
     assert {r.output_len for r in rows} == {64} and sorted(r.prompt for r in rows) == sorted(p.text for p in prompts)
 
     argv = throughput.bench_argv("http://h:1", "/m", throughput.Workload(16, 0.6, 0.95, {1: path}), 1, 1, tmp_path / "o")
+    assert argv[argv.index("--request-rate") + 1] == "inf"  # bench_serving's own default, spelled out
     with bench_driver.BenchDriver(tmp_path / "driver.log") as driver:
         assert driver.run(["--help"], tmp_path / "help.log", 300, lambda: None) == 0
     text = (tmp_path / "help.log").read_text()
@@ -619,6 +620,16 @@ def test_throughput_end_to_end(
     # Other server flags: nothing is resumed.
     assert throughput.main([*args5, "--extra-server-args=--mem-fraction-static 0.5", "--configs", "stock"]) == 0
     assert "nothing resumed (throughput_R-16_stock.json: config.flags differs)" in capsys.readouterr().out
+    # Poisson arrivals are another workload: recorded, passed on, never resumed from closed-loop runs.
+    assert throughput.main([*args5, "--request-rate", "2.5", "--configs", "stock"]) == 0
+    assert "nothing resumed (throughput_R-16_stock.json: workload.request_rate differs)" in capsys.readouterr().out
+    rated = json.loads((out5 / "throughput_R-16_stock.json").read_text())
+    assert rated["workload"]["request_rate"] == 2.5 and s5["workload"]["request_rate"] == "inf"
+    (row,) = [r for r in report.throughput_rows([rated]) if r["concurrency"] == 2]
+    assert row["full_tok_s"] is None  # requests do not start as others end: no closed-loop schedule to rebuild
+    assert report.describe_workload(row["workload"]).endswith(", Poisson arrivals at 2.5 requests/s")
+    with pytest.raises(SystemExit):
+        throughput.parse_args([*args, "--request-rate", "0"])
 
     # A server that never becomes healthy fails its runs; too little budget skips them, which is not a failure.
     monkeypatch.setenv("FAKE_MODE", "never_healthy")

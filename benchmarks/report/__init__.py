@@ -1,0 +1,64 @@
+"""Merge result JSONs into markdown tables (and PNG plots when matplotlib is installed).
+
+    python -m benchmarks.report [--results-dir benchmarks/results] [--out SUMMARY.md] [--readme docs/results.md]
+
+--readme docs/results.md also writes one page of tables per result kind into docs/results/ and their
+index between the page's results markers; the text around the markers is left as is.
+
+Ratios compare a config with the ``stock`` config of the same run id (one GPU session),
+the same workload and the same concurrency; across runs the hardware state differs
+(clocks, neighbours), so no cross-run ratio is ever printed.
+
+One module per part: ``common`` (loading, cells, ratios), ``serving`` (throughput, plain rounds, spread,
+offload, plots), ``correctness`` (lossless, acceptance, exactness, the CPU reference), ``steps`` (kernels,
+step times) and ``pages`` (the summary and the docs pages).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from .common import DEFAULT_RESULTS, describe_workload, load_results, stream_interval
+from .correctness import lossless_markdown
+from .pages import PAGE_NOTE, README_BEGIN, README_END, results_pages, summary_markdown, write_results_pages
+from .serving import REPEATS_DIR, plain_vs_stock_markdown, plot_throughput, throughput_rows, throughput_table
+from .steps import tune_table
+
+__all__ = [
+    "DEFAULT_RESULTS", "PAGE_NOTE", "README_BEGIN", "README_END", "describe_workload", "load_results",
+    "lossless_markdown", "main", "plain_vs_stock_markdown", "results_pages", "stream_interval", "summary_markdown",
+    "throughput_rows", "throughput_table", "tune_table",
+]  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS)
+    p.add_argument("--out", type=Path, default=None, help="default: <results-dir>/SUMMARY.md")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--readme", type=Path, default=None,
+                   help="also write the table pages into this file's folder of its name (docs/results.md -> "
+                        "docs/results/) and their index into its generated block")
+    args = p.parse_args(argv)
+    if not args.results_dir.is_dir():
+        p.error(f"results dir not found: {args.results_dir}")
+    docs, notes = load_results(args.results_dir)
+    notes = list(notes)
+    repeats_dir = args.results_dir / REPEATS_DIR
+    repeats = load_results(repeats_dir)[0] if repeats_dir.is_dir() else []
+    if not args.no_plots:
+        plots = plot_throughput(docs, args.results_dir)
+        if isinstance(plots, str):
+            notes.append(plots)
+        else:
+            notes += [f"plot: ![{q.stem}]({q.name})" for q in plots]
+    out = args.out or args.results_dir / "SUMMARY.md"
+    out.write_text(summary_markdown(docs, notes, repeats), encoding="utf-8")
+    print(f"wrote {out} ({len(docs)} result files)")
+    if args.readme is not None:
+        pages = write_results_pages(args.readme, docs, repeats)
+        print(f"rewrote the results index of {args.readme} and {len(pages)} pages in {args.readme.with_suffix('')}")
+    return 0
+

@@ -1,0 +1,181 @@
+"""Exactness results: greedy identity (lossless), acceptance per draft policy, sampled exactness, the CPU reference."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.lossless import NEAR_TIE_NATS
+from .common import fmt, markdown_table
+
+
+LOSSLESS_HEADERS = (
+    "run", "candidate", "k", "prompts", "max new", "verdict", "identical", "early div", "near-tie div",
+    "unexplained early", "max div margin", "first div min/med", "stock self-identical", "stock margin med",
+)  # fmt: skip
+
+
+ACCEPT_HEADERS = ("run", "k", "temperature", "max new", "prompts", "accept len overall", "per-request mean", "status")
+
+
+def _identity_cells(ident: dict[str, Any] | None) -> list[str]:
+    if not ident:
+        return ["-"] * 6
+    margins = [r["reference_margin"] for r in ident["requests"] if "reference_margin" in r]
+    near = ident.get("divergences_near_tie")
+    n_div = ident["num_requests"] - ident["identical"]
+    return [
+        f"{ident['identical']}/{ident['num_requests']}",
+        str(len(ident["early_divergences"])),
+        f"{near}/{n_div}" if near is not None else "-",
+        (",".join(map(str, ident.get("unexplained_early_divergences", ident["early_divergences"]))) or "none"),
+        fmt(max(margins), ".3f") if margins else "-",
+        f"{fmt(ident['first_divergence_min'], 'd')}/{fmt(ident['first_divergence_median'], '.0f')}",
+    ]
+
+
+def _lossless_candidate(s: dict[str, Any]) -> str:
+    """``pillar``, with what the run changed in the serving setup (earlier runs recorded none of it)."""
+    setup = [s.get("attention_backend") if s.get("attention_backend") not in (None, "triton") else "",
+             "radix" if s.get("radix_cache") else "", f"chunk {s['chunked_prefill_size']}" if s.get("chunked_prefill_size") else "",
+             f"prefix {s['shared_prefix_tokens']}" if s.get("shared_prefix_tokens") else "",
+             f"long {s['long_prompt_tokens']}" if s.get("long_prompt_tokens") else ""]  # fmt: skip
+    return " ".join(["pillar", *filter(None, setup)])
+
+
+def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    docs = [d for d in docs if d.get("kind") == "lossless"]
+    if not docs:
+        return ""
+    rows, acc_rows = [], []
+    for d in sorted(docs, key=lambda d: d["meta"]["run_id"]):
+        s, ident, rep = d["settings"], d.get("identity"), d.get("stock_repeat")
+        stock_cells = [
+            f"{rep['identical']}/{rep['num_requests']}" if rep else "-",
+            fmt(ident.get("reference_margin_median"), ".2f") if ident else "-",
+        ]
+        head = [d["meta"]["run_id"]]
+        rows.append([*head, _lossless_candidate(s), s["num_steps"], s["num_prompts"], s["max_new_tokens"], d.get("verdict"),
+                     *_identity_cells(ident), *stock_cells])  # fmt: skip
+        for i, rep_ident in enumerate(d.get("identity_repeats", [])):
+            rows.append([*head, f"pillar repeat {i + 1}", s["num_steps"], s["num_prompts"], s["max_new_tokens"], "-",
+                         *_identity_cells(rep_ident), *stock_cells])  # fmt: skip
+        for name, control in d.get("controls", {}).items():
+            rows.append([*head, name, "-", s["num_prompts"], s["max_new_tokens"], "-",
+                         *_identity_cells(control.get("identity")), *stock_cells])  # fmt: skip
+        for a in d.get("acceptance", []):
+            acc_rows.append([
+                d["meta"]["run_id"], s["num_steps"], a["temperature"], a["max_new_tokens"], a.get("num_requests", "-"),
+                fmt(a.get("accept_length_overall"), ".3f"), fmt(a.get("accept_length_mean"), ".3f"), a["status"],
+            ])  # fmt: skip
+    return (
+        "### Losslessness (greedy token ids vs stock)\n\n"
+        "A divergence is a *near tie* when stock's own top-2 log-probability gap at that token was at most "
+        f"{NEAR_TIE_NATS} nats (bf16 rounding of the k+1-token verify kernel can flip it); unexplained "
+        "early divergences fail the run. A `repeat` row is the same PILLAR server answering the same requests "
+        "again (reused request rows and KV slots), judged like the first pass. Controls are other speculative "
+        "configs through the same check.\n\n"
+        + markdown_table(LOSSLESS_HEADERS, rows)
+        + "\n\n### PILLAR acceptance\n\n" + markdown_table(ACCEPT_HEADERS, acc_rows) + "\n"
+    )  # fmt: skip
+
+
+def _server_env(doc: dict[str, Any], config: str) -> dict[str, str]:
+    """The environment an acceptance run gave ``config``'s server: run-wide --env plus the config's own."""
+    return {**doc["settings"].get("env", {}), **doc["servers"].get(config, {}).get("env", {})}
+
+
+def _knobs_text(env: dict[str, str], skip: tuple[str, ...] = ()) -> str:
+    return " ".join(f"{k.removeprefix('SPARSESPEC_')}={v}" for k, v in sorted(env.items()) if k not in skip)
+
+
+ACCEPTANCE_HEADERS = ("run", "config", "server env", "tail / select every", "prompts / conc", "T", "new tokens",
+                      "accept len", ">= j drafts accepted, j = 1..k")  # fmt: skip
+
+
+def _resolved_knobs(doc: dict[str, Any], config: str) -> str:
+    """Recent window and selection cadence the server resolved (recorded since the knobs' defaults changed)."""
+    pc = doc["servers"].get(config, {}).get("pillar_config")
+    return f"{pc['recent_window']} / {pc['select_every']}" if pc else "not recorded"
+
+
+def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Draft policies side by side: accept length and the share of verify steps accepting >= j drafts."""
+    rows = []
+    for d in sorted((d for d in docs if d.get("kind") == "acceptance"), key=lambda d: d["meta"]["run_id"]):
+        s = d["settings"]
+        for config, passes in d["results"].items():
+            env_text = _knobs_text(_server_env(d, config)) or "-"
+            resolved = _resolved_knobs(d, config)
+            for a in passes:
+                rates = " ".join(f"{r:.2f}" for r in a.get("accept_rate_by_position") or []) or "-"
+                load = f"{s.get('num_prompts', '-')} / {s.get('concurrency') or s.get('num_prompts', '-')}"
+                rows.append([d["meta"]["run_id"], config, env_text, resolved, load, a["temperature"], s["max_new_tokens"],
+                             fmt(a.get("accept_length_overall"), ".2f"), rates])  # fmt: skip
+    if not rows:
+        return ""
+    return (
+        "### Draft policies (acceptance)\n\n"
+        "Same prompts and fixed-length outputs for every policy; `oracle` selects each draft query's own "
+        "exact top-K (an upper bound, analysis only). Server env lists PILLAR knobs that differ from the "
+        "defaults of the commit that ran; tail / select every are the values the server resolved.\n\n"
+        + markdown_table(ACCEPTANCE_HEADERS, rows) + "\n"
+    )
+
+
+def exactness_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Every exactness run: per setting and token position, the chi-square of PILLAR (or a control) vs the
+    run's reference server (stock before schema 2)."""
+    rows = []
+    for d in sorted((d for d in docs if d.get("kind") == "exactness"), key=lambda d: d["meta"]["run_id"]):
+        control = d.get("control") or {}
+        threshold = d.get("bonferroni_threshold")
+        reference = d["settings"].get("reference", "stock")
+        for t in d["tests"]:
+            judged = "-" if threshold is None else ("rejects" if t["p_value"] < threshold else "passes")
+            rows.append([d["_file"], str(d["meta"]["git_commit"])[:12], t.get("config", d["settings"]["candidate"]),
+                         reference, t["temperature"], t["top_p"], t["context"], t["position"], fmt(t["stat"], ".1f"),
+                         t["df"], f"{t['p_value']:.3g}", f"{control.get('p_value', float('nan')):.3g}", judged,
+                         d.get("verdict", "-")])  # fmt: skip
+    if not rows:
+        return ""
+    return (
+        "### Sampled exactness (exactness)\n\n"
+        "Two-sample chi-square of the token at each position (1: the prefill's; 2 on: pairs with the token before) "
+        "against the reference server's on the same context; control = the reference vs itself at a higher "
+        "temperature (must reject); `at alpha / tests` judges each test at the run's Bonferroni threshold. Verdict "
+        "NUMERICS: token 1, drawn before any PILLAR code runs, differs, so the servers' forwards round differently "
+        "and the run says nothing about the speculation.\n\n"
+        + markdown_table(("file", "commit", "config", "reference", "T", "top p", "context", "token", "chi2", "df", "p",
+                          "control p", "at alpha / tests", "verdict"), rows)
+        + "\n"
+    )
+
+
+SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "budget ratio", "select every", "score rows",
+               "model / score dtype", "policy",
+               "accept len", "rounds", "lossless", "accept len per 1K output tokens")  # fmt: skip
+
+
+def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """CPU reference rounds (benchmarks/policy_sim.py): accept length per policy and knobs."""
+    rows = []
+    for d in sorted((d for d in docs if d.get("kind") == "policy_sim"), key=lambda d: d["_file"]):
+        s = d["settings"]
+        for policy, r in d["results"].items():
+            div = r.get("first_divergence_from_greedy", "unchecked")
+            lossless = "unchecked" if div == "unchecked" else ("yes" if div is None else f"diverged at {div}")
+            rows.append([d["_file"], s["source"], s["max_new_tokens"], s["recent_window"], s["min_budget"],
+                         fmt(s.get("budget_ratio")), s.get("select_every", 1), s.get("score_rows", "all"),
+                         f"{s.get('dtype', 'float32')} / {s.get('score_dtype', 'float32')}", policy, fmt(r["accept_length"], ".2f"),
+                         r["rounds"], lossless,
+                         " ".join(f"{a:.1f}" for a in r.get("accept_length_by_segment", [])) or "-"])  # fmt: skip
+    if not rows:
+        return ""
+    return (
+        "### Draft policies in the CPU reference (policy_sim)\n\n"
+        "Greedy rounds re-run in the model's own HF attention on CPU, same plans as the worker (the GPU serves "
+        "bf16 and stores `pillar`'s per-layer scores in fp16); "
+        "`lossless` = output equals plain greedy decoding; the last column splits the output into 1024-token "
+        "slices (the rounds that started in each).\n\n" + markdown_table(SIM_HEADERS, rows) + "\n"
+    )

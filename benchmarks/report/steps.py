@@ -1,0 +1,197 @@
+"""Kernel and step-time results: verify kernels, launch sweeps, per-phase round times, their ideal and projections."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks import step_times
+from .common import _num, _pct, _ratio, fmt, markdown_table
+
+
+def verify_kernel_table(d: dict[str, Any]) -> str:
+    """Verify attention of a kernels_bench file: SGLang's extend kernel vs the split kernel, plus what PILLAR adds."""
+    rows = [[r["shape"], r["bs"], r["seq_len"], fmt(_num(r.get("verify_attn_us")), ".1f"),
+             fmt(_num(r.get("split_verify_attn_us")), ".1f"), fmt(_num(r.get("split_verify_GBps")), ".0f"),
+             fmt(_ratio(r.get("verify_attn_us"), r.get("split_verify_attn_us")), ".1f", "x"), fmt(r["fp16_out_us"], ".1f"),
+             fmt(_pct(r.get("capture_plus_select_frac_of_split_verify")), ".0f", "%"),
+             fmt(_pct(r.get("capture_plus_select_frac_of_verify_attn")), ".0f", "%")]
+            for r in d["score_capture"]]  # fmt: skip
+    return (
+        "Verify attention (k+1 = 9 causal rows per request over the prefix, LSE on), microseconds per layer: "
+        "SGLang's Triton extend kernel vs PILLAR's split-KV kernel (GB/s = prefix K/V/index bytes / time), and "
+        "what PILLAR adds per verify layer (fp16 score capture + the per-layer share of one all-layer top-K) "
+        "relative to each:\n\n"
+        + markdown_table(("shape", "bs", "L", "SGLang verify us", "split verify us", "split GB/s", "speedup",
+                          "capture us", "capture + select / split", "capture + select / SGLang"), rows)
+    )  # fmt: skip
+
+
+def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Kernel microbenchmarks: sparse draft attention vs full decode, score-capture and selection cost."""
+    parts = []
+    for d in (d for d in docs if d.get("kind") == "kernels" and "tune" in d):
+        parts.append(f"### Kernel launch sweep ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}; "
+                     f"microseconds per layer; the fastest launch per kernel and point:\n\n" + tune_table(d["tune"]) + "\n")
+    for d in (d for d in docs if d.get("kind") == "kernels" and "tune" not in d):
+        head = f"{d['device']}; commit {str(d['git_commit'])[:12]}; {d['config']['timing']}; microseconds per layer."
+        dec = [[r["shape"], r["bs"], r["seq_len"], r["selected"] + r["tail"], fmt(r["sparse_us"], ".1f"),
+                fmt(r["sparse_GBps"], ".0f"), fmt(_num(r.get("sglang_full_us")), ".1f"),
+                fmt(_num(r.get("flashinfer_full_us")), ".1f"), fmt(_ratio(r.get("sglang_full_us"), r["sparse_us"]), ".1f", "x"),
+                fmt(_ratio(r.get("flashinfer_full_us"), r["sparse_us"]), ".1f", "x")]
+               for r in d["sparse_decode"]]  # fmt: skip
+        sel = [[r["shape"], r["bs"], r["seq_len"], r["k"], fmt(r["all_layers_launch_us"], ".0f"),
+                fmt(r["all_layers_per_layer_fp16_bn4096_us"], ".1f"), fmt(r["torch_topk_sort_per_layer_us"], ".1f")]
+               for r in d["selection"]]  # fmt: skip
+        parts.append(
+            f"### Kernels ({d['_file']})\n\n{head}\n\n"
+            "Sparse draft attention (5% budget + 16-token tail, per-KV-head lists) vs full-context decode:\n\n"
+            + markdown_table(("shape", "bs", "L", "attended", "sparse us", "sparse GB/s", "SGLang triton full us",
+                              "FlashInfer full us", "vs triton", "vs FlashInfer"), dec)
+            + "\n\n" + verify_kernel_table(d)
+            + "\n\nTop-K selection over all (layer, KV head) rows, fp32 scores in one launch; fp16 per layer; "
+            "torch.topk + sort per layer for reference:\n\n"
+            + markdown_table(("shape", "bs", "L", "K", "all layers us (fp32)", "per layer us (fp16)", "torch per layer us"), sel)
+            + "\n"
+        )
+    return "\n".join(parts)
+
+
+def _launch(r: dict[str, Any]) -> str:
+    """A tune row's launch parameters: a work-list launch's chunk and pool, else splits and tile."""
+    if "chunk" in r:
+        return f"chunk {r['chunk']}, {r['programs_per_request']} programs / request"
+    return f"splits {r['splits']}, tile {r['block_n']}, {r['warps']} warps" + (f", {r['stages']} stages" if "stages" in r else "")
+
+
+def tune_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Per (kernel, shape, batch, L) of a ``kernels_bench --tune`` run: its fastest launch, next to SGLang's
+    decode kernel on the same pool (one query row per request, the same prefix)."""
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    stock = {(r["shape"], r["bs"], r["seq_len"]): r["us"] for r in rows if r["kernel"] == "sglang_decode"}
+    for r in rows:
+        key = (r["kernel"], r["shape"], r["bs"], r["seq_len"])
+        if r["kernel"] != "sglang_decode" and (key not in best or r["us"] < best[key]["us"]):
+            best[key] = r
+    cells = [[*key, _launch(r), fmt(r["us"], ".1f"), fmt(_num(stock.get(key[1:])), ".1f"), fmt(r.get("GBps"), ".0f")]
+             for key, r in best.items()]  # fmt: skip
+    return markdown_table(("kernel", "shape", "bs", "L", "fastest launch", "us", "SGLang decode us", "GB/s"), cells)
+
+
+STEP_HEADERS = ("config", "L", "B", "stock decode step ms", "draft ms / round", "draft ms / step", "verify ms",
+                "verify / stock step", "select ms", "round ms")  # fmt: skip
+
+
+CAPTURE_HEADERS = ("config", "L", "B", "capture ms", "select ms", "share of verify step")
+
+
+def _num_steps(flags: Sequence[str]) -> int | None:
+    """k of a recorded PILLAR server (its --speculative-num-steps flag)."""
+    return int(flags[flags.index("--speculative-num-steps") + 1]) if "--speculative-num-steps" in flags else None
+
+
+def _step_rows(d: dict[str, Any]) -> list[list[str]]:
+    """One row per measured (config, L, B) with PILLAR phase times, stock's decode step at the same point."""
+    stock = {(r["context"], r["batch"]): r.get("step_ms") for r in d["servers"].get("stock", {}).get("rows", [])}
+    # Recomputed rather than read from the file, so runs recorded before a projection existed show it too.
+    projected = step_times.projections(d["servers"], d["settings"].get("accept_assumed"))
+    proj = {(p["config"], p["context"], p["batch"]): p for p in projected}
+    with_proj = d["settings"].get("accept_assumed") is not None
+    rows = []
+    for name, rec in d["servers"].items():
+        k = _num_steps(rec["flags"])
+        for r in (r for r in rec["rows"] if "round_ms" in r):
+            point = (r["context"], r["batch"])
+            rows.append([name, *point, fmt(stock.get(point), ".3f"), fmt(r["draft_ms"], ".3f"),
+                         fmt(r["draft_ms"] / k if k else None, ".3f"), fmt(r["verify_ms"], ".3f"),
+                         # Issue 20's bar for the verify pass: <= 1.3x a decode step at the same batch and context
+                         # (a step <= 0 ms is a failed measurement: no ratio).
+                         fmt(_ratio(r["verify_ms"], step) if (step := stock.get(point) or 0) > 0 else None, ".2f", "x"),
+                         fmt(r["select_ms"], ".3f"), fmt(r["round_ms"], ".3f")]
+                        + (_projected(proj.get((name, *point))) if with_proj else []))  # fmt: skip
+    return rows
+
+
+def _projected(p: dict[str, Any] | None) -> list[str]:
+    """The projection cells of a row: speedup, mixed-phase round's best case and its speedup."""
+    p = p or {}
+    return [fmt(p.get("projected_speedup"), ".2f", "x"), fmt(p.get("mixed_round_ms"), ".3f"),
+            fmt(p.get("projected_speedup_mixed"), ".2f", "x")]  # fmt: skip
+
+
+def _not_measured(d: dict[str, Any]) -> list[str]:
+    """Servers that did not run and points skipped or failed, with the recorded reason."""
+    out = [f"{name}: server {rec['status']}" for name, rec in d["servers"].items() if rec["status"] != "ok"]
+    for name, rec in d["servers"].items():
+        out += [f"{name} L={r['context']} B={r['batch']}: {r.get('skipped') or r.get('error')}"
+                for r in rec["rows"] if "skipped" in r or "error" in r]  # fmt: skip
+    return out
+
+
+def _step_setup(d: dict[str, Any]) -> tuple[Any, ...]:
+    s, meta = d["settings"], d["meta"]
+    return s["shape"], tuple(s["decode_tokens"]), meta.get("device"), str(meta.get("git_commit"))
+
+
+def sibling_capture(d: dict[str, Any], docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Capture rows of ``d``'s score-using servers whose streaming twin ran in another step_times run with
+    the same shape, decode lengths, device and commit (a twin that did not fit the same command); the
+    twin is named ``<server> (<file>)``. Servers whose twin is in ``d`` itself are left to ``d``'s own rows."""
+    merged = {name: rec for name, rec in d["servers"].items() if rec["status"] == "ok"}  # not a twin that failed here
+    for o in docs:
+        if o is not d and o.get("kind") == "step_times" and _step_setup(o) == _step_setup(d):
+            merged.update({f"{name} ({o['_file']})": rec for name, rec in o["servers"].items()})
+    return [c for c in step_times.capture_overhead(merged) if c["config"] in d["servers"] and c["twin"] not in d["servers"]]
+
+
+def _ideal_table(d: dict[str, Any]) -> str:
+    """Each phase's measured ms / its ideal ms (step_times.ideal_breakdown), flagged past 1.5x."""
+    rows = step_times.ideal_breakdown(d)  # derived from the rows (a stored "ideal" in older files is ignored)
+    if not rows:
+        return ""
+    phases = ("step", *step_times.PHASES, step_times.GAP, "round")
+    cells = [[r["config"], r["context"], r["batch"], fmt(r["fixed_ms"], ".2f")]
+             + [(f"{m:.2f} / {i:.2f}" + (" **!**" if i and m > 1.5 * i else "")) if (m, i) != (None, None) else "-"
+                for m, i in (r["phases"].get(p, (None, None)) for p in phases)] for r in rows]  # fmt: skip
+    return ("\n\nMeasured / ideal ms per round (`step_times.ideal_breakdown`: bytes / peak HBM bandwidth, plus a fixed "
+            "per-forward cost for the forward phases; **!** = over 1.5x):\n\n"
+            + markdown_table(("config", "L", "B", "fixed ms", *phases), cells))
+
+
+def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Per step_times run: stock decode step vs PILLAR's phases per (L, B), the projection, the capture cost."""
+    parts = []
+    for d in sorted((d for d in docs if d.get("kind") == "step_times"), key=lambda d: d["meta"]["run_id"]):
+        meta, s = d["meta"], d["settings"]
+        accept = s.get("accept_assumed")
+        headers = STEP_HEADERS + ((f"projected speedup (accept {accept:g})", "mixed round ms (best case)",
+                                   "projected speedup, mixed (best case)") if accept is not None else ())  # fmt: skip
+        cap = [[c["config"] if c["twin"] in d["servers"] else f"{c['config']} (twin: {c['twin']})", c["context"],
+                c["batch"], fmt(c["capture_ms"], ".3f"), fmt(c["select_ms"], ".3f"),
+                fmt(_pct(c["capture_select_frac_of_verify"]), ".0f", "%")]
+               for c in [*d.get("capture_overhead", []), *sibling_capture(d, docs)]]  # fmt: skip
+        missing = "".join(f"\n- not measured: {n}" for n in _not_measured(d))
+        ideal = _ideal_table(d)
+        m1, m2 = s["decode_tokens"]
+        parts.append(
+            f"#### Step times, run {meta['run_id']} ({d['_file']})\n\n{meta.get('device')}; commit "
+            f"{str(meta.get('git_commit'))[:12]}; shape {s['shape']}; M1/M2 = {m1}/{m2} output tokens; "
+            f"weights {s.get('weights', 'dummy (random): times only')}; temperature {s.get('temperature', 0):g}, top-p {s.get('top_p', 1):g}.\n\n" + markdown_table(headers, _step_rows(d)) + "\n" + missing
+            + ("\n\nScore capture (verify minus the streaming twin's verify) and selection, per round:\n\n"
+               + markdown_table(CAPTURE_HEADERS, cap) if cap else "") + ideal + "\n"
+        )  # fmt: skip
+    if not parts:
+        return ""
+    return (
+        "### Step times\n\n"
+        "Per context L and batch B; with random weights (Qwen3 shapes) only times mean anything, a run's weights are "
+        "named in its header. Stock decode step = wall "
+        "time difference of two output lengths / their token difference (host overheads included); PILLAR phases "
+        "= mean GPU ms per round from `SPARSESPEC_STEP_TIMING` (draft = k sparse steps, draft / step = draft / k). "
+        "The projected speedup is a projection, not a measurement: an accept length measured on a real model x "
+        "stock step / PILLAR round. Mixed round (best case) = the round less what its verify costs above stock's "
+        "decode step at the same point (verify ms - stock step): the most mixed-phase batching could hide "
+        "(docs/design.md). Capture = verify ms of a score-using policy minus its streaming twin's (same "
+        "flags and knobs, `SPARSESPEC_POLICY=streaming`: no score capture, no LSE); share = (capture + select) / "
+        "(verify + select).\n\n" + "\n".join(parts)
+    )

@@ -13,7 +13,9 @@
     score capture over the prefix, fp32 and fp16 output, as a fraction of either verify attention — the
     overhead PILLAR adds to every verify layer;
 (c) top-K selection, one launch per layer and one launch for all layers (amortized per layer),
-    against torch.topk + sort.
+    against torch.topk + sort;
+(d) mixed prefix lengths (spread over L/8 .. 2L - L/8, mean L): PILLAR's verify (k + 1 rows), its plain
+    round (one row) and SGLang's decode kernel, each against a uniform batch of the same mean.
 Shapes: Qwen3-8B (H_q=32, H_kv=8, D=128, 36 layers) and SmolLM2-135M (9, 3, 64, 30 layers), L in
 {4K, 16K, 32K}, batch 1..128. Every kernel is captured in a CUDA graph and replayed by
 triton.testing.do_bench, which clears L2 before each run (medians, microseconds).
@@ -297,6 +299,47 @@ def bench_score_capture(shape: Shape, bs: int, seq_len: int) -> dict:
     return row
 
 
+def mixed_lengths(bs: int, seq_len: int) -> list[int]:
+    """A serving batch's prefix lengths: spread evenly over [L/8, 2L - L/8] (mean L) in a fixed random order,
+    as requests that started one after another hold them (one request: L itself)."""
+    if bs == 1:
+        return [seq_len]
+    lo, hi = seq_len // 8, 2 * seq_len - seq_len // 8
+    lens = [lo + (hi - lo) * i // (bs - 1) for i in range(bs)]
+    order = torch.randperm(bs, generator=torch.Generator().manual_seed(0)).tolist()
+    return [lens[i] for i in order]
+
+
+def bench_mixed(shape: Shape, bs: int, seq_len: int) -> dict:
+    """One layer's verify (k + 1 rows), plain round (one row) and stock decode attention over a batch of mixed
+    prefix lengths against a uniform batch of the same mean, on the same KV pool: a kernel that splits by
+    length costs about the same on both (ratio ~1); one whose longest requests set its time costs more."""
+    k, v, req_to_token = make_pool(shape, bs, seq_len)
+    lens = mixed_lengths(bs, seq_len)
+    uniform = [seq_len] * bs
+    row: dict = dict(shape=shape.name, bs=bs, seq_len=seq_len, mixed_min=min(lens), mixed_max=max(lens))
+    for rows in (VERIFY_ROWS, 1):
+        tokens = bs * rows
+        q = torch.randn(tokens, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
+        k_ext = torch.randn(tokens, shape.h_kv, shape.d, device=DEVICE, dtype=torch.bfloat16)
+        v_ext, o = torch.randn_like(k_ext), torch.empty_like(q)
+        lse = torch.empty(tokens, shape.h_q, device=DEVICE) if rows > 1 else None
+        qo_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * rows
+        name = "verify" if rows > 1 else "plain_verify"
+        for kind, per_req in (("uniform", uniform), ("mixed", lens)):
+            kv_indptr = torch.tensor([0] + per_req, device=DEVICE, dtype=torch.int32).cumsum(0).to(torch.int32)
+            kv_indices = req_to_token.flatten()[: sum(per_req)].to(torch.int64)  # the pool holds bs x seq_len slots
+            row[f"{name}_{kind}_us"] = bench_us(lambda ip=kv_indptr, ix=kv_indices: verify_attention_fwd(
+                q, k_ext, v_ext, o, k, v, qo_indptr, ip, ix, rows, shape.d**-0.5, lse=lse))  # fmt: skip
+            if rows == 1:
+                seq_lens = torch.tensor(per_req, device=DEVICE, dtype=torch.int64)
+                row[f"sglang_decode_{kind}_us"] = timed_or_note(sglang_decode(shape, q, k, v, kv_indptr, kv_indices, seq_lens))
+        row[f"{name}_mixed_over_uniform"] = row[f"{name}_mixed_us"] / row[f"{name}_uniform_us"]
+    if isinstance(row["sglang_decode_mixed_us"], float) and isinstance(row["sglang_decode_uniform_us"], float):
+        row["sglang_decode_mixed_over_uniform"] = row["sglang_decode_mixed_us"] / row["sglang_decode_uniform_us"]
+    return row
+
+
 def bench_selection(shape: Shape, bs: int, seq_len: int) -> dict:
     cand = seq_len - TAIL
     cnt = budget(seq_len)
@@ -442,7 +485,7 @@ def main() -> None:
         raise SystemExit("kernels_bench needs a CUDA GPU")
     started = time.time()
     sections: dict[str, list[dict]] = (
-        {"tune": []} if args.tune else {"sparse_decode": [], "score_capture": [], "selection": []}
+        {"tune": []} if args.tune else {"sparse_decode": [], "score_capture": [], "selection": [], "mixed_lengths": []}
     )
     result = {
         "kind": "kernels",
@@ -480,6 +523,7 @@ def main() -> None:
                 sections["sparse_decode"].append(bench_decode(shape, bs, seq_len))
                 sections["score_capture"].append(bench_score_capture(shape, bs, seq_len))
                 sections["selection"].append(bench_selection(shape, bs, seq_len))
+                sections["mixed_lengths"].append(bench_mixed(shape, bs, seq_len))
                 capture, select = sections["score_capture"][-1], sections["selection"][-1]
                 # What PILLAR adds per verify layer: fp16 capture + its share of one all-layer selection.
                 added = capture["fp16_out_us"] + select["all_layers_per_layer_fp16_bn4096_us"]

@@ -58,3 +58,23 @@ def full_batch_rate(
         if last > first:
             tokens += n * max(0.0, min(last, window) - first) / (last - first)
     return tokens / window
+
+
+def wave_pace_ms(e2e_s: Sequence[float], ttft_s: Sequence[float], output_len: Sequence[int], concurrency: int) -> list[float]:
+    """Mean decode ms per output token (TPOT: (E2E - TTFT) / (tokens - 1)) of each wave, the requests
+    i * concurrency .. (i + 1) * concurrency - 1 in start order (the last wave may be partial). The first
+    wave starts together and its requests share one context length; later waves start as slots free, so
+    their batch mixes contexts; the last wave also decodes through the drain, in an emptying batch."""
+    if concurrency < 1 or not len(e2e_s) == len(ttft_s) == len(output_len):
+        raise ValueError(f"per-request lists of one length and concurrency >= 1, got {concurrency}")
+    paces = []
+    for first in range(0, len(e2e_s), concurrency):
+        wave = [
+            (e2e - ttft) * 1000.0 / (n - 1)
+            for e2e, ttft, n in zip(e2e_s[first : first + concurrency], ttft_s[first : first + concurrency],
+                                    output_len[first : first + concurrency])  # fmt: skip
+            if n > 1
+        ]
+        if wave:
+            paces.append(sum(wave) / len(wave))
+    return paces

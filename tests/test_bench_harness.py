@@ -992,3 +992,17 @@ def test_the_mixed_round_bound_hides_the_verify_pass_above_a_decode_forward() ->
     (p,) = step_times.projections(servers, 6.0)
     assert p["mixed_round_ms"] == pytest.approx(89.0)
     assert p["projected_speedup_mixed"] == pytest.approx(6.0 * 24.61 / 89.0)
+
+
+def test_mixed_lengths_keep_the_uniform_batch_mean_and_pool() -> None:
+    """kernels_bench compares a mixed batch with a uniform one of the same mean on one KV pool of bs x L
+    slots: the mixed lengths must spread widely, average L and fit that pool."""
+    from benchmarks.kernels_bench import mixed_lengths
+
+    for bs, seq_len in ((256, 7000), (64, 4096), (1, 4096)):
+        lens = mixed_lengths(bs, seq_len)
+        assert len(lens) == bs and sum(lens) <= bs * seq_len
+        assert abs(sum(lens) / bs - seq_len) <= seq_len / 8
+        if bs > 1:
+            assert min(lens) == seq_len // 8 and max(lens) == 2 * seq_len - seq_len // 8
+            assert lens != sorted(lens)  # requests that started one after another, not by length

@@ -427,6 +427,14 @@ def test_verify_attention_ragged(group):
     assert o[12:].isnan().all() and lse[12:].isnan().all()
 
 
+@pytest.mark.parametrize("prefix_lens", [[900, 40, 0, 60, 5], [2000, 10, 10, 10]])
+def test_verify_attention_mixed_lengths_split_by_the_mean(prefix_lens):
+    torch.manual_seed(75)
+    # One split for a uniform batch, but cut to the mean: the long request spreads over up to
+    # BALANCE_SPLITS splits (900 -> 4 chunks of 256; 2000 -> 4 of 512), the short ones leave theirs empty.
+    _run_verify(3, prefix_lens, [4] * len(prefix_lens), max_extend=4, num_kv_splits=1)
+
+
 def test_verify_attention_softcap_default_splits_and_row_bound():
     torch.manual_seed(80)
     # The second request has more rows than max_extend: rows past the bound are not written.
@@ -472,6 +480,8 @@ def test_bad_inputs_raise_value_error():
         verify_attention_fwd(q, k_buffer[:3], k_buffer[:3], q, k_buffer, k_buffer, ind, ind, ind, 1, 1.0)
     with pytest.raises(ValueError, match="max_extend"):
         verify_attention_fwd(q, q[:, :2], q[:, :2], q, k_buffer, k_buffer, ind, ind, ind, 0, 1.0)
+    with pytest.raises(ValueError, match="num_kv_splits"):
+        verify_attention_fwd(q, q[:, :2], q[:, :2], q, k_buffer, k_buffer, ind, ind, ind, 1, 1.0, num_kv_splits=0)
     with pytest.raises(ValueError, match="seg_len"):
         topk_select(scores, ind, ind[:2], ind, torch.zeros(3, 2, 4, dtype=torch.int32, device=DEVICE),
                     torch.zeros(3, dtype=torch.int32, device=DEVICE))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.schedule import full_batch_rate, rebuild_starts
+from benchmarks.schedule import full_batch_rate, rebuild_starts, wave_pace_ms
 
 
 def test_requests_start_in_order_as_slots_free() -> None:
@@ -35,3 +35,12 @@ def test_no_rate_without_a_second_wave_or_when_the_order_does_not_hold() -> None
     # The rebuilt run ends at 10 s; a measured duration of 14 s means the requests did not start in order.
     assert full_batch_rate([4.0, 8.0, 6.0, 2.0], [0.0] * 4, [1] * 4, 2, duration_s=14.0) is None
     assert full_batch_rate([4.0, 8.0], [0.0], [1, 1], 1, duration_s=12.0) is None  # lengths differ
+
+
+def test_wave_pace_is_the_mean_tpot_of_each_start_order_group() -> None:
+    # Two slots, three requests: wave 0 = requests 0 and 1 ((3 - 1) / 4 s and (5 - 1) / 4 s per token after
+    # the first), wave 1 = request 2 alone; a one-token request has no decode time and is left out.
+    e2e, ttft, n = [3.0, 5.0, 2.0, 9.0], [1.0, 1.0, 0.5, 1.0], [5, 5, 4, 1]
+    assert wave_pace_ms(e2e, ttft, n, 2) == pytest.approx([750.0, 500.0])
+    with pytest.raises(ValueError, match="concurrency"):
+        wave_pace_ms(e2e, ttft, n[:3], 2)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.schedule import full_batch_rate
+from benchmarks.schedule import full_batch_rate, wave_pace_ms
 from .common import _config_rank, _gb, _pct, _ratio, _seconds, commits_text, describe_workload, fmt, markdown_table, stream_interval, workload_key
 
 
@@ -34,6 +34,7 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "metrics": m,
                 "tok_s": m.get("output_throughput") if run["status"] == "ok" else None,
                 "full_tok_s": _full_batch_rate(run, doc),
+                "wave_ms": _wave_pace(run, doc),
                 "commit": str(made.get("git_commit"))[:12],
                 "stream_interval": stream_interval(doc["config"].get("flags", [])),
             })  # fmt: skip
@@ -61,6 +62,23 @@ def _full_batch_rate(run: dict[str, Any], doc: dict[str, Any]) -> float | None:
     if run["status"] != "ok" or not pr or not m.get("duration") or doc["workload"].get("request_rate", "inf") != "inf":
         return None
     return full_batch_rate(pr["e2e_s"], pr["ttft_s"], pr["output_len"], run["concurrency"], m["duration"])
+
+
+def _wave_pace(run: dict[str, Any], doc: dict[str, Any]) -> list[float] | None:
+    """Mean TPOT of each wave (``schedule.wave_pace_ms``) for a closed-loop run of two waves or more."""
+    pr = run.get("per_request")
+    if run["status"] != "ok" or not pr or doc["workload"].get("request_rate", "inf") != "inf":
+        return None
+    paces = wave_pace_ms(pr["e2e_s"], pr["ttft_s"], pr["output_len"], run["concurrency"])
+    return paces if len(paces) >= 2 else None
+
+
+def wave_pace_lines(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per run of two waves or more: its TPOT by wave. A later wave slower than the first is the cost
+    of a batch that mixes contexts; the last wave's pace includes the drain."""
+    lines = [f"- {r['config']} c={r['concurrency']}: {' / '.join(f'{ms:.2f}' for ms in r['wave_ms'])}"
+             for r in rows if r.get("wave_ms")]  # fmt: skip
+    return "Mean TPOT ms by wave (requests in start order):\n\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 THROUGHPUT_HEADERS = (
@@ -115,6 +133,8 @@ def throughput_markdown(docs: Sequence[dict[str, Any]]) -> str:
         if interval == "1":
             out.append(STREAM_INTERVAL_1_NOTE)
         out.append(throughput_table(group) + "\n")
+        if waves := wave_pace_lines(group):
+            out.append(waves)
     return "\n".join(out)
 
 

@@ -14,8 +14,9 @@
     overhead PILLAR adds to every verify layer;
 (c) top-K selection, one launch per layer and one launch for all layers (amortized per layer),
     against torch.topk + sort;
-(d) mixed prefix lengths (spread over L/8 .. 2L - L/8, mean L): PILLAR's verify (k + 1 rows), its plain
-    round (one row) and SGLang's decode kernel, each against a uniform batch of the same mean.
+(d) mixed prefix lengths (spread over L/8 .. 2L - L/8, mean L): PILLAR's verify (k + 1 rows), its score
+    capture, its plain round (one row) and SGLang's decode kernel, each against a uniform batch of the
+    same mean.
 Shapes: Qwen3-8B (H_q=32, H_kv=8, D=128, 36 layers) and SmolLM2-135M (9, 3, 64, 30 layers), L in
 {4K, 16K, 32K}, batch 1..128. Every kernel is captured in a CUDA graph and replayed by
 triton.testing.do_bench, which clears L2 before each run (medians, microseconds).
@@ -311,9 +312,10 @@ def mixed_lengths(bs: int, seq_len: int) -> list[int]:
 
 
 def bench_mixed(shape: Shape, bs: int, seq_len: int) -> dict:
-    """One layer's verify (k + 1 rows), plain round (one row) and stock decode attention over a batch of mixed
-    prefix lengths against a uniform batch of the same mean, on the same KV pool: a kernel that splits by
-    length costs about the same on both (ratio ~1); one whose longest requests set its time costs more."""
+    """One layer's verify (k + 1 rows) and score capture, plain round (one row) and stock decode attention
+    over a batch of mixed prefix lengths against a uniform batch of the same mean, on the same KV pool: a
+    kernel that splits by length costs about the same on both (ratio ~1); one whose longest requests set
+    its time costs more."""
     k, v, req_to_token = make_pool(shape, bs, seq_len)
     lens = mixed_lengths(bs, seq_len)
     uniform = [seq_len] * bs
@@ -331,10 +333,15 @@ def bench_mixed(shape: Shape, bs: int, seq_len: int) -> dict:
             kv_indices = req_to_token.flatten()[: sum(per_req)].to(torch.int64)  # the pool holds bs x seq_len slots
             row[f"{name}_{kind}_us"] = bench_us(lambda ip=kv_indptr, ix=kv_indices: verify_attention_fwd(
                 q, k_ext, v_ext, o, k, v, qo_indptr, ip, ix, rows, shape.d**-0.5, lse=lse))  # fmt: skip
-            if rows == 1:
+            if rows > 1:  # the verify's score capture, over the same prefixes
+                scores = torch.empty(shape.h_kv, bs * seq_len, device=DEVICE, dtype=torch.float16)
+                row[f"capture_{kind}_us"] = bench_us(lambda ip=kv_indptr, ix=kv_indices: score_capture(
+                    q, k, lse, qo_indptr, ip, ix, scores, shape.d**-0.5))  # fmt: skip
+            else:
                 seq_lens = torch.tensor(per_req, device=DEVICE, dtype=torch.int64)
                 row[f"sglang_decode_{kind}_us"] = timed_or_note(sglang_decode(shape, q, k, v, kv_indptr, kv_indices, seq_lens))
         row[f"{name}_mixed_over_uniform"] = row[f"{name}_mixed_us"] / row[f"{name}_uniform_us"]
+    row["capture_mixed_over_uniform"] = row["capture_mixed_us"] / row["capture_uniform_us"]
     if isinstance(row["sglang_decode_mixed_us"], float) and isinstance(row["sglang_decode_uniform_us"], float):
         row["sglang_decode_mixed_over_uniform"] = row["sglang_decode_mixed_us"] / row["sglang_decode_uniform_us"]
     return row

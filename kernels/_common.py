@@ -33,3 +33,16 @@ def check_int_vector(name: str, t: torch.Tensor, n: int) -> None:
     """ValueError unless `t` is an integer tensor of shape [n] (metadata only, no sync)."""
     if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1 or t.shape[0] != n:
         raise ValueError(f"{name} must be an int32/int64 tensor of shape [{n}], got {t.dtype} {tuple(t.shape)}")
+
+
+# Prefix-split kernels (verify, score capture) cut a batch's prefixes into chunks of its mean prefix
+# length / the uniform split count, so a longer request takes more splits: up to this many, or the
+# uniform count when larger (SGLang's decode kernel allows 8 per request).
+BALANCE_SPLITS = 4
+
+
+def balanced_splits(uniform_splits: int) -> int:
+    """Static split grid for ``mean_prefix_chunk``: room for a request at four times the mean."""
+    if uniform_splits < 1:
+        raise ValueError(f"the split count must be >= 1, got {uniform_splits}")
+    return max(uniform_splits, BALANCE_SPLITS)

@@ -13,6 +13,19 @@ import triton.language as tl
 
 
 @triton.jit
+def mean_prefix_chunk(kv_indptr, prefix_len, PAR_SPLITS: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Prefix positions per split for a request of ``prefix_len`` in a batch of tl.num_programs(0) requests
+    whose prefixes kv_indptr delimits: BLOCK_N-aligned chunks of the batch's mean prefix / PAR_SPLITS, larger
+    only where the request would need more than NUM_SPLITS of them. A batch of mixed contexts then runs
+    programs of about a mean request's share, not one per request as long as the longest; a uniform batch
+    is cut into PAR_SPLITS per request, as by its own length."""
+    bs = tl.num_programs(0)
+    total = tl.load(kv_indptr + bs) - tl.load(kv_indptr)
+    chunk = tl.maximum(tl.cdiv(total, bs * PAR_SPLITS), tl.cdiv(prefix_len, NUM_SPLITS))
+    return tl.cdiv(chunk, BLOCK_N) * BLOCK_N
+
+
+@triton.jit
 def load_kv_tile(K_Buffer, V_Buffer, slot, valid, kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d):
     """K as [D, N] (ready for q @ k) and V as [N, D] of the cache slots `slot` [N] of one KV head; masked-out
     entries (`valid` [N] False) read as 0."""

@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_int_vector, default_num_splits
-from ._tiles import soft_cap
+from ._common import balanced_splits, check_int_vector, default_num_splits
+from ._tiles import mean_prefix_chunk, soft_cap
 
 
 @triton.jit
@@ -57,6 +57,7 @@ def _score_capture_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PAR_SPLITS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     ACCUMULATE: tl.constexpr,
@@ -73,8 +74,9 @@ def _score_capture_kernel(
     kv_start = tl.load(kv_indptr + cur_b).to(tl.int64)
     prefix_len = tl.load(kv_indptr + cur_b + 1) - kv_start
 
-    # Same split arithmetic as SGLang's decode kernel: BLOCK_N-aligned chunks, empty tail splits exit.
-    chunk = tl.cdiv(tl.cdiv(prefix_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    # Chunks of the batch's mean prefix (as the verify kernel's): in a batch of mixed contexts a long
+    # request spreads over more splits instead of one long program per split; empty splits exit.
+    chunk = mean_prefix_chunk(kv_indptr, prefix_len, PAR_SPLITS, NUM_SPLITS, BLOCK_N)
     split_start = split * chunk
     split_end = tl.minimum(split_start + chunk, prefix_len)
     n_rows = qo_len * GROUP
@@ -167,7 +169,8 @@ def score_capture(
     qo_indptr, kv_indptr: [bs + 1] int32/int64; kv_indices: int slots of each request's committed prefix.
     out: [H_kv, cap] float tensor (fp32/fp16/bf16), last dim contiguous.
     sm_scale: logit scale including any k_scale, as given to the attention kernel.
-    num_splits: static prefix splits per (request, KV head); default fills about two GPU waves.
+    num_splits: static prefix splits of a request at the batch's mean prefix length (per KV head); default
+    fills about two GPU waves; a longer request gets more, up to ``balanced_splits(num_splits)``.
     transposed: tile orientation (a speed choice only); default: transposed for head dims <= 64.
     enabled: optional [1] int device flag; 0 makes the launch write nothing (read on the device, so a
     captured graph can skip the capture on some replays).
@@ -203,7 +206,8 @@ def score_capture(
     # Row block for the batch's mean verify width (static: tokens / requests); min 16 for tl.dot.
     mean_rows = group if last_row_only else -(-num_tokens // max(bs, 1)) * group
     block_m = max(16, triton.next_power_of_2(mean_rows))
-    grid = (bs, h_kv, num_splits)
+    max_splits = balanced_splits(num_splits)
+    grid = (bs, h_kv, max_splits)
     _score_capture_kernel[grid](
         q,
         k_buffer,
@@ -226,7 +230,8 @@ def score_capture(
         BLOCK_D=triton.next_power_of_2(d),
         BLOCK_M=block_m,
         BLOCK_N=block_n or (128 if block_m <= 64 else 32),
-        NUM_SPLITS=num_splits,
+        PAR_SPLITS=num_splits,
+        NUM_SPLITS=max_splits,
         LOGIT_CAP=logit_cap,
         ACCUMULATE=accumulate,
         TRANSPOSED=d <= 64 if transposed is None else transposed,

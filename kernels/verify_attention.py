@@ -9,21 +9,21 @@ and the k drafts, in order). Row i attends to
 one program per (request, KV head, split) loads each prefix K/V tile once for the whole GQA
 group and all verify rows (rows packed as r = i * G + g into one tl.dot), so the prefix is read
 once per KV head at full bandwidth instead of once per query head and row block. The last split
-index handles part (b).
+index handles part (b). Stage 2 merges the splits and, if asked, writes each row's natural-log
+LSE, which PillarAttn's score capture needs. Split boundaries come from device lengths and the
+grid from static sizes only, so launches are CUDA-graph safe. bf16/fp16 in, fp32 accumulation,
+optional tanh logit soft-cap; K and V head dims must be equal.
 
 Splits are cut to the batch's mean prefix, not to each request's own length. A serving batch
 mixes contexts (requests start as others finish), and with a fixed split count per request the
 longest requests' programs set the layer's time: at 256 requests, where one split per request
-fills the GPU, a batch spread over 0-7K then costs about what a uniform 7K batch does, where
-stock SGLang's decode kernel, which splits per request by length, costs what a batch at the
-mean does. Here a request of length L gets ceil(L / chunk) splits with chunk = mean / S (S the
-static split count a uniform batch gets), at most MAX_SPLITS (4, or S when larger): a uniform
+fills the GPU, a batch spread over 0-7K can cost up to what a uniform 7K batch does, where
+stock SGLang's decode kernel, which splits each request by its length, costs about what a batch
+at the mean does. Here a request of length L gets ceil(L / chunk) splits with chunk = mean / S (S the
+static split count a uniform batch gets), at most ``balanced_splits(S)`` (4, or S when larger): a uniform
 batch is cut as before, and in a mixed one no program reads much more than a mean request's
 share. Empty splits store only their LSE (-inf), so the spare programs of short requests cost
-a few loads. Stage 2 merges the splits and, if asked, writes each row's natural-log
-LSE, which PillarAttn's score capture needs. Split boundaries come from device lengths and the
-grid from static sizes only, so launches are CUDA-graph safe. bf16/fp16 in, fp32 accumulation,
-optional tanh logit soft-cap; K and V head dims must be equal.
+a few loads.
 """
 
 from __future__ import annotations
@@ -32,12 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_int_vector, default_num_splits
-from ._tiles import attend_tile, finish_partial, load_kv_tile, merge_splits
-
-# The most splits a request longer than the batch's mean gets when a uniform batch takes fewer: up to
-# four times the mean's share of programs (SGLang's decode kernel allows 8 per request).
-BALANCE_SPLITS = 4
+from ._common import balanced_splits, check_int_vector, default_num_splits
+from ._tiles import attend_tile, finish_partial, load_kv_tile, mean_prefix_chunk, merge_splits
 
 
 @triton.jit
@@ -99,11 +95,8 @@ def _verify_stage1(
     e_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if split < NUM_SPLITS:
-        # BLOCK_N-aligned chunks of the batch's mean prefix / PAR_SPLITS, larger only where a request
-        # would need more than NUM_SPLITS of them; splits past the request's prefix are empty.
-        total = tl.load(kv_indptr + tl.num_programs(0)) - tl.load(kv_indptr)
-        chunk = tl.maximum(tl.cdiv(total, tl.num_programs(0) * PAR_SPLITS), tl.cdiv(prefix_len, NUM_SPLITS))
-        chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
+        # Splits past the request's prefix are empty.
+        chunk = mean_prefix_chunk(kv_indptr, prefix_len, PAR_SPLITS, NUM_SPLITS, BLOCK_N)
         lo = split * chunk
         hi = tl.minimum(lo + chunk, prefix_len)
     else:
@@ -223,7 +216,7 @@ def verify_attention_fwd(
     owns, are not written.
     lse: optional [T, H_q] fp32 out, natural log, over prefix and chain.
     num_kv_splits: static prefix split count of a request at the batch's mean prefix length, default
-    about two GPU waves; a longer request gets more, up to max(num_kv_splits, BALANCE_SPLITS).
+    about two GPU waves; a longer request gets more, up to ``balanced_splits(num_kv_splits)``.
     block_n, num_warps, num_stages: tile width along the prefix (default: 128 for head dims <= 64,
     else 32), warps per program and software pipeline depth (speed only).
     """
@@ -252,14 +245,13 @@ def verify_attention_fwd(
     group = h_q // h_kv
     if num_kv_splits is None:
         num_kv_splits = default_num_splits(bs * h_kv, q.device, cap=16)
-    if num_kv_splits < 1:
-        raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+
     if block_n is None:
         # H100 sweep (benchmarks/results/kernels_tune_h100.json, 4 warps, 3 stages): at head dim 64 a
         # 128-wide tile reads the prefix at 2.4-2.5 TB/s for 256 x 4-7K, 1.73x faster than 32 and level
         # with SGLang's decode kernel on one row per request; at head dim 128 the 32-wide tile is best.
         block_n = 128 if d <= 64 else 32
-    max_splits = max(num_kv_splits, BALANCE_SPLITS)
+    max_splits = balanced_splits(num_kv_splits)
     parts = max_splits + 1  # the last one is the chain of verify tokens
     block_d = triton.next_power_of_2(d)
     mid_o = torch.empty((t, h_q, parts, d), dtype=torch.float32, device=q.device)

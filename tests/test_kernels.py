@@ -102,6 +102,14 @@ def test_score_capture_last_row_only_scores_one_query():
     torch.testing.assert_close(last[:, a:b], every[:, a:b])  # one verify row: the same thing
 
 
+def test_score_capture_mixed_lengths_split_by_the_mean():
+    torch.manual_seed(18)
+    # One split for a uniform batch, cut to the mean (block 128 for this row block): the 900-token prefix
+    # spreads over 4 splits of 256 positions, every position written once.
+    out, expected, _ = _run_score_capture(3, [900, 40, 0, 60, 5], [4] * 5, torch.float32, 0.0, num_splits=1)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
 @pytest.mark.parametrize("transposed", [True, False])
 def test_score_capture_wide_request_softcap_fp16(transposed):
     torch.manual_seed(20)
@@ -480,7 +488,7 @@ def test_bad_inputs_raise_value_error():
         verify_attention_fwd(q, k_buffer[:3], k_buffer[:3], q, k_buffer, k_buffer, ind, ind, ind, 1, 1.0)
     with pytest.raises(ValueError, match="max_extend"):
         verify_attention_fwd(q, q[:, :2], q[:, :2], q, k_buffer, k_buffer, ind, ind, ind, 0, 1.0)
-    with pytest.raises(ValueError, match="num_kv_splits"):
+    with pytest.raises(ValueError, match="split count"):
         verify_attention_fwd(q, q[:, :2], q[:, :2], q, k_buffer, k_buffer, ind, ind, ind, 1, 1.0, num_kv_splits=0)
     with pytest.raises(ValueError, match="seg_len"):
         topk_select(scores, ind, ind[:2], ind, torch.zeros(3, 2, 4, dtype=torch.int32, device=DEVICE),

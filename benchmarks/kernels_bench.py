@@ -339,7 +339,8 @@ def bench_mixed(shape: Shape, bs: int, seq_len: int) -> dict:
                     q, k, lse, qo_indptr, ip, ix, scores, shape.d**-0.5))  # fmt: skip
             else:
                 seq_lens = torch.tensor(per_req, device=DEVICE, dtype=torch.int64)
-                row[f"sglang_decode_{kind}_us"] = timed_or_note(sglang_decode(shape, q, k, v, kv_indptr, kv_indices, seq_lens))
+                decode = sglang_decode(shape, q, k, v, kv_indptr, kv_indices, seq_lens)
+                row[f"sglang_decode_{kind}_us"] = timed_or_note(decode)
         row[f"{name}_mixed_over_uniform"] = row[f"{name}_mixed_us"] / row[f"{name}_uniform_us"]
     row["capture_mixed_over_uniform"] = row["capture_mixed_us"] / row["capture_uniform_us"]
     if isinstance(row["sglang_decode_mixed_us"], float) and isinstance(row["sglang_decode_uniform_us"], float):

@@ -60,7 +60,9 @@ def full_batch_rate(
     return tokens / window
 
 
-def wave_pace_ms(e2e_s: Sequence[float], ttft_s: Sequence[float], output_len: Sequence[int], concurrency: int) -> list[float]:
+def wave_pace_ms(
+    e2e_s: Sequence[float], ttft_s: Sequence[float], output_len: Sequence[int], concurrency: int
+) -> list[float]:
     """Mean decode ms per output token (TPOT: (E2E - TTFT) / (tokens - 1)) of each wave, the requests
     i * concurrency .. (i + 1) * concurrency - 1 in start order (the last wave may be partial). The first
     wave starts together and its requests share one context length; later waves start as slots free, so

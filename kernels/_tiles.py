@@ -13,7 +13,9 @@ import triton.language as tl
 
 
 @triton.jit
-def mean_prefix_chunk(kv_indptr, prefix_len, PAR_SPLITS: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+def mean_prefix_chunk(
+    kv_indptr, prefix_len, PAR_SPLITS: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr
+):
     """Prefix positions per split for a request of ``prefix_len`` in a batch of tl.num_programs(0) requests
     whose prefixes kv_indptr delimits: BLOCK_N-aligned chunks of the batch's mean prefix / PAR_SPLITS, larger
     only where the request would need more than NUM_SPLITS of them. A batch of mixed contexts then runs

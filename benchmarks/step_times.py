@@ -99,6 +99,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--profile-steps", type=int, default=0,
                    help="N > 0: after each point, profile N scheduler steps of a third pass (GPU kernels; row 'profile')")
+    p.add_argument("--profile-host", action="store_true",
+                   help="profile the CPU too: GPU work submissions and host operators per step (slows the host)")
     add_server_options(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--work-dir", type=Path, default=None)
@@ -113,6 +115,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--decode-tokens needs 0 < M1 < M2")
     if args.profile_steps < 0:
         p.error("--profile-steps must be >= 0")
+    if args.profile_host and not args.profile_steps:
+        p.error("--profile-host needs --profile-steps N > 0")
     # The longest pass: the profiled one decodes 10 tokens per profiled step past M2 (profile_pass).
     args.m_max = args.m2 + 10 * args.profile_steps
     if args.temperature < 0 or not 0.0 < args.top_p <= 1.0:
@@ -225,7 +229,8 @@ def profile_pass(server: Server, prompts: list[list[int]], args: argparse.Namesp
     The profile starts ``delay_s`` into the pass (past the prefill and the M1 tokens) and the pass
     decodes 10 tokens per profiled step more than M2, so even rounds of 9 tokens stay in decode."""
     out_dir = Path(tempfile.mkdtemp(prefix="profile-", dir=args.work_dir))
-    request = {"output_dir": str(out_dir), "num_steps": args.profile_steps, "activities": ["GPU"],
+    activities = ["CPU", "GPU"] if args.profile_host else ["GPU"]
+    request = {"output_dir": str(out_dir), "num_steps": args.profile_steps, "activities": activities,
                "with_stack": False, "record_shapes": False}  # fmt: skip
     pool = cf.ThreadPoolExecutor(max_workers=1)
     try:
@@ -436,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "settings": {"shape": args.shape, "contexts": args.contexts, "batches": args.batches,
                                         "decode_tokens": [args.m1, args.m2], "accept_assumed": args.accept,
                                         "temperature": args.temperature, "top_p": args.top_p,
-                                        "env": args.env, "model": model_shape(json.loads((model / "config.json").read_text())),
+                                        "profile_host": args.profile_host, "env": args.env, "model": model_shape(json.loads((model / "config.json").read_text())),
                                         "weights": "real" if real_weights(args.shape) else "dummy (random): times only"},
                            "servers": {}, "projection": [], "capture_overhead": []}  # fmt: skip
     write_json(args.out, doc)

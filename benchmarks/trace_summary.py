@@ -5,6 +5,9 @@ kernel and memcpy/memset events and returns, per scheduler step of the window: t
 first GPU event to the last, the GPU busy time (the union of the events' intervals: concurrent
 streams count once), the idle rest (host-bound time), and the kernels that take the most time. This is
 what says whether a step costs more than another on the GPU (which kernels) or on the host (idle).
+A trace that also recorded the CPU (``step_times --profile-host``) adds, per step, the host's GPU work
+submissions (kernel and graph launches, async copies: how much of a step runs eagerly) and the host
+operators that take the most time; the host profiler slows the host, so read its idle times with care.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ from pathlib import Path
 from typing import Any
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# CUDA runtime / driver calls that submit GPU work; a graph launch submits a whole captured graph.
+RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
+SUBMIT_NAMES = ("LaunchKernel", "GraphLaunch", "MemcpyAsync", "MemsetAsync")
 TOP_KERNELS = 25
+TOP_HOST_OPS = 15
 NAME_CHARS = 120  # template-heavy kernel names are cut; the prefix tells them apart
 
 
@@ -52,7 +59,6 @@ def summarize(trace: dict[str, Any], steps: int) -> dict[str, Any]:
         entry = by_name[str(e.get("name", "?"))[:NAME_CHARS]]
         entry[0] += float(e.get("dur", 0.0))
         entry[1] += 1
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
     per = 1000.0 * steps  # us in the window -> ms per step
     return {
         "steps": steps,
@@ -60,5 +66,32 @@ def summarize(trace: dict[str, Any], steps: int) -> dict[str, Any]:
         "window_ms_per_step": window / per,
         "busy_ms_per_step": busy / per,
         "idle_ms_per_step": (window - busy) / per,
-        "kernels": [{"name": n, "ms_per_step": d / per, "calls_per_step": c / steps} for n, (d, c) in top],
+        "kernels": _top(by_name, TOP_KERNELS, steps),
+        **host_summary(trace, steps),
+    }
+
+
+def _top(by_name: dict[str, list[float]], n: int, steps: int) -> list[dict[str, Any]]:
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:n]
+    return [{"name": name, "ms_per_step": d / (1000.0 * steps), "calls_per_step": c / steps} for name, (d, c) in top]
+
+
+def host_summary(trace: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Per step: GPU work submissions (``submits_per_step``; ``graph_launches_per_step`` of them whole graphs)
+    and the host operators (``cpu_op`` events, inclusive times: nested operators count in both) that take the
+    most time; empty for a trace without CPU events."""
+    host = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    runtime = [str(e.get("name", "")) for e in host if e.get("cat") in RUNTIME_CATEGORIES]
+    ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in host:
+        if e.get("cat") == "cpu_op":
+            entry = ops[str(e.get("name", "?"))[:NAME_CHARS]]
+            entry[0] += float(e.get("dur", 0.0))
+            entry[1] += 1
+    if not runtime and not ops:
+        return {}
+    return {
+        "submits_per_step": sum(any(k in n for k in SUBMIT_NAMES) for n in runtime) / steps,
+        "graph_launches_per_step": sum("GraphLaunch" in n for n in runtime) / steps,
+        "host_ops": _top(ops, TOP_HOST_OPS, steps),
     }

@@ -115,6 +115,9 @@ FAKE_SERVER = textwrap.dedent(
             if self.path == "/start_profile":  # SGLang replies in plain text; the trace comes after the steps
                 trace = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "attn", "ts": 0, "dur": 300 * body["num_steps"]},
                                          {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 400 * body["num_steps"], "dur": 100}]}
+                if "CPU" in body["activities"]:  # a host-profiled trace: one graph launch per step
+                    trace["traceEvents"] += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 10 * i,
+                                              "dur": 5} for i in range(body["num_steps"])]  # fmt: skip
                 with gzip.open(os.path.join(body["output_dir"], "p-TP-0.trace.json.gz"), "wt") as f:
                     json.dump(trace, f)
                 self.send_response(200)
@@ -768,6 +771,17 @@ def test_step_times_profiles_a_window_of_each_point(fake_sglang: Path, tmp_path:
     assert prof["busy_ms_per_step"] == pytest.approx(1.0 / 3) and prof["idle_ms_per_step"] == pytest.approx(0.1)
     flags = json.loads(out.read_text())["servers"]["stock"]["flags"]
     assert int(flags[flags.index("--context-length") + 1]) >= 8 + 60 + 10 * 3
+    assert "submits_per_step" not in prof  # the GPU alone was profiled
+    # --profile-host: the CPU too; the host's submissions per step land in the row and in the report's table.
+    assert step_times.main([*argv, "--profile-host"]) == 0
+    doc = json.loads(out.read_text())
+    prof = doc["servers"]["stock"]["rows"][0]["profile"]
+    assert prof["submits_per_step"] == 1.0 and prof["graph_launches_per_step"] == 1.0 and doc["settings"]["profile_host"]
+    doc["_file"] = out.name
+    table = report.steps.step_times_markdown([doc]).split("Profiled steps")[1]
+    assert "| stock | 8 | 2 | 0.43 | 0.33 | 0.10 | 1 | 1.0 | attn (0.30 ms) |" in table
+    with pytest.raises(SystemExit):  # a host profile needs a profiled window
+        step_times.main([a for a in argv if a not in ("--profile-steps", "3")] + ["--profile-host"])
 
 
 # --------------------------------------------------------------------------- report

@@ -22,7 +22,7 @@ def test_summary_per_step(tmp_path):
     trace = {"traceEvents": [
         _kernel("attn", 0, 100), _kernel("gemm", 100, 50), _kernel("attn", 400, 100),
         _kernel("copy", 520, 30, cat="gpu_memcpy"),
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # host events do not count
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # host events: not GPU time
     ]}  # fmt: skip
     path = tmp_path / "t.trace.json.gz"
     with gzip.open(path, "wt") as f:
@@ -38,3 +38,20 @@ def test_summary_per_step(tmp_path):
 def test_no_gpu_events_is_an_error():
     with pytest.raises(ValueError, match="no GPU events"):
         summarize({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 0, "dur": 1}]}, steps=1)
+
+
+def test_host_events_give_submissions_and_top_operators():
+    trace = {"traceEvents": [
+        _kernel("attn", 0, 100), _kernel("gemm", 100, 50),
+        _kernel("cudaLaunchKernel", 0, 3, cat="cuda_runtime"), _kernel("cudaLaunchKernel", 10, 3, cat="cuda_runtime"),
+        _kernel("cudaGraphLaunch", 20, 5, cat="cuda_runtime"), _kernel("cudaMemcpyAsync", 30, 2, cat="cuda_runtime"),
+        _kernel("cudaStreamSynchronize", 40, 9, cat="cuda_runtime"),  # a wait, not a submission
+        _kernel("aten::mm", 0, 40, cat="cpu_op"), _kernel("aten::mm", 50, 20, cat="cpu_op"),
+        _kernel("aten::add", 80, 10, cat="cpu_op"),
+    ]}  # fmt: skip
+    s = summarize(trace, steps=2)
+    assert s["submits_per_step"] == 2.0 and s["graph_launches_per_step"] == 0.5
+    assert s["host_ops"][0] == {"name": "aten::mm", "ms_per_step": pytest.approx(0.03), "calls_per_step": 1.0}
+    assert [o["name"] for o in s["host_ops"]] == ["aten::mm", "aten::add"]
+    # A GPU-only trace has no host fields.
+    assert "submits_per_step" not in summarize({"traceEvents": [_kernel("attn", 0, 10)]}, steps=1)

@@ -158,6 +158,28 @@ def _ideal_table(d: dict[str, Any]) -> str:
             + markdown_table(("config", "L", "B", "fixed ms", *phases), cells))
 
 
+def _profile_table(d: dict[str, Any]) -> str:
+    """The profiled passes of a run (``--profile-steps``): GPU window, busy and idle per step, the host's GPU
+    work submissions where the CPU was profiled, and the kernel that took the most time."""
+    rows = []
+    for name, srv in d["servers"].items():
+        for r in srv.get("rows", []):
+            prof = r.get("profile")
+            if not prof:
+                continue
+            top = prof["kernels"][0] if prof.get("kernels") else None
+            rows.append([name, r["context"], r["batch"], fmt(prof["window_ms_per_step"], ".2f"),
+                         fmt(prof["busy_ms_per_step"], ".2f"), fmt(prof["idle_ms_per_step"], ".2f"),
+                         fmt(_num(prof.get("submits_per_step")), ".0f"), fmt(_num(prof.get("graph_launches_per_step")), ".1f"),
+                         f"{top['name'][:40]} ({top['ms_per_step']:.2f} ms)" if top else "-"])  # fmt: skip
+    if not rows:
+        return ""
+    return ("\n\nProfiled steps (scheduler steps of a third pass; idle = window - busy: time the GPU waited for the "
+            "host; submissions = kernel / graph launches and async copies the host issued, with `--profile-host`):\n\n"
+            + markdown_table(("config", "L", "B", "window ms / step", "GPU busy ms", "GPU idle ms", "submissions / step",
+                              "graph launches / step", "top kernel"), rows))  # fmt: skip
+
+
 def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
     """Per step_times run: stock decode step vs PILLAR's phases per (L, B), the projection, the capture cost."""
     parts = []
@@ -178,7 +200,7 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
             f"{str(meta.get('git_commit'))[:12]}; shape {s['shape']}; M1/M2 = {m1}/{m2} output tokens; "
             f"weights {s.get('weights', 'dummy (random): times only')}; temperature {s.get('temperature', 0):g}, top-p {s.get('top_p', 1):g}.\n\n" + markdown_table(headers, _step_rows(d)) + "\n" + missing
             + ("\n\nScore capture (verify minus the streaming twin's verify) and selection, per round:\n\n"
-               + markdown_table(CAPTURE_HEADERS, cap) if cap else "") + ideal + "\n"
+               + markdown_table(CAPTURE_HEADERS, cap) if cap else "") + ideal + _profile_table(d) + "\n"
         )  # fmt: skip
     if not parts:
         return ""

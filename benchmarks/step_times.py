@@ -441,7 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "settings": {"shape": args.shape, "contexts": args.contexts, "batches": args.batches,
                                         "decode_tokens": [args.m1, args.m2], "accept_assumed": args.accept,
                                         "temperature": args.temperature, "top_p": args.top_p,
-                                        "profile_host": args.profile_host, "env": args.env, "model": model_shape(json.loads((model / "config.json").read_text())),
+                                        "profile_host": args.profile_host, "env": args.env,
+                                        "model": model_shape(json.loads((model / "config.json").read_text())),
                                         "weights": "real" if real_weights(args.shape) else "dummy (random): times only"},
                            "servers": {}, "projection": [], "capture_overhead": []}  # fmt: skip
     write_json(args.out, doc)

@@ -54,11 +54,6 @@ def summarize(trace: dict[str, Any], steps: int) -> dict[str, Any]:
     spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events]
     window = max(end for _, end in spans) - min(start for start, _ in spans)
     busy = busy_us(spans)
-    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in events:
-        entry = by_name[str(e.get("name", "?"))[:NAME_CHARS]]
-        entry[0] += float(e.get("dur", 0.0))
-        entry[1] += 1
     per = 1000.0 * steps  # us in the window -> ms per step
     return {
         "steps": steps,
@@ -66,12 +61,18 @@ def summarize(trace: dict[str, Any], steps: int) -> dict[str, Any]:
         "window_ms_per_step": window / per,
         "busy_ms_per_step": busy / per,
         "idle_ms_per_step": (window - busy) / per,
-        "kernels": _top(by_name, TOP_KERNELS, steps),
+        "kernels": _top(events, TOP_KERNELS, steps),
         **host_summary(trace, steps),
     }
 
 
-def _top(by_name: dict[str, list[float]], n: int, steps: int) -> list[dict[str, Any]]:
+def _top(events: list[dict[str, Any]], n: int, steps: int) -> list[dict[str, Any]]:
+    """The ``n`` event names with the most total duration, in ms and calls per step."""
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        entry = by_name[str(e.get("name", "?"))[:NAME_CHARS]]
+        entry[0] += float(e.get("dur", 0.0))
+        entry[1] += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:n]
     return [{"name": name, "ms_per_step": d / (1000.0 * steps), "calls_per_step": c / steps} for name, (d, c) in top]
 
@@ -82,12 +83,7 @@ def host_summary(trace: dict[str, Any], steps: int) -> dict[str, Any]:
     most time; empty for a trace without CPU events."""
     host = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     runtime = [str(e.get("name", "")) for e in host if e.get("cat") in RUNTIME_CATEGORIES]
-    ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in host:
-        if e.get("cat") == "cpu_op":
-            entry = ops[str(e.get("name", "?"))[:NAME_CHARS]]
-            entry[0] += float(e.get("dur", 0.0))
-            entry[1] += 1
+    ops = [e for e in host if e.get("cat") == "cpu_op"]
     if not runtime and not ops:
         return {}
     return {

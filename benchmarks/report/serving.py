@@ -55,19 +55,27 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _closed_loop_requests(run: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any] | None:
+    """An ok run's per-request data where requests start as others end (None for Poisson arrivals or
+    without the data): what the schedule readings of ``benchmarks/schedule.py`` need."""
+    if run["status"] != "ok" or doc["workload"].get("request_rate", "inf") != "inf":
+        return None
+    return run.get("per_request") or None
+
+
 def _full_batch_rate(run: dict[str, Any], doc: dict[str, Any]) -> float | None:
     """The run's output tok/s while every slot was busy (None without per-request data or a second wave, and
     for Poisson arrivals, where requests do not start as others end)."""
-    pr, m = run.get("per_request"), run.get("metrics") or {}
-    if run["status"] != "ok" or not pr or not m.get("duration") or doc["workload"].get("request_rate", "inf") != "inf":
+    pr, m = _closed_loop_requests(run, doc), run.get("metrics") or {}
+    if not pr or not m.get("duration"):
         return None
     return full_batch_rate(pr["e2e_s"], pr["ttft_s"], pr["output_len"], run["concurrency"], m["duration"])
 
 
 def _wave_pace(run: dict[str, Any], doc: dict[str, Any]) -> list[float] | None:
     """Mean TPOT of each wave (``schedule.wave_pace_ms``) for a closed-loop run of two waves or more."""
-    pr = run.get("per_request")
-    if run["status"] != "ok" or not pr or doc["workload"].get("request_rate", "inf") != "inf":
+    pr = _closed_loop_requests(run, doc)
+    if not pr:
         return None
     paces = wave_pace_ms(pr["e2e_s"], pr["ttft_s"], pr["output_len"], run["concurrency"])
     return paces if len(paces) >= 2 else None

@@ -311,6 +311,13 @@ def mixed_lengths(bs: int, seq_len: int) -> list[int]:
     return [lens[i] for i in order]
 
 
+def prefix_index(per_req: list[int], req_to_token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kv_indptr, kv_indices) of prefixes of these lengths, laid over the pool's first sum(per_req) slots
+    (the pool holds bs x seq_len of them)."""
+    kv_indptr = torch.tensor([0] + per_req, device=DEVICE, dtype=torch.int32).cumsum(0).to(torch.int32)
+    return kv_indptr, req_to_token.flatten()[: sum(per_req)].to(torch.int64)
+
+
 def bench_mixed(shape: Shape, bs: int, seq_len: int) -> dict:
     """One layer's verify (k + 1 rows) and score capture, plain round (one row) and stock decode attention
     over a batch of mixed prefix lengths against a uniform batch of the same mean, on the same KV pool: a
@@ -329,8 +336,7 @@ def bench_mixed(shape: Shape, bs: int, seq_len: int) -> dict:
         qo_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * rows
         name = "verify" if rows > 1 else "plain_verify"
         for kind, per_req in (("uniform", uniform), ("mixed", lens)):
-            kv_indptr = torch.tensor([0] + per_req, device=DEVICE, dtype=torch.int32).cumsum(0).to(torch.int32)
-            kv_indices = req_to_token.flatten()[: sum(per_req)].to(torch.int64)  # the pool holds bs x seq_len slots
+            kv_indptr, kv_indices = prefix_index(per_req, req_to_token)
             row[f"{name}_{kind}_us"] = bench_us(lambda ip=kv_indptr, ix=kv_indices: verify_attention_fwd(
                 q, k_ext, v_ext, o, k, v, qo_indptr, ip, ix, rows, shape.d**-0.5, lse=lse))  # fmt: skip
             if rows > 1:  # the verify's score capture, over the same prefixes
@@ -381,7 +387,8 @@ TUNE_POINTS = {"smollm2-135m": ((256, 7000), (256, 2048), (64, 4096), (16, 7000)
 
 
 def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
-    """``kernels`` ("verify": verify attention and score capture; "sparse": the draft step's sparse attention)
+    """``kernels`` ("verify": verify attention and score capture; "mixed": their split count on mixed prefixes;
+    "sparse": the draft step's sparse attention)
     over their launch parameters at one (bs, L), with SGLang's decode kernel on the same pool as the bandwidth
     yardstick (one row per request, same prefix bytes)."""
     k, v, req_to_token = make_pool(shape, bs, seq_len)
@@ -409,14 +416,36 @@ def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
                 us = bench_us(lambda: score_capture(q, k, lse, qo_indptr, kv_indptr, kv_indices, out, shape.d**-0.5,
                                                     num_splits=splits, block_n=block_n, num_warps=warps))  # fmt: skip
                 rows.append(dict(base, kernel="capture", splits=splits, block_n=block_n, warps=warps, us=us))
+    if "mixed" in kernels:
+        rows += tune_mixed(shape, bs, seq_len, q, k_ext, v_ext, o, lse, k, v, req_to_token, qo_indptr, out)
     if "sparse" in kernels:
         rows += tune_sparse(shape, bs, seq_len, q[:bs], k, v, req_to_token, seq_lens, stock)
     if "dense" in kernels:
         rows += tune_dense(shape, bs, seq_len, q[:bs], k, v, req_to_token, seq_lens)
     for r in rows:
         if isinstance(r["us"], float) and r["kernel"] != "sparse":
-            r["GBps"] = prefix_bytes / (2 if r["kernel"] == "capture" else 1) / r["us"] / 1e3
+            r["GBps"] = prefix_bytes / (2 if r["kernel"].startswith("capture") else 1) / r["us"] / 1e3
             r["vs_sglang_decode"] = r["us"] / stock if isinstance(stock, float) else None
+    return rows
+
+
+def tune_mixed(shape: Shape, bs: int, seq_len: int, q, k_ext, v_ext, o, lse, k, v, req_to_token, qo_indptr, out) -> list[dict]:
+    """The verify and its score capture on mixed prefixes (``mixed_lengths``) and on the uniform batch of the same
+    mean, over the split count of a request at the mean and the per-request cap (``mean_prefix_chunk``; default
+    tiles; cap = splits is a grid without balancing): which grid keeps the mixed batch at the uniform one's cost."""
+    rows = []
+    grids = [(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (3, 6), (4, 4), (4, 8), (8, 8), (8, 16)]
+    for kind, per_req in (("uniform", [seq_len] * bs), ("mixed", mixed_lengths(bs, seq_len))):
+        kv_indptr, kv_indices = prefix_index(per_req, req_to_token)
+        for splits, cap in grids:
+            us = bench_us(lambda: verify_attention_fwd(
+                q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS, shape.d**-0.5, lse=lse,
+                num_kv_splits=splits, max_kv_splits=cap))  # fmt: skip
+            base = dict(shape=shape.name, bs=bs, seq_len=seq_len, splits=splits, cap=cap)
+            rows.append(dict(base, kernel=f"verify_{kind}", us=us))
+            us = bench_us(lambda: score_capture(q, k, lse, qo_indptr, kv_indptr, kv_indices, out, shape.d**-0.5,
+                                                num_splits=splits, max_splits=cap))  # fmt: skip
+            rows.append(dict(base, kernel=f"capture_{kind}", us=us))
     return rows
 
 
@@ -484,8 +513,9 @@ def main() -> None:
                         "tune at every (batch, len) instead of TUNE_POINTS")
     parser.add_argument("--lens", type=int, nargs="+", default=None, help="default 4096 16384 32768")
     parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES], choices=[s.name for s in SHAPES])
-    parser.add_argument("--tune", nargs="+", choices=["verify", "sparse", "dense"], default=None,
-                        help="instead: sweep these kernels' launch parameters at TUNE_POINTS (verify: + capture)")
+    parser.add_argument("--tune", nargs="+", choices=["verify", "sparse", "dense", "mixed"], default=None,
+                        help="instead: sweep these kernels' launch parameters at TUNE_POINTS (verify: + capture; "
+                        "mixed: the verify's and the capture's split count on mixed and uniform prefixes)")
     args = parser.parse_args()
     explicit = args.batches is not None or args.lens is not None
     args.batches, args.lens = args.batches or [1, 4, 16, 64, 128], args.lens or [4096, 16384, 32768]
@@ -519,7 +549,8 @@ def main() -> None:
             sections["tune"] += rows
             result["wall_s"] = time.time() - started
             args.out.write_text(json.dumps(result, indent=1))
-            for kernel in ("verify", "capture", "sparse", "dense", "dense_planned"):
+            for kernel in ("verify", "capture", "sparse", "dense", "dense_planned", "verify_uniform", "verify_mixed",
+                           "capture_uniform", "capture_mixed"):
                 best = sorted((r for r in rows if r["kernel"] == kernel), key=lambda r: r["us"])[:3]
                 if not best:
                     continue

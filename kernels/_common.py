@@ -41,8 +41,13 @@ def check_int_vector(name: str, t: torch.Tensor, n: int) -> None:
 BALANCE_SPLITS = 4
 
 
-def balanced_splits(uniform_splits: int) -> int:
-    """Static split grid for ``mean_prefix_chunk``: room for a request at four times the mean."""
+def splits_cap(uniform_splits: int, cap: int | None = None) -> int:
+    """Static split grid for ``mean_prefix_chunk``: ``cap`` splits per request, by default room for a request
+    at four times the mean (BALANCE_SPLITS, or the uniform count when larger)."""
     if uniform_splits < 1:
         raise ValueError(f"the split count must be >= 1, got {uniform_splits}")
-    return max(uniform_splits, BALANCE_SPLITS)
+    if cap is None:
+        return max(uniform_splits, BALANCE_SPLITS)
+    if cap < uniform_splits:
+        raise ValueError(f"the split cap ({cap}) must be >= the split count ({uniform_splits})")
+    return cap

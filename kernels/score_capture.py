@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import balanced_splits, check_int_vector, default_num_splits
+from ._common import check_int_vector, default_num_splits, splits_cap
 from ._tiles import mean_prefix_chunk, soft_cap
 
 
@@ -157,6 +157,7 @@ def score_capture(
     last_row_only: bool = False,
     block_n: int | None = None,
     num_warps: int | None = None,
+    max_splits: int | None = None,
 ) -> torch.Tensor:
     """Write PillarAttn scores of one layer into `out` (see the module docstring) and return it.
 
@@ -170,7 +171,8 @@ def score_capture(
     out: [H_kv, cap] float tensor (fp32/fp16/bf16), last dim contiguous.
     sm_scale: logit scale including any k_scale, as given to the attention kernel.
     num_splits: static prefix splits of a request at the batch's mean prefix length (per KV head); default
-    fills about two GPU waves; a longer request gets more, up to ``balanced_splits(num_splits)``.
+    fills about two GPU waves; a longer request gets more, up to ``max_splits`` (default
+    ``splits_cap(num_splits)``; >= num_splits).
     transposed: tile orientation (a speed choice only); default: transposed for head dims <= 64.
     enabled: optional [1] int device flag; 0 makes the launch write nothing (read on the device, so a
     captured graph can skip the capture on some replays).
@@ -206,7 +208,7 @@ def score_capture(
     # Row block for the batch's mean verify width (static: tokens / requests); min 16 for tl.dot.
     mean_rows = group if last_row_only else -(-num_tokens // max(bs, 1)) * group
     block_m = max(16, triton.next_power_of_2(mean_rows))
-    max_splits = balanced_splits(num_splits)
+    max_splits = splits_cap(num_splits, max_splits)
     grid = (bs, h_kv, max_splits)
     _score_capture_kernel[grid](
         q,

@@ -20,7 +20,7 @@ longest requests' programs set the layer's time: at 256 requests, where one spli
 fills the GPU, a batch spread over 0-7K can cost up to what a uniform 7K batch does, where
 stock SGLang's decode kernel, which splits each request by its length, costs about what a batch
 at the mean does. Here a request of length L gets ceil(L / chunk) splits with chunk = mean / S (S the
-static split count a uniform batch gets), at most ``balanced_splits(S)`` (4, or S when larger): a uniform
+static split count a uniform batch gets), at most ``splits_cap(S)`` (4, or S when larger): a uniform
 batch is cut as before, and in a mixed one no program reads much more than a mean request's
 share. Empty splits store only their LSE (-inf), so the spare programs of short requests cost
 a few loads.
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import balanced_splits, check_int_vector, default_num_splits
+from ._common import check_int_vector, default_num_splits, splits_cap
 from ._tiles import attend_tile, finish_partial, load_kv_tile, mean_prefix_chunk, merge_splits
 
 
@@ -206,6 +206,7 @@ def verify_attention_fwd(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    max_kv_splits: int | None = None,
 ) -> torch.Tensor:
     """Verify attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -216,7 +217,8 @@ def verify_attention_fwd(
     owns, are not written.
     lse: optional [T, H_q] fp32 out, natural log, over prefix and chain.
     num_kv_splits: static prefix split count of a request at the batch's mean prefix length, default
-    about two GPU waves; a longer request gets more, up to ``balanced_splits(num_kv_splits)``.
+    about two GPU waves; a longer request gets more, up to ``max_kv_splits`` (default
+    ``splits_cap(num_kv_splits)``; >= num_kv_splits).
     block_n, num_warps, num_stages: tile width along the prefix (default: 128 for head dims <= 64,
     else 32), warps per program and software pipeline depth (speed only).
     """
@@ -251,7 +253,7 @@ def verify_attention_fwd(
         # 128-wide tile reads the prefix at 2.4-2.5 TB/s for 256 x 4-7K, 1.73x faster than 32 and level
         # with SGLang's decode kernel on one row per request; at head dim 128 the 32-wide tile is best.
         block_n = 128 if d <= 64 else 32
-    max_splits = balanced_splits(num_kv_splits)
+    max_splits = splits_cap(num_kv_splits, max_kv_splits)
     parts = max_splits + 1  # the last one is the chain of verify tokens
     block_d = triton.next_power_of_2(d)
     mid_o = torch.empty((t, h_q, parts, d), dtype=torch.float32, device=q.device)

@@ -49,7 +49,8 @@ def _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, sm_scale, 
     return lse
 
 
-def _run_score_capture(group, prefix_lens, qo_lens, out_dtype, logit_cap, num_splits, transposed=None, last_row_only=False):
+def _run_score_capture(group, prefix_lens, qo_lens, out_dtype, logit_cap, num_splits, transposed=None, last_row_only=False,
+                       max_splits=None):  # fmt: skip
     h_kv = 2
     h_q = h_kv * group
     sm_scale = D**-0.5
@@ -64,7 +65,7 @@ def _run_score_capture(group, prefix_lens, qo_lens, out_dtype, logit_cap, num_sp
     out = torch.full((h_kv, total + 7), float("nan"), dtype=out_dtype, device=DEVICE)
     expected = out.clone()
     score_capture(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, out, sm_scale, logit_cap, num_splits=num_splits,
-                  transposed=transposed, last_row_only=last_row_only)
+                  transposed=transposed, last_row_only=last_row_only, max_splits=max_splits)
     score_capture_ref(q, k_buffer, lse, qo_indptr, kv_indptr, kv_indices, expected, sm_scale, logit_cap,
                       last_row_only=last_row_only)
     return out, expected, kv_indptr
@@ -108,6 +109,10 @@ def test_score_capture_mixed_lengths_split_by_the_mean():
     # spreads over 4 splits of 256 positions, every position written once.
     out, expected, _ = _run_score_capture(3, [900, 40, 0, 60, 5], [4] * 5, torch.float32, 0.0, num_splits=1)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-6, equal_nan=True)
+    # No balancing (cap = splits) and finer chunks of the mean (2 splits, up to 8).
+    for splits, cap in ((1, 1), (2, 8)):
+        out, expected, _ = _run_score_capture(3, [900, 40, 0, 60, 5], [4] * 5, torch.float32, 0.0, splits, max_splits=cap)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-6, equal_nan=True)
 
 
 @pytest.mark.parametrize("transposed", [True, False])
@@ -414,12 +419,13 @@ def _make_verify_case(group, prefix_lens, qo_lens, pad_rows=3):
     return (q, k_ext, v_ext), (k_buffer, v_buffer, _indptr(qo_lens), _indptr(prefix_lens), kv_indices)
 
 
-def _run_verify(group, prefix_lens, qo_lens, max_extend, logit_cap=0.0, num_kv_splits=None):
+def _run_verify(group, prefix_lens, qo_lens, max_extend, logit_cap=0.0, num_kv_splits=None, max_kv_splits=None):
     (q, k_ext, v_ext), rest = _make_verify_case(group, prefix_lens, qo_lens)
     o = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:2], float("nan"), device=DEVICE)
     exp_o, exp_lse = o.clone(), lse.clone()
-    verify_attention_fwd(q, k_ext, v_ext, o, *rest, max_extend, D**-0.5, logit_cap, lse=lse, num_kv_splits=num_kv_splits)
+    verify_attention_fwd(q, k_ext, v_ext, o, *rest, max_extend, D**-0.5, logit_cap, lse=lse, num_kv_splits=num_kv_splits,
+                         max_kv_splits=max_kv_splits)  # fmt: skip
     verify_attention_ref(q, k_ext, v_ext, exp_o, *rest, max_extend, D**-0.5, logit_cap, lse=exp_lse)
     torch.testing.assert_close(o.float(), exp_o.float(), rtol=2e-2, atol=2e-2, equal_nan=True)
     torch.testing.assert_close(lse, exp_lse, rtol=1e-4, atol=1e-4, equal_nan=True)
@@ -441,6 +447,15 @@ def test_verify_attention_mixed_lengths_split_by_the_mean(prefix_lens):
     # One split for a uniform batch, but cut to the mean: the long request spreads over up to
     # BALANCE_SPLITS splits (900 -> 4 chunks of 256; 2000 -> 4 of 512), the short ones leave theirs empty.
     _run_verify(3, prefix_lens, [4] * len(prefix_lens), max_extend=4, num_kv_splits=1)
+
+
+@pytest.mark.parametrize("splits,cap", [(1, 1), (2, 8)])
+def test_verify_attention_split_cap(splits, cap):
+    torch.manual_seed(76)
+    # cap = splits: no balancing, every request in its own splits; a wider cap: smaller chunks of the mean.
+    _run_verify(3, [900, 40, 0, 60, 5], [4] * 5, max_extend=4, num_kv_splits=splits, max_kv_splits=cap)
+    with pytest.raises(ValueError, match="cap"):
+        _run_verify(3, [9, 4], [4, 4], max_extend=4, num_kv_splits=4, max_kv_splits=2)
 
 
 def test_verify_attention_softcap_default_splits_and_row_bound():

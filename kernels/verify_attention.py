@@ -20,9 +20,9 @@ longest requests' programs set the layer's time: at 256 requests, where one spli
 fills the GPU, a batch spread over 0-7K can cost up to what a uniform 7K batch does, where
 stock SGLang's decode kernel, which splits each request by its length, costs about what a batch
 at the mean does. Here a request of length L gets ceil(L / chunk) splits with chunk = mean / S (S the
-static split count a uniform batch gets), at most ``splits_cap(S)`` (4, or S when larger): a uniform
-batch is cut as before, and in a mixed one no program reads much more than a mean request's
-share. Empty splits store only their LSE (-inf), so the spare programs of short requests cost
+static split count a uniform batch gets), at most ``splits_cap(S)`` (2S): a uniform batch is cut as
+before, and in a mixed one spread up to twice the mean no program reads much more than a mean
+request's share. Empty splits store only their LSE (-inf), so the spare programs of short requests cost
 a few loads.
 """
 

@@ -106,7 +106,7 @@ def test_score_capture_last_row_only_scores_one_query():
 def test_score_capture_mixed_lengths_split_by_the_mean():
     torch.manual_seed(18)
     # One split for a uniform batch, cut to the mean (block 128 for this row block): the 900-token prefix
-    # spreads over 4 splits of 256 positions, every position written once.
+    # spreads over the default cap of 2 splits (512 + 388 positions), every position written once.
     out, expected, _ = _run_score_capture(3, [900, 40, 0, 60, 5], [4] * 5, torch.float32, 0.0, num_splits=1)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-6, equal_nan=True)
     # No balancing (cap = splits) and finer chunks of the mean (2 splits, up to 8).
@@ -444,8 +444,8 @@ def test_verify_attention_ragged(group):
 @pytest.mark.parametrize("prefix_lens", [[900, 40, 0, 60, 5], [2000, 10, 10, 10]])
 def test_verify_attention_mixed_lengths_split_by_the_mean(prefix_lens):
     torch.manual_seed(75)
-    # One split for a uniform batch, but cut to the mean: the long request spreads over up to
-    # BALANCE_SPLITS splits (900 -> 4 chunks of 256; 2000 -> 4 of 512), the short ones leave theirs empty.
+    # One split for a uniform batch, but cut to the mean: the long request spreads over the default cap of
+    # two splits (900 -> 512 + 388; 2000 -> 1024 + 976), the short ones leave their second one empty.
     _run_verify(3, prefix_lens, [4] * len(prefix_lens), max_extend=4, num_kv_splits=1)
 
 

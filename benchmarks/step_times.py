@@ -101,6 +101,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="N > 0: after each point, profile N scheduler steps of a third pass (GPU kernels; row 'profile')")
     p.add_argument("--profile-host", action="store_true",
                    help="profile the CPU too: GPU work submissions and host operators per step (slows the host)")
+    p.add_argument("--profile-stack", action="store_true",
+                   help="with --profile-host: Python stacks too, naming the code that calls the host operators (slower)")
     add_server_options(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--work-dir", type=Path, default=None)
@@ -117,6 +119,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--profile-steps must be >= 0")
     if args.profile_host and not args.profile_steps:
         p.error("--profile-host needs --profile-steps N > 0")
+    if args.profile_stack and not args.profile_host:
+        p.error("--profile-stack needs --profile-host")
     # The longest pass: the profiled one decodes 10 tokens per profiled step past M2 (profile_pass).
     args.m_max = args.m2 + 10 * args.profile_steps
     if args.temperature < 0 or not 0.0 < args.top_p <= 1.0:
@@ -231,7 +235,7 @@ def profile_pass(server: Server, prompts: list[list[int]], args: argparse.Namesp
     out_dir = Path(tempfile.mkdtemp(prefix="profile-", dir=args.work_dir))
     activities = ["CPU", "GPU"] if args.profile_host else ["GPU"]
     request = {"output_dir": str(out_dir), "num_steps": args.profile_steps, "activities": activities,
-               "with_stack": False, "record_shapes": False}  # fmt: skip
+               "with_stack": args.profile_stack, "record_shapes": False}  # fmt: skip
     pool = cf.ThreadPoolExecutor(max_workers=1)
     try:
         tokens = args.m_max
@@ -441,7 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "settings": {"shape": args.shape, "contexts": args.contexts, "batches": args.batches,
                                         "decode_tokens": [args.m1, args.m2], "accept_assumed": args.accept,
                                         "temperature": args.temperature, "top_p": args.top_p,
-                                        "profile_host": args.profile_host, "env": args.env,
+                                        "profile_host": args.profile_host, "profile_stack": args.profile_stack,
+                                        "env": args.env,
                                         "model": model_shape(json.loads((model / "config.json").read_text())),
                                         "weights": "real" if real_weights(args.shape) else "dummy (random): times only"},
                            "servers": {}, "projection": [], "capture_overhead": []}  # fmt: skip

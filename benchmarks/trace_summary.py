@@ -8,6 +8,8 @@ what says whether a step costs more than another on the GPU (which kernels) or o
 A trace that also recorded the CPU (``step_times --profile-host``) adds, per step, the host's GPU work
 submissions (kernel and graph launches, async copies: how much of a step runs eagerly) and the host
 operators that take the most time; the host profiler slows the host, so read its idle times with care.
+With Python stacks recorded too (``--profile-stack``), ``host_callers`` names the code that calls the
+most host operators per step: each operator counts for the innermost Python frame around it outside torch.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 SUBMIT_NAMES = ("LaunchKernel", "GraphLaunch", "MemcpyAsync", "MemsetAsync")
 TOP_KERNELS = 25
 TOP_HOST_OPS = 15
+TOP_CALLERS = 15
+# Frames inside these paths are the operator's own plumbing, not the code that called it.
+LIBRARY_FRAMES = ("torch/", "<built-in", "contextlib.py", "functools.py")
 NAME_CHARS = 120  # template-heavy kernel names are cut; the prefix tells them apart
 
 
@@ -86,8 +91,44 @@ def host_summary(trace: dict[str, Any], steps: int) -> dict[str, Any]:
     ops = [e for e in host if e.get("cat") == "cpu_op"]
     if not runtime and not ops:
         return {}
-    return {
+    out = {
         "submits_per_step": sum(any(k in n for k in SUBMIT_NAMES) for n in runtime) / steps,
         "graph_launches_per_step": sum("GraphLaunch" in n for n in runtime) / steps,
         "host_ops": _top(ops, TOP_HOST_OPS, steps),
     }
+    frames = [e for e in host if e.get("cat") == "python_function"]
+    if frames:
+        out["host_callers"] = host_callers(frames, ops, steps)
+    return out
+
+
+def _span(e: dict[str, Any]) -> tuple[float, float]:
+    start = float(e["ts"])
+    return start, start + float(e.get("dur", 0.0))
+
+
+def host_callers(frames: list[dict[str, Any]], ops: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """Per (caller, operator): operator calls and inclusive ms per step, the ``TOP_CALLERS`` most called. The
+    caller is the innermost ``python_function`` frame on the operator's thread that encloses it and is not in
+    LIBRARY_FRAMES (frames nest: a sweep in start order keeps the open ones on a stack)."""
+    by_thread: dict[tuple[Any, Any], list[tuple[float, float, int, dict[str, Any]]]] = defaultdict(list)
+    for kind, events in ((0, frames), (1, ops)):  # at equal starts a frame opens before the operator it holds
+        for e in events:
+            start, end = _span(e)
+            by_thread[(e.get("pid"), e.get("tid"))].append((start, -end, kind, e))
+    counts: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    for timeline in by_thread.values():
+        stack: list[tuple[float, str]] = []  # (end, name) of the open frames
+        for start, neg_end, kind, e in sorted(timeline, key=lambda t: t[:3]):
+            while stack and stack[-1][0] <= start:
+                stack.pop()
+            name = str(e.get("name", "?"))
+            if kind == 0:
+                stack.append((-neg_end, name))
+                continue
+            caller = next((f for _, f in reversed(stack) if not any(lib in f for lib in LIBRARY_FRAMES)), "?")
+            entry = counts[(caller[:NAME_CHARS], name)]
+            entry[0] += -neg_end - start
+            entry[1] += 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1][1])[:TOP_CALLERS]
+    return [{"caller": c, "op": op, "calls_per_step": n / steps, "ms_per_step": d / (1000.0 * steps)} for (c, op), (d, n) in top]

@@ -118,6 +118,12 @@ FAKE_SERVER = textwrap.dedent(
                 if "CPU" in body["activities"]:  # a host-profiled trace: one graph launch per step
                     trace["traceEvents"] += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 10 * i,
                                               "dur": 5} for i in range(body["num_steps"])]  # fmt: skip
+                if body["with_stack"]:  # Python frames: a per-request loop calling .item() in each step
+                    for i in range(body["num_steps"]):
+                        trace["traceEvents"] += [{"ph": "X", "cat": "python_function", "name": "worker.py(7): loop",
+                                                  "ts": 100 * i, "dur": 50, "pid": 1, "tid": 1}] + [
+                            {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 100 * i + j, "dur": 1, "pid": 1, "tid": 1}
+                            for j in range(4)]  # fmt: skip
                 with gzip.open(os.path.join(body["output_dir"], "p-TP-0.trace.json.gz"), "wt") as f:
                     json.dump(trace, f)
                 self.send_response(200)
@@ -780,6 +786,16 @@ def test_step_times_profiles_a_window_of_each_point(fake_sglang: Path, tmp_path:
     doc["_file"] = out.name
     table = report.steps.step_times_markdown([doc]).split("Profiled steps")[1]
     assert "| stock | 8 | 2 | 0.43 | 0.33 | 0.10 | 1 | 1.0 | attn (0.30 ms) |" in table
+    assert "by caller" not in table
+    # --profile-stack: Python frames too; the report names the code calling the most host operators.
+    assert step_times.main([*argv, "--profile-host", "--profile-stack"]) == 0
+    doc = json.loads(out.read_text())
+    callers = doc["servers"]["stock"]["rows"][0]["profile"]["host_callers"]
+    assert callers[0]["caller"] == "worker.py(7): loop" and callers[0]["calls_per_step"] == 4.0
+    doc["_file"] = out.name
+    assert "- stock L=8 B=2: worker.py(7): loop -> aten::item x4" in report.steps.step_times_markdown([doc])
+    with pytest.raises(SystemExit):  # stacks need the host profile
+        step_times.main([*argv, "--profile-stack"])
     with pytest.raises(SystemExit):  # a host profile needs a profiled window
         step_times.main([a for a in argv if a not in ("--profile-steps", "3")] + ["--profile-host"])
 
@@ -980,6 +996,27 @@ def test_tune_table_keeps_each_kernels_fastest_launch_static_and_planned():
     assert "| dense | smollm2-135m | 32 | 2048 | splits 8, tile 32, 4 warps, 3 stages | 25.0 | 20.0 | 1900 |" in table
     assert "| dense_planned | smollm2-135m | 32 | 2048 | chunk 256, 8 programs / request | 22.0 | 20.0 | 2200 |" in table
     assert "splits 3" not in table and "chunk 512" not in table
+
+
+def test_mixed_prefix_tables_pair_uniform_and_mixed_runs():
+    from benchmarks.report.steps import mixed_lengths_table, mixed_tune_table
+
+    base = dict(shape="smollm2-135m", bs=256, seq_len=2048)
+    rows = [dict(base, kernel="sglang_decode", us=180.0)] + [
+        dict(base, kernel=f"{k}_{kind}", splits=1, cap=cap, us=us)
+        for cap, k, kind, us in ((2, "verify", "uniform", 190.0), (2, "verify", "mixed", 209.0),
+                                 (2, "capture", "uniform", 100.0), (2, "capture", "mixed", 110.0),
+                                 (1, "verify", "uniform", 188.0))]  # fmt: skip
+    table = mixed_tune_table(rows)
+    assert "| smollm2-135m | 256 | 2048 | 1 | 2 | 190.0 | 209.0 | 100.0 | 110.0 | 1.10x |" in table
+    assert "| smollm2-135m | 256 | 2048 | 1 | 1 | 188.0 | - | - | - | - |" in table  # a grid measured on one kind only
+    assert mixed_tune_table([dict(base, kernel="verify", splits=1, block_n=128, warps=4, us=1.0)]) == ""
+    doc = dict(_file="k.json", device="GPU", git_commit="abc", mixed_lengths=[dict(
+        base, mixed_min=256, mixed_max=3840, verify_uniform_us=200.0, verify_mixed_us=220.0, capture_uniform_us=100.0,
+        capture_mixed_us=101.0, plain_verify_uniform_us=50.0, plain_verify_mixed_us=50.0,
+        sglang_decode_uniform_us="not run", sglang_decode_mixed_us="not run")])  # fmt: skip
+    line = "| smollm2-135m | 256 | 2048 | 256-3840 | 200.0 / 220.0 | 100.0 / 101.0 | 50.0 / 50.0 | - / - | 1.10x | 1.01x | 1.00x | - |"
+    assert line in mixed_lengths_table(doc)
 
 
 def test_policy_host_times_the_workers_own_round_choice(tmp_path):

@@ -55,3 +55,25 @@ def test_host_events_give_submissions_and_top_operators():
     assert [o["name"] for o in s["host_ops"]] == ["aten::mm", "aten::add"]
     # A GPU-only trace has no host fields.
     assert "submits_per_step" not in summarize({"traceEvents": [_kernel("attn", 0, 10)]}, steps=1)
+
+
+def test_python_frames_name_each_operator_s_caller():
+    def frame(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+        return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+    def op(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+    trace = {"traceEvents": [
+        _kernel("attn", 0, 10),
+        frame("scheduler.py(10): step", 0, 100), frame("worker.py(5): loop", 10, 50),
+        frame("torch/_tensor.py(1): __int__", 20, 10),  # library plumbing: the loop is the caller
+        op("aten::item", 22, 4), op("aten::item", 40, 2), op("aten::item", 40, 2, tid=2),  # tid 2: no frame
+        op("aten::mm", 70, 20),  # after the loop closed: the step's own call
+    ]}  # fmt: skip
+    callers = summarize(trace, steps=1)["host_callers"]
+    assert callers[0] == {"caller": "worker.py(5): loop", "op": "aten::item", "calls_per_step": 2.0,
+                          "ms_per_step": pytest.approx(0.006)}  # fmt: skip
+    assert {(c["caller"], c["op"]) for c in callers[1:]} == {("?", "aten::item"), ("scheduler.py(10): step", "aten::mm")}
+    # Without Python frames there is no caller table.
+    assert "host_callers" not in summarize({"traceEvents": [_kernel("attn", 0, 10), op("aten::mm", 0, 5)]}, steps=1)

@@ -10,7 +10,7 @@ from typing import Any
 from .common import stream_interval
 from .correctness import acceptance_markdown, exactness_markdown, lossless_markdown, policy_sim_markdown
 from .serving import offload_markdown, plain_vs_stock_markdown, repeats_markdown, throughput_markdown, throughput_rows
-from .steps import kernels_markdown, step_times_markdown, verify_kernel_table
+from .steps import kernels_markdown, mixed_lengths_table, mixed_tune_table, step_times_markdown, verify_kernel_table
 
 
 def summary_markdown(docs: Sequence[dict[str, Any]], notes: Sequence[str] = (),
@@ -99,6 +99,12 @@ def results_pages(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, An
         kernel_body = (f"### Verify kernel ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}.\n\n"
                        + verify_kernel_table(d) + "\n")  # fmt: skip
         kernel_count = f"the widest of {_plural(len(kernels), 'kernels sweep')} with the split kernel ({d['_file']})"
+    # Mixed-prefix readings (section (d) and the split-grid sweep), each run's.
+    for d in sorted((d for d in docs if d.get("kind") == "kernels"), key=lambda d: d.get("date_utc", "")):
+        mixed_tune = mixed_tune_table(d.get("tune") or [])
+        kernel_body += ("\n" + mixed_lengths_table(d) if d.get("mixed_lengths") else "") + (
+            f"\n### Split grids ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}.{mixed_tune}\n"
+            if mixed_tune else "")  # fmt: skip
     accept_parts = [lossless_markdown(by_kind["lossless"]), acceptance_markdown(docs), exactness_markdown(docs)]
     def throughput_page(file: str, title: str, holds: str, group: list[dict[str, Any]]) -> ResultsPage:
         spread = repeats_markdown(group, repeats)
@@ -132,7 +138,7 @@ def results_pages(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, An
         ResultsPage(
             "kernels.md", "Kernels",
             "verify attention per layer, SGLang's extend kernel against PILLAR's split-KV kernel, plus score capture "
-            "and selection", kernel_count, kernel_body,
+            "and selection; the kernels on mixed prefix lengths and the verify's split grids", kernel_count, kernel_body,
         ),
     ]  # fmt: skip
     return [ResultsPage(p.file, p.title, p.holds, p.count, _promote_headings(p.body, p.title) if p.body else "")

@@ -32,7 +32,8 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
     parts = []
     for d in (d for d in docs if d.get("kind") == "kernels" and "tune" in d):
         parts.append(f"### Kernel launch sweep ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}; "
-                     f"microseconds per layer; the fastest launch per kernel and point:\n\n" + tune_table(d["tune"]) + "\n")
+                     f"microseconds per layer; the fastest launch per kernel and point:\n\n" + tune_table(d["tune"])
+                     + mixed_tune_table(d["tune"]) + "\n")  # fmt: skip
     for d in (d for d in docs if d.get("kind") == "kernels" and "tune" not in d):
         head = f"{d['device']}; commit {str(d['git_commit'])[:12]}; {d['config']['timing']}; microseconds per layer."
         dec = [[r["shape"], r["bs"], r["seq_len"], r["selected"] + r["tail"], fmt(r["sparse_us"], ".1f"),
@@ -54,6 +55,8 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
             + markdown_table(("shape", "bs", "L", "K", "all layers us (fp32)", "per layer us (fp16)", "torch per layer us"), sel)
             + "\n"
         )
+        if d.get("mixed_lengths"):
+            parts.append(mixed_lengths_table(d))
     return "\n".join(parts)
 
 
@@ -61,6 +64,8 @@ def _launch(r: dict[str, Any]) -> str:
     """A tune row's launch parameters: a work-list launch's chunk and pool, else splits and tile."""
     if "chunk" in r:
         return f"chunk {r['chunk']}, {r['programs_per_request']} programs / request"
+    if "cap" in r:
+        return f"splits {r['splits']}, cap {r['cap']}"
     return f"splits {r['splits']}, tile {r['block_n']}, {r['warps']} warps" + (f", {r['stages']} stages" if "stages" in r else "")
 
 
@@ -76,6 +81,41 @@ def tune_table(rows: Sequence[dict[str, Any]]) -> str:
     cells = [[*key, _launch(r), fmt(r["us"], ".1f"), fmt(_num(stock.get(key[1:])), ".1f"), fmt(r.get("GBps"), ".0f")]
              for key, r in best.items()]  # fmt: skip
     return markdown_table(("kernel", "shape", "bs", "L", "fastest launch", "us", "SGLang decode us", "GB/s"), cells)
+
+
+def mixed_lengths_table(d: dict[str, Any]) -> str:
+    """``kernels_bench`` section (d): each kernel on mixed prefixes against a uniform batch of the same mean; empty
+    for runs without it."""
+    rows = d.get("mixed_lengths") or []
+    if not rows:
+        return ""
+    kernels = ("verify", "capture", "plain_verify", "sglang_decode")
+    cells = [[r["shape"], r["bs"], r["seq_len"], f"{r['mixed_min']}-{r['mixed_max']}",
+              *(f"{fmt(_num(r.get(f'{k}_uniform_us')), '.1f')} / {fmt(_num(r.get(f'{k}_mixed_us')), '.1f')}" for k in kernels),
+              *(fmt(_ratio(r.get(f"{k}_mixed_us"), r.get(f"{k}_uniform_us")), ".2f", "x") for k in kernels)]
+             for r in rows]  # fmt: skip
+    return (f"### Mixed prefix lengths ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}; us per layer, "
+            "uniform / mixed (same mean), and mixed / uniform:\n\n"
+            + markdown_table(("shape", "bs", "L", "mixed range", *(f"{k} us" for k in kernels), *(f"{k} ratio" for k in kernels)),
+                             cells) + "\n")  # fmt: skip
+
+
+def mixed_tune_table(rows: Sequence[dict[str, Any]]) -> str:
+    """``kernels_bench --tune mixed``: per point and (splits, cap) grid, the verify and the capture on uniform and
+    on mixed prefixes of the same mean; empty for other sweeps."""
+    cells: dict[tuple[Any, ...], dict[str, float]] = {}
+    for r in rows:
+        if "cap" in r:
+            cells.setdefault((r["shape"], r["bs"], r["seq_len"], r["splits"], r["cap"]), {})[r["kernel"]] = r["us"]
+    if not cells:
+        return ""
+    kinds = ("verify_uniform", "verify_mixed", "capture_uniform", "capture_mixed")
+    table = [[*key, *(fmt(_num(v.get(k)), ".1f") for k in kinds), fmt(_ratio(v.get("verify_mixed"), v.get("verify_uniform")), ".2f", "x")]
+             for key, v in sorted(cells.items())]  # fmt: skip
+    return ("\n\nSplit grids on mixed prefixes (spread over L/8 .. 2L - L/8, mean L) against uniform ones, us per layer "
+            "(splits = a request at the mean's; cap = per request):\n\n"
+            + markdown_table(("shape", "bs", "L", "splits", "cap", "verify uniform", "verify mixed", "capture uniform",
+                              "capture mixed", "verify mixed / uniform"), table))  # fmt: skip
 
 
 STEP_HEADERS = ("config", "L", "B", "stock decode step ms", "draft ms / round", "draft ms / step", "verify ms",
@@ -174,10 +214,16 @@ def _profile_table(d: dict[str, Any]) -> str:
                          f"{top['name'][:40]} ({top['ms_per_step']:.2f} ms)" if top else "-"])  # fmt: skip
     if not rows:
         return ""
+    callers = [f"- {name} L={r['context']} B={r['batch']}: "
+               + "; ".join(f"{c['caller']} -> {c['op']} x{c['calls_per_step']:.0f}" for c in r["profile"]["host_callers"][:3])
+               for name, srv in d["servers"].items() for r in srv.get("rows", [])
+               if (r.get("profile") or {}).get("host_callers")]  # fmt: skip
+    callers_text = ("\n\nMost host operator calls per step by caller (`--profile-stack`):\n\n" + "\n".join(callers)
+                    if callers else "")  # fmt: skip
     return ("\n\nProfiled steps (scheduler steps of a third pass; idle = window - busy: time the GPU waited for the "
             "host; submissions = kernel / graph launches and async copies the host issued, with `--profile-host`):\n\n"
             + markdown_table(("config", "L", "B", "window ms / step", "GPU busy ms", "GPU idle ms", "submissions / step",
-                              "graph launches / step", "top kernel"), rows))  # fmt: skip
+                              "graph launches / step", "top kernel"), rows) + callers_text)  # fmt: skip
 
 
 def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:

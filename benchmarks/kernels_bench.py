@@ -15,8 +15,8 @@
 (c) top-K selection, one launch per layer and one launch for all layers (amortized per layer),
     against torch.topk + sort;
 (d) mixed prefix lengths (spread over L/8 .. 2L - L/8, mean L): PILLAR's verify (k + 1 rows), its score
-    capture, its plain round (one row) and SGLang's decode kernel, each against a uniform batch of the
-    same mean.
+    capture, its plain round (one row), the draft step's sparse attention (static grid and planned work
+    list) and SGLang's decode kernel, each against a uniform batch of the same mean.
 Shapes: Qwen3-8B (H_q=32, H_kv=8, D=128, 36 layers) and SmolLM2-135M (9, 3, 64, 30 layers), L in
 {4K, 16K, 32K}, batch 1..128. Every kernel is captured in a CUDA graph and replayed by
 triton.testing.do_bench, which clears L2 before each run (medians, microseconds).
@@ -318,6 +318,18 @@ def prefix_index(per_req: list[int], req_to_token: torch.Tensor) -> tuple[torch.
     return kv_indptr, req_to_token.flatten()[: sum(per_req)].to(torch.int64)
 
 
+def request_table(per_req: list[int], req_to_token: torch.Tensor) -> torch.Tensor:
+    """A req_to_token table [bs, max(per_req)] for prefixes of these lengths, laid one after another over the
+    pool's slots as ``prefix_index`` lays them (padding: slot 1)."""
+    flat = req_to_token.flatten()
+    table = torch.ones((len(per_req), max(per_req)), dtype=torch.int32, device=DEVICE)
+    start = 0
+    for i, n in enumerate(per_req):
+        table[i, :n] = flat[start : start + n]
+        start += n
+    return table
+
+
 def bench_mixed(shape: Shape, bs: int, seq_len: int) -> dict:
     """One layer's verify (k + 1 rows) and score capture, plain round (one row) and stock decode attention
     over a batch of mixed prefix lengths against a uniform batch of the same mean, on the same KV pool: a
@@ -348,9 +360,41 @@ def bench_mixed(shape: Shape, bs: int, seq_len: int) -> dict:
                 decode = sglang_decode(shape, q, k, v, kv_indptr, kv_indices, seq_lens)
                 row[f"sglang_decode_{kind}_us"] = timed_or_note(decode)
         row[f"{name}_mixed_over_uniform"] = row[f"{name}_mixed_us"] / row[f"{name}_uniform_us"]
+    row.update(bench_mixed_draft(shape, k, v, req_to_token, uniform, lens))
     row["capture_mixed_over_uniform"] = row["capture_mixed_us"] / row["capture_uniform_us"]
     if isinstance(row["sglang_decode_mixed_us"], float) and isinstance(row["sglang_decode_uniform_us"], float):
         row["sglang_decode_mixed_over_uniform"] = row["sglang_decode_mixed_us"] / row["sglang_decode_uniform_us"]
+    return row
+
+
+def bench_mixed_draft(shape: Shape, k, v, req_to_token, uniform: list[int], lens: list[int]) -> dict:
+    """A draft step's sparse attention (5 % budget + TAIL per request, random per-head selections) on the uniform and
+    the mixed prefixes: the static grid (``draft_static_*``) and the planned work list the worker builds with
+    SPARSESPEC_DRAFT_GRID=planned (``draft_planned_*``; its planning, once per draft step: ``draft_plan_*``)."""
+    from sglang_sparsespec.patches.draft_attention import DRAFT_CHUNK, DRAFT_PROGRAMS_PER_REQUEST, MAX_CHUNKS
+
+    bs = len(lens)
+    q = torch.randn(bs, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
+    o, rpi = torch.empty_like(q), torch.arange(bs, device=DEVICE)
+    row: dict = {}
+    for kind, per_req in (("uniform", uniform), ("mixed", lens)):
+        counts = [budget(n) for n in per_req]
+        kmax = triton.cdiv(max(counts), 128) * 128
+        sel = torch.cat([random_selection(1, shape.h_kv, n - TAIL, c, kmax) for n, c in zip(per_req, counts)])
+        sel_cnt = torch.tensor(counts, dtype=torch.int32, device=DEVICE)
+        seq_lens = torch.tensor(per_req, dtype=torch.int64, device=DEVICE)
+        tail_start, table = seq_lens - TAIL, request_table(per_req, req_to_token)
+        row[f"draft_static_{kind}_us"] = bench_us(lambda: sparse_decode_fwd(
+            q, k, v, o, table, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5))  # fmt: skip
+
+        plan = lambda: plan_work(sel_cnt, rpi, tail_start, seq_lens, kmax, DRAFT_PROGRAMS_PER_REQUEST * bs,  # noqa: E731
+                                 DRAFT_CHUNK, MAX_CHUNKS)  # fmt: skip
+        work = plan()
+        row[f"draft_planned_{kind}_us"] = bench_us(lambda: sparse_decode_fwd(
+            q, k, v, o, table, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5, work=work))  # fmt: skip
+        row[f"draft_plan_{kind}_us"] = bench_us(plan)  # once per draft step, for every layer
+    for grid in ("static", "planned"):
+        row[f"draft_{grid}_mixed_over_uniform"] = row[f"draft_{grid}_mixed_us"] / row[f"draft_{grid}_uniform_us"]
     return row
 
 

@@ -1014,8 +1014,10 @@ def test_mixed_prefix_tables_pair_uniform_and_mixed_runs():
     doc = dict(_file="k.json", device="GPU", git_commit="abc", mixed_lengths=[dict(
         base, mixed_min=256, mixed_max=3840, verify_uniform_us=200.0, verify_mixed_us=220.0, capture_uniform_us=100.0,
         capture_mixed_us=101.0, plain_verify_uniform_us=50.0, plain_verify_mixed_us=50.0,
+        draft_static_uniform_us=30.0, draft_static_mixed_us=45.0,  # a run without the planned grid's columns
         sglang_decode_uniform_us="not run", sglang_decode_mixed_us="not run")])  # fmt: skip
-    line = "| smollm2-135m | 256 | 2048 | 256-3840 | 200.0 / 220.0 | 100.0 / 101.0 | 50.0 / 50.0 | - / - | 1.10x | 1.01x | 1.00x | - |"
+    line = ("| smollm2-135m | 256 | 2048 | 256-3840 | 200.0 / 220.0 | 100.0 / 101.0 | 50.0 / 50.0 | 30.0 / 45.0 | - / - | "
+            "- / - | 1.10x | 1.01x | 1.00x | 1.50x | - | - |")
     assert line in mixed_lengths_table(doc)
 
 

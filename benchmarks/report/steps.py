@@ -89,7 +89,7 @@ def mixed_lengths_table(d: dict[str, Any]) -> str:
     rows = d.get("mixed_lengths") or []
     if not rows:
         return ""
-    kernels = ("verify", "capture", "plain_verify", "sglang_decode")
+    kernels = ("verify", "capture", "plain_verify", "draft_static", "draft_planned", "sglang_decode")
     cells = [[r["shape"], r["bs"], r["seq_len"], f"{r['mixed_min']}-{r['mixed_max']}",
               *(f"{fmt(_num(r.get(f'{k}_uniform_us')), '.1f')} / {fmt(_num(r.get(f'{k}_mixed_us')), '.1f')}" for k in kernels),
               *(fmt(_ratio(r.get(f"{k}_mixed_us"), r.get(f"{k}_uniform_us")), ".2f", "x") for k in kernels)]

@@ -12,7 +12,8 @@ boots. Writes ``DIR/throughput_<run>_<config>.json`` per config and length (rewr
 run; with several lengths the run id holds ``{output_len}``) and one progress log, prints a
 progress line per run and a markdown table at the end. A server that dies or fails to start marks
 its runs failed and the next config goes on; runs that no longer fit ``--time-budget`` are skipped
-and listed. ``--resume DIR`` keeps the ok runs of a result file of the same name in DIR (an earlier
+and listed. A result file already in DIR is never replaced without ``--resume``: a second comparison
+needs its own run id. ``--resume DIR`` keeps the ok runs of a result file of the same name in DIR (an earlier
 command's, copied back into the tree) when config and workload match, and runs only the rest, so
 one comparison too long for one device command is finished by the next (a config whose runs are
 all kept starts no server). Exit code 0 when nothing failed (skips allowed), 1 otherwise.
@@ -545,8 +546,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("several --output-len need a --run-id containing {output_len}")
     if args.run_id.replace("{output_len}", "").count("{") or args.run_id.count("}") != args.run_id.count("{output_len}"):
         p.error(f"--run-id may contain only the placeholder {{output_len}}, got {args.run_id!r}")
+    earlier = [path for path in result_paths(args).values() if path.exists()]
+    if earlier and args.resume is None:  # a second comparison under one run id would replace the first's files
+        p.error(f"{earlier[0]} exists (an earlier command's results): give this comparison its own --run-id, or "
+                "--resume the folder holding it to keep its runs")
     args.work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="sparsespec-bench-"))
     return args
+
+
+def result_paths(args: argparse.Namespace) -> dict[tuple[str, int], Path]:
+    """The result file of each (config, output length) of the command."""
+    return {(c.name, n): args.out / f"throughput_{run_id_for(args.run_id, [n])}_{file_stem(c.name)}.json"
+            for c in args.server_configs for n in args.output_lens}  # fmt: skip
 
 
 def run_id_for(template: str, output_lens: Sequence[int]) -> str:
@@ -599,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "server": {},
                     "runs": [],
                 }
-                out_path = args.out / f"throughput_{run_id_for(args.run_id, [n])}_{file_stem(config.name)}.json"
+                out_path = result_paths(args)[(config.name, n)]
                 kept: dict[int, dict[str, Any]] = {}
                 if args.resume is not None:
                     kept, why_not = resumable_runs(args.resume / out_path.name, doc)

@@ -615,6 +615,10 @@ def test_throughput_end_to_end(
     for bad in (["--run-id", "R5"], ["--output-len", "16,16"], ["--run-id", "R-{x}"], ["--resume", str(tmp_path / "no")]):
         with pytest.raises(SystemExit):
             throughput.parse_args([*args, *bad])
+    # The same run id again (another concurrency): refused before any server starts, the first files untouched.
+    with pytest.raises(SystemExit):
+        throughput.parse_args([*args, "--concurrency", "3"])
+    assert "exists (an earlier command's results)" in capsys.readouterr().err
 
     # --resume keeps the ok runs of same-named files, with the provenance of the command that ran them.
     stock["runs"][1]["status"] = "failed"  # stock c=2 failed in the earlier command: it runs again

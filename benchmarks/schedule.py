@@ -65,8 +65,9 @@ def wave_pace_ms(
 ) -> list[float]:
     """Mean decode ms per output token (TPOT: (E2E - TTFT) / (tokens - 1)) of each wave, the requests
     i * concurrency .. (i + 1) * concurrency - 1 in start order (the last wave may be partial). The first
-    wave starts together and its requests share one context length; later waves start as slots free, so
-    their batch mixes contexts; the last wave also decodes through the drain, in an emptying batch."""
+    wave starts together; later waves start as slots free, so their batch mixes contexts; the last wave
+    also decodes through the drain, in an emptying batch. ``wave_context`` tells what context each wave's
+    requests decoded beside."""
     if concurrency < 1 or not len(e2e_s) == len(ttft_s) == len(output_len):
         raise ValueError(f"per-request lists of one length and concurrency >= 1, got {concurrency}")
     paces = []
@@ -80,3 +81,46 @@ def wave_pace_ms(
         if wave:
             paces.append(sum(wave) / len(wave))
     return paces
+
+
+def wave_context(
+    e2e_s: Sequence[float], ttft_s: Sequence[float], output_len: Sequence[int], concurrency: int
+) -> list[float]:
+    """Per wave (as ``wave_pace_ms``): the batch's mean context its requests decoded beside, averaged over
+    each request's decode time, then over the wave. A request's context grows linearly from 0 at its first
+    token to its length at its end (output tokens only: the prompts add a constant), starts as
+    ``rebuild_starts`` gives them. Requests that decode at one pace (stock) keep every wave's batch at the
+    same mean; requests at their own paces (speculation) give the first wave a younger batch: its fast
+    requests end while everyone is still early in their outputs, and a round costs more as contexts grow.
+
+    Exact, in O(R log R): between consecutive first-token and end times the batch is fixed and its summed
+    context linear in t, so the batch mean integrates in closed form per segment."""
+    if concurrency < 1 or not len(e2e_s) == len(ttft_s) == len(output_len):
+        raise ValueError(f"per-request lists of one length and concurrency >= 1, got {concurrency}")
+    starts = rebuild_starts(e2e_s, concurrency)
+    spans = [(s + f, s + e, n) for s, e, f, n in zip(starts, e2e_s, ttft_s, output_len)]
+    # Events: (time, +1 at a first token / -1 at an end, slope n / (b - a), request).
+    events = sorted((t, sign, i) for i, (a, b, _) in enumerate(spans) if b > a for t, sign in ((a, 1), (b, -1)))
+    times, integral = [], [0.0]  # integral[k]: the batch mean's integral from the first event to times[k]
+    alive, offset, slope = 0, 0.0, 0.0  # summed context of the batch = offset + slope * t
+    for k, (t, sign, i) in enumerate(events):
+        if k:
+            t0 = times[-1]
+            seg = (offset * (t - t0) + slope * (t * t - t0 * t0) / 2) / alive if alive else 0.0
+            integral.append(integral[-1] + seg)
+        times.append(t)
+        a, b, n = spans[i]
+        rate = n / (b - a)
+        alive += sign
+        offset -= sign * rate * a
+        slope += sign * rate
+    at = {}  # each request's (first token, end) positions in the event list
+    for k, (_, sign, i) in enumerate(events):
+        at.setdefault(i, [0, 0])[0 if sign > 0 else 1] = k
+    seen = {i: (integral[hi] - integral[lo]) / (spans[i][1] - spans[i][0]) for i, (lo, hi) in at.items()}
+    waves = []
+    for first in range(0, len(spans), concurrency):
+        wave = [seen[i] for i in range(first, min(first + concurrency, len(spans))) if i in seen]
+        if wave:
+            waves.append(sum(wave) / len(wave))
+    return waves

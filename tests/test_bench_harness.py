@@ -1002,6 +1002,14 @@ def test_tune_table_keeps_each_kernels_fastest_launch_static_and_planned():
     assert "splits 3" not in table and "chunk 512" not in table
 
 
+def test_wave_pace_lines_show_each_waves_batch_context():
+    from benchmarks.report.serving import wave_pace_lines
+
+    rows = [dict(config="pillar", concurrency=2, wave_ms=[(5.25, 2911.4), (5.75, 3422.0)]), dict(config="x", wave_ms=None)]
+    assert wave_pace_lines(rows).endswith("\n\n- pillar c=2: 5.25 (2,911) / 5.75 (3,422)\n")
+    assert wave_pace_lines(rows[1:]) == ""
+
+
 def test_mixed_prefix_tables_pair_uniform_and_mixed_runs():
     from benchmarks.report.steps import mixed_lengths_table, mixed_tune_table
 

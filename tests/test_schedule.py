@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.schedule import full_batch_rate, rebuild_starts, wave_pace_ms
+from benchmarks.schedule import full_batch_rate, rebuild_starts, wave_context, wave_pace_ms
 
 
 def test_requests_start_in_order_as_slots_free() -> None:
@@ -44,3 +44,17 @@ def test_wave_pace_is_the_mean_tpot_of_each_start_order_group() -> None:
     assert wave_pace_ms(e2e, ttft, n, 2) == pytest.approx([750.0, 500.0])
     with pytest.raises(ValueError, match="concurrency"):
         wave_pace_ms(e2e, ttft, n[:3], 2)
+
+
+def test_wave_context_is_the_batch_mean_each_wave_decoded_beside() -> None:
+    # Two slots. r0 decodes 40 tokens over 0-4 s, r1 80 over 0-8 s (both 10 tokens/s); r2 starts at r0's end
+    # and decodes 40 over 4-8 s. Batch mean: 10t on [0, 4), (10t + 10(t - 4)) / 2 = 10t - 20 on [4, 8).
+    # r0 sees 20 on average, r1 (80 + 160) / 8 = 30, r2 160 / 4 = 40: waves (20 + 30) / 2 and 40.
+    e2e, ttft, n = [4.0, 8.0, 4.0], [0.0, 0.0, 0.0], [40, 80, 40]
+    assert wave_context(e2e, ttft, n, 2) == pytest.approx([25.0, 40.0])
+    # One pace for everyone (stock): every wave starts together and sees the same batch.
+    assert wave_context([4.0] * 6, [0.5] * 6, [36] * 6, 2) == pytest.approx([18.0, 18.0, 18.0])
+    # A one-token request (no decode time) counts in no wave.
+    assert wave_context([4.0, 8.0, 4.0, 0.2], [0.0, 0.0, 0.0, 0.2], [40, 80, 40, 1], 2) == pytest.approx([25.0, 40.0])
+    with pytest.raises(ValueError, match="concurrency"):
+        wave_context(e2e, ttft, n, 0)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.schedule import full_batch_rate, wave_pace_ms
+from benchmarks.schedule import full_batch_rate, wave_context, wave_pace_ms
 from .common import _config_rank, _gb, _pct, _ratio, _seconds, commits_text, describe_workload, fmt, markdown_table, stream_interval, workload_key
 
 
@@ -72,21 +72,25 @@ def _full_batch_rate(run: dict[str, Any], doc: dict[str, Any]) -> float | None:
     return full_batch_rate(pr["e2e_s"], pr["ttft_s"], pr["output_len"], run["concurrency"], m["duration"])
 
 
-def _wave_pace(run: dict[str, Any], doc: dict[str, Any]) -> list[float] | None:
-    """Mean TPOT of each wave (``schedule.wave_pace_ms``) for a closed-loop run of two waves or more."""
+def _wave_pace(run: dict[str, Any], doc: dict[str, Any]) -> list[tuple[float, float]] | None:
+    """(mean TPOT ms, mean batch context decoded beside) of each wave (``schedule.wave_pace_ms`` and
+    ``wave_context``) for a closed-loop run of two waves or more."""
     pr = _closed_loop_requests(run, doc)
     if not pr:
         return None
-    paces = wave_pace_ms(pr["e2e_s"], pr["ttft_s"], pr["output_len"], run["concurrency"])
+    args = (pr["e2e_s"], pr["ttft_s"], pr["output_len"], run["concurrency"])
+    paces = list(zip(wave_pace_ms(*args), wave_context(*args)))
     return paces if len(paces) >= 2 else None
 
 
 def wave_pace_lines(rows: Sequence[dict[str, Any]]) -> str:
-    """One line per run of two waves or more: its TPOT by wave. A later wave slower than the first is the cost
-    of a batch that mixes contexts; the last wave's pace includes the drain."""
-    lines = [f"- {r['config']} c={r['concurrency']}: {' / '.join(f'{ms:.2f}' for ms in r['wave_ms'])}"
+    """One line per run of two waves or more: its TPOT by wave, with the batch's mean context (output tokens)
+    the wave's requests decoded beside. A round costs more as contexts grow, so a wave that saw a younger
+    batch (the first, under speculation) is faster for that alone; the last wave's pace includes the drain."""
+    lines = [f"- {r['config']} c={r['concurrency']}: " + " / ".join(f"{ms:.2f} ({ctx:,.0f})" for ms, ctx in r["wave_ms"])
              for r in rows if r.get("wave_ms")]  # fmt: skip
-    return "Mean TPOT ms by wave (requests in start order):\n\n" + "\n".join(lines) + "\n" if lines else ""
+    return ("Mean TPOT ms by wave (requests in start order; in brackets the batch's mean context in output tokens "
+            "that the wave decoded beside):\n\n" + "\n".join(lines) + "\n" if lines else "")  # fmt: skip
 
 
 THROUGHPUT_HEADERS = (

@@ -99,23 +99,22 @@ def wave_context(
         raise ValueError(f"per-request lists of one length and concurrency >= 1, got {concurrency}")
     starts = rebuild_starts(e2e_s, concurrency)
     spans = [(s + f, s + e, n) for s, e, f, n in zip(starts, e2e_s, ttft_s, output_len)]
-    # Events: (time, +1 at a first token / -1 at an end, slope n / (b - a), request).
+    # Events: (time, +1 at a first token / -1 at an end, request), ends first at equal times.
     events = sorted((t, sign, i) for i, (a, b, _) in enumerate(spans) if b > a for t, sign in ((a, 1), (b, -1)))
-    times, integral = [], [0.0]  # integral[k]: the batch mean's integral from the first event to times[k]
-    alive, offset, slope = 0, 0.0, 0.0  # summed context of the batch = offset + slope * t
+    integral = []  # integral[k]: the batch mean's integral from the first event to event k
+    at: dict[int, list[int]] = {}  # each request's (first token, end) event positions
+    alive, offset, slope = 0, 0.0, 0.0  # the batch's summed context = offset + slope * t
+    total, prev = 0.0, 0.0
     for k, (t, sign, i) in enumerate(events):
-        if k:
-            t0 = times[-1]
-            seg = (offset * (t - t0) + slope * (t * t - t0 * t0) / 2) / alive if alive else 0.0
-            integral.append(integral[-1] + seg)
-        times.append(t)
+        if alive:  # nobody decodes before the first event, so prev's start value never counts
+            total += (offset * (t - prev) + slope * (t * t - prev * prev) / 2) / alive
+        integral.append(total)
+        prev = t
         a, b, n = spans[i]
         rate = n / (b - a)
         alive += sign
         offset -= sign * rate * a
         slope += sign * rate
-    at = {}  # each request's (first token, end) positions in the event list
-    for k, (_, sign, i) in enumerate(events):
         at.setdefault(i, [0, 0])[0 if sign > 0 else 1] = k
     seen = {i: (integral[hi] - integral[lo]) / (spans[i][1] - spans[i][0]) for i, (lo, hi) in at.items()}
     waves = []

@@ -594,6 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "num_prompts": {str(c): n for c, n in num_prompts.items()}, **prompt_doc}  # fmt: skip
 
     docs = []
+    paths = result_paths(args)
     clock = RunClock.seeded(DEFAULT_RESULTS)
     with BenchDriver(args.work_dir / "bench_driver.log") as driver:
         inv = Invocation(args, deadline, clock, log, driver)
@@ -610,7 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "server": {},
                     "runs": [],
                 }
-                out_path = result_paths(args)[(config.name, n)]
+                out_path = paths[(config.name, n)]
                 kept: dict[int, dict[str, Any]] = {}
                 if args.resume is not None:
                     kept, why_not = resumable_runs(args.resume / out_path.name, doc)

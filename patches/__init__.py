@@ -38,6 +38,7 @@ from . import (
     reserved_tokens,
     serve_warmup,
     server_args_flags,
+    spec_alloc,
     server_info,
     triton_verify,
     verify_sample,
@@ -90,6 +91,15 @@ HOOKS: tuple[Hook, ...] = (
         "AROUND",
         reserved_tokens.reserve_verify_window,
         "requests near the context limit need room for the k+1 verify slots, as EAGLE gets",
+    ),
+    Hook(
+        "sglang.srt.speculative.eagle_utils.alloc_for_spec_decode",
+        "AROUND",
+        spec_alloc.listed_next_lens,
+        "every speculative decode round reserves KV through it, and its closing loop indexes a CPU "
+        "tensor once per request (a select and an item each: ~1 ms of host time per round at 256 "
+        "requests); with one-token pages a list of the same lengths serves it "
+        "(eagle_prepare_for_decode imports it by name)",
     ),
     Hook(
         "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend",

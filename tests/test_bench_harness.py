@@ -1071,3 +1071,17 @@ def test_mixed_lengths_keep_the_uniform_batch_mean_and_pool() -> None:
         if bs > 1:
             assert min(lens) == seq_len // 8 and max(lens) == 2 * seq_len - seq_len // 8
             assert lens != sorted(lens)  # requests that started one after another, not by length
+
+
+def test_mixed_gemm_groups_and_projection(tmp_path: Path) -> None:
+    from benchmarks.mixed_gemm import groups, project
+
+    assert groups(16, 8) == [2] * 7 + [1] * 2 and groups(64, 8) == [8] * 1 + [7] * 8 and sum(groups(256, 8)) == 256
+    steps = {"servers": {"stock": {"rows": [{"context": 4096, "batch": 64, "step_ms": 24.0}]},
+                         "pillar": {"rows": [{"context": 4096, "batch": 64, "round_ms": 96.0, "verify_ms": 32.0},
+                                             {"context": 4096, "batch": 16, "round_ms": 70.0, "verify_ms": 13.0}]}}}  # fmt: skip
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps(steps))
+    (row,) = project([{"batch": 64, "saving_ms": 6.0}], path)  # batch 16 has no saving measured: left out
+    assert (row["mixed_round_ms"], row["verify_minus_stock_step_ms"]) == (90.0, 8.0)
+    assert row["change"] == pytest.approx(-1 / 16)

@@ -272,3 +272,23 @@ def test_pillar_warmup_joins_the_server_warmups_unless_skipped(llama_config_dir)
     assert _args(llama_config_dir, warmups="voice_chat").warmups == "voice_chat,pillar"
     assert _args(llama_config_dir, warmups="pillar").warmups == "pillar"
     assert _args(llama_config_dir, skip_server_warmup=True).warmups is None
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_spec_alloc_commits_the_reserved_lengths(page_size):
+    """The hooked alloc_for_spec_decode (SGLang's own body, nothing to allocate) still raises each
+    request's allocated length to its next length, whether it got a list (one-token pages) or the tensor."""
+    from types import SimpleNamespace
+
+    import torch
+    from sglang.srt.speculative import eagle_utils
+
+    reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=n)) for n in (5, 40, 9)]
+    nxt = torch.tensor([12, 30, 9], dtype=torch.int32)
+    tree_cache = SimpleNamespace(token_to_kv_pool_allocator=SimpleNamespace(page_size=page_size))
+    eagle_utils.alloc_for_spec_decode(
+        tree_cache, None, reqs=reqs, req_pool_indices=None, cur_kv_lens=None, cur_kv_lens_cpu=None,
+        nxt_kv_lens=None, nxt_kv_lens_cpu=nxt, num_needed_tokens=0,
+    )  # fmt: skip
+    assert [r.kv.kv_allocated_len for r in reqs] == [12, 40, 9]
+    assert all(type(r.kv.kv_allocated_len) is int for r in reqs)

@@ -14,6 +14,7 @@ import atexit
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -278,3 +279,24 @@ def start_recorded(server: Server, name: str, record: dict[str, Any], timeout_s:
     record["status"] = "ok"
     return True
 
+
+_DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+), .*gen throughput \(token/s\): ([\d.]+)")
+
+
+def decode_intervals(log_text: str) -> list[tuple[int, int, float]]:
+    """Stock SGLang's decode steps from its own log lines (every 40 decode steps: running requests, their
+    tokens, output tok/s over the interval): (running requests, tokens, ms per step = running / tok/s) per
+    interval. Only intervals that followed another decode interval count (one with a prefill or an idle
+    stretch in it is not a decode step's time)."""
+    out: list[tuple[int, int, float]] = []
+    previous_was_decode = False
+    for line in log_text.splitlines():
+        m = _DECODE_LINE.search(line)
+        if m is None:
+            previous_was_decode = previous_was_decode and "Prefill batch" not in line
+            continue
+        running, tokens, tok_s = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        if previous_was_decode and running > 0 and tok_s > 0:
+            out.append((running, tokens, 1000.0 * running / tok_s))
+        previous_was_decode = True
+    return out

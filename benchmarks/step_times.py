@@ -27,6 +27,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -40,7 +41,7 @@ from benchmarks.client import generate_all
 from benchmarks.configs import CONFIGS_HELP, ServerConfig, add_server_options, file_stem, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import MIN_START_S, STOP_RESERVE_S, Server, begin, http_json, start_recorded
+from benchmarks.server import MIN_START_S, STOP_RESERVE_S, Server, begin, decode_intervals, http_json, start_recorded
 from benchmarks.trace_summary import load_trace, summarize
 from sglang_sparsespec.config import ENV_PREFIX, PillarConfig, SelectionPolicy
 from sglang_sparsespec.spec.timing import GAP, PHASES, parse_reports
@@ -212,9 +213,15 @@ def measure_point(server: Server, length: int, batch: int, args: argparse.Namesp
     # offset is the log size before the M2 pass: its reports are the ones that count.
     with open(server.log_path, "rb") as f:
         f.seek(offset)
-        reports = parse_reports(f.read().decode("utf-8", "replace"))
+        log = f.read().decode("utf-8", "replace")
+    reports = parse_reports(log)
     row: dict[str, Any] = {"context": length, "batch": batch, "wall_m1_s": walls[args.m1], "wall_m2_s": walls[args.m2]}
     row["step_ms"] = 1000 * (walls[args.m2] - walls[args.m1]) / (args.m2 - args.m1)
+    # SGLang's own decode log of the M2 pass (its full-batch intervals): the served time per step
+    # (stock) or per output token (PILLAR), free of the prefill that the wall difference must cancel
+    # (at 256 x 2K the wall difference gave 4.0 and 8.1 ms on two runs of one commit's stock server).
+    if served := [ms for running, _, ms in decode_intervals(log) if running == batch]:
+        row["log_step_ms"], row["log_intervals"] = statistics.median(served), len(served)
     # Rounds at the full batch only: ramp-up and drain rounds run smaller batches.
     full = [r for r in reports if r.batch >= 0.9 * batch]
     if full:
@@ -315,18 +322,25 @@ def run_config(
     return record
 
 
+def stock_step_ms(row: dict[str, Any]) -> float | None:
+    """A stock row's decode step: from SGLang's log when the run recorded it (``log_step_ms``), else the
+    wall difference; None for a failed measurement (<= 0 ms: runs before the warm-up pass existed)."""
+    step = row.get("log_step_ms") or row.get("step_ms")
+    return step if step is not None and step > 0 else None
+
+
 def projections(servers: dict[str, dict[str, Any]], accept: float | None) -> list[dict[str, Any]]:
     """accept * stock step / PILLAR round per (L, B) measured by both, and the same with the mixed-phase
     round's best case (``mixed_round_bound``); projections, not measurements."""
     if accept is None or "stock" not in servers:
         return []
-    stock = {(r["context"], r["batch"]): r for r in servers["stock"]["rows"] if "step_ms" in r}
+    stock = {(r["context"], r["batch"]): step for r in servers["stock"]["rows"] if (step := stock_step_ms(r))}
     out = []
     for name, rec in servers.items():
         for r in rec["rows"] if name != "stock" else []:
             key = (r["context"], r["batch"])
             if "round_ms" in r and key in stock:
-                step = stock[key]["step_ms"]
+                step = stock[key]
                 mixed = mixed_round_bound(r, step)
                 out.append({"config": name, "context": key[0], "batch": key[1], "accept_assumed": accept,
                             "projected_speedup": accept * step / r["round_ms"], "mixed_round_ms": mixed,
@@ -406,9 +420,8 @@ def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
     the scores once per select_every rounds; gap = 0. Empty without the model shape or a known device."""
     model, meta = doc["settings"].get("model"), doc["meta"]
     bw = next((tbps * 1e12 for name, tbps in HBM_TBPS.items() if name in str(meta.get("device"))), None)
-    # A step <= 0 ms is a failed measurement (runs before the warm-up pass existed: a server's first point).
-    stock = {(r["context"], r["batch"]): r["step_ms"] for r in doc["servers"].get("stock", {}).get("rows", [])
-             if r.get("step_ms", 0) > 0}  # fmt: skip
+    stock = {(r["context"], r["batch"]): step for r in doc["servers"].get("stock", {}).get("rows", [])
+             if (step := stock_step_ms(r))}  # fmt: skip
     if model is None or bw is None or not stock:
         return []
     kv_tok = 2 * model["layers"] * model["kv_heads"] * model["head_dim"] * 2

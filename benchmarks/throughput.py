@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import shlex
 import statistics
 import sys
@@ -49,6 +48,7 @@ from benchmarks.server import (
     STOP_RESERVE_S,
     Server,
     ServerError,
+    decode_intervals,
     http_json,
     install_signal_handlers,
     log_tail,
@@ -255,28 +255,13 @@ def pillar_state(server: Server) -> dict[str, Any] | None:
     return scheduler_state(info).get("pillar")
 
 
-_DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+), .*gen throughput \(token/s\): ([\d.]+)")
-
-
 def decode_step_cells(log_text: str) -> dict[str, dict[str, float]]:
-    """Stock SGLang's decode step time from its own log lines (every 40 decode steps: running requests,
-    their tokens, output tok/s over the interval), in the cells of PILLAR's adaptive policy ("<batch
-    bucket>x<context ~tokens>", as /server_info shows them) so a plain PILLAR round is read against
-    stock's step at the same batch and context: ms per step = running requests / tok/s, the median
-    per cell. Only intervals that followed another decode interval count (one with a prefill or an
-    idle stretch in it is not a decode step's time)."""
+    """``decode_intervals`` in the cells of PILLAR's adaptive policy ("<batch bucket>x<context ~tokens>", as
+    /server_info shows them), so a plain PILLAR round is read against stock's step at the same batch and
+    context: the median ms per step per cell."""
     steps: dict[str, list[float]] = {}
-    previous_was_decode = False
-    for line in log_text.splitlines():
-        m = _DECODE_LINE.search(line)
-        if m is None:
-            previous_was_decode = previous_was_decode and "Prefill batch" not in line
-            continue
-        running, tokens, tok_s = int(m.group(1)), int(m.group(2)), float(m.group(3))
-        if previous_was_decode and running > 0 and tok_s > 0:
-            cell = cell_label(cell_key(running, tokens / running))
-            steps.setdefault(cell, []).append(1000.0 * running / tok_s)
-        previous_was_decode = True
+    for running, tokens, ms in decode_intervals(log_text):
+        steps.setdefault(cell_label(cell_key(running, tokens / running)), []).append(ms)
     return {cell: {"ms": round(statistics.median(v), 3), "lines": len(v)} for cell, v in sorted(steps.items())}
 
 

@@ -164,33 +164,28 @@ def _verify_stage2(
     BLOCK_D: tl.constexpr,
     NUM_PARTS: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    MAX_EXTEND: tl.constexpr,
     HAS_LSE: tl.constexpr,
 ):
-    # One program per (request, query head) merges all of its verify rows: the rows' loads are
-    # independent, so the unrolled loop overlaps them, where a program per row (9x the programs, each
-    # a chain of dependent loads over a few hundred bytes) was latency-bound (18 us a layer at 256 x 2K).
     cur_b = tl.program_id(0)
     head = tl.program_id(1)
+    row = tl.program_id(2)
     qo_start = tl.load(qo_indptr + cur_b).to(tl.int64)
-    qo_len = tl.load(qo_indptr + cur_b + 1) - qo_start
+    owned = row < tl.load(qo_indptr + cur_b + 1) - qo_start
+    tok = qo_start + row
     offs_s = tl.arange(0, BLOCK_S)
+    mask_s = (offs_s < NUM_PARTS) & owned
     offs_d = tl.arange(0, BLOCK_D)
-    for row in tl.static_range(MAX_EXTEND):
-        owned = row < qo_len
-        tok = qo_start + row
-        mask_s = (offs_s < NUM_PARTS) & owned
-        mask_d = (offs_d < D) & owned
-        lse = tl.load(Mid_lse + tok * stride_lt + head * stride_lh + offs_s, mask=mask_s, other=-float("inf"))
-        parts = tl.load(
-            Mid_O + tok * stride_mt + head * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :],
-            mask=(mask_s & (lse > -float("inf")))[:, None] & mask_d[None, :],
-            other=0.0,
-        )
-        o, total_lse = merge_splits(lse, parts)
-        tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
-        if HAS_LSE:
-            tl.store(Lse + tok * stride_st + head * stride_sh, total_lse, mask=owned)
+    mask_d = (offs_d < D) & owned
+    lse = tl.load(Mid_lse + tok * stride_lt + head * stride_lh + offs_s, mask=mask_s, other=-float("inf"))
+    parts = tl.load(
+        Mid_O + tok * stride_mt + head * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :],
+        mask=(mask_s & (lse > -float("inf")))[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    o, total_lse = merge_splits(lse, parts)
+    tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
+    if HAS_LSE:
+        tl.store(Lse + tok * stride_st + head * stride_sh, total_lse, mask=owned)
 
 
 def verify_attention_fwd(
@@ -305,7 +300,7 @@ def verify_attention_fwd(
     )
     # Stage 1 wrote partials only for the rows requests own (i < min(n_b, max_extend)), and
     # stage 2 visits exactly those, so every other row of o / lse is left untouched.
-    _verify_stage2[(bs, h_q)](
+    _verify_stage2[(bs, h_q, max_extend)](
         mid_o,
         mid_lse,
         o,
@@ -324,7 +319,6 @@ def verify_attention_fwd(
         BLOCK_D=block_d,
         NUM_PARTS=parts,
         BLOCK_S=triton.next_power_of_2(parts),
-        MAX_EXTEND=max_extend,
         HAS_LSE=lse is not None,
         num_warps=4,
     )

@@ -132,7 +132,7 @@ def _num_steps(flags: Sequence[str]) -> int | None:
 
 def _step_rows(d: dict[str, Any]) -> list[list[str]]:
     """One row per measured (config, L, B) with PILLAR phase times, stock's decode step at the same point."""
-    stock = {(r["context"], r["batch"]): r.get("step_ms") for r in d["servers"].get("stock", {}).get("rows", [])}
+    stock = {(r["context"], r["batch"]): step_times.stock_step_ms(r) for r in d["servers"].get("stock", {}).get("rows", [])}
     # Recomputed rather than read from the file, so runs recorded before a projection existed show it too.
     projected = step_times.projections(d["servers"], d["settings"].get("accept_assumed"))
     proj = {(p["config"], p["context"], p["batch"]): p for p in projected}
@@ -145,8 +145,7 @@ def _step_rows(d: dict[str, Any]) -> list[list[str]]:
             rows.append([name, *point, fmt(stock.get(point), ".3f"), fmt(r["draft_ms"], ".3f"),
                          fmt(r["draft_ms"] / k if k else None, ".3f"), fmt(r["verify_ms"], ".3f"),
                          # Issue 20's bar for the verify pass: <= 1.3x a decode step at the same batch and context
-                         # (a step <= 0 ms is a failed measurement: no ratio).
-                         fmt(_ratio(r["verify_ms"], step) if (step := stock.get(point) or 0) > 0 else None, ".2f", "x"),
+                         fmt(_ratio(r["verify_ms"], step) if (step := stock.get(point)) else None, ".2f", "x"),
                          fmt(r["select_ms"], ".3f"), fmt(r["round_ms"], ".3f")]
                         + (_projected(proj.get((name, *point))) if with_proj else []))  # fmt: skip
     return rows

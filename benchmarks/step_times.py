@@ -94,7 +94,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help=f"default: those of {DEFAULT_CONTEXTS} that fit the shape's max_position_embeddings")
     p.add_argument("--batches", default="16,64")
     p.add_argument("--configs", default="stock,pillar,pillar-streaming", help=CONFIGS_HELP)
-    p.add_argument("--decode-tokens", default="32,160", help="M1,M2: the two output lengths per point")
+    # M2 = 288: with long prompts the chunked prefills interleave with decode steps, so the full batch decodes
+    # together only after the last admission; at M2 = 160 SGLang logged no full-batch interval at 256 x 4K / 7K.
+    p.add_argument("--decode-tokens", default="32,288", help="M1,M2: the two output lengths per point")
     p.add_argument("--accept", type=float, default=None, help="accept length measured on a real model, for the projection")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling of every request (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)

@@ -15,7 +15,8 @@ DEFAULT_RESULTS = Path(__file__).resolve().parents[1] / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
 
 
-REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times", "exactness", "offload")
+REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times", "exactness", "offload",
+                  "mixed_gemm")
 
 
 def result_kind(doc: Any) -> str | None:

@@ -247,12 +247,15 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
             + ("\n\nScore capture (verify minus the streaming twin's verify) and selection, per round:\n\n"
                + markdown_table(CAPTURE_HEADERS, cap) if cap else "") + ideal + _profile_table(d) + "\n"
         )  # fmt: skip
+    if mixed := _mixed_gemm_markdown(docs):
+        parts.append(mixed)
     if not parts:
         return ""
     return (
         "### Step times\n\n"
         "Per context L and batch B; with random weights (Qwen3 shapes) only times mean anything, a run's weights are "
-        "named in its header. Stock decode step = wall "
+        "named in its header. Stock decode step = the median of SGLang's own logged decode intervals at the full "
+        "batch (`log_step_ms`), or in runs before it was recorded the wall "
         "time difference of two output lengths / their token difference (host overheads included); PILLAR phases "
         "= mean GPU ms per round from `SPARSESPEC_STEP_TIMING` (draft = k sparse steps, draft / step = draft / k). "
         "The projected speedup is a projection, not a measurement: an accept length measured on a real model x "
@@ -262,3 +265,28 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "flags and knobs, `SPARSESPEC_POLICY=streaming`: no score capture, no LSE); share = (capture + select) / "
         "(verify + select).\n\n" + "\n".join(parts)
     )
+
+
+MIXED_HEADERS = ("model", "B", "k", "G(B) ms", "G(B (k + 1)) ms", "today ms", "mixed ms", "saving ms")
+MIXED_PROJ_HEADERS = ("steps file", "L", "B", "round ms", "mixed round ms", "change")
+
+
+def _mixed_gemm_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """benchmarks.mixed_gemm runs: the row-wise work of a round today against the mixed-phase round's, and each
+    measured round of the named step-times file projected to the mixed one."""
+    parts = []
+    for d in sorted((d for d in docs if d.get("kind") == "mixed_gemm"), key=lambda d: (d["model"], d["date_utc"])):
+        rows = [[r["model"], r["batch"], r["k"], *(fmt(r[k], ".2f") for k in ("draft_forward_ms", "verify_forward_ms",
+                 "today_ms", "mixed_ms", "saving_ms"))] for r in d["rows"]]  # fmt: skip
+        proj = [[d["steps_file"], p["context"], p["batch"], fmt(p["round_ms"], ".1f"), fmt(p["mixed_round_ms"], ".1f"),
+                 fmt(_pct(p["change"]), "+.1f", "%")] for p in d["projection"] if p["server"] == "pillar"]  # fmt: skip
+        parts.append(f"{d['device']}; commit {str(d['git_commit'])[:12]}; {d['weights']} ({d['_file']}).\n\n"
+                     + markdown_table(MIXED_HEADERS, rows)
+                     + ("\n\n" + markdown_table(MIXED_PROJ_HEADERS, proj) if proj else ""))  # fmt: skip
+    if not parts:
+        return ""
+    return ("#### Mixed-phase round: the row-wise work it changes\n\n"
+            "`benchmarks.mixed_gemm`: G(R) = a forward's weight GEMMs, norms, activation and LM head over R rows "
+            "(attention left out: both rounds do the same attention work); today = k G(B) + G(B (k + 1)), mixed = "
+            "the sum over the k + 1 phase groups of G(B + k n_g); mixed round = a measured round - (today - mixed).\n\n"
+            + "\n\n".join(parts) + "\n")

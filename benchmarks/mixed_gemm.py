@@ -44,10 +44,10 @@ class RowWork:
     """The row-wise part of a forward: per layer RMSNorm, QKV, O, residual, RMSNorm, gate/up, SiLU * up,
     down; then the final norm and the LM head (every row of either phase needs its logits)."""
 
-    def __init__(self, cfg: dict[str, Any], max_rows: int) -> None:
+    def __init__(self, cfg: dict[str, Any], max_rows: int, device: str = "cuda") -> None:
         h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg.get("head_dim", 128)
         hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        w = dict(device="cuda", dtype=torch.bfloat16)
+        w = dict(device=device, dtype=torch.bfloat16)
 
         def weight(rows: int, cols: int) -> torch.Tensor:
             return torch.randn(rows, cols, **w) * cols**-0.5

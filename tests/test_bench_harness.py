@@ -1082,7 +1082,13 @@ def test_mixed_lengths_keep_the_uniform_batch_mean_and_pool() -> None:
 
 
 def test_mixed_gemm_groups_and_projection(tmp_path: Path) -> None:
-    from benchmarks.mixed_gemm import groups, project
+    from benchmarks.mixed_gemm import RowWork, groups, project
+
+    tiny = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 4, "vocab_size": 50}  # fmt: skip
+    work = RowWork(tiny, max_rows=27, device="cpu")
+    assert [tuple(w.shape) for w in work.layers[0]] == [(32, 16), (16, 16), (64, 16), (16, 32)]
+    assert work.forward(27).shape == (27, 50) and work.forward(3).shape == (3, 50)
 
     assert groups(16, 8) == [2] * 7 + [1] * 2 and groups(64, 8) == [8] * 1 + [7] * 8 and sum(groups(256, 8)) == 256
     steps = {"servers": {"stock": {"rows": [{"context": 4096, "batch": 64, "step_ms": 24.0}]},

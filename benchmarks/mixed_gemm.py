@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from benchmarks.kernels_bench import bench_us
 from benchmarks.meta import device_name, git_commit, package_version
-from benchmarks.step_times import SHAPES as QWEN3_SHAPES
+from benchmarks.step_times import SHAPES as QWEN3_SHAPES, stock_step_ms
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
            "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152}  # fmt: skip
@@ -91,17 +91,17 @@ def project(rows: list[dict[str, Any]], steps_path: Path) -> list[dict[str, Any]
     """Each PILLAR round of a step-times file with its mixed-phase projection (round - saving at its batch)."""
     saving = {r["batch"]: r["saving_ms"] for r in rows}
     doc = json.loads(steps_path.read_text())
-    stock = {(r["context"], r["batch"]): r.get("step_ms") for r in doc["servers"].get("stock", {}).get("rows", [])}
+    stock = {(r["context"], r["batch"]): stock_step_ms(r) for r in doc["servers"].get("stock", {}).get("rows", [])}
     out = []
     for name, server in doc["servers"].items():
         for r in server.get("rows", []):
             if "round_ms" not in r or r["batch"] not in saving:
                 continue
             mixed = r["round_ms"] - saving[r["batch"]]
+            step = stock.get((r["context"], r["batch"]))
             out.append({"server": name, "context": r["context"], "batch": r["batch"], "round_ms": r["round_ms"],
                         "mixed_round_ms": mixed, "change": mixed / r["round_ms"] - 1,
-                        "verify_minus_stock_step_ms": (r["verify_ms"] - stock[(r["context"], r["batch"])])
-                        if stock.get((r["context"], r["batch"])) else None})  # fmt: skip
+                        "verify_minus_stock_step_ms": r["verify_ms"] - step if step else None})  # fmt: skip
     return out
 
 

@@ -200,9 +200,9 @@ def sampling(args: argparse.Namespace, tokens: int) -> dict[str, Any]:
 def measure_point(server: Server, length: int, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     """Walls of the M1 and M2 passes and the PILLAR timing reports logged during the M2 pass."""
     prompts = random_prompts(batch, length, seed=length * 1000 + batch, vocab_size=args.vocab_size)
-    # An unmeasured M1 pass first: a server's first prefill of long prompts pays one-time costs (kernel
-    # builds, allocator growth) that landed in the M1 wall alone (stock at 256 x 2K, 388e953: 4.0 ms per
-    # step against 6.7 ms of kernel time).
+    # An unmeasured M1 pass first, so that one-time costs of a server's first long prefill cannot land in the
+    # M1 wall alone (stock at 256 x 2K, the first point of 388e953's server: 4.0 ms per step against 6.7 ms of
+    # kernel time; a staggered admission, see --decode-tokens, is the other suspect).
     generate_all(server, prompts, sampling(args, args.m1), concurrency=batch, timeout_s=240)
     walls = {}
     for m in (args.m1, args.m2):

@@ -38,8 +38,8 @@ from . import (
     reserved_tokens,
     serve_warmup,
     server_args_flags,
-    spec_alloc,
     server_info,
+    spec_alloc,
     triton_verify,
     verify_sample,
 )

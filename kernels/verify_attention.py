@@ -24,6 +24,13 @@ static split count a uniform batch gets), at most ``splits_cap(S)`` (2S): a unif
 before, and in a mixed one spread up to twice the mean no program reads much more than a mean
 request's share. Empty splits store only their LSE (-inf), so the spare programs of short requests cost
 a few loads.
+
+Fused score capture (``capture_logits``): PillarAttn's last-row scores (``score_capture`` with
+last_row_only) need the logits of each request's last verify row against its whole prefix, which these
+programs compute anyway. They store them, G per KV head and prefix position, into a [H_q, cap] fp32
+scratch in kv_indptr order (``capture_logits[h, kv_indptr[b] + t]``), and ``score_capture_from_logits``
+turns them into probabilities once stage 2 has the rows' LSE: 4 G bytes written and read per position and
+KV head instead of a second read of K (2 D bytes; 12 against 128 for SmolLM2).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits, splits_cap
-from ._tiles import attend_tile, finish_partial, load_kv_tile, mean_prefix_chunk, merge_splits
+from ._tiles import attend_tile, finish_partial, fold_logits, load_kv_tile, mean_prefix_chunk, merge_splits, tile_logits
 
 
 @triton.jit
@@ -48,6 +55,8 @@ def _verify_stage1(
     kv_indices,
     Mid_O,
     Mid_lse,
+    Cap_Logits,
+    Enabled,
     sm_scale,
     stride_qt,
     stride_qh,
@@ -64,6 +73,7 @@ def _verify_stage1(
     stride_ms,
     stride_lt,
     stride_lh,
+    stride_ch,
     GROUP: tl.constexpr,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -74,6 +84,7 @@ def _verify_stage1(
     PAR_SPLITS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
+    CAPTURE: tl.constexpr,
 ):
     cur_b = tl.program_id(0)
     cur_kv_head = tl.program_id(1)
@@ -109,6 +120,12 @@ def _verify_stage1(
             other=0.0,
         )
         if split < NUM_SPLITS:
+            # Fused score capture: the last verify row's logits of the GROUP heads, while K is in registers
+            # (module docstring); other rows and disabled replays store nothing.
+            captured = mask_r & (row_q == tl.minimum(qo_len, MAX_EXTEND) - 1)
+            if CAPTURE:
+                captured = captured & (tl.load(Enabled) != 0)
+            cap_rows = Cap_Logits + heads.to(tl.int64) * stride_ch + kv_start
             for start_n in range(lo, hi, BLOCK_N):
                 offs_n = start_n + tl.arange(0, BLOCK_N)
                 valid = offs_n < hi
@@ -116,7 +133,10 @@ def _verify_stage1(
                 k, v = load_kv_tile(
                     K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d
                 )
-                e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
+                qk = tile_logits(q, k, valid[None, :], sm_scale, LOGIT_CAP)
+                if CAPTURE:
+                    tl.store(cap_rows[:, None] + offs_n[None, :], qk, mask=captured[:, None] & valid[None, :])
+                e_max, e_sum, acc = fold_logits(qk, v, e_max, e_sum, acc)
         else:
             # The verify tokens themselves: one BLOCK_E tile, causal (row i sees j <= i).
             offs_e = tl.arange(0, BLOCK_E)
@@ -207,6 +227,8 @@ def verify_attention_fwd(
     num_warps: int = 4,
     num_stages: int = 3,
     max_kv_splits: int | None = None,
+    capture_logits: torch.Tensor | None = None,
+    capture_on: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Verify attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -221,6 +243,9 @@ def verify_attention_fwd(
     ``splits_cap(num_kv_splits)``; >= num_kv_splits).
     block_n, num_warps, num_stages: tile width along the prefix (default: 128 for head dims <= 64,
     else 32), warps per program and software pipeline depth (speed only).
+    capture_logits: optional [H_q, cap] fp32 scratch (cap >= kv_indptr[bs]; last dim contiguous) for the
+    fused score capture (module docstring), with capture_on, its [1] int device flag: 0 stores nothing, so a
+    captured graph captures on some replays only. Row min(n_b, max_extend) - 1 is request b's last row.
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -242,6 +267,16 @@ def verify_attention_fwd(
         raise ValueError(f"max_extend must be >= 1, got {max_extend}")
     if lse is not None and (lse.shape != (t, h_q) or lse.dtype != torch.float32):
         raise ValueError(f"lse must be float32 [{t}, {h_q}], got {lse.dtype} {tuple(lse.shape)}")
+    if (capture_logits is None) != (capture_on is None):
+        raise ValueError("capture_logits and capture_on go together")
+    if capture_logits is not None:
+        if capture_logits.dim() != 2 or capture_logits.shape[0] != h_q or capture_logits.dtype != torch.float32:
+            raise ValueError(f"capture_logits must be float32 [{h_q}, cap], got {capture_logits.dtype} "
+                             f"{tuple(capture_logits.shape)}")  # fmt: skip
+        if capture_logits.stride(1) != 1:
+            raise ValueError("capture_logits needs a contiguous last dim")
+        if capture_on.numel() < 1 or capture_on.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"capture_on must be an int32/int64 device flag, got {capture_on.dtype}")
     if bs == 0 or t == 0:
         return o
     group = h_q // h_kv
@@ -269,6 +304,8 @@ def verify_attention_fwd(
         kv_indices,
         mid_o,
         mid_lse,
+        capture_logits if capture_logits is not None else mid_lse,
+        capture_on if capture_on is not None else qo_indptr,
         sm_scale,
         q.stride(0),
         q.stride(1),
@@ -285,6 +322,7 @@ def verify_attention_fwd(
         mid_o.stride(2),
         mid_lse.stride(0),
         mid_lse.stride(1),
+        capture_logits.stride(0) if capture_logits is not None else 0,
         GROUP=group,
         D=d,
         BLOCK_D=block_d,
@@ -295,6 +333,7 @@ def verify_attention_fwd(
         PAR_SPLITS=num_kv_splits,
         NUM_SPLITS=max_splits,
         LOGIT_CAP=logit_cap,
+        CAPTURE=capture_logits is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.testing
 from sglang_sparsespec.kernels._common import default_num_splits, num_sms
-from sglang_sparsespec.kernels.score_capture import score_capture
+from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_from_logits
 from sglang_sparsespec.kernels.draft_work import plan_work
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.topk_select import topk_select
@@ -284,6 +284,7 @@ def bench_score_capture(shape: Shape, bs: int, seq_len: int) -> dict:
     prefix_bytes = bs * shape.h_kv * seq_len * (2 * shape.d * k.element_size() + 8)
     row["split_verify_GBps"] = prefix_bytes / row["split_verify_attn_us"] / 1e3
     row["fp16_capture_frac_of_split_verify"] = row["fp16_out_us"] / row["split_verify_attn_us"]
+    row.update(bench_fused_capture(shape, q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, verify_lse))
     # SGLang's extend kernel, which PILLAR's verify ran before the split kernel (SPARSESPEC_VERIFY_KERNEL=sglang).
     sglang_lse = torch.empty_like(verify_lse)
     baseline = sglang_verify_attention(shape, q, k_ext, v_ext, k, v, qo_indptr, kv_indptr, kv_indices, sglang_lse)
@@ -297,6 +298,31 @@ def bench_score_capture(shape: Shape, bs: int, seq_len: int) -> dict:
                              shape.d**-0.5, lse=verify_lse)  # fmt: skip
         row["split_vs_sglang_max_abs_diff_out"] = (o.float() - sglang_o.float()).abs().max().item()
         row["split_vs_sglang_max_abs_diff_lse"] = (verify_lse - sglang_lse).abs().max().item()
+    return row
+
+
+def bench_fused_capture(shape: Shape, q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, lse) -> dict:
+    """The last-row capture fused into the split verify (SPARSESPEC_SCORE_ROWS=last): the verify storing the last
+    row's logits (device flag on) or not (off: the replays that do not re-select), the kernel that normalizes them,
+    and the capture kernel's own last-row pass it replaces; fused_capture_us = on - plain verify + finish."""
+    logits = torch.empty(shape.h_q, kv_indices.numel(), device=DEVICE)
+    scores = torch.empty(shape.h_kv, kv_indices.numel(), device=DEVICE, dtype=torch.float16)
+    row: dict = {}
+    for flag in (0, 1):
+        on = torch.tensor([flag], device=DEVICE, dtype=torch.int32)
+        row[f"split_verify_fused_{'on' if flag else 'off'}_us"] = bench_us(
+            lambda on=on: verify_attention_fwd(q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS,
+                                               shape.d**-0.5, lse=lse, capture_logits=logits, capture_on=on)  # fmt: skip
+        )
+    row["fused_finish_us"] = bench_us(
+        lambda: score_capture_from_logits(logits, lse, qo_indptr, kv_indptr, scores, VERIFY_ROWS, on)
+    )
+    row["fp16_last_row_out_us"] = bench_us(
+        lambda: score_capture(q, k, lse, qo_indptr, kv_indptr, kv_indices, scores, shape.d**-0.5, last_row_only=True)
+    )
+    plain = bench_us(lambda: verify_attention_fwd(q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices,
+                                                  VERIFY_ROWS, shape.d**-0.5, lse=lse))  # fmt: skip
+    row["fused_capture_us"] = row["split_verify_fused_on_us"] - plain + row["fused_finish_us"]
     return row
 
 
@@ -556,6 +582,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=None, help="default 1 4 16 64 128; with --tune: "
                         "tune at every (batch, len) instead of TUNE_POINTS")
     parser.add_argument("--lens", type=int, nargs="+", default=None, help="default 4096 16384 32768")
+    parser.add_argument("--sections", nargs="+", default=None, choices=["sparse_decode", "score_capture", "selection",
+                        "mixed_lengths"], help="run only these sections (default: all)")  # fmt: skip
     parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES], choices=[s.name for s in SHAPES])
     parser.add_argument("--tune", nargs="+", choices=["verify", "sparse", "dense", "mixed"], default=None,
                         help="instead: sweep these kernels' launch parameters at TUNE_POINTS (verify: + capture; "
@@ -603,16 +631,17 @@ def main() -> None:
     for shape in (s for s in SHAPES if s.name in args.shapes and not args.tune):
         for seq_len in args.lens:
             for bs in args.batches:
-                sections["sparse_decode"].append(bench_decode(shape, bs, seq_len))
-                sections["score_capture"].append(bench_score_capture(shape, bs, seq_len))
-                sections["selection"].append(bench_selection(shape, bs, seq_len))
-                sections["mixed_lengths"].append(bench_mixed(shape, bs, seq_len))
-                capture, select = sections["score_capture"][-1], sections["selection"][-1]
-                # What PILLAR adds per verify layer: fp16 capture + its share of one all-layer selection.
-                added = capture["fp16_out_us"] + select["all_layers_per_layer_fp16_bn4096_us"]
-                capture["capture_plus_select_frac_of_split_verify"] = added / capture["split_verify_attn_us"]
-                if isinstance(capture.get("verify_attn_us"), float):
-                    capture["capture_plus_select_frac_of_verify_attn"] = added / capture["verify_attn_us"]
+                for name, bench in (("sparse_decode", bench_decode), ("score_capture", bench_score_capture),
+                                    ("selection", bench_selection), ("mixed_lengths", bench_mixed)):  # fmt: skip
+                    if args.sections is None or name in args.sections:
+                        sections[name].append(bench(shape, bs, seq_len))
+                if sections["score_capture"] and sections["selection"]:
+                    capture, select = sections["score_capture"][-1], sections["selection"][-1]
+                    # What PILLAR adds per verify layer: fp16 capture + its share of one all-layer selection.
+                    added = capture["fp16_out_us"] + select["all_layers_per_layer_fp16_bn4096_us"]
+                    capture["capture_plus_select_frac_of_split_verify"] = added / capture["split_verify_attn_us"]
+                    if isinstance(capture.get("verify_attn_us"), float):
+                        capture["capture_plus_select_frac_of_verify_attn"] = added / capture["verify_attn_us"]
                 torch.cuda.empty_cache()
                 result["wall_s"] = time.time() - started
                 # Rewritten after every shape point, so a killed run keeps what it measured.

@@ -44,6 +44,26 @@ from ._tiles import attend_tile, finish_partial, fold_logits, load_kv_tile, mean
 
 
 @triton.jit
+def _sweep_prefix(
+    q, K_Buffer, V_Buffer, kv_indices, kv_start, lo, hi, kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
+    mask_d, e_max, e_sum, acc, sm_scale, cap_rows, cap_mask, BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr,
+    STORE: tl.constexpr,
+):
+    """Fold prefix positions [lo, hi) of one request and KV head into the rows' online softmax; with STORE,
+    also store the logits of the rows in cap_mask [M] at cap_rows [M] (pointers) + position."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        valid = offs_n < hi
+        slot = tl.load(kv_indices + kv_start + offs_n, mask=valid, other=0).to(tl.int64)
+        k, v = load_kv_tile(K_Buffer, V_Buffer, slot, valid, kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d)
+        qk = tile_logits(q, k, valid[None, :], sm_scale, LOGIT_CAP)
+        if STORE:
+            tl.store(cap_rows[:, None] + offs_n[None, :], qk, mask=cap_mask[:, None] & valid[None, :])
+        e_max, e_sum, acc = fold_logits(qk, v, e_max, e_sum, acc)
+    return e_max, e_sum, acc
+
+
+@triton.jit
 def _verify_stage1(
     Q,
     K_Ext,
@@ -120,23 +140,23 @@ def _verify_stage1(
             other=0.0,
         )
         if split < NUM_SPLITS:
-            # Fused score capture: the last verify row's logits of the GROUP heads, while K is in registers
-            # (module docstring); other rows and disabled replays store nothing.
-            captured = mask_r & (row_q == tl.minimum(qo_len, MAX_EXTEND) - 1)
+            # Fused score capture (module docstring): a replay with the device flag set sweeps the prefix
+            # storing the last row's logits; any other runs the sweep without the stores.
+            capture = False
             if CAPTURE:
-                captured = captured & (tl.load(Enabled) != 0)
-            cap_rows = Cap_Logits + heads.to(tl.int64) * stride_ch + kv_start
-            for start_n in range(lo, hi, BLOCK_N):
-                offs_n = start_n + tl.arange(0, BLOCK_N)
-                valid = offs_n < hi
-                slot = tl.load(kv_indices + kv_start + offs_n, mask=valid, other=0).to(tl.int64)
-                k, v = load_kv_tile(
-                    K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d
+                capture = tl.load(Enabled) != 0
+            if capture:
+                last = mask_r & (row_q == tl.minimum(qo_len, MAX_EXTEND) - 1)
+                cap_rows = Cap_Logits + heads.to(tl.int64) * stride_ch + kv_start
+                e_max, e_sum, acc = _sweep_prefix(
+                    q, K_Buffer, V_Buffer, kv_indices, kv_start, lo, hi, cur_kv_head, stride_kbs, stride_kh, stride_vbs,
+                    stride_vh, offs_d, mask_d, e_max, e_sum, acc, sm_scale, cap_rows, last, BLOCK_N, LOGIT_CAP, True,
                 )
-                qk = tile_logits(q, k, valid[None, :], sm_scale, LOGIT_CAP)
-                if CAPTURE:
-                    tl.store(cap_rows[:, None] + offs_n[None, :], qk, mask=captured[:, None] & valid[None, :])
-                e_max, e_sum, acc = fold_logits(qk, v, e_max, e_sum, acc)
+            else:
+                e_max, e_sum, acc = _sweep_prefix(
+                    q, K_Buffer, V_Buffer, kv_indices, kv_start, lo, hi, cur_kv_head, stride_kbs, stride_kh, stride_vbs,
+                    stride_vh, offs_d, mask_d, e_max, e_sum, acc, sm_scale, Cap_Logits, mask_r, BLOCK_N, LOGIT_CAP, False,
+                )
         else:
             # The verify tokens themselves: one BLOCK_E tile, causal (row i sees j <= i).
             offs_e = tl.arange(0, BLOCK_E)

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.testing
 from sglang_sparsespec.kernels._common import default_num_splits, num_sms
-from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_from_logits
+from sglang_sparsespec.kernels.score_capture import score_capture
 from sglang_sparsespec.kernels.draft_work import plan_work
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.topk_select import topk_select
@@ -284,7 +284,6 @@ def bench_score_capture(shape: Shape, bs: int, seq_len: int) -> dict:
     prefix_bytes = bs * shape.h_kv * seq_len * (2 * shape.d * k.element_size() + 8)
     row["split_verify_GBps"] = prefix_bytes / row["split_verify_attn_us"] / 1e3
     row["fp16_capture_frac_of_split_verify"] = row["fp16_out_us"] / row["split_verify_attn_us"]
-    row.update(bench_fused_capture(shape, q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, verify_lse))
     # SGLang's extend kernel, which PILLAR's verify ran before the split kernel (SPARSESPEC_VERIFY_KERNEL=sglang).
     sglang_lse = torch.empty_like(verify_lse)
     baseline = sglang_verify_attention(shape, q, k_ext, v_ext, k, v, qo_indptr, kv_indptr, kv_indices, sglang_lse)
@@ -298,31 +297,6 @@ def bench_score_capture(shape: Shape, bs: int, seq_len: int) -> dict:
                              shape.d**-0.5, lse=verify_lse)  # fmt: skip
         row["split_vs_sglang_max_abs_diff_out"] = (o.float() - sglang_o.float()).abs().max().item()
         row["split_vs_sglang_max_abs_diff_lse"] = (verify_lse - sglang_lse).abs().max().item()
-    return row
-
-
-def bench_fused_capture(shape: Shape, q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, lse) -> dict:
-    """The last-row capture fused into the split verify (SPARSESPEC_SCORE_ROWS=last): the verify storing the last
-    row's logits (device flag on) or not (off: the replays that do not re-select), the kernel that normalizes them,
-    and the capture kernel's own last-row pass it replaces; fused_capture_us = on - plain verify + finish."""
-    logits = torch.empty(shape.h_q, kv_indices.numel(), device=DEVICE)
-    scores = torch.empty(shape.h_kv, kv_indices.numel(), device=DEVICE, dtype=torch.float16)
-    row: dict = {}
-    for flag in (0, 1):
-        on = torch.tensor([flag], device=DEVICE, dtype=torch.int32)
-        row[f"split_verify_fused_{'on' if flag else 'off'}_us"] = bench_us(
-            lambda on=on: verify_attention_fwd(q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS,
-                                               shape.d**-0.5, lse=lse, capture_logits=logits, capture_on=on)  # fmt: skip
-        )
-    row["fused_finish_us"] = bench_us(
-        lambda: score_capture_from_logits(logits, lse, qo_indptr, kv_indptr, scores, VERIFY_ROWS, on)
-    )
-    row["fp16_last_row_out_us"] = bench_us(
-        lambda: score_capture(q, k, lse, qo_indptr, kv_indptr, kv_indices, scores, shape.d**-0.5, last_row_only=True)
-    )
-    plain = bench_us(lambda: verify_attention_fwd(q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices,
-                                                  VERIFY_ROWS, shape.d**-0.5, lse=lse))  # fmt: skip
-    row["fused_capture_us"] = row["split_verify_fused_on_us"] - plain + row["fused_finish_us"]
     return row
 
 

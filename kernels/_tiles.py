@@ -53,35 +53,21 @@ def soft_cap(s, LOGIT_CAP: tl.constexpr):
 
 
 @triton.jit
-def tile_logits(q, k, seen, sm_scale, LOGIT_CAP: tl.constexpr):
-    """Attention logits of one tile: q [M, D] against k [D, N], scaled and capped, fp32 [M, N]; entries where
-    `seen` (broadcastable to [M, N]) is False are -inf. Score capture rebuilds probabilities from the same
-    logit (q cast to the cache dtype, fp32 accumulation)."""
+def attend_tile(q, k, v, seen, e_max, e_sum, acc, sm_scale, LOGIT_CAP: tl.constexpr):
+    """Fold one tile into the online softmax of the rows of q.
+
+    q: [M, D]; k: [D, N]; v: [N, D]; seen: bool, broadcastable to [M, N] (False = masked out);
+    e_max, e_sum: [M] fp32; acc: [M, D] fp32. Returns the updated (e_max, e_sum, acc). The running
+    max is kept finite, so a fully masked tile leaves a row unchanged.
+    """
     qk = soft_cap(tl.dot(q.to(k.dtype), k).to(tl.float32) * sm_scale, LOGIT_CAP)
-    return tl.where(seen, qk, -float("inf"))
-
-
-@triton.jit
-def fold_logits(qk, v, e_max, e_sum, acc):
-    """Fold one tile's logits qk [M, N] (``tile_logits``) and its values v [N, D] into the online softmax
-    e_max, e_sum [M] fp32, acc [M, D] fp32; returns the updated triple. The running max is kept finite, so a
-    fully masked tile leaves a row unchanged."""
+    qk = tl.where(seen, qk, -float("inf"))
     n_e_max = tl.maximum(tl.maximum(tl.max(qk, 1), e_max), -1e20)
     re_scale = tl.exp(e_max - n_e_max)
     p = tl.exp(qk - n_e_max[:, None])
     acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
     e_sum = e_sum * re_scale + tl.sum(p, 1)
     return n_e_max, e_sum, acc
-
-
-@triton.jit
-def attend_tile(q, k, v, seen, e_max, e_sum, acc, sm_scale, LOGIT_CAP: tl.constexpr):
-    """Fold one tile into the online softmax of the rows of q.
-
-    q: [M, D]; k: [D, N]; v: [N, D]; seen: bool, broadcastable to [M, N] (False = masked out);
-    e_max, e_sum: [M] fp32; acc: [M, D] fp32. Returns the updated (e_max, e_sum, acc).
-    """
-    return fold_logits(tile_logits(q, k, seen, sm_scale, LOGIT_CAP), v, e_max, e_sum, acc)
 
 
 @triton.jit

@@ -22,11 +22,6 @@ read all layers as `scores.view(num_layers * H_kv, cap)` (see topk_select.py).
 Memory: num_layers * H_kv * cap * itemsize; for Qwen3-8B (36 layers, 8 KV heads) that is
 1.15 KB per prefix token in fp32 (0.6 KB in fp16), i.e. 0.8 % (0.4 %) of the KV cache itself.
 `cap` must be >= the largest total prefix (kv_indptr[bs]) of a verify batch.
-
-``score_capture_from_logits`` computes the last-row scores without reading K again: the split verify
-kernel (verify_attention.py, ``capture_logits``) has already stored the last row's logits s(h*G + g, t),
-and this kernel only applies the LSE and averages the group: the same ``out`` as ``score_capture`` with
-last_row_only, at a tenth of its memory traffic for head dim 64.
 """
 
 from __future__ import annotations
@@ -246,114 +241,6 @@ def score_capture(
         LAST_ROW=last_row_only,
         num_warps=num_warps or (8 if block_m >= 128 else 4),
         num_stages=2,
-    )
-    return out
-
-
-@triton.jit
-def _capture_from_logits_kernel(
-    Logits,
-    Lse,
-    Out,
-    qo_indptr,
-    kv_indptr,
-    Enabled,
-    stride_ch,
-    stride_lt,
-    stride_lh,
-    stride_oh,
-    GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MAX_EXTEND: tl.constexpr,
-    PAR_SPLITS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    ACCUMULATE: tl.constexpr,
-):
-    cur_b = tl.program_id(0)
-    cur_kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    qo_start = tl.load(qo_indptr + cur_b).to(tl.int64)
-    qo_len = tl.minimum(tl.load(qo_indptr + cur_b + 1) - qo_start, MAX_EXTEND)
-    kv_start = tl.load(kv_indptr + cur_b).to(tl.int64)
-    prefix_len = tl.load(kv_indptr + cur_b + 1) - kv_start
-    chunk = mean_prefix_chunk(kv_indptr, prefix_len, PAR_SPLITS, NUM_SPLITS, BLOCK_N)
-    split_start = split * chunk
-    split_end = tl.minimum(split_start + chunk, prefix_len)
-    if (split_end > split_start) & (qo_len > 0) & (tl.load(Enabled) != 0):
-        offs_g = tl.arange(0, BLOCK_G)
-        mask_g = offs_g < GROUP
-        heads = (cur_kv_head * GROUP + offs_g).to(tl.int64)
-        # The LSE of the row whose logits the verify stored: the last one it attended.
-        lse = tl.load(Lse + (qo_start + qo_len - 1) * stride_lt + heads * stride_lh, mask=mask_g, other=0.0)
-        rows = Logits + heads * stride_ch + kv_start
-        out_row = Out + cur_kv_head * stride_oh + kv_start
-        for start_n in range(split_start, split_end, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < split_end
-            s = tl.load(rows[:, None] + offs_n[None, :], mask=mask_g[:, None] & mask_n[None, :], other=-float("inf"))
-            contrib = tl.sum(tl.exp(s - lse[:, None]), 0) * (1.0 / GROUP)
-            if ACCUMULATE:
-                contrib += tl.load(out_row + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-            tl.store(out_row + offs_n, contrib.to(Out.dtype.element_ty), mask=mask_n)
-
-
-def score_capture_from_logits(
-    logits: torch.Tensor,
-    lse: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    out: torch.Tensor,
-    max_extend: int,
-    enabled: torch.Tensor,
-    accumulate: bool = False,
-    num_splits: int | None = None,
-    max_splits: int | None = None,
-) -> torch.Tensor:
-    """Last-row PillarAttn scores of one layer from the logits the split verify kernel stored (module docstring).
-
-    logits: [H_q, cap] fp32, ``verify_attention_fwd``'s ``capture_logits`` of the same call.
-    lse: [T, H_q] fp32, the same call's LSE; request b's scored row is qo_indptr[b] + min(n_b, max_extend) - 1.
-    out, accumulate, num_splits, max_splits: as ``score_capture``; enabled: the [1] int device flag the verify
-    kernel read (0: nothing is written). Equals ``score_capture(..., last_row_only=True)`` where every request
-    has at most max_extend rows. CUDA-graph safe.
-    """
-    h_q = logits.shape[0]
-    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be float32 [H_q, cap] with a contiguous last dim, got {tuple(logits.shape)}")
-    if lse.dim() != 2 or lse.shape[1] != h_q or lse.dtype != torch.float32:
-        raise ValueError(f"lse must be fp32 [T, {h_q}], got {lse.dtype} {tuple(lse.shape)}")
-    if out.dim() != 2 or h_q % out.shape[0] or out.stride(1) != 1 or not out.is_floating_point():
-        raise ValueError(f"out must be a float [H_kv, cap] tensor (H_q={h_q} a multiple of H_kv), got {tuple(out.shape)}")
-    if enabled.numel() < 1 or enabled.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"enabled must be an int32/int64 device flag, got {enabled.dtype} {tuple(enabled.shape)}")
-    bs = qo_indptr.shape[0] - 1
-    check_int_vector("qo_indptr", qo_indptr, bs + 1)
-    check_int_vector("kv_indptr", kv_indptr, bs + 1)
-    h_kv = out.shape[0]
-    group = h_q // h_kv
-    if num_splits is None:
-        num_splits = max(2, default_num_splits(bs * h_kv, logits.device))
-    max_splits = splits_cap(num_splits, max_splits)
-    _capture_from_logits_kernel[(bs, h_kv, max_splits)](
-        logits,
-        lse,
-        out,
-        qo_indptr,
-        kv_indptr,
-        enabled,
-        logits.stride(0),
-        lse.stride(0),
-        lse.stride(1),
-        out.stride(0),
-        GROUP=group,
-        BLOCK_G=max(2, triton.next_power_of_2(group)),
-        BLOCK_N=256,
-        MAX_EXTEND=max_extend,
-        PAR_SPLITS=num_splits,
-        NUM_SPLITS=max_splits,
-        ACCUMULATE=accumulate,
-        num_warps=4,
     )
     return out
 

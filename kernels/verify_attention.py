@@ -24,13 +24,6 @@ static split count a uniform batch gets), at most ``splits_cap(S)`` (2S): a unif
 before, and in a mixed one spread up to twice the mean no program reads much more than a mean
 request's share. Empty splits store only their LSE (-inf), so the spare programs of short requests cost
 a few loads.
-
-Fused score capture (``capture_logits``): PillarAttn's last-row scores (``score_capture`` with
-last_row_only) need the logits of each request's last verify row against its whole prefix, which these
-programs compute anyway. They store them, G per KV head and prefix position, into a [H_q, cap] fp32
-scratch in kv_indptr order (``capture_logits[h, kv_indptr[b] + t]``), and ``score_capture_from_logits``
-turns them into probabilities once stage 2 has the rows' LSE: 4 G bytes written and read per position and
-KV head instead of a second read of K (2 D bytes; 12 against 128 for SmolLM2).
 """
 
 from __future__ import annotations
@@ -40,27 +33,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits, splits_cap
-from ._tiles import attend_tile, finish_partial, fold_logits, load_kv_tile, mean_prefix_chunk, merge_splits, tile_logits
-
-
-@triton.jit
-def _sweep_prefix(
-    q, K_Buffer, V_Buffer, kv_indices, kv_start, lo, hi, kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
-    mask_d, e_max, e_sum, acc, sm_scale, cap_rows, cap_mask, BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr,
-    STORE: tl.constexpr,
-):
-    """Fold prefix positions [lo, hi) of one request and KV head into the rows' online softmax; with STORE,
-    also store the logits of the rows in cap_mask [M] at cap_rows [M] (pointers) + position."""
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        valid = offs_n < hi
-        slot = tl.load(kv_indices + kv_start + offs_n, mask=valid, other=0).to(tl.int64)
-        k, v = load_kv_tile(K_Buffer, V_Buffer, slot, valid, kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d)
-        qk = tile_logits(q, k, valid[None, :], sm_scale, LOGIT_CAP)
-        if STORE:
-            tl.store(cap_rows[:, None] + offs_n[None, :], qk, mask=cap_mask[:, None] & valid[None, :])
-        e_max, e_sum, acc = fold_logits(qk, v, e_max, e_sum, acc)
-    return e_max, e_sum, acc
+from ._tiles import attend_tile, finish_partial, load_kv_tile, mean_prefix_chunk, merge_splits
 
 
 @triton.jit
@@ -75,8 +48,6 @@ def _verify_stage1(
     kv_indices,
     Mid_O,
     Mid_lse,
-    Cap_Logits,
-    Enabled,
     sm_scale,
     stride_qt,
     stride_qh,
@@ -93,7 +64,6 @@ def _verify_stage1(
     stride_ms,
     stride_lt,
     stride_lh,
-    stride_ch,
     GROUP: tl.constexpr,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -104,7 +74,6 @@ def _verify_stage1(
     PAR_SPLITS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
-    GATE: tl.constexpr,
 ):
     cur_b = tl.program_id(0)
     cur_kv_head = tl.program_id(1)
@@ -118,15 +87,7 @@ def _verify_stage1(
     offs_r = tl.arange(0, BLOCK_M)
     row_q = offs_r // GROUP  # verify row i of packed row r
     heads = cur_kv_head * GROUP + offs_r % GROUP
-    # GATE (the fused capture's two launches, see the launcher): 0 runs always; 1 only on replays with the
-    # capture flag set, storing the last row's logits; -1 only on the others. The launch that does not run
-    # writes nothing, so the pair computes what one ungated launch does.
-    go = qo_len > 0
-    if GATE > 0:
-        go = go & (tl.load(Enabled) != 0)
-    elif GATE < 0:
-        go = go & (tl.load(Enabled) == 0)
-    mask_r = (row_q < qo_len) & (row_q < MAX_EXTEND) & go
+    mask_r = (row_q < qo_len) & (row_q < MAX_EXTEND)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
 
@@ -141,25 +102,21 @@ def _verify_stage1(
     else:
         lo = 0
         hi = tl.minimum(qo_len, MAX_EXTEND)
-    if (hi > lo) & go:
+    if (hi > lo) & (qo_len > 0):
         q = tl.load(
             Q + (qo_start + row_q)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
             mask=mask_r[:, None] & mask_d[None, :],
             other=0.0,
         )
         if split < NUM_SPLITS:
-            if GATE > 0:
-                last = mask_r & (row_q == tl.minimum(qo_len, MAX_EXTEND) - 1)
-                cap_rows = Cap_Logits + heads.to(tl.int64) * stride_ch + kv_start
-                e_max, e_sum, acc = _sweep_prefix(
-                    q, K_Buffer, V_Buffer, kv_indices, kv_start, lo, hi, cur_kv_head, stride_kbs, stride_kh, stride_vbs,
-                    stride_vh, offs_d, mask_d, e_max, e_sum, acc, sm_scale, cap_rows, last, BLOCK_N, LOGIT_CAP, True,
+            for start_n in range(lo, hi, BLOCK_N):
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                valid = offs_n < hi
+                slot = tl.load(kv_indices + kv_start + offs_n, mask=valid, other=0).to(tl.int64)
+                k, v = load_kv_tile(
+                    K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d
                 )
-            else:
-                e_max, e_sum, acc = _sweep_prefix(
-                    q, K_Buffer, V_Buffer, kv_indices, kv_start, lo, hi, cur_kv_head, stride_kbs, stride_kh, stride_vbs,
-                    stride_vh, offs_d, mask_d, e_max, e_sum, acc, sm_scale, Cap_Logits, mask_r, BLOCK_N, LOGIT_CAP, False,
-                )
+                e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
         else:
             # The verify tokens themselves: one BLOCK_E tile, causal (row i sees j <= i).
             offs_e = tl.arange(0, BLOCK_E)
@@ -182,7 +139,7 @@ def _verify_stage1(
     part, lse = finish_partial(e_max, e_sum, acc)
     tok = qo_start + row_q
     mid = tok * stride_mt + heads * stride_mh + split * stride_ms
-    attended = (hi > lo) & go
+    attended = (hi > lo) & (qo_len > 0)
     tl.store(Mid_O + mid[:, None] + offs_d[None, :], part, mask=mask_r[:, None] & mask_d[None, :] & attended)
     tl.store(Mid_lse + tok * stride_lt + heads * stride_lh + split, lse, mask=mask_r)
 
@@ -250,8 +207,6 @@ def verify_attention_fwd(
     num_warps: int = 4,
     num_stages: int = 3,
     max_kv_splits: int | None = None,
-    capture_logits: torch.Tensor | None = None,
-    capture_on: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Verify attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -266,9 +221,6 @@ def verify_attention_fwd(
     ``splits_cap(num_kv_splits)``; >= num_kv_splits).
     block_n, num_warps, num_stages: tile width along the prefix (default: 128 for head dims <= 64,
     else 32), warps per program and software pipeline depth (speed only).
-    capture_logits: optional [H_q, cap] fp32 scratch (cap >= kv_indptr[bs]; last dim contiguous) for the
-    fused score capture (module docstring), with capture_on, its [1] int device flag: 0 stores nothing, so a
-    captured graph captures on some replays only. Row min(n_b, max_extend) - 1 is request b's last row.
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -290,16 +242,6 @@ def verify_attention_fwd(
         raise ValueError(f"max_extend must be >= 1, got {max_extend}")
     if lse is not None and (lse.shape != (t, h_q) or lse.dtype != torch.float32):
         raise ValueError(f"lse must be float32 [{t}, {h_q}], got {lse.dtype} {tuple(lse.shape)}")
-    if (capture_logits is None) != (capture_on is None):
-        raise ValueError("capture_logits and capture_on go together")
-    if capture_logits is not None:
-        if capture_logits.dim() != 2 or capture_logits.shape[0] != h_q or capture_logits.dtype != torch.float32:
-            raise ValueError(f"capture_logits must be float32 [{h_q}, cap], got {capture_logits.dtype} "
-                             f"{tuple(capture_logits.shape)}")  # fmt: skip
-        if capture_logits.stride(1) != 1:
-            raise ValueError("capture_logits needs a contiguous last dim")
-        if capture_on.numel() < 1 or capture_on.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"capture_on must be an int32/int64 device flag, got {capture_on.dtype}")
     if bs == 0 or t == 0:
         return o
     group = h_q // h_kv
@@ -316,54 +258,46 @@ def verify_attention_fwd(
     block_d = triton.next_power_of_2(d)
     mid_o = torch.empty((t, h_q, parts, d), dtype=torch.float32, device=q.device)
     mid_lse = torch.empty((t, h_q, parts), dtype=torch.float32, device=q.device)
-    # With the fused capture, stage 1 is launched twice, once per value of the device flag, and only the
-    # matching launch works: the plain sweep then keeps its own compiled kernel, registers and speed
-    # (measured on the H100: one kernel branching on the flag cost every replay ~5% of the verify).
-    for gate in (-1, 1) if capture_logits is not None else (0,):
-        _verify_stage1[(bs, h_kv, parts)](
-            q,
-            k_ext,
-            v_ext,
-            k_buffer,
-            v_buffer,
-            qo_indptr,
-            kv_indptr,
-            kv_indices,
-            mid_o,
-            mid_lse,
-            capture_logits if capture_logits is not None else mid_lse,
-            capture_on if capture_on is not None else qo_indptr,
-            sm_scale,
-            q.stride(0),
-            q.stride(1),
-            k_ext.stride(0),
-            k_ext.stride(1),
-            v_ext.stride(0),
-            v_ext.stride(1),
-            k_buffer.stride(0),
-            k_buffer.stride(1),
-            v_buffer.stride(0),
-            v_buffer.stride(1),
-            mid_o.stride(0),
-            mid_o.stride(1),
-            mid_o.stride(2),
-            mid_lse.stride(0),
-            mid_lse.stride(1),
-            capture_logits.stride(0) if capture_logits is not None else 0,
-            GROUP=group,
-            D=d,
-            BLOCK_D=block_d,
-            BLOCK_M=max(16, triton.next_power_of_2(max_extend * group)),
-            BLOCK_N=block_n,
-            BLOCK_E=max(16, triton.next_power_of_2(max_extend)),
-            MAX_EXTEND=max_extend,
-            PAR_SPLITS=num_kv_splits,
-            NUM_SPLITS=max_splits,
-            LOGIT_CAP=logit_cap,
-            GATE=gate,
-            num_warps=num_warps,
-            num_stages=num_stages,
-        )
+    _verify_stage1[(bs, h_kv, parts)](
+        q,
+        k_ext,
+        v_ext,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        mid_o,
+        mid_lse,
+        sm_scale,
+        q.stride(0),
+        q.stride(1),
+        k_ext.stride(0),
+        k_ext.stride(1),
+        v_ext.stride(0),
+        v_ext.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        GROUP=group,
+        D=d,
+        BLOCK_D=block_d,
+        BLOCK_M=max(16, triton.next_power_of_2(max_extend * group)),
+        BLOCK_N=block_n,
+        BLOCK_E=max(16, triton.next_power_of_2(max_extend)),
+        MAX_EXTEND=max_extend,
+        PAR_SPLITS=num_kv_splits,
+        NUM_SPLITS=max_splits,
+        LOGIT_CAP=logit_cap,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     # Stage 1 wrote partials only for the rows requests own (i < min(n_b, max_extend)), and
     # stage 2 visits exactly those, so every other row of o / lse is left untouched.
     _verify_stage2[(bs, h_q, max_extend)](

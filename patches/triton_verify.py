@@ -11,8 +11,7 @@ For a TARGET_VERIFY forward on a backend that PILLAR marked (``attach_verify``),
    applies, so the custom mask SGLang passes can be ignored;
 2. score capture (policies that select from verify scores): the attention writes each row's LSE
    into the sink's buffer and the capture kernel re-reads Q and K (not V) of the layer to rebuild
-   the attention probabilities of the prefix; with last-row scores and the split kernel, the
-   attention itself stores the last row's logits and a light kernel normalizes them (no K re-read).
+   the attention probabilities of the prefix.
 
 Because this runs while the target's TARGET_VERIFY graph is being captured, these kernels become
 part of that graph; other forward modes, other backends and unmarked backends pass through.
@@ -157,20 +156,17 @@ def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwa
         lse = sink.lse_buffer(q_ext.shape[0], q_ext.shape[1]) if sink is not None else None
         logit_cap = float(call["logit_cap"] or 0.0)
         gap = split_kernel_gap(call) if hooks.split_kernel else "SPARSESPEC_VERIFY_KERNEL=sglang"
-        fused = sink.fused_args() if sink is not None and gap is None else {}
         if gap is None:
             verify_attention_fwd(
                 *(call[name] for name in _KERNEL_INPUTS), call["max_len_extend"], call["sm_scale"],
-                logit_cap=logit_cap, lse=lse, **fused,
+                logit_cap=logit_cap, lse=lse,
             )
         else:
             _log_fallback_once(layer.layer_id, gap)
             if lse is not None:
                 kw = {**kw, "lse_extend": lse}
             inner(*a, **kw)
-        if fused:
-            sink.capture_from_logits(layer.layer_id, lse, call["qo_indptr"], call["kv_indptr"], call["max_len_extend"])
-        elif sink is not None:
+        if sink is not None:
             sink.capture_layer(
                 layer.layer_id,
                 q_ext,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd, draft_sample_ref
-from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_from_logits, score_capture_ref
+from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_ref
 from sglang_sparsespec.kernels.draft_work import plan_work, plan_work_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from sglang_sparsespec.kernels.topk_select import topk_select, topk_select_ref
@@ -456,55 +456,6 @@ def test_verify_attention_split_cap(splits, cap):
     _run_verify(3, [900, 40, 0, 60, 5], [4] * 5, max_extend=4, num_kv_splits=splits, max_kv_splits=cap)
     with pytest.raises(ValueError, match="cap"):
         _run_verify(3, [9, 4], [4, 4], max_extend=4, num_kv_splits=4, max_kv_splits=2)
-
-
-def _run_fused_capture(group, prefix_lens, qo_lens, max_extend, flag=1, logit_cap=0.0, accumulate=False,
-                       num_kv_splits=None):  # fmt: skip
-    """Verify attention storing the last row's logits, then the capture from them, against the last-row
-    reference capture fed the reference LSE; every buffer starts poisoned (NaN)."""
-    (q, k_ext, v_ext), rest = _make_verify_case(group, prefix_lens, qo_lens)
-    k_buffer, _, qo_indptr, kv_indptr, kv_indices = rest
-    h_q, total = q.shape[1], sum(prefix_lens)
-    o = torch.full_like(q, float("nan"))
-    lse = torch.full(q.shape[:2], float("nan"), device=DEVICE)
-    logits = torch.full((h_q, total + 5), float("nan"), device=DEVICE)
-    out = torch.rand((h_q // group, total + 5), device=DEVICE)
-    out[:, total:] = float("nan")
-    initial, expected, exp_lse = out.clone(), out.clone(), lse.clone()
-    on = torch.tensor([flag], dtype=torch.int32, device=DEVICE)
-    verify_attention_fwd(q, k_ext, v_ext, o, *rest, max_extend, D**-0.5, logit_cap, lse=lse, num_kv_splits=num_kv_splits,
-                         capture_logits=logits, capture_on=on)  # fmt: skip
-    score_capture_from_logits(logits, lse, qo_indptr, kv_indptr, out, max_extend, on, accumulate=accumulate)
-    verify_attention_ref(q, k_ext, v_ext, torch.empty_like(q), *rest, max_extend, D**-0.5, logit_cap, lse=exp_lse)
-    score_capture_ref(q, k_buffer, exp_lse, qo_indptr, kv_indptr, kv_indices, expected, D**-0.5, logit_cap,
-                      accumulate=accumulate, last_row_only=True)  # fmt: skip
-    return out, expected, logits, initial
-
-
-@pytest.mark.parametrize("group", [1, 3])
-def test_fused_capture_equals_the_last_row_capture(group):
-    torch.manual_seed(90 + group)
-    # Ragged prefixes (one empty, one over several tiles and splits), ragged verify widths.
-    out, expected, logits, _ = _run_fused_capture(group, [37, 1, 0, 300], [4, 3, 4, 1], max_extend=4, num_kv_splits=2)
-    total = 338
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-6, equal_nan=True)
-    assert not out[:, :total].isnan().any() and out[:, total:].isnan().all()
-    assert not logits[:, :total].isnan().any() and logits[:, total:].isnan().all()  # prefix positions only
-
-
-def test_fused_capture_softcap_accumulates():
-    torch.manual_seed(95)
-    # A soft-capped logit, adding to an earlier layer's scores; the second request verifies fewer rows.
-    out, expected, _, _ = _run_fused_capture(3, [70, 9, 130], [3, 2, 3], max_extend=3, logit_cap=3.0, accumulate=True)
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-6, equal_nan=True)
-
-
-def test_fused_capture_device_flag_writes_nothing():
-    torch.manual_seed(96)
-    out, expected, logits, initial = _run_fused_capture(3, [40, 20], [4, 4], max_extend=4, flag=0)
-    assert logits.isnan().all()  # the verify stored no logits
-    torch.testing.assert_close(out, initial, equal_nan=True)  # nor did the capture write scores
-    assert not torch.allclose(initial[:, :60], expected[:, :60])  # which it would have, enabled
 
 
 def test_verify_attention_softcap_default_splits_and_row_bound():

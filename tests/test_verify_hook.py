@@ -118,23 +118,16 @@ def test_sglang_signature_is_checked():
 
 
 def test_scores_captured_with_either_kernel_and_agree():
-    # Four paths: split kernel + capture kernel (all rows), split kernel + fused capture (last row),
-    # SGLang's kernel + capture kernel (either).
     masses = {}
     for split in (True, False):
         for last_row_only in (False, True):
             sink = VerifyScoreSink(num_layers=2, num_kv_heads=H_KV, num_q_heads=H_KV * GROUP, cap=sum(PREFIX) + 4,
                                    max_q_rows=len(PREFIX) * N_EXT, per_layer=True, device=torch.device(DEVICE),
                                    last_row_only=last_row_only)  # fmt: skip
-            assert (sink.logits is not None) == last_row_only
-            if last_row_only:
-                sink.logits.fill_(float("nan"))
             backend = _Backend(VerifyHooks(sink, split_kernel=split))
             _forward(backend, verify=True, seed=3)
             # The split kernel writes the LSE itself; SGLang's kernel is asked for it.
             assert [("lse_extend" in kw) for kw in backend.calls] == ([] if split else [True])
-            if last_row_only:  # the split kernel stores the last row's logits (fused); with SGLang's, K is re-read
-                assert sink.logits[:, : sum(PREFIX)].isnan().any().item() is not split
             masses[split, last_row_only] = sink.mass[1, :, : sum(PREFIX)].float().clone()
     assert masses[True, False].sum() > 0
     # Same probabilities up to the two kernels' rounding of the LSE, for either choice of rows.

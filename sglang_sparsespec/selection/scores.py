@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_from_logits
+from sglang_sparsespec.kernels.score_capture import score_capture
 
 
 class VerifyScoreSink:
@@ -25,9 +25,6 @@ class VerifyScoreSink:
     lse:  [max_rows, H_q] fp32 scratch for the attention kernel's LSE output.
     capture_on: [1] int32 device flag read by the capture kernel (inside the graph): 0 skips it.
     last_row_only: score each request's last verify row only (kernels/score_capture.py).
-    logits: [H_q, cap] fp32, with last_row_only only: where the split verify kernel stores the last row's
-          logits (the fused capture, kernels/verify_attention.py), one layer at a time; 4 H_q bytes per
-          prefix token of the batch (36 for SmolLM2, 128 for Qwen3-8B) against the 2 H_kv D it saves reading.
     ``cap`` bounds the total prefix of any verify batch.
     """
 
@@ -49,7 +46,6 @@ class VerifyScoreSink:
         self.mass = torch.zeros((slices, num_kv_heads, cap), dtype=dtype, device=device)
         self.lse = torch.empty((max_q_rows, num_q_heads), dtype=torch.float32, device=device)
         self.capture_on = torch.ones(1, dtype=torch.int32, device=device)
-        self.logits = torch.empty((num_q_heads, cap), dtype=torch.float32, device=device) if last_row_only else None
 
     def set_capture(self, on: bool) -> None:
         """Whether the next verify pass captures scores (a device write, stream-ordered, no sync)."""
@@ -85,28 +81,6 @@ class VerifyScoreSink:
             accumulate=not self.per_layer and layer_id != 0,
             enabled=self.capture_on,
             last_row_only=self.last_row_only,
-        )
-
-    def fused_args(self) -> dict[str, torch.Tensor]:
-        """``verify_attention_fwd``'s fused-capture arguments (empty without last_row_only: all rows'
-        scores need the capture kernel's own pass over K)."""
-        if self.logits is None:
-            return {}
-        return {"capture_logits": self.logits, "capture_on": self.capture_on}
-
-    def capture_from_logits(
-        self, layer_id: int, lse: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, max_extend: int
-    ) -> None:
-        """The layer's scores from what the split verify stored under :meth:`fused_args`."""
-        score_capture_from_logits(
-            self.logits,
-            lse,
-            qo_indptr,
-            kv_indptr,
-            self.mass[layer_id] if self.per_layer else self.mass[0],
-            max_extend,
-            self.capture_on,
-            accumulate=not self.per_layer and layer_id != 0,
         )
 
     @property

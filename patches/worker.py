@@ -160,6 +160,11 @@ class PillarWorker(BaseSpecWorker):
             "kv_dtype": str(self.model_runner.kv_cache_dtype),
             "step_candidates": list(self.cfg.step_candidates),
             "plain_path": self.cfg.plain_path.value,
+            # The selection's cadence and budget move the verify (capture passes) and draft (plan size) costs.
+            "policy": self.cfg.policy.value,
+            "select_every": self.cfg.select_every,
+            "budget_ratio": self.cfg.budget_ratio,
+            "min_budget": self.cfg.min_budget,
             "plugin": plugin,
         }
 

@@ -135,9 +135,11 @@ class PillarConfig:
     # Re-select every N-th verify (pillar/coarse); the verify passes in between skip the score
     # capture, and their plans keep the last selection while the recent tail grows. Measured on the
     # H100 (benchmarks/results): capture + selection is 20-35% of a Qwen3-1.7B verify step at N = 1
-    # and 6-13% at N = 4 (round time -12% at 4K x 64 and 16K x 16); SmolLM2 accept length 6.31/6.50
-    # -> 5.94/6.66 (T = 0/0.6) and 256 x 4K throughput equal (39.1K vs 39.4K tok/s).
-    select_every: int = 4
+    # and 6-13% at N = 4. N = 8 (the default since af052b7): the SmolLM2 256 x 2K verify 9.35 -> 8.99 ms
+    # (1.27-1.29x stock's step instead of 1.34x), 256 x 7000 sampled two waves 1.76x against 1.72x
+    # stock (accept 4.78 vs 4.69; sel8b-af052b7-7000) and 1.77x against 1.74x (sel8-32ab36a-7000); the
+    # CPU policy_sim accept length on AIME24 prompts 1-3 at 4096 tokens 6.93/5.89/6.35 vs 6.63/5.56/6.06.
+    select_every: int = 8
     # Which verify rows score the prefix. CPU reference (policy_sim, AIME24 prompts 1-3, fp32, select
     # every verify): 4096 tokens 6.62/5.89/6.56 (all) vs 7.39/5.80/6.46 (last); 1500 tokens
     # 7.65/7.08/7.81 vs 7.86/7.77/7.57. One prompt gains 10-12%, the others move by -3..+3%: the

@@ -83,10 +83,17 @@ class SimResult:
     output_ids: list[int]
     accepts: list[int]  # tokens per verify step, bonus included
     wall_s: float
+    # Per round: prefix positions the first draft step attends, mean over (layer, KV head). What a
+    # draft reads, so policies and cadences compare at their cost too (an older plan's tail is longer).
+    draft_sets: list[float] = field(default_factory=list)
 
     @property
     def accept_length(self) -> float:
         return sum(self.accepts) / len(self.accepts)
+
+    @property
+    def mean_draft_set(self) -> float:
+        return sum(self.draft_sets) / len(self.draft_sets) if self.draft_sets else 0.0
 
     def accept_by_segment(self, segment: int) -> list[float]:
         """Accept length of the rounds that started in each ``segment``-token slice of the output (the
@@ -163,6 +170,7 @@ def simulate(
     with torch.no_grad():
         model(torch.tensor([seq[:-1]]), past_key_values=cache, use_cache=True)
     accepts: list[int] = []
+    draft_sets: list[float] = []
     scores: torch.Tensor | None = None  # [layers, H_kv, V] mass of the last verify's prefix
     window: tuple[int, int] | None = None  # (tail_start, count) of the last verify
     plan: tuple[torch.Tensor, int] | None = None
@@ -171,7 +179,9 @@ def simulate(
         # Between selections (select_every > 1) the last plan stands; its tail grows by the tokens committed since.
         if plan is None or len(accepts) % cfg.select_every == 0:
             plan = _next_plan(cfg, scores, window, v, kmax, score_dtype)
-        keep = _keep_mask(plan, v + k, layers, h_kv).repeat_interleave(h_q // h_kv, dim=1)
+        keep = _keep_mask(plan, v + k, layers, h_kv)
+        draft_sets.append(float(keep[..., :v].sum(-1, dtype=torch.float64).mean()))
+        keep = keep.repeat_interleave(h_q // h_kv, dim=1)
         drafts, token = [], seq[-1]
         with torch.no_grad():
             _STATE.keep = keep
@@ -201,7 +211,9 @@ def simulate(
         )  # [layers, H_kv, v]: mean over the group's heads and the k+1 rows (or the last row)
         tail_start, count = draft_window(cfg, torch.tensor([v]), torch.tensor([v + accepted + 1]), kmax)
         window = (int(tail_start[0]), int(count[0]))
-    return SimResult(cfg.policy.value, seq[len(prompt_ids) :][:max_new_tokens], accepts, time.monotonic() - started)
+    return SimResult(
+        cfg.policy.value, seq[len(prompt_ids) :][:max_new_tokens], accepts, time.monotonic() - started, draft_sets
+    )
 
 
 def first_divergence_from_greedy(model, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> int | None:
@@ -265,13 +277,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                            select_every=args.select_every, score_rows=ScoreRows(args.score_rows))  # fmt: skip
         res = simulate(model, prompt.input_ids, args.max_new_tokens, cfg, getattr(torch, args.score_dtype))
         rec: dict[str, Any] = {"accept_length": res.accept_length, "rounds": len(res.accepts), "wall_s": res.wall_s,
+                               "mean_draft_set": res.mean_draft_set,
                                "segment_tokens": SEGMENT, "accept_length_by_segment": res.accept_by_segment(SEGMENT),
                                "distinct_4grams_by_segment": res.distinct_ngrams_by_segment(SEGMENT)}  # fmt: skip
         if args.check_lossless:
             rec["first_divergence_from_greedy"] = first_divergence_from_greedy(model, prompt.input_ids, res.output_ids)
             ok &= rec["first_divergence_from_greedy"] is None
         doc["results"][policy.value] = rec
-        print(f"{prompt.source} {policy.value}: accept length {res.accept_length:.3f} over {len(res.accepts)} rounds"
+        print(f"{prompt.source} {policy.value}: accept length {res.accept_length:.3f} over {len(res.accepts)} rounds,"
+              f" draft set {res.mean_draft_set:.1f} positions"
               f" ({res.wall_s:.0f} s)" + (f", divergence from greedy: {rec['first_divergence_from_greedy']}"
                                          if args.check_lossless else ""), flush=True)  # fmt: skip
     if args.out:

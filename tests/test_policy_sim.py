@@ -53,6 +53,21 @@ def test_full_budget_accepts_every_draft_and_small_budget_does_not(tiny_model):
     assert sparse.accept_length < 5
 
 
+def test_draft_set_counts_the_prefix_a_draft_attends(tiny_model):
+    # A full budget attends the whole prefix: len(PROMPT) - 1 positions, then each round's committed tokens more.
+    full = simulate(tiny_model, PROMPT, 24, PillarConfig(num_steps=4, budget_ratio=1.0, min_budget=1))
+    prefix = [len(PROMPT) - 1 + sum(full.accepts[:i]) for i in range(len(full.accepts))]
+    assert full.draft_sets == pytest.approx(prefix)
+    # Between selections the plan stands and its tail takes every token committed since.
+    cfg = PillarConfig(num_steps=4, min_budget=8, recent_window=4, select_every=3)
+    res = simulate(tiny_model, PROMPT, 48, cfg)
+    assert len(res.draft_sets) == len(res.accepts) >= 6
+    for i in range(1, len(res.accepts)):
+        if i % 3:
+            assert res.draft_sets[i] == pytest.approx(res.draft_sets[i - 1] + res.accepts[i - 1])
+    assert 8 <= min(res.draft_sets) and res.mean_draft_set < full.mean_draft_set
+
+
 def test_oracle_is_refused(tiny_model):
     with pytest.raises(ValueError, match="policy_sim supports"):
         simulate(tiny_model, PROMPT, 8, PillarConfig(policy=SelectionPolicy.ORACLE))

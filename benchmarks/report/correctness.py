@@ -154,7 +154,7 @@ def exactness_markdown(docs: Sequence[dict[str, Any]]) -> str:
 
 SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "budget ratio", "select every", "score rows",
                "model / score dtype", "policy",
-               "accept len", "rounds", "lossless", "accept len per 1K output tokens")  # fmt: skip
+               "accept len", "draft set", "rounds", "lossless", "accept len per 1K output tokens")  # fmt: skip
 
 
 def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -168,7 +168,7 @@ def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
             rows.append([d["_file"], s["source"], s["max_new_tokens"], s["recent_window"], s["min_budget"],
                          fmt(s.get("budget_ratio")), s.get("select_every", 1), s.get("score_rows", "all"),
                          f"{s.get('dtype', 'float32')} / {s.get('score_dtype', 'float32')}", policy, fmt(r["accept_length"], ".2f"),
-                         r["rounds"], lossless,
+                         fmt(r.get("mean_draft_set"), ".0f"), r["rounds"], lossless,
                          " ".join(f"{a:.1f}" for a in r.get("accept_length_by_segment", [])) or "-"])  # fmt: skip
     if not rows:
         return ""
@@ -176,6 +176,7 @@ def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "### Draft policies in the CPU reference (policy_sim)\n\n"
         "Greedy rounds re-run in the model's own HF attention on CPU, same plans as the worker (the GPU serves "
         "bf16 and stores `pillar`'s per-layer scores in fp16); "
+        "draft set = prefix positions a draft step attends per layer and KV head, mean over rounds; "
         "`lossless` = output equals plain greedy decoding; the last column splits the output into 1024-token "
         "slices (the rounds that started in each).\n\n" + markdown_table(SIM_HEADERS, rows) + "\n"
     )

@@ -93,7 +93,7 @@ class SimResult:
 
     @property
     def mean_draft_set(self) -> float:
-        return sum(self.draft_sets) / len(self.draft_sets) if self.draft_sets else 0.0
+        return sum(self.draft_sets) / len(self.draft_sets)
 
     def accept_by_segment(self, segment: int) -> list[float]:
         """Accept length of the rounds that started in each ``segment``-token slice of the output (the

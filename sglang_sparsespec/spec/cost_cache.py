@@ -8,9 +8,10 @@ few thousand rounds, and a server of the same setup reads it at start: its cells
 are re-measured on the usual schedule (the table's EMA then follows this server's own rounds).
 
 The setup (``identity``) is what moves round costs: GPU, model, TP size, attention backend, KV dtype,
-k and the draft counts, the plain-round path, the selection policy, cadence and budget, the plugin version. A file whose identity differs is
-not read (another setup writes its own file: the name carries a hash of the identity). A missing,
-unreadable or malformed file is not an error: the server measures from scratch.
+k and the draft counts, the plain-round path, the selection policy, cadence and budget, the plugin
+version. A file whose identity differs is not read (another setup writes its own file: the name carries
+a hash of the identity). A missing, unreadable or malformed file is not an error: the server measures
+from scratch.
 """
 
 from __future__ import annotations

@@ -17,10 +17,11 @@ H100, mostly in vocabulary-wide temporaries. Here:
     4.6 ms at batch 256 x 49K on an H100 (measured), six times the torch reference.
 
 Semantics are the reference's: draft j is accepted iff coin_j * q_tok_j < p_j(token_j) and j <
-num_drafts, the accepted prefix ends at the first failure; the drawn token is the first id whose
+num_drafts (one count for the batch, or each request's own from a [bs] tensor the kernel reads on
+the device), the accepted prefix ends at the first failure; the drawn token is the first id whose
 cumulative residual mass exceeds final_coin * total (the last id with mass if rounding leaves none),
-where the residual is p minus min(p, q) on the record's candidates (none past the last draft) and p
-itself when nothing is left (p == q). Shape-static and sync-free (CUDA-graph safe).
+where the residual is p minus min(p, q) on the record's candidates (none past the request's last
+draft) and p itself when nothing is left (p == q). Shape-static and sync-free (CUDA-graph safe).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def _rejection_kernel(
     Emitted,
     Num_accepted,
     vocab,
-    num_drafts,
+    Num_drafts,
+    stride_n,
     stride_pb,
     stride_pj,
     stride_tb,
@@ -97,8 +99,14 @@ def _rejection_kernel(
     C: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PER_ROW: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
+    # PER_ROW: Num_drafts points at each request's count; else it is the batch's count itself.
+    if PER_ROW:
+        num_drafts = tl.load(Num_drafts + b * stride_n)
+    else:
+        num_drafts = Num_drafts
     offs_k = tl.arange(0, BLOCK_K)
     in_k = offs_k < K
     tok = tl.load(Tokens + b * stride_tb + offs_k, mask=in_k, other=0)
@@ -159,14 +167,16 @@ def rejection_fwd(
     cand_ids: torch.Tensor,
     cand_q: torch.Tensor,
     q_tok: torch.Tensor,
-    num_drafts: int,
+    num_drafts: int | torch.Tensor,
     coins: torch.Tensor,
     final_coins: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rejection_sample`` of ``spec/rejection.py`` (same arguments, the record unpacked): target_p
     [bs, k+1, V] float32 (last dim contiguous; overwritten: each request's final row becomes its
-    residual); tokens [bs, k] int64; cand_ids / cand_q [bs, k, C]; q_tok [bs, k]; coins [bs, k];
-    final_coins [bs]. Returns (emitted [bs, k+1] int64, num_accepted [bs])."""
+    residual); tokens [bs, k] int64; cand_ids / cand_q [bs, k, C]; q_tok [bs, k]; num_drafts: an
+    int for the batch or a [bs] int64 / int32 tensor on the same device, values in 0..k (as
+    ``DraftRecord.num_drafts``; unchecked, to stay sync-free); coins [bs, k]; final_coins [bs].
+    Returns (emitted [bs, k+1] int64, num_accepted [bs])."""
     bs, k1, vocab = target_p.shape
     k, c = k1 - 1, cand_ids.shape[-1]
     if tokens.shape != (bs, k) or cand_ids.shape != (bs, k, c) or cand_q.shape != (bs, k, c):
@@ -174,14 +184,20 @@ def rejection_fwd(
                          f"{tuple(target_p.shape)}")  # fmt: skip
     if k < 1 or any(t.stride(-1) != 1 for t in (target_p, tokens, cand_ids, cand_q)):
         raise ValueError("rejection_fwd needs k >= 1 and contiguous last dimensions")
+    per_row = isinstance(num_drafts, torch.Tensor)
+    if per_row and (num_drafts.shape != (bs,) or num_drafts.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"per-request num_drafts must be a [{bs}] int32 / int64 tensor, got "
+                         f"{tuple(num_drafts.shape)} {num_drafts.dtype}")  # fmt: skip
     emitted = torch.empty((bs, k1), dtype=torch.int64, device=target_p.device)
     num_accepted = torch.empty(bs, dtype=torch.int64, device=target_p.device)
     if bs:
         _rejection_kernel[(bs,)](
             target_p, tokens, cand_ids, cand_q, q_tok, coins, final_coins, emitted, num_accepted, vocab, num_drafts,
+            num_drafts.stride(0) if per_row else 0,
             target_p.stride(0), target_p.stride(1), tokens.stride(0), cand_ids.stride(0), cand_ids.stride(1),
             cand_q.stride(0), cand_q.stride(1),
             q_tok.stride(0), q_tok.stride(1), coins.stride(0), coins.stride(1), final_coins.stride(0), emitted.stride(0),
             K=k, BLOCK_K=triton.next_power_of_2(k), C=c, BLOCK_C=triton.next_power_of_2(c), BLOCK_V=2048,
+            PER_ROW=per_row,
         )  # fmt: skip
     return emitted, num_accepted

@@ -20,7 +20,10 @@ instead of on the first sampled request), ``slot_warmup`` (write_req_to_token_po
 write_cache_indices calls it: both alignment variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry,
 ``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the
 server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to broadcast rank
-0's round shape and let rank 0 alone write the cost file), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
+0's round shape and let rank 0 alone write the cost file), ``mixed_runner`` (as ``draft_runner``: ForwardBatch,
+forward context, graph capture mode and gc freeze; create_flashinfer_kv_indices_triton for the verify
+segments' prefix slots, sgl_kernel's renorm kernels for their target distribution, and SamplingBatchInfo
+fields that say which batches a mixed iteration serves), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
 allocator). Nothing outside this package imports SGLang internals.
 """
 
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import (
+    alloc_reserve,
     cuda_graph,
     kv_cache_builder,
     metrics,
@@ -91,6 +95,13 @@ HOOKS: tuple[Hook, ...] = (
         "AROUND",
         reserved_tokens.reserve_verify_window,
         "requests near the context limit need room for the k+1 verify slots, as EAGLE gets",
+    ),
+    Hook(
+        "sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode",
+        "AROUND",
+        alloc_reserve.reserve_for_chains,
+        "a mixed-phase chain drafts on after its verify in the same iteration, k + 1 slots further "
+        "than spec v2's 2 (k + 1) reserve covers (schedule_batch and eagle_utils import it by name)",
     ),
     Hook(
         "sglang.srt.speculative.eagle_utils.alloc_for_spec_decode",

@@ -9,6 +9,10 @@ The plain-decoding step (every prefix whole) attends through SGLang's own decode
 split heuristic instead, on metadata this backend builds on the device (so it is captured in the
 step's graph): profiled at 32 / 64 requests x 1K on the H200 (steps_plain_profile_h200_9aa0a6a.json),
 the draft kernel over whole prefixes took 0.72 / 1.08 ms per step against SGLang's 0.56 / 1.01.
+
+A mixed-phase forward (``SegmentMeta``, spec/mixed.py) is the same DECODE forward with verify
+segments after the draft rows: every row's K/V is written first, then the draft rows attend their
+plans and the segments their whole prefix and own rows, through the verify kernel.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from sglang.srt.layers.attention.triton_backend import (
 )
 from sglang_sparsespec.kernels.draft_work import DraftWork, plan_work
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
+from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
 from sglang_sparsespec.selection.oracle import oracle_select
+from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.state import PlanState
 
 
@@ -67,6 +73,23 @@ class WholePrefixMeta:
     attn_lse: torch.Tensor
 
 
+@dataclass
+class SegmentMeta:
+    """A mixed-phase forward's verify segments (spec/mixed.py), after ``draft_rows`` draft rows:
+    S segments of ``width`` (k + 1) rows, each attending its request's committed prefix and its own
+    rows causally (``kernels/verify_attention.py``), the scores captured into ``sink`` when given.
+
+    qo_indptr, kv_indptr int32 [S + 1]; kv_indices int64 (the prefixes' slots, concatenated).
+    """
+
+    draft_rows: int
+    width: int
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    sink: VerifyScoreSink | None
+
+
 class PillarDraftBackend(TritonAttnBackend):
     """Decode attention of the draft steps; everything else is the stock Triton backend.
 
@@ -91,6 +114,7 @@ class PillarDraftBackend(TritonAttnBackend):
         self.planned = planned
         self.work: DraftWork | None = None  # the current step's work list (planned grid)
         self.whole_prefix = False  # the current step is the plain step
+        self.segments: SegmentMeta | None = None  # the current step is a mixed-phase forward
         self.whole: WholePrefixMeta | None = None
         if plain:
             max_bs = inputs.req_pool_indices.shape[0]
@@ -151,7 +175,6 @@ class PillarDraftBackend(TritonAttnBackend):
         if layer.qk_head_dim != layer.v_head_dim:
             raise NotImplementedError("PILLAR drafting needs equal K and V head dims")
         q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        bs = q.shape[0]
         if save_kv_cache:
             loc = forward_batch.out_cache_loc
             self._set_kv_buffer(forward_batch, layer, loc, k, v, layer.k_scale, layer.v_scale)
@@ -160,6 +183,33 @@ class PillarDraftBackend(TritonAttnBackend):
         logit_cap = logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
         if self.whole_prefix:
             return self._whole_prefix_decode(q, k_buffer, v_buffer, layer, logit_cap)
+        o = torch.empty_like(q)
+        seg = self.segments
+        n = q.shape[0] if seg is None else seg.draft_rows
+        if seg is not None:
+            self._verify_segments(q[n:], k, v, o[n:], layer, k_buffer, v_buffer, logit_cap, seg)
+        self._sparse_decode(q[:n], o[:n], layer, k_buffer, v_buffer, logit_cap)
+        return o.view(q.shape[0], -1)
+
+    def _verify_segments(self, q, k, v, o, layer, k_buffer, v_buffer, logit_cap, seg: SegmentMeta) -> None:
+        """The verify rows of a mixed-phase forward (their K/V already in the cache), as PILLAR's
+        TARGET_VERIFY attends (``patches/triton_verify.py``), scores included."""
+        n = seg.draft_rows
+        k_ext = k.reshape(-1, layer.tp_k_head_num, layer.qk_head_dim)[n:]
+        v_ext = v.reshape(-1, layer.tp_v_head_num, layer.v_head_dim)[n:]
+        sink = seg.sink
+        lse = sink.lse_buffer(q.shape[0], q.shape[1]) if sink is not None else None
+        verify_attention_fwd(
+            q, k_ext, v_ext, o, k_buffer, v_buffer, seg.qo_indptr, seg.kv_indptr, seg.kv_indices,
+            seg.width, layer.scaling, logit_cap=logit_cap, lse=lse,
+        )  # fmt: skip
+        if sink is not None:
+            sink.capture_layer(
+                layer.layer_id, q, k_buffer, lse, seg.qo_indptr, seg.kv_indptr, seg.kv_indices, layer.scaling, logit_cap
+            )
+
+    def _sparse_decode(self, q, o, layer, k_buffer, v_buffer, logit_cap) -> None:
+        bs = q.shape[0]
         inputs = self.inputs
         rpi, tail_start, seq_lens = inputs.req_pool_indices[:bs], inputs.tail_start[:bs], inputs.seq_lens[:bs]
         if self.oracle:
@@ -170,7 +220,6 @@ class PillarDraftBackend(TritonAttnBackend):
             sel_pos, sel_cnt, sel_rows = self.oracle_pos, self.oracle_cnt, None
         else:
             sel_pos, sel_cnt, sel_rows = self.state.layer(layer.layer_id), self.state.sel_cnt, rpi
-        o = torch.empty_like(q)
         sparse_decode_fwd(
             q,
             k_buffer,
@@ -187,7 +236,6 @@ class PillarDraftBackend(TritonAttnBackend):
             sel_rows=sel_rows,
             work=self.work,  # None unless the grid is planned
         )
-        return o.view(bs, -1)
 
     def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):
         """The plain step's attention: SGLang's decode kernel as its Triton backend calls it (no KV

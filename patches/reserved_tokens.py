@@ -2,15 +2,18 @@
 
 Stock SGLang reserves output slots for drafts only for EAGLE; PILLAR also writes k
 draft tokens and a k+1-token verify past the committed length, so a request near the
-context limit must keep that headroom or its ``req_to_token`` row overflows.
+context limit must keep that headroom or its ``req_to_token`` row overflows. Mixed-phase
+iterations allocate k + 1 further slots (``alloc_reserve``), so they keep 2 (k + 1).
 """
 
 from __future__ import annotations
 
+from .alloc_reserve import mixed_phases
 from .spec_algo import ALGORITHM_NAME
 
 
 def reserve_verify_window(original, server_args):
     if (server_args.speculative_algorithm or "").upper() == ALGORITHM_NAME:
-        return server_args.speculative_num_draft_tokens
+        window = server_args.speculative_num_draft_tokens
+        return 2 * window if mixed_phases(server_args) else window
     return original(server_args)

@@ -157,7 +157,10 @@ def validate_server_args(sa: ServerArgs) -> None:
             f"verifies k+1 tokens: --speculative-num-draft-tokens must be {num_steps + 1} "
             f"for --speculative-num-steps {num_steps}, got {sa.speculative_num_draft_tokens}"
         )
-    PillarConfig.from_env(num_steps)  # fail here, in the launcher, on bad SPARSESPEC_* values
+    cfg = PillarConfig.from_env(num_steps)  # fail here, in the launcher, on bad SPARSESPEC_* values
+    if cfg.mixed and sa.tp_size != 1:
+        # Its acceptance runs inside the forward's CUDA graph, without rank 0's broadcast of the tokens.
+        reject(f"--pillar-batch-phases mixed runs on one GPU (--tp-size 1), got --tp-size {sa.tp_size}")
     sa.speculative_num_steps = num_steps
     sa.speculative_eagle_topk = 1
     sa.speculative_num_draft_tokens = num_steps + 1

@@ -62,6 +62,7 @@ from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
 from sglang_sparsespec.spec.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
+from .mixed_runner import MixedRunner, mixed_serves
 from .sampler_warmup import build_sampling_kernels
 from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
@@ -123,6 +124,8 @@ class PillarWorker(BaseSpecWorker):
         self.dense: DenseChooser | None = None  # with the policy: which requests draft densely
         self.metrics = PillarMetrics(self.cfg.num_steps)  # issue 22: /server_info, Prometheus (patches/metrics.py)
         self.warmup_rounds = 0  # start-up warm-up rounds so far (patches/serve_warmup.py)
+        self.mixed: MixedRunner | None = None  # --pillar-batch-phases mixed
+        self.sink: VerifyScoreSink | None = None
         self.cost_file: CostFile | None = None  # where the policy's measured costs persist (rank 0 writes)
         if self.cfg.adaptive:
             self.policy = SpeculationPolicy(
@@ -222,6 +225,8 @@ class PillarWorker(BaseSpecWorker):
         mc = self.model_runner.model_config
         backend = verify_backend(self.model_runner.attn_backend)
         rows = self.req_to_token_pool.req_to_token.shape[0]
+        if self.cfg.mixed:  # a spare last row that padded verify segments select into
+            rows += 1
         per_head = self.cfg.policy is SelectionPolicy.PILLAR
         self.state = PlanState.allocate(
             rows, mc.num_hidden_layers, backend.num_kv_head, per_head, self.kmax, self.device
@@ -247,6 +252,7 @@ class PillarWorker(BaseSpecWorker):
         # TARGET_VERIFY graph.
         attach_verify(backend, VerifyHooks(sink, split_kernel=self.cfg.verify_kernel is VerifyKernel.SPLIT))
         self.selector = make_selector(self.cfg, self.state, sink)
+        self.sink = sink
         if self.policy is not None:
             h_kv, dev = backend.num_kv_head, torch.device(self.device)
             kv_bytes = mc.num_hidden_layers * h_kv * mc.head_dim * 2 * self.model_runner.kv_cache_dtype.itemsize
@@ -283,6 +289,11 @@ class PillarWorker(BaseSpecWorker):
         )
         if capture_bs:
             self.draft_runner.capture()
+        if self.cfg.mixed:
+            scratch = self.state.sel_cnt.shape[0] - 1
+            self.mixed = MixedRunner(self.draft_runner, self.state, self.selector, self.sink, scratch)
+            if capture_bs:
+                self.mixed.capture()
         if 0 in self.cfg.step_candidates:
             self.plain = self._build_plain_state()
 
@@ -327,6 +338,8 @@ class PillarWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         self.selector.after_prefill(batch.req_pool_indices, batch.seq_lens)
+        if self.mixed is not None:
+            self.mixed.tracker.forget([r.rid for r in batch.reqs])
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
         return result
 
@@ -375,6 +388,8 @@ class PillarWorker(BaseSpecWorker):
         }
         if self.cfg.plain_path is PlainPath.DECODE:  # which of the plain rounds the decode path served
             out["plain_decode_rounds"] = self.metrics.plain_decode_rounds
+        if self.cfg.mixed:  # which of the full-length rounds ran as mixed-phase iterations
+            out["mixed_rounds"] = self.metrics.mixed_rounds
         if self.policy is not None:
             out.update(self.policy.summary(), dense_request_rounds=self.dense.dense_request_rounds)
             if self.cfg.boosts:
@@ -394,6 +409,11 @@ class PillarWorker(BaseSpecWorker):
 
     def _decode_round(self, batch, on_publish, grammar_barrier):
         steps, dense, boost = self._round_shape(batch)
+        if self.mixed is not None:
+            full = steps == self.cfg.num_steps and dense is None and boost is None
+            if full and not batch.forward_mode.is_idle() and mixed_serves(batch):
+                return self._mixed_round(batch, on_publish)
+            self.mixed.tracker.invalidate()  # this round rewrites the KV past every committed length
         if steps == 0:
             return self._plain_round(batch, on_publish, grammar_barrier)
         draft_input = batch.spec_info
@@ -437,6 +457,35 @@ class PillarWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
+        return result
+
+    def _mixed_round(self, batch, on_publish):
+        """A mixed-phase iteration (spec/mixed.py): k + 1 forwards, each request verified once. Its
+        whole time is timed as the draft phase (the verify shares the draft forwards)."""
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        bs = batch.seq_lens.shape[0]
+        self.timer.start(bs)
+        out = self.mixed.run(batch)
+        for phase in ("draft", "verify", "accept", "select"):
+            self.timer.mark(phase)
+        if self.clock is not None:
+            self.clock.drafted()
+            self.clock.end()
+        if not is_warmup(batch.reqs):
+            self.metrics.mixed_rounds += 1
+        result = GenerationBatchResult(
+            logits_output=LogitsProcessorOutput(next_token_logits=None),
+            next_token_ids=out.emitted.to(torch.int32).view(-1),
+            can_run_cuda_graph=out.graphed,
+            speculative_num_draft_tokens=self.speculative_num_draft_tokens,
+            next_draft_input=self._next_draft_input(out.root.to(torch.int32)),
+            accept_lens=out.accept_len.to(torch.int32),
+            new_seq_lens=out.length.to(batch.seq_lens.dtype),
+        )
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
         return result
 
     def _plain_round(self, batch, on_publish, grammar_barrier):

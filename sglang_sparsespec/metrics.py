@@ -52,6 +52,8 @@ class PillarMetrics:
     rounds_by_steps: Counter[int] = field(default_factory=Counter)
     # Plain rounds (rounds_by_steps[0]) that took the decode path (SPARSESPEC_PLAIN_PATH=decode).
     plain_decode_rounds: int = 0
+    # Full-length rounds (rounds_by_steps[max_steps]) run as mixed-phase iterations (spec/mixed.py).
+    mixed_rounds: int = 0
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -119,6 +121,7 @@ class PillarMetrics:
         return {
             "rounds_by_steps": {str(k): n for k, n in sorted(self.rounds_by_steps.items())},
             "plain_decode_rounds": self.plain_decode_rounds,
+            "mixed_rounds": self.mixed_rounds,
             "drafts": self.drafts,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,

@@ -605,3 +605,34 @@ def test_rejection_matches_reference(num_drafts):
         assert out[1][0] == 0 and target_p[0, 0, out[0][0, 0]] > 0  # drawn from p itself
     with pytest.raises(ValueError, match="record shapes"):
         rejection_fwd(target_p, tokens[:, :2], ids, q, q_tok, num_drafts, coins, final)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_rejection_per_request_draft_counts(dtype):
+    # Each request its own draft count (adaptive rounds that mix requests): the kernel must match the
+    # reference given the same counts, and every request must come out as if verified alone with its
+    # count as the batch's int (its stale columns never read, its residual its own).
+    bs, k = 24, 3
+    gen = torch.Generator().manual_seed(17)
+    target_p, (tokens, ids, q, q_tok), coins, final = _record_case(gen, bs=bs, k=k, vocab=1100, c=8)
+    counts = torch.tensor([3, 0, 1, 2] * (bs // 4), dtype=dtype, device=DEVICE)
+    ref = rejection_sample(target_p, DraftRecord(tokens, ids, q, q_tok, num_drafts=counts), coins, final)
+    out = rejection_fwd(target_p.clone(), tokens, ids, q, q_tok, counts, coins, final)
+    assert torch.equal(out[1], ref[1]) and torch.equal(out[0], ref[0])
+    assert (out[1] <= counts).all() and (out[1][counts == 0] == 0).all()
+    # Not degenerate: accepted prefixes stop short of the count, reach it (the draw past the last
+    # draft, from p itself) and every count is in play.
+    assert (out[1] < counts).any() and (out[1][counts > 0] == counts[counts > 0]).any()
+    for b, n in enumerate(counts.tolist()):
+        one = (slice(b, b + 1),)
+        alone = rejection_fwd(target_p[one].clone(), tokens[one], ids[one], q[one], q_tok[one], n, coins[one], final[one])
+        assert torch.equal(out[0][b], alone[0][0]) and out[1][b] == alone[1][0], (b, n)
+    # The case tells counts apart: the same drafts under other requests' counts come out otherwise.
+    shifted = rejection_fwd(target_p.clone(), tokens, ids, q, q_tok, counts.roll(1), coins, final)
+    assert not torch.equal(shifted[0], out[0])
+    with pytest.raises(ValueError, match="per-request num_drafts"):
+        rejection_fwd(target_p, tokens, ids, q, q_tok, counts[:-1], coins, final)
+    with pytest.raises(ValueError, match="per-request num_drafts"):
+        rejection_fwd(target_p, tokens, ids, q, q_tok, counts.float(), coins, final)
+    with pytest.raises(ValueError, match="per-request num_drafts"):
+        DraftRecord(tokens, ids, q, q_tok, num_drafts=counts[:, None])

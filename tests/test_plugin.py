@@ -90,6 +90,27 @@ def test_hooked_functions_dispatch_to_pillar(llama_config_dir):
     assert kv_cache_builder.get_draft_kv_pool(draft_worker=object(), spec_algorithm=algo, server_args=sa) is None
 
 
+def test_mixed_phases_reserve_room_for_carried_chains(llama_config_dir, monkeypatch):
+    from sglang.srt.managers.utils import compute_num_reserved_tokens
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
+
+    sa = _args(llama_config_dir, speculative_num_steps=6)
+    assert get_alloc_reserve_per_decode(sa) == 14  # spec v2's 2 (k + 1)
+    monkeypatch.setenv("SPARSESPEC_BATCH_PHASES", "mixed")
+    assert get_alloc_reserve_per_decode(sa) == 21 and compute_num_reserved_tokens(sa) == 14
+    # eagle_utils imports it by name: the hook reaches that copy too.
+    from sglang.srt.speculative import eagle_utils
+
+    assert eagle_utils.get_alloc_reserve_per_decode(sa) == 21
+
+
+def test_mixed_phases_need_one_gpu(llama_config_dir, monkeypatch):
+    monkeypatch.setenv("SPARSESPEC_BATCH_PHASES", "mixed")
+    with pytest.raises(ValueError, match="--tp-size 1") as err:
+        _args(llama_config_dir, tp_size=2)
+    assert "\n" not in str(err.value)
+
+
 def test_defaults_fill_spec_shape_fields(llama_config_dir):
     sa = _args(llama_config_dir)
     assert sa.speculative_algorithm == "PILLAR"

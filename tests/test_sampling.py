@@ -9,6 +9,8 @@ negative controls that must fail it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd, draft_sample_ref
@@ -157,7 +159,7 @@ N_CHECK = 200_000
 N_CONTROL = 50_000
 
 
-def _markov_round(n: int, seed: int, tamper: str | None = None, num_drafts: int = K):
+def _markov_round(n: int, seed: int, tamper: str | None = None, num_drafts: int | torch.Tensor = K):
     """n independent speculative rounds on a Markov toy model, the worker's pipeline end to end.
 
     The target and draft logits at output position j depend on the token before it (position 0's
@@ -165,8 +167,11 @@ def _markov_round(n: int, seed: int, tamper: str | None = None, num_drafts: int 
     p_j = p_j(. | d_{j-1}), q_j = q_j(. | d_{j-1}). Drafts are sampled step by step with the draft
     sampler; the verify rows are target_probs of the target logits after the drafted prefix.
     tamper: None; "shifted" hands the verify each draft's record one position off; "uniform"
-    claims q is uniform over the candidates. num_drafts < K: only that many drafts count, the
-    columns after them hold garbage (as a round that drafts fewer than the verify width leaves them).
+    claims q is uniform over the candidates; "past_drafts" makes the verify subtract a stale
+    record after each request's last real draft (told one draft more, whose accept test always
+    fails). num_drafts < K (an int, or a [n] tensor of per-request counts): only that many drafts
+    count, the columns after them hold garbage (as a round that drafts fewer than the verify width
+    leaves them).
     Returns (p_table [K+1, V, V] with p_table[j, c] = p_j(. | c), emitted, num_accepted).
     """
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
@@ -189,14 +194,18 @@ def _markov_round(n: int, seed: int, tamper: str | None = None, num_drafts: int 
         cand_ids, cand_q, q_tok = cand_ids.roll(1, dims=1), cand_q.roll(1, dims=1), q_tok.roll(1, dims=1)
     elif tamper == "uniform":
         cand_q, q_tok = torch.full_like(cand_q, 1 / C), torch.full_like(q_tok, 1 / C)
-    if num_drafts < K:
-        stale = slice(num_drafts, K)
-        tokens[:, stale] = torch.randint(0, V, tokens[:, stale].shape, generator=gen, device=DEVICE)
-        q_tok[:, stale] = torch.rand(q_tok[:, stale].shape, generator=gen, device=DEVICE)
-        cand_q[:, stale] = 1.0
+    counts = torch.full((n,), num_drafts, device=DEVICE) if isinstance(num_drafts, int) else num_drafts
+    stale = torch.arange(K, device=DEVICE)[None, :] >= counts[:, None]
+    if stale.any():  # full-width rounds draw no garbage: the seeded runs keep their coins
+        tokens = torch.where(stale, torch.randint(0, V, (n, K), generator=gen, device=DEVICE), tokens)
+        q_tok = torch.where(stale, torch.rand((n, K), generator=gen, device=DEVICE), q_tok)
+        cand_q = torch.where(stale[..., None], 1.0, cand_q)
+    if tamper == "past_drafts":
+        q_tok = torch.where(stale, torch.inf, q_tok)
+        num_drafts = (counts + 1).clamp(max=K)
     record = DraftRecord(tokens, cand_ids, cand_q, q_tok, num_drafts=num_drafts)
     emitted, n_acc = _verify(target_p, record, gen)
-    assert n_acc.max() <= num_drafts
+    assert (n_acc <= counts).all()
     one = _rows(*SAMPLED, device=DEVICE)
     p_table = target_probs(t_logits.reshape(-1, V), one, repeats=(K + 1) * V).view(K + 1, V, V)
     return p_table, emitted, n_acc
@@ -264,6 +273,36 @@ def test_fewer_drafts_than_the_verify_width_stay_exact(num_drafts):
     for j in range(num_drafts + 1):
         p_value, df = _position_p_value(p_table, emitted, n_acc, j)
         assert df >= 3 and p_value > 1e-3, (j, p_value)
+
+
+def _per_request_counts(n: int) -> torch.Tensor:
+    # Every count 0..K, interleaved over the batch as an adaptive round mixing requests would.
+    return torch.arange(n, device=DEVICE) % (K + 1)
+
+
+def test_per_request_draft_counts_stay_exact():
+    # Requests with their own draft counts in one verify: each group of one count must accept no
+    # stale column, reach its count, and emit tokens that follow the target at every position,
+    # the one after its last real draft included (drawn from the target, no residual there).
+    counts = _per_request_counts(N_CONTROL)
+    p_table, emitted, n_acc = _markov_round(N_CONTROL, seed=4, num_drafts=counts)
+    for g in range(K + 1):
+        sel = counts == g
+        assert n_acc[sel].max() == g
+        for j in range(g + 1):
+            p_value, df = _position_p_value(p_table, emitted[sel], n_acc[sel], j)
+            assert df >= 3 and p_value > 1e-3, (g, j, p_value)
+
+
+def test_chi_square_detects_a_residual_past_the_drafts():
+    # Negative control for the per-request counts: subtracting a stale record's q after a request's
+    # last real draft (num_accepted == its count) skews that token, and the same check must see it.
+    counts = _per_request_counts(N_CONTROL)
+    p_table, emitted, n_acc = _markov_round(N_CONTROL, seed=4, tamper="past_drafts", num_drafts=counts)
+    for g in range(K):
+        sel = counts == g
+        p_value = _position_p_value(p_table, emitted[sel], n_acc[sel], g)[0]
+        assert p_value < 1e-6, (g, p_value)
 
 
 @pytest.mark.parametrize("tamper", ["shifted", "uniform"])
@@ -343,6 +382,10 @@ def test_runs_on_meta_device_with_static_shapes():
         q_tok=torch.empty(bs, k, device="meta"),
     )
     coins, final = torch.empty(bs, k, device="meta"), torch.empty(bs, device="meta")
+    emitted, n = rejection_sample(probs.view(bs, k + 1, vocab), record, coins, final)
+    assert emitted.shape == (bs, k + 1) and n.shape == (bs,)
+    # Per-request draft counts are device data too: validated and used without reading them.
+    record = replace(record, num_drafts=torch.empty(bs, dtype=torch.int32, device="meta"))
     emitted, n = rejection_sample(probs.view(bs, k + 1, vocab), record, coins, final)
     assert emitted.shape == (bs, k + 1) and n.shape == (bs,)
 

@@ -25,23 +25,31 @@ class DraftRecord:
     tokens [bs, k] int64: the drafts; cand_ids [bs, k, C] int64: the support of each draft's
     proposal q_j (distinct where q_j > 0; slots with q_j = 0 may repeat ids); cand_q [bs, k, C] float32: q_j on them (0 where filtered out,
     rows sum to 1); q_tok [bs, k] float32: q_j(tokens[:, j]), > 0.
-    num_drafts: how many of the k columns were drafted this round (None: all k). A round that
-    drafts fewer than the verify width leaves the rest unfilled (stale); they are never accepted,
-    and the token after the last real draft comes from that row's residual (the target itself
-    past the drafts).
+    num_drafts: how many of the k columns were drafted this round: None (all k), one int in 0..k
+    for the whole batch, or a [bs] int64 / int32 tensor on the drafts' device with each request's
+    own count, every value in 0..k (not checked here: reading the values would sync with the
+    device). A request that drafts fewer than the verify width leaves the rest of its columns
+    unfilled (stale); they are never accepted, and the token after its last real draft comes from
+    its residual there (the target itself past the drafts).
     """
 
     tokens: torch.Tensor
     cand_ids: torch.Tensor
     cand_q: torch.Tensor
     q_tok: torch.Tensor
-    num_drafts: int | None = None
+    num_drafts: int | torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         bs, k = self.tokens.shape
         if self.num_drafts is None:
             self.num_drafts = k
-        if not 0 <= self.num_drafts <= k:
+        if isinstance(self.num_drafts, torch.Tensor):
+            if tuple(self.num_drafts.shape) != (bs,) or self.num_drafts.dtype not in (torch.int32, torch.int64):
+                raise ValueError(
+                    f"per-request num_drafts must be a [{bs}] int32 / int64 tensor, got "
+                    f"{tuple(self.num_drafts.shape)} {self.num_drafts.dtype}"
+                )
+        elif not 0 <= self.num_drafts <= k:
             raise ValueError(f"num_drafts must be in 0..{k}, got {self.num_drafts}")
         if self.cand_ids.shape != self.cand_q.shape or tuple(self.cand_ids.shape[:2]) != (bs, k):
             raise ValueError(
@@ -59,7 +67,7 @@ def rejection_sample(
     target_p [bs, k+1, V] float32: the target distribution at each verify row (row j scores draft
     j; row k is the bonus row); coins [bs, k] and final_coins [bs] uniform in [0, 1).
     Returns (emitted [bs, k+1] int64: the accepted drafts, then the drawn token, then -1;
-    num_accepted [bs] int64 in 0..record.num_drafts).
+    num_accepted [bs] int64, each in 0..that request's num_drafts).
     """
     bs, k1, _ = target_p.shape
     k = k1 - 1
@@ -67,19 +75,25 @@ def rejection_sample(
         raise ValueError(f"drafts and coins must be [{bs}, {k}] and final_coins [{bs}] for target_p {tuple(target_p.shape)}")
     dev = target_p.device
     n = record.num_drafts
+    # One path for both forms: a batch-wide count is every request's count.
+    n = torch.full((bs,), n, dtype=torch.int64, device=dev) if isinstance(n, int) else n.to(torch.int64)
     p_tok = target_p[:, :k].gather(2, record.tokens[..., None]).squeeze(-1)
     # u < p / q, without the division (q_tok > 0: the draft was drawn from q); undrafted columns fail.
-    accepted = (coins * record.q_tok < p_tok) & (torch.arange(k, device=dev) < n)[None, :]
+    accepted = (coins * record.q_tok < p_tok) & (torch.arange(k, device=dev)[None, :] < n[:, None])
     num_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
     rows = torch.arange(bs, device=dev)
     final_p = target_p[rows, num_accepted]
-    if n == 0:
+    if k == 0:  # the zero-width record of a plain-decoding round: nothing to subtract
         residual = final_p
     else:
-        # At a rejection (num_accepted < n) subtract min(p, q) on q's support; past the drafts, 0.
-        j = num_accepted.clamp(max=n - 1)
-        ids, q = record.cand_ids[rows, j], record.cand_q[rows, j]
-        overlap = torch.minimum(final_p.gather(1, ids), q) * (num_accepted < n)[:, None]
+        # At a rejection (num_accepted < n) subtract min(p, q) on the rejected draft's support; past
+        # a request's drafts (n == 0 included) nothing. To stay shape-static every row gathers a
+        # column's record (where it counts, num_accepted < n <= k: the rejected one), possibly a
+        # stale one: masked with where, not a product (a stale q may be NaN), ids included.
+        sub = (num_accepted < n)[:, None]
+        j = num_accepted.clamp(max=k - 1)
+        ids = torch.where(sub, record.cand_ids[rows, j], 0)
+        overlap = torch.where(sub, torch.minimum(final_p.gather(1, ids), record.cand_q[rows, j]), 0.0)
         residual = final_p.scatter_add(1, ids, -overlap).clamp_(min=0.0)
     # Rounding can leave a residual of zero mass only when p == q; p itself is then exact. One
     # vocabulary-wide scan: the row to draw from is chosen before the cumulative sum.

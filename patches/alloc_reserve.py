@@ -1,0 +1,41 @@
+"""``mem_cache.allocation_sizing.get_alloc_reserve_per_decode``: room for mixed-phase chains.
+
+Spec v2 keeps every decoding request allocated to ``kv_committed_len + 2 (k + 1)``: the host's
+committed length lags the GPU's by one round under the overlap scheduler, and a round writes up to
+k + 1 slots past the GPU's. A mixed-phase chain (spec/mixed.py) reaches further: after its verify a
+request drafts on in the same iteration, up to 2k + 1 slots past the length the iteration started
+with, so with the lag 3k + 2 past the host's: ``--pillar-batch-phases mixed`` reserves 3 (k + 1).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+from sglang_sparsespec.config import KNOBS, BatchPhases
+
+from .spec_algo import ALGORITHM_NAME
+
+_KNOB = next(knob for knob in KNOBS if knob.field == "batch_phases")
+
+
+@cache
+def _parse(raw: str) -> BatchPhases:
+    return _KNOB.parse(raw) if raw else BatchPhases(_KNOB.default)
+
+
+def mixed_phases(server_args) -> bool:
+    """Whether ``server_args`` serve PILLAR with mixed-phase iterations. The knob comes from the
+    environment the launcher exported (the same in every process), read per call: a cached parse."""
+    if (server_args.speculative_algorithm or "").upper() != ALGORITHM_NAME:
+        return False
+    return _parse(os.environ.get(_KNOB.env, "")) is BatchPhases.MIXED
+
+
+def reserve_for_chains(original, server_args=None):
+    from sglang.srt.runtime_context import get_server_args
+
+    reserve = original(server_args)
+    if mixed_phases(server_args if server_args is not None else get_server_args()):
+        return reserve * 3 // 2  # 2 (k + 1) -> 3 (k + 1)
+    return reserve

@@ -1,0 +1,303 @@
+"""Mixed-phase iterations on the GPU (``spec/mixed.py``, ``--pillar-batch-phases mixed``).
+
+An iteration is k + 1 forwards. Each is one DECODE forward of the target model under the draft
+backend: a row per request that drafts (its plan, ``kernels/sparse_decode.py``), then one phase
+group's verify segments of k + 1 rows (full prefix, ``kernels/verify_attention.py``, scores captured
+for the selection); then, in the same CUDA graph, the drafts are sampled (``kernels/draft_sample.py``)
+and the group's drafts accepted: greedily, or by exact rejection sampling against the target
+distribution stock decoding samples from (the joint top-k / top-p filter of ``verify_sample``'s
+renorm path, ``kernels/verify_accept.py``). One graph per (batch-size bucket, greedy) is replayed
+k + 1 times; the step index and every input live in device buffers the body advances. After each
+forward the selector sees the group's verify, as after a split round's verify.
+
+Served batches: one GPU, no logprobs, hidden states, grammars, penalties, logit biases, custom logit
+processors, sampling masks, sampling seeds or min-p (``mixed_serves``); the others run split rounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
+from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
+
+from sglang_sparsespec.selection.scores import VerifyScoreSink
+from sglang_sparsespec.selection.selectors import Selector
+from sglang_sparsespec.selection.state import PlanState
+from sglang_sparsespec.spec.mixed import (
+    ChainBuffers,
+    ChainStore,
+    ChainTracker,
+    Record,
+    RowInputs,
+    greedy_accept,
+    mixed_step,
+    segments_per_forward,
+)
+
+from .draft_attention import SegmentMeta
+from .draft_runner import PillarDraftRunner
+
+logger = logging.getLogger(__name__)
+
+
+def mixed_serves(batch) -> bool:
+    """Whether a mixed iteration may serve ``batch``: its acceptance samples every row from the
+    joint top-k / top-p filter with fresh coins, and SGLang's verify path applies the rest."""
+    from .worker import decode_path_serves
+
+    si = batch.sampling_info
+    return decode_path_serves(batch) and si.sampling_seed is None and not si.need_min_p_sampling
+
+
+@dataclass
+class MixedOutput:
+    """One iteration's result, batch order: emitted [bs, k + 1] int64 (accepted drafts, the drawn
+    token, then -1), accept_len [bs] int64, length [bs] int64 (committed after the verify), root
+    [bs] int64 (the token after them, pending), graphed (a captured graph ran)."""
+
+    emitted: torch.Tensor
+    accept_len: torch.Tensor
+    length: torch.Tensor
+    root: torch.Tensor
+    graphed: bool
+
+
+class MixedRunner:
+    def __init__(
+        self,
+        draft_runner: PillarDraftRunner,
+        state: PlanState,
+        selector: Selector,
+        sink: VerifyScoreSink | None,
+        scratch_row: int,
+    ):
+        self.dr = draft_runner
+        self.mr = draft_runner.mr
+        self.backend = draft_runner.backend
+        self.state = state
+        self.selector = selector
+        self.sink = sink
+        self.k = draft_runner.k
+        self.max_bs = draft_runner.max_bs
+        self.capture_bs = draft_runner.capture_bs
+        self.device = draft_runner.device
+        # Padded segments select into this plan row, never a request's (PlanState has one spare row).
+        self.scratch_row = scratch_row
+        self.num_cand = draft_runner.num_cand
+        self.req_to_token = self.mr.req_to_token_pool.req_to_token
+        self.buf = ChainBuffers.allocate(self.max_bs, self.k, self.num_cand, self.device)
+        self.store = ChainStore.allocate(self.req_to_token.shape[0], self.k, self.num_cand, self.device)
+        self.tracker = ChainTracker(self.k)
+        n, k1 = self.max_bs + 1, self.k + 1
+        s_max = self.buf.seg.shape[1]
+        with torch.device(self.device):
+            # Per batch row (the last: the segment pad row, greedy): SGLang's sampling parameters.
+            self.temperature = torch.ones(n, dtype=torch.float32)
+            self.top_p = torch.ones(n, dtype=torch.float32)
+            self.top_k = torch.ones(n, dtype=torch.int32)
+            self.min_p = torch.zeros(n, dtype=torch.float32)  # draft sampler input; min-p batches split
+            self.step_ids = torch.zeros((self.max_bs, self.num_cand), dtype=torch.int64)
+            self.step_q = torch.zeros((self.max_bs, self.num_cand), dtype=torch.float32)
+            self.step_q_tok = torch.ones(self.max_bs, dtype=torch.float32)
+            self.qo_indptr = torch.arange(s_max + 1, dtype=torch.int32) * k1
+            self.kv_indptr = torch.zeros(s_max + 1, dtype=torch.int32)
+            # Every segment's prefix may reach the context length (radix-shared slots can sum past the pool).
+            self.kv_indices = torch.zeros(s_max * self.req_to_token.shape[1], dtype=torch.int64)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+
+    # ---- one forward (eager body == captured body) -----------------------------------
+    def _segments(self, rows: RowInputs, bs: int, segments: int) -> SegmentMeta:
+        kv_indptr = self.kv_indptr[: segments + 1]
+        kv_indptr[1:] = torch.cumsum(rows.seg_len, 0)
+        # Contiguous: a Triton kernel reads it by index from its base pointer.
+        seg_rpi = rows.rpi[bs:].view(segments, self.k + 1)[:, 0].contiguous()
+        create_flashinfer_kv_indices_triton[(segments,)](
+            self.req_to_token, seg_rpi, rows.seg_len, kv_indptr, None, self.kv_indices, self.req_to_token.stride(0)
+        )
+        return SegmentMeta(bs, self.k + 1, self.qo_indptr[: segments + 1], kv_indptr, self.kv_indices, self.sink)
+
+    def _forward(self, rows: RowInputs, bs: int, segments: int) -> torch.Tensor:
+        """The forward of ``rows`` (``bs`` draft rows, then the segments); logits [rows, V]."""
+        from sglang.srt.layers.dp_attention import DpPaddingMode, set_dp_buffer_len, set_is_extend_in_batch
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        inputs = self.backend.inputs
+        rpi = rows.rpi[:bs]
+        inputs.req_pool_indices[:bs] = rpi
+        inputs.seq_lens[:bs] = rows.positions[:bs] + 1
+        # Per forward: a group's verify re-selects its plans in the middle of the iteration.
+        inputs.tail_start[:bs] = self.state.tail_start[rpi]
+        n = rows.tokens.shape[0]
+        out_cache_loc = self.req_to_token[rows.rpi, rows.positions].to(torch.int64)
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            batch_size=n,
+            input_ids=rows.tokens,
+            req_pool_indices=rows.rpi,
+            seq_lens=rows.positions + 1,
+            seq_lens_cpu=None,
+            out_cache_loc=out_cache_loc,
+            seq_lens_sum=0,
+            return_logprob=False,
+            positions=rows.positions,
+            dp_padding_mode=DpPaddingMode.get_default_mode_in_cuda_graph(),
+            spec_algorithm=self.mr.spec_algorithm,
+            spec_info=None,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+        fb.mark_forward_metadata_ready()
+        set_dp_buffer_len(None, n, False, None)
+        set_is_extend_in_batch(False)
+        self.backend.plan(bs, False)
+        self.backend.segments = self._segments(rows, bs, segments)
+        try:
+            with forward_context(ForwardContext(attn_backend=self.backend)):
+                return self.mr.model.forward(rows.tokens, rows.positions, fb).next_token_logits
+        finally:
+            self.backend.segments = None
+
+    def _sample_drafts(self, logits: torch.Tensor, bs: int) -> torch.Tensor:
+        # As PillarDraftRunner._sample_step (the noise from the default generator, graph-safe).
+        noise = torch.empty((bs, self.num_cand), dtype=torch.float32, device=logits.device).exponential_()
+        tokens = torch.empty(bs, dtype=torch.int64, device=logits.device)
+        inputs = DraftSampleInputs(
+            logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], noise
+        )
+        draft_sample_fwd(inputs, tokens, self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs])
+        return tokens
+
+    def _target_probs(self, logits: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+        """Stock decoding's distribution for the segment rows (k + 1 per segment): softmax at the
+        request's temperature, then the joint top-k / top-p filter stock SGLang applies without
+        min-p (``verify_sample._renorm_probs``; a filter a request does not use keeps everything)."""
+        from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
+
+        k1 = self.k + 1
+        probs = softmax_t_fwd(logits, self.temperature.index_select(0, seg), k1)
+        top_k = torch.repeat_interleave(self.top_k.index_select(0, seg), k1)
+        top_p = torch.repeat_interleave(self.top_p.index_select(0, seg), k1)
+        keep = (top_k_renorm_prob(probs, top_k) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
+        probs = torch.where(keep, probs, 0.0)
+        return probs / probs.sum(dim=-1, keepdim=True)
+
+    def _accept(self, logits: torch.Tensor, rows: RowInputs, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        buf, seg, k = self.buf, rows.seg, self.k
+        drafts = buf.tokens.index_select(0, seg)[:, 1:]
+        num_drafts = buf.pending.index_select(0, seg)
+        if greedy:
+            return greedy_accept(logits.argmax(dim=-1).view(-1, k + 1), drafts, num_drafts)
+        probs = self._target_probs(logits, seg).view(seg.shape[0], k + 1, -1)
+        coins = torch.rand((seg.shape[0], k), dtype=torch.float32, device=logits.device)
+        final_coins = torch.rand(seg.shape[0], dtype=torch.float32, device=logits.device)
+        return rejection_fwd(
+            probs, drafts, buf.cand_ids.index_select(0, seg), buf.cand_q.index_select(0, seg),
+            buf.q_tok.index_select(0, seg), num_drafts, coins, final_coins,
+        )  # fmt: skip
+
+    def _draft(self, logits: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Record | None]:
+        if greedy:
+            return logits.argmax(dim=-1), None
+        bs = logits.shape[0]
+        drafted = self._sample_drafts(logits, bs)
+        return drafted, (self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs])
+
+    def _body(self, bs: int, segments: int, greedy: bool) -> None:
+        """Forward ``buf.step`` of the iteration for ``bs`` (padded) batch rows; advances the step."""
+        mixed_step(
+            self.buf,
+            bs,
+            segments,
+            lambda rows: self._forward(rows, bs, segments),
+            lambda logits: self._draft(logits, greedy),
+            lambda logits, rows: self._accept(logits, rows, greedy),
+        )
+
+    # ---- capture / run -------------------------------------------------------------
+    def _pad(self, start: int, end: int) -> None:
+        self.buf.pad(start, end)
+        for rows in (slice(start, end), slice(self.max_bs, self.max_bs + 1)):
+            self.temperature[rows] = 1.0
+            self.top_p[rows] = 1.0
+            self.top_k[rows] = 1
+            self.min_p[rows] = 0.0
+
+    def capture(self) -> None:
+        from sglang.srt.model_executor.runner import model_capture_mode
+        from sglang.srt.model_executor.runner.base_cuda_graph_runner import freeze_gc
+
+        t0 = time.monotonic()
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        with model_capture_mode(), freeze_gc(self.mr.server_args.enable_cudagraph_gc):
+            for bs in reversed(self.capture_bs):
+                segments = segments_per_forward(bs, self.k)
+                for greedy in (True, False):
+                    self._pad(0, bs)
+                    self.buf.seg[:, :segments] = self.buf.pad_row
+                    self.buf.step.zero_()
+                    # One eager run first (Triton JIT must not run under capture).
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        self._body(bs, segments, greedy)
+                    torch.cuda.current_stream().wait_stream(stream)
+                    self.buf.step.zero_()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self._body(bs, segments, greedy)
+                    self.graphs[(bs, greedy)] = graph
+        logger.info(
+            "PILLAR mixed-phase graphs captured in %.1f s for batch sizes %s", time.monotonic() - t0, self.capture_bs
+        )
+
+    def run(self, batch) -> MixedOutput:
+        """One iteration for ``batch`` (``mixed_serves``); no host synchronisation."""
+        buf, k = self.buf, self.k
+        reqs = batch.reqs
+        bs = len(reqs)
+        if bs > self.max_bs:
+            raise RuntimeError(f"PILLAR mixed batch {bs} exceeds max running requests {self.max_bs}")
+        greedy = bool(batch.sampling_info.is_all_greedy)
+        graph_bs = next((b for b in self.capture_bs if b >= bs), None)
+        padded = graph_bs if graph_bs is not None else bs
+        plan = self.tracker.plan([r.rid for r in reqs], not greedy, padded, buf.pad_row)
+        segments = plan.segments
+        si = batch.sampling_info
+        self.temperature[:bs] = si.temperatures.view(-1)
+        self.top_p[:bs] = si.top_ps
+        self.top_k[:bs] = si.top_ks
+        self.min_p[:bs] = 0.0
+        self._pad(bs, padded)
+        buf.seg[:, :segments] = self._to_device(plan.table)
+        buf.group[:bs] = self._to_device(plan.groups)
+        self.store.load(
+            buf, batch.req_pool_indices, batch.seq_lens, batch.spec_info.bonus_tokens,
+            self._to_device(plan.carried, torch.bool), sampled=not greedy,
+        )  # fmt: skip
+        buf.step.zero_()
+        graph = self.graphs.get((graph_bs, greedy)) if graph_bs is not None else None
+        for j in range(k + 1):
+            if graph is not None:
+                graph.replay()
+            else:
+                self._body(padded, segments, greedy)
+            sel_rows = torch.where(buf.seg[j, :segments] == buf.pad_row, self.scratch_row, buf.seg_rpi[j, :segments])
+            self.selector.after_verify(sel_rows, buf.seg_before[j, :segments], buf.seg_after[j, :segments])
+        self.store.save(buf, batch.req_pool_indices, sampled=not greedy)
+        return MixedOutput(
+            emitted=buf.emitted[:bs].clone(),
+            accept_len=buf.accept_len[:bs].clone(),
+            length=buf.length[:bs].clone(),
+            root=buf.tokens[:bs, 0].clone(),
+            graphed=graph is not None,
+        )
+
+    def _to_device(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        # Pinned, so the copy is asynchronous; the caching host allocator keeps the block until it is done.
+        pinned = torch.device(self.device).type == "cuda"
+        return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(self.device, non_blocking=True)

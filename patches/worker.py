@@ -129,7 +129,10 @@ class PillarWorker(BaseSpecWorker):
         self.cost_file: CostFile | None = None  # where the policy's measured costs persist (rank 0 writes)
         if self.cfg.adaptive:
             self.policy = SpeculationPolicy(
-                self.cfg.step_candidates, floor_quantile=self.cfg.floor_quantile, premium=self.cfg.spec_premium
+                self.cfg.step_candidates,
+                floor_quantile=self.cfg.floor_quantile,
+                premium=self.cfg.spec_premium,
+                mixed_steps=self.cfg.num_steps if self.cfg.mixed else None,
             )
             self.clock = RoundClock(lambda: torch.cuda.Event(enable_timing=True))
             self.agreement = RoundAgreement.for_tp_group()
@@ -168,6 +171,7 @@ class PillarWorker(BaseSpecWorker):
             "select_every": self.cfg.select_every,
             "budget_ratio": self.cfg.budget_ratio,
             "min_budget": self.cfg.min_budget,
+            "batch_phases": self.cfg.batch_phases.value,  # a mixed iteration prices the full-length round
             "plugin": plugin,
         }
 
@@ -471,7 +475,7 @@ class PillarWorker(BaseSpecWorker):
         for phase in ("draft", "verify", "accept", "select"):
             self.timer.mark(phase)
         if self.clock is not None:
-            self.clock.drafted()
+            self.clock.mark_mixed()
             self.clock.end()
         if not is_warmup(batch.reqs):
             self.metrics.mixed_rounds += 1

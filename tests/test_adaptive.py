@@ -365,3 +365,33 @@ def test_the_premium_keeps_plain_decoding_where_speculation_gains_little():
         assert policy.choose(32, 2000).steps == want
     with pytest.raises(ValueError, match="SPEC_PREMIUM"):
         PillarConfig(num_steps=8, spec_premium=-1.0)
+
+
+def test_mixed_iterations_price_the_full_length_round_whole():
+    """A mixed-phase iteration has no draft / verify phases: its whole time prices the full-length
+    round (CostCell.mixed), leaves the split rounds' verify cost alone, and survives the cost file."""
+    now = [0.0, 0.0]
+    rc = RoundClock(lambda: FakeEvent(now))
+    rc.start((64, 24), 8)
+    rc.mark_mixed()
+    now[0] = 30.0
+    rc.end()
+    now[1] = 31.0
+    sample = rc.poll()[0]
+    assert (sample.mixed, sample.draft_ms, sample.rest_ms) == (True, 0.0, 30.0)
+    policy = SpeculationPolicy((0, 4, 8), mixed_steps=8)
+    key = (64, 24)
+    policy.observe([RoundSample(key, 4, 12.0, 10.0, 0.0)])  # a split k = 4 round prices verify at 10
+    assert policy.round_ms(key, 8) == pytest.approx(24.0 + 10.0)  # before any mixed one: scaled drafts
+    policy.observe([sample])
+    assert policy.round_ms(key, 8) == pytest.approx(30.0)
+    assert policy.round_ms(key, 4) == pytest.approx(22.0)  # untouched
+    cells = policy.table.export()
+    assert cells["64,24"]["mixed"] == 30.0
+    fresh = SpeculationPolicy((0, 4, 8), mixed_steps=8)
+    fresh.table.restore({"64,24": {"mixed": 30.0}})
+    assert fresh.round_ms(key, 8) == pytest.approx(30.0)
+    # Without mixed iterations (mixed_steps None) the same measurements price k = 8 from split phases.
+    split = SpeculationPolicy((0, 4, 8))
+    split.observe([RoundSample(key, 4, 12.0, 10.0, 0.0), sample])
+    assert split.round_ms(key, 8) == pytest.approx(24.0 + 10.0)

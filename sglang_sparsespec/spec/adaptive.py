@@ -140,14 +140,16 @@ class _Ema:
 @dataclass
 class CostCell:
     """Measured milliseconds of one (batch bucket, context bucket): plain = a k = 0 round;
-    draft[k] = the draft phase of a round of k drafts; verify = the rest of a k >= 1 round; gap =
-    stream idle time before a round that followed another decode round. Bookkeeping: rounds chosen
+    draft[k] = the draft phase of a round of k drafts; verify = the rest of a k >= 1 round; mixed = a
+    whole mixed-phase iteration (spec/mixed.py: drafts and verifies share its forwards, so it has no
+    phases to split); gap = stream idle time before a round that followed another decode round. Bookkeeping: rounds chosen
     here, the round each mode (0, or SPECULATE for every k >= 1) last ran, and the last non-probe
     choice (for the hysteresis) and the round it was priced at."""
 
     plain: _Ema
     verify: _Ema
     gap: _Ema
+    mixed: _Ema
     draft: dict[int, _Ema] = field(default_factory=dict)
     rounds: int = 0
     last_probe: dict[int, int] = field(default_factory=dict)
@@ -156,7 +158,7 @@ class CostCell:
 
     @classmethod
     def empty(cls, decay: float) -> CostCell:
-        return cls(_Ema(decay), _Ema(decay), _Ema(decay))
+        return cls(_Ema(decay), _Ema(decay), _Ema(decay), _Ema(decay))
 
     def seeded(self) -> CostCell:
         """A new cell holding this one's costs and last choice, its measured modes counted as probed
@@ -177,6 +179,7 @@ class CostCell:
         return measured[near] * k / near
 
 
+_CELL_EMAS = ("plain", "verify", "gap", "mixed")
 SPECULATE = -1  # CostCell.last_probe's key for the speculative mode (every k >= 1)
 
 
@@ -217,7 +220,7 @@ class CostTable:
     step costs grow with the context, so a far neighbour would mislead more than a probe costs.
 
     ``export`` / ``restore``: the measured costs as JSON-ready data, ``{"<bs bucket>,<ctx bucket>":
-    {"plain": ms, "verify": ms, "gap": ms, "draft": {"<k>": ms}}}`` (unmeasured entries left out), so a
+    {"plain": ms, "verify": ms, "gap": ms, "mixed": ms, "draft": {"<k>": ms}}}`` (unmeasured entries left out), so a
     restarted server starts from them (``spec/cost_cache.py``)."""
 
     def __init__(self, decay: float = 0.7):
@@ -227,11 +230,11 @@ class CostTable:
     def export(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for (bs, ctx), c in sorted(self.cells.items()):
-            entry: dict[str, Any] = {n: e.value for n in ("plain", "verify", "gap") if (e := getattr(c, n)).value is not None}
+            entry: dict[str, Any] = {n: e.value for n in _CELL_EMAS if (e := getattr(c, n)).value is not None}
             draft = {str(k): e.value for k, e in sorted(c.draft.items()) if e.value is not None}
             if draft:
                 entry["draft"] = draft
-            if "plain" in entry or ("verify" in entry and draft):
+            if "plain" in entry or "mixed" in entry or ("verify" in entry and draft):
                 out[f"{bs},{ctx}"] = entry
         return out
 
@@ -244,14 +247,14 @@ class CostTable:
             for label, entry in cells.items():
                 bs, ctx = (int(x) for x in label.split(","))
                 c = CostCell.empty(self.decay)
-                for name in ("plain", "verify", "gap"):
+                for name in _CELL_EMAS:
                     if name in entry:
                         getattr(c, name).add(_ms(entry[name]))
                 for k, ms in entry.get("draft", {}).items():
                     c.draft.setdefault(int(k), _Ema(self.decay)).add(_ms(ms))
                 if c.plain.value is not None:
                     c.last_probe[0] = 0
-                if c.verify.value is not None and c.draft:
+                if (c.verify.value is not None and c.draft) or c.mixed.value is not None:
                     c.last_probe[SPECULATE] = 0
                 if bs < 1 or not c.last_probe:
                     raise ValueError(f"cell {label!r} prices no mode")
@@ -277,13 +280,15 @@ class CostTable:
 
 @dataclass
 class RoundSample:
-    """One finished round's measurement (ms); draft_ms is 0 for a plain round."""
+    """One finished round's measurement (ms); draft_ms is 0 for a plain round and for a mixed-phase
+    iteration (``mixed``), whose whole time is rest_ms."""
 
     key: tuple[int, int]
     k: int
     draft_ms: float
     rest_ms: float
     gap_ms: float | None
+    mixed: bool = False
 
 
 class RoundClock:
@@ -293,8 +298,9 @@ class RoundClock:
 
     def __init__(self, make_event: Callable[[], Event]):
         self.make_event = make_event
-        self._pending: deque[tuple[tuple[int, int], int, list[Event], Event | None]] = deque()
+        self._pending: deque[tuple[tuple[int, int], int, list[Event], Event | None, bool]] = deque()
         self._open: tuple[tuple[int, int], int, list[Event], Event | None] | None = None
+        self._mixed = False  # the open round is a mixed-phase iteration
         self._prev_end: Event | None = None
 
     def _event(self) -> Event:
@@ -304,6 +310,11 @@ class RoundClock:
 
     def start(self, key: tuple[int, int], k: int) -> None:
         self._open = (key, k, [self._event()], self._prev_end)
+        self._mixed = False
+
+    def mark_mixed(self) -> None:
+        """The open round runs as a mixed-phase iteration: timed whole, priced apart (CostCell.mixed)."""
+        self._mixed = True
 
     def drafted(self) -> None:
         if self._open is not None:
@@ -313,10 +324,10 @@ class RoundClock:
         if self._open is None:
             return
         key, k, evs, prev = self._open
-        if len(evs) == 1:  # a plain round has no draft phase
+        if len(evs) == 1:  # a plain round and a mixed iteration have no draft phase
             evs.append(evs[0])
         evs.append(self._event())
-        self._pending.append((key, k, evs, prev))
+        self._pending.append((key, k, evs, prev, self._mixed))
         self._prev_end = evs[-1]
         self._open = None
 
@@ -327,9 +338,9 @@ class RoundClock:
     def poll(self) -> list[RoundSample]:
         out = []
         while self._pending and self._pending[0][2][-1].query():
-            key, k, (s, d, e), prev = self._pending.popleft()
+            key, k, (s, d, e), prev, mixed = self._pending.popleft()
             gap = prev.elapsed_time(s) if prev is not None else None
-            out.append(RoundSample(key, k, s.elapsed_time(d), d.elapsed_time(e), gap))
+            out.append(RoundSample(key, k, s.elapsed_time(d), d.elapsed_time(e), gap, mixed))
         return out
 
 
@@ -379,6 +390,7 @@ class SpeculationPolicy:
         settle: int = 8,
         floor_quantile: float = 0.1,
         premium: float = 0.15,
+        mixed_steps: int | None = None,
     ):
         self.candidates = tuple(sorted(set(candidates)))
         if not self.candidates or self.candidates[0] < 0 or self.candidates[-1] < 1:
@@ -390,6 +402,8 @@ class SpeculationPolicy:
         if premium < 0.0:
             raise ValueError(f"premium must be >= 0, got {premium}")
         self.reprobe_every = reprobe_every
+        # The draft count whose rounds run as mixed-phase iterations (priced by CostCell.mixed once measured).
+        self.mixed_steps = mixed_steps
         self.margin = margin
         self.settle = settle
         self.floor_quantile = floor_quantile
@@ -412,6 +426,8 @@ class SpeculationPolicy:
             c = self.table.cell(s.key)
             if s.k == 0:
                 c.plain.add(s.rest_ms)
+            elif s.mixed:
+                c.mixed.add(s.draft_ms + s.rest_ms)
             else:
                 c.draft.setdefault(s.k, _Ema(self.table.decay)).add(s.draft_ms)
                 c.verify.add(s.rest_ms)
@@ -424,6 +440,8 @@ class SpeculationPolicy:
         gap = c.gap.value or 0.0
         if k == 0:
             return None if c.plain.value is None else c.plain.value + gap
+        if k == self.mixed_steps and c.mixed.value is not None:
+            return c.mixed.value + gap
         draft = c.draft_ms(k)
         if draft is None or c.verify.value is None:
             return None

@@ -294,7 +294,7 @@ def commit_verify(buf: ChainBuffers, rows: RowInputs, emitted: torch.Tensor, num
     buf.length[seg] = after
     root = emitted.gather(1, num_accepted.view(-1, 1))
     buf.tokens[seg, :1] = root
-    buf.pending[seg] = 0
+    buf.pending.index_fill_(0, seg, 0)  # a scalar put would copy a host tensor (not allowed under capture)
     j, s = buf.step, seg.shape[0]
     buf.seg_rpi[:, :s].index_copy_(0, j, buf.rpi.index_select(0, seg).view(1, -1))
     buf.seg_before[:, :s].index_copy_(0, j, rows.seg_len.view(1, -1))

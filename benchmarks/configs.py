@@ -9,6 +9,7 @@ each ``:knob=value`` sets ``SPARSESPEC_<KNOB>=value`` for that server only.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -65,11 +66,15 @@ class ServerConfig:
     env: tuple[tuple[str, str], ...] = ()
 
     def environment(self, base: dict[str, str]) -> dict[str, str]:
-        """The server's environment: ``base`` (the caller's ``--env``) plus what this config needs. A PILLAR
-        server starts without the costs an earlier server of its setup measured (SPARSESPEC_COST_CACHE=off,
-        unless a config or ``--env`` says otherwise), so every run is measured from the same cold start."""
+        """The server's environment: the caller's SPARSESPEC_* variables, ``base`` (its ``--env``) and what
+        this config needs, later ones winning. A PILLAR server starts without the costs an earlier server of
+        its setup measured (SPARSESPEC_COST_CACHE=off, unless a config or ``--env`` says otherwise), so every
+        run is measured from the same cold start."""
         cold = {"SPARSESPEC_COST_CACHE": "off"} if "PILLAR" in self.flags else {}
-        return {**cold, **base, **dict(self.env)}
+        # The caller's own SPARSESPEC_* variables reach the server too (it inherits the environment): they
+        # belong in the record, below what this invocation sets.
+        inherited = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+        return {**inherited, **cold, **base, **dict(self.env)}
 
     @property
     def speculative(self) -> bool:

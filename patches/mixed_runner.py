@@ -5,9 +5,9 @@ backend: a row per request that drafts (its plan, ``kernels/sparse_decode.py``),
 group's verify segments of k + 1 rows (full prefix, ``kernels/verify_attention.py``, scores captured
 for the selection); then, in the same CUDA graph, the drafts are sampled (``kernels/draft_sample.py``)
 and the group's drafts accepted: greedily, or by exact rejection sampling against the target
-distribution stock decoding samples from (the joint top-k / top-p filter of ``verify_sample``'s
-renorm path, ``kernels/verify_accept.py``). One graph per (batch-size bucket, greedy) is replayed
-k + 1 times; the step index and every input live in device buffers the body advances. After each
+distribution stock decoding samples from (``kernels/verify_accept.py``; the distribution through
+``verify_sample``'s renorm path, with the top-k pass only in batches that use top-k, as SGLang's
+verify). One graph per (batch-size bucket, ``Filters``) is replayed k + 1 times; the step index and every input live in device buffers the body advances. After each
 forward the selector sees the group's verify, as after a split round's verify.
 
 Served batches: one GPU, no logprobs, hidden states, grammars, penalties, logit biases, custom logit
@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
@@ -52,6 +53,21 @@ def mixed_serves(batch) -> bool:
 
     si = batch.sampling_info
     return decode_path_serves(batch) and si.sampling_seed is None and not si.need_min_p_sampling
+
+
+class Filters(str, Enum):
+    """What a batch's acceptance computes (one captured graph each): greedy batches compare argmaxes;
+    sampled ones filter the target softmax by top-p, and by top-k too when a request uses it."""
+
+    GREEDY = "greedy"
+    TOP_P = "top_p"
+    TOP_K_TOP_P = "top_k_top_p"
+
+    @classmethod
+    def of(cls, sampling_info) -> Filters:
+        if sampling_info.is_all_greedy:
+            return cls.GREEDY
+        return cls.TOP_K_TOP_P if sampling_info.need_top_k_sampling else cls.TOP_P
 
 
 @dataclass
@@ -108,7 +124,7 @@ class MixedRunner:
             self.kv_indptr = torch.zeros(s_max + 1, dtype=torch.int32)
             # Every segment's prefix may reach the context length (radix-shared slots can sum past the pool).
             self.kv_indices = torch.zeros(s_max * self.req_to_token.shape[1], dtype=torch.int64)
-        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, Filters], torch.cuda.CUDAGraph] = {}
 
     # ---- one forward (eager body == captured body) -----------------------------------
     def _segments(self, rows: RowInputs, bs: int, segments: int) -> SegmentMeta:
@@ -172,27 +188,30 @@ class MixedRunner:
         draft_sample_fwd(inputs, tokens, self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs])
         return tokens
 
-    def _target_probs(self, logits: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+    def _target_probs(self, logits: torch.Tensor, seg: torch.Tensor, filters: Filters) -> torch.Tensor:
         """Stock decoding's distribution for the segment rows (k + 1 per segment): softmax at the
-        request's temperature, then the joint top-k / top-p filter stock SGLang applies without
-        min-p (``verify_sample._renorm_probs``; a filter a request does not use keeps everything)."""
+        request's temperature, then top-p, or the joint top-k / top-p filter stock SGLang applies
+        without min-p (``verify_sample._renorm_probs``; a filter a request does not use keeps everything).
+        The top-k pass (a multi-pass pivot search per row) runs only where a request uses top-k."""
         from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
 
         k1 = self.k + 1
         probs = softmax_t_fwd(logits, self.temperature.index_select(0, seg), k1)
-        top_k = torch.repeat_interleave(self.top_k.index_select(0, seg), k1)
         top_p = torch.repeat_interleave(self.top_p.index_select(0, seg), k1)
+        if filters is Filters.TOP_P:
+            return top_p_renorm_prob(probs, top_p)
+        top_k = torch.repeat_interleave(self.top_k.index_select(0, seg), k1)
         keep = (top_k_renorm_prob(probs, top_k) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
         probs = torch.where(keep, probs, 0.0)
         return probs / probs.sum(dim=-1, keepdim=True)
 
-    def _accept(self, logits: torch.Tensor, rows: RowInputs, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _accept(self, logits: torch.Tensor, rows: RowInputs, filters: Filters) -> tuple[torch.Tensor, torch.Tensor]:
         buf, seg, k = self.buf, rows.seg, self.k
         drafts = buf.tokens.index_select(0, seg)[:, 1:]
         num_drafts = buf.pending.index_select(0, seg)
-        if greedy:
+        if filters is Filters.GREEDY:
             return greedy_accept(logits.argmax(dim=-1).view(-1, k + 1), drafts, num_drafts)
-        probs = self._target_probs(logits, seg).view(seg.shape[0], k + 1, -1)
+        probs = self._target_probs(logits, seg, filters).view(seg.shape[0], k + 1, -1)
         coins = torch.rand((seg.shape[0], k), dtype=torch.float32, device=logits.device)
         final_coins = torch.rand(seg.shape[0], dtype=torch.float32, device=logits.device)
         return rejection_fwd(
@@ -207,15 +226,15 @@ class MixedRunner:
         drafted = self._sample_drafts(logits, bs)
         return drafted, (self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs])
 
-    def _body(self, bs: int, segments: int, greedy: bool) -> None:
+    def _body(self, bs: int, segments: int, filters: Filters) -> None:
         """Forward ``buf.step`` of the iteration for ``bs`` (padded) batch rows; advances the step."""
         mixed_step(
             self.buf,
             bs,
             segments,
             lambda rows: self._forward(rows, bs, segments),
-            lambda logits: self._draft(logits, greedy),
-            lambda logits, rows: self._accept(logits, rows, greedy),
+            lambda logits: self._draft(logits, filters is Filters.GREEDY),
+            lambda logits, rows: self._accept(logits, rows, filters),
         )
 
     # ---- capture / run -------------------------------------------------------------
@@ -237,20 +256,20 @@ class MixedRunner:
         with model_capture_mode(), freeze_gc(self.mr.server_args.enable_cudagraph_gc):
             for bs in reversed(self.capture_bs):
                 segments = segments_per_forward(bs, self.k)
-                for greedy in (True, False):
+                for filters in Filters:
                     self._pad(0, bs)
                     self.buf.seg[:, :segments] = self.buf.pad_row
                     self.buf.step.zero_()
                     # One eager run first (Triton JIT must not run under capture).
                     stream.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(stream):
-                        self._body(bs, segments, greedy)
+                        self._body(bs, segments, filters)
                     torch.cuda.current_stream().wait_stream(stream)
                     self.buf.step.zero_()
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self._body(bs, segments, greedy)
-                    self.graphs[(bs, greedy)] = graph
+                        self._body(bs, segments, filters)
+                    self.graphs[(bs, filters)] = graph
         logger.info(
             "PILLAR mixed-phase graphs captured in %.1f s for batch sizes %s", time.monotonic() - t0, self.capture_bs
         )
@@ -262,7 +281,8 @@ class MixedRunner:
         bs = len(reqs)
         if bs > self.max_bs:
             raise RuntimeError(f"PILLAR mixed batch {bs} exceeds max running requests {self.max_bs}")
-        greedy = bool(batch.sampling_info.is_all_greedy)
+        filters = Filters.of(batch.sampling_info)
+        greedy = filters is Filters.GREEDY
         graph_bs = next((b for b in self.capture_bs if b >= bs), None)
         padded = graph_bs if graph_bs is not None else bs
         plan = self.tracker.plan([r.rid for r in reqs], not greedy, padded, buf.pad_row)
@@ -280,12 +300,12 @@ class MixedRunner:
             self._to_device(plan.carried, torch.bool), sampled=not greedy,
         )  # fmt: skip
         buf.step.zero_()
-        graph = self.graphs.get((graph_bs, greedy)) if graph_bs is not None else None
+        graph = self.graphs.get((graph_bs, filters)) if graph_bs is not None else None
         for j in range(k + 1):
             if graph is not None:
                 graph.replay()
             else:
-                self._body(padded, segments, greedy)
+                self._body(padded, segments, filters)
             sel_rows = torch.where(buf.seg[j, :segments] == buf.pad_row, self.scratch_row, buf.seg_rpi[j, :segments])
             self.selector.after_verify(sel_rows, buf.seg_before[j, :segments], buf.seg_after[j, :segments])
         self.store.save(buf, batch.req_pool_indices, sampled=not greedy)

@@ -1099,3 +1099,17 @@ def test_mixed_gemm_groups_and_projection(tmp_path: Path) -> None:
     (row,) = project([{"batch": 64, "saving_ms": 6.0}], path)  # batch 16 has no saving measured: left out
     assert (row["mixed_round_ms"], row["verify_minus_stock_step_ms"]) == (90.0, 8.0)
     assert row["change"] == pytest.approx(-1 / 16)
+
+
+def test_knobs_the_caller_exported_are_recorded_with_the_server(monkeypatch) -> None:
+    """A SPARSESPEC_* variable of the benchmark's own environment reaches the server (it inherits it),
+    so the recorded environment and resolved knobs carry it; ``--env`` and the config still win."""
+    from benchmarks.configs import resolve_config
+
+    monkeypatch.setenv("SPARSESPEC_BATCH_PHASES", "mixed")
+    monkeypatch.setenv("SPARSESPEC_COST_CACHE", "auto")
+    pillar = resolve_config("pillar")
+    assert pillar.pillar_config({})["batch_phases"] == "mixed"
+    assert pillar.environment({})["SPARSESPEC_COST_CACHE"] == "off"  # measured from a cold start
+    assert resolve_config("pillar:batch_phases=split").pillar_config({})["batch_phases"] == "split"
+    assert pillar.pillar_config({"SPARSESPEC_BATCH_PHASES": "split"})["batch_phases"] == "split"

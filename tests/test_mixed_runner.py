@@ -102,7 +102,7 @@ def batch_of(reqs: list[dict], greedy: bool) -> SimpleNamespace:
     bs = len(reqs)
     # Sampled batches of top-k 1 requests: the sampled code path, decided as greedy decides.
     si = SimpleNamespace(
-        is_all_greedy=greedy, temperatures=torch.full((bs, 1), 0.7, device=DEVICE),
+        is_all_greedy=greedy, need_top_k_sampling=True, temperatures=torch.full((bs, 1), 0.7, device=DEVICE),
         top_ps=torch.full((bs,), 0.9, device=DEVICE), top_ks=torch.ones(bs, dtype=torch.int32, device=DEVICE),
     )  # fmt: skip
     return SimpleNamespace(
@@ -119,7 +119,7 @@ def test_runner_iterations_decode_exactly_as_greedy(monkeypatch, greedy):
     torch.manual_seed(0)
     runner = make_runner(monkeypatch, capture_bs=[4, 8])  # no graphs on CPU: eager bodies, padded rows
     model = runner.mr.model
-    runner._target_probs = lambda logits, seg: target_probs(
+    runner._target_probs = lambda logits, seg, filters: target_probs(
         logits, SamplingRows(runner.temperature[seg], runner.top_p[seg], runner.top_k[seg], None), K + 1
     )
     prompts = [[(5 * i + j) % V for j in range(4 + 3 * i)] for i in range(5)]
@@ -168,3 +168,11 @@ def test_runner_iterations_decode_exactly_as_greedy(monkeypatch, greedy):
     for i, r in enumerate(reqs):
         assert r["out"] == reference(r["prompt"], len(r["out"])), r["rid"]
         assert len(r["out"]) > 8
+
+
+def test_filters_follow_the_batch_as_sglangs_verify_does():
+    def of(greedy: bool, top_k: bool) -> mxr.Filters:
+        return mxr.Filters.of(SimpleNamespace(is_all_greedy=greedy, need_top_k_sampling=top_k))
+
+    assert of(True, True) is mxr.Filters.GREEDY
+    assert of(False, False) is mxr.Filters.TOP_P and of(False, True) is mxr.Filters.TOP_K_TOP_P

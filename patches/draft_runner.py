@@ -52,6 +52,33 @@ class DraftOutput:
     record: DraftRecord | None
 
 
+def sample_drafts(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    min_p: torch.Tensor,
+    cand_ids: torch.Tensor,
+    cand_q: torch.Tensor,
+    q_tok: torch.Tensor,
+) -> torch.Tensor:
+    """One draft token per row of ``logits`` [n, V] from its compact proposal (``kernels/draft_sample.py``),
+    which is written into cand_ids / cand_q [n, C] and q_tok [n]; returns the tokens [n] int64.
+
+    Under tensor parallelism every rank must draft the same tokens (they are the next step's and the
+    verify's inputs, paired across ranks by the model's all-reduces). They are equal by construction, as
+    SGLang's own sampler relies on (no SYNC_TOKEN_IDS_ACROSS_TP by default): the logits are all-gathered to
+    the full vocabulary on every rank, and the noise comes from the default CUDA generator, seeded on every
+    rank with the random seed rank 0 broadcasts (TpModelWorker) and advanced by the same sequence of draws
+    and graph replays on each rank.
+    """
+    n, c = cand_ids.shape
+    noise = torch.empty((n, c), dtype=torch.float32, device=logits.device).exponential_()
+    tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
+    draft_sample_fwd(DraftSampleInputs(logits, temperature, top_p, top_k, min_p, noise), tokens, cand_ids, cand_q, q_tok)
+    return tokens
+
+
 class PillarDraftRunner:
     def __init__(
         self,
@@ -208,19 +235,10 @@ class PillarDraftRunner:
         self.plain_logits[:bs].copy_(self._forward(bs, self.seq_lens[:bs], whole_prefix=True))
 
     def _sample_step(self, logits: torch.Tensor, bs: int) -> torch.Tensor:
-        # Under tensor parallelism every rank must draft the same tokens (they are the next step's
-        # and the verify's inputs, paired across ranks by the model's all-reduces). They are equal
-        # by construction, as SGLang's own sampler relies on (no SYNC_TOKEN_IDS_ACROSS_TP by default):
-        # the logits are all-gathered to the full vocabulary on every rank, and the noise comes from
-        # the default CUDA generator, seeded on every rank with the random seed rank 0 broadcasts
-        # (TpModelWorker) and advanced by the same sequence of draws and graph replays on each rank.
-        noise = torch.empty((bs, self.num_cand), dtype=torch.float32, device=logits.device).exponential_()
-        tokens = torch.empty(bs, dtype=torch.int64, device=logits.device)
-        inputs = DraftSampleInputs(
-            logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], noise
-        )
-        draft_sample_fwd(inputs, tokens, self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs])
-        return tokens
+        return sample_drafts(
+            logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs],
+            self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs],
+        )  # fmt: skip
 
     # ---- capture / run -------------------------------------------------------------
     def capture(self) -> None:

@@ -23,7 +23,6 @@ from enum import Enum
 
 import torch
 from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
-from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
 
 from sglang_sparsespec.selection.scores import VerifyScoreSink
@@ -41,7 +40,7 @@ from sglang_sparsespec.spec.mixed import (
 )
 
 from .draft_attention import SegmentMeta
-from .draft_runner import PillarDraftRunner
+from .draft_runner import PillarDraftRunner, sample_drafts
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +83,10 @@ class MixedOutput:
 
 
 class MixedRunner:
+    """Mixed-phase iterations for one worker: shares the draft runner's model runner, backend and
+    batch-size buckets, the plans and the selector; keeps the chains (``ChainBuffers`` in batch order
+    for the iteration, ``ChainStore`` by pool row between iterations) and one graph per (bucket, Filters)."""
+
     def __init__(
         self,
         draft_runner: PillarDraftRunner,
@@ -92,7 +95,6 @@ class MixedRunner:
         sink: VerifyScoreSink | None,
         scratch_row: int,
     ):
-        self.dr = draft_runner
         self.mr = draft_runner.mr
         self.backend = draft_runner.backend
         self.state = state
@@ -178,16 +180,6 @@ class MixedRunner:
         finally:
             self.backend.segments = None
 
-    def _sample_drafts(self, logits: torch.Tensor, bs: int) -> torch.Tensor:
-        # As PillarDraftRunner._sample_step (the noise from the default generator, graph-safe).
-        noise = torch.empty((bs, self.num_cand), dtype=torch.float32, device=logits.device).exponential_()
-        tokens = torch.empty(bs, dtype=torch.int64, device=logits.device)
-        inputs = DraftSampleInputs(
-            logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], noise
-        )
-        draft_sample_fwd(inputs, tokens, self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs])
-        return tokens
-
     def _target_probs(self, logits: torch.Tensor, seg: torch.Tensor, filters: Filters) -> torch.Tensor:
         """Stock decoding's distribution for the segment rows (k + 1 per segment): softmax at the
         request's temperature, then top-p, or the joint top-k / top-p filter stock SGLang applies
@@ -223,8 +215,9 @@ class MixedRunner:
         if greedy:
             return logits.argmax(dim=-1), None
         bs = logits.shape[0]
-        drafted = self._sample_drafts(logits, bs)
-        return drafted, (self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs])
+        record = (self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs])
+        drafted = sample_drafts(logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], *record)
+        return drafted, record
 
     def _body(self, bs: int, segments: int, filters: Filters) -> None:
         """Forward ``buf.step`` of the iteration for ``bs`` (padded) batch rows; advances the step."""

@@ -9,27 +9,17 @@ with, so with the lag 3k + 2 past the host's: ``--pillar-batch-phases mixed`` re
 
 from __future__ import annotations
 
-import os
-from functools import cache
-
-from sglang_sparsespec.config import KNOBS, BatchPhases
+from sglang_sparsespec.config import BatchPhases, batch_phases
 
 from .spec_algo import ALGORITHM_NAME
 
-_KNOB = next(knob for knob in KNOBS if knob.field == "batch_phases")
-
-
-@cache
-def _parse(raw: str) -> BatchPhases:
-    return _KNOB.parse(raw) if raw else BatchPhases(_KNOB.default)
-
 
 def mixed_phases(server_args) -> bool:
-    """Whether ``server_args`` serve PILLAR with mixed-phase iterations. The knob comes from the
-    environment the launcher exported (the same in every process), read per call: a cached parse."""
+    """Whether ``server_args`` serve PILLAR with mixed-phase iterations (the knob from the environment
+    the launcher exported, the same in every process)."""
     if (server_args.speculative_algorithm or "").upper() != ALGORITHM_NAME:
         return False
-    return _parse(os.environ.get(_KNOB.env, "")) is BatchPhases.MIXED
+    return batch_phases() is BatchPhases.MIXED
 
 
 def reserve_for_chains(original, server_args=None):

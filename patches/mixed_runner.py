@@ -118,7 +118,7 @@ class MixedRunner:
             self.temperature = torch.ones(n, dtype=torch.float32)
             self.top_p = torch.ones(n, dtype=torch.float32)
             self.top_k = torch.ones(n, dtype=torch.int32)
-            self.min_p = torch.zeros(n, dtype=torch.float32)  # draft sampler input; min-p batches split
+            self.min_p = torch.zeros(n, dtype=torch.float32)  # the draft sampler's input, never set: min-p batches split
             self.step_ids = torch.zeros((self.max_bs, self.num_cand), dtype=torch.int64)
             self.step_q = torch.zeros((self.max_bs, self.num_cand), dtype=torch.float32)
             self.step_q_tok = torch.ones(self.max_bs, dtype=torch.float32)
@@ -237,7 +237,6 @@ class MixedRunner:
             self.temperature[rows] = 1.0
             self.top_p[rows] = 1.0
             self.top_k[rows] = 1
-            self.min_p[rows] = 0.0
 
     def capture(self) -> None:
         from sglang.srt.model_executor.runner import model_capture_mode
@@ -284,7 +283,6 @@ class MixedRunner:
         self.temperature[:bs] = si.temperatures.view(-1)
         self.top_p[:bs] = si.top_ps
         self.top_k[:bs] = si.top_ks
-        self.min_p[:bs] = 0.0
         self._pad(bs, padded)
         buf.seg[:, :segments] = self._to_device(plan.table)
         buf.group[:bs] = self._to_device(plan.groups)
@@ -299,7 +297,8 @@ class MixedRunner:
                 graph.replay()
             else:
                 self._body(padded, segments, filters)
-            sel_rows = torch.where(buf.seg[j, :segments] == buf.pad_row, self.scratch_row, buf.seg_rpi[j, :segments])
+            seg = buf.seg[j, :segments]
+            sel_rows = torch.where(seg == buf.pad_row, self.scratch_row, buf.rpi.index_select(0, seg))
             self.selector.after_verify(sel_rows, buf.seg_before[j, :segments], buf.seg_after[j, :segments])
         self.store.save(buf, batch.req_pool_indices, sampled=not greedy)
         return MixedOutput(

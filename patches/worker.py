@@ -58,7 +58,7 @@ from sglang_sparsespec.spec.cost_cache import CostFile
 from sglang_sparsespec.spec.dense import DenseChooser
 from sglang_sparsespec.spec.rejection import DraftRecord
 from sglang_sparsespec.spec.rounds import RoundShape
-from sglang_sparsespec.spec.timing import NoTimer, RoundTimer, format_report
+from sglang_sparsespec.spec.timing import PHASES, NoTimer, RoundTimer, format_report
 from sglang_sparsespec.spec.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
@@ -472,7 +472,7 @@ class PillarWorker(BaseSpecWorker):
         bs = batch.seq_lens.shape[0]
         self.timer.start(bs)
         out = self.mixed.run(batch)
-        for phase in ("draft", "verify", "accept", "select"):
+        for phase in PHASES:
             self.timer.mark(phase)
         if self.clock is not None:
             self.clock.mark_mixed()

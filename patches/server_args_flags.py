@@ -1,7 +1,7 @@
 """``ServerArgs.add_cli_args`` / ``ServerArgs.from_cli_args``: PILLAR's knobs as launch flags.
 
 ``python -m sglang.launch_server --help`` lists ``--pillar-<knob>`` for every knob of
-``sglang_sparsespec.config.KNOBS``. A flag that was given wins over the ``SPARSESPEC_<KNOB>``
+``sglang_sparsespec.config.KNOBS``, with the knob's own description (``Knob.help``). A flag that was given wins over the ``SPARSESPEC_<KNOB>``
 variable: the launcher writes it into its own environment before ServerArgs validates (so a
 bad value fails there, in one line), and every scheduler process it spawns inherits that
 environment and resolves the same PillarConfig. ServerArgs itself gets no new field, so the
@@ -29,7 +29,8 @@ def add_pillar_flags(result, parser: argparse.ArgumentParser, *args, **kwargs):
             type=str,
             default=None,
             choices=knob.choices,
-            help=f"PILLAR knob (default {knob.default}; fallback: the {knob.env} variable)",
+            # argparse %-formats help texts.
+            help=f"{knob.help} (default {knob.default}; fallback: the {knob.env} variable)".replace("%", "%%"),
         )
     return result
 

@@ -67,8 +67,8 @@ class DraftGrid(str, Enum):
     # One program per (request, KV head, split) with one split count for the batch: a request's
     # programs are its plan / splits long, so a long plan (dense, boosted) sets each layer's time.
     STATIC = "static"
-    # A work list per step: programs of about equal length whatever the plan lengths
-    # (kernels/draft_work.py). Not yet measured on a GPU.
+    # A work list per step: programs of about equal length whatever the plan lengths (kernels/draft_work.py).
+    # Slower on the H100 at 256 x 7000: 1.62x stock against STATIC's 1.65-1.74x (e058028).
     PLANNED = "planned"
 
 
@@ -90,10 +90,10 @@ class PlainPath(str, Enum):
 class BatchPhases(str, Enum):
     """How the requests of a full-length round (k drafts) share forwards (spec/mixed.py)."""
 
-    # The whole batch drafts k forwards, then verifies in one: today's round.
+    # The whole batch drafts k forwards, then verifies in one.
     SPLIT = "split"
     # Requests staggered over k + 1 phase groups: each forward carries one group's verify and every
-    # other request's draft step, so the verify shares the draft step's weight read (issue 21).
+    # other request's draft step, so the verify shares the draft step's weight read.
     MIXED = "mixed"
 
 
@@ -145,10 +145,10 @@ class PillarConfig:
     # Re-select every N-th verify (pillar/coarse); the verify passes in between skip the score
     # capture, and their plans keep the last selection while the recent tail grows. Measured on the
     # H100 (benchmarks/results): capture + selection is 20-35% of a Qwen3-1.7B verify step at N = 1
-    # and 6-13% at N = 4. N = 8 (the default since af052b7): the SmolLM2 256 x 2K verify 9.35 -> 8.99 ms
-    # (1.27-1.29x stock's step instead of 1.34x), 256 x 7000 sampled two waves 1.76x against 1.72x
-    # stock (accept 4.78 vs 4.69; sel8b-af052b7-7000) and 1.77x against 1.74x (sel8-32ab36a-7000); the
-    # CPU policy_sim accept length on AIME24 prompts 1-3 at 4096 tokens 6.93/5.89/6.35 vs 6.63/5.56/6.06.
+    # and 6-13% at N = 4. N = 8: the SmolLM2 256 x 2K verify 9.35 -> 8.99 ms (1.27-1.29x stock's step
+    # instead of 1.34x), 256 x 7000 sampled two waves 1.76x against 1.72x stock (accept 4.78 vs 4.69;
+    # sel8b-af052b7-7000) and 1.77x against 1.74x (sel8-32ab36a-7000); the CPU policy_sim accept length
+    # on AIME24 prompts 1-3 at 4096 tokens 6.93/5.89/6.35 vs 6.63/5.56/6.06.
     select_every: int = 8
     # Which verify rows score the prefix. CPU reference (policy_sim, AIME24 prompts 1-3, fp32, select
     # every verify): 4096 tokens 6.62/5.89/6.56 (all) vs 7.39/5.80/6.46 (last); 1500 tokens
@@ -291,6 +291,7 @@ class Knob:
 
     name: str  # upper case, e.g. BUDGET_RATIO
     field: str
+    help: str  # what it does and its unit, one line: the launch flag's --help text
 
     @property
     def env(self) -> str:
@@ -326,29 +327,53 @@ class Knob:
             raise ValueError(f"{self.env}={raw!r} is not a valid {self.kind.__name__}") from None
 
 
-# Every knob PillarConfig.from_env reads (all fields but num_steps, which is --speculative-num-steps).
+# Every knob PillarConfig.from_env reads (all fields but num_steps, which is --speculative-num-steps), each
+# with what it does and its unit in one line: the launch flag's --help text.
 KNOBS: tuple[Knob, ...] = (
-    Knob("BUDGET_RATIO", "budget_ratio"),
-    Knob("BOOST_RATIO", "boost_ratio"),
-    Knob("MIN_BUDGET", "min_budget"),
-    Knob("RECENT_WINDOW", "recent_window"),
-    Knob("SINK_TOKENS", "sink_tokens"),
-    Knob("POLICY", "policy"),
-    Knob("STEP_TIMING", "timing_every"),
-    Knob("VERIFY_KERNEL", "verify_kernel"),
-    Knob("SELECT_EVERY", "select_every"),
-    Knob("SCORE_ROWS", "score_rows"),
-    Knob("DRAFT_CANDIDATES", "draft_candidates"),
-    Knob("ADAPTIVE_STEPS", "adaptive_steps"),
-    Knob("FORCE_STEPS", "force_steps"),
-    Knob("FLOOR_QUANTILE", "floor_quantile"),
-    Knob("SPEC_PREMIUM", "spec_premium"),
-    Knob("DRAFT_GRID", "draft_grid"),
-    Knob("PLAIN_PATH", "plain_path"),
-    Knob("COST_CACHE", "cost_cache"),
-    Knob("OFFLOAD_HOST_GB", "offload_host_gb"),
-    Knob("BATCH_PHASES", "batch_phases"),
-)
+    Knob("BUDGET_RATIO", "budget_ratio", "draft KV budget per request, as a fraction (0, 1] of its context length"),
+    Knob("BOOST_RATIO", "boost_ratio", "draft KV budget of the poorly accepting requests, as a fraction of the "
+         "context above --pillar-budget-ratio (needs adaptive speculation); 0 = off"),
+    Knob("MIN_BUDGET", "min_budget", "floor of the draft KV budget, in tokens"),
+    Knob("RECENT_WINDOW", "recent_window", "latest verified tokens every draft step attends, in tokens"),
+    Knob("SINK_TOKENS", "sink_tokens", "first tokens (attention sinks) the streaming policy and a request's "
+         "first round attend, in tokens"),
+    Knob("POLICY", "policy", "KV positions a draft step attends: pillar = top-K per layer and KV head by the "
+         "last verify's attention, coarse = one set per request, streaming = sinks + window, oracle = analysis"),
+    Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of the draft, verify, accept and select phases "
+         "every N rounds (one host sync each), in rounds; 0 = off"),
+    Knob("VERIFY_KERNEL", "verify_kernel", "verify attention kernel: split = kernels/verify_attention.py, "
+         "sglang = SGLang's Triton extend kernel (for A/B runs)"),
+    Knob("SELECT_EVERY", "select_every", "re-select the draft KV positions every N-th verify pass "
+         "(pillar/coarse), in verify passes; the passes between skip the score capture"),
+    Knob("SCORE_ROWS", "score_rows", "verify rows whose attention mass scores the prefix: all = the k + 1 "
+         "rows averaged, last = the last row only"),
+    Knob("DRAFT_CANDIDATES", "draft_candidates", "sampled drafts: the most probable tokens a draft step's "
+         f"proposal keeps, in tokens (1-{MAX_DRAFT_CANDIDATES}); exact for any value"),
+    Knob("ADAPTIVE_STEPS", "adaptive_steps", "draft counts (tokens per round) a round may run besides "
+         f"--speculative-num-steps: auto = {','.join(map(str, AUTO_STEPS))}, a comma list (0 = plain decoding), "
+         "or off"),
+    Knob("FORCE_STEPS", "force_steps", "analysis: every round runs this draft count, in tokens per round "
+         "(one of the adaptive counts; 0 = plain decoding); -1 = the adaptive policy's choice"),
+    Knob("FLOOR_QUANTILE", "floor_quantile", "speculate only if the request at this quantile [0, 1) of "
+         "expected tokens decodes at least as fast as under plain decoding; 0 = off"),
+    Knob("SPEC_PREMIUM", "spec_premium", "speculate only if the round promises this much more throughput "
+         "than plain decoding, as a fraction (0.15 = 15%)"),
+    Knob("DRAFT_GRID", "draft_grid", "GPU grid of the draft attention: static = one split count per batch, "
+         "planned = a work list of equal-length programs per step"),
+    Knob("PLAIN_PATH", "plain_path", "how plain-decoding rounds run: decode = a DECODE forward and SGLang's "
+         "sampler, verify = the width-1 verify graph, auto = decode (oracle policy: verify)"),
+    Knob("COST_CACHE", "cost_cache", "where measured round costs persist across restarts: auto = a file per "
+         f"setup under ${CACHE_ENV}/costs, off, or a file path"),
+    Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host memory for parking running requests' KV instead "
+         "of retracting them, in GB (stock decoding too); 0 = off"),
+    Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards "
+         "then one verify, mixed = each forward carries one group's verify and the others' draft step"),
+)  # fmt: skip
+
+
+def knob_named(name: str) -> Knob:
+    """The knob of ``KNOBS`` named ``name`` (upper case, e.g. ``BATCH_PHASES``)."""
+    return next(k for k in KNOBS if k.name == name)
 
 
 def cache_root(env: Mapping[str, str] | None = None) -> Path:
@@ -361,13 +386,13 @@ def batch_phases(env: Mapping[str, str] | None = None) -> BatchPhases:
     """The batch-phase knob alone (read where the KV reserve is sized, which has no PillarConfig)."""
     env = os.environ if env is None else env
     raw = env.get(ENV_PREFIX + "BATCH_PHASES", "")
-    return Knob("BATCH_PHASES", "batch_phases").parse(raw) if raw != "" else PillarConfig.batch_phases
+    return knob_named("BATCH_PHASES").parse(raw) if raw != "" else PillarConfig.batch_phases
 
 
 def offload_host_gb(env: Mapping[str, str] | None = None) -> float:
     """The offload host budget alone (it also serves stock decoding, which has no PillarConfig)."""
     env = os.environ if env is None else env
     raw = env.get(ENV_PREFIX + "OFFLOAD_HOST_GB", "")
-    value = Knob("OFFLOAD_HOST_GB", "offload_host_gb").parse(raw) if raw != "" else 0.0
+    value = knob_named("OFFLOAD_HOST_GB").parse(raw) if raw != "" else 0.0
     PillarConfig(offload_host_gb=value)  # the same range check as the PILLAR path
     return value

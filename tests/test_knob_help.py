@@ -1,0 +1,36 @@
+"""Every PILLAR knob carries its own one-line description, and the launch flags' --help prints it."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from sglang_sparsespec.config import KNOBS, PillarConfig
+
+from patches.server_args_flags import add_pillar_flags
+
+# What a number-valued knob is counted in; its description must name one of them.
+UNITS = re.compile(r"\b(fraction|tokens|rounds|verify passes|quantile|GB|ms)\b")
+
+
+def test_every_knob_has_a_one_line_description_with_its_unit():
+    for knob in KNOBS:
+        assert knob.help.strip(), knob.name
+        assert "\n" not in knob.help and "PILLAR knob" not in knob.help, knob.name
+        if knob.kind in (int, float):
+            assert UNITS.search(knob.help), f"{knob.name}: no unit in {knob.help!r}"
+        for value in knob.choices or ():
+            assert f"{value} =" in knob.help, f"{knob.name}: choice {value!r} not described"
+    # Every PillarConfig field but num_steps (--speculative-num-steps) is a knob.
+    assert {k.field for k in KNOBS} == set(PillarConfig.__dataclass_fields__) - {"num_steps"}
+
+
+def test_launch_flags_help_prints_each_description():
+    parser = argparse.ArgumentParser()
+    add_pillar_flags(None, parser)
+    # Collapse argparse's line wrapping so each description reads as one string.
+    text = " ".join(parser.format_help().split())
+    for knob in KNOBS:
+        expected = " ".join(f"{knob.help} (default {knob.default}; fallback: the {knob.env} variable)".split())
+        assert f"{knob.flag} " in text and expected in text, knob.name
+    assert "--pillar-force-steps" in text and "-1 = the adaptive policy's choice" in text

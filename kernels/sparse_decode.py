@@ -10,10 +10,10 @@ Selections stay position-based (sorted, as topk_select writes them), so they sur
 
 Flash-decoding in two stages like SGLang's decode kernel: stage 1 runs a program per
 (request, KV head, split) that handles the whole GQA group with tl.dot and writes a normalized
-partial output and its LSE; stage 2 merges the splits. Split boundaries come from the device
-lengths, the grid only from static sizes, so launches are CUDA-graph safe. bf16/fp16 inputs,
-fp32 accumulation, natural-log softmax, optional tanh logit soft-cap. An empty attention set
-yields a zero output row.
+partial output and its LSE; stage 2 (``sparse_decode_merge.py``) merges the splits. Split
+boundaries come from the device lengths, the grid only from static sizes, so launches are
+CUDA-graph safe. bf16/fp16 inputs, fp32 accumulation, natural-log softmax, optional tanh logit
+soft-cap. An empty attention set yields a zero output row.
 
 With a work list (``draft_work.plan_work``) the programs follow the plan lengths instead: a static
 pool of P programs per KV head, each given one request and one chunk of its plan, so a long plan (a
@@ -28,8 +28,9 @@ import triton
 import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
-from ._tiles import attend_tile, finish_partial, load_kv_tile, merge_splits
+from ._tiles import attend_tile, finish_partial, load_kv_tile
 from .draft_work import DraftWork
+from .sparse_decode_merge import merge_split_partials, merge_work_partials
 
 
 @triton.jit
@@ -146,77 +147,6 @@ def _sparse_decode_stage1(
     tl.store(Mid_O + mid[:, None] + offs_d[None, :], part.to(Mid_O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
     if NUM_SPLITS > 1 or WORKLIST:
         tl.store(Mid_lse + row * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
-
-
-@triton.jit
-def _sparse_decode_stage2(
-    Mid_O,
-    Mid_lse,
-    Out,
-    stride_mb,
-    stride_mh,
-    stride_ms,
-    stride_lb,
-    stride_lh,
-    stride_ob,
-    stride_oh,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    cur_b = tl.program_id(0).to(tl.int64)
-    cur_head = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < NUM_SPLITS
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    base = cur_b * stride_mb + cur_head * stride_mh
-    lse = tl.load(Mid_lse + cur_b * stride_lb + cur_head * stride_lh + offs_s, mask=mask_s, other=-float("inf"))
-    parts = tl.load(
-        Mid_O + base + offs_s[:, None] * stride_ms + offs_d[None, :],
-        mask=mask_s[:, None] & mask_d[None, :],
-        other=0.0,
-    )
-    o, _ = merge_splits(lse, parts)
-    tl.store(Out + cur_b * stride_ob + cur_head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
-
-
-@triton.jit
-def _sparse_decode_merge_work(
-    Mid_O,
-    Mid_lse,
-    Req_first,
-    Req_count,
-    Out,
-    stride_mp,
-    stride_mh,
-    stride_lp,
-    stride_lh,
-    stride_ob,
-    stride_oh,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    """Stage 2 of a work-list launch: request b's programs are rows first_b .. first_b + count_b - 1."""
-    cur_b = tl.program_id(0).to(tl.int64)
-    cur_head = tl.program_id(1)
-    first = tl.load(Req_first + cur_b).to(tl.int64)
-    count = tl.load(Req_count + cur_b)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < count
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    rows = first + offs_s
-    lse = tl.load(Mid_lse + rows * stride_lp + cur_head * stride_lh, mask=mask_s, other=-float("inf"))
-    parts = tl.load(
-        Mid_O + rows[:, None] * stride_mp + cur_head * stride_mh + offs_d[None, :],
-        mask=mask_s[:, None] & mask_d[None, :],
-        other=0.0,
-    )
-    o, _ = merge_splits(lse, parts)
-    tl.store(Out + cur_b * stride_ob + cur_head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
 
 
 def sparse_decode_fwd(
@@ -341,44 +271,10 @@ def sparse_decode_fwd(
         num_stages=num_stages,
     )
     if work is not None:
-        _sparse_decode_merge_work[(bs, h_q)](
-            mid_o,
-            mid_lse,
-            work.req_first,
-            work.req_count,
-            o,
-            mid_o.stride(0),
-            mid_o.stride(1),
-            mid_lse.stride(0),
-            mid_lse.stride(1),
-            o.stride(0),
-            o.stride(1),
-            D=d,
-            BLOCK_D=block_d,
-            BLOCK_S=triton.next_power_of_2(work.max_chunks),
-            num_warps=4,
-        )
-        return o
+        return merge_work_partials(mid_o, mid_lse, work, o)
     if num_kv_splits == 1:
         return o
-    _sparse_decode_stage2[(bs, h_q)](
-        mid_o,
-        mid_lse,
-        o,
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-        o.stride(0),
-        o.stride(1),
-        D=d,
-        BLOCK_D=block_d,
-        NUM_SPLITS=num_kv_splits,
-        BLOCK_S=triton.next_power_of_2(num_kv_splits),
-        num_warps=4,
-    )
-    return o
+    return merge_split_partials(mid_o, mid_lse, o)
 
 
 def sparse_attend_positions(

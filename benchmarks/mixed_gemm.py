@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.kernels_bench import bench_us
+from benchmarks.kernels_setup import bench_us
 from benchmarks.meta import device_name, git_commit, package_version
 from benchmarks.step_times import SHAPES as QWEN3_SHAPES, stock_step_ms
 

@@ -921,7 +921,8 @@ def test_flashinfer_per_head_pages_attend_exactly_the_sparse_kernels_positions()
     import torch
     from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
 
-    from benchmarks.kernels_bench import TAIL, per_head_pages
+    from benchmarks.kernels_baselines import per_head_pages
+    from benchmarks.kernels_setup import TAIL
 
     gen = torch.Generator().manual_seed(0)
     bs, h_kv, group, d, seq_len, cnt = 3, 3, 3, 16, 80, 7
@@ -1070,7 +1071,7 @@ def test_the_mixed_round_bound_hides_the_verify_pass_above_a_decode_forward() ->
 def test_mixed_lengths_keep_the_uniform_batch_mean_and_pool() -> None:
     """kernels_bench compares a mixed batch with a uniform one of the same mean on one KV pool of bs x L
     slots: the mixed lengths must spread widely, average L and fit that pool."""
-    from benchmarks.kernels_bench import mixed_lengths
+    from benchmarks.kernels_setup import mixed_lengths
 
     for bs, seq_len in ((256, 7000), (64, 4096), (1, 4096)):
         lens = mixed_lengths(bs, seq_len)

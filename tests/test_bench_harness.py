@@ -28,7 +28,9 @@ from benchmarks import (
     lossless,
     offload,
     report,
+    run_clock,
     server,
+    serving_run,
     step_times,
     sweep,
     throughput,
@@ -341,7 +343,7 @@ def test_bench_driver_with_the_real_bench_serving(tiny_tokenizer_dir: Path, data
     rows = sample_custom_requests(str(path), 6, tok, fixed_output_len=64)
     assert {r.output_len for r in rows} == {64} and sorted(r.prompt for r in rows) == sorted(p.text for p in prompts)
 
-    argv = throughput.bench_argv("http://h:1", "/m", throughput.Workload(16, 0.6, 0.95, {1: path}), 1, 1, tmp_path / "o")
+    argv = serving_run.bench_argv("http://h:1", "/m", serving_run.Workload(16, 0.6, 0.95, {1: path}), 1, 1, tmp_path / "o")
     assert argv[argv.index("--request-rate") + 1] == "inf"  # bench_serving's own default, spelled out
     with bench_driver.BenchDriver(tmp_path / "driver.log") as driver:
         assert driver.run(["--help"], tmp_path / "help.log", 300, lambda: None) == 0
@@ -951,7 +953,7 @@ def test_stock_decode_steps_from_its_log_meet_pillars_plain_rounds_in_the_report
     """benchmarks.throughput reads stock's step time off SGLang's own "Decode batch" lines into the cells of
     PILLAR's adaptive policy; the report sets PILLAR's plain rounds against them (same run, concurrency,
     cell). Intervals after a prefill or at a run's start hold more than decode steps and are left out."""
-    from benchmarks.throughput import decode_step_cells
+    from benchmarks.serving_run import decode_step_cells
 
     def decode(running: int, tokens: int, tok_s: float) -> str:
         return (f"[2026-11-25 13:39:29] Decode batch, #running-req: {running}, #token: {tokens}, token usage: 0.03, "
@@ -982,11 +984,11 @@ def test_stock_decode_steps_from_its_log_meet_pillars_plain_rounds_in_the_report
 def test_a_server_start_guess_comes_from_the_same_config_family():
     """A slow stock start (FlashInfer's JIT on a fresh node) must not make the PILLAR start after it
     look too slow to fit the budget (flashinfer-ce113f5-2048 skipped one that took 94 s)."""
-    clock = throughput.RunClock()
-    assert clock.startup_guess("pillar-flashinfer") == throughput.START_GUESS_FLOOR_S
+    clock = run_clock.RunClock()
+    assert clock.startup_guess("pillar-flashinfer") == run_clock.START_GUESS_FLOOR_S
     clock.record_start("stock-flashinfer", 245.0)
     assert clock.startup_guess("stock") == 245.0
-    assert clock.startup_guess("pillar-flashinfer") == throughput.START_GUESS_FLOOR_S
+    assert clock.startup_guess("pillar-flashinfer") == run_clock.START_GUESS_FLOOR_S
     clock.record_start("pillar:adaptive_steps=off", 300.0)
     clock.record_start("pillar-coarse", 120.0)
     assert clock.startup_guess("pillar-flashinfer") == 300.0  # the family's slowest

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 from benchmarks.kernels_setup import bench_us
 from benchmarks.meta import device_name, git_commit, package_version
-from benchmarks.step_times import SHAPES as QWEN3_SHAPES, stock_step_ms
+from benchmarks.step_analysis import stock_step_ms
+from benchmarks.step_times import SHAPES as QWEN3_SHAPES
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
            "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152}  # fmt: skip

@@ -31,6 +31,7 @@ from benchmarks import (
     run_clock,
     server,
     serving_run,
+    step_analysis,
     step_times,
     sweep,
     throughput,
@@ -1061,11 +1062,11 @@ def test_the_mixed_round_bound_hides_the_verify_pass_above_a_decode_forward() ->
     # Qwen3-8B at 4K x 64 (steps_qwen3-8b_h100.json): verify 31.88 ms against stock's 24.61 ms step, so at most
     # 7.27 ms of the 96.27 ms round is the verify's own pass that mixed forwards could hide.
     row = {"context": 4096, "batch": 64, "verify_ms": 31.88, "round_ms": 96.27}
-    assert step_times.mixed_round_bound(row, 24.61) == pytest.approx(89.0)
+    assert step_analysis.mixed_round_bound(row, 24.61) == pytest.approx(89.0)
     # A verify faster than stock's step (GPU events against wall time) hides nothing, never a negative.
-    assert step_times.mixed_round_bound({**row, "verify_ms": 20.0}, 24.61) == 96.27
+    assert step_analysis.mixed_round_bound({**row, "verify_ms": 20.0}, 24.61) == 96.27
     servers = {"stock": {"rows": [{"context": 4096, "batch": 64, "step_ms": 24.61}]}, "pillar": {"rows": [row]}}
-    (p,) = step_times.projections(servers, 6.0)
+    (p,) = step_analysis.projections(servers, 6.0)
     assert p["mixed_round_ms"] == pytest.approx(89.0)
     assert p["projected_speedup_mixed"] == pytest.approx(6.0 * 24.61 / 89.0)
 

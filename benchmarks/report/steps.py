@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks import step_times
+from benchmarks import step_analysis
 from .common import _num, _pct, _ratio, fmt, markdown_table
 
 
@@ -132,9 +132,9 @@ def _num_steps(flags: Sequence[str]) -> int | None:
 
 def _step_rows(d: dict[str, Any]) -> list[list[str]]:
     """One row per measured (config, L, B) with PILLAR phase times, stock's decode step at the same point."""
-    stock = {(r["context"], r["batch"]): step_times.stock_step_ms(r) for r in d["servers"].get("stock", {}).get("rows", [])}
+    stock = {(r["context"], r["batch"]): step_analysis.stock_step_ms(r) for r in d["servers"].get("stock", {}).get("rows", [])}
     # Recomputed rather than read from the file, so runs recorded before a projection existed show it too.
-    projected = step_times.projections(d["servers"], d["settings"].get("accept_assumed"))
+    projected = step_analysis.projections(d["servers"], d["settings"].get("accept_assumed"))
     proj = {(p["config"], p["context"], p["batch"]): p for p in projected}
     with_proj = d["settings"].get("accept_assumed") is not None
     rows = []
@@ -180,19 +180,19 @@ def sibling_capture(d: dict[str, Any], docs: Sequence[dict[str, Any]]) -> list[d
     for o in docs:
         if o is not d and o.get("kind") == "step_times" and _step_setup(o) == _step_setup(d):
             merged.update({f"{name} ({o['_file']})": rec for name, rec in o["servers"].items()})
-    return [c for c in step_times.capture_overhead(merged) if c["config"] in d["servers"] and c["twin"] not in d["servers"]]
+    return [c for c in step_analysis.capture_overhead(merged) if c["config"] in d["servers"] and c["twin"] not in d["servers"]]
 
 
 def _ideal_table(d: dict[str, Any]) -> str:
-    """Each phase's measured ms / its ideal ms (step_times.ideal_breakdown), flagged past 1.5x."""
-    rows = step_times.ideal_breakdown(d)  # derived from the rows (a stored "ideal" in older files is ignored)
+    """Each phase's measured ms / its ideal ms (step_analysis.ideal_breakdown), flagged past 1.5x."""
+    rows = step_analysis.ideal_breakdown(d)  # derived from the rows (a stored "ideal" in older files is ignored)
     if not rows:
         return ""
-    phases = ("step", *step_times.PHASES, step_times.GAP, "round")
+    phases = ("step", *step_analysis.PHASES, step_analysis.GAP, "round")
     cells = [[r["config"], r["context"], r["batch"], fmt(r["fixed_ms"], ".2f")]
              + [(f"{m:.2f} / {i:.2f}" + (" **!**" if i and m > 1.5 * i else "")) if (m, i) != (None, None) else "-"
                 for m, i in (r["phases"].get(p, (None, None)) for p in phases)] for r in rows]  # fmt: skip
-    return ("\n\nMeasured / ideal ms per round (`step_times.ideal_breakdown`: bytes / peak HBM bandwidth, plus a fixed "
+    return ("\n\nMeasured / ideal ms per round (`step_analysis.ideal_breakdown`: bytes / peak HBM bandwidth, plus a fixed "
             "per-forward cost for the forward phases; **!** = over 1.5x):\n\n"
             + markdown_table(("config", "L", "B", "fixed ms", *phases), cells))
 

@@ -1,9 +1,9 @@
-"""What a mixed-phase round would save (issue 21 item 2): the row-wise work of a round, timed on the GPU.
+"""What a mixed-phase round would save: the row-wise work of a round, timed on the GPU.
 
     python -m benchmarks.mixed_gemm --out benchmarks/results/mixed_gemm_h100.json \
         --steps benchmarks/results/steps_qwen3-8b_h100.json
 
-A round of k drafts today is k forwards of B rows (one token per request, sparse attention) and one
+A split round of k drafts is k forwards of B rows (one token per request, sparse attention) and one
 verify forward of B (k + 1) rows. The mixed-phase round of the design card staggers the requests over
 k + 1 groups: forward g carries the B - n_g drafting requests (one row each) and group g's verify
 (k + 1 rows each), B + k n_g rows. Both rounds are k + 1 forwards (same launches) and do the same
@@ -12,7 +12,9 @@ what differs is only the work that scales with rows: the weight GEMMs, norms, ac
 timed here for a forward of R rows (all layers, each its own random bf16 weights, captured in one CUDA
 graph, L2 flushed, median):
 
-    today = k G(B) + G(B (k + 1)),    mixed = sum_g G(B + k n_g),    saving = today - mixed.
+    split = k G(B) + G(B (k + 1)),    mixed = sum_g G(B + k n_g),    saving = split - mixed.
+
+(The JSON calls the split round's work ``today_ms``.)
 
 With --steps, each measured PILLAR round of that file (a step-times JSON of the same shape) is
 projected to the mixed round: round - saving at its batch. Random weights: times only.
@@ -82,10 +84,10 @@ def measure(model: str, batch: int, k: int, work: RowWork, cache: dict[int, floa
 
     draft, verify = g_ms(batch), g_ms(batch * (k + 1))
     mixed_forwards = [g_ms(batch + k * n) for n in groups(batch, k)]
-    today, mixed = k * draft + verify, sum(mixed_forwards)
+    split, mixed = k * draft + verify, sum(mixed_forwards)
     return {"model": model, "batch": batch, "k": k, "draft_forward_ms": draft, "verify_forward_ms": verify,
             "mixed_forward_rows": [batch + k * n for n in groups(batch, k)], "mixed_forward_ms": mixed_forwards,
-            "today_ms": today, "mixed_ms": mixed, "saving_ms": today - mixed}  # fmt: skip
+            "today_ms": split, "mixed_ms": mixed, "saving_ms": split - mixed}  # fmt: skip
 
 
 def project(rows: list[dict[str, Any]], steps_path: Path) -> list[dict[str, Any]]:
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1))
     for r in rows:
         print(f"{args.model} B={r['batch']} k={r['k']}: G(B)={r['draft_forward_ms']:.2f} G(B(k+1))={r['verify_forward_ms']:.2f} "
-              f"today {r['today_ms']:.1f} ms, mixed {r['mixed_ms']:.1f} ms, saving {r['saving_ms']:.1f} ms")  # fmt: skip
+              f"split {r['today_ms']:.1f} ms, mixed {r['mixed_ms']:.1f} ms, saving {r['saving_ms']:.1f} ms")  # fmt: skip
     for r in result["projection"]:
         print(f"  {r['server']} L={r['context']} B={r['batch']}: round {r['round_ms']:.1f} -> {r['mixed_round_ms']:.1f} ms "
               f"({100 * r['change']:+.1f}%)")  # fmt: skip

@@ -267,12 +267,12 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
     )
 
 
-MIXED_HEADERS = ("model", "B", "k", "G(B) ms", "G(B (k + 1)) ms", "today ms", "mixed ms", "saving ms")
+MIXED_HEADERS = ("model", "B", "k", "G(B) ms", "G(B (k + 1)) ms", "split ms", "mixed ms", "saving ms")
 MIXED_PROJ_HEADERS = ("steps file", "L", "B", "round ms", "mixed round ms", "change")
 
 
 def _mixed_gemm_markdown(docs: Sequence[dict[str, Any]]) -> str:
-    """benchmarks.mixed_gemm runs: the row-wise work of a round today against the mixed-phase round's, and each
+    """benchmarks.mixed_gemm runs: the row-wise work of a split round against the mixed-phase round's, and each
     measured round of the named step-times file projected to the mixed one."""
     parts = []
     for d in sorted((d for d in docs if d.get("kind") == "mixed_gemm"), key=lambda d: (d["model"], d["date_utc"])):
@@ -287,6 +287,6 @@ def _mixed_gemm_markdown(docs: Sequence[dict[str, Any]]) -> str:
         return ""
     return ("#### Mixed-phase round: the row-wise work it changes\n\n"
             "`benchmarks.mixed_gemm`: G(R) = a forward's weight GEMMs, norms, activation and LM head over R rows "
-            "(attention left out: both rounds do the same attention work); today = k G(B) + G(B (k + 1)), mixed = "
-            "the sum over the k + 1 phase groups of G(B + k n_g); mixed round = a measured round - (today - mixed).\n\n"
+            "(attention left out: both rounds do the same attention work); split = k G(B) + G(B (k + 1)), mixed = "
+            "the sum over the k + 1 phase groups of G(B + k n_g); mixed round = a measured round - (split - mixed).\n\n"
             + "\n\n".join(parts) + "\n")

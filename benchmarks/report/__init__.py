@@ -5,7 +5,7 @@
 --readme docs/results.md also writes one page of tables per result kind into docs/results/ and their
 index between the page's results markers; the text around the markers is left as is.
 
-Ratios compare a config with the ``stock`` config of the same run id (one GPU session),
+Ratios compare a config with the ``stock`` config of the same run id (one GPU),
 the same workload and the same concurrency; across runs the hardware state differs
 (clocks, neighbours), so no cross-run ratio is ever printed.
 

@@ -87,7 +87,7 @@ def stream_interval(flags: Sequence[str]) -> int:
 
 def commits_text(rows: Sequence[dict[str, Any]]) -> str:
     """``commit X``, or, where the configs of one run id ran at several commits (a sweep's chunks run over
-    sessions), ``commits X (config, ...), Y (...)``: each config's rows say which code produced them."""
+    several commands), ``commits X (config, ...), Y (...)``: each config's rows say which code produced them."""
     by_commit: dict[str, list[str]] = {}
     for r in rows:
         names = by_commit.setdefault(r["commit"], [])

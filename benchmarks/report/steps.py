@@ -144,7 +144,7 @@ def _step_rows(d: dict[str, Any]) -> list[list[str]]:
             point = (r["context"], r["batch"])
             rows.append([name, *point, fmt(stock.get(point), ".3f"), fmt(r["draft_ms"], ".3f"),
                          fmt(r["draft_ms"] / k if k else None, ".3f"), fmt(r["verify_ms"], ".3f"),
-                         # Issue 20's bar for the verify pass: <= 1.3x a decode step at the same batch and context
+                         # The bar for the verify pass: <= 1.3x a decode step at the same batch and context
                          fmt(_ratio(r["verify_ms"], step) if (step := stock.get(point)) else None, ".2f", "x"),
                          fmt(r["select_ms"], ".3f"), fmt(r["round_ms"], ".3f")]
                         + (_projected(proj.get((name, *point))) if with_proj else []))  # fmt: skip

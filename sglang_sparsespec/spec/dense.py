@@ -63,7 +63,7 @@ DENSE_READ_GBPS = 2000.0
 # while sharing SMs, i.e. up to ~80 ns per position; a long program left alone on its SM runs faster.
 SERIAL_NS_PER_POSITION = 40.0
 # A request is a poor drafter when its expected tokens per round are below this share of the
-# batch's mean: at the seventh session's headline point (mean accept 6.1) the requests around
+# batch's mean: at the headline point on the H200 (c4a7753, mean accept 6.1) the requests around
 # accept 2.5-3.5 that end the run.
 BOOST_BELOW = 0.6
 # Sparse rounds a request's estimate needs before it decides (the estimate decays by 0.8 a round).

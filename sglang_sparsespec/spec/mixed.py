@@ -1,5 +1,5 @@
-"""Mixed-phase iterations: drafting and verifying requests in one forward (issue 21, the paper's
-unified batching).
+"""Mixed-phase iterations: drafting and verifying requests in one forward (the paper's unified
+batching).
 
 A request's round is k sparse draft steps and one full-attention verify of k + 1 tokens. Run as
 today (``PillarWorker._decode_round``), a batch drafts together for k forwards and then verifies

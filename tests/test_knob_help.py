@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 from sglang_sparsespec.config import KNOBS, PillarConfig
 
@@ -34,3 +35,22 @@ def test_launch_flags_help_prints_each_description():
         expected = " ".join(f"{knob.help} (default {knob.default}; fallback: the {knob.env} variable)".split())
         assert f"{knob.flag} " in text and expected in text, knob.name
     assert "--pillar-force-steps" in text and "-1 = the adaptive policy's choice" in text
+
+
+def test_readme_knob_table_matches_the_knobs():
+    """The README's table of knobs names only real knobs, with their real defaults; every --pillar-* flag the
+    docs name exists (a renamed or removed knob cannot linger in the docs)."""
+    repo = Path(__file__).resolve().parents[1]
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    by_name = {knob.name: knob for knob in KNOBS}
+    rows = re.findall(r"^\| `SPARSESPEC_(\w+)` \| ([^|]+) \|", readme, re.M)
+    assert rows, "README.md has no knob table"
+    for name, default in rows:
+        assert name in by_name, f"README row SPARSESPEC_{name} is not a knob"
+        knob, text = by_name[name], default.strip().strip("`")
+        same = float(text) == knob.default if knob.kind is float else text == str(knob.default)
+        assert same, f"README says SPARSESPEC_{name} defaults to {text}, the knob to {knob.default}"
+    flags = {knob.flag for knob in KNOBS}
+    for page in [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]:
+        for flag in re.findall(r"--pillar-[a-z][a-z-]*[a-z]", page.read_text(encoding="utf-8")):
+            assert flag in flags, f"{page.relative_to(repo)} names {flag}, which is no knob's flag"

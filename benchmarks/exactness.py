@@ -22,8 +22,8 @@ within a few tokens, so with ``--stop-at-eos`` the output lengths (min_new_token
 above, SGLang's names). Token 1 comes from the prefill; tokens 2.. from PILLAR's verify rounds.
 
 Statistics per context (``benchmarks.exactness_stats``): token 1; each position j >= 2 as the pair
-(token j-1, token j), an output that already stopped counting as END; the output length (with
-``--stop-at-eos``); the repeat count. Each is a two-sample chi-square test of homogeneity against the
+(token j-1, token j), an output that already stopped counting as END; the output length; the
+repeat count. Each is a two-sample chi-square test of homogeneity against the
 reference (cells expected below 5 pooled, df = cells - 1), judged at ``--alpha`` / (number of tests).
 Token 1 is the built-in null: both servers draw it with stock's sampler from the prefill, so where it
 differs their numerics differ and the run says NUMERICS (no verdict on the speculation) instead of FAIL.
@@ -169,7 +169,9 @@ def part_params(args: argparse.Namespace, part: str) -> dict[str, Any]:
 
 
 def statistics(args: argparse.Namespace) -> list[str]:
-    return [f"token {j}" for j in range(1, args.new_tokens + 1)] + (["length"] if args.stop_at_eos else []) + ["repeats"]
+    """The tests per context. The length is tested with ignore_eos too: one length on both servers is no test
+    (df 0), an output longer than max_new_tokens on one of them is a rejection."""
+    return [f"token {j}" for j in range(1, args.new_tokens + 1)] + ["length", "repeats"]
 
 
 def cell_key(name: str, part: str, ci: int) -> str:

@@ -503,7 +503,7 @@ def test_exactness_end_to_end_against_stock(
     code, doc = run("same")
     assert code == 0 and doc["verdict"] == "PASS" and doc["settings"]["reference"] == "stock"
     assert doc["control"]["p_value"] < doc["bonferroni_threshold"] and list(doc["power"]) == ["hot: token 2"]
-    assert [t["statistic"] for t in doc["tests"]] == ["token 1", "token 2", "token 3", "repeats"]
+    assert [t["statistic"] for t in doc["tests"]] == ["token 1", "token 2", "token 3", "length", "repeats"]
     (ctx,) = doc["contexts"]
     assert ctx["greedy_lead_nats"] == pytest.approx(0.01) and len(ctx["ids"]) == ctx["tokens"]
     assert sum(n for _, n in doc["counts"]["pillar | main | context 0"]["first"]) == 3000
@@ -534,7 +534,7 @@ def test_exactness_end_to_end_against_stock(
     monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "1")  # the candidate's first verify token
     code, doc = run("tilted")
     assert code == 1 and doc["verdict"] == "FAIL"
-    assert [t["p_value"] < doc["bonferroni_threshold"] for t in doc["tests"]] == [False, True, True, True]
+    assert [t["p_value"] < doc["bonferroni_threshold"] for t in doc["tests"]] == [False, True, True, False, True]
     monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "0")  # token 1: the servers' numerics differ
     code, doc = run("numerics")
     assert code == 1 and doc["verdict"] == "NUMERICS"

@@ -31,31 +31,40 @@ def homogeneity(a: Counter, b: Counter, min_expected: float = 5.0) -> dict[str, 
 
     Categories whose smaller expected count is below ``min_expected`` are pooled into one cell,
     which joins the smallest other cell if it is still too small: no count is dropped.
-    Returns stat, df (cells - 1), p_value and the cell count; one cell leaves nothing to test (df 0, p 1).
+    Returns stat, df (cells - 1), p_value, the cell count, and ``largest``: the cells that add the most to
+    the statistic, as [category, count in a, count in b] ("pool" for the pooled rare categories, or
+    ["pool", category] where they joined that one; a count of 0 on one side where the
+    other has many reads as a support difference, e.g. a tied token one filter drops; counts that differ
+    by a few percent as a probability moved, e.g. by rounding).
     """
     na, nb = sum(a.values()), sum(b.values())
     if na == 0 or nb == 0:
         raise ValueError("both samples must be non-empty")
     small = min(na, nb) / (na + nb)
-    cells, pool = [], [0, 0]
+    cells, pool, kept = [], [0, 0], []
     for key in a.keys() | b.keys():
         ca, cb = a.get(key, 0), b.get(key, 0)
         if (ca + cb) * small >= min_expected:
             cells.append((ca, cb))
+            kept.append(key)
         else:
             pool[0], pool[1] = pool[0] + ca, pool[1] + cb
     if sum(pool) * small >= min_expected or not cells:
         cells.append((pool[0], pool[1]))
+        kept.append("pool")
     elif sum(pool):
         i = min(range(len(cells)), key=lambda c: sum(cells[c]))
         cells[i] = (cells[i][0] + pool[0], cells[i][1] + pool[1])
-    stat = 0.0
+        kept[i] = ["pool", kept[i]]
+    terms = []
     for ca, cb in cells:
         tot = ca + cb
         ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
-        stat += (ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb
-    df = len(cells) - 1
-    return {"stat": stat, "df": df, "p_value": chi2_sf(stat, df) if df > 0 else 1.0, "cells": len(cells)}
+        terms.append((ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb)
+    stat, df = sum(terms), len(cells) - 1
+    order = sorted(range(len(kept)), key=lambda i: -terms[i])[:3]
+    largest = [[list(kept[i]) if isinstance(kept[i], tuple) else kept[i], *cells[i]] for i in order]
+    return {"stat": stat, "df": df, "p_value": chi2_sf(stat, df) if df > 0 else 1.0, "cells": len(cells), "largest": largest}
 
 
 def total_variation(a: Counter, b: Counter) -> float:

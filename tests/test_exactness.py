@@ -27,6 +27,10 @@ def test_homogeneity_accepts_one_distribution_and_rejects_two():
     # Unequal sample sizes are fine; a category seen by one sample only counts against it.
     lopsided = stats.homogeneity(Counter({0: 900, 1: 100}), Counter({0: 90, 1: 10, 2: 40}))
     assert lopsided["p_value"] < 1e-6
+    assert lopsided["largest"][0] == [["pool", 1], 100, 50]  # category 2 (40 in b only) joined category 1
+    # The category only one sample has adds the most; pair categories come back as lists (JSON).
+    support = stats.homogeneity(Counter({(0, 1): 900, (0, 2): 100}), Counter({(0, 1): 450, (0, 2): 50, (5, 5): 200}))
+    assert support["largest"][0] == [[5, 5], 0, 200] and len(support["largest"]) == 3
     with pytest.raises(ValueError, match="non-empty"):
         stats.homogeneity(Counter(), Counter({0: 1}))
 

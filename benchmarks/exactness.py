@@ -37,8 +37,8 @@ min_new_tokens, the reference without them (repeat counts for penalties, lengths
 if dropping them cannot be seen, neither can a wrong implementation of them).
 
 The JSON keeps the device, date, commit, every server's flags, environment and launch command, the
-sampling parameters sent, each cell's tallies (all the tests need), each cell group's seconds; it is
-rewritten after every group. A group is started only if its earlier time fits ``--time-budget``, so a
+sampling parameters sent, each cell's tallies (all the tests need), each test's total variation and the
+cells that add most to its statistic, each cell group's seconds; it is rewritten after every group. A group is started only if its earlier time fits ``--time-budget``, so a
 10-minute command ends with whole cells; ``--resume OLD.json`` (the same question) keeps OLD's contexts
 and cells and samples only the missing ones. Writes F.json and F.log; exit 0 on PASS, 1 otherwise.
 """
@@ -270,7 +270,8 @@ def judge(doc: dict[str, Any], args: argparse.Namespace) -> None:
             ca, cb = counters(a), counters(b)
             for stat in stats:
                 doc["tests"].append({"config": name, **setting, "context": ci, "statistic": stat, "position": stat,
-                                     "total_variation": total_variation(ca[stat], cb[stat]), **homogeneity(ca[stat], cb[stat])})  # fmt: skip
+                                     "total_variation": total_variation(ca[stat], cb[stat]),
+                                     **homogeneity(ca[stat], cb[stat])})  # fmt: skip
     base = counts.get(cell_key(ref, "main", 0))
     doc["power"] = {}
     for part, stat in power_checks(args):
@@ -282,7 +283,9 @@ def judge(doc: dict[str, Any], args: argparse.Namespace) -> None:
     doc["verdict"], doc["bonferroni_threshold"] = verdict(judged, args.contexts * len(stats), list(doc["power"].values()), args.alpha)
 
 
-QUESTION = ("model", "prompts", "datasets", "contexts", "context_tokens", "new_tokens", "stop_at_eos", "reference", "candidate", *SAMPLING)
+# The settings two runs must share for one to resume the other.
+QUESTION = ("model", "prompts", "datasets", "contexts", "context_tokens", "new_tokens", "stop_at_eos", "reference",
+            "candidate", *SAMPLING)  # fmt: skip
 
 
 def resumed(path: Path | None, doc: dict[str, Any]) -> None:

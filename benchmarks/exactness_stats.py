@@ -112,7 +112,9 @@ def counters(cell: dict[str, Any]) -> dict[str, Counter]:
     return out
 
 
-def verdict(judged: Sequence[dict[str, Any]], n_tests: int, controls: Sequence[dict[str, Any] | None], alpha: float) -> tuple[str, float | None]:
+def verdict(
+    judged: Sequence[dict[str, Any]], n_tests: int, controls: Sequence[dict[str, Any] | None], alpha: float
+) -> tuple[str, float | None]:
     """The run's verdict and its Bonferroni threshold (alpha / n_tests) from the candidate's tests.
 
     INCOMPLETE: a test or a power control is missing. NO_POWER: a control (the reference against itself with

@@ -41,7 +41,7 @@ from benchmarks.client import generate_all
 
 FAKE_SERVER = textwrap.dedent(
     r'''
-    import gzip, json, math, os, random, subprocess, sys, time
+    import gzip, json, math, os, random, subprocess, sys, threading, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     argv = sys.argv[1:]
@@ -68,18 +68,41 @@ FAKE_SERVER = textwrap.dedent(
     def tokens(ids, n):
         return [(sum(ids) + 7 * i) % 5000 for i in range(n)]
 
-    # Sampled replies (benchmarks.exactness sends batches of copies): each token from a softmax over 4
-    # tokens whose logits follow the token before, at the request's temperature. FAKE_SAMPLE_BIAS_AT=j
-    # lifts token 0 at output position j on a sparse-drafting PILLAR server (no SPARSESPEC_BUDGET_RATIO).
-    rng = random.Random(7 + len(os.environ.get("SPARSESPEC_BUDGET_RATIO", "")))
-    bias_at = int(os.environ.get("FAKE_SAMPLE_BIAS_AT", "-1")) if spec and "SPARSESPEC_BUDGET_RATIO" not in os.environ else -1
+    # Sampled replies (benchmarks.exactness sends batches of copies): each token from a softmax over 4 tokens
+    # whose logits follow the token before, at the request's temperature, with SGLang's output penalties on
+    # the tokens the request already produced; token 3 is the stop token unless ignore_eos, held back before
+    # min_new_tokens. Each request draws from its own generator, seeded by the server's kind, the call's body,
+    # how many equal bodies came before and the request's place in the call: concurrent calls are served in
+    # any order, and the multiset of outputs, all the statistics read, stays the same run to run.
+    # On a speculative server FAKE_SAMPLE_BIAS_AT=j lifts token 0 at output position j, and FAKE_PENALTY_BUG
+    # drops the penalties and min_new_tokens after token 1 (which comes from the prefill, stock's sampler).
+    bodies, bodies_lock = {}, threading.Lock()
+    bias_at = int(os.environ.get("FAKE_SAMPLE_BIAS_AT", "-1")) if spec else -1
+    penalty_bug = spec and bool(os.environ.get("FAKE_PENALTY_BUG"))
 
-    def sampled(ids, params):
+    def sampled_batch(body):
+        key = json.dumps([body["input_ids"][0], len(body["input_ids"]), body["sampling_params"]], sort_keys=True)
+        with bodies_lock:
+            nth = bodies[key] = bodies.get(key, -1) + 1
+        return [sampled(ids, body["sampling_params"], random.Random(f"{spec}|{key}|{nth}|{i}"))
+                for i, ids in enumerate(body["input_ids"])]
+
+    def sampled(ids, params, rng):
+        neutral = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
+        stop = not params.get("ignore_eos", False)
         prev, out = ids[-1], []
         for j in range(params["max_new_tokens"]):
-            logits = [((prev + 3 * v) % 7) / 2.0 + (1.0 if j == bias_at and v == 0 else 0.0) for v in range(4)]
-            prev = rng.choices(range(4), weights=[math.exp(x / params["temperature"]) for x in logits])[0]
+            pen = neutral if penalty_bug and j > 0 else {k: params.get(k, v) for k, v in neutral.items()}
+            weights = []
+            for v in range(4):
+                x, c = ((prev + 3 * v) % 7) / 2.0 + (1.0 if j == bias_at and v == 0 else 0.0), out.count(v)
+                if c:  # SGLang's order: the repetition penalty scales, then frequency and presence subtract
+                    x = (x / pen["repetition_penalty"] if x > 0 else x * pen["repetition_penalty"]) - pen["frequency_penalty"] * c - pen["presence_penalty"]
+                weights.append(0.0 if v == 3 and stop and j < pen["min_new_tokens"] else math.exp(x / params["temperature"]))
+            prev = rng.choices(range(4), weights=weights)[0]
             out.append(prev)
+            if prev == 3 and stop:
+                break
         return {"text": "x", "output_ids": out, "meta_info": {"completion_tokens": len(out)}}
 
     class H(BaseHTTPRequestHandler):
@@ -136,7 +159,7 @@ FAKE_SERVER = textwrap.dedent(
             if self.path != "/generate":
                 return self.reply(404, {})
             if body["input_ids"] and isinstance(body["input_ids"][0], list):  # a batch: one reply per prompt
-                return self.reply(200, [sampled(ids, body["sampling_params"]) for ids in body["input_ids"]])
+                return self.reply(200, sampled_batch(body))
             ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
             out = tokens(ids, n)
             if spec and diverge_at >= 0 and sum(ids) % 2 == 0:
@@ -463,55 +486,93 @@ def test_acceptance_end_to_end(fake_sglang: Path, tiny_tokenizer_dir: Path, data
         acceptance.main([*argv, "--configs", "stock"])
 
 
-def test_exactness_end_to_end_with_a_pillar_reference(
+def test_exactness_end_to_end_against_stock(
     fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Reference and candidate that sample alike pass; a candidate that tilts a verify token fails; one
-    whose token 1 differs (drawn before any PILLAR code runs) is NUMERICS, not FAIL."""
+    """PILLAR judged against stock's own sampler, both servers side by side: servers that sample alike pass; a
+    candidate that tilts a verify token fails; one whose token 1 differs (drawn before any PILLAR code runs) is
+    NUMERICS, not FAIL. The fake samples each request from its own seeded generator, so every verdict here is
+    the same run to run however the concurrent calls interleave."""
     argv = ["--model", str(tiny_tokenizer_dir), "--data-dir", str(data_dir), "--contexts", "1",
-            "--context-tokens", "8", "--samples", "3000", "--new-tokens", "3", "--settings", "1.0:1.0",
-            "--controls", "", "--reference", "pillar:adaptive_steps=off:budget_ratio=1",
-            "--candidate", "pillar:adaptive_steps=off"]  # fmt: skip
+            "--context-tokens", "8", "--samples", "3000", "--new-tokens", "3"]  # fmt: skip
 
-    def run(name: str) -> tuple[int, dict]:
+    def run(name: str, *more: str) -> tuple[int, dict]:
         out = tmp_path / f"{name}.json"
-        code = exactness.main([*argv, "--out", str(out)])
+        code = exactness.main([*argv, *more, "--out", str(out)])
         return code, json.loads(out.read_text())
 
     monkeypatch.setenv("FAKE_FLUSH_REFUSALS", "2")  # the radix-cache flush is retried through refusals
     monkeypatch.setenv("FAKE_HESITATE_AT", "6")  # the context is cut where the greedy continuation hesitates
     code, doc = run("same")
-    assert code == 0 and doc["verdict"] == "PASS" and doc["settings"]["reference"].endswith("budget_ratio=1")
-    assert doc["control"]["p_value"] < doc["bonferroni_threshold"] and len(doc["tests"]) == 3
+    assert code == 0 and doc["verdict"] == "PASS" and doc["settings"]["reference"] == "stock"
+    assert doc["control"]["p_value"] < doc["bonferroni_threshold"] and list(doc["power"]) == ["hot: token 2"]
+    assert [t["statistic"] for t in doc["tests"]] == ["token 1", "token 2", "token 3", "length", "repeats"]
     (ctx,) = doc["contexts"]
     assert ctx["greedy_lead_nats"] == pytest.approx(0.01) and len(ctx["ids"]) == ctx["tokens"]
-    assert sum(n for _, n in doc["counts"]["pillar:adaptive_steps=off | setting 0 | context 0"]["first"]) == 3000
+    assert sum(n for _, n in doc["counts"]["pillar | main | context 0"]["first"]) == 3000
+    assert doc["settings"]["sampling_params"] == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+        "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0,
+        "max_new_tokens": 3, "ignore_eos": True}  # fmt: skip
+    # Side by side on one GPU: each server gets its share, and both keep the radix cache for the shared prefill.
+    for name in ("stock", "pillar"):
+        flags = doc["servers"][name]["flags"]
+        assert configs.flag_value(flags, "--mem-fraction-static") == "0.4" and "--disable-radix-cache" not in flags
+        assert doc["servers"][name]["argv"][-len(flags):] == flags
+    assert doc["servers"]["pillar"]["pillar_config"]["num_steps"] == 8 and doc["servers"]["stock"]["pillar_config"] is None
     # A resumed run keeps the cells it is given and samples only the missing ones (here: the candidate's).
     partial = json.loads((tmp_path / "same.json").read_text())
-    del partial["counts"]["pillar:adaptive_steps=off | setting 0 | context 0"]
+    del partial["counts"]["pillar | main | context 0"]
     (tmp_path / "partial.json").write_text(json.dumps(partial))
     resume = ["--resume", str(tmp_path / "partial.json")]
-    code = exactness.main([*argv, "--out", str(tmp_path / "resumed.json"), *resume])
-    doc = json.loads((tmp_path / "resumed.json").read_text())
+    code, doc = run("resumed", *resume)
     assert code == 0 and doc["verdict"] == "PASS" and doc["resumed_from"] == partial["meta"]["run_id"]
-    assert doc["contexts"] == partial["contexts"] and doc["servers"]["pillar:adaptive_steps=off"].get("resumed") is None
-    assert doc["seconds"].keys() == partial["seconds"].keys()  # the earlier cells' times still plan this command
-    assert "pillar:adaptive_steps=off:budget_ratio=1: every cell resumed" in (tmp_path / "resumed.log").read_text()
+    assert doc["contexts"] == partial["contexts"] and doc["servers"]["pillar"].get("resumed") is None
+    assert doc["servers"]["stock"]["resumed"] and doc["seconds"].keys() == partial["seconds"].keys()
+    # Sampled again on a fresh server, the candidate's cell holds the same counts: the fake is deterministic.
+    assert doc["counts"] == json.loads((tmp_path / "same.json").read_text())["counts"]
     with pytest.raises(SystemExit, match="not the same question"):
-        exactness.main([*argv, "--new-tokens", "2", "--out", str(tmp_path / "x.json"), *resume])
+        exactness.main([*argv, "--top-k", "2", "--out", str(tmp_path / "x.json"), *resume])
     # Every PILLAR server starts cold: no round costs from an earlier server of its setup.
-    assert doc["servers"]["pillar:adaptive_steps=off"]["env"] == {"SPARSESPEC_ADAPTIVE_STEPS": "off", "SPARSESPEC_COST_CACHE": "off"}
+    assert doc["servers"]["pillar"]["env"] == {"SPARSESPEC_COST_CACHE": "off"}
     monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "1")  # the candidate's first verify token
     code, doc = run("tilted")
     assert code == 1 and doc["verdict"] == "FAIL"
-    assert [t["p_value"] < doc["bonferroni_threshold"] for t in doc["tests"]] == [False, True, True]
+    assert [t["p_value"] < doc["bonferroni_threshold"] for t in doc["tests"]] == [False, True, True, False, True]
     monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "0")  # token 1: the servers' numerics differ
     code, doc = run("numerics")
     assert code == 1 and doc["verdict"] == "NUMERICS"
+    monkeypatch.delenv("FAKE_SAMPLE_BIAS_AT")
     monkeypatch.setenv("FAKE_NO_TOP_LOGPROBS", "1")  # a reply without them: the whole continuation, logged
-    code, doc = run("no_logprobs")
+    code, doc = run("no_logprobs", "--samples", "200")
     assert doc["contexts"][0]["greedy_lead_nats"] is None and doc["contexts"][0]["tokens"] == len(doc["contexts"][0]["ids"])
     assert "no top-2 logprobs in the greedy reply" in (tmp_path / "no_logprobs.log").read_text()
+
+
+def test_exactness_sees_penalties_and_min_new_tokens(fake_sglang: Path, tiny_tokenizer_dir: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A penalized setting with min_new_tokens on short questions: lengths and repeat counts are tested, the
+    power checks drop the penalties on the reference, and a candidate that ignores them fails."""
+    argv = ["--model", str(tiny_tokenizer_dir), "--prompts", "short", "--contexts", "2", "--samples", "3000",
+            "--new-tokens", "5", "--stop-at-eos", "--frequency-penalty", "0.5", "--presence-penalty", "0.3",
+            "--repetition-penalty", "1.1", "--min-new-tokens", "2"]  # fmt: skip
+    code = exactness.main([*argv, "--out", str(tmp_path / "pen.json")])
+    doc = json.loads((tmp_path / "pen.json").read_text())
+    assert code == 0 and doc["verdict"] == "PASS", doc["tests"]
+    assert [c["source"] for c in doc["contexts"]] == ["short:0", "short:1"] and len(doc["tests"]) == 2 * 7
+    assert list(doc["power"]) == ["hot: token 2", "plain: repeats", "plain: length"]
+    assert all(c["p_value"] < doc["bonferroni_threshold"] for c in doc["power"].values())
+    lengths = {k for k, _ in doc["counts"]["stock | main | context 0"]["lengths"]}
+    assert min(lengths) == 3 and max(lengths) == 5  # no stop token before min_new_tokens, and some stop early
+    assert doc["power"]["plain: length"]["params"]["min_new_tokens"] == 0
+    monkeypatch.setenv("FAKE_PENALTY_BUG", "1")
+    code = exactness.main([*argv, "--out", str(tmp_path / "bug.json")])
+    doc = json.loads((tmp_path / "bug.json").read_text())
+    rejects = {t["statistic"] for t in doc["tests"] if t["p_value"] < doc["bonferroni_threshold"]}
+    assert code == 1 and doc["verdict"] == "FAIL" and {"length", "repeats"} <= rejects and "token 1" not in rejects
+    for bad in (["--min-new-tokens", "2"], ["--reference", "pillar", "--candidate", "stock"], ["--top-k", "0"],
+                ["--top-p", "0"], ["--repetition-penalty", "0"], ["--min-new-tokens", "9", "--stop-at-eos"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            exactness.main(["--model", "m", "--prompts", "short", "--out", str(tmp_path / "x.json"), *bad])
 
 
 def test_lossless_end_to_end(

@@ -102,11 +102,19 @@ class KVOffloader:
         """``id`` of every request whose prefill result SGLang has not processed yet.
 
         Under the overlap scheduler the previous step's batch waits in ``result_queue`` until after
-        this step is planned; its prefilled requests are already merged into the running batch. The
-        chunked request is mid-prefill until its last chunk's result arrives.
+        this step is planned; its prefilled requests are already merged into the running batch.
+        Processing that result runs ``cache_unfinished_req`` on each prefilled row (not on the
+        decoding requests a mixed batch carries, whose results are decode results). The chunked
+        request is mid-prefill until its last chunk's result arrives.
         """
         sched = self.scheduler
-        pending = {id(r) for b, _ in getattr(sched, "result_queue", ()) if b.forward_mode.is_extend() for r in b.reqs}
+        pending: set[int] = set()
+        for b, _ in getattr(sched, "result_queue", ()):
+            # Scheduler.process_batch_result's dispatch: decode first, then prefill.
+            if b.forward_mode.is_decode() or not b.forward_mode.is_extend():
+                continue
+            decoding = {id(r) for r in b.decoding_reqs or ()}
+            pending.update(id(r) for r in b.reqs if id(r) not in decoding)
         if sched.chunked_req is not None:
             pending.add(id(sched.chunked_req))
         return pending

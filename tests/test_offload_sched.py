@@ -141,7 +141,7 @@ def full_pool(w):
     return old, new
 
 
-@pytest.mark.parametrize("in_flight", ["prefill_result_queued", "last_chunk_of_chunked_prefill", "chunked_req"])
+@pytest.mark.parametrize("in_flight", ["prefill_result_queued", "chunked_req", "middle_chunk_in_flight"])
 def test_a_request_whose_prefill_result_is_unprocessed_is_never_parked(in_flight):
     """Overlap scheduler: step N-1's prefill batch is merged into the running batch and step N parks
     before N-1's result is processed; processing it calls RadixCache.cache_unfinished_req on the row.
@@ -150,11 +150,14 @@ def test_a_request_whose_prefill_result_is_unprocessed_is_never_parked(in_flight
 
     w = make_world()
     old, new = full_pool(w)
-    if in_flight == "chunked_req":  # still mid-way through a chunked prefill
+    # Each of SGLang's marks of a prefill in flight on its own (a chunked prefill sets several).
+    if in_flight == "prefill_result_queued":
+        pending = SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=[new], decoding_reqs=None)
+        w.sched.result_queue.append((pending, None))
+    elif in_flight == "chunked_req":  # still mid-way through a chunked prefill
         w.sched.chunked_req = new
     else:
-        w.sched.result_queue.append((SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=[new]), None))
-        new.inflight_middle_chunks = int(in_flight == "last_chunk_of_chunked_prefill")
+        new.inflight_middle_chunks = 1
     batch = Batch([old, new], w.pool, w.allocator)
     w.off.park_if_needed(batch)
     assert batch.reqs == [new] and w.off.ledger.where("old") is Where.PARKED and w.off.ledger.where("new") is None
@@ -166,13 +169,20 @@ def test_a_request_whose_prefill_result_is_unprocessed_is_never_parked(in_flight
     assert len(w.tree.all_values_flatten()) == 12  # the shared prompt and new's 4 private tokens
 
 
-def test_without_a_pending_prefill_the_furthest_request_is_parked(monkeypatch):
-    """Once its prefill result was processed the new request is an ordinary candidate again."""
+@pytest.mark.parametrize("pending", [None, "decode", "mixed"])
+def test_without_a_pending_prefill_the_furthest_request_is_parked(pending):
+    """Once its prefill result was processed the new request is an ordinary candidate again, also
+    while a decode batch, or a mixed batch in which it decodes, waits for its result."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
     w = make_world()
     old, new = full_pool(w)
     process_prefill_result(w, new)  # its prompt is now the tree's: nothing private to park yet
     w.allocator.free(w.others[:3])
     decode(w, new, 3)
+    if pending is not None:
+        mode = ForwardMode.DECODE if pending == "decode" else ForwardMode.MIXED
+        w.sched.result_queue.append((SimpleNamespace(forward_mode=mode, reqs=[old, new], decoding_reqs=[old, new]), None))
     batch = Batch([old, new], w.pool, w.allocator)
     w.off.park_if_needed(batch)
     assert batch.reqs == [old] and w.off.ledger.record("new").tokens == 3

@@ -389,5 +389,6 @@ class KVOffloader:
             "bytes_to_host": st.tokens_to_host * bpt,
             "bytes_to_device": st.tokens_to_device * bpt,
             "host_tokens_free": self.ledger.host_free(),
+            "host_tokens": self.mover.host_pool.size,
             "retraction_fallbacks": self.fallbacks,
         }

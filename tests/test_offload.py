@@ -183,3 +183,12 @@ def test_ranks_retire_restores_only_when_every_ranks_copy_completed():
     assert [p.exitcode for p in procs] == [0, 0]
     got = sorted(out.get(timeout=5) for _ in procs)
     assert [g[1:] for g in got] == [(None, Where.RESTORING, 8)] * 2
+
+
+def test_benchmark_judges_the_pool_at_idle():
+    from benchmarks.offload import leak_free
+
+    clean = {"alive": True, "leak_logged": False, "parked_now": 0, "host_tokens_free": 64, "host_tokens": 64}
+    assert leak_free(clean) and leak_free({"alive": True, "leak_logged": False})  # no offloader: SGLang's check only
+    for bad in ({"alive": False}, {"leak_logged": True}, {"parked_now": 1}, {"host_tokens_free": 60}):
+        assert not leak_free({**clean, **bad}), bad

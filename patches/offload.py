@@ -156,8 +156,20 @@ class KVOffloader:
     def _park(self, batch, i: int) -> None:
         req = batch.reqs[i]
         start, end = req.cache_protected_len, req.kv.kv_allocated_len
-        pool = batch.req_to_token_pool
-        device_slots = pool.req_to_token[req.req_pool_idx, start:end].to(torch.int64)
+        spec_info = None
+        if batch.spec_info is not None:
+            # filter_batch rebinds the draft input's fields, so a shallow copy slices independently.
+            spec_info = copy.copy(batch.spec_info)
+            spec_info.filter_batch(new_indices=torch.tensor([i], device=batch.seq_lens.device), new_indices_cpu=[i])
+        row = _Row(
+            req=req,
+            seq_len=batch.seq_lens[i : i + 1],
+            seq_len_cpu=None if batch.seq_lens_cpu is None else batch.seq_lens_cpu[i : i + 1],
+            orig_seq_len=batch.orig_seq_lens[i : i + 1],
+            spec_info=spec_info,
+        )
+        device_slots = batch.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].to(torch.int64)
+        # The host reservation is the last step that can fail before the park is recorded.
         host_slots = self.ledger.reserve_host(end - start)
         try:
             fence = self.mover.to_host(device_slots, host_slots)
@@ -165,18 +177,7 @@ class KVOffloader:
             self.ledger.host.free(host_slots)  # nothing was recorded: the reservation goes back
             raise
         self.ledger.park(req.rid, start, end, device_slots, host_slots, fence)
-        spec_info = None
-        if batch.spec_info is not None:
-            # filter_batch rebinds the draft input's fields, so a shallow copy slices independently.
-            spec_info = copy.copy(batch.spec_info)
-            spec_info.filter_batch(new_indices=torch.tensor([i], device=batch.seq_lens.device), new_indices_cpu=[i])
-        self.rows[req.rid] = _Row(
-            req=req,
-            seq_len=batch.seq_lens[i : i + 1],
-            seq_len_cpu=None if batch.seq_lens_cpu is None else batch.seq_lens_cpu[i : i + 1],
-            orig_seq_len=batch.orig_seq_lens[i : i + 1],
-            spec_info=spec_info,
-        )
+        self.rows[req.rid] = row
 
     def _free_device(self, slots) -> None:
         if slots is not None and len(slots):

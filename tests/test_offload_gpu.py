@@ -146,16 +146,25 @@ def shared_prompts() -> list[list[int]]:
     return prompts
 
 
+CHUNKED = ("--chunked-prefill-size", str(CHUNK))
+
+
+@pytest.fixture(scope="module")
+def shared_reference(shared_prompts, tmp_path_factory) -> list:
+    """An unpressured stock server's outputs, radix cache on, same chunking and arrivals."""
+    log = tmp_path_factory.mktemp("shared_ref") / "ref.log"
+    return _serve("stock", CHUNKED, True, {}, log, shared_prompts, top2=True, concurrency=SHARED_CONCURRENCY)[0]
+
+
 @pytest.mark.parametrize("config", ["stock", "pillar-k4"])
-def test_radix_shared_prefixes_and_chunked_prefill_under_parking(config, shared_prompts, tmp_path):
+def test_radix_shared_prefixes_and_chunked_prefill_under_parking(config, shared_prompts, shared_reference, tmp_path):
     from benchmarks.lossless import compare_outputs
 
-    chunked = ("--chunked-prefill-size", str(CHUNK))
-    ref = _serve("stock", chunked, True, {}, tmp_path / "ref.log", shared_prompts, top2=True,
-                 concurrency=SHARED_CONCURRENCY)[0]  # fmt: skip
-    # Half of what the requests in flight at once would hold (the shared prefix counted once).
-    longest = sorted((len(p) for p in shared_prompts), reverse=True)[:SHARED_CONCURRENCY]
-    pool = (sum(longest) + SHARED_CONCURRENCY * MAX_NEW) // 2
+    chunked, ref = CHUNKED, shared_reference
+    # Half of what the requests in flight at once hold at their longest (the shared prefix counted once).
+    shared = len(os.path.commonprefix(shared_prompts))
+    longest = sorted((len(p) - shared for p in shared_prompts), reverse=True)[:SHARED_CONCURRENCY]
+    pool = (shared + sum(longest) + SHARED_CONCURRENCY * MAX_NEW) // 2
     env = {"SPARSESPEC_OFFLOAD_HOST_GB": "4"}
     outs, state, log = _serve(config, (*chunked, "--max-total-tokens", str(pool)), True, env, tmp_path / "offload.log",
                               shared_prompts, concurrency=SHARED_CONCURRENCY)  # fmt: skip

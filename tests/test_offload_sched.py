@@ -278,29 +278,36 @@ def _on_ranks(fns):
     return out
 
 
-def test_tp_ranks_decide_from_the_same_ledger_when_one_ranks_copy_is_late():
-    """Rank 0's restore copy completes before rank 1's: the restore retires on neither rank until it
-    completed on both, so free host slots, admission slack and park candidates agree."""
-    group = MinGroup(2)
-    worlds = [make_world(group.member(r)) for r in range(2)]
+def _ranks_with_a_late_restore_copy(group: MinGroup | None):
+    """Two ranks that parked and then restored 'old'; rank 0's copy has completed, rank 1's has not."""
+    worlds = [make_world(None if group is None else group.member(r)) for r in range(2)]
     for w in worlds:
         old, new = full_pool(w)
         process_prefill_result(w, new)
         w.off.park_if_needed(Batch([old, new], w.pool, w.allocator))  # 'old' parked on both ranks
         finish(w, new)
-    running = _on_ranks([lambda w=w: w.off.before_schedule(Batch([], w.pool, w.allocator)) for w in worlds])
+    running = [w.off.before_schedule(Batch([], w.pool, w.allocator)) for w in worlds]  # no copy pending: no collective
     assert [[r.rid for r in b.reqs] for b in running] == [["old"], ["old"]]
     assert all(w.off.ledger.where("old") is Where.RESTORING for w in worlds)
-    worlds[0].mover.fences[-1].complete()  # rank 0's copy is done, rank 1's is not
+    worlds[0].mover.fences[-1].complete()
+    return worlds, running
 
-    def decisions(w, batch):
-        w.off.before_schedule(batch)
-        return w.off.ledger.where("old"), w.off.ledger.host_free(), w.off.admission_slack(3)
 
-    first = _on_ranks([lambda w=w, b=b: decisions(w, b) for w, b in zip(worlds, running)])
+def _decisions(w, batch):
+    w.off.before_schedule(batch)
+    return w.off.ledger.where("old"), w.off.ledger.host_free(), w.off.admission_slack(3)
+
+
+def test_tp_ranks_decide_from_the_same_ledger_when_one_ranks_copy_is_late():
+    """The restore retires on neither rank until its copy completed on both, so park candidates, free
+    host slots and admission slack agree (each rank alone would read 64 against 45 free host slots)."""
+    alone = [_decisions(w, b) for w, b in zip(*_ranks_with_a_late_restore_copy(None))]
+    assert alone[0] != alone[1]  # the divergence the agreement removes
+    worlds, running = _ranks_with_a_late_restore_copy(MinGroup(2))
+    first = _on_ranks([lambda w=w, b=b: _decisions(w, b) for w, b in zip(worlds, running)])
     assert first[0] == first[1] == (Where.RESTORING, 45, 45 - 3)
     worlds[1].mover.fences[-1].complete()
-    second = _on_ranks([lambda w=w, b=b: decisions(w, b) for w, b in zip(worlds, running)])
+    second = _on_ranks([lambda w=w, b=b: _decisions(w, b) for w, b in zip(worlds, running)])
     assert second[0] == second[1] == (None, 64, 64 - 3)
 
 

@@ -13,7 +13,7 @@ above 36,000, so they alone exceed the pool: at least one of them is parked and 
 the abort timing.
 
 The radix-cache case with shared prefixes and chunked prefill: requests that share a long system
-prompt (a prefix cache hit for all but the first), every prompt prefilled in 256-token chunks, sent
+prompt (a prefix cache hit for all but the first), long prompts prefilled in 256-token chunks, sent
 16 at a time so new prefills keep joining a running batch that is being parked. Judged against an
 unpressured stock server with the same flags and arrival pattern.
 """
@@ -132,8 +132,9 @@ SHARED_N, SHARED_CONCURRENCY, CHUNK = 48, 16, 256
 
 @pytest.fixture(scope="module")
 def shared_prompts() -> list[list[int]]:
-    """One ~700-token system prompt shared by every request, then a private question; every fourth
-    question is long (~400 tokens). Every prompt is longer than a chunk."""
+    """One ~700-token system prompt shared by every request (longer than a chunk, so the first request
+    is prefilled in chunks), then a private question; every fourth question is long (~400 tokens), so
+    its private part is prefilled in chunks after the prefix hit."""
     from benchmarks.workload import load_tokenizer
 
     tok = load_tokenizer(MODEL)
@@ -142,7 +143,8 @@ def shared_prompts() -> list[list[int]]:
     prompts = []
     for i in range(SHARED_N):
         question = tok.encode(f" Question {i}: tell a long story about the number {i * 37 % 101}.")
-        prompts.append(system + question * (20 if i % 4 == 0 else 1))
+        prompts.append(system + question * (30 if i % 4 == 0 else 1))
+    assert len(prompts[0]) - len(system) > CHUNK
     return prompts
 
 

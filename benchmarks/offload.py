@@ -48,6 +48,8 @@ from benchmarks.throughput import PROVENANCE_KEYS
 from benchmarks.workload import build_prompts, load_tokenizer
 
 RETRACT_LINE = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
+LEAK_LINE = "memory leak detected"  # SGLang's idle invariant check (it stops the scheduler when strict)
+IDLE_SETTLE_S = 5.0  # the scheduler goes idle and runs that check
 RUN_NAMES = ("reference", "stock", "stock_hicache", "stock_offload", "pillar_offload")
 # Settings that change what a run measures; a run is resumed only when all of them match.
 WORKLOAD_SETTINGS = ("num_prompts", "max_new_tokens", "num_steps", "oversubscription", "host_gb", "radix_cache")
@@ -147,12 +149,36 @@ def one_run(name, config, extra, env, prompts, args, log: RunLog) -> dict[str, A
         rec.update(wall_s=round(wall, 2), output_tokens=tokens, output_tok_s=round(tokens / wall, 1),
                    completed=sum(o.finish_reason == "length" for o in rec["outputs"]),
                    offload=state.get("offload"), max_total_num_tokens=info.get("max_total_num_tokens"))  # fmt: skip
+        rec["idle"] = idle_check(server)
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    rec["idle"]["leak_logged"] = LEAK_LINE in text
+    rec["leak_free_at_idle"] = leak_free(rec["idle"])
     rec["retractions"] = sum(int(n) for n in RETRACT_LINE.findall(text))
     rec["offload_fallback_logged"] = "no request can be parked" in text
     log.line(f"{name}: {rec['output_tok_s']} tok/s, {rec['completed']}/{len(prompts)} complete, "
-             f"{rec['retractions']} retracted, offload {rec['offload']}")  # fmt: skip
+             f"{rec['retractions']} retracted, leak-free at idle {rec['leak_free_at_idle']}, offload {rec['offload']}")  # fmt: skip
     return rec
+
+
+def idle_check(server: Server) -> dict[str, Any]:
+    """The server after its requests: SGLang's idle check (which stops the scheduler on a leaked slot)
+    has run, and the offload pool holds nothing (no parked request, every host slot free)."""
+    time.sleep(IDLE_SETTLE_S)
+    try:
+        server.check_alive()
+        state = scheduler_state(http_json(server.base_url + "/server_info", timeout=30))
+    except (ServerError, OSError, ValueError) as e:
+        return {"alive": False, "error": f"{type(e).__name__}: {e}"}
+    off = state.get("offload") or {}
+    return {"alive": True, "parked_now": off.get("parked_now"), "host_tokens_free": off.get("host_tokens_free"),
+            "host_tokens": off.get("host_tokens")}  # fmt: skip
+
+
+def leak_free(idle: dict[str, Any]) -> bool:
+    """Alive, no leak logged, and (with an offloader) nothing parked and the whole host budget free."""
+    if not idle.get("alive") or idle.get("leak_logged"):
+        return False
+    return idle.get("parked_now") in (None, 0) and idle.get("host_tokens_free") == idle.get("host_tokens")
 
 
 def summarize(doc: dict[str, Any]) -> None:
@@ -170,6 +196,7 @@ def summarize(doc: dict[str, Any]) -> None:
         completed=main_run.get("completed"),
         oversubscription=round(doc["demand_tokens"] / pool_seen, 3),
         retractions=main_run.get("retractions"),
+        leak_free_at_idle=main_run.get("leak_free_at_idle"),
         outputs_identical=main_run.get("outputs_identical"),
         bytes_to_host=moved.get("bytes_to_host"),
         bytes_to_device=moved.get("bytes_to_device"),
@@ -193,6 +220,8 @@ def failures(doc: dict[str, Any], names: list[str]) -> list[str]:
                 bad.append(f"{name}: {r.get('retractions')} retracted, {r.get('completed')} complete")
             if r.get("outputs_identical") is not True:
                 bad.append(f"{name}: outputs_identical {r.get('outputs_identical')}")
+            if r.get("leak_free_at_idle") is not True:
+                bad.append(f"{name}: not leak-free at idle: {r.get('idle')}")
     return bad
 
 
@@ -264,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     summarize(doc)
     write_json(args.out, doc)
     log.line(
-        f"ratio_vs_stock {doc['ratio_vs_stock']}, retractions {doc['retractions']}, identical {doc['outputs_identical']}"
+        f"ratio_vs_stock {doc['ratio_vs_stock']}, retractions {doc['retractions']}, identical {doc['outputs_identical']}, "
+        f"leak-free at idle {doc['leak_free_at_idle']}"
     )
     bad = failures(doc, selected)
     for line in bad:

@@ -230,6 +230,20 @@ HOOKS: tuple[Hook, ...] = (
         "parked requests are in neither the waiting queue nor the running batch that abort searches",
     ),
     Hook(
+        "sglang.srt.managers.scheduler.Scheduler.is_fully_idle",
+        "AFTER",
+        offload_hooks.parked_requests_are_work,
+        "parked requests are in neither the running batch nor the waiting queue: without this the "
+        "scheduler counts as idle, flush_cache clears the pools under them and the leak check fires",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.pause_generation",
+        "AFTER",
+        offload_hooks.retract_parked_on_pause,
+        "a retract-mode pause (before a weight update) retracts the running batch only; parked "
+        "requests are retracted too, so no KV of the old weights survives on host",
+    ),
+    Hook(
         "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
         "AFTER",
         offload_hooks.add_offload_state,

@@ -17,6 +17,13 @@ step N-1 may still run; the copy waits for the forward stream and covers every a
 it includes what N-1 writes, and N-1's result is then processed for the parked request as usual
 (tokens appended, or finished: ``release_kv_cache`` is hooked). Restores, aborts and finishes of
 parked requests are handled at the top of the next ``get_next_batch_to_run``, after N-1's result.
+A request whose prefill result is still unprocessed (it joined the batch from step N-1's prefill, or
+it is mid-way through a chunked prefill) is never parked: processing that result hands the
+request's row to ``RadixCache.cache_unfinished_req``, which would insert the slots parking freed
+into the tree.
+
+Parked requests are work: the scheduler is not idle while any exists (no flush, no idle leak
+check), and a pause that retracts the running requests retracts the parked ones too.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any
 
 import torch
 
-from sglang_sparsespec.offload import Candidate, OffloadLedger, Where, choose_victims
+from sglang_sparsespec.offload import Agree, Candidate, OffloadLedger, Where, choose_victims
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +68,7 @@ def parkable(req) -> bool:
         and req.multimodal_inputs is None
         and not req.return_hidden_states
         and getattr(req, "mamba_pool_idx", None) is None
+        and req.inflight_middle_chunks <= 0  # a chunked prefill in flight
         # Penalizers accumulate output counts in the batch's orchestrator, which a restore rebuilds.
         and sp.frequency_penalty == 0.0
         and sp.presence_penalty == 0.0
@@ -72,10 +80,10 @@ def parkable(req) -> bool:
 class KVOffloader:
     """Parks and restores requests of one scheduler. ``mover`` is a ``CudaKVMover`` (or a CPU double)."""
 
-    def __init__(self, scheduler, mover, decode_reserve: int) -> None:
+    def __init__(self, scheduler, mover, decode_reserve: int, agree: Agree | None = None) -> None:
         self.scheduler = scheduler
         self.mover = mover
-        self.ledger = OffloadLedger(mover.host_pool)
+        self.ledger = OffloadLedger(mover.host_pool, agree)  # agree: MIN over the TP ranks (tp_agree)
         self.decode_reserve = decode_reserve  # tokens a request may allocate for its next round
         self.rows: dict[str, _Row] = {}
         self.fallbacks = 0  # decode rounds that SGLang's retraction had to serve
@@ -85,6 +93,32 @@ class KVOffloader:
     def has_parked(self) -> bool:
         return bool(self.rows)
 
+    @property
+    def busy(self) -> bool:
+        """Requests parked, or copies of restored requests still in flight: the scheduler is not idle."""
+        return bool(self.rows) or len(self.ledger) > 0
+
+    def _prefill_pending(self) -> set[int]:
+        """``id`` of every request whose prefill result SGLang has not processed yet.
+
+        Under the overlap scheduler the previous step's batch waits in ``result_queue`` until after
+        this step is planned; its prefilled requests are already merged into the running batch.
+        Processing that result runs ``cache_unfinished_req`` on each prefilled row (not on the
+        decoding requests a mixed batch carries, whose results are decode results). The chunked
+        request is mid-prefill until its last chunk's result arrives.
+        """
+        sched = self.scheduler
+        pending: set[int] = set()
+        for b, _ in getattr(sched, "result_queue", ()):
+            # Scheduler.process_batch_result's dispatch: decode first, then prefill.
+            if b.forward_mode.is_decode() or not b.forward_mode.is_extend():
+                continue
+            decoding = {id(r) for r in b.decoding_reqs or ()}
+            pending.update(id(r) for r in b.reqs if id(r) not in decoding)
+        if sched.chunked_req is not None:
+            pending.add(id(sched.chunked_req))
+        return pending
+
     # -- step N: the batch does not fit -> park ------------------------------------------------
     def park_if_needed(self, batch) -> None:
         batch.filter_batch()
@@ -92,49 +126,58 @@ class KVOffloader:
             return
         allocator = batch.token_to_kv_pool_allocator
         short = batch.new_tokens_required_next_decode() - allocator.available_size()
+        pending = self._prefill_pending()
         # Batch position is admission order: prefills and restores are merged at the end.
         cands = [
             Candidate(req.rid, req.kv.kv_allocated_len - req.cache_protected_len,
                       req.sampling_params.max_new_tokens - len(req.output_ids), i)
             for i, req in enumerate(batch.reqs)
-            if parkable(req) and self.ledger.where(req.rid) is None
+            if parkable(req) and id(req) not in pending and self.ledger.where(req.rid) is None
         ]  # fmt: skip
         victims = choose_victims(cands, short, self.ledger.host_free(), len(batch.reqs) - 1)
         if not victims:
             self._fallback(short)
             return
         index = {req.rid: i for i, req in enumerate(batch.reqs)}
-        chosen = [index[v.rid] for v in victims]
-        for i in chosen:
-            self._park(batch, i)
-        batch.filter_batch(keep_indices=[i for i in range(len(batch.reqs)) if i not in set(chosen)])
-        # This round needs the memory now: wait for these copies (each ordered after the in-flight
-        # forward), then free the slots. SGLang's retraction covers any remaining shortfall.
-        for v in victims:
-            self._free_device(self.ledger.settle(v.rid))
+        parked: list[int] = []
+        try:
+            for v in victims:
+                self._park(batch, index[v.rid])
+                parked.append(index[v.rid])
+        finally:  # a failed copy leaves the requests parked so far consistent (out of the batch, freed)
+            batch.filter_batch(keep_indices=[i for i in range(len(batch.reqs)) if i not in set(parked)])
+            # This round needs the memory now: wait for these copies (each ordered after the in-flight
+            # forward), then free the slots. SGLang's retraction covers any remaining shortfall.
+            for v in victims[: len(parked)]:
+                self._free_device(self.ledger.settle(v.rid))
         if not batch.check_decode_mem():
             self._fallback(batch.new_tokens_required_next_decode() - allocator.available_size())
 
     def _park(self, batch, i: int) -> None:
         req = batch.reqs[i]
         start, end = req.cache_protected_len, req.kv.kv_allocated_len
-        pool = batch.req_to_token_pool
-        device_slots = pool.req_to_token[req.req_pool_idx, start:end].to(torch.int64)
-        host_slots = self.ledger.reserve_host(end - start)
-        fence = self.mover.to_host(device_slots, host_slots)
-        self.ledger.park(req.rid, start, end, device_slots, host_slots, fence)
         spec_info = None
         if batch.spec_info is not None:
             # filter_batch rebinds the draft input's fields, so a shallow copy slices independently.
             spec_info = copy.copy(batch.spec_info)
             spec_info.filter_batch(new_indices=torch.tensor([i], device=batch.seq_lens.device), new_indices_cpu=[i])
-        self.rows[req.rid] = _Row(
+        row = _Row(
             req=req,
             seq_len=batch.seq_lens[i : i + 1],
             seq_len_cpu=None if batch.seq_lens_cpu is None else batch.seq_lens_cpu[i : i + 1],
             orig_seq_len=batch.orig_seq_lens[i : i + 1],
             spec_info=spec_info,
         )
+        device_slots = batch.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].to(torch.int64)
+        # The host reservation is the last step that can fail before the park is recorded.
+        host_slots = self.ledger.reserve_host(end - start)
+        try:
+            fence = self.mover.to_host(device_slots, host_slots)
+        except BaseException:
+            self.ledger.host.free(host_slots)  # nothing was recorded: the reservation goes back
+            raise
+        self.ledger.park(req.rid, start, end, device_slots, host_slots, fence)
+        self.rows[req.rid] = row
 
     def _free_device(self, slots) -> None:
         if slots is not None and len(slots):
@@ -196,7 +239,11 @@ class KVOffloader:
                 break
             row = self.rows[rec.rid]
             slots = allocator.alloc(rec.tokens)
-            fence = self.mover.to_device(rec.host, slots)
+            try:
+                fence = self.mover.to_device(rec.host, slots)
+            except BaseException:
+                allocator.free(slots)  # the request stays parked on host; the slots go back
+                raise
             sched.req_to_token_pool.write((row.req.req_pool_idx, slice(rec.start, rec.end)), slots.to(torch.int32))
             self.ledger.begin_restore(rec.rid, fence)
             restored.append(self.rows.pop(rec.rid))
@@ -304,6 +351,28 @@ class KVOffloader:
         finally:
             req.kv_committed_len = committed
 
+    def retract_parked(self) -> None:
+        """``pause_generation(retract)``: retract the parked requests as SGLang retracted the running ones.
+
+        A retract-mode pause precedes a weight update: no KV computed with the old weights may
+        survive it. Each parked request is released through the hooked ``release_kv_cache`` (its
+        pending copy waited for, host slots freed, the locked prefix unlocked, the row freed), reset
+        and queued again, to be prefilled anew after the pause.
+        """
+        from sglang.srt.managers.schedule_batch import retract_all
+
+        sched = self.scheduler
+        reqs = [row.req for row in self.rows.values()]
+        if not reqs:
+            return
+        retract_all(
+            reqs=reqs, server_args=sched.server_args, req_to_token_pool=sched.req_to_token_pool,
+            token_to_kv_pool_allocator=sched.token_to_kv_pool_allocator, tree_cache=sched.tree_cache,
+            hisparse_coordinator=getattr(sched, "hisparse_coordinator", None), offload_kv=False,
+        )  # fmt: skip
+        for req in reqs:
+            sched._add_request_to_queue(req)
+
     def mark_aborts(self, recv_req) -> None:
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
@@ -321,5 +390,6 @@ class KVOffloader:
             "bytes_to_host": st.tokens_to_host * bpt,
             "bytes_to_device": st.tokens_to_device * bpt,
             "host_tokens_free": self.ledger.host_free(),
+            "host_tokens": self.mover.host_pool.size,
             "retraction_fallbacks": self.fallbacks,
         }

@@ -10,6 +10,7 @@ from sglang_sparsespec.config import offload_host_gb
 
 from . import offload
 from .offload_kv import CudaKVMover, offload_refusal
+from .tp_agree import min_over_tp_group
 
 
 def validate_offload_flag(result, server_args, *args, **kwargs):
@@ -31,7 +32,9 @@ def create_offloader(result, scheduler, *args, **kwargs):
         allocator = scheduler.tp_worker.model_runner.token_to_kv_pool_allocator
         mover = CudaKVMover(allocator.get_kvcache(), gb, lambda: getattr(scheduler, "forward_stream", None))
         reserve = 1 if scheduler.spec_algorithm.is_none() else get_alloc_reserve_per_decode()
-        scheduler.pillar_offload = offload._ACTIVE = offload.KVOffloader(scheduler, mover, reserve)
+        # Copies advance as far as every TP rank's did, so every rank decides from the same ledger.
+        off = offload.KVOffloader(scheduler, mover, reserve, agree=min_over_tp_group())
+        scheduler.pillar_offload = offload._ACTIVE = off
     return result
 
 
@@ -83,6 +86,22 @@ def mark_parked_aborts(result, scheduler, recv_req, *args, **kwargs):
     off = _offloader(scheduler)
     if off is not None:
         off.mark_aborts(recv_req)
+    return result
+
+
+def parked_requests_are_work(result, scheduler, *args, **kwargs):
+    """``Scheduler.is_fully_idle``: not idle while a request is parked or a restore's copy is in flight,
+    so no flush clears the pools under them and the idle leak check does not count their slots."""
+    off = _offloader(scheduler)
+    if off is not None and off.busy:
+        return False
+    return result
+
+
+def retract_parked_on_pause(result, scheduler, recv_req, *args, **kwargs):
+    off = _offloader(scheduler)
+    if off is not None and recv_req.mode == "retract":
+        off.retract_parked()
     return result
 
 

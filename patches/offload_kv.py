@@ -22,6 +22,9 @@ def offload_refusal(server_args) -> str | None:
         (server_args.enable_hierarchical_cache, "--enable-hierarchical-cache (HiCache owns the host KV pool)"),
         (server_args.enable_dp_attention, "--enable-dp-attention"),
         (server_args.pp_size > 1, "--pp-size > 1"),
+        # The ranks' ledgers agree (a MIN all-reduce of completed copies, tp_agree.min_over_tp_group),
+        # but parking under tensor parallelism has not been measured on several GPUs yet.
+        (server_args.tp_size > 1, "--tp-size > 1 (refused until measured on several GPUs)"),
         (server_args.disaggregation_mode != "null", "--disaggregation-mode (PD has its own KV offload)"),
     )
     reasons = [why for bad, why in checks if bad]

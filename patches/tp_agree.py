@@ -7,6 +7,12 @@ draft count and its dense-drafting requests from round costs each rank measures 
 numbers of forwards and the next all-reduce would hang. Rank 0's choice is broadcast over SGLang's
 CPU group of the TP ranks instead, once per round (not per draft step) and only with N > 1, as
 SGLang's scheduler broadcasts each iteration's requests from rank 0 over the same group.
+``agree`` hands every rank exactly what rank 0 chose, ``None`` or a list, so the worker can tell
+a round that ran as chosen from one that did not on every rank alike.
+
+``min_over_tp_group`` serves the offload ledger: the element-wise minimum of per-rank counts of
+completed copies over the same CPU group, so every rank advances its copies equally far (SGLang's
+HiCache all-reduces its completion counts with MIN for the same reason).
 """
 
 from __future__ import annotations
@@ -15,19 +21,33 @@ from collections.abc import Callable
 
 import torch
 
+from sglang_sparsespec.offload.agree import min_all_reduce
+
 
 def encode_round(steps: int, dense: list[bool] | None, bs: int) -> torch.Tensor:
-    """[1 + bs] int32: the draft count, then 1 per dense-drafting request (all 0 for None)."""
-    msg = torch.zeros(1 + bs, dtype=torch.int32)
+    """[2 + bs] int32: the draft count, 1 when a dense list is given, then 1 per dense-drafting request."""
+    msg = torch.zeros(2 + bs, dtype=torch.int32)
     msg[0] = steps
     if dense is not None:
-        msg[1:] = torch.tensor(dense, dtype=torch.int32)
+        msg[1] = 1
+        msg[2:] = torch.tensor(dense, dtype=torch.int32)
     return msg
 
 
 def decode_round(msg: torch.Tensor) -> tuple[int, list[bool] | None]:
-    dense = [bool(x) for x in msg[1:].tolist()]
-    return int(msg[0]), (dense if any(dense) else None)
+    """The (steps, dense) that ``encode_round`` encoded, ``None`` and all-False lists kept apart."""
+    dense = [bool(x) for x in msg[2:].tolist()] if int(msg[1]) else None
+    return int(msg[0]), dense
+
+
+def min_over_tp_group() -> Callable[[list[int]], list[int]] | None:
+    """Element-wise MIN of int lists over the TP ranks' CPU group; None with one rank."""
+    from sglang.srt.distributed import get_tp_group
+
+    group = get_tp_group()
+    if group.world_size == 1:
+        return None
+    return lambda counts: min_all_reduce(counts, group.cpu_group)
 
 
 class RoundAgreement:

@@ -727,8 +727,9 @@ def test_throughput_end_to_end(
 
 
 def test_offload_runs_split_over_commands_with_resume(
-    fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path
+    fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(offload, "IDLE_SETTLE_S", 0.0)  # the fake server has no idle check to wait for
     out = tmp_path / "res" / "offload_x.json"
     argv = ["--model", str(tiny_tokenizer_dir), "--data-dir", str(data_dir), "--out", str(out), "--num-prompts", "4",
             "--max-new-tokens", "20", "--host-gb", "1"]  # fmt: skip
@@ -750,6 +751,7 @@ def test_offload_runs_split_over_commands_with_resume(
     assert doc["runs"]["stock"]["measured"]["run_id"] == first["meta"]["run_id"]
     pillar = doc["runs"]["pillar_offload"]
     assert "measured" not in pillar and pillar["outputs_identical"] is True
+    assert pillar["leak_free_at_idle"] is True and pillar["idle"]["alive"] and doc["leak_free_at_idle"] is True
     assert doc["ratio_vs_stock"] is not None and offload.reference_path(out2).is_file()
     assert not (out2.parent / f"{out2.stem}_stock.server.log").exists()  # kept: not run again
     # Other workload settings: nothing is resumed.

@@ -141,3 +141,54 @@ def test_offload_flag_parsing():
         with pytest.raises(ValueError, match="OFFLOAD_HOST_GB") as err:
             offload_host_gb({"SPARSESPEC_OFFLOAD_HOST_GB": bad})
         assert "\n" not in str(err.value)
+
+
+# -- tensor parallelism: the ledgers of two ranks over a real gloo group ---------------------------
+def _rank_polls(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    from sglang_sparsespec.offload.agree import min_all_reduce
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        ledger = OffloadLedger(HostSlots(10), agree=lambda counts: min_all_reduce(counts, dist.group.WORLD))
+        for rid in "ab":
+            ledger.park(rid, 0, 2, rid, ledger.reserve_host(2), Fence())
+            ledger.settle(rid)
+            ledger.begin_restore(rid, Fence())
+        # Rank 0's copies of both restores completed; rank 1's only of the first.
+        ledger.record("a").fence.done = True
+        ledger.record("b").fence.done = rank == 0
+        ledger.poll()
+        out.put((rank, ledger.where("a"), ledger.where("b"), ledger.host_free()))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_retire_restores_only_when_every_ranks_copy_completed():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_polls, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    got = sorted(out.get(timeout=5) for _ in procs)
+    assert [g[1:] for g in got] == [(None, Where.RESTORING, 8)] * 2
+
+
+def test_benchmark_judges_the_pool_at_idle():
+    from benchmarks.offload import leak_free
+
+    clean = {"alive": True, "leak_logged": False, "parked_now": 0, "host_tokens_free": 64, "host_tokens": 64}
+    assert leak_free(clean) and leak_free({"alive": True, "leak_logged": False})  # no offloader: SGLang's check only
+    for bad in ({"alive": False}, {"leak_logged": True}, {"parked_now": 1}, {"host_tokens_free": 60}):
+        assert not leak_free({**clean, **bad}), bad

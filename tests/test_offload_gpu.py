@@ -11,6 +11,11 @@ parametrisation; without it SGLang queues ignore_eos requests (radix off) and no
 The pool is half of (short demand + 36,000 aborted tokens) and the 24 short requests' demand is
 above 36,000, so they alone exceed the pool: at least one of them is parked and restored whatever
 the abort timing.
+
+The radix-cache case with shared prefixes and chunked prefill: requests that share a long system
+prompt (a prefix cache hit for all but the first), long prompts prefilled in 256-token chunks, sent
+16 at a time so new prefills keep joining a running batch that is being parked. Judged against an
+unpressured stock server with the same flags and arrival pattern.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ pytestmark = pytest.mark.skipif(
 N, MAX_NEW, ABORTED = 24, 1500, 6
 
 
-def _serve(config, extra, radix, env, log, prompts, abort_rids=(), top2=False):
+def _serve(config, extra, radix, env, log, prompts, abort_rids=(), top2=False, concurrency=None):
     from benchmarks.client import generate_all
     from benchmarks.configs import resolve_config
     from benchmarks.server import Server, http_json, scheduler_state
@@ -60,7 +65,7 @@ def _serve(config, extra, radix, env, log, prompts, abort_rids=(), top2=False):
         for t in threads:
             t.start()
         sampling = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
-        outs = generate_all(server, prompts, sampling, concurrency=len(prompts), timeout_s=1800, top2=top2)
+        outs = generate_all(server, prompts, sampling, concurrency=concurrency or len(prompts), timeout_s=1800, top2=top2)
         stop.set()
         for t in threads:
             t.join(timeout=120)
@@ -117,6 +122,58 @@ def test_no_corruption_under_2x_oversubscription_with_aborts(config, radix, prom
     assert state["offload"]["parks"] > 0 and state["offload"]["restores"] > 0, state.get("offload")
     assert state["offload"]["parked_now"] == 0
     # Corrupted KV diverges where stock was sure; batch-shape rounding only where it was at a near tie.
+    ident = compare_outputs(ref, outs, early=MAX_NEW)
+    bad = [r for r in ident["requests"] if not r["identical"] and not r.get("near_tie")]
+    assert not bad, bad[:3]
+
+
+SHARED_N, SHARED_CONCURRENCY, CHUNK = 48, 16, 256
+
+
+@pytest.fixture(scope="module")
+def shared_prompts() -> list[list[int]]:
+    """One ~700-token system prompt shared by every request (longer than a chunk, so the first request
+    is prefilled in chunks), then a private question; every fourth question is long (~400 tokens), so
+    its private part is prefilled in chunks after the prefix hit."""
+    from benchmarks.workload import load_tokenizer
+
+    tok = load_tokenizer(MODEL)
+    system = tok.encode(" ".join(f"Rule {i}: answer questions about the number {i} at length and with care." for i in range(48)))
+    assert len(system) > CHUNK
+    prompts = []
+    for i in range(SHARED_N):
+        question = tok.encode(f" Question {i}: tell a long story about the number {i * 37 % 101}.")
+        prompts.append(system + question * (30 if i % 4 == 0 else 1))
+    assert len(prompts[0]) - len(system) > CHUNK
+    return prompts
+
+
+CHUNKED = ("--chunked-prefill-size", str(CHUNK))
+
+
+@pytest.fixture(scope="module")
+def shared_reference(shared_prompts, tmp_path_factory) -> list:
+    """An unpressured stock server's outputs, radix cache on, same chunking and arrivals."""
+    log = tmp_path_factory.mktemp("shared_ref") / "ref.log"
+    return _serve("stock", CHUNKED, True, {}, log, shared_prompts, top2=True, concurrency=SHARED_CONCURRENCY)[0]
+
+
+@pytest.mark.parametrize("config", ["stock", "pillar-k4"])
+def test_radix_shared_prefixes_and_chunked_prefill_under_parking(config, shared_prompts, shared_reference, tmp_path):
+    from benchmarks.lossless import compare_outputs
+
+    chunked, ref = CHUNKED, shared_reference
+    # Half of what the requests in flight at once hold at their longest (the shared prefix counted once).
+    shared = len(os.path.commonprefix(shared_prompts))
+    longest = sorted((len(p) - shared for p in shared_prompts), reverse=True)[:SHARED_CONCURRENCY]
+    pool = (shared + sum(longest) + SHARED_CONCURRENCY * MAX_NEW) // 2
+    env = {"SPARSESPEC_OFFLOAD_HOST_GB": "4"}
+    outs, state, log = _serve(config, (*chunked, "--max-total-tokens", str(pool)), True, env, tmp_path / "offload.log",
+                              shared_prompts, concurrency=SHARED_CONCURRENCY)  # fmt: skip
+    assert "Retract requests" not in log
+    assert state["offload"]["parks"] > 0 and state["offload"]["restores"] > 0, state.get("offload")
+    assert state["offload"]["parked_now"] == 0  # and nothing leaked on host at idle:
+    assert state["offload"]["host_tokens_free"] == state["offload"]["host_tokens"]
     ident = compare_outputs(ref, outs, early=MAX_NEW)
     bad = [r for r in ident["requests"] if not r["identical"] and not r.get("near_tie")]
     assert not bad, bad[:3]

@@ -37,6 +37,7 @@ def test_flag_validated_at_launch_for_stock_and_pillar(llama_config_dir, monkeyp
     for overrides, message in (
         ({"page_size": 16}, "--page-size"),
         ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache"),
+        ({"tp_size": 2}, "--tp-size > 1 (refused until measured on several GPUs)"),
     ):
         with pytest.raises(ValueError, match="--pillar-offload-host-gb does not support") as err:
             _args(llama_config_dir, **overrides)
@@ -120,7 +121,7 @@ def _req(rid, idx, length, protected, remaining):
         rid=rid, req_pool_idx=idx, cache_protected_len=protected, kv=SimpleNamespace(kv_allocated_len=length),
         kv_committed_len=length, sampling_params=sp, output_ids=[], to_finish=None, finished_reason=None,
         grammar=None, custom_logit_processor=None, multimodal_inputs=None, return_hidden_states=False,
-        finished=lambda: False,
+        inflight_middle_chunks=0, finished=lambda: False,
     )  # fmt: skip
 
 
@@ -136,7 +137,7 @@ def world(monkeypatch):
         pool.req_to_token[r.req_pool_idx, : len(slots)] = slots.to(torch.int32)
         mover.kv[slots] = (100 * r.req_pool_idx + torch.arange(len(slots))).float()[:, None].expand(-1, H)
     released = []
-    sched = SimpleNamespace(token_to_kv_pool_allocator=allocator, req_to_token_pool=pool, tree_cache="tree",
+    sched = SimpleNamespace(token_to_kv_pool_allocator=allocator, req_to_token_pool=pool, tree_cache="tree", chunked_req=None,
                             ipc_channels=SimpleNamespace(send_to_tokenizer=SimpleNamespace(
                                 send_output=lambda msg, req: released.append(("abort", req.rid)))))  # fmt: skip
     off = offload.KVOffloader(sched, mover, decode_reserve=1)
@@ -240,6 +241,8 @@ def test_offloader_takes_the_pool_from_the_model_runner_when_the_pools_exist(mon
     built = []
     monkeypatch.setattr(offload_hooks, "offload_host_gb", lambda: 2.0)
     monkeypatch.setattr(offload_hooks, "offload_refusal", lambda server_args: None)
+    agree = lambda counts: counts  # noqa: E731  (the TP group's MIN all-reduce)
+    monkeypatch.setattr(offload_hooks, "min_over_tp_group", lambda: agree)
     monkeypatch.setattr(offload_hooks, "CudaKVMover", lambda pool, gb, stream_of: built.append((pool, gb)) or Mover(8, 8))
     monkeypatch.setattr(offload, "_ACTIVE", None)
     allocator = SimpleNamespace(get_kvcache=lambda: "device-kv-pool")
@@ -247,6 +250,7 @@ def test_offloader_takes_the_pool_from_the_model_runner_when_the_pools_exist(mon
                             tp_worker=SimpleNamespace(model_runner=SimpleNamespace(token_to_kv_pool_allocator=allocator)))  # fmt: skip
     assert offload_hooks.create_offloader("result", sched) == "result"
     assert built == [("device-kv-pool", 2.0)] and sched.pillar_offload is offload._ACTIVE
+    assert sched.pillar_offload.ledger.agree is agree
 
 
 # -- admission: PrefillAdder.add_one_req counts the host budget (the registered hook) ------------

@@ -127,7 +127,10 @@ def test_ranks_run_rank0s_round_shape():
     rank0, rank1 = RoundAgreement(from_rank0), RoundAgreement(from_rank0)
     assert rank0.agree(4, [False, True, False], 3) == (4, [False, True, False])
     assert rank1.agree(2, None, 3) == (4, [False, True, False])
-    sent.clear()
-    assert rank0.agree(8, [False, False], 2) == (8, None)
-    assert rank1.agree(8, [True, False], 2) == (8, None)
+    # Every rank gets exactly rank 0's choice, None and all-False apart: the worker calibrates a round
+    # only when it ran as chosen, (steps, dense) == (choice.steps, choice.dense), at any TP size.
+    for dense in ([False, False], None, [True, False]):
+        sent.clear()
+        assert rank0.agree(8, dense, 2) == (8, dense)
+        assert rank1.agree(2, [True, True], 2) == (8, dense)
     assert RoundAgreement(None).agree(2, [True], 1) == (2, [True])

@@ -6,10 +6,11 @@ SGLang-free bookkeeping (``ledger``) and victim choice (``policy``); the schedul
 
 from __future__ import annotations
 
-from .ledger import Fence, HostSlots, OffloadLedger, OffloadStats, Parked, Where
+from .ledger import Agree, Fence, HostSlots, OffloadLedger, OffloadStats, Parked, Where
 from .policy import Candidate, choose_victims
 
 __all__ = [
+    "Agree",
     "Candidate",
     "Fence",
     "HostSlots",

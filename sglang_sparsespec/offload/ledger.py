@@ -13,10 +13,20 @@ after it on the copy stream, and nothing is freed before its fence has completed
 ``drop()`` (finish or abort in any state) waits for the pending fence and hands back what the
 caller must free. The ledger is SGLang-free: slots and fences are opaque objects, host slots
 come from a ``HostSlots`` allocator whose capacity is the host budget.
+
+Tensor-parallel ranks each copy their own heads, so one rank's copy can complete before another's.
+Every scheduling decision that reads the ledger (park candidates, free host slots, admission slack)
+must be identical on every rank, or the ranks plan different batches and their collectives no longer
+pair. ``poll`` therefore advances copies only as far as every rank has: it counts the completed
+copies at the head of each queue (oldest first) and lets ``agree`` (a MIN all-reduce over the
+ranks' CPU group, as SGLang's HiCache does for its completion counts) cut those counts to what every
+rank reached. Every other transition happens at a decision point all ranks share (a park, a restore,
+a settle or a drop waits for its fence), so the ledger's state is the same on every rank.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -73,9 +83,14 @@ class OffloadStats:
     tokens_to_device: int = 0
 
 
+# Completed-copy counts -> the element-wise minimum over the TP ranks (identity with one rank).
+Agree = Callable[[list[int]], list[int]]
+
+
 class OffloadLedger:
-    def __init__(self, host: HostSlots) -> None:
+    def __init__(self, host: HostSlots, agree: Agree | None = None) -> None:
         self.host = host
+        self.agree = agree
         self.stats = OffloadStats()
         self._records: dict[str, Parked] = {}
         self._seq = 0
@@ -124,22 +139,41 @@ class OffloadLedger:
         return self._parked(rec)
 
     def poll(self) -> list[tuple[str, Any]]:
-        """Advance every copy whose fence completed, without blocking.
+        """Advance every copy that completed on every rank, without blocking.
 
         Returns ``(rid, device_slots)`` for each finished D2H copy: the caller frees those slots.
         Finished H2D copies free their host slots here and leave the ledger (resident again).
+        Copies advance oldest first, each queue as far as its completed head reaches on every rank.
         """
-        freed: list[tuple[str, Any]] = []
-        for rec in list(self._records.values()):
-            if rec.where is Where.PARKING and rec.fence.query():
-                freed.append((rec.rid, self._parked(rec)))
-            elif rec.where is Where.RESTORING and rec.fence.query():
-                self._resident(rec)
+        queues = [self._in_order(Where.PARKING), self._in_order(Where.RESTORING)]
+        if not any(queues):  # the same on every rank: no collective is needed (nor entered by any)
+            return []
+        done = [self._done_head(q) for q in queues]
+        if self.agree is not None:
+            done = self.agree(done)
+        parking, restoring = (q[:n] for q, n in zip(queues, done))
+        for rec in restoring:
+            rec.fence.synchronize()  # done here; on another rank too (the agreed count)
+            self._resident(rec)
+        freed = []
+        for rec in parking:
+            rec.fence.synchronize()
+            freed.append((rec.rid, self._parked(rec)))
         return freed
+
+    def _in_order(self, where: Where) -> list[Parked]:
+        return sorted((r for r in self._records.values() if r.where is where), key=lambda r: r.order)
+
+    @staticmethod
+    def _done_head(queue: list[Parked]) -> int:
+        n = 0
+        while n < len(queue) and queue[n].fence.query():
+            n += 1
+        return n
 
     def parked_in_order(self) -> list[Parked]:
         """PARKED requests, oldest park first (the restore order)."""
-        return sorted((r for r in self._records.values() if r.where is Where.PARKED), key=lambda r: r.order)
+        return self._in_order(Where.PARKED)
 
     def begin_restore(self, rid: str, fence: Fence) -> bool:
         """Record the H2D copy back into fresh device slots; False (no-op) unless ``rid`` is PARKED.

@@ -1,0 +1,345 @@
+"""patches/offload.py against SGLang's real scheduler pieces on CPU: a real ``RadixCache`` over a real
+``ReqToTokenPool`` and ``TokenToKVPoolAllocator``, real ``Req`` objects, and the scheduler's own
+``is_fully_idle``, ``flush_cache`` and ``pause_generation`` (with the plugin's hooks applied) on a
+scheduler stand-in. Copies are deferred until their fence completes, as on a side stream."""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections import deque
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from test_offload_patch import Batch, Mover  # noqa: E402  (also loads the plugin's hooks)
+
+from sglang_sparsespec.offload import Where  # noqa: E402
+from sglang_sparsespec.patches import offload  # noqa: E402
+
+POOL = 36  # device KV slots
+
+
+@pytest.fixture(autouse=True)
+def published_server_args(llama_config_dir):
+    """Req and release_kv_cache read the process's published ServerArgs, as in a scheduler process."""
+    from sglang.srt import runtime_context
+    from test_offload_patch import _args
+
+    runtime_context.publish(_args(llama_config_dir), role="test")
+    yield
+    runtime_context.reset_context()
+
+
+class Sched:
+    """The scheduler state the methods under test read, with SGLang's own methods bound to it."""
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    is_fully_idle = Scheduler.is_fully_idle
+    flush_cache = Scheduler.flush_cache
+    pause_generation = Scheduler.pause_generation
+
+    def __init__(self, pool, allocator, tree):
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+
+        self.req_to_token_pool, self.token_to_kv_pool_allocator, self.tree_cache = pool, allocator, tree
+        self.running_batch = Batch([], pool, allocator)
+        self.chunked_req = self.last_batch = self.cur_batch_for_debug = None
+        self.enable_overlap, self.result_queue, self.waiting_queue = True, deque(), []
+        self.dllm_manager = SimpleNamespace(any_staging_reqs=lambda: False)
+        self.grammar_manager = SimpleNamespace(grammar_queue=[], clear=lambda: None)
+        self.disaggregation_mode, self._engine_paused = DisaggregationMode.NULL, False
+        self.server_args = SimpleNamespace(disaggregation_mode="null")
+        self.hisparse_coordinator = self.draft_worker = None
+        self.enable_hisparse = self.enable_hierarchical_cache = False
+        self.metrics_reporter = SimpleNamespace(reset_metrics=lambda: None, is_stats_logging_rank=False,
+                                                last_gen_throughput=0.0, current_scheduler_metrics_enabled=False)  # fmt: skip
+        self.kv_events_publisher = SimpleNamespace(publish_kv_events=lambda: None)
+        self.ipc_channels = SimpleNamespace(send_to_tokenizer=SimpleNamespace(send_output=lambda msg, req: None))
+
+    def _pp_microbatches_drained(self):
+        return True
+
+    def _add_request_to_queue(self, req):
+        self.waiting_queue.append(req)
+
+
+def make_world(agree=None):
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    pool = ReqToTokenPool(4, 64, "cpu", False)
+    allocator = TokenToKVPoolAllocator(POOL, torch.float32, "cpu", None, False)
+    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=1))
+    sched = Sched(pool, allocator, tree)
+    mover = Mover(POOL, 64)
+    off = offload.KVOffloader(sched, mover, decode_reserve=1, **({} if agree is None else {"agree": agree}))
+    off._batch_of = lambda rows: Batch([r.req for r in rows], pool, allocator)
+    sched.pillar_offload = off
+    return SimpleNamespace(pool=pool, allocator=allocator, tree=tree, sched=sched, mover=mover, off=off)
+
+
+def prefill(w, rid: str, prompt: list[int], max_new: int):
+    """A request admitted and prefilled as SGLang does it: prefix matched and locked, the rest allocated."""
+    from sglang.srt.managers.schedule_batch import Req, ReqKvInfo
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    req = Req(rid, "", array("q", prompt), SamplingParams(max_new_tokens=max_new, temperature=0.0))
+    w.pool.alloc([req])
+    req.init_next_round_input(w.tree)
+    w.tree.inc_lock_ref(req.last_node)
+    start = len(req.prefix_indices)
+    req.set_extend_range(start, len(prompt))
+    slots = w.allocator.alloc(len(prompt) - start)
+    w.pool.write((req.req_pool_idx, slice(0, len(prompt))), torch.cat([req.prefix_indices, slots]).to(torch.int32))
+    w.mover.kv[slots] = (100 * req.req_pool_idx + torch.arange(start, len(prompt))).float()[:, None]
+    req.kv = ReqKvInfo(kv_allocated_len=len(prompt), swa_evicted_seqlen=0)
+    req.kv_committed_len = len(prompt)
+    return req
+
+
+def process_prefill_result(w, req) -> None:
+    """What process_batch_result_prefill does for a request that did not finish."""
+    from sglang.srt.mem_cache.common import maybe_cache_unfinished_req
+
+    req.output_ids.append(7)
+    maybe_cache_unfinished_req(req, w.tree)
+
+
+def decode(w, req, n: int) -> None:
+    for _ in range(n):
+        pos = req.kv.kv_allocated_len
+        slot = w.allocator.alloc(1)
+        w.pool.write((req.req_pool_idx, slice(pos, pos + 1)), slot.to(torch.int32))
+        w.mover.kv[slot] = float(100 * req.req_pool_idx + pos)
+        req.kv.kv_allocated_len = req.kv_committed_len = pos + 1
+        req.output_ids.append(7)
+
+
+def tree_slots_free(w) -> set[int]:
+    """Slots the radix tree holds that sit in the allocator's free list (must be none)."""
+    return set(w.tree.all_values_flatten().tolist()) & set(w.allocator.free_pages.tolist())
+
+
+def full_pool(w):
+    """'old' decoded 20 tokens past its 8-token prompt (cached in the tree); 'new' shares that prompt
+    and was just prefilled (4 private tokens). The pool is full: the next round is 2 tokens short,
+    and 'new' is the request furthest from finishing."""
+    old = prefill(w, "old", list(range(8)), max_new=25)
+    process_prefill_result(w, old)
+    decode(w, old, 19)  # 20 output tokens, KV for 27 positions (the last token's arrives next round)
+    new = prefill(w, "new", list(range(8)) + [50, 51, 52, 53], max_new=100)
+    assert len(new.prefix_indices) == 8 and new.cache_protected_len == 8
+    assert w.allocator.available_size() == POOL - 27 - 4
+    w.others = w.allocator.alloc(w.allocator.available_size())  # other requests hold the rest
+    return old, new
+
+
+@pytest.mark.parametrize("in_flight", ["prefill_result_queued", "chunked_req", "middle_chunk_in_flight"])
+def test_a_request_whose_prefill_result_is_unprocessed_is_never_parked(in_flight):
+    """Overlap scheduler: step N-1's prefill batch is merged into the running batch and step N parks
+    before N-1's result is processed; processing it calls RadixCache.cache_unfinished_req on the row.
+    Had 'new' been parked, the tree would now hold its freed slots."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    w = make_world()
+    old, new = full_pool(w)
+    # Each of SGLang's marks of a prefill in flight on its own (a chunked prefill sets several).
+    if in_flight == "prefill_result_queued":
+        pending = SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=[new], decoding_reqs=None)
+        w.sched.result_queue.append((pending, None))
+    elif in_flight == "chunked_req":  # still mid-way through a chunked prefill
+        w.sched.chunked_req = new
+    else:
+        new.inflight_middle_chunks = 1
+    batch = Batch([old, new], w.pool, w.allocator)
+    w.off.park_if_needed(batch)
+    assert batch.reqs == [new] and w.off.ledger.where("old") is Where.PARKED and w.off.ledger.where("new") is None
+    if in_flight == "chunked_req":
+        w.sched.chunked_req = None
+    new.inflight_middle_chunks = 0
+    process_prefill_result(w, new)
+    assert not tree_slots_free(w)
+    assert len(w.tree.all_values_flatten()) == 12  # the shared prompt and new's 4 private tokens
+
+
+@pytest.mark.parametrize("pending", [None, "decode", "mixed"])
+def test_without_a_pending_prefill_the_furthest_request_is_parked(pending):
+    """Once its prefill result was processed the new request is an ordinary candidate again, also
+    while a decode batch, or a mixed batch in which it decodes, waits for its result."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    w = make_world()
+    old, new = full_pool(w)
+    process_prefill_result(w, new)  # its prompt is now the tree's: nothing private to park yet
+    w.allocator.free(w.others[:3])
+    decode(w, new, 3)
+    if pending is not None:
+        mode = ForwardMode.DECODE if pending == "decode" else ForwardMode.MIXED
+        w.sched.result_queue.append((SimpleNamespace(forward_mode=mode, reqs=[old, new], decoding_reqs=[old, new]), None))
+    batch = Batch([old, new], w.pool, w.allocator)
+    w.off.park_if_needed(batch)
+    assert batch.reqs == [old] and w.off.ledger.record("new").tokens == 3
+    assert not tree_slots_free(w)
+
+
+def finish(w, req) -> None:
+    """The request finished (its result processed): SGLang releases its KV into the tree."""
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
+    release_kv_cache(req, w.tree)
+
+
+def test_parked_requests_keep_the_scheduler_busy_and_block_flush():
+    w = make_world()
+    old, new = full_pool(w)
+    process_prefill_result(w, new)
+    w.off.park_if_needed(Batch([old, new], w.pool, w.allocator))  # 'new' has nothing private: 'old' goes
+    finish(w, new)  # the batch empties while 'old' waits on host
+    free, tree_tokens = w.allocator.available_size(), w.tree.total_size()
+    assert w.off.has_parked and not w.sched.is_fully_idle()
+    assert w.sched.flush_cache() is False  # refused, as with running requests
+    assert (w.allocator.available_size(), w.tree.total_size(), w.pool.available_size()) == (free, tree_tokens, 3)
+    assert w.off.ledger.where("old") is Where.PARKED
+    # Restored and finished: idle again, and the flush runs.
+    w.sched.running_batch = w.off.before_schedule(Batch([], w.pool, w.allocator))
+    assert not w.sched.is_fully_idle()
+    w.mover.fences[-1].complete()
+    w.off.before_schedule(w.sched.running_batch)
+    assert not w.off.busy
+    finish(w, old)
+    w.sched.running_batch.filter_batch()
+    assert w.sched.is_fully_idle() and w.sched.flush_cache() is True
+    assert w.allocator.available_size() == POOL and w.tree.total_size() == 0
+
+
+def test_pause_with_retract_retracts_parked_requests_and_frees_their_host_slots(monkeypatch):
+    """A retract-mode pause precedes a weight update: parked KV (old weights) must not survive it."""
+    from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+    w = make_world()
+    monkeypatch.setattr(offload, "_ACTIVE", w.off)  # the hooked release_kv_cache finds it
+    old, new = full_pool(w)
+    process_prefill_result(w, new)
+    w.sched.running_batch = Batch([old, new], w.pool, w.allocator)
+    w.off.park_if_needed(w.sched.running_batch)
+    assert w.off.ledger.where("old") is Where.PARKED and w.off.ledger.host_free() == 64 - 19
+    w.sched.pause_generation(PauseGenerationReqInput(mode="retract"))
+    assert {r.rid for r in w.sched.waiting_queue} == {"old", "new"}
+    assert all(r.is_retracted and r.req_pool_idx is None for r in w.sched.waiting_queue)
+    assert not w.off.busy and w.off.ledger.host_free() == 64 and w.pool.available_size() == 4
+    # Every device slot is free or held (unlocked, evictable) by the tree: nothing leaked, nothing doubly freed.
+    held = set(w.tree.all_values_flatten().tolist())
+    free = w.allocator.free_pages.tolist()
+    assert len(free) == len(set(free)) and not held & set(free)
+    assert w.tree.protected_size() == 0
+
+
+class MinGroup:
+    """A MIN all-reduce between threads standing for TP ranks (the CPU group's all_reduce)."""
+
+    def __init__(self, ranks: int):
+        self.barrier, self.vals = threading.Barrier(ranks, timeout=30), {}
+
+    def member(self, rank: int):
+        def agree(counts: list[int]) -> list[int]:
+            self.vals[rank] = counts
+            self.barrier.wait()
+            out = [min(v[i] for v in self.vals.values()) for i in range(len(counts))]
+            self.barrier.wait()
+            return out
+
+        return agree
+
+
+def _on_ranks(fns):
+    out, errors = [None] * len(fns), []
+
+    def run(i):
+        try:
+            out[i] = fns[i]()
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return out
+
+
+def _ranks_with_a_late_restore_copy(group: MinGroup | None):
+    """Two ranks that parked and then restored 'old'; rank 0's copy has completed, rank 1's has not."""
+    worlds = [make_world(None if group is None else group.member(r)) for r in range(2)]
+    for w in worlds:
+        old, new = full_pool(w)
+        process_prefill_result(w, new)
+        w.off.park_if_needed(Batch([old, new], w.pool, w.allocator))  # 'old' parked on both ranks
+        finish(w, new)
+    running = [w.off.before_schedule(Batch([], w.pool, w.allocator)) for w in worlds]  # no copy pending: no collective
+    assert [[r.rid for r in b.reqs] for b in running] == [["old"], ["old"]]
+    assert all(w.off.ledger.where("old") is Where.RESTORING for w in worlds)
+    worlds[0].mover.fences[-1].complete()
+    return worlds, running
+
+
+def _decisions(w, batch):
+    w.off.before_schedule(batch)
+    return w.off.ledger.where("old"), w.off.ledger.host_free(), w.off.admission_slack(3)
+
+
+def test_tp_ranks_decide_from_the_same_ledger_when_one_ranks_copy_is_late():
+    """The restore retires on neither rank until its copy completed on both, so park candidates, free
+    host slots and admission slack agree (each rank alone would read 64 against 45 free host slots)."""
+    alone = [_decisions(w, b) for w, b in zip(*_ranks_with_a_late_restore_copy(None))]
+    assert alone[0] != alone[1]  # the divergence the agreement removes
+    worlds, running = _ranks_with_a_late_restore_copy(MinGroup(2))
+    first = _on_ranks([lambda w=w, b=b: _decisions(w, b) for w, b in zip(worlds, running)])
+    assert first[0] == first[1] == (Where.RESTORING, 45, 45 - 3)
+    worlds[1].mover.fences[-1].complete()
+    second = _on_ranks([lambda w=w, b=b: _decisions(w, b) for w, b in zip(worlds, running)])
+    assert second[0] == second[1] == (None, 64, 64 - 3)
+
+
+class RaisingMover(Mover):
+    def to_host(self, dev, host):
+        raise RuntimeError("copy failed")
+
+    def to_device(self, host, dev):
+        raise RuntimeError("copy failed")
+
+
+def test_a_copy_that_raises_leaks_no_reserved_slot():
+    w = make_world()
+    old, new = full_pool(w)
+    process_prefill_result(w, new)
+    good, bad = w.mover, RaisingMover(POOL, 64)
+    bad.host_pool = w.off.ledger.host = good.host_pool
+    w.off.mover = bad
+    batch = Batch([old, new], w.pool, w.allocator)
+    with pytest.raises(RuntimeError, match="copy failed"):
+        w.off.park_if_needed(batch)
+    assert w.off.ledger.host_free() == 64 and len(w.off.ledger) == 0 and not w.off.has_parked
+    assert batch.reqs == [old, new] and w.allocator.available_size() == 0
+    w.off.mover = good
+    w.off.park_if_needed(batch)  # parks 'old'
+    finish(w, new)
+    held = w.allocator.available_size() + w.tree.evictable_size()  # free, or freed by eviction on demand
+    w.off.mover = bad
+    with pytest.raises(RuntimeError, match="copy failed"):
+        w.off.before_schedule(Batch([], w.pool, w.allocator))
+    assert w.allocator.available_size() + w.tree.evictable_size() == held
+    assert w.off.ledger.where("old") is Where.PARKED and w.off.ledger.host_free() == 45
+    w.off.mover = good
+    back = w.off.before_schedule(Batch([], w.pool, w.allocator))
+    assert [r.rid for r in back.reqs] == ["old"]

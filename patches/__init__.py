@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from . import (
     alloc_reserve,
     cuda_graph,
+    finish_check,
     kv_cache_builder,
     metrics,
     offload_hooks,
@@ -160,6 +161,14 @@ HOOKS: tuple[Hook, ...] = (
         verify_sample.pillar_eagle_sample,
         "PILLAR drafts record their proposal on C candidates, not as full-vocabulary rows; its sampled "
         "verify accepts against that record (run_eagle_verify imports eagle_sample by name)",
+    ),
+    Hook(
+        "sglang.srt.managers.schedule_batch.Req.update_finish_state",
+        "AROUND",
+        finish_check.stop_before_length,
+        "a round's accepted run is checked whole, length first: a run crossing max_new_tokens after a "
+        "stop token finished with 'length' and kept the tokens after the stop; stock decoding stops at "
+        "the first token that finishes, which the run's check now does piece by piece",
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler.get_internal_state",

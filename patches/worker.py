@@ -63,6 +63,7 @@ from sglang_sparsespec.spec.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves
+from .request_rounds import decode_path_serves, draft_counts
 from .sampler_warmup import build_sampling_kernels
 from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
@@ -81,25 +82,6 @@ class PlainState:
 
     attn_backend: Any
     graph_runner: Any
-
-
-def decode_path_serves(batch) -> bool:
-    """Whether a plain round of ``batch`` may take the decode path (PlainPath.DECODE): SGLang's sampler
-    alone gives its tokens. Logprobs, hidden states, grammars, penalties, logit biases, custom logit
-    processors and sampling masks are applied by SGLang's verify path, which such batches keep."""
-    si = batch.sampling_info
-    penalized = si.penalizer_orchestrator is not None and si.penalizer_orchestrator.is_required
-    return not (
-        batch.return_logprob
-        or batch.return_hidden_states
-        or batch.has_grammar
-        or penalized
-        or si.acc_additive_penalties is not None
-        or si.acc_scaling_penalties is not None
-        or si.logit_bias is not None
-        or si.has_custom_logit_processor
-        or any(si.return_sampling_masks or ())
-    )
 
 
 class PillarWorker(BaseSpecWorker):
@@ -290,6 +272,7 @@ class PillarWorker(BaseSpecWorker):
             max_bs=self.max_bs,
             capture_bs=capture_bs,
             plain_decode=0 in self.cfg.step_candidates and self.cfg.plain_path is PlainPath.DECODE,
+            seeded=self.server_args.enable_deterministic_inference,
         )
         if capture_bs:
             self.draft_runner.capture()
@@ -432,6 +415,7 @@ class PillarWorker(BaseSpecWorker):
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
+        counts = draft_counts(batch.reqs, steps)  # requests with per-token sampling state take row 0 only
         self.timer.mark("draft")
         if self.clock is not None:
             self.clock.drafted()
@@ -449,7 +433,8 @@ class PillarWorker(BaseSpecWorker):
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,
         )
-        attach_round(batch.spec_info, PillarRound(drafts.record, self.timer.verify_callback))
+        counts = None if counts is None else self._to_device(counts, torch.int32)
+        attach_round(batch.spec_info, PillarRound(drafts.record, self.timer.verify_callback, counts))
         result = self._verify(batch, grammar_barrier, self.speculative_num_steps)
         self.timer.mark("accept")
         # Before on_publish: publishing lets the schedule stream start preparing the next

@@ -26,7 +26,7 @@ step's graph) sampled by SGLang's own sampler, for the batches that sampler serv
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -84,6 +84,15 @@ class PlainState:
     graph_runner: Any
 
 
+def seeded_config(cfg: PillarConfig, server_args) -> PillarConfig:
+    """Under deterministic inference every round drafts num_steps: round shapes chosen from measured
+    times would make a seeded request's tokens depend on timing."""
+    if not (server_args.enable_deterministic_inference and cfg.adaptive):
+        return cfg
+    logger.info("PILLAR: deterministic inference runs every round with %d drafts", cfg.num_steps)
+    return replace(cfg, adaptive_steps="off", force_steps=-1, boost_ratio=0.0)
+
+
 class PillarWorker(BaseSpecWorker):
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
         super().__init__()
@@ -91,7 +100,7 @@ class PillarWorker(BaseSpecWorker):
         self._target_worker = target_worker
         self.model_runner = target_worker.model_runner
         self.device = server_args.device
-        self.cfg = PillarConfig.from_env(server_args.speculative_num_steps)
+        self.cfg = seeded_config(PillarConfig.from_env(server_args.speculative_num_steps), server_args)
         self.topk = 1
         self.speculative_num_steps = self.cfg.num_steps
         self.speculative_num_draft_tokens = self.cfg.num_steps + 1

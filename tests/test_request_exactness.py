@@ -306,3 +306,15 @@ def test_a_sampled_request_without_drafts_draws_from_row_zero():
         p = torch.softmax((logits[K + 1] + additive[1]) / 0.7, dim=-1)
         cdf = p.cumsum(0)
         assert runs[1] == [int(torch.searchsorted(cdf, final[1] * cdf[-1], right=True))]
+
+
+# ---- seeds: fixed round shapes under deterministic inference ----------------------------------
+def test_deterministic_inference_fixes_the_round_shape():
+    from sglang_sparsespec.patches.worker import seeded_config
+
+    from sglang_sparsespec.config import PillarConfig
+
+    cfg = PillarConfig(num_steps=4, adaptive_steps="0,2", force_steps=2)
+    assert seeded_config(cfg, SimpleNamespace(enable_deterministic_inference=False)) is cfg
+    fixed = seeded_config(cfg, SimpleNamespace(enable_deterministic_inference=True))
+    assert not fixed.adaptive and fixed.step_candidates == (4,) and fixed.force_steps == -1

@@ -20,7 +20,9 @@ the undrafted columns are never accepted); k = 0 is plain decoding: one forward 
 token through a second TARGET_VERIFY graph of width 1 (SGLang's own shape for EAGLE's zero-step
 rounds), with its own attention backend, swapped in for that round only; with
 SPARSESPEC_PLAIN_PATH=decode, a DECODE forward of the pending token over the whole prefix (the draft
-step's graph) sampled by SGLang's own sampler, for the batches that sampler serves alone.
+step's graph) sampled by SGLang's own sampler, for the batches that sampler serves alone. Requests with
+per-token sampling state draft nothing and take row 0's token (``request_rounds``); a batch of only
+such requests runs a plain round.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from sglang_sparsespec.spec.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves
-from .request_rounds import decode_path_serves, draft_counts
+from .request_rounds import decode_path_serves, draft_counts, single_token
 from .sampler_warmup import build_sampling_kernels
 from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
@@ -357,6 +359,8 @@ class PillarWorker(BaseSpecWorker):
         steps, key, dense = choice.steps, choice.key, choice.dense
         if self.cfg.force_steps >= 0:  # analysis: the cell still measures what runs, which is forced
             steps, dense = self.cfg.force_steps, None
+        elif steps and self.plain is not None and all(single_token(r) for r in reqs):
+            steps, dense = 0, None  # nobody would draft (request_rounds): a plain round takes the same tokens
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         # The calibration compares a round with what it was chosen for: only a round that ran as chosen.
         expected = choice.expected if (steps, dense) == (choice.steps, choice.dense) else None

@@ -318,3 +318,48 @@ def test_deterministic_inference_fixes_the_round_shape():
     assert seeded_config(cfg, SimpleNamespace(enable_deterministic_inference=False)) is cfg
     fixed = seeded_config(cfg, SimpleNamespace(enable_deterministic_inference=True))
     assert not fixed.adaptive and fixed.step_candidates == (4,) and fixed.force_steps == -1
+
+
+# ---- a batch where nobody would draft runs a plain round ----------------------------------------
+class _Event:
+    def record(self) -> None: ...
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end) -> float:
+        return 1.0
+
+
+class _PolicyReq:  # what the policy and DenseChooser read of a Req (weakly referenced), plus its sampling
+    def __init__(self, **params) -> None:
+        self.__dict__.update(vars(make_req(**params)))
+        self.seqlen = 2000
+
+
+@pytest.mark.parametrize("penalized", [[True, True, True], [True, False, True]])
+def test_a_batch_where_nobody_drafts_runs_a_plain_round(penalized):
+    from sglang_sparsespec.patches.tp_agree import RoundAgreement
+    from sglang_sparsespec.patches.worker import PillarWorker
+
+    from sglang_sparsespec.metrics import PillarMetrics
+    from sglang_sparsespec.spec.adaptive import RoundClock, RoundSample, SpeculationPolicy
+    from sglang_sparsespec.spec.dense import DenseChooser
+
+    policy = SpeculationPolicy((0, 2, 4, 8))
+    worker = SimpleNamespace(
+        policy=policy, clock=RoundClock(_Event), metrics=PillarMetrics(8), agreement=RoundAgreement(None),
+        dense=DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22),
+        cfg=SimpleNamespace(num_steps=8, force_steps=-1), plain=object(),
+    )  # fmt: skip
+    reqs = [_PolicyReq(rep=1.2) if p else _PolicyReq() for p in penalized]
+    batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False))
+    key = policy.choose(3, 2000)[1]
+    policy.observe([RoundSample(key, 0, 0.0, 3.0, 0.2), RoundSample(key, 8, 1.0, 3.0, 0.2)])  # drafting pays
+    steps = PillarWorker._choose_steps(worker, batch).steps
+    if not all(penalized):
+        assert steps == 8  # one request drafts: the policy's round
+        return
+    assert steps == 0
+    PillarWorker.on_verify_complete_cpu(worker, [0, 0, 0])  # a plain round teaches the acceptance nothing
+    assert policy.acceptance.alpha == pytest.approx(0.7)

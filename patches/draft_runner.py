@@ -103,7 +103,7 @@ def sample_drafts(
     SGLang's own sampler relies on (no SYNC_TOKEN_IDS_ACROSS_TP by default): the logits are all-gathered to
     the full vocabulary on every rank, and the noise comes from the default CUDA generator, seeded on every
     rank with the random seed rank 0 broadcasts (TpModelWorker) and advanced by the same sequence of draws
-    and graph replays on each rank.
+    and graph replays on each rank (seeded noise is a function of values every rank holds).
     """
     n, c = cand_ids.shape
     if noise is None:

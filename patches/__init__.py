@@ -9,7 +9,8 @@ the decode path, ModelRunner.sampler (Sampler.forward's signature) on the step's
 LogitsProcessorOutput, a GenerationBatchResult built as run_eagle_verify builds it), ``request_rounds`` (Req's
 sampling parameters, output ids, retraction count and processor, which say which requests take one token per
 round, and ScheduleBatch / SamplingBatchInfo fields that say which batches the sampler alone serves),
-``draft_runner`` (ForwardBatch, forward context, graph capture mode, the capture-time gc freeze, murmur_hash32
+``finish_check`` (Req's stop-token sets, vocabulary size and output ids, and the runtime context's server
+args, around the hooked update_finish_state), ``draft_runner`` (ForwardBatch, forward context, graph capture mode, the capture-time gc freeze, murmur_hash32
 for seeded draft noise), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
 create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's

@@ -59,6 +59,7 @@ def stand_in_worker(bs: int, context: int, rng: random.Random) -> tuple[object, 
         policy=SpeculationPolicy(cfg.step_candidates, floor_quantile=cfg.floor_quantile, premium=cfg.spec_premium),
         metrics=PillarMetrics(cfg.num_steps), agreement=RoundAgreement(None),
         dense=DenseChooser(cfg.budget, KV_BYTES, LAYERS, lambda b: max(1, SPLIT_PROGRAMS // (3 * b))),
+        plain=None,  # the stand-in requests carry no sampling parameters: request_rounds is not asked
     )  # fmt: skip
     # The path-count log line and the cost save (no cost file here) every PATH_LOG_EVERY rounds.
     worker.cost_file = None

@@ -6,12 +6,15 @@ registers them with SGLang's ``HookRegistry`` and registers the PILLAR algorithm
 directly: ``worker`` (BaseSpecWorker, EAGLE's verify helpers, and for plain-decoding rounds a second
 DecodeCudaGraphRunner built under a spec-config override and EAGLEWorkerV2's one-token verify input; on
 the decode path, ModelRunner.sampler (Sampler.forward's signature) on the step's logits wrapped in
-LogitsProcessorOutput, a GenerationBatchResult built as run_eagle_verify builds it, and ScheduleBatch /
-SamplingBatchInfo fields that say which batches the sampler alone serves), ``draft_runner`` (ForwardBatch,
-forward context, graph capture mode, the capture-time gc freeze), ``draft_attention`` (a TritonAttnBackend subclass for the
+LogitsProcessorOutput, a GenerationBatchResult built as run_eagle_verify builds it), ``request_rounds`` (Req's
+sampling parameters, output ids, retraction count and processor, which say which requests take one token per
+round, and ScheduleBatch / SamplingBatchInfo fields that say which batches the sampler alone serves),
+``finish_check`` (Req's stop-token sets, vocabulary size and output ids, and the runtime context's server
+args, around the hooked update_finish_state), ``draft_runner`` (ForwardBatch, forward context, graph capture mode, the capture-time gc freeze, murmur_hash32
+for seeded draft noise), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
 create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
-renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
+renorm kernels, the Sampler's apply_custom_logit_processor), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the
 Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
 (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from . import (
     alloc_reserve,
     cuda_graph,
+    finish_check,
     kv_cache_builder,
     metrics,
     offload_hooks,
@@ -160,6 +164,14 @@ HOOKS: tuple[Hook, ...] = (
         verify_sample.pillar_eagle_sample,
         "PILLAR drafts record their proposal on C candidates, not as full-vocabulary rows; its sampled "
         "verify accepts against that record (run_eagle_verify imports eagle_sample by name)",
+    ),
+    Hook(
+        "sglang.srt.managers.schedule_batch.Req.update_finish_state",
+        "AROUND",
+        finish_check.stop_before_length,
+        "a round's accepted run is checked whole, length first: a run crossing max_new_tokens after a "
+        "stop token finished with 'length' and kept the tokens after the stop; stock decoding stops at "
+        "the first token that finishes, which the run's check now does piece by piece",
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler.get_internal_state",

@@ -20,6 +20,11 @@ per round than one loop graph, and the round's prologue (tail starts in batch or
 reset), which the loop graph held, runs as a few eager launches: together ~0.1% of a 34 ms round
 at 256 x 4K.
 
+Under deterministic inference (``--enable-deterministic-inference``: every request has a sampling seed)
+the draft noise is a function of the request's seed, the round's start position, the step and the
+candidate slot (``seeded_noise``), so a seeded request drafts, and so emits, the same tokens on every
+run; otherwise it comes from the global CUDA generator.
+
 With SPARSESPEC_PLAIN_PATH=decode, a plain-decoding round (adaptive draft count 0) is one more
 captured step per bucket: the same DECODE forward of the pending token with every request attending
 its whole prefix, whose logits are copied out for SGLang's own sampler (``decode_logits``).
@@ -52,6 +57,32 @@ class DraftOutput:
     record: DraftRecord | None
 
 
+# murmur_hash32 columns of the seeded draft noise start here: above every column SGLang's seeded
+# sampler (token ids, < vocabulary size) and its seeded verify coins (0..k + 1) hash, so a draft's
+# noise never shares a draw with a coin or a stock sample at any position (columns are 32-bit).
+SEED_COLUMN_BASE = 1 << 31
+
+
+def seeded_columns(k: int, c: int, device) -> torch.Tensor:
+    """[k, C] int64: the hash columns of draft step j's C noise slots (row j), disjoint across steps."""
+    return SEED_COLUMN_BASE + torch.arange(k * c, dtype=torch.int64, device=device).view(k, c)
+
+
+def seeded_noise(seed: torch.Tensor, round_start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Exp(1) draft noise [n, C] float32 from SGLang's murmur_hash32 (as its seeded verify coins):
+    row i hashes (seed[i], round_start[i], columns) with seed / round_start [n] int64 and columns
+    [C] int64 (``seeded_columns``' row of the step). The round's start position keys the draw, not
+    the draft's own position: a later round drafts at positions an earlier round drafted past its
+    rejection, and those drafts shaped that round's selection, which the later round's proposal
+    reads. U = (h + 1/2) / 2^32 is uniform on (0, 1) to within 2^-33 and never 0 or 1, so -log U is
+    finite and positive. Device tensors in, device tensors out, no host sync: safe inside a CUDA graph."""
+    from sglang.kernels.ops.sampling.murmur_hash import murmur_hash32
+
+    hashed = murmur_hash32(seed.to(torch.uint64), round_start.to(torch.uint64), columns)
+    u = (hashed.to(torch.float64) + 0.5) * (1.0 / 2**32)
+    return u.log_().neg_().to(torch.float32)
+
+
 def sample_drafts(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -61,19 +92,22 @@ def sample_drafts(
     cand_ids: torch.Tensor,
     cand_q: torch.Tensor,
     q_tok: torch.Tensor,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One draft token per row of ``logits`` [n, V] from its compact proposal (``kernels/draft_sample.py``),
     which is written into cand_ids / cand_q [n, C] and q_tok [n]; returns the tokens [n] int64.
+    ``noise`` [n, C] Exp(1): the draw's noise (``seeded_noise``); None: from the default generator.
 
     Under tensor parallelism every rank must draft the same tokens (they are the next step's and the
     verify's inputs, paired across ranks by the model's all-reduces). They are equal by construction, as
     SGLang's own sampler relies on (no SYNC_TOKEN_IDS_ACROSS_TP by default): the logits are all-gathered to
     the full vocabulary on every rank, and the noise comes from the default CUDA generator, seeded on every
     rank with the random seed rank 0 broadcasts (TpModelWorker) and advanced by the same sequence of draws
-    and graph replays on each rank.
+    and graph replays on each rank (seeded noise is a function of values every rank holds).
     """
     n, c = cand_ids.shape
-    noise = torch.empty((n, c), dtype=torch.float32, device=logits.device).exponential_()
+    if noise is None:
+        noise = torch.empty((n, c), dtype=torch.float32, device=logits.device).exponential_()
     tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
     draft_sample_fwd(DraftSampleInputs(logits, temperature, top_p, top_k, min_p, noise), tokens, cand_ids, cand_q, q_tok)
     return tokens
@@ -88,6 +122,7 @@ class PillarDraftRunner:
         max_bs: int,
         capture_bs: list[int],
         plain_decode: bool = False,
+        seeded: bool = False,
     ):
         self.mr = model_runner
         self.cfg = cfg
@@ -97,6 +132,7 @@ class PillarDraftRunner:
         self.device = model_runner.device
         # The proposal's support: at most C of the most probable tokens (any proposal keeps verify exact).
         self.num_cand = min(cfg.draft_candidates, model_runner.model_config.vocab_size)
+        self.seeded = seeded  # deterministic inference: draft noise from each request's seed
         with torch.device(self.device):
             self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64)
             self.seq_lens = torch.ones(max_bs, dtype=torch.int64)
@@ -104,6 +140,8 @@ class PillarDraftRunner:
             self.top_p = torch.ones(max_bs, dtype=torch.float32)
             self.top_k = torch.ones(max_bs, dtype=torch.int32)
             self.min_p = torch.zeros(max_bs, dtype=torch.float32)
+            self.seed = torch.zeros(max_bs, dtype=torch.int64)  # read only when seeded
+            self.noise_columns = seeded_columns(self.k, self.num_cand, self.device)
             # 1 = attend the plan, 0 = attend the whole prefix (dense drafting, spec/dense.py).
             self.sparse = torch.ones(max_bs, dtype=torch.int32)
             self.inputs = DraftStepInputs(
@@ -235,9 +273,13 @@ class PillarDraftRunner:
         self.plain_logits[:bs].copy_(self._forward(bs, self.seq_lens[:bs], whole_prefix=True))
 
     def _sample_step(self, logits: torch.Tensor, bs: int) -> torch.Tensor:
+        noise = None
+        if self.seeded:  # the step's columns picked on the device: the replays need no host work
+            columns = self.noise_columns.index_select(0, self.step).view(-1)
+            noise = seeded_noise(self.seed[:bs], self.seq_lens[:bs], columns)
         return sample_drafts(
             logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs],
-            self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs],
+            self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs], noise,
         )  # fmt: skip
 
     # ---- capture / run -------------------------------------------------------------
@@ -286,6 +328,7 @@ class PillarDraftRunner:
         self.top_p[start:end] = 1.0
         self.top_k[start:end] = 1
         self.min_p[start:end] = 0.0
+        self.seed[start:end] = 0
         self.sparse[start:end] = 1
 
     def _load(self, req_pool_indices, seq_lens, tokens) -> tuple[int, int | None, int]:
@@ -338,6 +381,8 @@ class PillarDraftRunner:
             self.min_p[:bs] = sampling_info.min_ps
         else:
             self.min_p[:bs] = 0.0
+        if self.seeded:  # SGLang gives every request a seed under deterministic inference
+            self.seed[:bs] = sampling_info.sampling_seed
         greedy = bool(sampling_info.is_all_greedy)
         self._begin_round(padded)
         graph = self.graphs.get((graph_bs, greedy)) if graph_bs is not None else None

@@ -41,15 +41,16 @@ from sglang_sparsespec.spec.mixed import (
 
 from .draft_attention import SegmentMeta
 from .draft_runner import PillarDraftRunner, sample_drafts
+from .request_rounds import decode_path_serves
 
 logger = logging.getLogger(__name__)
 
 
 def mixed_serves(batch) -> bool:
     """Whether a mixed iteration may serve ``batch``: its acceptance samples every row from the
-    joint top-k / top-p filter with fresh coins, and SGLang's verify path applies the rest."""
-    from .worker import decode_path_serves
-
+    joint top-k / top-p filter with fresh coins (and its drafts' noise from the global generator),
+    and SGLang's verify path applies the rest; penalized and processor batches are not served
+    (``decode_path_serves``), so no request here needs single-token rounds (``request_rounds``)."""
     si = batch.sampling_info
     return decode_path_serves(batch) and si.sampling_seed is None and not si.need_min_p_sampling
 

@@ -7,11 +7,16 @@ PILLAR verify input (``attach_round``) that is not all greedy, this replaces the
 mask), the target distribution stock decoding samples from (``target_probs_gpu``: one kernel,
 ``kernels/target_filter.py``, when every top_k is small; else SGLang's renorm kernels), then exact
 rejection sampling (``kernels/verify_accept.py`` on the GPU; ``spec/rejection.rejection_sample`` is
-its reference). All-greedy batches, idle batches and other algorithms run SGLang's own code.
+its reference). A custom logit processor is applied last, as SGLang's Sampler does, to row 0 of each
+request (its requests draft nothing: ``patches/request_rounds.py``); a round with such requests, or
+with per-request draft counts, is accepted here for greedy batches too (``greedy_accept``: SGLang's
+greedy chain rule with each request's count), since SGLang's greedy verify would accept drafts of a
+request that has none. Other all-greedy batches, idle batches and other algorithms run SGLang's code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +24,7 @@ import torch
 from sglang_sparsespec.kernels.target_filter import target_filter_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
 
+from sglang_sparsespec.spec.mixed import greedy_accept
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
 
@@ -28,10 +34,13 @@ ATTR = "_sparsespec_round"
 @dataclass
 class PillarRound:
     """What a PILLAR verify input carries for the sampling step: the draft record (None when the
-    batch drafted greedily) and a callback run once the verify forward is done (phase timing)."""
+    batch drafted greedily), a callback run once the verify forward is done (phase timing), and
+    num_drafts [bs] int32 on the device: each request's own draft count where some requests draft
+    fewer than the round (None: the record's count, or every column for a greedy round)."""
 
     record: DraftRecord | None
     on_logits: Callable[[], None] | None = None
+    num_drafts: torch.Tensor | None = None
 
 
 def attach_round(verify_input, pillar_round: PillarRound) -> None:
@@ -129,31 +138,52 @@ def _process_logits(logits: torch.Tensor, verify_input, sampling_info, grammar_m
         logits.add_(torch.repeat_interleave(sampling_info.logit_bias, n, dim=0))
     if grammar_mask is not None:
         grammar_mask.apply(logits)
+    if sampling_info.has_custom_logit_processor:
+        # Stock applies processors after the penalties, bias and grammar mask (ModelRunner.sample, then
+        # Sampler._preprocess_logits), once per request: here to row 0, the row of the token such a
+        # request takes (it drafts nothing), a view written in place. NaNs a processor leaves are
+        # cleaned after it, as in stock.
+        from sglang.srt.layers.sampler import apply_custom_logit_processor
+
+        row0 = logits.view(-1, n, logits.shape[-1])[:, 0]
+        apply_custom_logit_processor(row0, sampling_info)
+        sanitize_nan_logits(logits, "verify: custom logit processor")
 
 
 def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_mask=None):
     pillar_round: PillarRound | None = getattr(verify_input, ATTR, None)
     if pillar_round is not None and pillar_round.on_logits is not None:
         pillar_round.on_logits()
-    record = pillar_round.record if pillar_round is not None else None
-    if record is None or batch.forward_mode.is_idle() or batch.sampling_info.is_all_greedy:
+    if pillar_round is None or batch.forward_mode.is_idle():
+        return original(verify_input, batch, logits_output, grammar_mask)
+    sampling_info = batch.sampling_info
+    record, counts = pillar_round.record, pillar_round.num_drafts
+    greedy = sampling_info.is_all_greedy
+    per_request = counts is not None or sampling_info.has_custom_logit_processor
+    if (not per_request if greedy else record is None):
         return original(verify_input, batch, logits_output, grammar_mask)
     from sglang.srt.speculative.eagle_utils import _verify_coins
 
-    sampling_info = batch.sampling_info
     logits = logits_output.next_token_logits
     _process_logits(logits, verify_input, sampling_info, grammar_mask)
-    bs, k1 = record.tokens.shape[0], verify_input.draft_token_num
-    probs = _stock_probs(logits, sampling_info, k1, top_k_bounded(batch.reqs)).view(bs, k1, -1)
+    bs, k1 = batch.seq_lens.shape[0], verify_input.draft_token_num
     candidates = verify_input.draft_token.reshape(bs, k1)
-    coins, final_coins = _verify_coins(
-        sampling_info=sampling_info,
-        seq_lens=batch.seq_lens,
-        draft_token_num=k1,
-        candidates=candidates,
-        device=logits.device,
-    )
-    emitted, num_accepted = _rejection(probs, record, coins[:, : k1 - 1], final_coins)
+    if greedy:
+        if counts is None:  # every request drafted the whole verify width
+            counts = torch.full((bs,), k1 - 1, dtype=torch.int32, device=logits.device)
+        emitted, num_accepted = greedy_accept(logits.argmax(dim=-1).view(bs, k1), candidates[:, 1:], counts)
+    else:
+        if counts is not None:
+            record = dataclasses.replace(record, num_drafts=counts)
+        probs = _stock_probs(logits, sampling_info, k1, top_k_bounded(batch.reqs)).view(bs, k1, -1)
+        coins, final_coins = _verify_coins(
+            sampling_info=sampling_info,
+            seq_lens=batch.seq_lens,
+            draft_token_num=k1,
+            candidates=candidates,
+            device=logits.device,
+        )
+        emitted, num_accepted = _rejection(probs, record, coins[:, : k1 - 1], final_coins)
     # SGLang's layout: slot retrieve_index[b, j] holds emitted token j; accept_index lists the
     # slots of the accepted drafts and the drawn token, -1 after.
     col = torch.arange(k1, device=logits.device)[None, :]

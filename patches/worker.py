@@ -20,13 +20,15 @@ the undrafted columns are never accepted); k = 0 is plain decoding: one forward 
 token through a second TARGET_VERIFY graph of width 1 (SGLang's own shape for EAGLE's zero-step
 rounds), with its own attention backend, swapped in for that round only; with
 SPARSESPEC_PLAIN_PATH=decode, a DECODE forward of the pending token over the whole prefix (the draft
-step's graph) sampled by SGLang's own sampler, for the batches that sampler serves alone.
+step's graph) sampled by SGLang's own sampler, for the batches that sampler serves alone. Requests with
+per-token sampling state draft nothing and take row 0's token (``request_rounds``); a batch of only
+such requests runs a plain round.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -63,6 +65,7 @@ from sglang_sparsespec.spec.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves
+from .request_rounds import decode_path_serves, draft_counts, single_token
 from .sampler_warmup import build_sampling_kernels
 from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
@@ -83,23 +86,13 @@ class PlainState:
     graph_runner: Any
 
 
-def decode_path_serves(batch) -> bool:
-    """Whether a plain round of ``batch`` may take the decode path (PlainPath.DECODE): SGLang's sampler
-    alone gives its tokens. Logprobs, hidden states, grammars, penalties, logit biases, custom logit
-    processors and sampling masks are applied by SGLang's verify path, which such batches keep."""
-    si = batch.sampling_info
-    penalized = si.penalizer_orchestrator is not None and si.penalizer_orchestrator.is_required
-    return not (
-        batch.return_logprob
-        or batch.return_hidden_states
-        or batch.has_grammar
-        or penalized
-        or si.acc_additive_penalties is not None
-        or si.acc_scaling_penalties is not None
-        or si.logit_bias is not None
-        or si.has_custom_logit_processor
-        or any(si.return_sampling_masks or ())
-    )
+def seeded_config(cfg: PillarConfig, server_args) -> PillarConfig:
+    """Under deterministic inference every round drafts num_steps: round shapes chosen from measured
+    times would make a seeded request's tokens depend on timing."""
+    if not (server_args.enable_deterministic_inference and cfg.adaptive):
+        return cfg
+    logger.info("PILLAR: deterministic inference runs every round with %d drafts", cfg.num_steps)
+    return replace(cfg, adaptive_steps="off", force_steps=-1, boost_ratio=0.0)
 
 
 class PillarWorker(BaseSpecWorker):
@@ -109,7 +102,7 @@ class PillarWorker(BaseSpecWorker):
         self._target_worker = target_worker
         self.model_runner = target_worker.model_runner
         self.device = server_args.device
-        self.cfg = PillarConfig.from_env(server_args.speculative_num_steps)
+        self.cfg = seeded_config(PillarConfig.from_env(server_args.speculative_num_steps), server_args)
         self.topk = 1
         self.speculative_num_steps = self.cfg.num_steps
         self.speculative_num_draft_tokens = self.cfg.num_steps + 1
@@ -290,6 +283,7 @@ class PillarWorker(BaseSpecWorker):
             max_bs=self.max_bs,
             capture_bs=capture_bs,
             plain_decode=0 in self.cfg.step_candidates and self.cfg.plain_path is PlainPath.DECODE,
+            seeded=self.server_args.enable_deterministic_inference,
         )
         if capture_bs:
             self.draft_runner.capture()
@@ -365,6 +359,8 @@ class PillarWorker(BaseSpecWorker):
         steps, key, dense = choice.steps, choice.key, choice.dense
         if self.cfg.force_steps >= 0:  # analysis: the cell still measures what runs, which is forced
             steps, dense = self.cfg.force_steps, None
+        elif steps and self.plain is not None and all(single_token(r) for r in reqs):
+            steps, dense = 0, None  # nobody would draft (request_rounds): a plain round takes the same tokens
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         # The calibration compares a round with what it was chosen for: only a round that ran as chosen.
         expected = choice.expected if (steps, dense) == (choice.steps, choice.dense) else None
@@ -432,6 +428,7 @@ class PillarWorker(BaseSpecWorker):
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
+        counts = draft_counts(batch.reqs, steps)  # requests with per-token sampling state take row 0 only
         self.timer.mark("draft")
         if self.clock is not None:
             self.clock.drafted()
@@ -449,7 +446,8 @@ class PillarWorker(BaseSpecWorker):
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,
         )
-        attach_round(batch.spec_info, PillarRound(drafts.record, self.timer.verify_callback))
+        counts = None if counts is None else self._to_device(counts, torch.int32)
+        attach_round(batch.spec_info, PillarRound(drafts.record, self.timer.verify_callback, counts))
         result = self._verify(batch, grammar_barrier, self.speculative_num_steps)
         self.timer.mark("accept")
         # Before on_publish: publishing lets the schedule stream start preparing the next

@@ -169,6 +169,7 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     worker = type("W", (), {})()
     worker.policy, worker.clock, worker.metrics = policy, RoundClock(Event), PillarMetrics(8)
     worker.agreement = RoundAgreement(None)  # one rank
+    worker.plain = None  # no plain-round state: every batch is priced by the policy alone
     worker.dense, worker.cfg = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22), type("C", (), {"num_steps": 8, "force_steps": -1})
     reqs = [_Req(2000) for _ in range(4)]
     batch = type("B", (), {"reqs": reqs, "forward_mode": type("M", (), {"is_idle": lambda self: False})()})()

@@ -53,7 +53,7 @@ def next_token(tok: int, pos: int, row: int) -> int:
     return (31 * tok + 7 * pos + row) % V
 
 
-def make_runner(capture_bs: list[int], plain_decode: bool = False) -> dr.PillarDraftRunner:
+def make_runner(capture_bs: list[int], plain_decode: bool = False, seeded: bool = False) -> dr.PillarDraftRunner:
     req_to_token = torch.arange(8 * 64, dtype=torch.int32, device=DEVICE).view(8, 64) + 1000
     mr = SimpleNamespace(
         device=DEVICE, model=FakeModel(), model_config=SimpleNamespace(vocab_size=V), spec_algorithm=None,
@@ -63,7 +63,7 @@ def make_runner(capture_bs: list[int], plain_decode: bool = False) -> dr.PillarD
     state = PlanState.allocate(8, 2, 3, True, 16, torch.device(DEVICE))
     return dr.PillarDraftRunner(
         mr, PillarConfig(num_steps=K, draft_candidates=4), state, max_bs=8, capture_bs=capture_bs,
-        plain_decode=plain_decode,
+        plain_decode=plain_decode, seeded=seeded,
     )
 
 
@@ -73,11 +73,11 @@ def runner(monkeypatch) -> dr.PillarDraftRunner:
     return make_runner([])
 
 
-def sampling(greedy: bool) -> SimpleNamespace:
+def sampling(greedy: bool, seeds: list[int] | None = None) -> SimpleNamespace:
     return SimpleNamespace(
         is_all_greedy=greedy, temperatures=torch.full((BS, 1), 0.6, device=DEVICE),
         top_ps=torch.full((BS,), 0.95, device=DEVICE), top_ks=torch.full((BS,), 4, dtype=torch.int32, device=DEVICE),
-        min_ps=None,
+        min_ps=None, sampling_seed=None if seeds is None else torch.tensor(seeds, device=DEVICE),
     )  # fmt: skip
 
 
@@ -207,3 +207,64 @@ def test_captured_plain_step_replays_like_the_eager_body(monkeypatch) -> None:
     assert not graphed.mr.model.calls  # a replay, not the eager body
     out = graphed.run(rpi, seq_lens + 1, bonus, sampling(True), 2)  # draft graphs still draft after it
     check_round(out, rpi, seq_lens + 1, bonus, 2)
+
+
+def seeded_round(runner: dr.PillarDraftRunner, seeds: list[int], global_seed: int, seq_lens=(4, 9, 30)):
+    rpi, bonus = torch.tensor([0, 2, 4], device=DEVICE), torch.tensor([1, 2, 3], device=DEVICE)
+    torch.manual_seed(global_seed)  # the default generator's state must not matter to a seeded round
+    out = runner.run(rpi, torch.tensor(seq_lens, device=DEVICE), bonus, sampling(False, seeds), K)
+    return out.tokens.clone(), out.record.cand_q.clone()
+
+
+def test_seeded_requests_draft_the_same_tokens_on_every_run(monkeypatch) -> None:
+    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+    runner = make_runner([], seeded=True)
+    tokens, q = seeded_round(runner, [11, 12, 13], global_seed=0)
+    again, q_again = seeded_round(make_runner([], seeded=True), [11, 12, 13], global_seed=1)
+    assert torch.equal(tokens, again) and torch.equal(q, q_again)
+    # The draws are the request's own: other seeds, or another round start, draft differently.
+    draws = {seeded_round(runner, seeds, 0, lens)[0].flatten().tolist().__repr__()
+             for seeds, lens in [([11, 12, 13], (4, 9, 30)), ([21, 22, 23], (4, 9, 30)), ([11, 12, 13], (5, 10, 31))]}
+    assert len(draws) == 3
+    # Control: without seeding the same round depends on the default generator.
+    unseeded = make_runner([])
+    assert not torch.equal(seeded_round(unseeded, [11, 12, 13], 0)[0], seeded_round(unseeded, [11, 12, 13], 1)[0])
+
+
+def test_seeded_noise_is_exponential_and_independent_across_steps() -> None:
+    """U = exp(-noise) over 512 (seed, round start) rows x 8 steps x 4 slots: uniform (chi-square on 32
+    bins), and a step's slot independent of the next step's (chi-square on a 4 x 4 table)."""
+    from scipy.stats import chi2, chi2_contingency
+
+    columns = dr.seeded_columns(8, 4, DEVICE)
+    assert int(columns.min()) >= 1 << 31  # above every vocabulary id and every verify coin column
+    assert columns.flatten().unique().numel() == 32  # every step and slot its own column
+    seeds = torch.arange(512, device=DEVICE) * 7919 + 3
+    starts = torch.arange(512, device=DEVICE) % 37 + 100
+    noise = dr.seeded_noise(seeds, starts, columns.flatten()).cpu().double()
+    assert bool(torch.isfinite(noise).all()) and bool((noise > 0).all())
+    u = torch.exp(-noise)
+    counts = torch.bincount((u * 32).long().clamp(max=31).flatten(), minlength=32).double()
+    expected = u.numel() / 32
+    assert chi2.sf(float(((counts - expected) ** 2 / expected).sum()), 31) > 1e-4
+    assert abs(float(noise.mean()) - 1.0) < 0.03  # Exp(1): mean 1, sd 1 / sqrt(16384)
+    step0, step1 = (u[:, :4] * 4).long().clamp(max=3), (u[:, 4:8] * 4).long().clamp(max=3)
+    table = torch.zeros(4, 4)
+    for a, b in zip(step0.flatten().tolist(), step1.flatten().tolist()):
+        table[a, b] += 1
+    assert chi2_contingency(table.numpy())[1] > 1e-4
+    # Deterministic: the same inputs give the same noise.
+    assert torch.equal(dr.seeded_noise(seeds, starts, columns.flatten()).cpu().double(), noise)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_captured_seeded_step_drafts_as_the_eager_body(monkeypatch) -> None:
+    """The seeded noise inside the captured step (the step's columns picked on the device): replays
+    draft exactly the eager body's tokens for the same seeds."""
+    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+    graphed = make_runner([4], seeded=True)
+    graphed.capture()
+    for seeds in ([11, 12, 13], [5, 6, 7]):
+        tokens, q = seeded_round(graphed, seeds, global_seed=0)
+        ref_tokens, ref_q = seeded_round(make_runner([], seeded=True), seeds, global_seed=1)
+        assert torch.equal(tokens, ref_tokens) and torch.allclose(q, ref_q)

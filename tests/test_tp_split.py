@@ -96,6 +96,7 @@ def _draft_step(seed: int, logits: torch.Tensor) -> torch.Tensor:
     bs, num_cand = logits.shape[0], 16
     runner = SimpleNamespace(
         num_cand=num_cand,
+        seeded=False,  # no deterministic inference: the default generator draws the noise
         temperature=torch.full((bs,), 1.0),
         top_p=torch.full((bs,), 0.95),
         top_k=torch.full((bs,), 40, dtype=torch.int32),

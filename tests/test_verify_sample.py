@@ -33,6 +33,7 @@ def _sampling_info(greedy: bool, logit_bias: torch.Tensor | None = None):
         is_all_greedy=greedy, temperatures=temps, top_ps=torch.full((BS,), 0.9), top_ks=top_ks,
         min_ps=torch.zeros(BS), need_min_p_sampling=False, need_top_k_sampling=greedy, need_top_p_sampling=True,
         acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=logit_bias, sampling_seed=None,
+        has_custom_logit_processor=False,
     )  # fmt: skip
 
 

@@ -7,8 +7,10 @@ Every emitted token then follows the target p exactly, whatever q is. Here q_j i
 support (``DraftRecord``: C candidate ids and their probabilities, q = 0 elsewhere), which is all
 the residual needs: r = p - min(p, q) differs from p on those C ids only.
 
-All tensor work, shape-static and sync-free; the randomness comes in as SGLang's verify coins, so
-a request with a sampling seed draws the same tokens on every run.
+All tensor work, shape-static and sync-free. The randomness comes in as SGLang's verify coins and,
+for the drafts, as the draft runner's noise; under deterministic inference both are hashes of the
+request's seed and position (the drafts' in a column range of their own, so the two stay independent),
+so a seeded request that runs the same rounds draws the same tokens on every run.
 """
 
 from __future__ import annotations

@@ -1,0 +1,60 @@
+"""Which decode path may serve a request, from the request's own sampling parameters.
+
+A speculative round verifies k + 1 rows per request with one copy of the request's per-token
+sampling state, built before the round: SGLang's penalizers (frequency, presence and repetition
+penalties, min_new_tokens) cumulate one token per round (``ScheduleBatch.cumulate_penalty_output_tokens``
+reads each request's last output token when the round is prepared) and the verify adds the same
+penalty row to all k + 1 rows; a custom logit processor sees the request as it was before the round.
+Row 0 of a round is the only row whose state is the one stock decoding samples that token with. So
+a request with such state takes exactly one token per round, row 0's (``single_token``): it drafts
+nothing (``draft_counts``), its penalty state then advances one token per round as in stock
+decoding, and the verify applies its processor to row 0 alone (``verify_sample``). The rest of its
+batch keeps drafting.
+
+min_new_tokens needs this only while the penalizer can still mask the stop tokens: its count is the
+number of rounds the request has been prepared for, at least ``len(output_ids)`` (under the overlap
+scheduler the last round's tokens are not in ``output_ids`` yet, so that is the lower bound); once
+``len(output_ids) >= min_new_tokens`` the mask is off for good and every row sees the same (no)
+penalty. A retracted request is prefilled again with a fresh penalizer whose count restarts at 0
+while its output is kept, so after a retraction the request keeps single-token rounds.
+"""
+
+from __future__ import annotations
+
+
+def single_token(req) -> bool:
+    """Whether ``req`` (SGLang's ``Req``) must take exactly one token per decode round."""
+    sp = req.sampling_params
+    if sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0 or sp.repetition_penalty != 1.0:
+        return True
+    if sp.min_new_tokens > 0 and (req.retraction_count > 0 or len(req.output_ids) < sp.min_new_tokens):
+        return True
+    return req.custom_logit_processor is not None
+
+
+def draft_counts(reqs, steps: int) -> list[int] | None:
+    """Each request's draft count for a round of ``steps`` drafts: 0 for the requests that take one
+    token per round, ``steps`` for the others; None when every request drafts ``steps``."""
+    if steps == 0:
+        return None
+    counts = [0 if single_token(r) else steps for r in reqs]
+    return counts if 0 in counts else None
+
+
+def decode_path_serves(batch) -> bool:
+    """Whether a plain round of ``batch`` may take the decode path (PlainPath.DECODE): SGLang's sampler
+    alone gives its tokens. Logprobs, hidden states, grammars, penalties, logit biases, custom logit
+    processors and sampling masks are applied by SGLang's verify path, which such batches keep."""
+    si = batch.sampling_info
+    penalized = si.penalizer_orchestrator is not None and si.penalizer_orchestrator.is_required
+    return not (
+        batch.return_logprob
+        or batch.return_hidden_states
+        or batch.has_grammar
+        or penalized
+        or si.acc_additive_penalties is not None
+        or si.acc_scaling_penalties is not None
+        or si.logit_bias is not None
+        or si.has_custom_logit_processor
+        or any(si.return_sampling_masks or ())
+    )

@@ -7,7 +7,8 @@ its phases by wrapping the calls that make them: ``ModelRunner.load_model`` (wei
 mixed graphs), and the plugin's kernel builds (``build_sampling_kernels``, ``build_slot_kernels``). A phase
 nested in another counts once, in the inner phase (the slot kernels built while the KV pool is set up
 are kernels, not KV pool). The phases ride in the scheduler's own ``startup_time`` report to the HTTP
-process (across TP and DP ranks the slowest rank's, SGLang's rule for its own phases), which times the
+process (across TP ranks the slowest rank's, SGLang's rule for its own phases; see ``phases_from_report``
+for ``--dp-size N``), which times the
 warm-ups (custom ``--warmups``, PILLAR's among them, and SGLang's warm-up request) and, once the server
 is ready, logs
 
@@ -151,12 +152,29 @@ def _process_start() -> float:
     return psutil.Process().create_time()
 
 
-def _scheduler_phases() -> Mapping[str, float]:
+def phases_from_report(startup: Mapping[str, Any]) -> dict[str, float]:
+    """The scheduler phases in SGLang's merged ``startup_time`` report. Under ``--dp-size N`` the report
+    was merged in SGLang's DP-controller process, which loads no plugins and keeps only SGLang's own keys:
+    the timeline then falls back to those (weights, KV pool, SGLang's graph captures; PILLAR's own
+    graphs and kernels are then part of ``other``)."""
+    if startup.get(STARTUP_KEY):
+        return dict(startup[STARTUP_KEY])
+    phases = {}
+    if "load_weight" in startup:
+        phases[WEIGHTS] = float(startup["load_weight"])
+    if "kv_cache_allocation" in startup:
+        phases[KV_POOL] = float(startup["kv_cache_allocation"])
+    if startup.get("cuda_graph"):
+        phases[TARGET_GRAPHS] = float(sum(startup["cuda_graph"].values()))
+    return phases
+
+
+def _scheduler_phases() -> dict[str, float]:
     from sglang.srt.entrypoints import http_server
 
     state = getattr(http_server, "_global_state", None)
     startup = getattr(getattr(state, "tokenizer_manager", None), "startup_time", None) or {}
-    return startup.get(STARTUP_KEY) or {}
+    return phases_from_report(startup)
 
 
 def log_when_ready(original, *args, **kwargs):

@@ -161,3 +161,16 @@ def test_a_stock_server_logs_its_line_without_pillar_phases(monkeypatch: pytest.
     assert line.startswith("Stock start-up: weights 3.0 s, KV pool 0.5 s, target graphs 30.0 s, warm-up 2.0 s, "
                            "other 4.5 s, total 40.0 s")
     assert "draft graphs" not in line and "kernels" not in line
+
+
+def test_a_report_merged_without_the_plugin_falls_back_to_sglangs_own_phases() -> None:
+    # Under --dp-size N SGLang's DP-controller process merges the replicas' reports without the plugin.
+    from sglang.srt.observability.startup_time import aggregate_scheduler_startup_times
+
+    rank = {"load_weight": 4.0, "kv_cache_allocation": 0.5, "scheduler_e2e": 30.0,
+            "cuda_graph": {"prefill": 20.0, "decode": 3.0}, st.STARTUP_KEY: {st.WEIGHTS: 4.0}}  # fmt: skip
+    merged = aggregate_scheduler_startup_times.__wrapped__([rank, rank])  # SGLang's own, unhooked
+    assert st.STARTUP_KEY not in merged
+    assert st.phases_from_report(merged) == {st.WEIGHTS: 4.0, st.KV_POOL: 0.5, st.TARGET_GRAPHS: 23.0}
+    assert st.phases_from_report(rank) == {st.WEIGHTS: 4.0}
+    assert st.phases_from_report({}) == {}

@@ -105,9 +105,11 @@ def test_the_figure_draws_stock_and_pillar_per_output_length_with_their_ratios(m
     assert out.read_bytes() == b"fake png"
     assert ("use", "Agg") in calls
     plots = [c[1] for c in calls if c[0] == "plot"]
-    assert plots == [("stock SGLang", [1, 64], [100.0, 4000.0]), ("PILLAR (labels: x stock)", [1, 64], [150.0, 6000.0])] * 2
+    assert plots == [("stock SGLang", [1, 64], [100.0, 4000.0]),
+                     ("PILLAR (labels: x stock)", [1, 64], [150.0, 6000.0])] * 2
     assert [c[1][0] for c in calls if c[0] == "annotate"] == ["1.50x"] * 4
-    assert [c[1] for c in calls if c[0] == "set"] == ["2048 output tokens per request", "7000 output tokens per request"]
+    titles = [c[1] for c in calls if c[0] == "set"]
+    assert titles == ["2048 output tokens per request", "7000 output tokens per request"]
     assert "Tiny-1B" in next(c[1] for c in calls if c[0] == "suptitle")
 
 

@@ -128,7 +128,8 @@ def plot_headline(docs: Sequence[dict[str, Any]], path: Path) -> Path | str:
     for ax, out_len in zip(axes[0], lens):
         stock, pillar = headline.series(out_len, "stock"), headline.series(out_len, "pillar")
         ax.plot([c for c, _ in stock], [t for _, t in stock], marker="o", color="tab:gray", label="stock SGLang")
-        ax.plot([c for c, _ in pillar], [t for _, t in pillar], marker="o", color="tab:blue", label="PILLAR (labels: x stock)")
+        ax.plot([c for c, _ in pillar], [t for _, t in pillar], marker="o", color="tab:blue",
+                label="PILLAR (labels: x stock)")
         base = dict(stock)
         for c, t in pillar:
             ax.annotate(f"{t / base[c]:.2f}x", (c, t), textcoords="offset points", xytext=(0, 7), ha="center",

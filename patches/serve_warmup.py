@@ -28,15 +28,21 @@ async def pillar_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
     if not plan:
         logger.info("PILLAR warm-up skipped: a %d-token context holds no warm-up request", mc.context_len)
         return
-    for batch in plan:
-        req = GenerateReqInput(
-            input_ids=batch.input_ids, sampling_params=[dict(batch.sampling) for _ in batch.rids], rid=batch.rids
-        )
-        async for _ in tokenizer_manager.generate_request(req, None):
-            pass
+    # Under --dp-size N SGLang's DP controller spreads a batch's requests over the replicas, so each would
+    # meet only part of every batch size: each replica gets the whole plan, routed to it (one replica
+    # after another; the later ones load the kernels the first compiled from Triton's cache).
+    replicas = [None] if (getattr(sa, "dp_size", 1) or 1) <= 1 else list(range(sa.dp_size))
+    for rank in replicas:
+        for batch in plan:
+            req = GenerateReqInput(
+                input_ids=batch.input_ids, sampling_params=[dict(batch.sampling) for _ in batch.rids], rid=batch.rids,
+                routed_dp_rank=rank,
+            )  # fmt: skip
+            async for _ in tokenizer_manager.generate_request(req, None):
+                pass
     logger.info(
-        "PILLAR warm-up: %d batches of %d-%d requests in %.1f s",
-        len(plan), plan[0].size, max(b.size for b in plan), time.monotonic() - t0,
+        "PILLAR warm-up: %d batches of %d-%d requests per replica (%d) in %.1f s",
+        len(plan), plan[0].size, max(b.size for b in plan), len(replicas), time.monotonic() - t0,
     )  # fmt: skip
 
 

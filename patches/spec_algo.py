@@ -123,7 +123,17 @@ def validate_server_args(sa: ServerArgs) -> None:
     if sa.speculative_draft_model_path is not None:
         reject("drafts with the target model itself; remove --speculative-draft-model-path")
     if getattr(sa, "enable_dp_attention", False):
-        reject("does not support --enable-dp-attention")
+        reject(
+            "does not support --enable-dp-attention: its attention ranks hold different batches, and every rank "
+            "runs the round (draft count, dense requests) agreed from rank 0's batch; for more GPUs use "
+            "--dp-size N alone (one PILLAR replica per --tp-size GPUs)"
+        )
+    if getattr(sa, "disaggregation_mode", "null") != "null":
+        reject(
+            f"does not support --disaggregation-mode {sa.disaggregation_mode}: a decode server receives requests "
+            "prefilled on another server, and PILLAR builds each request's sparse draft plan at its own prefill; "
+            "serve PILLAR without disaggregation (--dp-size N for more GPUs)"
+        )
     if sa.pp_size != 1:
         reject(f"does not support pipeline parallelism (--pp-size {sa.pp_size})")
     if sa.speculative_eagle_topk not in (None, 1):

@@ -183,6 +183,24 @@ def test_pillar_warmup_sends_the_plan_as_sglang_batch_requests():
         assert obj.sampling_params == [batch.sampling] * batch.size
 
 
+def test_pillar_warmup_sends_the_whole_plan_to_each_data_parallel_replica():
+    from sglang_sparsespec.patches.serve_warmup import pillar_warmup
+
+    tm = _FakeTokenizerManager(4, 49152)
+    tm.server_args.dp_size = 2
+    asyncio.run(pillar_warmup("null", tm))
+    plan = warmup_plan(4, 49152, chunk_tokens=64, context_len=8192)
+    assert len(tm.requests) == 2 * len(plan)
+    for rank in (0, 1):
+        sent = tm.requests[rank * len(plan) : (rank + 1) * len(plan)]
+        assert [r.routed_dp_rank for r in sent] == [rank] * len(plan)
+        assert [(r.batch_size, r.rid) for r in sent] == [(b.size, b.rids) for b in plan]
+    # One replica: SGLang routes as usual (no rank named).
+    tm = _FakeTokenizerManager(4, 49152)
+    asyncio.run(pillar_warmup("null", tm))
+    assert {r.routed_dp_rank for r in tm.requests} == {None}
+
+
 def test_pillar_warmup_skips_disaggregated_servers_and_tiny_contexts():
     from sglang_sparsespec.patches.serve_warmup import pillar_warmup
 

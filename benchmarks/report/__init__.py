@@ -1,6 +1,11 @@
 """Merge result JSONs into markdown tables (and PNG plots when matplotlib is installed).
 
     python -m benchmarks.report [--results-dir benchmarks/results] [--out SUMMARY.md] [--readme docs/results.md]
+                                [--figure PNG] [--no-plots]
+
+With matplotlib installed it also draws the headline figure (output tok/s against concurrency, stock and
+PILLAR, from the sampled sweep with the most shared points): from the checked-in results into
+docs/figures/throughput_vs_concurrency.png, from any other results dir beside its SUMMARY.md.
 
 --readme docs/results.md also writes one page of tables per result kind into docs/results/ and their
 index between the page's results markers; the text around the markers is left as is.
@@ -10,7 +15,7 @@ the same workload and the same concurrency; across runs the hardware state diffe
 (clocks, neighbours), so no cross-run ratio is ever printed.
 
 One module per part: ``common`` (loading, cells, ratios), ``serving`` (throughput, plain rounds, spread,
-offload, plots), ``correctness`` (lossless, acceptance, exactness, the CPU reference), ``steps`` (kernels,
+offload, plots), ``figure`` (the headline figure), ``correctness`` (lossless, acceptance, exactness, the CPU reference), ``steps`` (kernels,
 step times) and ``pages`` (the summary and the docs pages).
 """
 
@@ -22,6 +27,7 @@ from pathlib import Path
 
 from .common import DEFAULT_RESULTS, describe_workload, load_results, stream_interval
 from .correctness import lossless_markdown
+from .figure import CHECKED_IN_FIGURE, FIGURE_NAME, plot_headline
 from .pages import PAGE_NOTE, README_BEGIN, README_END, results_pages, summary_markdown, write_results_pages
 from .serving import REPEATS_DIR, plain_vs_stock_markdown, plot_throughput, throughput_rows, throughput_table
 from .steps import tune_table
@@ -38,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS)
     p.add_argument("--out", type=Path, default=None, help="default: <results-dir>/SUMMARY.md")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--figure", type=Path, default=None,
+                   help=f"headline PNG (default: {CHECKED_IN_FIGURE.relative_to(CHECKED_IN_FIGURE.parents[2])} for "
+                        f"the checked-in results, <results-dir>/{FIGURE_NAME} for others)")
     p.add_argument("--readme", type=Path, default=None,
                    help="also write the table pages into this file's folder of its name (docs/results.md -> "
                         "docs/results/) and their index into its generated block")
@@ -54,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             notes.append(plots)
         else:
             notes += [f"plot: ![{q.stem}]({q.name})" for q in plots]
+        figure = args.figure or (CHECKED_IN_FIGURE if args.results_dir.resolve() == DEFAULT_RESULTS
+                                 else args.results_dir / FIGURE_NAME)  # fmt: skip
+        drawn = plot_headline(docs, figure)
+        print(f"wrote {drawn}" if isinstance(drawn, Path) else drawn)
     out = args.out or args.results_dir / "SUMMARY.md"
     out.write_text(summary_markdown(docs, notes, repeats), encoding="utf-8")
     print(f"wrote {out} ({len(docs)} result files)")

@@ -20,7 +20,7 @@ instead of on the first sampled request), ``slot_warmup`` (write_req_to_token_po
 write_cache_indices calls it: both alignment variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry,
 ``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the
 server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to broadcast rank
-0's round shape and let rank 0 alone write the cost file), ``mixed_runner`` (as ``draft_runner``: ForwardBatch,
+0's round shape and let rank 0 alone write the cost file), ``openai_guard`` (FastAPI's body fields of the HTTP app's routes, whose validation it wraps), ``mixed_runner`` (as ``draft_runner``: ForwardBatch,
 forward context, graph capture mode and gc freeze; create_flashinfer_kv_indices_triton for the verify
 segments' prefix slots, sgl_kernel's renorm kernels for their target distribution, and SamplingBatchInfo
 fields that say which batches a mixed iteration serves), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
@@ -38,6 +38,7 @@ from . import (
     kv_cache_builder,
     metrics,
     offload_hooks,
+    openai_guard,
     request_guard,
     reserved_tokens,
     serve_warmup,
@@ -153,6 +154,28 @@ HOOKS: tuple[Hook, ...] = (
         "AROUND",
         request_guard.extra_key_type_is_a_400,
         "a non-string cache_salt / extra_key in an OpenAI request raises TypeError there, a 500",
+    ),
+    Hook(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
+        "AROUND",
+        request_guard.reserved_rid,
+        "a client rid with the warm-up prefix would turn its batch into warm-up rounds (unmeasured, "
+        "uncounted); requests over HTTP carry the Request, the start-up warm-up calls it without",
+    ),
+    Hook(
+        "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.__init__",
+        "AFTER",
+        openai_guard.guard_http_app,
+        "ChatCompletionRequest's mode='before' validators call .get on the raw body and response_format "
+        "(AttributeError, a 500, for [1, 2] or a string); the HTTP app's lifespan builds the OpenAI "
+        "handlers before it serves, the moment to wrap its routes' body validation",
+    ),
+    Hook(
+        "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._handle_last_assistant_message",
+        "AFTER",
+        openai_guard.continue_needs_a_message,
+        "continue_final_message on a lone assistant message leaves the chat template no conversation "
+        "(IndexError in transformers, a 500)",
     ),
     Hook(
         "sglang.srt.speculative.eagle_utils.eagle_sample",

@@ -11,7 +11,7 @@ SamplingBatchInfo fields that say which batches the sampler alone serves), ``dra
 forward context, graph capture mode, the capture-time gc freeze), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
 create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
-renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
+renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention and mrope at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the
 Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
 (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from . import (
     alloc_reserve,
+    client_parity,
     cuda_graph,
     kv_cache_builder,
     metrics,
@@ -176,6 +177,27 @@ HOOKS: tuple[Hook, ...] = (
         openai_guard.continue_needs_a_message,
         "continue_final_message on a lone assistant message leaves the chat template no conversation "
         "(IndexError in transformers, a 500)",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept",
+        "AROUND",
+        client_parity.accept_like_plain_decoding,
+        "a request's output chunk is built there for one token per step: a round of several tokens "
+        "jumps over the stream-interval points (length 1 mod N) and counts reasoning tokens past the "
+        "finish trim; PILLAR's per-request proposed drafts travel in the chunk",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
+        "AFTER",
+        client_parity.count_proposed_drafts,
+        "the per-request rounds are credited there; under adaptive speculation each round's own draft "
+        "count (0-k) is what the request was proposed",
+    ),
+    Hook(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
+        "AFTER",
+        client_parity.proposed_drafts_in_meta_info,
+        "meta_info's spec_accept_rate assumes speculative_num_draft_tokens - 1 drafts per round",
     ),
     Hook(
         "sglang.srt.speculative.eagle_utils.eagle_sample",

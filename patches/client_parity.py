@@ -100,6 +100,8 @@ def proposed_drafts_in_meta_info(result, manager, meta_info, recv_obj, i, *args,
     proposed = caps[i] if caps is not None and len(caps) > i else 0
     meta_info.pop("spec_cap_length", None)  # the field carried the proposed drafts, not a cap length
     correct = meta_info.get("spec_num_correct_drafts", 0)
+    if proposed == 0 and correct > 0:
+        return result  # accepted drafts but no count carried (rounds this worker did not match): SGLang's figures
     if proposed > 0:
         meta_info["spec_accept_rate"] = correct / proposed
         meta_info["spec_num_proposed_drafts"] = meta_info["spec_proposed_drafts"] = proposed

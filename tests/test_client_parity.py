@@ -146,6 +146,9 @@ def test_per_request_acceptance_counts_the_drafts_each_round_ran():
     plain = {"spec_verify_ct": 3, "spec_num_correct_drafts": 0, "spec_accept_rate": 0.0, "spec_num_proposed_drafts": 24}
     proposed_drafts_in_meta_info(None, manager, plain, SimpleNamespace(spec_num_cap_tokens=[0]), 0)
     assert "spec_accept_rate" not in plain and "spec_num_proposed_drafts" not in plain
+    uncounted = {"spec_verify_ct": 3, "spec_num_correct_drafts": 9, "spec_accept_rate": 9 / 24}
+    proposed_drafts_in_meta_info(None, manager, uncounted, SimpleNamespace(spec_num_cap_tokens=[0]), 0)
+    assert uncounted["spec_accept_rate"] == 9 / 24  # accepted drafts, no count carried: SGLang's figures stay
     eagle = dict(meta, spec_accept_rate=0.5)
     proposed_drafts_in_meta_info(None, SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE")),
                                  eagle, SimpleNamespace(spec_num_cap_tokens=[10]), 0)  # fmt: skip

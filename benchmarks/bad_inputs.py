@@ -86,6 +86,7 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
         gen("empty_text", text=""),
         Probe("no_input", GENERATE, {"sampling_params": {}}, 400),
         Probe("body_not_object", GENERATE, [1, 2], 400),
+        Probe("empty_text_batch", GENERATE, {"text": [], "sampling_params": {"max_new_tokens": 8}}, 400),
         Probe("batch_one_empty_prompt", GENERATE, {"input_ids": [ids, []]}, 400),
         Probe("batch_one_oov_prompt", GENERATE, {"input_ids": [ids, [HUGE_ID]]}, 400),
         gen("batch_one_bad_sampling", text=[TEXT, TEXT], sampling_params=[{"max_new_tokens": 8}, {"temperature": -1}]),

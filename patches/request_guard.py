@@ -182,10 +182,13 @@ def _naming_prompt(obj: Any) -> Iterator[None]:
 
 # ---- hooks (registered in patches/__init__.py) ---------------------------------------------------
 def guard_normalize(original, obj, *args, **kwargs):
-    """GenerateReqInput.normalize_batch_and_arguments: ``n`` and empty input_embeds are checked before
-    SGLang expands the request (an IndexError, a 500, on ``"input_embeds": []``); the batch shape after."""
+    """GenerateReqInput.normalize_batch_and_arguments: ``n``, an empty ``text`` batch (answered 200 with
+    no outputs) and empty input_embeds are checked before SGLang expands the request (an IndexError, a
+    500, on ``"input_embeds": []``); the batch shape after."""
     try:
         check_parallel_samples(obj.sampling_params)
+        if isinstance(obj.text, list) and not obj.text:
+            raise ValueError("text is an empty list: a batch needs at least one prompt")
         embeds = obj.input_embeds
         if obj.text is None and obj.input_ids is None and embeds is not None and not (embeds and embeds[0]):
             raise ValueError("input_embeds is empty")

@@ -71,6 +71,7 @@ MESSAGES = {
     "chat_continue_lone_assistant": "send at least one message before that assistant message",
     "top_logprobs_num_list": "top_logprobs_num must be one integer per prompt",
     "rid_warmup_prefix": "are reserved for the server's warm-up",
+    "empty_text_batch": "text is an empty list",
     "batch_rid_warmup_prefix": "rid '__pillar_warmup__2'",
     "chat_rid_warmup_prefix": "are reserved for the server's warm-up",
 }

@@ -111,6 +111,7 @@ def test_reasoning_tokens_never_exceed_the_finished_output():
     req.reasoning_tokens, req.finished_len, req.done = 12, 10, True  # a round ran 2 tokens past the stop
     accept_like_plain_decoding(sglang_accept, acc, req=req)
     assert acc.completion_tokens == [10] and acc.reasoning_tokens == [10]
+    assert acc.spec_num_cap_tokens == [6] and req.spec_num_cap_tokens == 0  # carried, the Req's own field untouched
     acc2, req2 = Acc(), make_req(None)
     req2.output_ids.extend([5] * 12)
     req2.reasoning_tokens, req2.done = 4, True
@@ -163,3 +164,52 @@ def test_an_unmatched_round_credits_nothing():
     count_proposed_drafts(None, SimpleNamespace(model_worker=SimpleNamespace(metrics=metrics)), None,
                           SimpleNamespace(reqs=[req]))  # fmt: skip
     assert not hasattr(req, PROPOSED)
+
+
+def test_sglang_own_accumulator_streams_at_the_interval_and_trims_reasoning():
+    """SGLang 0.5.17's _GenerationStreamAccumulator and Req, with the hook as the plugin installs it."""
+    pytest.importorskip("sglang")
+    import array
+
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
+    from sglang.srt.managers.scheduler_components.output_streamer import _GenerationStreamAccumulator
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    load_plugins()
+    hooked = _GenerationStreamAccumulator.accept
+    assert hasattr(hooked, "__wrapped__")
+
+    def chunks(accept) -> list[int]:
+        rng = random.Random(0)
+        req = Req("r", "hi", array.array("q", [1, 2, 3]), SamplingParams(max_new_tokens=1000, stream_interval=8), stream=True)
+        sizes = []
+        for _ in range(60):
+            req.output_ids.extend([5] * rng.randint(1, 9))
+            acc = _GenerationStreamAccumulator(
+                return_logprob=False, return_hidden_states=False, return_routed_experts=False,
+                return_indexer_topk=False, spec_algorithm=SpeculativeAlgorithm.from_string("PILLAR"),
+                disaggregation_mode=DisaggregationMode.NULL, default_stream_interval=1,
+                default_force_stream_interval=50, get_cached_tokens_details=lambda r: None,
+            )  # fmt: skip
+            accept(acc, req=req)
+            sizes += [len(ids) for ids in acc.output_ids]
+        return sizes
+
+    stock, ours = chunks(hooked.__wrapped__), chunks(hooked)
+    assert sum(stock) / len(stock) > 20 and 7 < sum(ours) / len(ours) < 11
+
+    req = Req("f", "hi", array.array("q", [1, 2, 3]), SamplingParams(max_new_tokens=10), stream=True)
+    req.output_ids.extend([5] * 12)  # the last round ran two tokens past max_new_tokens
+    req.reasoning_tokens, req.finished_len, req.finished_reason = 12, 10, FINISH_LENGTH(length=10)
+    setattr(req, PROPOSED, 6)
+    acc = _GenerationStreamAccumulator(
+        return_logprob=False, return_hidden_states=False, return_routed_experts=False, return_indexer_topk=False,
+        spec_algorithm=SpeculativeAlgorithm.from_string("PILLAR"), disaggregation_mode=DisaggregationMode.NULL,
+        default_stream_interval=1, default_force_stream_interval=50, get_cached_tokens_details=lambda r: None,
+    )  # fmt: skip
+    hooked(acc, req=req)
+    assert acc.completion_tokens == [10] and acc.reasoning_tokens == [10]
+    assert acc.spec_num_cap_tokens == [6] and req.spec_num_cap_tokens == 0  # carried, the Req's own field untouched

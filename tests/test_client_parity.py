@@ -111,7 +111,6 @@ def test_reasoning_tokens_never_exceed_the_finished_output():
     req.reasoning_tokens, req.finished_len, req.done = 12, 10, True  # a round ran 2 tokens past the stop
     accept_like_plain_decoding(sglang_accept, acc, req=req)
     assert acc.completion_tokens == [10] and acc.reasoning_tokens == [10]
-    assert acc.spec_num_cap_tokens == [6] and req.spec_num_cap_tokens == 0  # carried, the Req's own field untouched
     acc2, req2 = Acc(), make_req(None)
     req2.output_ids.extend([5] * 12)
     req2.reasoning_tokens, req2.done = 4, True

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 HTTP_SERVER = "sglang.srt.entrypoints.http_server"
+MAX_SEARCHED_FIELDS = 128  # ChatCompletionRequest, the largest request model, has under 100
 _GUARDED = "_sparsespec_guarded"  # marks a body field whose validation is wrapped
 
 
@@ -55,7 +56,7 @@ def _crashes(model: Any, body: Mapping[str, Any]) -> bool:
     from pydantic import ValidationError
 
     try:
-        model.model_validate(copy.deepcopy(dict(body)))  # SGLang's validators mutate the body
+        model.model_validate(snapshot(dict(body)))  # SGLang's validators change what they read in place
     except ValidationError:
         return False
     except Exception:  # noqa: BLE001
@@ -64,7 +65,11 @@ def _crashes(model: Any, body: Mapping[str, Any]) -> bool:
 
 
 def _culprits(model: Any, body: Mapping[str, Any]) -> list[str]:
-    """The first field without which the body validates or fails cleanly."""
+    """The first field without which the body validates or fails cleanly. One validation per field, on
+    the error path only; a body of more fields than any request model has is not searched (a client
+    could otherwise make each bad request cost fields x validations)."""
+    if len(body) > MAX_SEARCHED_FIELDS:
+        return []
     for name in body:
         if not _crashes(model, {k: v for k, v in body.items() if k != name}):
             return [name]

@@ -14,7 +14,12 @@ from pydantic import BaseModel, model_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sglang_sparsespec.patches.openai_guard import body_errors, continue_needs_a_message, guard_routes
+from sglang_sparsespec.patches.openai_guard import (
+    MAX_SEARCHED_FIELDS,
+    body_errors,
+    continue_needs_a_message,
+    guard_routes,
+)
 from sglang_sparsespec.patches.request_guard import check_client_rids, check_top_logprobs
 
 from benchmarks.bad_inputs import CHAT, COMPLETIONS, GENERATE, fuzz_inputs
@@ -97,6 +102,9 @@ def test_body_errors_name_the_field_that_breaks_the_model():
     assert errors[0]["loc"] == ("body", "fmt") and "fmt: this object is not a valid value" in errors[0]["msg"]
     assert body == {"a": 1, "fmt": {"schema": "x"}}  # the search validates copies
     assert body_errors(Req, None, AttributeError("x"), ("body",))[0]["msg"].endswith("got null")
+    padded = {**body, **{f"x{i}": i for i in range(MAX_SEARCHED_FIELDS)}}  # not searched field by field
+    errors = body_errors(Req, padded, AttributeError("boom"), ("body",))
+    assert errors[0]["loc"] == ("body",) and "could not be read as Req (AttributeError: boom)" in errors[0]["msg"]
 
 
 def test_continue_final_message_needs_a_conversation_before_the_prefix():

@@ -6,9 +6,12 @@ A streamed native ``/generate`` request is answered 200 before SGLang validates 
 comes as the first SSE event; ``effective_status`` reads that event's ``code``.
 
 The fuzzer is seeded and uses only the standard library: it reads the request schemas from the
-server's own OpenAPI document (``/openapi.json``), takes a small valid body per route and sets one
-to three properties (for ``/generate`` also sampling parameters, a free-form object in the schema)
-to values of the declared type at its edges, or of a wrong type.
+server's own OpenAPI document (``/openapi.json``, SGLang's pydantic request models rendered as JSON
+Schema). For ``/generate`` it takes a small valid body and sets one to three properties (also
+sampling parameters, a free-form object in the schema) to values of the declared type at its edges,
+or of a wrong type; for the OpenAI chat and completions routes ``schema_fuzz`` builds valid bodies
+with random optional fields and breaks them anywhere in the tree (messages, content parts, response
+formats, tools), or sends a non-object body.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from benchmarks.schema_fuzz import SchemaFuzzer, fuzz_body, request_schema
 
 GENERATE, COMPLETIONS, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
 ROUTES = (GENERATE, COMPLETIONS, CHAT)
@@ -64,12 +69,7 @@ def effective_status(http_status: int, body: bytes) -> int:
 
 
 def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
-    """Every malformed request of issue 22, per route, expecting 400; then unusual valid ones (200).
-
-    ``chat_body_not_object`` and ``chat_response_format_string`` expect 500: SGLang's
-    ChatCompletionRequest validators call ``.get`` on them before pydantic checks their type (in the
-    HTTP layer, before the tokenizer manager; the server keeps serving).
-    """
+    """Malformed requests per route, each expecting a 400 with a message; then unusual valid ones (200)."""
     ids = [1, 2, 3]
     msgs = [{"role": "user", "content": TEXT}]
 
@@ -86,6 +86,7 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
         gen("empty_text", text=""),
         Probe("no_input", GENERATE, {"sampling_params": {}}, 400),
         Probe("body_not_object", GENERATE, [1, 2], 400),
+        Probe("empty_text_batch", GENERATE, {"text": [], "sampling_params": {"max_new_tokens": 8}}, 400),
         Probe("batch_one_empty_prompt", GENERATE, {"input_ids": [ids, []]}, 400),
         Probe("batch_one_oov_prompt", GENERATE, {"input_ids": [ids, [HUGE_ID]]}, 400),
         gen("batch_one_bad_sampling", text=[TEXT, TEXT], sampling_params=[{"max_new_tokens": 8}, {"temperature": -1}]),
@@ -121,6 +122,7 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
         sp("n_zero", n=0),
         sp("n_float", n=2.5),
         sp("n_huge", n=10**6),
+        sp("n_null", n=None),
         gen("top_logprobs_huge", return_logprob=True, top_logprobs_num=vocab_size + 1),
         gen("top_logprobs_negative", return_logprob=True, top_logprobs_num=-3),
         gen("token_ids_logprob_oov", return_logprob=True, token_ids_logprob=[HUGE_ID]),
@@ -141,8 +143,32 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
         Probe("chat_stop_token_ids_oov", CHAT,
               {"model": "default", "messages": msgs, "stop_token_ids": [HUGE_ID], "min_tokens": 2}, 400),
         Probe("chat_stream_top_k_overflow", CHAT, {"model": "default", "messages": msgs, "top_k": 2**40, "stream": True}, 400),
-        Probe("chat_body_not_object", CHAT, [1, 2], 500),
-        Probe("chat_response_format_string", CHAT, {"model": "default", "messages": msgs, "response_format": "json"}, 500),
+        Probe("chat_body_not_object", CHAT, [1, 2], 400),
+        Probe("chat_body_string", CHAT, "hello", 400),
+        Probe("chat_body_null", CHAT, None, 400),
+        Probe("completions_body_not_object", COMPLETIONS, [1, 2], 400),
+        Probe("chat_response_format_string", CHAT, {"model": "default", "messages": msgs, "response_format": "json"}, 400),
+        Probe("chat_response_format_list", CHAT, {"model": "default", "messages": msgs, "response_format": ["json"]}, 400),
+        Probe("chat_json_schema_not_object", CHAT,
+              {"model": "default", "messages": msgs, "response_format": {"type": "json_schema", "schema": "x"}}, 400),
+        Probe("chat_json_schema_properties_string", CHAT,
+              {"model": "default", "messages": msgs,
+               "response_format": {"type": "json_schema", "schema": {"properties": "strict"}}}, 400),
+        Probe("chat_continue_lone_assistant", CHAT,
+              {"model": "default", "messages": [{"role": "assistant", "content": TEXT}], "continue_final_message": True}, 400),
+        Probe("chat_messages_not_list", CHAT, {"model": "default", "messages": TEXT}, 400),
+        Probe("chat_message_not_object", CHAT, {"model": "default", "messages": [1]}, 400),
+        Probe("chat_tools_string", CHAT, {"model": "default", "messages": msgs, "tools": "x"}, 400),
+        Probe("chat_logit_bias_string_value", CHAT, {"model": "default", "messages": msgs, "logit_bias": {"5": "x"}}, 400),
+        Probe("chat_stop_int", CHAT, {"model": "default", "messages": msgs, "stop": 5}, 400),
+        Probe("chat_n_string", CHAT, {"model": "default", "messages": msgs, "n": "two"}, 400),
+        Probe("chat_rid_warmup_prefix", CHAT, {"model": "default", "messages": msgs, "rid": "__pillar_warmup__7"}, 400),
+        Probe("completions_empty_prompt_list", COMPLETIONS, {"model": "default", "prompt": []}, 400),
+        Probe("batch_one_bad_completions_empty_text", COMPLETIONS, {"model": "default", "prompt": [TEXT, ""]}, 400),
+        Probe("completions_max_tokens_string", COMPLETIONS, {"model": "default", "prompt": TEXT, "max_tokens": "eight"}, 400),
+        gen("top_logprobs_num_list", return_logprob=True, top_logprobs_num=[]),
+        gen("rid_warmup_prefix", rid="__pillar_warmup__1"),
+        gen("batch_rid_warmup_prefix", text=[TEXT, TEXT], rid=["a", "__pillar_warmup__2"]),
         Probe("completions_cache_salt_list", COMPLETIONS, {"model": "default", "prompt": TEXT, "cache_salt": ["a"]}, 400),
         Probe("extra_key_list", GENERATE, {"text": TEXT, "extra_key": ["a", "b"]}, 400),
     ]  # fmt: skip
@@ -211,18 +237,23 @@ def fuzz_inputs(
 ) -> list[Probe]:
     """``count`` mutated bodies spread over ``routes``; the same seed and schema give the same bodies.
 
-    Chat's ``response_format`` is left alone: a non-object value is SGLang's known 500 (its request
-    validator calls ``.get`` on it), recorded once by the hand list's ``chat_response_format_string``.
+    ``/generate``: one to three properties (or sampling parameters, a free-form object in the schema)
+    set to edge or wrong-typed values. The OpenAI routes: ``schema_fuzz.SchemaFuzzer`` over the
+    routes' request models, nested fields (messages, content parts, response formats, tools) included.
     """
     rng = random.Random(seed)
-    props = {path: _request_schema(openapi, path).get("properties", {}) for path in routes}
-    props.get(CHAT, {}).pop("response_format", None)
+    fuzzer = SchemaFuzzer(openapi, rng)
+    props = {GENERATE: _request_schema(openapi, GENERATE).get("properties", {})} if GENERATE in routes else {}
     out = []
     for i in range(count):
         path = routes[i % len(routes)]
+        if path != GENERATE:
+            body = fuzz_body(fuzzer, request_schema(openapi, path), _base_body(path))
+            out.append(Probe(f"fuzz_{i:04d}", path, body, None))
+            continue
         body = _base_body(path)
         for _ in range(rng.randint(1, 3)):
-            if path == GENERATE and isinstance(body.get("sampling_params"), dict) and rng.random() < 0.4:
+            if isinstance(body.get("sampling_params"), dict) and rng.random() < 0.4:
                 key = rng.choice(SAMPLING_KEYS)
                 body["sampling_params"] = {
                     **body["sampling_params"],

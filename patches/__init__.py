@@ -14,7 +14,7 @@ args, around the hooked update_finish_state), ``draft_runner`` (ForwardBatch, fo
 for seeded draft noise), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
 create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
-renorm kernels, the Sampler's apply_custom_logit_processor), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
+renorm kernels, the Sampler's apply_custom_logit_processor), ``spec_algo`` (ModelConfig, to refuse unsupported attention and mrope at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the
 Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
 (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a
@@ -23,7 +23,7 @@ instead of on the first sampled request), ``slot_warmup`` (write_req_to_token_po
 write_cache_indices calls it: both alignment variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry,
 ``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the
 server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to broadcast rank
-0's round shape and let rank 0 alone write the cost file), ``mixed_runner`` (as ``draft_runner``: ForwardBatch,
+0's round shape and let rank 0 alone write the cost file), ``openai_guard`` (FastAPI's body fields of the HTTP app's routes, whose validation it wraps), ``mixed_runner`` (as ``draft_runner``: ForwardBatch,
 forward context, graph capture mode and gc freeze; create_flashinfer_kv_indices_triton for the verify
 segments' prefix slots, sgl_kernel's renorm kernels for their target distribution, and SamplingBatchInfo
 fields that say which batches a mixed iteration serves), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
@@ -37,11 +37,13 @@ from dataclasses import dataclass
 
 from . import (
     alloc_reserve,
+    client_parity,
     cuda_graph,
     finish_check,
     kv_cache_builder,
     metrics,
     offload_hooks,
+    openai_guard,
     request_guard,
     reserved_tokens,
     serve_warmup,
@@ -158,6 +160,49 @@ HOOKS: tuple[Hook, ...] = (
         "AROUND",
         request_guard.extra_key_type_is_a_400,
         "a non-string cache_salt / extra_key in an OpenAI request raises TypeError there, a 500",
+    ),
+    Hook(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
+        "AROUND",
+        request_guard.reserved_rid,
+        "a client rid with the warm-up prefix would turn its batch into warm-up rounds (unmeasured, "
+        "uncounted); requests over HTTP carry the Request, the start-up warm-up calls it without",
+    ),
+    Hook(
+        "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.__init__",
+        "AFTER",
+        openai_guard.guard_http_app,
+        "ChatCompletionRequest's mode='before' validators call .get on the raw body and response_format "
+        "(AttributeError, a 500, for [1, 2] or a string); the HTTP app's lifespan builds the OpenAI "
+        "handlers before it serves, the moment to wrap its routes' body validation",
+    ),
+    Hook(
+        "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._handle_last_assistant_message",
+        "AFTER",
+        openai_guard.continue_needs_a_message,
+        "continue_final_message on a lone assistant message leaves the chat template no conversation "
+        "(IndexError in transformers, a 500)",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept",
+        "AROUND",
+        client_parity.accept_like_plain_decoding,
+        "a request's output chunk is built there for one token per step: a round of several tokens "
+        "jumps over the stream-interval points (length 1 mod N) and counts reasoning tokens past the "
+        "finish trim; PILLAR's per-request proposed drafts travel in the chunk",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
+        "AFTER",
+        client_parity.count_proposed_drafts,
+        "the per-request rounds are credited there; under adaptive speculation each round's own draft "
+        "count (0-k) is what the request was proposed",
+    ),
+    Hook(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
+        "AFTER",
+        client_parity.proposed_drafts_in_meta_info,
+        "meta_info's spec_accept_rate assumes speculative_num_draft_tokens - 1 drafts per round",
     ),
     Hook(
         "sglang.srt.speculative.eagle_utils.eagle_sample",

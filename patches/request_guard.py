@@ -18,7 +18,10 @@ The checks added here, for every algorithm once the plugin is installed:
   compiles;
 * the request's shape: ``n`` an int in [1, MAX_PARALLEL_SAMPLES] before SGLang expands the batch by
   it, one entry per prompt in every per-prompt list, one ``rid`` and one ``sampling_params`` object
-  for a single prompt.
+  and an integer ``top_logprobs_num`` for a single prompt;
+* a client's ``rid`` does not start with the prefix that marks PILLAR's start-up warm-up requests
+  (``spec/warmup.py``: their rounds are kept out of the cost model and the metrics, so a client
+  batch under that prefix would run unmeasured warm-up rounds).
 
 Errors of one prompt of a batch name it ("prompt 2 of 3 in the batch: ...").
 """
@@ -117,13 +120,16 @@ def check_sampling_params(params: Any, vocab_size: int) -> None:
 
 
 def check_parallel_samples(sampling_params: Mapping[str, Any] | Sequence[Any] | None) -> None:
-    """ValueError unless every ``n`` is an int in [1, MAX_PARALLEL_SAMPLES] (absent/None = 1)."""
+    """ValueError unless every ``n`` is an int in [1, MAX_PARALLEL_SAMPLES] (absent = 1; SGLang reads
+    ``get("n", 1)``, so an explicit null would reach its comparisons as None)."""
     if isinstance(sampling_params, list) and not sampling_params:
         raise ValueError("sampling_params is an empty list")
     entries = [sampling_params] if isinstance(sampling_params, Mapping) else sampling_params or []
     for entry in entries:
-        n = entry.get("n") if isinstance(entry, Mapping) else None
-        if n is not None and (type(n) is not int or not 1 <= n <= MAX_PARALLEL_SAMPLES):
+        if not isinstance(entry, Mapping) or "n" not in entry:
+            continue
+        n = entry["n"]
+        if type(n) is not int or not 1 <= n <= MAX_PARALLEL_SAMPLES:
             raise ValueError(f"sampling_params.n must be an integer in [1, {MAX_PARALLEL_SAMPLES}], got {n!r}")
 
 
@@ -145,7 +151,19 @@ def check_batch_shape(obj: Any) -> None:
             raise ValueError(f"{name} has {have} entries for {obj.batch_size} prompts")
 
 
-def check_top_logprobs(top_logprobs_num: int, vocab_size: int) -> None:
+def check_client_rids(rid: Any) -> None:
+    """ValueError if a client's rid (one string or a list of them) starts with the warm-up prefix."""
+    from sglang_sparsespec.spec.warmup import WARMUP_RID_PREFIX
+
+    for r in rid if isinstance(rid, list) else [rid]:
+        if isinstance(r, str) and r.startswith(WARMUP_RID_PREFIX):
+            raise ValueError(f"rid {r!r}: ids starting with {WARMUP_RID_PREFIX!r} are reserved for the server's warm-up")
+
+
+def check_top_logprobs(top_logprobs_num: Any, vocab_size: int) -> None:
+    if type(top_logprobs_num) is not int:
+        # A list passes SGLang's request model (one entry per prompt of a batch) and a single prompt keeps it.
+        raise ValueError(f"top_logprobs_num must be one integer per prompt, got {top_logprobs_num!r}")
     if not 0 <= top_logprobs_num <= vocab_size:
         raise ValueError(f"top_logprobs_num must be in [0, {vocab_size}] (the vocabulary), got {top_logprobs_num}")
 
@@ -164,15 +182,36 @@ def _naming_prompt(obj: Any) -> Iterator[None]:
 
 # ---- hooks (registered in patches/__init__.py) ---------------------------------------------------
 def guard_normalize(original, obj, *args, **kwargs):
-    """GenerateReqInput.normalize_batch_and_arguments: ``n`` and empty input_embeds are checked before
-    SGLang expands the request (an IndexError, a 500, on ``"input_embeds": []``); the batch shape after."""
-    check_parallel_samples(obj.sampling_params)
-    embeds = obj.input_embeds
-    if obj.text is None and obj.input_ids is None and embeds is not None and not (embeds and embeds[0]):
-        raise ValueError("input_embeds is empty")
-    result = original(obj, *args, **kwargs)
+    """GenerateReqInput.normalize_batch_and_arguments: ``n``, an empty ``text`` batch (answered 200 with
+    no outputs) and empty input_embeds are checked before SGLang expands the request (an IndexError, a
+    500, on ``"input_embeds": []``); the batch shape after."""
+    try:
+        check_parallel_samples(obj.sampling_params)
+        if isinstance(obj.text, list) and not obj.text:
+            raise ValueError("text is an empty list: a batch needs at least one prompt")
+        embeds = obj.input_embeds
+        if obj.text is None and obj.input_ids is None and embeds is not None and not (embeds and embeds[0]):
+            raise ValueError("input_embeds is empty")
+        result = original(obj, *args, **kwargs)
+    except ValueError:
+        # A streamed request's disconnect-abort task (TokenizerManager.create_abort_task) reads
+        # is_single, which SGLang sets only part-way through normalising: without it the task raises
+        # AttributeError in the log after the client got its 400. Nothing was dispatched; the abort finds
+        # no request under these rids either way.
+        if "is_single" not in vars(obj):
+            obj.is_single = not isinstance(obj.rid, list)
+        raise
     check_batch_shape(obj)
     return result
+
+
+def reserved_rid(original, manager, obj, request=None, *args, **kwargs):
+    """TokenizerManager.generate_request: a request that came over HTTP (``request`` set; the warm-up
+    calls it without one) may not use the warm-up prefix. Raised when the call is made, inside every
+    HTTP handler's ``except ValueError`` (a 400, or the error event of a stream)."""
+    if request is not None:
+        check_client_rids(getattr(obj, "rid", None))
+    return original(manager, obj, request, *args, **kwargs)
 
 
 def stamp_prompt_index(result, obj, i, *args, **kwargs):

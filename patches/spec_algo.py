@@ -157,9 +157,12 @@ def validate_server_args(sa: ServerArgs) -> None:
 
     # Built here, not through sa.get_model_config(), which would cache it on the ServerArgs
     # before __post_init__ has finished adjusting them.
-    gap = unsupported_attention(ModelConfig.from_server_args(sa))
+    model_config = ModelConfig.from_server_args(sa)
+    gap = unsupported_attention(model_config)
     if gap is not None:
         reject(f"cannot serve a model with {gap}: its draft and verify kernels need full causal attention")
+    if model_config.model_is_mrope:
+        reject("cannot serve a model with multimodal rotary positions (mrope, Qwen-VL-style): its draft steps run without mrope_positions")
 
     num_steps = sa.speculative_num_steps or DEFAULT_NUM_STEPS
     if sa.speculative_num_draft_tokens not in (None, num_steps + 1):

@@ -62,6 +62,9 @@ class PillarMetrics:
     draft_ms_total: float = 0.0
     verify_ms_total: float = 0.0
     last_phase_ms: dict[str, float] = field(default_factory=dict)
+    # The draft count of the round ``completed`` last matched (None: it matched none or had no drafts), which SGLang's
+    # result processing credits to each request it served (patches/client_parity.py).
+    last_completed_steps: int | None = None
     _rounds: LaunchedRounds = field(default_factory=LaunchedRounds)
 
     def __post_init__(self) -> None:
@@ -81,6 +84,7 @@ class PillarMetrics:
 
     def completed(self, correct_drafts: Sequence[int]) -> None:
         matched = self._rounds.completed(correct_drafts)
+        self.last_completed_steps = None if matched is None else matched.k
         if matched is None:
             return
         steps, accepted, _ = matched

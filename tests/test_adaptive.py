@@ -15,6 +15,8 @@ from sglang_sparsespec.spec.adaptive import (
     SpeculationPolicy,
     batch_bucket,
     context_bucket,
+    PROBE_ROUNDS,
+    cell_key,
     expected_tokens,
 )
 
@@ -97,16 +99,24 @@ def test_round_clock_reports_only_finished_rounds_and_decode_gaps():
     assert rc.poll()[0].gap_ms is None
 
 
+def _rounds(*samples: RoundSample) -> list[RoundSample]:
+    """Each sample as the PROBE_ROUNDS rounds that price it (a warm-up round, then the minimum kept)."""
+    return [s for s in samples for _ in range(PROBE_ROUNDS)]
+
+
 def _feed(policy: SpeculationPolicy, key, plain: float, step: float, verify: float, k: int = 8) -> None:
-    policy.observe([RoundSample(key, 0, 0.0, plain, 0.1), RoundSample(key, k, k * step, verify, 0.1)])
+    policy.observe(_rounds(RoundSample(key, 0, 0.0, plain, 0.1), RoundSample(key, k, k * step, verify, 0.1)))
 
 
 def test_policy_probes_unpriced_modes_first():
+    """A new cell runs each mode until its cost is priced: the warm-up round plus two kept ones."""
     policy = SpeculationPolicy((0, 2, 4, 8))
-    assert policy.choose(64, 4000)[0] == 0
-    assert policy.choose(64, 4000)[0] == 8
+    assert [policy.choose(64, 4000)[0] for _ in range(2 * PROBE_ROUNDS)] == [0] * PROBE_ROUNDS + [8] * PROBE_ROUNDS
     assert policy.choose(64, 4000)[0] == 8  # no measurement back yet: speculate
     assert policy.choose(3, 4000)[0] == 0  # another cell probes again
+    key = cell_key(3, 4000)
+    policy.observe(_rounds(RoundSample(key, 0, 0.0, 1.0, None)))  # plain priced before its probes ended
+    assert policy.choose(3, 4000)[0] == 8
 
 
 @pytest.mark.parametrize(
@@ -147,12 +157,13 @@ def test_speculative_reprobes_draft_the_fewest_and_price_each_count_by_its_own_r
     measured one, scaled; once run, by its own draft phase (the phase has a fixed part)."""
     policy = SpeculationPolicy((0, 2, 4, 8), reprobe_every=10, acceptance=AcceptanceTracker(prior=0.6))
     key = policy.choose(1, 7000)[1]
-    assert policy.choose(1, 7000)[0] == 8  # the first speculative probe prices k_max
+    probes = [policy.choose(1, 7000)[0] for _ in range(2 * PROBE_ROUNDS - 1)]
+    assert probes[-PROBE_ROUNDS:] == [8] * PROBE_ROUNDS  # the first speculative probes price k_max
     _feed(policy, key, plain=1.8, step=1.4, verify=1.7)
     picks = [policy.choose(1, 7000)[0] for _ in range(30)]
     assert picks.count(2) == 3 and picks.count(0) == 27 and 8 not in picks
     assert policy.round_ms(key, 4) == pytest.approx(4 * 1.4 + 1.7 + 0.1)  # from k = 8's phase, scaled
-    policy.observe([RoundSample(key, 2, 3.3, 1.7, 0.1)])  # k = 2's own phase: 1.65 ms per draft
+    policy.observe(_rounds(RoundSample(key, 2, 3.3, 1.7, 0.1)))  # k = 2's own phase: 1.65 ms per draft
     assert policy.round_ms(key, 2) == pytest.approx(3.3 + 1.7 + 0.1)
     assert policy.round_ms(key, 8) == pytest.approx(8 * 1.4 + 1.7 + 0.1)
     assert policy.round_ms(key, 4) == pytest.approx(2 * 3.3 + 1.7 + 0.1)  # nearest: 2 (the shorter on a tie)
@@ -361,7 +372,7 @@ def test_the_premium_keeps_plain_decoding_where_speculation_gains_little():
         policy = SpeculationPolicy((0, 8), acceptance=AcceptanceTracker(prior=alpha))
         key = policy.choose(32, 2000)[1]
         policy.choose(32, 2000)
-        policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.0), RoundSample(key, 8, 8.0, 3.1, 0.0)])
+        policy.observe(_rounds(RoundSample(key, 0, 0.0, 2.0, 0.0), RoundSample(key, 8, 8.0, 3.1, 0.0)))
         assert policy.choose(32, 2000).steps == want
     with pytest.raises(ValueError, match="SPEC_PREMIUM"):
         PillarConfig(num_steps=8, spec_premium=-1.0)
@@ -381,9 +392,9 @@ def test_mixed_iterations_price_the_full_length_round_whole():
     assert (sample.mixed, sample.draft_ms, sample.rest_ms) == (True, 0.0, 30.0)
     policy = SpeculationPolicy((0, 4, 8), mixed_steps=8)
     key = (64, 24)
-    policy.observe([RoundSample(key, 4, 12.0, 10.0, 0.0)])  # a split k = 4 round prices verify at 10
+    policy.observe(_rounds(RoundSample(key, 4, 12.0, 10.0, 0.0)))  # a split k = 4 round prices verify at 10
     assert policy.round_ms(key, 8) == pytest.approx(24.0 + 10.0)  # before any mixed one: scaled drafts
-    policy.observe([sample])
+    policy.observe(_rounds(sample))
     assert policy.round_ms(key, 8) == pytest.approx(30.0)
     assert policy.round_ms(key, 4) == pytest.approx(22.0)  # untouched
     cells = policy.table.export()
@@ -393,5 +404,5 @@ def test_mixed_iterations_price_the_full_length_round_whole():
     assert fresh.round_ms(key, 8) == pytest.approx(30.0)
     # Without mixed iterations (mixed_steps None) the same measurements price k = 8 from split phases.
     split = SpeculationPolicy((0, 4, 8))
-    split.observe([RoundSample(key, 4, 12.0, 10.0, 0.0), sample])
+    split.observe(_rounds(RoundSample(key, 4, 12.0, 10.0, 0.0), sample))
     assert split.round_ms(key, 8) == pytest.approx(24.0 + 10.0)

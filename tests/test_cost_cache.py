@@ -12,7 +12,7 @@ from sglang_sparsespec.patches import worker as w
 from sglang_sparsespec.patches.tp_agree import RoundAgreement
 
 from sglang_sparsespec.config import PillarConfig
-from sglang_sparsespec.spec.adaptive import RoundSample, SpeculationPolicy, cell_key
+from sglang_sparsespec.spec.adaptive import PROBE_ROUNDS, RoundSample, SpeculationPolicy, cell_key
 from sglang_sparsespec.spec.cost_cache import CostFile
 
 IDENTITY = {"gpu": "NVIDIA H100 80GB HBM3", "model": "/m", "tp_size": 1, "step_candidates": [0, 2, 4, 8]}
@@ -21,8 +21,8 @@ IDENTITY = {"gpu": "NVIDIA H100 80GB HBM3", "model": "/m", "tp_size": 1, "step_c
 def measured_policy() -> tuple[SpeculationPolicy, tuple[int, int]]:
     policy = SpeculationPolicy((0, 2, 4, 8))
     key = cell_key(256, 4000)
-    policy.observe([RoundSample(key, 0, 0.0, 11.8, 0.05), RoundSample(key, 8, 18.0, 16.2, 0.05)])
-    policy.observe([RoundSample(cell_key(4, 300), 0, 0.0, 1.6, None)])  # plain only: still exported
+    policy.observe([RoundSample(key, 0, 0.0, 11.8, 0.05), RoundSample(key, 8, 18.0, 16.2, 0.05)] * PROBE_ROUNDS)
+    policy.observe([RoundSample(cell_key(4, 300), 0, 0.0, 1.6, None)] * PROBE_ROUNDS)  # plain only: still exported
     return policy, key
 
 
@@ -38,10 +38,10 @@ def test_a_restored_table_prices_its_cells_without_probing_them_again():
     rates = fresh.rates(key)
     best = max(rates, key=rates.__getitem__)
     assert best != 0 and [fresh.choose(256, 4000).steps for _ in range(3)] == [best] * 3
-    assert fresh.choose(4, 300).steps == 8  # priced plain only: the speculative mode is probed first
+    assert [fresh.choose(4, 300).steps for _ in range(PROBE_ROUNDS)] == [8] * PROBE_ROUNDS  # plain only: probe k_max
     # Cells this server measured already are kept; a malformed export is refused whole.
     mine = SpeculationPolicy((0, 2, 4, 8))
-    mine.observe([RoundSample(key, 0, 0.0, 9.0, None)])
+    mine.observe([RoundSample(key, 0, 0.0, 9.0, None)] * PROBE_ROUNDS)
     mine.table.restore(cells)
     assert mine.round_ms(key, 0) == pytest.approx(9.0)
     for bad in ({"x": {"plain": 1.0}}, {"8,3": {"plain": "fast"}}, {"8,3": {"verify": 1.0}}, {"8,3": {"plain": -1}},

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sglang_sparsespec.spec.adaptive import RoundSample, SpeculationPolicy
+from sglang_sparsespec.spec.adaptive import PROBE_ROUNDS, RoundSample, SpeculationPolicy
 from sglang_sparsespec.spec.dense import (
     DENSE_READ_GBPS,
     BatchView,
@@ -135,7 +135,7 @@ def test_policy_prices_dense_drafting_per_request():
     policy = SpeculationPolicy((0, 2, 4, 8))
     key = policy.choose(4, 6000)[1]
     policy.choose(4, 6000)
-    policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8 * 1.0, 2.0, 0.2)])
+    policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8 * 1.0, 2.0, 0.2)] * PROBE_ROUNDS)
     poor = BatchView([0.4] * 4, [0.05] * 4, 0.97)
     # Sparse only, four requests at 0.4 emit 1.67 tokens per 10.2 ms round: plain decoding wins ...
     assert policy.rates(key)[0] > expected_tokens(0.4, 8) / 10.2
@@ -175,7 +175,7 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     batch = type("B", (), {"reqs": reqs, "forward_mode": type("M", (), {"is_idle": lambda self: False})()})()
     key = policy.choose(4, 2000)[1]
     policy.choose(4, 2000)
-    policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8.0, 2.0, 0.2)])
+    policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8.0, 2.0, 0.2)] * PROBE_ROUNDS)
     for r in reqs:  # every request's plan drafts badly
         worker.dense.launched([r], 8, None)
         worker.dense.completed([0])

@@ -208,7 +208,7 @@ def test_run_passes_and_records_every_field(tmp_path, model_dir, data_dir, fake)
     names = {p.name for p in hand_list(VOCAB, CONTEXT)}
     assert names <= set(doc["bad_inputs"]) and len(doc["bad_inputs"]) == len(names) + 24
     assert doc["bad_inputs"]["oov_token_id"] == 400 and doc["bad_inputs"]["stream_oov_token_id"] == 400
-    assert doc["bad_inputs"]["n_two"] == 200 and doc["bad_inputs"]["chat_body_not_object"] == 500
+    assert doc["bad_inputs"]["n_two"] == 200 and doc["bad_inputs"]["chat_body_not_object"] == 400
     assert doc["server_alive_after"] is True and doc["leak_detected"] is False and doc["probe_consistent"] is True
     assert doc["idle"]["idle"] is True and doc["latencies"]["e2e_s_non_streamed"]["p50"] > 0
     assert doc["metrics"] == {'sglang:pillar_num_drafts_total{tp_rank="0"}': 7.0}

@@ -61,6 +61,19 @@ MESSAGES = {
     "chat_top_logprobs_huge": "top_logprobs_num must be in",
     "chat_stop_token_ids_oov": "stop_token_ids contains 1000000000",
     "chat_stream_top_k_overflow": "top_k must be -1",
+    "chat_body_not_object": "the request body must be a JSON object, got array",
+    "chat_body_string": "the request body must be a JSON object, got string",
+    "completions_body_not_object": "Input should be a valid dictionary",
+    "chat_response_format_string": "'loc': ('body', 'response_format', 'ResponseFormat')",
+    "chat_response_format_list": "'loc': ('body', 'response_format', 'ResponseFormat')",
+    "chat_json_schema_not_object": "response_format: this object is not a valid value",
+    "chat_json_schema_properties_string": "response_format: this object is not a valid value",
+    "chat_continue_lone_assistant": "send at least one message before that assistant message",
+    "top_logprobs_num_list": "top_logprobs_num must be one integer per prompt",
+    "rid_warmup_prefix": "are reserved for the server's warm-up",
+    "empty_text_batch": "text is an empty list",
+    "batch_rid_warmup_prefix": "rid '__pillar_warmup__2'",
+    "chat_rid_warmup_prefix": "are reserved for the server's warm-up",
 }
 # Requests stock SGLang 0.5.17 passes to its scheduler although they fail there (tests/boundary.py says how).
 STOCK_REACHES_SCHEDULER = {
@@ -76,6 +89,10 @@ STOCK_REACHES_SCHEDULER = {
     "chat_top_logprobs_huge": "top_logprobs_num outside [0, vocab]",
 }
 STOCK_500 = (
+    "chat_body_not_object",
+    "chat_response_format_string",
+    "chat_json_schema_not_object",
+    "chat_continue_lone_assistant",
     "max_new_tokens_string",
     "temperature_string",
     "unknown_sampling_param",
@@ -132,10 +149,38 @@ def test_valid_sampling_params_pass(params):
     check_parallel_samples(params)
 
 
-@pytest.mark.parametrize("n", [0, -1, 2.5, "2", True, MAX_PARALLEL_SAMPLES + 1])
+@pytest.mark.parametrize("n", [0, -1, 2.5, "2", True, None, MAX_PARALLEL_SAMPLES + 1])
 def test_parallel_sample_count_is_bounded(n):
     with pytest.raises(ValueError, match="sampling_params.n must be an integer"):
         check_parallel_samples([{"n": 1}, {"n": n}])
+
+
+@pytest.mark.parametrize(
+    "body", [{"text": "a", "sampling_params": {"n": 1e300}}, {"sampling_params": {"max_new_tokens": 4}}, {"text": ["a", "b"], "rid": ["x", "x"]}]
+)
+def test_a_request_rejected_while_normalising_can_still_be_aborted(body, monkeypatch):
+    """A streamed request's disconnect-abort task reads is_single; a request rejected before SGLang set
+    it (by our checks or SGLang's own) must not make that task raise."""
+    import asyncio
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang_sparsespec.patches.request_guard import guard_normalize
+
+    normalize = GenerateReqInput.normalize_batch_and_arguments
+    obj = GenerateReqInput(stream=True, **body)
+    with pytest.raises(ValueError):
+        guard_normalize(getattr(normalize, "__wrapped__", normalize), obj)
+    aborted: list[object] = []
+    manager = type("M", (), {"abort_request": lambda self, rid: aborted.append(rid)})()
+    tasks = TokenizerManager.create_abort_task(manager, obj)
+    monkeypatch.setattr(asyncio, "sleep", lambda seconds: _no_wait())
+    asyncio.run(tasks())  # AttributeError without is_single
+    assert aborted == (body["rid"] if isinstance(body.get("rid"), list) else [None])
+
+
+async def _no_wait() -> None:
+    return None
 
 
 def test_internal_sampling_fields_exist_in_sglang():
@@ -181,7 +226,7 @@ def test_fuzzed_bodies_never_5xx_nor_reach_the_scheduler_broken(boundary):
     nothing that would fail in the scheduler is dispatched."""
     if boundary.manager.server_args.speculative_algorithm:
         pytest.skip("one configuration is enough: the guard does not depend on the algorithm")
-    probes = fuzz_inputs(boundary.app.openapi(), seed=22, count=240, vocab_size=VOCAB)
+    probes = fuzz_inputs(boundary.app.openapi(), seed=22, count=600, vocab_size=VOCAB)
     bad = []
     for probe in probes:
         boundary.reset()

@@ -5,7 +5,7 @@ a fresh server knows none, so every (batch, context) cell it meets first runs a 
 k_max round to price them, whatever they cost there (a plain probe at 256 requests emits a sixth of
 a k_max round's tokens for a third of its time). The server writes its cost table to a file every
 few thousand rounds, and a server of the same setup reads it at start: its cells begin priced and
-are re-measured on the usual schedule (the table's EMA then follows this server's own rounds).
+are re-measured on the usual schedule (their estimates then follow this server's own rounds).
 
 The setup (``identity``) is what moves round costs: GPU, model, TP size, attention backend, KV dtype,
 k and the draft counts, the plain-round path, the selection policy, cadence and budget, the plugin

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # SGLang's custom-warmup name (``--warmups``) and the request-id prefix that marks warm-up requests
-# (ids are otherwise random hex; a client's own rid with this prefix only changes its path choice).
+# (ids are otherwise random hex; a client's rid with this prefix is a 400, patches/request_guard.py).
 WARMUP_NAME = "pillar"
 WARMUP_RID_PREFIX = "__pillar_warmup__"
 # Odd, meant to start the batches' KV allocations (slices of SGLang's free list) at odd slots too:

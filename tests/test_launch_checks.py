@@ -1,0 +1,43 @@
+"""patches/spec_algo.py: a model PILLAR cannot serve is refused at launch with one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest import SMOLLM2_CONFIG
+
+MROPE = {"rope_scaling": {"type": "default", "rope_type": "default", "mrope_section": [16, 24, 24]}}
+
+
+def _args(model_dir: Path, **overrides):
+    from sglang.srt.server_args import ServerArgs
+
+    base = dict(model_path=str(model_dir), attention_backend="triton", skip_tokenizer_init=True, device="cpu")
+    return ServerArgs(**{**base, **overrides})
+
+
+@pytest.mark.parametrize("algorithm, refused", [("pillar", True), (None, False)])
+def test_mrope_models_are_refused_under_pillar_only(tmp_path, algorithm, refused):
+    """Qwen-VL-style rotary positions (mrope_section): the draft runner never sets mrope_positions."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    (tmp_path / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, **MROPE}))
+    if not refused:
+        assert _args(tmp_path, speculative_algorithm=algorithm).speculative_algorithm is None
+        return
+    with pytest.raises(ValueError) as err:
+        _args(tmp_path, speculative_algorithm=algorithm)
+    text = str(err.value)
+    assert text.startswith("--speculative-algorithm PILLAR") and "mrope" in text and "\n" not in text
+    plain = tmp_path / "plain"  # another folder: SGLang caches a path's config
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+    assert _args(plain, speculative_algorithm=algorithm).speculative_num_steps == 8

@@ -355,7 +355,8 @@ def test_a_batch_where_nobody_drafts_runs_a_plain_round(penalized):
     reqs = [_PolicyReq(rep=1.2) if p else _PolicyReq() for p in penalized]
     batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False))
     key = policy.choose(3, 2000)[1]
-    policy.observe([RoundSample(key, 0, 0.0, 3.0, 0.2), RoundSample(key, 8, 1.0, 3.0, 0.2)])  # drafting pays
+    # Drafting pays; enough rounds of each mode that the costs are priced past their warm-up samples.
+    policy.observe([RoundSample(key, 0, 0.0, 3.0, 0.2), RoundSample(key, 8, 1.0, 3.0, 0.2)] * 4)
     steps = PillarWorker._choose_steps(worker, batch).steps
     if not all(penalized):
         assert steps == 8  # one request drafts: the policy's round

@@ -23,7 +23,7 @@ from enum import Enum
 
 import torch
 from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
-from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector
@@ -180,22 +180,13 @@ class MixedRunner:
         finally:
             self.backend.segments = None
 
-    def _target_probs(self, logits: torch.Tensor, seg: torch.Tensor, filters: Filters) -> torch.Tensor:
-        """Stock decoding's distribution for the segment rows (k + 1 per segment): softmax at the
-        request's temperature, then top-p, or the joint top-k / top-p filter stock SGLang applies
-        without min-p (``verify_sample._renorm_probs``; a filter a request does not use keeps everything).
-        The top-k pass (a multi-pass pivot search per row) runs only where a request uses top-k."""
-        from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
+    def _target_probs(self, logits: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+        """Stock decoding's distribution for the segment rows (k + 1 per segment), through the
+        split round's filter (``verify_sample.stock_probs``; mixed batches have no min-p)."""
+        from .verify_sample import sampling_backend, stock_probs
 
-        k1 = self.k + 1
-        probs = softmax_t_fwd(logits, self.temperature.index_select(0, seg), k1)
-        top_p = torch.repeat_interleave(self.top_p.index_select(0, seg), k1)
-        if filters is Filters.TOP_P:
-            return top_p_renorm_prob(probs, top_p)
-        top_k = torch.repeat_interleave(self.top_k.index_select(0, seg), k1)
-        keep = (top_k_renorm_prob(probs, top_k) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
-        probs = torch.where(keep, probs, 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
+        params = (self.temperature, self.top_k, self.top_p)
+        return stock_probs(logits, *(t.index_select(0, seg) for t in params), None, self.k + 1, sampling_backend())
 
     def _accept(self, logits: torch.Tensor, rows: RowInputs, filters: Filters) -> tuple[torch.Tensor, torch.Tensor]:
         buf, seg, k = self.buf, rows.seg, self.k
@@ -203,7 +194,7 @@ class MixedRunner:
         num_drafts = buf.pending.index_select(0, seg)
         if filters is Filters.GREEDY:
             return greedy_accept(logits.argmax(dim=-1).view(-1, k + 1), drafts, num_drafts)
-        probs = self._target_probs(logits, seg, filters).view(seg.shape[0], k + 1, -1)
+        probs = self._target_probs(logits, seg).view(seg.shape[0], k + 1, -1)
         coins = torch.rand((seg.shape[0], k), dtype=torch.float32, device=logits.device)
         final_coins = torch.rand(seg.shape[0], dtype=torch.float32, device=logits.device)
         return rejection_fwd(

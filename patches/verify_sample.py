@@ -4,8 +4,8 @@ SGLang's sampled verify (``chain_speculative_sampling_triton``) needs every draf
 vocabulary distribution. PILLAR drafts record q on C candidates only (``DraftRecord``), so for a
 PILLAR verify input (``attach_round``) that is not all greedy, this replaces the sampling half of
 ``eagle_sample``: the same logit processing as SGLang (NaN guard, penalties, logit bias, grammar
-mask), the target distribution stock decoding samples from (``target_probs_gpu``: one kernel,
-``kernels/target_filter.py``, when every top_k is small; else SGLang's renorm kernels), then exact
+mask), the target distribution stock decoding samples from under the server's sampling backend
+(``stock_probs``, shared with the mixed runner), then exact
 rejection sampling (``kernels/verify_accept.py`` on the GPU; ``spec/rejection.rejection_sample`` is
 its reference). All-greedy batches, idle batches and other algorithms run SGLang's own code.
 """
@@ -16,11 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from sglang_sparsespec.kernels.target_filter import target_filter_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
 
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
-from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
+from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
 
 ATTR = "_sparsespec_round"
 
@@ -38,78 +37,57 @@ def attach_round(verify_input, pillar_round: PillarRound) -> None:
     setattr(verify_input, ATTR, pillar_round)
 
 
-# The candidates target_filter_fwd sorts per row. A batch whose every request has top_k <= this
-# (Qwen3's recommended top_k is 20; greedy rows are top_k 1) filters in that one kernel; others keep
-# SGLang's renorm kernels. Measured on the H100 at 256 requests x 9 rows x 49,152 tokens, T 0.6,
-# top-p 0.95 (kernels_accept_h100_cb3888a.json): top-k 50 + top-p 1.60 ms vs 4.02 ms; top-p alone
-# 1.78 vs 1.85 ms, and 8.78 ms when every nucleus is wider than the candidates (the kernel's exact
-# vocabulary-wide fallback), so a top-p-only batch is not worth the risk of wide nuclei.
-FILTER_CANDIDATES = 64
+def sampling_backend() -> SamplingBackend:
+    """The stock sampler this server runs (``--sampling-backend``; deterministic inference forces
+    pytorch), read where SGLang's Sampler reads it."""
+    from sglang.srt.runtime_context import get_exec
+
+    return SamplingBackend(get_exec().kernel.sampling_backend)
 
 
-def top_k_bounded(reqs) -> bool:
-    """Every request's top_k is at most FILTER_CANDIDATES (SGLang stores "off" as TOP_K_ALL)."""
-    return all(r.sampling_params.top_k <= FILTER_CANDIDATES for r in reqs)
+def stock_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    repeats: int,
+    backend: SamplingBackend,
+) -> torch.Tensor:
+    """Stock decoding's distribution of each row (``spec/sampling.target_probs``), row i under
+    request i // repeats: temperature [bs], top_k [bs] int (TOP_K_ALL: off; greedy requests are
+    top_k 1 at temperature 1), top_p [bs] (1: off), min_p [bs] or None (min-p off for the batch).
+    The one filter of both runners, so a request's distribution never depends on its batch-mates.
+    Shape-static and sync-free on the GPU (the mixed runner captures it in a CUDA graph)."""
+    if not logits.is_cuda or backend is SamplingBackend.PYTORCH:
+        rows = SamplingRows(temperature.float(), top_p.float(), top_k.to(torch.int32), None if min_p is None else min_p.float(), backend)
+        return target_probs(logits, rows, repeats)
+    return _renorm_probs(logits, temperature, top_k, top_p, min_p, repeats)
 
 
-def target_probs_gpu(logits: torch.Tensor, sampling_info, repeats: int, top_k_bounded: bool) -> torch.Tensor:
-    """Stock decoding's distribution for each row (as ``target_probs``).
-
-    Stock SGLang samples joint top-k/top-p (flashinfer ``filter_apply_order="joint"``), or top-k
-    renorm -> top-p renorm -> min-p when min-p is on; SGLang's own verify applies top-k then top-p
-    and drops min-p, which differs from stock when both top-k and top-p are set. Filters a batch
-    does not use hold their off values per row (top_k TOP_K_ALL, top_p 1), and greedy requests
-    top_k 1. ``top_k_bounded`` (every request's top_k <= FILTER_CANDIDATES, known on the host)
-    picks ``target_filter_fwd``; both paths give the same distribution.
-    """
-    if not top_k_bounded:
-        return _renorm_probs(logits, sampling_info, repeats)
-    min_p = sampling_info.min_ps if sampling_info.need_min_p_sampling else None
-    temperature = sampling_info.temperatures.view(-1)
-    return target_filter_fwd(
-        logits, temperature, sampling_info.top_ks, sampling_info.top_ps, min_p, repeats, FILTER_CANDIDATES
-    )
-
-
-def _renorm_probs(logits: torch.Tensor, sampling_info, repeats: int) -> torch.Tensor:
-    """``target_probs_gpu`` through softmax_t_fwd and SGLang's renorm kernels."""
+def _renorm_probs(logits, temperature, top_k, top_p, min_p, repeats: int) -> torch.Tensor:
+    """The flashinfer rule through softmax_t_fwd and SGLang's renorm kernels: each keeps p > pivot,
+    i.e. the tokens with #{p > p_x} < top_k, resp. mass{p > p_x} < top_p, ties at the cut included."""
     from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
 
-    def per_row(t: torch.Tensor) -> torch.Tensor:
-        return torch.repeat_interleave(t.view(-1), repeats, dim=0)
-
-    probs = softmax_t_fwd(logits, sampling_info.temperatures.view(-1), repeats)
-    top_k = per_row(sampling_info.top_ks)
-    top_p = per_row(sampling_info.top_ps)
-    if sampling_info.need_min_p_sampling:
-        if sampling_info.need_top_k_sampling:
-            probs = top_k_renorm_prob(probs, top_k)
-        if sampling_info.need_top_p_sampling:
-            probs = top_p_renorm_prob(probs, top_p)
-        floor = probs.amax(dim=-1, keepdim=True) * per_row(sampling_info.min_ps)[:, None]
-        probs = torch.where(probs >= floor, probs, 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
-    if sampling_info.need_top_k_sampling and sampling_info.need_top_p_sampling:
+    probs = softmax_t_fwd(logits, temperature, repeats)
+    top_k = torch.repeat_interleave(top_k, repeats)
+    top_p = torch.repeat_interleave(top_p, repeats)
+    if min_p is None:
         keep = (top_k_renorm_prob(probs, top_k) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
-        probs = torch.where(keep, probs, 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
-    if sampling_info.need_top_k_sampling:
-        return top_k_renorm_prob(probs, top_k)
-    if sampling_info.need_top_p_sampling:
-        return top_p_renorm_prob(probs, top_p)
-    return probs
+    else:
+        probs = top_p_renorm_prob(top_k_renorm_prob(probs, top_k), top_p)
+        keep = probs >= probs.amax(dim=-1, keepdim=True) * torch.repeat_interleave(min_p, repeats)[:, None]
+    probs = torch.where(keep, probs, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def _stock_probs(logits: torch.Tensor, sampling_info, repeats: int, top_k_bounded: bool) -> torch.Tensor:
-    if logits.is_cuda:
-        return target_probs_gpu(logits, sampling_info, repeats, top_k_bounded)
-    rows = SamplingRows(
-        temperature=sampling_info.temperatures.view(-1).float(),
-        top_p=sampling_info.top_ps.float(),
-        top_k=sampling_info.top_ks.to(torch.int32),
-        min_p=sampling_info.min_ps.float() if sampling_info.need_min_p_sampling else None,
-    )
-    return target_probs(logits, rows, repeats)
+def _stock_probs(logits: torch.Tensor, sampling_info, repeats: int) -> torch.Tensor:
+    min_p = sampling_info.min_ps if sampling_info.need_min_p_sampling else None
+    return stock_probs(
+        logits, sampling_info.temperatures.view(-1), sampling_info.top_ks, sampling_info.top_ps, min_p, repeats,
+        sampling_backend(),
+    )  # fmt: skip
 
 
 def _process_logits(logits: torch.Tensor, verify_input, sampling_info, grammar_mask) -> None:
@@ -144,7 +122,7 @@ def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_ma
     logits = logits_output.next_token_logits
     _process_logits(logits, verify_input, sampling_info, grammar_mask)
     bs, k1 = record.tokens.shape[0], verify_input.draft_token_num
-    probs = _stock_probs(logits, sampling_info, k1, top_k_bounded(batch.reqs)).view(bs, k1, -1)
+    probs = _stock_probs(logits, sampling_info, k1).view(bs, k1, -1)
     candidates = verify_input.draft_token.reshape(bs, k1)
     coins, final_coins = _verify_coins(
         sampling_info=sampling_info,

@@ -119,7 +119,7 @@ def test_runner_iterations_decode_exactly_as_greedy(monkeypatch, greedy):
     torch.manual_seed(0)
     runner = make_runner(monkeypatch, capture_bs=[4, 8])  # no graphs on CPU: eager bodies, padded rows
     model = runner.mr.model
-    runner._target_probs = lambda logits, seg, filters: target_probs(
+    runner._target_probs = lambda logits, seg: target_probs(
         logits, SamplingRows(runner.temperature[seg], runner.top_p[seg], runner.top_k[seg], None), K + 1
     )
     prompts = [[(5 * i + j) % V for j in range(4 + 3 * i)] for i in range(5)]

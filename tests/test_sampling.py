@@ -17,7 +17,7 @@ from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_samp
 from triton_env import DEVICE, INTERPRET
 
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
-from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
+from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
 
 
 def _rows(temps, top_ps, top_ks, min_ps=None, device="cpu") -> SamplingRows:
@@ -38,74 +38,120 @@ def _p_value(chi2: float, df: int) -> float:
 # ---------------------------------------------------------------- filtering (target_probs)
 
 
-def _keep_top(probs: torch.Tensor, k: int, top_p: float) -> torch.Tensor:
+def stock_flashinfer_row(probs: torch.Tensor, top_k: int, top_p: float, min_p: float | None) -> torch.Tensor:
+    """Stock's flashinfer sampler written literally, one token at a time (a second reference):
+    joint: x is drawn iff #{p > p_x} < top_k and mass{p > p_x} < top_p; with min-p, top-k renorm,
+    top-p renorm (each keeping the tokens that pass that test), then p >= min_p x max."""
+
+    def greater(p: torch.Tensor, x: int) -> tuple[int, float]:
+        above = p > p[x]
+        return int(above.sum()), float(p[above].sum())
+
     vocab = probs.shape[0]
-    order = sorted(range(vocab), key=lambda i: (-probs[i].item(), i))
-    k = vocab if k <= 0 or k >= vocab else k
-    keep = torch.zeros(vocab, dtype=torch.bool)
-    mass_before = 0.0
-    for rank, i in enumerate(order):
-        keep[i] = rank < k and (top_p >= 1.0 or mass_before <= top_p)
-        mass_before += probs[i].item()
-    return keep
-
-
-def _reference_row(
-    logits: torch.Tensor, temp: float, top_p: float, top_k: int, min_p: float | None
-) -> torch.Tensor:
-    """Straightforward per-row version of stock SGLang's filters: joint top-k/top-p without
-    min-p (min_p None), else top-k renorm, then top-p on that, then min-p."""
-    vocab = logits.shape[0]
-    if temp < 1e-6 or top_k == 1:
-        out = torch.zeros(vocab)
-        out[int(torch.argmax(logits))] = 1.0
-        return out
-    probs = torch.softmax(logits.double() / temp, dim=0)
+    k = vocab if top_k <= 0 or top_k >= vocab else top_k
+    lim = float("inf") if top_p >= 1.0 else top_p
     if min_p is None:
-        probs = torch.where(_keep_top(probs, top_k, top_p), probs, 0.0)
-    else:
-        probs = torch.where(_keep_top(probs, top_k, 1.0), probs, 0.0)
-        probs = probs / probs.sum()
-        probs = torch.where(_keep_top(probs, 0, top_p), probs, 0.0)
-        probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
-    return (probs / probs.sum()).float()
+        keep = torch.tensor([greater(probs, x)[0] < k and greater(probs, x)[1] < lim for x in range(vocab)])
+        return torch.where(keep, probs, 0.0) / torch.where(keep, probs, 0.0).sum()
+    p = torch.where(torch.tensor([greater(probs, x)[0] < k for x in range(vocab)]), probs, 0.0)
+    p = p / p.sum()
+    p = torch.where(torch.tensor([greater(p, x)[1] < lim for x in range(vocab)]), p, 0.0)
+    p = p / p.sum()
+    p = torch.where(p >= min_p * p.max(), p, 0.0)
+    return p / p.sum()
 
 
-def test_target_probs_matches_reference_filters():
+def stock_pytorch_rows(probs: torch.Tensor, top_ks, top_ps, min_ps) -> torch.Tensor:
+    """``top_k_top_p_min_p_sampling_from_probs_torch``'s filtering as SGLang writes it (the draw is
+    a multinomial over what survives), the sort stable: equal probabilities rank by lower id."""
+    probs_sort, probs_idx = probs.sort(dim=-1, descending=True, stable=True)
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    probs_sort[torch.arange(0, probs.shape[-1]).view(1, -1) >= top_ks.view(-1, 1)] = 0.0
+    probs_sort[(probs_sum - probs_sort) > top_ps.view(-1, 1)] = 0.0
+    if min_ps is not None:
+        probs_sort[probs_sort < (probs_sort[:, 0] * min_ps).view(-1, 1)] = 0.0
+    out = torch.zeros_like(probs).scatter_(1, probs_idx, probs_sort)
+    return out / out.sum(dim=-1, keepdim=True)
+
+
+def _bf16_tied_logits(gen: torch.Generator, n: int, vocab: int) -> torch.Tensor:
+    """Logits as a bf16 model emits them: few distinct values near the top, so the cut often
+    falls inside a group of equal tokens."""
+    logits = torch.randn(n, vocab, generator=gen) * 2
+    logits[:, : vocab // 8] += 4
+    return (logits * 2).round().div(2).to(torch.bfloat16).float()
+
+
+# (temperature, top_p, top_k, min_p) in SGLang's encoding: off is top_k 1 << 30, top_p 1.0, min_p 0;
+# greedy is top_k 1 at temperature 1.
+PARAMS = [
+    (0.6, 0.95, 20, 0.0),
+    (1.0, 0.9, 50, 0.05),
+    (0.8, 0.9, 1 << 30, 0.0),
+    (1.0, 1.0, 1, 0.0),  # a greedy request inside a sampled batch
+    (0.6, 0.95, 5, 0.2),
+    (1.3, 1.0, 1 << 30, 0.1),
+    (0.7, 0.5, 3, 0.0),
+    (1.0, 1.0, 1 << 30, 0.0),
+]
+
+
+@pytest.mark.parametrize("with_min_p", [False, True])
+def test_flashinfer_rule_matches_a_literal_reference_on_tied_rows(with_min_p):
     gen = torch.Generator().manual_seed(0)
-    vocab, repeats = 37, 3
-    params = [  # (temperature, top_p, top_k, min_p); includes every "disabled" encoding
-        (0.7, 0.9, 5, 0.0),
-        (1.3, 1.0, -1, 0.0),
-        (1.0, 0.5, 0, 0.1),
-        (0.5, 1.0, vocab, 0.2),
-        (1.0, 0.95, 1 << 30, 0.0),
-        (0.9, 0.3, 10, 0.05),
-        (0.0, 0.8, 4, 0.3),  # greedy by temperature
-        (1e-7, 1.0, -1, 0.0),  # greedy by tiny temperature
-        (1.0, 1.0, 1, 0.0),  # greedy as SGLang encodes it
-        (2.0, 1.0, 2, 0.0),
-    ]
-    logits = torch.randn(len(params) * repeats, vocab, generator=gen) * 3
-    for with_min_p in (True, False):
-        cols = list(map(list, zip(*params)))
-        rows = _rows(*cols) if with_min_p else _rows(*cols[:3])
-        got = target_probs(logits, rows, repeats=repeats)
-        assert got.dtype == torch.float32 and got.shape == logits.shape
-        for i in range(logits.shape[0]):
-            temp, top_p, top_k, min_p = params[i // repeats]
-            ref = _reference_row(logits[i], temp, top_p, top_k, min_p if with_min_p else None)
-            torch.testing.assert_close(got[i], ref, atol=1e-6, rtol=1e-5)
+    vocab, repeats = 64, 2
+    logits = _bf16_tied_logits(gen, len(PARAMS) * repeats, vocab)
+    temps, top_ps, top_ks, min_ps = map(list, zip(*PARAMS))
+    got = target_probs(logits, _rows(temps, top_ps, top_ks, min_ps if with_min_p else None), repeats=repeats)
+    ties_at_cut = 0
+    for i in range(logits.shape[0]):
+        temp, top_p, top_k, min_p = PARAMS[i // repeats]
+        probs = torch.softmax(logits[i] / temp, dim=0)
+        want = stock_flashinfer_row(probs, top_k, top_p, min_p if with_min_p else None)
+        assert torch.equal(got[i] > 0, want > 0), i
+        torch.testing.assert_close(got[i], want, atol=1e-6, rtol=1e-5)
+        kept = want > 0
+        ties_at_cut += int(((probs == probs[kept].min()) & kept).sum() > 1)
+    assert ties_at_cut >= 4  # the rows do exercise ties at the cut
 
 
-def test_target_probs_ties_break_to_lowest_id():
+@pytest.mark.parametrize("with_min_p", [False, True])
+def test_pytorch_rule_matches_sglangs_torch_sampler(with_min_p):
+    gen = torch.Generator().manual_seed(1)
+    vocab, repeats = 64, 2
+    logits = _bf16_tied_logits(gen, len(PARAMS) * repeats, vocab)
+    temps, top_ps, top_ks, min_ps = map(list, zip(*PARAMS))
+    rows = replace(_rows(temps, top_ps, top_ks, min_ps if with_min_p else None), backend=SamplingBackend.PYTORCH)
+    got = target_probs(logits, rows, repeats=repeats)
+    per_row = [torch.tensor(c).repeat_interleave(repeats) for c in (temps, top_ps, top_ks, min_ps)]
+    probs = torch.softmax(logits / per_row[0][:, None], dim=-1)
+    want = stock_pytorch_rows(probs, per_row[2], per_row[1], per_row[3] if with_min_p else None)
+    assert torch.equal(got > 0, want > 0)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_the_backends_differ_where_stock_does():
+    """[.4, .2, .2, .2], top_k 2, top_p .6, min_p .01: the pytorch sampler keeps ranks 0 and 1
+    ({0, 1}); flashinfer keeps every token tied at the cut ({0, 1, 2, 3}), with min-p or without."""
+    logits = torch.tensor([[0.4, 0.2, 0.2, 0.2]]).log()
+    for min_p, backend, support in [
+        ([0.01], SamplingBackend.PYTORCH, [0, 1]),
+        (None, SamplingBackend.PYTORCH, [0, 1]),
+        ([0.01], SamplingBackend.FLASHINFER, [0, 1, 2, 3]),
+        (None, SamplingBackend.FLASHINFER, [0, 1, 2, 3]),
+    ]:
+        rows = replace(_rows([1.0], [0.6], [2], min_p), backend=backend)
+        got = target_probs(logits, rows)[0]
+        assert (got > 0).nonzero().view(-1).tolist() == support, (min_p, backend)
+
+
+def test_greedy_rows_in_a_sampled_batch():
     logits = torch.tensor([[1.0, 3.0, 3.0, 2.0], [3.0, 1.0, 3.0, 3.0]])
-    greedy = target_probs(logits, _rows([0.0, 1.0], [1.0, 1.0], [-1, 1]))
-    assert greedy.argmax(dim=-1).tolist() == [1, 0]
-    assert torch.equal(greedy.sum(dim=-1), torch.ones(2))
-    # top_k=2 among three tied maxima keeps the two lowest ids.
-    top2 = target_probs(logits[1:], _rows([1.0], [1.0], [2]))
-    torch.testing.assert_close(top2[0], torch.tensor([0.5, 0.0, 0.5, 0.0]))
+    # flashinfer: uniform among the tied maxima; pytorch: the first of them.
+    got = target_probs(logits, _rows([1.0, 0.0], [1.0, 1.0], [1, -1]))
+    torch.testing.assert_close(got, torch.tensor([[0.0, 0.5, 0.5, 0.0], [1 / 3, 0.0, 1 / 3, 1 / 3]]))
+    rows = replace(_rows([1.0, 0.0], [1.0, 1.0], [1, -1]), backend=SamplingBackend.PYTORCH)
+    assert target_probs(logits, rows).tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
 
 
 def test_bad_shapes_raise_value_error():
@@ -116,7 +162,8 @@ def test_bad_shapes_raise_value_error():
         SamplingRows(torch.ones(2), torch.ones(3), torch.ones(2, dtype=torch.int32))
     with pytest.raises(ValueError):
         SamplingRows(torch.ones(2), torch.ones(2), torch.ones(2))  # float top_k
-
+    with pytest.raises(ValueError):
+        SamplingRows(torch.ones(2), torch.ones(2), torch.ones(2, dtype=torch.int32), backend="ascend")
 
 # ---------------------------------------------------------------- drafts, records, rejection sampling
 

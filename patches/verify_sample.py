@@ -5,9 +5,9 @@ vocabulary distribution. PILLAR drafts record q on C candidates only (``DraftRec
 PILLAR verify input (``attach_round``) that is not all greedy, this replaces the sampling half of
 ``eagle_sample``: the same logit processing as SGLang (NaN guard, penalties, logit bias, grammar
 mask), the target distribution stock decoding samples from under the server's sampling backend
-(``stock_probs``, shared with the mixed runner), then exact
-rejection sampling (``kernels/verify_accept.py`` on the GPU; ``spec/rejection.rejection_sample`` is
-its reference). All-greedy batches, idle batches and other algorithms run SGLang's own code.
+and exact rejection sampling (``stock_accept``, shared with the mixed runner: on the GPU
+``kernels/target_filter.py`` and ``kernels/verify_accept.py``; ``spec/sampling.target_probs`` and
+``spec/rejection.rejection_sample`` are their references). All-greedy batches, idle batches and other algorithms run SGLang's own code.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
+from sglang_sparsespec.kernels.target_filter import target_filter_fwd
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
@@ -45,49 +46,36 @@ def sampling_backend() -> SamplingBackend:
     return SamplingBackend(get_exec().kernel.sampling_backend)
 
 
-def stock_probs(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor | None,
-    repeats: int,
-    backend: SamplingBackend,
-) -> torch.Tensor:
-    """Stock decoding's distribution of each row (``spec/sampling.target_probs``), row i under
-    request i // repeats: temperature [bs], top_k [bs] int (TOP_K_ALL: off; greedy requests are
-    top_k 1 at temperature 1), top_p [bs] (1: off), min_p [bs] or None (min-p off for the batch).
-    The one filter of both runners, so a request's distribution never depends on its batch-mates.
-    Shape-static and sync-free on the GPU (the mixed runner captures it in a CUDA graph)."""
-    if not logits.is_cuda or backend is SamplingBackend.PYTORCH:
-        rows = SamplingRows(temperature.float(), top_p.float(), top_k.to(torch.int32), None if min_p is None else min_p.float(), backend)
-        return target_probs(logits, rows, repeats)
-    return _renorm_probs(logits, temperature, top_k, top_p, min_p, repeats)
+def stock_accept(
+    logits: torch.Tensor, rows: SamplingRows, record: DraftRecord, coins: torch.Tensor, final_coins: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact rejection sampling of ``record`` against stock decoding's distribution of each verify
+    row (``spec/sampling.target_probs``; logits [bs * (k + 1), V], row b * (k + 1) + j under
+    request b of ``rows``). The one acceptance of both runners, so a request's distribution never
+    depends on its batch-mates. Returns (emitted [bs, k + 1], num_accepted [bs]).
+
+    On the GPU: ``kernels/target_filter.py`` (compact rows, vocabulary-parallel) and the fused
+    ``kernels/verify_accept.py``, shape-static and sync-free (the mixed runner captures it in a
+    CUDA graph); the zero-width record of a plain-decoding round draws from the dense rows. Elsewhere
+    the torch references."""
+    bs, k = record.tokens.shape
+    if not logits.is_cuda:
+        return rejection_sample(target_probs(logits, rows, k + 1).view(bs, k + 1, -1), record, coins, final_coins)
+    rank_rule = rows.backend is SamplingBackend.PYTORCH
+    target = target_filter_fwd(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p, k + 1, rank_rule)
+    if k == 0:
+        return rejection_sample(target.dense().view(bs, 1, -1), record, coins, final_coins)
+    r = record
+    return rejection_fwd(target, r.tokens, r.cand_ids, r.cand_q, r.q_tok, r.num_drafts, coins, final_coins)
 
 
-def _renorm_probs(logits, temperature, top_k, top_p, min_p, repeats: int) -> torch.Tensor:
-    """The flashinfer rule through softmax_t_fwd and SGLang's renorm kernels: each keeps p > pivot,
-    i.e. the tokens with #{p > p_x} < top_k, resp. mass{p > p_x} < top_p, ties at the cut included."""
-    from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
-
-    probs = softmax_t_fwd(logits, temperature, repeats)
-    top_k = torch.repeat_interleave(top_k, repeats)
-    top_p = torch.repeat_interleave(top_p, repeats)
-    if min_p is None:
-        keep = (top_k_renorm_prob(probs, top_k) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
-    else:
-        probs = top_p_renorm_prob(top_k_renorm_prob(probs, top_k), top_p)
-        keep = probs >= probs.amax(dim=-1, keepdim=True) * torch.repeat_interleave(min_p, repeats)[:, None]
-    probs = torch.where(keep, probs, 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True)
-
-
-def _stock_probs(logits: torch.Tensor, sampling_info, repeats: int) -> torch.Tensor:
+def sampling_rows(sampling_info) -> SamplingRows:
+    """A batch's parameters as SGLang lays them out (temperatures [bs, 1]; off filters TOP_K_ALL /
+    1.0; greedy requests top_k 1 at temperature 1; min_ps only when a request uses min-p)."""
     min_p = sampling_info.min_ps if sampling_info.need_min_p_sampling else None
-    return stock_probs(
-        logits, sampling_info.temperatures.view(-1), sampling_info.top_ks, sampling_info.top_ps, min_p, repeats,
-        sampling_backend(),
-    )  # fmt: skip
+    return SamplingRows(
+        sampling_info.temperatures.view(-1), sampling_info.top_ps, sampling_info.top_ks, min_p, sampling_backend()
+    )
 
 
 def _process_logits(logits: torch.Tensor, verify_input, sampling_info, grammar_mask) -> None:
@@ -122,7 +110,6 @@ def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_ma
     logits = logits_output.next_token_logits
     _process_logits(logits, verify_input, sampling_info, grammar_mask)
     bs, k1 = record.tokens.shape[0], verify_input.draft_token_num
-    probs = _stock_probs(logits, sampling_info, k1).view(bs, k1, -1)
     candidates = verify_input.draft_token.reshape(bs, k1)
     coins, final_coins = _verify_coins(
         sampling_info=sampling_info,
@@ -131,7 +118,7 @@ def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_ma
         candidates=candidates,
         device=logits.device,
     )
-    emitted, num_accepted = _rejection(probs, record, coins[:, : k1 - 1], final_coins)
+    emitted, num_accepted = stock_accept(logits, sampling_rows(sampling_info), record, coins[:, : k1 - 1], final_coins)
     # SGLang's layout: slot retrieve_index[b, j] holds emitted token j; accept_index lists the
     # slots of the accepted drafts and the drawn token, -1 after.
     col = torch.arange(k1, device=logits.device)[None, :]
@@ -143,15 +130,6 @@ def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_ma
     num_correct = num_accepted.to(torch.int32)
     _broadcast_from_rank0(predict, accept_index, num_correct)
     return predict, num_correct + 1, accept_index
-
-
-def _rejection(probs: torch.Tensor, record: DraftRecord, coins: torch.Tensor, final_coins: torch.Tensor):
-    # The fused kernel on the GPU (rounds with drafts); the torch reference elsewhere and for the
-    # zero-width record of plain-decoding rounds.
-    if probs.is_cuda and record.tokens.shape[1] >= 1:
-        r = record
-        return rejection_fwd(probs, r.tokens, r.cand_ids, r.cand_q, r.q_tok, r.num_drafts, coins, final_coins)
-    return rejection_sample(probs, record, coins, final_coins)
 
 
 def _broadcast_from_rank0(*tensors: torch.Tensor) -> None:

@@ -1,10 +1,12 @@
 """Tests for the sampling pipeline of a sampled PILLAR round, end to end on toy models.
 
-Stock filters (``target_probs``), the exponential race (``sample``), the draft sampler over C
-candidates (``kernels/draft_sample.py``: its torch reference here, the kernel against it in
-test_kernels.py) and exact rejection sampling against the compact draft record
-(``spec/rejection.py``): a chi-square test that every emitted token follows the target, with
-negative controls that must fail it.
+The draft sampler over C candidates (``kernels/draft_sample.py``: its torch reference here, the
+kernel against it in test_kernels.py) and exact rejection sampling against the compact draft
+record: a chi-square test that every emitted token follows the target, with negative controls
+that must fail it. On a GPU the verify is the path that ships (``kernels/target_filter.py`` and
+``kernels/verify_accept.py``); under the interpreter the references (``spec/sampling.target_probs``,
+``spec/rejection.rejection_sample``), which the kernels match token for token in test_kernels.py.
+Stock's filters themselves: test_stock_filters.py.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from dataclasses import replace
 import pytest
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd, draft_sample_ref
+from sglang_sparsespec.kernels.target_filter import TargetRows, target_filter_fwd
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 from triton_env import DEVICE, INTERPRET
 
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
-from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
+from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
 
 
 def _rows(temps, top_ps, top_ks, min_ps=None, device="cpu") -> SamplingRows:
@@ -34,136 +38,6 @@ def _p_value(chi2: float, df: int) -> float:
     half = torch.tensor([df / 2, chi2 / 2], dtype=torch.float64)
     return torch.special.gammaincc(half[0], half[1]).item()
 
-
-# ---------------------------------------------------------------- filtering (target_probs)
-
-
-def stock_flashinfer_row(probs: torch.Tensor, top_k: int, top_p: float, min_p: float | None) -> torch.Tensor:
-    """Stock's flashinfer sampler written literally, one token at a time (a second reference):
-    joint: x is drawn iff #{p > p_x} < top_k and mass{p > p_x} < top_p; with min-p, top-k renorm,
-    top-p renorm (each keeping the tokens that pass that test), then p >= min_p x max."""
-
-    def greater(p: torch.Tensor, x: int) -> tuple[int, float]:
-        above = p > p[x]
-        return int(above.sum()), float(p[above].sum())
-
-    vocab = probs.shape[0]
-    k = vocab if top_k <= 0 or top_k >= vocab else top_k
-    lim = float("inf") if top_p >= 1.0 else top_p
-    if min_p is None:
-        keep = torch.tensor([greater(probs, x)[0] < k and greater(probs, x)[1] < lim for x in range(vocab)])
-        return torch.where(keep, probs, 0.0) / torch.where(keep, probs, 0.0).sum()
-    p = torch.where(torch.tensor([greater(probs, x)[0] < k for x in range(vocab)]), probs, 0.0)
-    p = p / p.sum()
-    p = torch.where(torch.tensor([greater(p, x)[1] < lim for x in range(vocab)]), p, 0.0)
-    p = p / p.sum()
-    p = torch.where(p >= min_p * p.max(), p, 0.0)
-    return p / p.sum()
-
-
-def stock_pytorch_rows(probs: torch.Tensor, top_ks, top_ps, min_ps) -> torch.Tensor:
-    """``top_k_top_p_min_p_sampling_from_probs_torch``'s filtering as SGLang writes it (the draw is
-    a multinomial over what survives), the sort stable: equal probabilities rank by lower id."""
-    probs_sort, probs_idx = probs.sort(dim=-1, descending=True, stable=True)
-    probs_sum = torch.cumsum(probs_sort, dim=-1)
-    probs_sort[torch.arange(0, probs.shape[-1]).view(1, -1) >= top_ks.view(-1, 1)] = 0.0
-    probs_sort[(probs_sum - probs_sort) > top_ps.view(-1, 1)] = 0.0
-    if min_ps is not None:
-        probs_sort[probs_sort < (probs_sort[:, 0] * min_ps).view(-1, 1)] = 0.0
-    out = torch.zeros_like(probs).scatter_(1, probs_idx, probs_sort)
-    return out / out.sum(dim=-1, keepdim=True)
-
-
-def _bf16_tied_logits(gen: torch.Generator, n: int, vocab: int) -> torch.Tensor:
-    """Logits as a bf16 model emits them: few distinct values near the top, so the cut often
-    falls inside a group of equal tokens."""
-    logits = torch.randn(n, vocab, generator=gen) * 2
-    logits[:, : vocab // 8] += 4
-    return (logits * 2).round().div(2).to(torch.bfloat16).float()
-
-
-# (temperature, top_p, top_k, min_p) in SGLang's encoding: off is top_k 1 << 30, top_p 1.0, min_p 0;
-# greedy is top_k 1 at temperature 1.
-PARAMS = [
-    (0.6, 0.95, 20, 0.0),
-    (1.0, 0.9, 50, 0.05),
-    (0.8, 0.9, 1 << 30, 0.0),
-    (1.0, 1.0, 1, 0.0),  # a greedy request inside a sampled batch
-    (0.6, 0.95, 5, 0.2),
-    (1.3, 1.0, 1 << 30, 0.1),
-    (0.7, 0.5, 3, 0.0),
-    (1.0, 1.0, 1 << 30, 0.0),
-]
-
-
-@pytest.mark.parametrize("with_min_p", [False, True])
-def test_flashinfer_rule_matches_a_literal_reference_on_tied_rows(with_min_p):
-    gen = torch.Generator().manual_seed(0)
-    vocab, repeats = 64, 2
-    logits = _bf16_tied_logits(gen, len(PARAMS) * repeats, vocab)
-    temps, top_ps, top_ks, min_ps = map(list, zip(*PARAMS))
-    got = target_probs(logits, _rows(temps, top_ps, top_ks, min_ps if with_min_p else None), repeats=repeats)
-    ties_at_cut = 0
-    for i in range(logits.shape[0]):
-        temp, top_p, top_k, min_p = PARAMS[i // repeats]
-        probs = torch.softmax(logits[i] / temp, dim=0)
-        want = stock_flashinfer_row(probs, top_k, top_p, min_p if with_min_p else None)
-        assert torch.equal(got[i] > 0, want > 0), i
-        torch.testing.assert_close(got[i], want, atol=1e-6, rtol=1e-5)
-        kept = want > 0
-        ties_at_cut += int(((probs == probs[kept].min()) & kept).sum() > 1)
-    assert ties_at_cut >= 4  # the rows do exercise ties at the cut
-
-
-@pytest.mark.parametrize("with_min_p", [False, True])
-def test_pytorch_rule_matches_sglangs_torch_sampler(with_min_p):
-    gen = torch.Generator().manual_seed(1)
-    vocab, repeats = 64, 2
-    logits = _bf16_tied_logits(gen, len(PARAMS) * repeats, vocab)
-    temps, top_ps, top_ks, min_ps = map(list, zip(*PARAMS))
-    rows = replace(_rows(temps, top_ps, top_ks, min_ps if with_min_p else None), backend=SamplingBackend.PYTORCH)
-    got = target_probs(logits, rows, repeats=repeats)
-    per_row = [torch.tensor(c).repeat_interleave(repeats) for c in (temps, top_ps, top_ks, min_ps)]
-    probs = torch.softmax(logits / per_row[0][:, None], dim=-1)
-    want = stock_pytorch_rows(probs, per_row[2], per_row[1], per_row[3] if with_min_p else None)
-    assert torch.equal(got > 0, want > 0)
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
-
-
-def test_the_backends_differ_where_stock_does():
-    """[.4, .2, .2, .2], top_k 2, top_p .6, min_p .01: the pytorch sampler keeps ranks 0 and 1
-    ({0, 1}); flashinfer keeps every token tied at the cut ({0, 1, 2, 3}), with min-p or without."""
-    logits = torch.tensor([[0.4, 0.2, 0.2, 0.2]]).log()
-    for min_p, backend, support in [
-        ([0.01], SamplingBackend.PYTORCH, [0, 1]),
-        (None, SamplingBackend.PYTORCH, [0, 1]),
-        ([0.01], SamplingBackend.FLASHINFER, [0, 1, 2, 3]),
-        (None, SamplingBackend.FLASHINFER, [0, 1, 2, 3]),
-    ]:
-        rows = replace(_rows([1.0], [0.6], [2], min_p), backend=backend)
-        got = target_probs(logits, rows)[0]
-        assert (got > 0).nonzero().view(-1).tolist() == support, (min_p, backend)
-
-
-def test_greedy_rows_in_a_sampled_batch():
-    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0], [3.0, 1.0, 3.0, 3.0]])
-    # flashinfer: uniform among the tied maxima; pytorch: the first of them.
-    got = target_probs(logits, _rows([1.0, 0.0], [1.0, 1.0], [1, -1]))
-    torch.testing.assert_close(got, torch.tensor([[0.0, 0.5, 0.5, 0.0], [1 / 3, 0.0, 1 / 3, 1 / 3]]))
-    rows = replace(_rows([1.0, 0.0], [1.0, 1.0], [1, -1]), backend=SamplingBackend.PYTORCH)
-    assert target_probs(logits, rows).tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
-
-
-def test_bad_shapes_raise_value_error():
-    rows = _rows([1.0, 1.0], [1.0, 1.0], [-1, -1])
-    with pytest.raises(ValueError):
-        target_probs(torch.zeros(3, 5), rows)
-    with pytest.raises(ValueError):
-        SamplingRows(torch.ones(2), torch.ones(3), torch.ones(2, dtype=torch.int32))
-    with pytest.raises(ValueError):
-        SamplingRows(torch.ones(2), torch.ones(2), torch.ones(2))  # float top_k
-    with pytest.raises(ValueError):
-        SamplingRows(torch.ones(2), torch.ones(2), torch.ones(2, dtype=torch.int32), backend="ascend")
 
 # ---------------------------------------------------------------- drafts, records, rejection sampling
 
@@ -184,14 +58,19 @@ def _draft(logits: torch.Tensor, rows: SamplingRows, c: int, gen: torch.Generato
     return token, cand_ids, cand_q, q_tok
 
 
-def _verify(target_p: torch.Tensor, record: DraftRecord, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """rejection_sample with fresh coins, plus its bookkeeping checks (accepted tokens are drafts)."""
-    bs, k1, _ = target_p.shape
-    coins = torch.rand((bs, k1 - 1), generator=gen, device=target_p.device)
-    final_coins = torch.rand(bs, generator=gen, device=target_p.device)
-    emitted, n = rejection_sample(target_p, record, coins, final_coins)
-    assert n.min() >= 0 and n.max() <= k1 - 1
-    col = torch.arange(k1, device=target_p.device)[None, :]
+def _verify(target_p: torch.Tensor | TargetRows, record: DraftRecord, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling with fresh coins, plus its bookkeeping checks (accepted tokens are drafts):
+    the reference on dense rows, the GPU kernel on ``target_filter_fwd``'s rows."""
+    bs, k = record.tokens.shape
+    coins = torch.rand((bs, k), generator=gen, device=DEVICE)
+    final_coins = torch.rand(bs, generator=gen, device=DEVICE)
+    if isinstance(target_p, TargetRows):
+        r = record
+        emitted, n = rejection_fwd(target_p, r.tokens, r.cand_ids, r.cand_q, r.q_tok, r.num_drafts, coins, final_coins)
+    else:
+        emitted, n = rejection_sample(target_p, record, coins, final_coins)
+    assert n.min() >= 0 and n.max() <= k
+    col = torch.arange(k + 1, device=DEVICE)[None, :]
     assert torch.equal(emitted < 0, col > n[:, None])
     accepted = col[:, :-1] < n[:, None]
     assert torch.equal(torch.where(accepted, emitted[:, :-1], -1), torch.where(accepted, record.tokens, -1))
@@ -235,7 +114,10 @@ def _markov_round(n: int, seed: int, tamper: str | None = None, num_drafts: int 
         contexts.append(prev)
     ctx = torch.stack(contexts, dim=1)  # [n, K+1]: the token before each output position
     t_rows = t_logits[torch.arange(K + 1, device=DEVICE)[None, :], ctx].reshape(-1, V)
-    target_p = target_probs(t_rows, rows, repeats=K + 1).view(n, K + 1, V)
+    if INTERPRET:  # the kernels are checked against the references, token for token, in test_kernels.py
+        target_p = target_probs(t_rows, rows, repeats=K + 1).view(n, K + 1, V)
+    else:  # the path that ships; 4 candidates < V, so both compact and full rows occur
+        target_p = target_filter_fwd(t_rows, rows.temperature, rows.top_k, rows.top_p, rows.min_p, K + 1, False, 4)
     tokens, cand_ids, cand_q, q_tok = (torch.stack(parts, dim=1) for parts in zip(*steps))
     if tamper == "shifted":
         cand_ids, cand_q, q_tok = cand_ids.roll(1, dims=1), cand_q.roll(1, dims=1), q_tok.roll(1, dims=1)
@@ -465,47 +347,6 @@ def test_cuda_graph_capture_without_sync():
     assert torch.equal(token[greedy], eager[0][greedy])
     # Sampled rows draw fresh noise on replay but stay inside their proposal's support.
     assert (cand_q.gather(1, (cand_ids == token[:, None]).int().argmax(1, keepdim=True)) > 0).all()
-
-
-def _stock_sampler_counts(probs: torch.Tensor, top_p: float, draws: int) -> torch.Tensor:
-    """Empirical token counts of stock SGLang's sampler (flashinfer, joint top-k/top-p) on one row."""
-    from flashinfer.sampling import top_k_top_p_sampling_from_probs
-
-    counts = torch.zeros(probs.shape[-1], dtype=torch.int64, device=probs.device)
-    chunk = 65_536
-    for start in range(0, draws, chunk):
-        n = min(chunk, draws - start)
-        rows = probs.expand(n, -1).contiguous()
-        top_k = torch.full((n,), 1 << 30, dtype=torch.int32, device=probs.device)
-        top_ps = torch.full((n,), top_p, dtype=torch.float32, device=probs.device)
-        ids = top_k_top_p_sampling_from_probs(rows, top_k, top_ps, filter_apply_order="joint")
-        counts += torch.bincount(ids.long(), minlength=probs.shape[-1])
-    return counts
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and SGLang's sampling kernels")
-@pytest.mark.parametrize("top_p", [0.95, 0.8])
-def test_stock_sampler_is_the_verify_target(top_p):
-    """The verify's target (``kernels/target_filter.py``, as target_probs_gpu uses it) must be the
-    distribution stock decoding samples from, or PILLAR is exact against the wrong thing."""
-    from sglang_sparsespec.kernels.target_filter import target_filter_fwd
-
-    gen = torch.Generator().manual_seed(11)
-    draws = 1_000_000
-    for row in range(4):
-        logits = (torch.randn(1, 49_152, generator=gen) * 3).cuda()
-        logits = logits.to(torch.bfloat16).float()  # ties as a bf16 model's logits have them
-        probs = torch.softmax(logits / 0.6, dim=-1)
-        rows = _rows([0.6], [top_p], [-1], device="cuda")
-        want = target_filter_fwd(logits, rows.temperature, rows.top_k, rows.top_p, None)[0].double()
-        ours = target_probs(logits, rows)[0].double()
-        counts = _stock_sampler_counts(probs, top_p, draws).cpu()
-        support = (want > 0).cpu()
-        print(f"row {row}: target_filter keeps {int(support.sum())}, torch keeps {int((ours > 0).sum())}, "
-              f"sampler drew {int((counts > 0).sum())} ids, outside its support: {int(counts[~support].sum())}")
-        stat, df = _chi2(counts, want.cpu() * draws)
-        assert counts[~support].sum() == 0
-        assert _p_value(stat, df) > 1e-4, (row, stat, df)
 
 
 def test_sampler_warmup_calls_each_flashinfer_entry_as_sglang_does():

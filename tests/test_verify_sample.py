@@ -112,27 +112,31 @@ def test_other_batches_run_sglang_sampling(case):
 
 @pytest.mark.parametrize("backend", list(SamplingBackend))
 @pytest.mark.parametrize("min_p", [False, True])
-def test_stock_probs_is_the_stock_distribution(min_p, backend, monkeypatch):
-    """_stock_probs reads sampling_info as SGLang lays it out (temperatures [bs, 1], off filters as
+def test_stock_accept_reads_the_batch_as_sglang_lays_it_out(min_p, backend, monkeypatch):
+    """sampling_rows reads sampling_info as SGLang lays it out (temperatures [bs, 1], off filters as
     TOP_K_ALL / 1.0, greedy requests as top_k 1 at temperature 1, min_ps only when needed) and the
-    backend from the server args, and gives the reference's rows (the GPU: its kernels)."""
+    backend from the server args; stock_accept then gives the reference's tokens for the same coins
+    (on the GPU through the kernels)."""
     from sglang.srt.sampling.sampling_params import TOP_K_ALL
 
-    _, batch, logits, _ = _inputs(3)
+    _, batch, logits, record = _inputs(3)
     info = batch.sampling_info
     info.top_ks = torch.tensor([TOP_K_ALL, 1, 4, TOP_K_ALL, 12, 1], dtype=torch.int32, device=DEVICE)
     info.top_ps = torch.tensor([0.9, 1.0, 0.95, 1.0, 0.6, 0.9], device=DEVICE)
     info.temperatures = torch.tensor([[0.6], [1.0], [1.0], [1.5], [0.8], [1.0]], device=DEVICE)
     info.min_ps = torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.2], device=DEVICE)
     info.need_min_p_sampling = min_p
-    info.need_top_k_sampling = info.need_top_p_sampling = True
     monkeypatch.setattr(verify_sample, "sampling_backend", lambda: backend)
     raw = (logits.next_token_logits * 2).round().to(DEVICE)  # ties at the cut
+    record = DraftRecord(*(t.to(DEVICE) for t in (record.tokens, record.cand_ids, record.cand_q, record.q_tok)))
+    gen = torch.Generator().manual_seed(4)
+    coins, final = torch.rand(BS, K, generator=gen).to(DEVICE), torch.rand(BS, generator=gen).to(DEVICE)
     rows = SamplingRows(info.temperatures.view(-1), info.top_ps, info.top_ks, info.min_ps if min_p else None, backend)
-    want = target_probs(raw, rows, repeats=K + 1)
-    got = verify_sample._stock_probs(raw, info, K + 1)
-    assert torch.equal(got > 0, want > 0)
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    want = rejection_sample(target_probs(raw, rows, K + 1).view(BS, K + 1, V), record, coins, final)
+    got = verify_sample.stock_accept(raw, verify_sample.sampling_rows(info), record, coins, final)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert verify_sample.sampling_rows(info).backend is backend
+    assert (verify_sample.sampling_rows(info).min_p is None) is not min_p
 
 
 def test_run_eagle_verify_sees_the_hook():

@@ -14,7 +14,9 @@ Passes (grid rows x vocabulary chunks of CHUNK tokens, so each row is spread ove
        offset (the counts of the chunks before it), so the candidates come out in id order;
     4. per row: the filter on the candidates (a [C, C] comparison), and whether the kept set
        provably ends inside them (the next token is cut, or only -inf tokens remain); the rows where
-       it may not take ``target_wide.vocab_wide_cut`` (exact, serial, rare);
+       it may not find their cut with ``target_wide.wide_cut``: over their top C2 = 2048 tokens
+       (listed in pass 3 too) when those provably hold the kept set, else over the whole
+       vocabulary (exact, serial: the rare path);
     5. per chunk of the rows not decided in 4: the full row, p_i / kept mass where kept, else 0.
 Expected cost on an H100 (3.35 TB/s; bf16 logits): passes 1-3 read the logits three times
 (3 x 175 MB at 64 x 9 x 151,936 = 0.16 ms, x 4 at 256 requests), pass 4 reads C ids per row, pass 5
@@ -37,9 +39,10 @@ import triton
 import triton.language as tl
 
 from .draft_sample import DELTA_BASE, GREEDY_EPS, LADDER, candidate_ranks, load_z
-from .target_wide import vocab_wide_cut
+from .target_wide import above, wide_cut
 
 CANDIDATES = 64
+WIDE_CANDIDATES = 2048
 CHUNK = 8192
 
 
@@ -155,33 +158,50 @@ def _rung(Counts, row, n_chunks, C: tl.constexpr, LADDER_C: tl.constexpr, NCH: t
 
 
 @triton.jit
-def _gather_kernel(Logits, Temperature, Stats, Counts, Cand, vocab, stride_l, repeats, n_chunks,
-                   GREEDY_EPS_C: tl.constexpr, DELTA_BASE_C: tl.constexpr, LADDER_C: tl.constexpr, C: tl.constexpr,
-                   NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    inv_t = _inv_t(Temperature, row // repeats, GREEDY_EPS_C)
-    m = _row_max(Stats, row, n_chunks, NCH)
-    fits, rung, col, _ = _rung(Counts, row, n_chunks, C, LADDER_C, NCH)
+def _gather_list(base_l, Out_ids, Out_z, Counts, row, ch, m, inv_t, vocab, n_chunks,
+                 DELTA_BASE_C: tl.constexpr, LADDER_C: tl.constexpr, CAP: tl.constexpr,
+                 NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr, WITH_Z: tl.constexpr):  # fmt: skip
+    """This chunk's ids with z >= the widest cut holding <= CAP tokens of the row, at its offset."""
+    _, rung, col, _ = _rung(Counts, row, n_chunks, CAP, LADDER_C, NCH)
     # The same cut as the ladder pass computed, bit for bit.
     rungs = tl.arange(0, LADDER_C)
     thr = tl.max(tl.where(rungs == rung, m - DELTA_BASE_C * tl.exp2(rungs.to(tl.float32) * 0.5), -float("inf")), axis=0)
     filled = tl.sum(tl.where(tl.arange(0, NCH) < ch, col, 0), axis=0)
-    base_l = Logits + row * stride_l
     offs = tl.arange(0, BLOCK_V)
     for sub in range(0, CHUNK_C, BLOCK_V):
         idx = ch * CHUNK_C + sub + offs
-        take = load_z(base_l, idx, vocab, inv_t) >= thr
+        z = load_z(base_l, idx, vocab, inv_t)
+        take = z >= thr
         slot = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
-        take = take & (slot < C)
-        tl.store(Cand + row * C + slot, idx, mask=take)
+        take = take & (slot < CAP)
+        tl.store(Out_ids + row * CAP + slot, idx, mask=take)
+        if WITH_Z:
+            tl.store(Out_z + row * CAP + slot, z, mask=take)
         filled += tl.sum(take.to(tl.int32), axis=0)
 
 
 @triton.jit
+def _gather_kernel(Logits, Temperature, Stats, Counts, Cand, Cand2, Cand2_z, vocab, stride_l, repeats, n_chunks,
+                   GREEDY_EPS_C: tl.constexpr, DELTA_BASE_C: tl.constexpr, LADDER_C: tl.constexpr, C: tl.constexpr,
+                   C2: tl.constexpr, NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    inv_t = _inv_t(Temperature, row // repeats, GREEDY_EPS_C)
+    m = _row_max(Stats, row, n_chunks, NCH)
+    base_l = Logits + row * stride_l
+    # Both lists in one pass (the second re-reads the chunk from L2): the top C for the per-row
+    # comparison, the top C2 (ids and z) for the rows the first cannot decide.
+    _gather_list(base_l, Cand, Cand, Counts, row, ch, m, inv_t, vocab, n_chunks,
+                 DELTA_BASE_C, LADDER_C, C, NCH, CHUNK_C, BLOCK_V, False)  # fmt: skip
+    _gather_list(base_l, Cand2, Cand2_z, Counts, row, ch, m, inv_t, vocab, n_chunks,
+                 DELTA_BASE_C, LADDER_C, C2, NCH, CHUNK_C, BLOCK_V, True)  # fmt: skip
+
+
+@triton.jit
 def _select_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, Counts, Cand, Cand_p, Compact, Wide,
-                   vocab, stride_l, repeats, n_chunks,
+                   Cand2, Cand2_z, vocab, stride_l, repeats, n_chunks,
                    GREEDY_EPS_C: tl.constexpr, LADDER_C: tl.constexpr, MIN_P: tl.constexpr, RANK: tl.constexpr,
-                   C: tl.constexpr, BLOCK_C: tl.constexpr, NCH: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+                   C: tl.constexpr, BLOCK_C: tl.constexpr, C2: tl.constexpr, NCH: tl.constexpr,
+                   BLOCK_V: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     inv_t, k_eff, p_lim, min_p = _row_params(Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P)
     chs = tl.arange(0, NCH)
@@ -203,8 +223,8 @@ def _select_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, Counts, Cand
     floor = tl.where(min_p > 0.0, m + tl.log(tl.maximum(min_p, 1e-30)), -float("inf"))
     floor_ok = zc >= floor
     # The token after the candidates (z below all of them) is cut if ...
-    next_cut = (n_total >= k_eff) | (n_total >= n_finite)  # ... top-k cuts it, or only -inf tokens remain
-    next_cut |= tl.min(tl.where(valid, floor_ok, True).to(tl.int32), axis=0) == 0  # min-p cuts it
+    top_k_inside = (n_total >= k_eff) | (n_total >= n_finite)  # ... top-k cuts it, or only -inf tokens remain
+    next_cut = top_k_inside | (tl.min(tl.where(valid, floor_ok, True).to(tl.int32), axis=0) == 0)  # min-p cuts it
     known = n_total >= 0
     p_lim_row = p_lim
     if RANK:
@@ -220,7 +240,7 @@ def _select_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, Counts, Cand
         if MIN_P:
             # top-p on the top-k renormalised row: its mass is known when top-k cuts inside.
             mass_k = tl.where(k_eff >= vocab, 1.0, tl.sum(tl.where(keep_k, p, 0.0), axis=0))
-            known = (p_lim == float("inf")) | (k_eff >= vocab) | next_cut
+            known = (p_lim == float("inf")) | (k_eff >= vocab) | top_k_inside
             p_lim = p_lim * mass_k
         keep = keep_k & (mass_gt < p_lim) & floor_ok
         next_cut |= cand_mass >= p_lim
@@ -235,9 +255,26 @@ def _select_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, Counts, Cand
             tie_end = vocab
             mass = tl.full([], 1.0, tl.float32)
         else:
-            z_star, tie_end, mass = vocab_wide_cut(
-                base_l, vocab, inv_t, m, inv_s, k_eff, p_lim_row, floor, RANK, MIN_P, BLOCK_V
-            )  # fmt: skip
+            # The top C2: the same proof that nothing past them is kept, on their count and mass
+            # (with min-p and top-p, top_p x the top-k mass <= top_p: the test below suffices).
+            fits2, _, _, n2 = _rung(Counts, row, n_chunks, C2, LADDER_C, NCH)
+            n_items = tl.minimum(n2, C2)
+            ids2, zs2 = Cand2 + row * C2, Cand2_z + row * C2
+            _, mass2 = above(base_l, ids2, zs2, n_items, vocab, inv_t, m, inv_s, -float("inf"), False, True, BLOCK_V)
+            n_floor, _ = above(base_l, ids2, zs2, n_items, vocab, inv_t, m, inv_s, floor, False, True, BLOCK_V)
+            next2 = (n2 >= k_eff) | (n2 >= n_finite) | (n_floor < n_items)
+            if RANK:
+                next2 |= mass2 > p_lim_row
+            else:
+                next2 |= mass2 >= p_lim_row
+                if MIN_P:  # the top-k mass must be known: top-k cuts inside the list
+                    next2 &= (p_lim_row == float("inf")) | (k_eff >= vocab) | (n2 >= k_eff) | (n2 >= n_finite)
+            if (fits2 >= 1) & next2:
+                z_star, tie_end, mass = wide_cut(base_l, ids2, zs2, n_items, vocab, inv_t, m, inv_s, k_eff, p_lim_row,
+                                                 floor, RANK, MIN_P, True, BLOCK_V)  # fmt: skip
+            else:
+                z_star, tie_end, mass = wide_cut(base_l, base_l, base_l, vocab, vocab, inv_t, m, inv_s, k_eff,
+                                                 p_lim_row, floor, RANK, MIN_P, False, BLOCK_V)  # fmt: skip
         tl.store(Wide + row * 4, m)
         tl.store(Wide + row * 4 + 1, z_star)
         tl.store(Wide + row * 4 + 2, inv_s / mass)
@@ -272,6 +309,7 @@ def target_filter_fwd(
     repeats: int = 1,
     rank_rule: bool = False,
     candidates: int = CANDIDATES,
+    wide_candidates: int = WIDE_CANDIDATES,
     chunk: int = CHUNK,
     block_v: int = 1024,
 ) -> TargetRows:
@@ -306,19 +344,21 @@ def target_filter_fwd(
     stats = torch.empty((n, n_chunks, 3), dtype=torch.float32, device=dev)
     counts = torch.empty((n, n_chunks, LADDER), dtype=torch.int32, device=dev)
     wide = torch.empty((n, 4), dtype=torch.float32, device=dev)
+    cand2 = torch.empty((n, wide_candidates), dtype=torch.int32, device=dev)
+    cand2_z = torch.empty((n, wide_candidates), dtype=torch.float32, device=dev)
     grid = (n, n_chunks)
     nch = triton.next_power_of_2(n_chunks)
     common = {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": chunk, "BLOCK_V": block_v}
     _stats_kernel[grid](logits, temperature, stats, vocab, logits.stride(0), repeats, n_chunks, **common)
     ladder = {"DELTA_BASE_C": DELTA_BASE, "LADDER_C": LADDER, "NCH": nch, **common}
     _ladder_kernel[grid](logits, temperature, stats, counts, vocab, logits.stride(0), repeats, n_chunks, **ladder)
-    _gather_kernel[grid](logits, temperature, stats, counts, rows.cand_ids, vocab, logits.stride(0), repeats, n_chunks,
-                         C=candidates, **ladder)  # fmt: skip
+    _gather_kernel[grid](logits, temperature, stats, counts, rows.cand_ids, cand2, cand2_z, vocab, logits.stride(0),
+                         repeats, n_chunks, C=candidates, C2=wide_candidates, **ladder)  # fmt: skip
     _select_kernel[(n,)](
         logits, temperature, top_k, top_p, top_p if min_p is None else min_p, stats, counts, rows.cand_ids,
-        rows.cand_p, rows.compact, wide, vocab, logits.stride(0), repeats, n_chunks,
+        rows.cand_p, rows.compact, wide, cand2, cand2_z, vocab, logits.stride(0), repeats, n_chunks,
         GREEDY_EPS_C=GREEDY_EPS, LADDER_C=LADDER, MIN_P=min_p is not None, RANK=rank_rule, C=candidates,
-        BLOCK_C=triton.next_power_of_2(candidates), NCH=nch, BLOCK_V=block_v,
+        BLOCK_C=triton.next_power_of_2(candidates), C2=wide_candidates, NCH=nch, BLOCK_V=block_v,
     )  # fmt: skip
     _write_kernel[grid](logits, temperature, rows.compact, wide, rows.full, vocab, logits.stride(0),
                         rows.full.stride(0), repeats, **common)  # fmt: skip

@@ -618,7 +618,8 @@ def test_rejection_on_compact_rows_matches_reference(rank_rule):
     t = torch.full((bs,), 0.8, device=DEVICE)
     top_k = torch.tensor([20, -1, 3, 1] * (bs // 4), dtype=torch.int32, device=DEVICE)
     top_p = torch.tensor([0.9, 0.95, 1.0, 1.0] * (bs // 4), device=DEVICE)
-    rows = target_filter_fwd(logits, t, top_k, top_p, None, k + 1, rank_rule, 16, 64, 32)
+    rows = target_filter_fwd(logits, t, top_k, top_p, None, k + 1, rank_rule, candidates=16, wide_candidates=32,
+                             chunk=64, block_v=32)  # fmt: skip
     dense = rows.dense().view(bs, k + 1, vocab)
     assert rows.compact.sum() >= bs * (k + 1) - 2 and not rows.compact.all()
     # Request 0's first draft: q equal to p on p's support, so rejecting it leaves no residual.

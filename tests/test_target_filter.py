@@ -1,8 +1,9 @@
 """kernels/target_filter.py vs its reference, ``spec/sampling.target_probs``, for both backends.
 
 Without a GPU the kernels run in Triton's CPU interpreter (see triton_env.py); with CUDA they run
-compiled on the same cases. Small vocabularies with C = 16 candidates, 64-token chunks and 32-token
-tiles, so rows span many chunks and both the candidate path and the vocabulary-wide fallback run.
+compiled on the same cases. Small vocabularies with C = 16 candidates, C2 = 48 listed tokens,
+64-token chunks and 32-token tiles, so rows span many chunks and each path runs: the candidates,
+the list (nuclei between C and C2) and the whole vocabulary (wider nuclei).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from triton_env import DEVICE
 
 from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
 
-C, CHUNK, BLOCK_V = 16, 64, 32
+C, C2, CHUNK, BLOCK_V = 16, 48, 64, 32
+LAUNCH = {"candidates": C, "wide_candidates": C2, "chunk": CHUNK, "block_v": BLOCK_V}
 BACKENDS = list(SamplingBackend)
 
 
@@ -29,7 +31,7 @@ def _run(logits, temps, top_ks, top_ps, min_ps=None, repeats=1, backend=Sampling
     )
     logits = logits.to(DEVICE)
     out = target_filter_fwd(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p, repeats,
-                            backend is SamplingBackend.PYTORCH, C, CHUNK, BLOCK_V)  # fmt: skip
+                            backend is SamplingBackend.PYTORCH, **LAUNCH)  # fmt: skip
     return out, target_probs(logits, rows, repeats)
 
 
@@ -98,6 +100,18 @@ def test_nucleus_wider_than_the_candidates_takes_the_exact_path(min_p, backend):
     _assert_same(out, ref)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("min_p", [None, [0.01, 0.0]])
+def test_nucleus_between_the_candidates_and_the_list(min_p, backend):
+    """About 30 tokens near the top (with ties): wider than C = 16, within C2 = 48."""
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(2, 600, generator=gen) - 4
+    logits[:, 100:130] = (torch.rand(2, 30, generator=gen) * 4).round().div(4) + 4
+    out, ref = _run(logits, [1.0, 0.7], [-1, 25], [0.9, 0.95], min_p, 1, backend)
+    assert not out.compact.any()
+    _assert_same(out, ref)
+
+
 def test_min_p_with_top_k_above_the_candidates():
     gen = torch.Generator().manual_seed(4)
     logits = torch.randn(2, 500, generator=gen)
@@ -124,7 +138,7 @@ def test_launch_parameters_do_not_change_the_rows():
     t = torch.tensor([0.6, 1.0, 0.8, 1.0], device=DEVICE)
     k = torch.tensor([20, -1, 3, 1], dtype=torch.int32, device=DEVICE)
     p = torch.tensor([0.95, 0.9, 1.0, 1.0], device=DEVICE)
-    a = target_filter_fwd(logits, t, k, p, None, 2, False, C, 64, 32).dense()
-    b = target_filter_fwd(logits, t, k, p, None, 2, False, C, 128, 64).dense()
+    a = target_filter_fwd(logits, t, k, p, None, 2, **LAUNCH).dense()
+    b = target_filter_fwd(logits, t, k, p, None, 2, **(LAUNCH | {"chunk": 128, "block_v": 64})).dense()
     assert torch.equal(a > 0, b > 0)  # the sums round differently per chunking, the support never
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

@@ -60,13 +60,6 @@ class TargetRows:
     compact: torch.Tensor
     full: torch.Tensor
 
-    @classmethod
-    def from_dense(cls, probs: torch.Tensor, candidates: int = 1) -> TargetRows:
-        """Rows given in full (every row non-compact): tests and references."""
-        n = probs.shape[0]
-        ids = torch.zeros((n, candidates), dtype=torch.int32, device=probs.device)
-        return cls(ids, torch.zeros((n, candidates), device=probs.device), ids[:, 0].clone(), probs)
-
     def dense(self) -> torch.Tensor:
         """[n, V] float32 rows (a copy)."""
         out = torch.where(self.compact[:, None].bool(), 0.0, self.full)

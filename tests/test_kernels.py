@@ -585,7 +585,9 @@ def _record_case(gen: torch.Generator, bs: int, k: int, vocab: int, c: int):
 
 def _full(target_p: torch.Tensor) -> TargetRows:
     """[bs, k + 1, V] rows given in full (the kernel's path for rows the filter cannot compact)."""
-    return TargetRows.from_dense(target_p.reshape(-1, target_p.shape[-1]).clone())
+    full = target_p.reshape(-1, target_p.shape[-1]).clone()
+    ids = torch.zeros((full.shape[0], 1), dtype=torch.int32, device=full.device)
+    return TargetRows(ids, torch.zeros(ids.shape, device=full.device), ids[:, 0].clone(), full)
 
 
 @pytest.mark.parametrize("num_drafts", [3, 1, 0])

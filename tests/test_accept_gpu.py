@@ -1,4 +1,5 @@
-"""GPU: the verify's target rows are what stock SGLang's own samplers draw from, ties included.
+"""GPU: the accept phase samples what stock SGLang's own samplers draw from, ties included, and
+captures in a CUDA graph without a host sync.
 
 Needs CUDA with SGLang's sampling kernels (flashinfer, sgl_kernel). On bf16-valued logits (few
 distinct values near the top, so the top-k / top-p cut often falls inside a group of equal tokens,
@@ -9,7 +10,7 @@ pytorch backend's ``top_k_top_p_min_p_sampling_from_probs_torch``), and the coun
 against ``kernels/target_filter.py``'s rows: nothing drawn outside their support, chi-square p >
 1e-4. The rows also equal the torch reference (``spec/sampling.target_probs``).
 
-    python -m pytest tests/test_stock_sampler_gpu.py -q
+    python -m pytest tests/test_accept_gpu.py -q -s
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 from sglang_sparsespec.kernels.target_filter import target_filter_fwd
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 from test_sampling import _chi2, _p_value
 
 from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
@@ -95,3 +97,44 @@ def test_target_rows_are_what_stock_samples(case, backend):
         assert _p_value(stat, df) > 1e-4, (r, stat, df)
         if top_k == 1:  # the three tied maxima: all of them under flashinfer, the first under pytorch
             assert support.nonzero().view(-1).tolist() == ([100] if backend is SamplingBackend.PYTORCH else [100, 101, 102])
+
+
+@pytest.mark.parametrize("rank_rule", [False, True])
+def test_accept_phase_captures_in_a_cuda_graph_without_sync(rank_rule):
+    """target_filter_fwd + rejection_fwd (the mixed runner captures them): no synchronising call,
+    and a replay gives the eager tokens for the same coins, wide rows (the fallbacks) included."""
+    bs, k, vocab, c = 8, 3, 5000, 16
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    logits = torch.randn(bs * (k + 1), vocab, device=dev, generator=gen) * 3
+    logits[:, :10] += 8
+    logits[::3] *= 0.02  # flat: nuclei wider than both candidate lists
+    temp = torch.full((bs,), 0.7, device=dev)
+    top_k = torch.tensor([20, 1 << 30, 1, 50] * 2, dtype=torch.int32, device=dev)
+    top_p = torch.tensor([0.95, 0.9, 1.0, 1.0] * 2, device=dev)
+    min_p = torch.tensor([0.0, 0.05] * 4, device=dev)
+    ids = torch.stack([torch.randperm(vocab, device=dev)[:c] for _ in range(bs * k)]).view(bs, k, c)
+    q = torch.softmax(torch.randn(bs, k, c, device=dev, generator=gen), -1)
+    record = (ids[:, :, 0].contiguous(), ids, q, q[:, :, 0].contiguous())
+    coins, final = torch.rand(bs, k, device=dev, generator=gen), torch.rand(bs, device=dev, generator=gen)
+
+    def accept():
+        target = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1, rank_rule, wide_candidates=256)
+        return rejection_fwd(target, *record, k, coins, final)
+
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = accept()  # raises on any synchronising call
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        accept()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = accept()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])

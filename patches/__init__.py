@@ -10,8 +10,8 @@ LogitsProcessorOutput, a GenerationBatchResult built as run_eagle_verify builds 
 SamplingBatchInfo fields that say which batches the sampler alone serves), ``draft_runner`` (ForwardBatch,
 forward context, graph capture mode, the capture-time gc freeze), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
-create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
-renorm kernels), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
+create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``verify_sample`` (eagle_sample's logit processing and verify coins, the
+server's sampling backend), ``spec_algo`` (ModelConfig, to refuse unsupported attention at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the
 Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
 (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a

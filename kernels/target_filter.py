@@ -77,7 +77,7 @@ def _row_params(Temperature, Top_k, Top_p, Min_p, req, vocab, GREEDY_EPS_C: tl.c
     inv_t = 1.0 / tl.where(greedy, 1.0, temp)
     k_eff = tl.where(greedy, 1, tl.where((top_k <= 0) | (top_k >= vocab), vocab, top_k))
     p_lim = tl.where(top_p >= 1.0, float("inf"), top_p)
-    min_p = 0.0
+    min_p = tl.full([], 0.0, tl.float32)
     if MIN_P:
         min_p = tl.load(Min_p + req).to(tl.float32)
     return inv_t, k_eff, p_lim, min_p

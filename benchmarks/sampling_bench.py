@@ -1,16 +1,32 @@
-"""Sampled-round kernels vs the torch they replace, at SmolLM2's vocabulary and batch 256 (GPU only).
+"""The sampled round's acceptance phase vs the FlashInfer / sgl_kernel path, side by side (GPU only).
 
-    python3 -m benchmarks.sampling_bench --out benchmarks/results/kernels_accept_<device>_<commit>.json
+    python -m benchmarks.sampling_bench --out benchmarks/results/accept_<device>_<commit>.json \\
+        --vocab 151936 --batches 64 256
 
-Times (ms per call, eager, mean of 20) the draft sampler (``kernels/draft_sample.py``) next to the ``torch.topk`` it
-replaced, the verify's temperature softmax and fused rejection sampling (``kernels/verify_accept.py``)
-next to their torch references, on peaked random logits (20 tokens lifted by 12, as a reasoning
-model at T 0.6). The verify's target rows (k + 1 per request, T 0.6, top-p 0.95; also with top-k 50)
-come from ``kernels/target_filter.py`` (``target_filter_*``) and, before it, from ``softmax_t_fwd``
-followed by SGLang's renorm kernels (``old_target_*``, when sgl_kernel is installed);
-``target_filter_flat`` prices the exact vocabulary-wide path on flat rows (every nucleus > C).
-``--tune`` adds both kernels at every vocabulary tile x warp count of ``TUNE_GRID`` (``<name>@<tile>x<warps>``):
-one program per row walks its row several times, so its speed is set by how much of the row is in flight.
+For each batch of requests x (k + 1) verify rows x vocab (bf16 logits as a model emits them:
+random rows with 20 tokens lifted by 12, T 0.6) and each case (greedy; top-p 0.95; top-k 20 +
+top-p 0.95; min-p 0.05 + top-p 0.95; ``wide``: flat rows, every nucleus wider than the C
+candidates, the exact fallback) it times (ms per call, eager, mean of 20 after a warm-up):
+
+``accept``: what ships (``verify_sample.stock_accept`` on the GPU): ``kernels/target_filter.py`` then
+    ``kernels/verify_accept.py``, for the flashinfer rule and (``accept_pytorch_rule``) the pytorch
+    backend's; for greedy, ``argmax`` (an all-greedy batch runs SGLang's argmax) and the greedy rows
+    through the sampled path (``accept``: top_k 1 rows, as in a mixed batch).
+``filter``: ``target_filter_fwd`` alone.
+``stock_kernels``: the FlashInfer / sgl_kernel path that is exact for our records: softmax at T,
+    sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob`` (their supports intersected: the
+    flashinfer joint rule) or the min-p chain, each draft record's q scattered into a dense row,
+    then FlashInfer's ``chain_speculative_sampling`` (when flashinfer and sgl_kernel are installed).
+
+Expected before measuring (H100, 3.35 TB/s HBM): the filter reads the bf16 logits three times
+(3 x 64 x 9 x 151,936 x 2 B = 525 MB: 0.16 ms; 2.1 GB at 256 requests: 0.63 ms) in five launches,
+the accept kernel reads ~(k + 1) x C ids and probabilities per request (nothing vocabulary-wide
+unless a row is wide): ~0.25 ms at 64 requests, ~0.8 ms at 256. The stock path writes and reads
+fp32 rows several times (softmax, two renorms, the dense q rows and the chain kernel's two passes):
+~10 passes of 350 MB at 64 requests, ~1.5-3 ms. ``wide`` rows take the serial fallback (33
+bisection passes per row in one program): several ms, the price of rows the candidates cannot hold.
+The one-program-per-row kernels these replaced (~17 ms at 64 x 9 x 151,936 on the H100) are timed by
+this benchmark at commit a0e6fce (``target_filter_*``, ``rejection_fwd``, ``--vocab 151936 --batch 64``).
 """
 
 from __future__ import annotations
@@ -21,14 +37,21 @@ from pathlib import Path
 
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
-from sglang_sparsespec.kernels.target_filter import target_filter_fwd
-from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
+from sglang_sparsespec.kernels.target_filter import CANDIDATES, target_filter_fwd
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
 from benchmarks.meta import new_run_id, run_metadata
-from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
 
-TOP_K_OFF = 1 << 30  # what SGLang's sampling_info.top_ks holds for "no top-k" (TOP_K_ALL)
 TUNE_GRID = [(block_v, warps) for block_v in (1024, 2048, 4096, 8192) for warps in (4, 8, 16)]
+TOP_K_OFF = 1 << 30  # what SGLang's sampling_info.top_ks holds for "no top-k" (TOP_K_ALL)
+# case: (top_k, top_p, min_p or None); greedy rows are top_k 1 at temperature 1.
+CASES = {
+    "greedy": (1, 1.0, None),
+    "top_p": (TOP_K_OFF, 0.95, None),
+    "top_k_top_p": (20, 0.95, None),
+    "min_p": (TOP_K_OFF, 0.95, 0.05),
+    "wide": (TOP_K_OFF, 0.95, None),
+}
 
 
 def mean_ms(fn, reps: int = 20) -> float:
@@ -44,49 +67,78 @@ def mean_ms(fn, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
-def old_target(rows: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor, repeats: int):
-    """The verify's target before target_filter_fwd: softmax_t_fwd, then SGLang's renorm kernels
-    (top-p alone, or joint top-k / top-p as the intersection of both renorms' supports)."""
+def stock_kernels(logits, temp, top_k, top_p, min_p, k1, record):
+    """The FlashInfer / sgl_kernel acceptance that is exact for our records (dense q rows)."""
+    from flashinfer.sampling import chain_speculative_sampling
     from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
 
-    probs = softmax_t_fwd(rows, temp, repeats)
-    top_p = top_p.repeat_interleave(repeats)
-    if top_k is None:
-        return top_p_renorm_prob(probs, top_p)
-    keep = (top_k_renorm_prob(probs, top_k.repeat_interleave(repeats)) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
+    tokens, ids, q, _ = record
+    bs, k, _ = ids.shape
+    probs = torch.softmax(logits.float() / temp.repeat_interleave(k1)[:, None], dim=-1)
+    ks, ps = top_k.repeat_interleave(k1), top_p.repeat_interleave(k1)
+    if min_p is None:
+        keep = (top_k_renorm_prob(probs, ks) > 0) & (top_p_renorm_prob(probs, ps) > 0)
+    else:
+        probs = top_p_renorm_prob(top_k_renorm_prob(probs, ks), ps)
+        keep = probs >= probs.amax(dim=-1, keepdim=True) * min_p.repeat_interleave(k1)[:, None]
     probs = torch.where(keep, probs, 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    draft_p = torch.zeros((bs, k, logits.shape[-1]), device=logits.device).scatter_(2, ids, q)
+    return chain_speculative_sampling(draft_p, tokens.int(), probs.view(bs, k1, -1))
 
 
-def filter_timed(rows, temp, top_p, repeats: int, suffix: str = "", **launch) -> dict:
-    """target_filter_fwd on ``rows`` with top-p alone and with top-k 50, under ``launch`` parameters."""
-    top_ks = {"top_p": TOP_K_OFF, "top_k_top_p": 50}
-    return {
-        f"target_filter_{case}{suffix}": lambda k=torch.full_like(temp, v, dtype=torch.int32): target_filter_fwd(
-            rows, temp, k, top_p, None, repeats, **launch)
-        for case, v in top_ks.items()
-    }  # fmt: skip
+def case_inputs(case: str, bs: int, k: int, vocab: int, c: int, dev: str = "cuda"):
+    rows = torch.randn(bs * (k + 1), vocab, device=dev) * 3
+    rows[:, :20] += 12
+    if case == "wide":
+        rows *= 0.05
+    logits = rows.to(torch.bfloat16)
+    top_k, top_p, min_p = CASES[case]
+    temp = torch.full((bs,), 1.0 if top_k == 1 else 0.6, device=dev)
+    params = (temp, torch.full((bs,), top_k, dtype=torch.int32, device=dev), torch.full((bs,), top_p, device=dev),
+              None if min_p is None else torch.full((bs,), min_p, device=dev))  # fmt: skip
+    ids = torch.stack([torch.randperm(vocab, device=dev)[:c] for _ in range(bs * k)]).view(bs, k, c)
+    q = torch.softmax(torch.randn(bs, k, c, device=dev), -1)
+    record = (ids[:, :, 0].contiguous(), ids, q, q[:, :, 0].contiguous())
+    coins = (torch.rand(bs, k, device=dev), torch.rand(bs, device=dev))
+    return logits, params, record, coins
 
 
-def target_rows_timed(rows: torch.Tensor, temp: torch.Tensor, top_p: torch.Tensor, repeats: int) -> dict:
-    """The verify's target rows, new kernel vs the old path, top-p alone and with top-k 50."""
-    top_k_off = torch.full_like(temp, TOP_K_OFF, dtype=torch.int32)
-    top_k50 = torch.full_like(temp, 50, dtype=torch.int32)
-    flat = rows * 0.05
+def measure(case: str, bs: int, k: int, vocab: int, c: int) -> dict[str, float | str]:
+    logits, (temp, top_k, top_p, min_p), record, (coins, final) = case_inputs(case, bs, k, vocab, c)
+
+    def accept(rank_rule: bool):
+        target = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1, rank_rule)
+        return rejection_fwd(target, *record, k, coins, final)
+
     timed = {
-        **filter_timed(rows, temp, top_p, repeats),
-        "target_filter_flat": lambda: target_filter_fwd(flat, temp, top_k_off, top_p, None, repeats),
+        "accept": lambda: accept(False),
+        "accept_pytorch_rule": lambda: accept(True),
+        "filter": lambda: target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1),
     }
+    if case == "greedy":
+        timed["argmax"] = lambda: logits.argmax(dim=-1)
     try:
+        import flashinfer.sampling  # noqa: F401
         import sgl_kernel  # noqa: F401
     except ImportError:
-        return timed
-    timed["old_target_top_p"] = lambda: old_target(rows, temp, None, top_p, repeats)
-    timed["old_target_top_k_top_p"] = lambda: old_target(rows, temp, top_k50, top_p, repeats)
-    return timed
+        stock = None
+    else:
+        stock = lambda: stock_kernels(logits, temp, top_k, top_p, min_p, k + 1, record)  # noqa: E731
+    out: dict[str, float | str] = {name: round(mean_ms(fn), 4) for name, fn in timed.items()}
+    if stock is not None:
+        try:
+            out["stock_kernels"] = round(mean_ms(stock), 4)
+        except (RuntimeError, TypeError, ValueError) as err:  # another FlashInfer API: said in the result
+            out["stock_kernels"] = f"failed: {type(err).__name__}: {err}"[:300]
+    target = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1)
+    out["compact_rows"] = round(float(target.compact.float().mean()), 4)
+    return out
 
 
-def measure(vocab: int, bs: int, k: int, c: int, tune: bool) -> dict[str, float]:
+def draft_timed(bs: int, vocab: int, c: int, tune: bool) -> dict[str, float]:
+    """The draft sampler next to the torch.topk it replaced (one draft step); with ``tune``, also at
+    every vocabulary tile x warp count of TUNE_GRID (``draft_sample_fwd@<tile>x<warps>``)."""
     dev = "cuda"
     logits = torch.randn(bs, vocab, device=dev) * 3
     logits[:, :20] += 12
@@ -95,46 +147,33 @@ def measure(vocab: int, bs: int, k: int, c: int, tune: bool) -> dict[str, float]
     x = DraftSampleInputs(logits, temp, top_p, top_k, min_p, torch.empty(bs, c, device=dev).exponential_())
     outs = (torch.empty(bs, dtype=torch.int64, device=dev), torch.empty(bs, c, dtype=torch.int64, device=dev),
             torch.empty(bs, c, device=dev), torch.empty(bs, device=dev))  # fmt: skip
-    rows = torch.randn(bs * (k + 1), vocab, device=dev) * 3
-    rows[:, :20] += 12
-    p = torch.softmax(rows, -1).view(bs, k + 1, vocab)
-    ids = torch.randint(0, vocab, (bs, k, c), device=dev)
-    q = torch.softmax(torch.randn(bs, k, c, device=dev), -1)
-    tokens, q_tok = ids[:, :, 0].contiguous(), q[:, :, 0].contiguous()
-    coins, final = torch.rand(bs, k, device=dev), torch.rand(bs, device=dev)
-    timed = {
-        "draft_sample_fwd": lambda: draft_sample_fwd(x, *outs),
-        "torch_topk64": lambda: torch.topk(logits, c, dim=-1),
-        "argmax": lambda: logits.argmax(-1),
-        "softmax_t_fwd": lambda: softmax_t_fwd(rows, temp, k + 1),
-        "torch_softmax_div": lambda: torch.softmax(rows / temp.repeat_interleave(k + 1)[:, None], -1),
-        # The kernel rewrites each request's final row; repeating it on the same rows does the same work.
-        "rejection_fwd": lambda: rejection_fwd(p, tokens, ids, q, q_tok, k, coins, final),
-        "rejection_sample_torch": lambda: rejection_sample(p, DraftRecord(tokens, ids, q, q_tok), coins, final),
-        **target_rows_timed(rows, temp, top_p, k + 1),
-    }
+    timed = {"draft_sample_fwd": lambda: draft_sample_fwd(x, *outs), "torch_topk": lambda: torch.topk(logits, c, dim=-1)}
     for bv, nw in TUNE_GRID if tune else ():
-        launch = {"block_v": bv, "num_warps": nw}
-        timed[f"draft_sample_fwd@{bv}x{nw}"] = lambda kw=launch: draft_sample_fwd(x, *outs, **kw)
-        timed |= filter_timed(rows, temp, top_p, k + 1, f"@{bv}x{nw}", **launch)
+        timed[f"draft_sample_fwd@{bv}x{nw}"] = lambda kw={"block_v": bv, "num_warps": nw}: draft_sample_fwd(x, *outs, **kw)
     return {name: round(mean_ms(fn), 4) for name, fn in timed.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--vocab", type=int, default=49152)
-    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--candidates", type=int, default=64)
-    parser.add_argument("--tune", action="store_true", help="also every tile x warp count of TUNE_GRID")
+    parser.add_argument("--record-candidates", type=int, default=64, help="C of the draft records")
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--tune", action="store_true", help="also the draft sampler at every tile x warp count of TUNE_GRID")
     a = parser.parse_args()
-    ms = measure(a.vocab, a.batch, a.k, a.candidates, a.tune)
-    settings = {"vocab": a.vocab, "batch": a.batch, "k": a.k, "candidates": a.candidates, "tune_grid": TUNE_GRID,
-                "unit": "ms per call, mean of 20 after one warm-up"}  # fmt: skip
-    out = {"kind": "sampling_kernels", "meta": run_metadata(new_run_id()), "settings": settings, "ms": ms}
+    ms: dict[str, dict] = {}
+    for bs in a.batches:
+        for case in a.cases:
+            ms[f"{bs}x{a.k + 1}x{a.vocab}/{case}"] = row = measure(case, bs, a.k, a.vocab, a.record_candidates)
+            print(f"{bs}x{a.k + 1}x{a.vocab} {case}: {row}", flush=True)
+        ms[f"{bs}x{a.vocab}/draft_step"] = draft_timed(bs, a.vocab, a.record_candidates, a.tune)
+    settings = {"vocab": a.vocab, "batches": a.batches, "k": a.k, "record_candidates": a.record_candidates,
+                "target_candidates": CANDIDATES, "cases": {c: CASES[c] for c in a.cases},
+                "unit": "ms per call, mean of 20 after one warm-up; compact_rows: share of rows decided on the candidates"}  # fmt: skip
+    out = {"kind": "accept_phase", "meta": run_metadata(new_run_id()), "settings": settings, "ms": ms}
     a.out.write_text(json.dumps(out, indent=1))
-    print(ms)
 
 
 if __name__ == "__main__":

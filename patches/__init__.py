@@ -13,8 +13,8 @@ round, and ScheduleBatch / SamplingBatchInfo fields that say which batches the s
 args, around the hooked update_finish_state), ``draft_runner`` (ForwardBatch, forward context, graph capture mode, the capture-time gc freeze, murmur_hash32
 for seeded draft noise), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
-create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``verify_sample`` (eagle_sample's logit processing and verify coins, sgl_kernel's
-renorm kernels, the Sampler's apply_custom_logit_processor), ``spec_algo`` (ModelConfig, to refuse unsupported attention and mrope at launch),
+create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``verify_sample`` (eagle_sample's logit processing and verify coins, the
+server's sampling backend, the Sampler's apply_custom_logit_processor), ``spec_algo`` (ModelConfig, to refuse unsupported attention and mrope at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the
 Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
 (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a

@@ -5,9 +5,7 @@ backend: a row per request that drafts (its plan, ``kernels/sparse_decode.py``),
 group's verify segments of k + 1 rows (full prefix, ``kernels/verify_attention.py``, scores captured
 for the selection); then, in the same CUDA graph, the drafts are sampled (``kernels/draft_sample.py``)
 and the group's drafts accepted: greedily, or by exact rejection sampling against the target
-distribution stock decoding samples from (``kernels/verify_accept.py``; the distribution through
-``verify_sample``'s renorm path, with the top-k pass only in batches that use top-k, as SGLang's
-verify). One graph per (batch-size bucket, ``Filters``) is replayed k + 1 times; the step index and every input live in device buffers the body advances. After each
+distribution stock decoding samples from (``verify_sample.stock_accept``, the split round's). One graph per (batch-size bucket, ``Filters``) is replayed k + 1 times; the step index and every input live in device buffers the body advances. After each
 forward the selector sees the group's verify, as after a split round's verify.
 
 Served batches: one GPU, no logprobs, hidden states, grammars, penalties, logit biases, custom logit
@@ -23,7 +21,6 @@ from enum import Enum
 
 import torch
 from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
-from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
 
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector
@@ -38,6 +35,8 @@ from sglang_sparsespec.spec.mixed import (
     mixed_step,
     segments_per_forward,
 )
+from sglang_sparsespec.spec.rejection import DraftRecord
+from sglang_sparsespec.spec.sampling import SamplingRows
 
 from .draft_attention import SegmentMeta
 from .draft_runner import PillarDraftRunner, sample_drafts
@@ -181,36 +180,24 @@ class MixedRunner:
         finally:
             self.backend.segments = None
 
-    def _target_probs(self, logits: torch.Tensor, seg: torch.Tensor, filters: Filters) -> torch.Tensor:
-        """Stock decoding's distribution for the segment rows (k + 1 per segment): softmax at the
-        request's temperature, then top-p, or the joint top-k / top-p filter stock SGLang applies
-        without min-p (``verify_sample._renorm_probs``; a filter a request does not use keeps everything).
-        The top-k pass (a multi-pass pivot search per row) runs only where a request uses top-k."""
-        from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
-
-        k1 = self.k + 1
-        probs = softmax_t_fwd(logits, self.temperature.index_select(0, seg), k1)
-        top_p = torch.repeat_interleave(self.top_p.index_select(0, seg), k1)
-        if filters is Filters.TOP_P:
-            return top_p_renorm_prob(probs, top_p)
-        top_k = torch.repeat_interleave(self.top_k.index_select(0, seg), k1)
-        keep = (top_k_renorm_prob(probs, top_k) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
-        probs = torch.where(keep, probs, 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
-
     def _accept(self, logits: torch.Tensor, rows: RowInputs, filters: Filters) -> tuple[torch.Tensor, torch.Tensor]:
         buf, seg, k = self.buf, rows.seg, self.k
         drafts = buf.tokens.index_select(0, seg)[:, 1:]
         num_drafts = buf.pending.index_select(0, seg)
         if filters is Filters.GREEDY:
             return greedy_accept(logits.argmax(dim=-1).view(-1, k + 1), drafts, num_drafts)
-        probs = self._target_probs(logits, seg, filters).view(seg.shape[0], k + 1, -1)
+        # The split round's acceptance (mixed batches have no min-p): one filter for both runners.
+        from .verify_sample import sampling_backend, stock_accept
+
+        params = (self.temperature, self.top_p, self.top_k)
+        sampling = SamplingRows(*(t.index_select(0, seg) for t in params), None, sampling_backend())
+        record = DraftRecord(
+            drafts, buf.cand_ids.index_select(0, seg), buf.cand_q.index_select(0, seg),
+            buf.q_tok.index_select(0, seg), num_drafts,
+        )  # fmt: skip
         coins = torch.rand((seg.shape[0], k), dtype=torch.float32, device=logits.device)
         final_coins = torch.rand(seg.shape[0], dtype=torch.float32, device=logits.device)
-        return rejection_fwd(
-            probs, drafts, buf.cand_ids.index_select(0, seg), buf.cand_q.index_select(0, seg),
-            buf.q_tok.index_select(0, seg), num_drafts, coins, final_coins,
-        )  # fmt: skip
+        return stock_accept(logits, sampling, record, coins, final_coins)
 
     def _draft(self, logits: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Record | None]:
         if greedy:

@@ -4,10 +4,10 @@ SGLang's sampled verify (``chain_speculative_sampling_triton``) needs every draf
 vocabulary distribution. PILLAR drafts record q on C candidates only (``DraftRecord``), so for a
 PILLAR verify input (``attach_round``) that is not all greedy, this replaces the sampling half of
 ``eagle_sample``: the same logit processing as SGLang (NaN guard, penalties, logit bias, grammar
-mask), the target distribution stock decoding samples from (``target_probs_gpu``: one kernel,
-``kernels/target_filter.py``, when every top_k is small; else SGLang's renorm kernels), then exact
-rejection sampling (``kernels/verify_accept.py`` on the GPU; ``spec/rejection.rejection_sample`` is
-its reference). A custom logit processor is applied last, as SGLang's Sampler does, to row 0 of each
+mask), the target distribution stock decoding samples from under the server's sampling backend
+and exact rejection sampling (``stock_accept``, shared with the mixed runner: on the GPU
+``kernels/target_filter.py`` and ``kernels/verify_accept.py``; ``spec/sampling.target_probs`` and
+``spec/rejection.rejection_sample`` are their references). A custom logit processor is applied last, as SGLang's Sampler does, to row 0 of each
 request (its requests draft nothing: ``patches/request_rounds.py``); a round with such requests, or
 with per-request draft counts, is accepted here for greedy batches too (``greedy_accept``: SGLang's
 greedy chain rule with each request's count), since SGLang's greedy verify would accept drafts of a
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 from sglang_sparsespec.kernels.target_filter import target_filter_fwd
-from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
 from sglang_sparsespec.spec.mixed import greedy_accept
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
-from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
+from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
 
 ATTR = "_sparsespec_round"
 
@@ -47,78 +47,44 @@ def attach_round(verify_input, pillar_round: PillarRound) -> None:
     setattr(verify_input, ATTR, pillar_round)
 
 
-# The candidates target_filter_fwd sorts per row. A batch whose every request has top_k <= this
-# (Qwen3's recommended top_k is 20; greedy rows are top_k 1) filters in that one kernel; others keep
-# SGLang's renorm kernels. Measured on the H100 at 256 requests x 9 rows x 49,152 tokens, T 0.6,
-# top-p 0.95 (kernels_accept_h100_cb3888a.json): top-k 50 + top-p 1.60 ms vs 4.02 ms; top-p alone
-# 1.78 vs 1.85 ms, and 8.78 ms when every nucleus is wider than the candidates (the kernel's exact
-# vocabulary-wide fallback), so a top-p-only batch is not worth the risk of wide nuclei.
-FILTER_CANDIDATES = 64
+def sampling_backend() -> SamplingBackend:
+    """The stock sampler this server runs (``--sampling-backend``; deterministic inference forces
+    pytorch), read where SGLang's Sampler reads it."""
+    from sglang.srt.runtime_context import get_exec
+
+    return SamplingBackend(get_exec().kernel.sampling_backend)
 
 
-def top_k_bounded(reqs) -> bool:
-    """Every request's top_k is at most FILTER_CANDIDATES (SGLang stores "off" as TOP_K_ALL)."""
-    return all(r.sampling_params.top_k <= FILTER_CANDIDATES for r in reqs)
+def stock_accept(
+    logits: torch.Tensor, rows: SamplingRows, record: DraftRecord, coins: torch.Tensor, final_coins: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact rejection sampling of ``record`` against stock decoding's distribution of each verify
+    row (``spec/sampling.target_probs``; logits [bs * (k + 1), V], row b * (k + 1) + j under
+    request b of ``rows``). The one acceptance of both runners, so a request's distribution never
+    depends on its batch-mates. Returns (emitted [bs, k + 1], num_accepted [bs]).
+
+    On the GPU: ``kernels/target_filter.py`` (compact rows, vocabulary-parallel) and the fused
+    ``kernels/verify_accept.py``, shape-static and sync-free (the mixed runner captures it in a
+    CUDA graph); the zero-width record of a plain-decoding round draws from the dense rows. Elsewhere
+    the torch references."""
+    bs, k = record.tokens.shape
+    if not logits.is_cuda:
+        return rejection_sample(target_probs(logits, rows, k + 1).view(bs, k + 1, -1), record, coins, final_coins)
+    rank_rule = rows.backend is SamplingBackend.PYTORCH
+    target = target_filter_fwd(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p, k + 1, rank_rule)
+    if k == 0:
+        return rejection_sample(target.dense().view(bs, 1, -1), record, coins, final_coins)
+    r = record
+    return rejection_fwd(target, r.tokens, r.cand_ids, r.cand_q, r.q_tok, r.num_drafts, coins, final_coins)
 
 
-def target_probs_gpu(logits: torch.Tensor, sampling_info, repeats: int, top_k_bounded: bool) -> torch.Tensor:
-    """Stock decoding's distribution for each row (as ``target_probs``).
-
-    Stock SGLang samples joint top-k/top-p (flashinfer ``filter_apply_order="joint"``), or top-k
-    renorm -> top-p renorm -> min-p when min-p is on; SGLang's own verify applies top-k then top-p
-    and drops min-p, which differs from stock when both top-k and top-p are set. Filters a batch
-    does not use hold their off values per row (top_k TOP_K_ALL, top_p 1), and greedy requests
-    top_k 1. ``top_k_bounded`` (every request's top_k <= FILTER_CANDIDATES, known on the host)
-    picks ``target_filter_fwd``; both paths give the same distribution.
-    """
-    if not top_k_bounded:
-        return _renorm_probs(logits, sampling_info, repeats)
+def sampling_rows(sampling_info) -> SamplingRows:
+    """A batch's parameters as SGLang lays them out (temperatures [bs, 1]; off filters TOP_K_ALL /
+    1.0; greedy requests top_k 1 at temperature 1; min_ps only when a request uses min-p)."""
     min_p = sampling_info.min_ps if sampling_info.need_min_p_sampling else None
-    temperature = sampling_info.temperatures.view(-1)
-    return target_filter_fwd(
-        logits, temperature, sampling_info.top_ks, sampling_info.top_ps, min_p, repeats, FILTER_CANDIDATES
+    return SamplingRows(
+        sampling_info.temperatures.view(-1), sampling_info.top_ps, sampling_info.top_ks, min_p, sampling_backend()
     )
-
-
-def _renorm_probs(logits: torch.Tensor, sampling_info, repeats: int) -> torch.Tensor:
-    """``target_probs_gpu`` through softmax_t_fwd and SGLang's renorm kernels."""
-    from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
-
-    def per_row(t: torch.Tensor) -> torch.Tensor:
-        return torch.repeat_interleave(t.view(-1), repeats, dim=0)
-
-    probs = softmax_t_fwd(logits, sampling_info.temperatures.view(-1), repeats)
-    top_k = per_row(sampling_info.top_ks)
-    top_p = per_row(sampling_info.top_ps)
-    if sampling_info.need_min_p_sampling:
-        if sampling_info.need_top_k_sampling:
-            probs = top_k_renorm_prob(probs, top_k)
-        if sampling_info.need_top_p_sampling:
-            probs = top_p_renorm_prob(probs, top_p)
-        floor = probs.amax(dim=-1, keepdim=True) * per_row(sampling_info.min_ps)[:, None]
-        probs = torch.where(probs >= floor, probs, 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
-    if sampling_info.need_top_k_sampling and sampling_info.need_top_p_sampling:
-        keep = (top_k_renorm_prob(probs, top_k) > 0) & (top_p_renorm_prob(probs, top_p) > 0)
-        probs = torch.where(keep, probs, 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
-    if sampling_info.need_top_k_sampling:
-        return top_k_renorm_prob(probs, top_k)
-    if sampling_info.need_top_p_sampling:
-        return top_p_renorm_prob(probs, top_p)
-    return probs
-
-
-def _stock_probs(logits: torch.Tensor, sampling_info, repeats: int, top_k_bounded: bool) -> torch.Tensor:
-    if logits.is_cuda:
-        return target_probs_gpu(logits, sampling_info, repeats, top_k_bounded)
-    rows = SamplingRows(
-        temperature=sampling_info.temperatures.view(-1).float(),
-        top_p=sampling_info.top_ps.float(),
-        top_k=sampling_info.top_ks.to(torch.int32),
-        min_p=sampling_info.min_ps.float() if sampling_info.need_min_p_sampling else None,
-    )
-    return target_probs(logits, rows, repeats)
 
 
 def _process_logits(logits: torch.Tensor, verify_input, sampling_info, grammar_mask) -> None:
@@ -175,7 +141,6 @@ def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_ma
     else:
         if counts is not None:
             record = dataclasses.replace(record, num_drafts=counts)
-        probs = _stock_probs(logits, sampling_info, k1, top_k_bounded(batch.reqs)).view(bs, k1, -1)
         coins, final_coins = _verify_coins(
             sampling_info=sampling_info,
             seq_lens=batch.seq_lens,
@@ -183,7 +148,9 @@ def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_ma
             candidates=candidates,
             device=logits.device,
         )
-        emitted, num_accepted = _rejection(probs, record, coins[:, : k1 - 1], final_coins)
+        emitted, num_accepted = stock_accept(
+            logits, sampling_rows(sampling_info), record, coins[:, : k1 - 1], final_coins
+        )
     # SGLang's layout: slot retrieve_index[b, j] holds emitted token j; accept_index lists the
     # slots of the accepted drafts and the drawn token, -1 after.
     col = torch.arange(k1, device=logits.device)[None, :]
@@ -195,15 +162,6 @@ def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_ma
     num_correct = num_accepted.to(torch.int32)
     _broadcast_from_rank0(predict, accept_index, num_correct)
     return predict, num_correct + 1, accept_index
-
-
-def _rejection(probs: torch.Tensor, record: DraftRecord, coins: torch.Tensor, final_coins: torch.Tensor):
-    # The fused kernel on the GPU (rounds with drafts); the torch reference elsewhere and for the
-    # zero-width record of plain-decoding rounds.
-    if probs.is_cuda and record.tokens.shape[1] >= 1:
-        r = record
-        return rejection_fwd(probs, r.tokens, r.cand_ids, r.cand_q, r.q_tok, r.num_drafts, coins, final_coins)
-    return rejection_sample(probs, record, coins, final_coins)
 
 
 def _broadcast_from_rank0(*tensors: torch.Tensor) -> None:

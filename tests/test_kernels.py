@@ -17,7 +17,8 @@ from sglang_sparsespec.kernels.score_capture import score_capture, score_capture
 from sglang_sparsespec.kernels.draft_work import plan_work, plan_work_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from sglang_sparsespec.kernels.topk_select import topk_select, topk_select_ref
-from sglang_sparsespec.kernels.verify_accept import rejection_fwd, softmax_t_fwd, softmax_t_ref
+from sglang_sparsespec.kernels.target_filter import TargetRows, target_filter_fwd
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 from sglang_sparsespec.kernels.verify_attention import (
     verify_attention_fwd,
     verify_attention_ref,
@@ -559,17 +560,6 @@ def test_draft_sample_matches_reference(logit_dtype):
         DraftSampleInputs(logits, temp, top_p[:2], top_k, min_p, noise)
 
 
-def test_softmax_t_matches_reference():
-    gen = torch.Generator().manual_seed(5)
-    logits = (torch.randn(6, 4500, generator=gen) * 4).to(DEVICE)
-    logits[1, :2048] = -torch.inf  # a masked first block (grammar) must not poison the normaliser
-    temp = torch.tensor([0.6, 1.0, 1.7], device=DEVICE)
-    probs = softmax_t_fwd(logits, temp, repeats=2)
-    torch.testing.assert_close(probs, softmax_t_ref(logits, temp, repeats=2), atol=1e-7, rtol=1e-5)
-    with pytest.raises(ValueError, match="repeats"):
-        softmax_t_fwd(logits, temp[:2], repeats=2)
-
-
 def _record_case(gen: torch.Generator, bs: int, k: int, vocab: int, c: int):
     """Target rows with holes (top-p style zeros) and draft records as the draft runner lays them
     out (step-major buffers seen through a transpose); some drafts equal a likely target token."""
@@ -593,18 +583,56 @@ def _record_case(gen: torch.Generator, bs: int, k: int, vocab: int, c: int):
     return target_p.to(DEVICE), rec, coins, torch.rand(bs, generator=gen).to(DEVICE)
 
 
+def _full(target_p: torch.Tensor) -> TargetRows:
+    """[bs, k + 1, V] rows given in full (the kernel's path for rows the filter cannot compact)."""
+    full = target_p.reshape(-1, target_p.shape[-1]).clone()
+    ids = torch.zeros((full.shape[0], 1), dtype=torch.int32, device=full.device)
+    return TargetRows(ids, torch.zeros(ids.shape, device=full.device), ids[:, 0].clone(), full)
+
+
 @pytest.mark.parametrize("num_drafts", [3, 1, 0])
 def test_rejection_matches_reference(num_drafts):
     gen = torch.Generator().manual_seed(11 + num_drafts)
     target_p, (tokens, ids, q, q_tok), coins, final = _record_case(gen, bs=24, k=3, vocab=1100, c=8)
     ref = rejection_sample(target_p, DraftRecord(tokens, ids, q, q_tok, num_drafts=num_drafts), coins, final)
-    out = rejection_fwd(target_p.clone(), tokens, ids, q, q_tok, num_drafts, coins, final)
+    out = rejection_fwd(_full(target_p), tokens, ids, q, q_tok, num_drafts, coins, final)
     assert torch.equal(out[1], ref[1]) and torch.equal(out[0], ref[0])
     assert out[1].max() <= num_drafts and (num_drafts == 0 or len(set(out[1].tolist())) > 1)
     if num_drafts:
         assert out[1][0] == 0 and target_p[0, 0, out[0][0, 0]] > 0  # drawn from p itself
     with pytest.raises(ValueError, match="record shapes"):
-        rejection_fwd(target_p, tokens[:, :2], ids, q, q_tok, num_drafts, coins, final)
+        rejection_fwd(_full(target_p), tokens[:, :2], ids, q, q_tok, num_drafts, coins, final)
+
+
+@pytest.mark.parametrize("rank_rule", [False, True])
+def test_rejection_on_compact_rows_matches_reference(rank_rule):
+    """Target rows from the filter (most compact: p on 16 candidates; a flat one in full), drafts
+    from the record: the kernel's candidate-list accept and residual draw give the reference's
+    tokens for the same coins, including a rejected draft whose q equals p (no residual left)."""
+    bs, k, vocab, c = 12, 3, 700, 8
+    gen = torch.Generator().manual_seed(23)
+    _, (tokens, ids, q, q_tok), coins, final = _record_case(gen, bs=bs, k=k, vocab=vocab, c=c)
+    logits = torch.randn(bs * (k + 1), vocab, generator=gen) * 0.5
+    logits.view(bs, k + 1, vocab)[:, :k].scatter_add_(2, tokens.cpu()[..., None], torch.full((bs, k, 1), 8.0))
+    logits[:, :6] += 7.0
+    logits[5] *= 0.01  # flat: its nucleus is wider than the candidates
+    logits = (logits * 4).round().div(4).to(DEVICE)  # ties at the cut
+    t = torch.full((bs,), 0.8, device=DEVICE)
+    top_k = torch.tensor([20, -1, 3, 1] * (bs // 4), dtype=torch.int32, device=DEVICE)
+    top_p = torch.tensor([0.9, 0.95, 1.0, 1.0] * (bs // 4), device=DEVICE)
+    rows = target_filter_fwd(logits, t, top_k, top_p, None, k + 1, rank_rule, candidates=16, wide_candidates=32,
+                             chunk=64, block_v=32)  # fmt: skip
+    dense = rows.dense().view(bs, k + 1, vocab)
+    assert rows.compact.sum() >= bs * (k + 1) - 2 and not rows.compact.all()
+    # Request 0's first draft: q equal to p on p's support, so rejecting it leaves no residual.
+    support = dense[0, 0].nonzero().view(-1)[:c]
+    ids[0, 0] = torch.cat([support, torch.randperm(vocab, generator=gen)[: c - len(support)].to(DEVICE)])
+    q[0, 0] = torch.cat([dense[0, 0, support] / dense[0, 0, support].sum(), torch.zeros(c - len(support), device=DEVICE)])
+    tokens[0, 0], q_tok[0, 0], coins[0, 0] = ids[0, 0, 0], q[0, 0, 0], 1.0
+    ref = rejection_sample(dense, DraftRecord(tokens, ids, q, q_tok), coins, final)
+    out = rejection_fwd(rows, tokens, ids, q, q_tok, k, coins, final)
+    assert torch.equal(out[1], ref[1]) and torch.equal(out[0], ref[0])
+    assert len(set(out[1].tolist())) > 1 and out[1][0] == 0 and dense[0, 0, out[0][0, 0]] > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
@@ -617,7 +645,7 @@ def test_rejection_per_request_draft_counts(dtype):
     target_p, (tokens, ids, q, q_tok), coins, final = _record_case(gen, bs=bs, k=k, vocab=1100, c=8)
     counts = torch.tensor([3, 0, 1, 2] * (bs // 4), dtype=dtype, device=DEVICE)
     ref = rejection_sample(target_p, DraftRecord(tokens, ids, q, q_tok, num_drafts=counts), coins, final)
-    out = rejection_fwd(target_p.clone(), tokens, ids, q, q_tok, counts, coins, final)
+    out = rejection_fwd(_full(target_p), tokens, ids, q, q_tok, counts, coins, final)
     assert torch.equal(out[1], ref[1]) and torch.equal(out[0], ref[0])
     assert (out[1] <= counts).all() and (out[1][counts == 0] == 0).all()
     # Not degenerate: accepted prefixes stop short of the count, reach it (the draw past the last
@@ -625,14 +653,14 @@ def test_rejection_per_request_draft_counts(dtype):
     assert (out[1] < counts).any() and (out[1][counts > 0] == counts[counts > 0]).any()
     for b, n in enumerate(counts.tolist()):
         one = (slice(b, b + 1),)
-        alone = rejection_fwd(target_p[one].clone(), tokens[one], ids[one], q[one], q_tok[one], n, coins[one], final[one])
+        alone = rejection_fwd(_full(target_p[one]), tokens[one], ids[one], q[one], q_tok[one], n, coins[one], final[one])
         assert torch.equal(out[0][b], alone[0][0]) and out[1][b] == alone[1][0], (b, n)
     # The case tells counts apart: the same drafts under other requests' counts come out otherwise.
-    shifted = rejection_fwd(target_p.clone(), tokens, ids, q, q_tok, counts.roll(1), coins, final)
+    shifted = rejection_fwd(_full(target_p), tokens, ids, q, q_tok, counts.roll(1), coins, final)
     assert not torch.equal(shifted[0], out[0])
     with pytest.raises(ValueError, match="per-request num_drafts"):
-        rejection_fwd(target_p, tokens, ids, q, q_tok, counts[:-1], coins, final)
+        rejection_fwd(_full(target_p), tokens, ids, q, q_tok, counts[:-1], coins, final)
     with pytest.raises(ValueError, match="per-request num_drafts"):
-        rejection_fwd(target_p, tokens, ids, q, q_tok, counts.float(), coins, final)
+        rejection_fwd(_full(target_p), tokens, ids, q, q_tok, counts.float(), coins, final)
     with pytest.raises(ValueError, match="per-request num_drafts"):
         DraftRecord(tokens, ids, q, q_tok, num_drafts=counts[:, None])

@@ -17,12 +17,13 @@ import pytest
 import torch
 from sglang_sparsespec.patches import draft_runner as dr
 from sglang_sparsespec.patches import mixed_runner as mxr
+from sglang_sparsespec.patches import verify_sample
 from test_mixed import MARK, V, draft_next, reference, target_next
 from triton_env import DEVICE
 
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.selection.state import PlanState
-from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
+from sglang_sparsespec.spec.sampling import SamplingBackend
 
 K, ROWS, CTX, MAX_BS = 3, 10, 128, 8
 
@@ -119,9 +120,7 @@ def test_runner_iterations_decode_exactly_as_greedy(monkeypatch, greedy):
     torch.manual_seed(0)
     runner = make_runner(monkeypatch, capture_bs=[4, 8])  # no graphs on CPU: eager bodies, padded rows
     model = runner.mr.model
-    runner._target_probs = lambda logits, seg, filters: target_probs(
-        logits, SamplingRows(runner.temperature[seg], runner.top_p[seg], runner.top_k[seg], None), K + 1
-    )
+    monkeypatch.setattr(verify_sample, "sampling_backend", lambda: SamplingBackend.FLASHINFER)
     prompts = [[(5 * i + j) % V for j in range(4 + 3 * i)] for i in range(5)]
     reqs: list[dict] = []
 

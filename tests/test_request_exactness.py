@@ -27,6 +27,7 @@ from sglang_sparsespec.patches.request_rounds import draft_counts, single_token
 from sglang_sparsespec.patches.verify_sample import PillarRound, attach_round, pillar_eagle_sample
 
 from sglang_sparsespec.spec.rejection import DraftRecord
+from sglang_sparsespec.spec.sampling import SamplingBackend
 
 V, K, EOS = 32, 3, 2
 PROMPT = [5, 6, 7]
@@ -84,6 +85,7 @@ def verify(si, reqs, bonus, drafts, logits, counts, record=None):
 @pytest.fixture(autouse=True)
 def _cpu(monkeypatch):
     monkeypatch.setattr(verify_sample, "_broadcast_from_rank0", lambda *t: None)
+    monkeypatch.setattr(verify_sample, "sampling_backend", lambda: SamplingBackend.FLASHINFER)  # no server args
 
     def eager_scaling(logits, scaling):  # SGLang's rule, without its torch.compile wrapper (CPU test)
         logits[:] = torch.where(logits < 0, logits * scaling, logits / scaling)

@@ -1,10 +1,12 @@
 """Tests for the sampling pipeline of a sampled PILLAR round, end to end on toy models.
 
-Stock filters (``target_probs``), the exponential race (``sample``), the draft sampler over C
-candidates (``kernels/draft_sample.py``: its torch reference here, the kernel against it in
-test_kernels.py) and exact rejection sampling against the compact draft record
-(``spec/rejection.py``): a chi-square test that every emitted token follows the target, with
-negative controls that must fail it.
+The draft sampler over C candidates (``kernels/draft_sample.py``: its torch reference here, the
+kernel against it in test_kernels.py) and exact rejection sampling against the compact draft
+record: a chi-square test that every emitted token follows the target, with negative controls
+that must fail it. On a GPU the verify is the path that ships (``kernels/target_filter.py`` and
+``kernels/verify_accept.py``); under the interpreter the references (``spec/sampling.target_probs``,
+``spec/rejection.rejection_sample``), which the kernels match token for token in test_kernels.py.
+Stock's filters themselves: test_stock_filters.py.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import replace
 import pytest
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd, draft_sample_ref
+from sglang_sparsespec.kernels.target_filter import TargetRows, target_filter_fwd
+from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 from triton_env import DEVICE, INTERPRET
 
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
@@ -35,89 +39,6 @@ def _p_value(chi2: float, df: int) -> float:
     return torch.special.gammaincc(half[0], half[1]).item()
 
 
-# ---------------------------------------------------------------- filtering (target_probs)
-
-
-def _keep_top(probs: torch.Tensor, k: int, top_p: float) -> torch.Tensor:
-    vocab = probs.shape[0]
-    order = sorted(range(vocab), key=lambda i: (-probs[i].item(), i))
-    k = vocab if k <= 0 or k >= vocab else k
-    keep = torch.zeros(vocab, dtype=torch.bool)
-    mass_before = 0.0
-    for rank, i in enumerate(order):
-        keep[i] = rank < k and (top_p >= 1.0 or mass_before <= top_p)
-        mass_before += probs[i].item()
-    return keep
-
-
-def _reference_row(
-    logits: torch.Tensor, temp: float, top_p: float, top_k: int, min_p: float | None
-) -> torch.Tensor:
-    """Straightforward per-row version of stock SGLang's filters: joint top-k/top-p without
-    min-p (min_p None), else top-k renorm, then top-p on that, then min-p."""
-    vocab = logits.shape[0]
-    if temp < 1e-6 or top_k == 1:
-        out = torch.zeros(vocab)
-        out[int(torch.argmax(logits))] = 1.0
-        return out
-    probs = torch.softmax(logits.double() / temp, dim=0)
-    if min_p is None:
-        probs = torch.where(_keep_top(probs, top_k, top_p), probs, 0.0)
-    else:
-        probs = torch.where(_keep_top(probs, top_k, 1.0), probs, 0.0)
-        probs = probs / probs.sum()
-        probs = torch.where(_keep_top(probs, 0, top_p), probs, 0.0)
-        probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
-    return (probs / probs.sum()).float()
-
-
-def test_target_probs_matches_reference_filters():
-    gen = torch.Generator().manual_seed(0)
-    vocab, repeats = 37, 3
-    params = [  # (temperature, top_p, top_k, min_p); includes every "disabled" encoding
-        (0.7, 0.9, 5, 0.0),
-        (1.3, 1.0, -1, 0.0),
-        (1.0, 0.5, 0, 0.1),
-        (0.5, 1.0, vocab, 0.2),
-        (1.0, 0.95, 1 << 30, 0.0),
-        (0.9, 0.3, 10, 0.05),
-        (0.0, 0.8, 4, 0.3),  # greedy by temperature
-        (1e-7, 1.0, -1, 0.0),  # greedy by tiny temperature
-        (1.0, 1.0, 1, 0.0),  # greedy as SGLang encodes it
-        (2.0, 1.0, 2, 0.0),
-    ]
-    logits = torch.randn(len(params) * repeats, vocab, generator=gen) * 3
-    for with_min_p in (True, False):
-        cols = list(map(list, zip(*params)))
-        rows = _rows(*cols) if with_min_p else _rows(*cols[:3])
-        got = target_probs(logits, rows, repeats=repeats)
-        assert got.dtype == torch.float32 and got.shape == logits.shape
-        for i in range(logits.shape[0]):
-            temp, top_p, top_k, min_p = params[i // repeats]
-            ref = _reference_row(logits[i], temp, top_p, top_k, min_p if with_min_p else None)
-            torch.testing.assert_close(got[i], ref, atol=1e-6, rtol=1e-5)
-
-
-def test_target_probs_ties_break_to_lowest_id():
-    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0], [3.0, 1.0, 3.0, 3.0]])
-    greedy = target_probs(logits, _rows([0.0, 1.0], [1.0, 1.0], [-1, 1]))
-    assert greedy.argmax(dim=-1).tolist() == [1, 0]
-    assert torch.equal(greedy.sum(dim=-1), torch.ones(2))
-    # top_k=2 among three tied maxima keeps the two lowest ids.
-    top2 = target_probs(logits[1:], _rows([1.0], [1.0], [2]))
-    torch.testing.assert_close(top2[0], torch.tensor([0.5, 0.0, 0.5, 0.0]))
-
-
-def test_bad_shapes_raise_value_error():
-    rows = _rows([1.0, 1.0], [1.0, 1.0], [-1, -1])
-    with pytest.raises(ValueError):
-        target_probs(torch.zeros(3, 5), rows)
-    with pytest.raises(ValueError):
-        SamplingRows(torch.ones(2), torch.ones(3), torch.ones(2, dtype=torch.int32))
-    with pytest.raises(ValueError):
-        SamplingRows(torch.ones(2), torch.ones(2), torch.ones(2))  # float top_k
-
-
 # ---------------------------------------------------------------- drafts, records, rejection sampling
 
 
@@ -137,14 +58,19 @@ def _draft(logits: torch.Tensor, rows: SamplingRows, c: int, gen: torch.Generato
     return token, cand_ids, cand_q, q_tok
 
 
-def _verify(target_p: torch.Tensor, record: DraftRecord, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """rejection_sample with fresh coins, plus its bookkeeping checks (accepted tokens are drafts)."""
-    bs, k1, _ = target_p.shape
-    coins = torch.rand((bs, k1 - 1), generator=gen, device=target_p.device)
-    final_coins = torch.rand(bs, generator=gen, device=target_p.device)
-    emitted, n = rejection_sample(target_p, record, coins, final_coins)
-    assert n.min() >= 0 and n.max() <= k1 - 1
-    col = torch.arange(k1, device=target_p.device)[None, :]
+def _verify(target_p: torch.Tensor | TargetRows, record: DraftRecord, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling with fresh coins, plus its bookkeeping checks (accepted tokens are drafts):
+    the reference on dense rows, the GPU kernel on ``target_filter_fwd``'s rows."""
+    bs, k = record.tokens.shape
+    coins = torch.rand((bs, k), generator=gen, device=DEVICE)
+    final_coins = torch.rand(bs, generator=gen, device=DEVICE)
+    if isinstance(target_p, TargetRows):
+        r = record
+        emitted, n = rejection_fwd(target_p, r.tokens, r.cand_ids, r.cand_q, r.q_tok, r.num_drafts, coins, final_coins)
+    else:
+        emitted, n = rejection_sample(target_p, record, coins, final_coins)
+    assert n.min() >= 0 and n.max() <= k
+    col = torch.arange(k + 1, device=DEVICE)[None, :]
     assert torch.equal(emitted < 0, col > n[:, None])
     accepted = col[:, :-1] < n[:, None]
     assert torch.equal(torch.where(accepted, emitted[:, :-1], -1), torch.where(accepted, record.tokens, -1))
@@ -188,7 +114,11 @@ def _markov_round(n: int, seed: int, tamper: str | None = None, num_drafts: int 
         contexts.append(prev)
     ctx = torch.stack(contexts, dim=1)  # [n, K+1]: the token before each output position
     t_rows = t_logits[torch.arange(K + 1, device=DEVICE)[None, :], ctx].reshape(-1, V)
-    target_p = target_probs(t_rows, rows, repeats=K + 1).view(n, K + 1, V)
+    if INTERPRET:  # the kernels are checked against the references, token for token, in test_kernels.py
+        target_p = target_probs(t_rows, rows, repeats=K + 1).view(n, K + 1, V)
+    else:  # the path that ships; C = 5 and C2 = 6 < V, so compact rows and both fallbacks occur
+        target_p = target_filter_fwd(t_rows, rows.temperature, rows.top_k, rows.top_p, rows.min_p, K + 1,
+                                     candidates=5, wide_candidates=6)  # fmt: skip
     tokens, cand_ids, cand_q, q_tok = (torch.stack(parts, dim=1) for parts in zip(*steps))
     if tamper == "shifted":
         cand_ids, cand_q, q_tok = cand_ids.roll(1, dims=1), cand_q.roll(1, dims=1), q_tok.roll(1, dims=1)
@@ -418,47 +348,6 @@ def test_cuda_graph_capture_without_sync():
     assert torch.equal(token[greedy], eager[0][greedy])
     # Sampled rows draw fresh noise on replay but stay inside their proposal's support.
     assert (cand_q.gather(1, (cand_ids == token[:, None]).int().argmax(1, keepdim=True)) > 0).all()
-
-
-def _stock_sampler_counts(probs: torch.Tensor, top_p: float, draws: int) -> torch.Tensor:
-    """Empirical token counts of stock SGLang's sampler (flashinfer, joint top-k/top-p) on one row."""
-    from flashinfer.sampling import top_k_top_p_sampling_from_probs
-
-    counts = torch.zeros(probs.shape[-1], dtype=torch.int64, device=probs.device)
-    chunk = 65_536
-    for start in range(0, draws, chunk):
-        n = min(chunk, draws - start)
-        rows = probs.expand(n, -1).contiguous()
-        top_k = torch.full((n,), 1 << 30, dtype=torch.int32, device=probs.device)
-        top_ps = torch.full((n,), top_p, dtype=torch.float32, device=probs.device)
-        ids = top_k_top_p_sampling_from_probs(rows, top_k, top_ps, filter_apply_order="joint")
-        counts += torch.bincount(ids.long(), minlength=probs.shape[-1])
-    return counts
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and SGLang's sampling kernels")
-@pytest.mark.parametrize("top_p", [0.95, 0.8])
-def test_stock_sampler_is_the_verify_target(top_p):
-    """The verify's target (``kernels/target_filter.py``, as target_probs_gpu uses it) must be the
-    distribution stock decoding samples from, or PILLAR is exact against the wrong thing."""
-    from sglang_sparsespec.kernels.target_filter import target_filter_fwd
-
-    gen = torch.Generator().manual_seed(11)
-    draws = 1_000_000
-    for row in range(4):
-        logits = (torch.randn(1, 49_152, generator=gen) * 3).cuda()
-        logits = logits.to(torch.bfloat16).float()  # ties as a bf16 model's logits have them
-        probs = torch.softmax(logits / 0.6, dim=-1)
-        rows = _rows([0.6], [top_p], [-1], device="cuda")
-        want = target_filter_fwd(logits, rows.temperature, rows.top_k, rows.top_p, None)[0].double()
-        ours = target_probs(logits, rows)[0].double()
-        counts = _stock_sampler_counts(probs, top_p, draws).cpu()
-        support = (want > 0).cpu()
-        print(f"row {row}: target_filter keeps {int(support.sum())}, torch keeps {int((ours > 0).sum())}, "
-              f"sampler drew {int((counts > 0).sum())} ids, outside its support: {int(counts[~support].sum())}")
-        stat, df = _chi2(counts, want.cpu() * draws)
-        assert counts[~support].sum() == 0
-        assert _p_value(stat, df) > 1e-4, (row, stat, df)
 
 
 def test_sampler_warmup_calls_each_flashinfer_entry_as_sglang_does():

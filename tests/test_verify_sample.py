@@ -1,8 +1,8 @@
 """patches/verify_sample.py: PILLAR's sampled verify, called as SGLang's run_eagle_verify calls it.
 
 On the CPU the target distribution comes from the torch form of stock's filters
-(``target_probs``); the GPU path computes it with ``kernels/target_filter.py``
-(``target_probs_gpu``, checked here against ``target_probs`` under Triton's interpreter).
+(``target_probs``) under the server's sampling backend; the GPU path computes the same rows
+(``stock_probs``, checked here against ``target_probs``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sglang_sparsespec.patches.verify_sample import (
 from triton_env import DEVICE
 
 from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
-from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
+from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
 
 BS, K, V, C = 6, 3, 40, 5
 
@@ -63,6 +63,7 @@ def _inputs(seed: int, greedy: bool = False, logit_bias=None):
 @pytest.fixture(autouse=True)
 def _single_rank(monkeypatch):
     monkeypatch.setattr(verify_sample, "_broadcast_from_rank0", lambda *t: None)
+    monkeypatch.setattr(verify_sample, "sampling_backend", lambda: SamplingBackend.FLASHINFER)
 
 
 def test_sampled_batch_uses_the_record_and_sglang_layout():
@@ -110,41 +111,33 @@ def test_other_batches_run_sglang_sampling(case):
     assert pillar_eagle_sample(lambda *a: sentinel, verify_input, batch, logits) is sentinel
 
 
-@pytest.mark.parametrize("bounded", [True, False])
+@pytest.mark.parametrize("backend", list(SamplingBackend))
 @pytest.mark.parametrize("min_p", [False, True])
-def test_target_probs_gpu_is_the_stock_distribution(min_p, bounded):
-    """target_probs_gpu reads sampling_info as SGLang lays it out: temperatures [bs, 1], off filters
-    as TOP_K_ALL / 1.0, greedy requests as top_k 1 with temperature 1, min_ps only when needed. Both
-    paths give the reference's rows; the renorm path needs sgl_kernel (GPU)."""
+def test_stock_accept_reads_the_batch_as_sglang_lays_it_out(min_p, backend, monkeypatch):
+    """sampling_rows reads sampling_info as SGLang lays it out (temperatures [bs, 1], off filters as
+    TOP_K_ALL / 1.0, greedy requests as top_k 1 at temperature 1, min_ps only when needed) and the
+    backend from the server args; stock_accept then gives the reference's tokens for the same coins
+    (on the GPU through the kernels)."""
     from sglang.srt.sampling.sampling_params import TOP_K_ALL
 
-    if not bounded and DEVICE == "cpu":
-        pytest.skip("SGLang's renorm kernels run on CUDA only")
-    _, batch, logits, _ = _inputs(3)
+    _, batch, logits, record = _inputs(3)
     info = batch.sampling_info
     info.top_ks = torch.tensor([TOP_K_ALL, 1, 4, TOP_K_ALL, 12, 1], dtype=torch.int32, device=DEVICE)
     info.top_ps = torch.tensor([0.9, 1.0, 0.95, 1.0, 0.6, 0.9], device=DEVICE)
     info.temperatures = torch.tensor([[0.6], [1.0], [1.0], [1.5], [0.8], [1.0]], device=DEVICE)
     info.min_ps = torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.2], device=DEVICE)
     info.need_min_p_sampling = min_p
-    info.need_top_k_sampling = info.need_top_p_sampling = True
-    raw = logits.next_token_logits.to(DEVICE)
-    rows = SamplingRows(info.temperatures.view(-1), info.top_ps, info.top_ks, info.min_ps if min_p else None)
-    want = target_probs(raw, rows, repeats=K + 1)
-    got = verify_sample.target_probs_gpu(raw, info, K + 1, bounded)
-    assert torch.equal(got > 0, want > 0)
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
-
-
-def test_the_one_kernel_filter_only_when_every_top_k_is_small():
-    from sglang.srt.sampling.sampling_params import TOP_K_ALL
-
-    def reqs(*top_ks):
-        return [SimpleNamespace(sampling_params=SimpleNamespace(top_k=k)) for k in top_ks]
-
-    assert verify_sample.top_k_bounded(reqs(1, 20, verify_sample.FILTER_CANDIDATES))
-    assert not verify_sample.top_k_bounded(reqs(1, 20, verify_sample.FILTER_CANDIDATES + 1))
-    assert not verify_sample.top_k_bounded(reqs(20, TOP_K_ALL))
+    monkeypatch.setattr(verify_sample, "sampling_backend", lambda: backend)
+    raw = (logits.next_token_logits * 2).round().to(DEVICE)  # ties at the cut
+    record = DraftRecord(*(t.to(DEVICE) for t in (record.tokens, record.cand_ids, record.cand_q, record.q_tok)))
+    gen = torch.Generator().manual_seed(4)
+    coins, final = torch.rand(BS, K, generator=gen).to(DEVICE), torch.rand(BS, generator=gen).to(DEVICE)
+    rows = SamplingRows(info.temperatures.view(-1), info.top_ps, info.top_ks, info.min_ps if min_p else None, backend)
+    want = rejection_sample(target_probs(raw, rows, K + 1).view(BS, K + 1, V), record, coins, final)
+    got = verify_sample.stock_accept(raw, verify_sample.sampling_rows(info), record, coins, final)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert verify_sample.sampling_rows(info).backend is backend
+    assert (verify_sample.sampling_rows(info).min_p is None) is not min_p
 
 
 def test_run_eagle_verify_sees_the_hook():

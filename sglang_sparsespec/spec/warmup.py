@@ -14,8 +14,7 @@ the mean TTFT was 264 ms against stock's 398 and PILLAR 1.10x stock FlashInfer; 
 the machine's first start, 6 s on the next.
 
 The plan: for each batch size (powers of two up to the running-request cap, and the cap) and each
-sampling shape (greedy; top-p only, which takes SGLang's renorm kernels; top-k + top-p, which takes
-``kernels/target_filter.py``; min-p), one batch of that many requests with short distinct prompts;
+sampling shape (greedy; top-p only; top-k + top-p; min-p, the target filter's other variant), one batch of that many requests with short distinct prompts;
 the cap's greedy prompts once more (prefills past a cached prefix); then one batch of the cap whose
 prompts together outgrow the prefill chunk, so that a request is
 prefilled in two chunks (attention over a cached prefix) as a first wave of long prompts is.

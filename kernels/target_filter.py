@@ -155,7 +155,7 @@ def _gather_list(base_l, Out_ids, Out_z, Counts, row, ch, m, inv_t, vocab, n_chu
                  DELTA_BASE_C: tl.constexpr, LADDER_C: tl.constexpr, CAP: tl.constexpr,
                  NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr, WITH_Z: tl.constexpr):  # fmt: skip
     """This chunk's ids with z >= the widest cut holding <= CAP tokens of the row, at its offset."""
-    _, rung, col, _ = _rung(Counts, row, n_chunks, CAP, LADDER_C, NCH)
+    fits_cap, rung, col, n_cap = _rung(Counts, row, n_chunks, CAP, LADDER_C, NCH)
     # The same cut as the ladder pass computed, bit for bit.
     rungs = tl.arange(0, LADDER_C)
     thr = tl.max(tl.where(rungs == rung, m - DELTA_BASE_C * tl.exp2(rungs.to(tl.float32) * 0.5), -float("inf")), axis=0)
@@ -203,7 +203,7 @@ def _select_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, Counts, Cand
     m = tl.max(m_c, axis=0)
     inv_s = 1.0 / tl.sum(tl.load(st + 1, mask=chs < n_chunks, other=0.0) * tl.exp(m_c - m), axis=0)
     n_finite = tl.sum(tl.load(st + 2, mask=chs < n_chunks, other=0.0), axis=0).to(tl.int32)
-    fits, _, _, n_total = _rung(Counts, row, n_chunks, C, LADDER_C, NCH)
+    fits, rung_c, col_c, n_total = _rung(Counts, row, n_chunks, C, LADDER_C, NCH)
     base_l = Logits + row * stride_l
 
     offs_c = tl.arange(0, BLOCK_C)
@@ -250,11 +250,11 @@ def _select_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, Counts, Cand
         else:
             # The top C2: the same proof that nothing past them is kept, on their count and mass
             # (with min-p and top-p, top_p x the top-k mass <= top_p: the test below suffices).
-            fits2, _, _, n2 = _rung(Counts, row, n_chunks, C2, LADDER_C, NCH)
+            fits2, rung2, col2, n2 = _rung(Counts, row, n_chunks, C2, LADDER_C, NCH)
             n_items = tl.minimum(n2, C2)
             ids2, zs2 = Cand2 + row * C2, Cand2_z + row * C2
-            _, mass2 = above(base_l, ids2, zs2, n_items, vocab, inv_t, m, inv_s, -float("inf"), False, True, BLOCK_V)
-            n_floor, _ = above(base_l, ids2, zs2, n_items, vocab, inv_t, m, inv_s, floor, False, True, BLOCK_V)
+            n_all2, mass2 = above(base_l, ids2, zs2, n_items, vocab, inv_t, m, inv_s, -float("inf"), False, True, BLOCK_V)
+            n_floor, mass_floor = above(base_l, ids2, zs2, n_items, vocab, inv_t, m, inv_s, floor, False, True, BLOCK_V)
             next2 = (n2 >= k_eff) | (n2 >= n_finite) | (n_floor < n_items)
             if RANK:
                 next2 |= mass2 > p_lim_row

@@ -51,7 +51,7 @@ def above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, t,
     cnt = 0
     mass = 0.0
     for start in range(0, n_items, BLOCK_V):
-        _, z = _item(base_l, Ids, Zs, start + offs, n_items, vocab, inv_t, LIST)
+        item_id, z = _item(base_l, Ids, Zs, start + offs, n_items, vocab, inv_t, LIST)
         if STRICT:
             sel = z > t
         else:
@@ -103,7 +103,7 @@ def _rank_ties(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, lim, p_
     """(tie_end, kept mass) of the rank prefix ending at value z*: ranks G .. G+E-1 hold z* (lower
     ids first); tie j is kept iff G + j < lim and the mass ahead of it, M_gt + j * p(z*), <= p_lim."""
     n_gt, mass_gt = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, True, LIST, BLOCK_V)
-    n_ge, _ = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, False, LIST, BLOCK_V)
+    n_ge, mass_ge = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, False, LIST, BLOCK_V)
     n_eq = n_ge - n_gt
     v = tl.exp(z_star - m) * inv_s
     by_p = tl.where(v > 0.0, tl.floor((p_lim - mass_gt) / v) + 1.0, n_eq.to(tl.float32))
@@ -129,7 +129,7 @@ def wide_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, k_eff, p_lim, flo
     if RANK:
         lim = k_eff
         if MIN_P:
-            n_min, _ = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, floor, False, LIST, BLOCK_V)
+            n_min, mass_min = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, floor, False, LIST, BLOCK_V)
             lim = tl.minimum(lim, tl.maximum(n_min, 1))
         z_star = _rank_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, lim, p_lim, LIST, BLOCK_V)
         tie_end, mass = _rank_ties(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, lim, p_lim, LIST, BLOCK_V)
@@ -139,12 +139,12 @@ def wide_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, k_eff, p_lim, flo
             # top-p is judged on the top-k renormalised row: mass ahead < top_p x (top-k mass).
             if (p_lim < float("inf")) & (k_eff < vocab):
                 z_k = _value_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, k_eff, float("inf"), LIST, BLOCK_V)
-                _, mass_k = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_k, False, LIST, BLOCK_V)
+                n_k, mass_k = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_k, False, LIST, BLOCK_V)
                 lim_p = p_lim * mass_k
         z_star = _value_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, k_eff, lim_p, LIST, BLOCK_V)
         if MIN_P:
             z_star = tl.maximum(z_star, floor)
         # Kept: z >= z*, every tie; z > z* or (z == z* and any id) says the same.
         tie_end = vocab
-        _, mass = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, False, LIST, BLOCK_V)
+        n_kept, mass = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, False, LIST, BLOCK_V)
     return z_star, tie_end, mass

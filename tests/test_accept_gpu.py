@@ -94,7 +94,9 @@ def test_target_rows_are_what_stock_samples(case, backend):
               f"drew {int((counts > 0).sum())} ids, outside the support: {int(counts[~support].sum())}")  # fmt: skip
         assert counts[~support].sum() == 0, (r, int(counts[~support].sum()))
         stat, df = _chi2(counts, want * DRAWS)
-        assert _p_value(stat, df) > 1e-4, (r, stat, df)
+        # A one-token support (greedy under the pytorch rule) leaves no degree of freedom: the support
+        # check above is then the whole test.
+        assert df == 0 or _p_value(stat, df) > 1e-4, (r, stat, df)
         if top_k == 1:  # the three tied maxima: all of them under flashinfer, the first under pytorch
             assert support.nonzero().view(-1).tolist() == ([100] if backend is SamplingBackend.PYTORCH else [100, 101, 102])
 

@@ -7,8 +7,11 @@
 
 The reference is a server without speculation (``stock``: SGLang's own sampler, penalizers and
 min_new_tokens), never a PILLAR config: a PILLAR reference shares the candidate's target filter and
-verify, so it cannot see their errors. Both servers run side by side on one GPU (each with
-``--mem-fraction-static``, default 0.8 / servers), are started together and sampled together.
+verify, so it cannot see their errors. The servers share one GPU, each holding ``--mem-fraction-static`` of
+it (default 0.8 / servers). SGLang sizes a server's memory as that fraction of the memory free when it
+starts, so they start one after another, each once the one before is up, and server i (from 0) is launched
+with share / (1 - i x share) (``launch_fractions``); the JSON records each one's flags. They are sampled
+together.
 
 Contexts (``--contexts``), one fixed set per run: ``--prompts data`` (default) takes an AIME/AMC prompt plus
 the reference's greedy continuation, cut in its second half (``--context-tokens`` / 2 to ``--context-tokens``)
@@ -105,7 +108,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--reference", default="stock", help="a config without speculation: stock's own sampler")
     p.add_argument("--candidate", default="pillar", help="the config judged against the reference")
     p.add_argument("--controls", default="", help="more configs compared with the reference (not judged), e.g. stock-flashinfer")
-    p.add_argument("--mem-fraction-static", type=float, default=None, help="each server's (default 0.8 / servers)")
+    p.add_argument("--mem-fraction-static", type=float, default=None, help="each server's share of the GPU (default 0.8 / servers)")
     add_server_options(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--resume", type=Path, default=None, help="an earlier run's JSON of the same question: keep its contexts and cells")
@@ -136,11 +139,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     n_servers = len(configs)
     args.mem_fraction_static = args.mem_fraction_static or round(0.8 / n_servers, 3)
     if not 0 < args.mem_fraction_static * n_servers < 0.95:
-        p.error(f"{n_servers} servers side by side need --mem-fraction-static below {0.95 / n_servers:.3f}")
+        p.error(f"{n_servers} servers on one GPU need --mem-fraction-static below {0.95 / n_servers:.3f}")
     args.extra_server_args = tuple(shlex.split(args.extra_server_args))
     args.datasets = tuple(d for d in args.datasets.split(",") if d)
     args.run_id = args.run_id or new_run_id()
     return args
+
+
+def launch_fractions(share: float, n: int) -> list[float]:
+    """The ``--mem-fraction-static`` of each of ``n`` servers started one after another so that each holds ``share``
+    of the card. SGLang 0.5.17 keeps (1 - f) x the memory free at its start for everything but weights and KV
+    (``KVCacheConfigurator._profile_available_bytes``), so a server holds f x (what was free when it started):
+    server i finds 1 - i x share free and needs f = share / (1 - i x share). Starting together, each would size
+    itself on a card the others were still filling, and the later ones fail to start."""
+    return [round(share / (1 - i * share), 3) for i in range(n)]
 
 
 def sampling_params(args: argparse.Namespace) -> dict[str, Any]:
@@ -301,13 +313,15 @@ def resumed(path: Path | None, doc: dict[str, Any]) -> None:
     doc["resumed_from"] = old["meta"]["run_id"]
 
 
-def server_for(name: str, args: argparse.Namespace, log_dir: Path) -> tuple[Server, dict[str, Any]]:
-    """A config's server with the radix cache on (the copies share one prefill) and its share of the GPU."""
-    config = resolve_config(name, args.extra_server_args + ("--mem-fraction-static", str(args.mem_fraction_static)))
+def server_for(name: str, args: argparse.Namespace, fraction: float, log_dir: Path) -> tuple[Server, dict[str, Any]]:
+    """A config's server with the radix cache on (the copies share one prefill), launched with ``fraction``
+    (``launch_fractions``: its share of the GPU given the servers started before it)."""
+    config = resolve_config(name, args.extra_server_args + ("--mem-fraction-static", str(fraction)))
     flags = [f for f in config.flags if f != "--disable-radix-cache"]
     env = config.environment(args.env)
     server = Server.sglang(args.model, flags, log_path=log_dir / f"{name}.log", env=env)
-    return server, {"flags": flags, "env": env, "argv": server.argv, "pillar_config": config.pillar_config(args.env)}
+    return server, {"flags": flags, "env": env, "argv": server.argv, "pillar_config": config.pillar_config(args.env),
+                    "gpu_share": args.mem_fraction_static}  # fmt: skip
 
 
 def run_groups(servers: dict[str, Server], args: argparse.Namespace, doc: dict[str, Any], deadline: Deadline, log: RunLog) -> None:
@@ -349,22 +363,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     todo = list(dict.fromkeys(n for part, ci, names in cell_plan(args) for n in names if cell_key(n, part, ci) not in doc["counts"]))
     if not doc["contexts"] and args.reference not in todo:
         todo.insert(0, args.reference)
-    starts = [r["startup_s"] for r in doc["servers"].values() if r.get("startup_s")]
-    need = max(starts, default=0.0) + min(doc["seconds"].values(), default=0.0)
+    # The servers start one after another: their startup times add up (one not yet timed counts as the slowest).
+    starts = {n: r["startup_s"] for n, r in doc["servers"].items() if r.get("startup_s")}
+    need = sum(starts.get(n, max(starts.values(), default=0.0)) for n in todo) + min(doc["seconds"].values(), default=0.0)
     if todo and not deadline.allows(need):
         log.line(f"{', '.join(todo)}: SKIPPED (time budget: {deadline.remaining():.0f} s left, ~{need:.0f} s needed)")
         todo = []
     with ExitStack() as stack:
-        # Side by side: the servers start (and compile) at once, each from its own thread. A server gets SIGKILL
-        # when the thread that launched it ends (PR_SET_PDEATHSIG follows the thread), so the starters live
-        # until the servers are stopped: the pool is entered first and so shut down last.
-        starters = stack.enter_context(ThreadPoolExecutor(max(1, len(todo))))
-        servers = {}
-        for name in todo:
-            servers[name], doc["servers"][name] = server_for(name, args, log_dir)
+        # One after another, from this thread (a server gets SIGKILL when the thread that launched it ends:
+        # PR_SET_PDEATHSIG follows the thread). After a failed start the rest are not launched: their
+        # fractions count on every server before them holding its share.
+        servers, up = {}, bool(todo)
+        for name, fraction in zip(todo, launch_fractions(args.mem_fraction_static, len(todo))):
+            servers[name], doc["servers"][name] = server_for(name, args, fraction, log_dir)
+            if not up:
+                doc["servers"][name].update(status="not started", error="an earlier server failed to start")
+                continue
             stack.enter_context(servers[name])
-        up = list(starters.map(lambda n: start_recorded(servers[n], n, doc["servers"][n], args.startup_timeout, log), todo))
-        if todo and all(up):
+            up = start_recorded(servers[name], name, doc["servers"][name], args.startup_timeout, log)
+        if up:
             log.line(f"{', '.join(todo)} up; {deadline.remaining():.0f} s of the budget left")
             if not doc["contexts"]:
                 doc["contexts"] = data_contexts(servers[args.reference], args, deadline, log)

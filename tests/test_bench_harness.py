@@ -38,6 +38,7 @@ from benchmarks import (
     workload,
 )
 from benchmarks.client import generate_all
+from benchmarks.exactness_stats import counters
 
 FAKE_SERVER = textwrap.dedent(
     r'''
@@ -52,6 +53,23 @@ FAKE_SERVER = textwrap.dedent(
     if mode == "exit_early":
         print("boom: CUDA out of memory (fake)", flush=True)
         sys.exit(3)
+    if os.environ.get("FAKE_GPU"):  # one card shared by the fake servers, sized as SGLang 0.5.17 sizes its memory
+        # A ledger of what the servers that are up hold (fractions of the card). The server measures the free
+        # memory at its start (pre), loads 1% of weights, and fails like SGLang if what is then free leaves less
+        # than pre x (1 - f) (its non-static slack); else it holds pre x f. Loading takes a second, so servers
+        # started together all measure the card empty.
+        import fcntl
+        ledger, f = os.environ["FAKE_GPU"], float(argv[len(argv) - 1 - argv[::-1].index("--mem-fraction-static") + 1])
+        used = lambda: sum(float(line.split()[3]) for line in open(ledger)) if os.path.exists(ledger) else 0.0
+        t_start, pre = time.time(), 1.0 - used()
+        time.sleep(1.0)
+        with open(ledger + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if 1.0 - used() - 0.01 <= pre * (1 - f):
+                print(f"ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={f}", flush=True)
+                sys.exit(1)
+            with open(ledger, "a") as out:
+                out.write(f"{f} {t_start} {time.time()} {pre * f}\n")
     if os.environ.get("FAKE_CHILD_PIDFILE"):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         open(os.environ["FAKE_CHILD_PIDFILE"], "w").write(str(child.pid))
@@ -489,7 +507,7 @@ def test_acceptance_end_to_end(fake_sglang: Path, tiny_tokenizer_dir: Path, data
 def test_exactness_end_to_end_against_stock(
     fake_sglang: Path, tiny_tokenizer_dir: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PILLAR judged against stock's own sampler, both servers side by side: servers that sample alike pass; a
+    """PILLAR judged against stock's own sampler, both servers on one GPU: servers that sample alike pass; a
     candidate that tilts a verify token fails; one whose token 1 differs (drawn before any PILLAR code runs) is
     NUMERICS, not FAIL. The fake samples each request from its own seeded generator, so every verdict here is
     the same run to run however the concurrent calls interleave."""
@@ -503,7 +521,9 @@ def test_exactness_end_to_end_against_stock(
 
     monkeypatch.setenv("FAKE_FLUSH_REFUSALS", "2")  # the radix-cache flush is retried through refusals
     monkeypatch.setenv("FAKE_HESITATE_AT", "6")  # the context is cut where the greedy continuation hesitates
+    monkeypatch.setenv("FAKE_GPU", str(tmp_path / "gpu"))
     code, doc = run("same")
+    monkeypatch.delenv("FAKE_GPU")
     assert code == 0 and doc["verdict"] == "PASS" and doc["settings"]["reference"] == "stock"
     assert doc["control"]["p_value"] < doc["bonferroni_threshold"] and list(doc["power"]) == ["hot: token 2"]
     assert [t["statistic"] for t in doc["tests"]] == ["token 1", "token 2", "token 3", "length", "repeats"]
@@ -513,11 +533,15 @@ def test_exactness_end_to_end_against_stock(
     assert doc["settings"]["sampling_params"] == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
         "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0,
         "max_new_tokens": 3, "ignore_eos": True}  # fmt: skip
-    # Side by side on one GPU: each server gets its share, and both keep the radix cache for the shared prefill.
-    for name in ("stock", "pillar"):
+    # One GPU: the servers start one after another, each once the one before is up, sized so that each holds its
+    # share of the card (the fake GPU sizes them as SGLang does); both keep the radix cache for the shared prefill.
+    for name, fraction in (("stock", "0.4"), ("pillar", "0.667")):
         flags = doc["servers"][name]["flags"]
-        assert configs.flag_value(flags, "--mem-fraction-static") == "0.4" and "--disable-radix-cache" not in flags
-        assert doc["servers"][name]["argv"][-len(flags):] == flags
+        assert configs.flag_value(flags, "--mem-fraction-static") == fraction and "--disable-radix-cache" not in flags
+        assert doc["servers"][name]["argv"][-len(flags):] == flags and doc["servers"][name]["gpu_share"] == 0.4
+    first, second = sorted([float(x) for x in line.split()] for line in (tmp_path / "gpu").read_text().splitlines())
+    assert first[0] == 0.4 and second[0] == 0.667 and second[1] >= first[2]  # launched after the first was up
+    assert first[3] == pytest.approx(0.4, abs=1e-3) and second[3] == pytest.approx(0.4, abs=1e-3)
     assert doc["servers"]["pillar"]["pillar_config"]["num_steps"] == 8 and doc["servers"]["stock"]["pillar_config"] is None
     # A resumed run keeps the cells it is given and samples only the missing ones (here: the candidate's).
     partial = json.loads((tmp_path / "same.json").read_text())
@@ -529,14 +553,22 @@ def test_exactness_end_to_end_against_stock(
     assert doc["contexts"] == partial["contexts"] and doc["servers"]["pillar"].get("resumed") is None
     assert doc["servers"]["stock"]["resumed"] and doc["seconds"].keys() == partial["seconds"].keys()
     # Sampled again on a fresh server, the candidate's cell holds the same counts: the fake is deterministic.
-    # (Tallies are lists of [value, count] in the order values were first seen, which concurrency may change.)
+    # (Tallies list [value, count] in the order values were first seen, per token position too, which concurrency
+    # may change: they are compared as counters.)
     def tallies(counts: dict) -> dict:
-        return {cell: {key: sorted(map(str, v)) if isinstance(v, list) else v for key, v in c.items()}
-                for cell, c in counts.items()}  # fmt: skip
+        return {cell: counters(c) for cell, c in counts.items()}
 
     assert tallies(doc["counts"]) == tallies(json.loads((tmp_path / "same.json").read_text())["counts"])
     with pytest.raises(SystemExit, match="not the same question"):
         exactness.main([*argv, "--top-k", "2", "--out", str(tmp_path / "x.json"), *resume])
+    # The servers start one after another, so a run needs their start times added up: two 300 s starts do not
+    # fit 500 s, and nothing is launched.
+    slow = json.loads((tmp_path / "same.json").read_text()) | {"counts": {}}
+    for record in slow["servers"].values():
+        record["startup_s"] = 300.0
+    (tmp_path / "slow.json").write_text(json.dumps(slow))
+    code, doc = run("slow", "--resume", str(tmp_path / "slow.json"), "--time-budget", "500")
+    assert code == 1 and doc["verdict"] == "INCOMPLETE" and "stock, pillar: SKIPPED" in (tmp_path / "slow.log").read_text()
     # Every PILLAR server starts cold: no round costs from an earlier server of its setup.
     assert doc["servers"]["pillar"]["env"] == {"SPARSESPEC_COST_CACHE": "off"}
     monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "1")  # the candidate's first verify token
@@ -551,6 +583,9 @@ def test_exactness_end_to_end_against_stock(
     code, doc = run("no_logprobs", "--samples", "200")
     assert doc["contexts"][0]["greedy_lead_nats"] is None and doc["contexts"][0]["tokens"] == len(doc["contexts"][0]["ids"])
     assert "no top-2 logprobs in the greedy reply" in (tmp_path / "no_logprobs.log").read_text()
+    monkeypatch.setenv("FAKE_MODE", "exit_early")  # the reference fails to start: the candidate is not launched
+    code, doc = run("no_start")
+    assert code == 1 and doc["servers"]["stock"]["status"] == "failed" and doc["servers"]["pillar"]["status"] == "not started"
 
 
 def test_exactness_sees_penalties_and_min_new_tokens(fake_sglang: Path, tiny_tokenizer_dir: Path, tmp_path: Path,

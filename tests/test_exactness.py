@@ -54,6 +54,15 @@ def test_parse_args_takes_one_sampling_setting_against_a_reference_without_specu
     assert exactness.statistics(args) == ["token 1", "token 2", "token 3", "token 4", "length", "repeats"]
     three = exactness.parse_args(base + ["--controls", "stock-flashinfer", "--candidate", "pillar:adaptive_steps=off"])
     assert three.mem_fraction_static == pytest.approx(0.267)
+    # Started one after another, each server is sized on what the ones before left free (SGLang's rule: a server
+    # holds its fraction of the memory free at its start), so each ends up holding its share of the card.
+    fractions = exactness.launch_fractions(three.mem_fraction_static, 3)
+    assert fractions == [0.267, 0.364, 0.573]
+    free = 1.0
+    for fraction in fractions:
+        held = free * fraction
+        assert held == pytest.approx(0.267, abs=1e-3)
+        free -= held
     pen = exactness.parse_args(base + ["--presence-penalty", "0.3", "--min-new-tokens", "2", "--stop-at-eos"])
     assert exactness.power_checks(pen) == [("hot", "token 2"), ("plain", "repeats"), ("plain", "length")]
     assert exactness.part_params(pen, "plain")["presence_penalty"] == 0.0 and exactness.part_params(pen, "plain")["min_new_tokens"] == 0

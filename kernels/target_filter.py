@@ -20,8 +20,10 @@ Passes (grid rows x vocabulary chunks of CHUNK tokens, so each row is spread ove
     5. per chunk of the rows not decided in 4: the full row, p_i / kept mass where kept, else 0.
 Expected cost on an H100 (3.35 TB/s; bf16 logits): passes 1-3 read the logits three times
 (3 x 175 MB at 64 x 9 x 151,936 = 0.16 ms, x 4 at 256 requests), pass 4 reads C ids per row, pass 5
-exits at once on compact rows; five launches. About 0.2 ms at 64 x 9 rows, 0.7 ms at 256 x 9,
-where the one-program-per-row kernel it replaces took ~17 ms (it walked each row ~5 times serially).
+exits at once on compact rows; five launches. About 0.2 ms at 64 x 9 rows, 0.7 ms at 256 x 9.
+Measured (H100, ``kernels_accept_h100_4f49555.json``, fp32 logits, so 350 MB a pass at 64 x 9): 1.01-1.05
+ms at 64 x 9 and 3.93-3.97 ms at 256 x 9, about 3x the three passes' fp32 read; the one-program-per-row
+kernel it replaced took 3.21 and 6.14 ms (``kernels_accept_old_h100_a0e6fce_b*.json``).
 
 Rules (``RANK`` selects the pytorch backend's): flashinfer keeps x iff #{z > z_x} < top_k and the
 mass of {z > z_x} < top_p (with min-p: top-p judged on the top-k renormalised row, then p >=

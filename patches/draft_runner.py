@@ -12,13 +12,9 @@ between them. Batches larger than the largest bucket run the same step eagerly. 
 draft any count up to k (adaptive speculation) from the same graphs; the columns past it keep
 stale values that the verify never accepts (``DraftRecord.num_drafts``).
 
-Why one step per graph rather than the whole loop: capture time. Graphs of the whole loop
-needed one capture per draft count the policy may choose (2, 4 and 8 steps: 14 captured
-forwards per batch size, 54 s of every server start on an H100 for SmolLM2); one step is one
-captured forward per batch size. A replay costs a graph launch (a few microseconds), k - 1 more
-per round than one loop graph, and the round's prologue (tail starts in batch order, the step
-reset), which the loop graph held, runs as a few eager launches: together ~0.1% of a 34 ms round
-at 256 x 4K.
+One step per graph rather than the whole loop for capture time: loop graphs needed a capture per draft
+count (14 captured forwards per batch size, 54 s of a server start on an H100 for SmolLM2); the extra
+graph launches and the eager round prologue cost ~0.1% of a 34 ms round at 256 x 4K.
 
 Under deterministic inference (``--enable-deterministic-inference``: every request has a sampling seed)
 the draft noise is a function of the request's seed, the round's start position, the step and the

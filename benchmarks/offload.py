@@ -1,4 +1,4 @@
-"""Offload-aware KV pool under oversubscription (issue 24): throughput, retractions, identity.
+"""Offload-aware KV pool under oversubscription: throughput, retractions, identity.
 
     python -m benchmarks.offload --model M --data-dir D --out benchmarks/results/offload_<device>.json \\
         [--num-prompts 64] [--max-new-tokens 7000] [--oversubscription 1.5] [--host-gb 16] [--radix-cache] \\
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=7000)
     ap.add_argument("--num-steps", type=int, default=8)
-    ap.add_argument("--oversubscription", type=float, default=1.5, help="demand / GPU pool (>= 1.5 for the issue)")
+    ap.add_argument("--oversubscription", type=float, default=1.5, help="demand / GPU pool (1.5 = half again what the pool holds)")
     ap.add_argument("--host-gb", type=float, default=16.0)
     ap.add_argument(
         "--radix-cache", action="store_true", help="keep the radix cache on (default: off, as COMMON_FLAGS)"

@@ -1,4 +1,4 @@
-"""Scheduler wiring of the offload-aware KV pool (issue 24; ``docs/offload.md``).
+"""Scheduler wiring of the offload-aware KV pool (``docs/offload.md``).
 
 Off unless ``--pillar-offload-host-gb`` > 0. When the running batch's next decode round does not
 fit in the GPU pool, requests are *parked* instead of retracted: the KV of their private

@@ -115,7 +115,7 @@ class PillarWorker(BaseSpecWorker):
         self.policy: SpeculationPolicy | None = None
         self.clock: RoundClock | None = None
         self.dense: DenseChooser | None = None  # with the policy: which requests draft densely
-        self.metrics = PillarMetrics(self.cfg.num_steps)  # issue 22: /server_info, Prometheus (patches/metrics.py)
+        self.metrics = PillarMetrics(self.cfg.num_steps)  # /server_info and Prometheus (patches/metrics.py)
         self.warmup_rounds = 0  # start-up warm-up rounds so far (patches/serve_warmup.py)
         self.mixed: MixedRunner | None = None  # --pillar-batch-phases mixed
         self.sink: VerifyScoreSink | None = None

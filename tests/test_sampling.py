@@ -278,7 +278,7 @@ def test_verify_of_one_hot_rows_accepts_longest_matching_prefix(seed):
 
 
 def test_record_size_at_qwen3_scale():
-    # Issue 20's bound: the draft record at batch 256, k = 8 must stay <= 256 MB (full fp32 rows
+    # The memory bound: the draft record at batch 256, k = 8 must stay <= 256 MB (full fp32 rows
     # over Qwen3's 151,936-token vocabulary: 1.24 GB). C = 64: ids int64 + q float32 per candidate.
     bs, k, c = 256, 8, 64
     record_bytes = bs * k * (c * (8 + 4) + 8 + 4)

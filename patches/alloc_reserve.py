@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from sglang_sparsespec.config import BatchPhases, batch_phases
 
-from .spec_algo import ALGORITHM_NAME
+from .spec_algo import serves_pillar
 
 
 def mixed_phases(server_args) -> bool:
     """Whether ``server_args`` serve PILLAR with mixed-phase iterations (the knob from the environment
     the launcher exported, the same in every process)."""
-    if (server_args.speculative_algorithm or "").upper() != ALGORITHM_NAME:
+    if not serves_pillar(server_args):
         return False
     return batch_phases() is BatchPhases.MIXED
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .spec_algo import serves_pillar
+
 PROPOSED = "_sparsespec_proposed_drafts"  # drafts proposed to a Req over its PILLAR rounds
-ALGORITHM = "PILLAR"
 
 
 def next_stream_point(sent: int, interval: int) -> int:
@@ -94,7 +95,7 @@ def count_proposed_drafts(result, processor, spec_result, batch, *args, **kwargs
 def proposed_drafts_in_meta_info(result, manager, meta_info, recv_obj, i, *args, **kwargs):
     """TokenizerManager._calculate_spec_decoding_metrics (AFTER): under PILLAR, the proposed drafts
     and the accept rate from the drafts the rounds ran (no rate when every round was plain)."""
-    if str(manager.server_args.speculative_algorithm).upper() != ALGORITHM or "spec_verify_ct" not in meta_info:
+    if not serves_pillar(manager.server_args) or "spec_verify_ct" not in meta_info:
         return result
     caps = getattr(recv_obj, "spec_num_cap_tokens", None)
     proposed = caps[i] if caps is not None and len(caps) > i else 0

@@ -18,13 +18,13 @@ whole, as before; a single token (stock decoding, the plain rounds) always is.
 
 from __future__ import annotations
 
-from .spec_algo import ALGORITHM_NAME
+from .spec_algo import serves_pillar
 
 
 def _serves_pillar() -> bool:
     from sglang.srt.runtime_context import get_server_args
 
-    return (get_server_args().speculative_algorithm or "").upper() == ALGORITHM_NAME
+    return serves_pillar(get_server_args())
 
 
 def _ends_by_itself(req, token: int) -> bool:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from .spec_algo import ALGORITHM_NAME
+
 
 def offload_refusal(server_args) -> str | None:
     """Why offload cannot run with these ServerArgs (one line), or None."""
     algo = (server_args.speculative_algorithm or "").upper()
     checks = (
-        (algo not in ("", "PILLAR"), f"--speculative-algorithm {algo} (offload serves PILLAR and stock decoding)"),
+        (algo not in ("", ALGORITHM_NAME), f"--speculative-algorithm {algo} (offload serves PILLAR and stock decoding)"),
         ((server_args.page_size or 1) != 1, "--page-size other than 1"),
         (server_args.enable_hierarchical_cache, "--enable-hierarchical-cache (HiCache owns the host KV pool)"),
         (server_args.enable_dp_attention, "--enable-dp-attention"),

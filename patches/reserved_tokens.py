@@ -9,11 +9,11 @@ iterations allocate k + 1 further slots (``alloc_reserve``), so they keep 2 (k +
 from __future__ import annotations
 
 from .alloc_reserve import mixed_phases
-from .spec_algo import ALGORITHM_NAME
+from .spec_algo import serves_pillar
 
 
 def reserve_verify_window(original, server_args):
-    if (server_args.speculative_algorithm or "").upper() == ALGORITHM_NAME:
+    if serves_pillar(server_args):
         window = server_args.speculative_num_draft_tokens
         return 2 * window if mixed_phases(server_args) else window
     return original(server_args)

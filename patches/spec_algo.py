@@ -58,6 +58,11 @@ def is_pillar(algorithm: object) -> bool:
     return isinstance(algorithm, PillarSpecAlgo)
 
 
+def serves_pillar(server_args) -> bool:
+    """Whether ``server_args`` (ServerArgs, or any object with its ``speculative_algorithm``) serve PILLAR."""
+    return (server_args.speculative_algorithm or "").upper() == ALGORITHM_NAME
+
+
 def route_attention(sa: ServerArgs) -> str | None:
     """Route TARGET_VERIFY (and DECODE) to the Triton backend, prefill to the user's; None or why not.
 

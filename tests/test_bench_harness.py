@@ -50,6 +50,15 @@ FAKE_SERVER = textwrap.dedent(
     spec = "--speculative-algorithm" in argv
     mode = os.environ.get("FAKE_MODE", "ok")
     print("fake server starting", argv, flush=True)
+    LOG_LOCK = threading.Lock()
+
+    def log_line(line):
+        # Request threads log concurrently; print() writes the text and its newline separately, so two
+        # threads could merge their lines into one that no parser reads. One locked write per line.
+        with LOG_LOCK:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
     if mode == "exit_early":
         print("boom: CUDA out of memory (fake)", flush=True)
         sys.exit(3)
@@ -199,14 +208,14 @@ FAKE_SERVER = textwrap.dedent(
             if not spec and n >= 40:  # stock's own log: 2 ms per step (the first line of a run never counts)
                 b = int(os.environ.get("FAKE_BATCH", "2"))
                 for _ in range(2):
-                    print(f"[2026-11-26 14:00:00] Decode batch, #running-req: {b}, #token: {b * 50}, token usage: 0.01, "
-                          f"cuda graph: True, gen throughput (token/s): {b / 0.002:.2f}, #queue-req: 0", flush=True)
+                    log_line(f"[2026-11-26 14:00:00] Decode batch, #running-req: {b}, #token: {b * 50}, token usage: 0.01, "
+                             f"cuda graph: True, gen throughput (token/s): {b / 0.002:.2f}, #queue-req: 0")
             if spec and os.environ.get("SPARSESPEC_STEP_TIMING"):
                 # One report per request; the batch is the whole prompt set of a step_times point.
                 # The streaming policy captures no scores: its verify is 0.5 ms shorter.
                 verify = 1.5 if os.environ.get("SPARSESPEC_POLICY") == "streaming" else 2.0
-                print(f"INFO PILLAR step timing: rounds=10 batch={int(os.environ.get('FAKE_BATCH', '2'))}.00 "
-                      f"draft_ms=1.5000 verify_ms={verify:.4f} accept_ms=0.2500 select_ms=0.5000 gap_ms=0.1000", flush=True)
+                log_line(f"INFO PILLAR step timing: rounds=10 batch={int(os.environ.get('FAKE_BATCH', '2'))}.00 "
+                         f"draft_ms=1.5000 verify_ms={verify:.4f} accept_ms=0.2500 select_ms=0.5000 gap_ms=0.1000")
             if mode == "die_on_second_generate" and served[0] == 2:
                 time.sleep(0.3)  # crash mid-request, without replying
                 os._exit(9)

@@ -25,8 +25,8 @@ from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.patches.tp_agree import RoundAgreement
 from sglang_sparsespec.patches.worker import PillarWorker
-from sglang_sparsespec.spec.adaptive import RoundClock, RoundSample, SpeculationPolicy
-from sglang_sparsespec.spec.dense import DenseChooser
+from sglang_sparsespec.adaptive.policy import RoundClock, RoundSample, SpeculationPolicy
+from sglang_sparsespec.adaptive.dense import DenseChooser
 
 KV_BYTES = 30 * 3 * 64 * 2 * 2  # SmolLM2-135M: layers x KV heads x head dim x (K, V) x bf16
 LAYERS, SPLIT_PROGRAMS = 30, 528  # the draft kernel's splits fill ~528 programs (132 SMs x 4)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.server import Server, decode_intervals, http_json, scheduler_state
-from sglang_sparsespec.spec.adaptive import cell_key, cell_label
+from sglang_sparsespec.adaptive.policy import cell_key, cell_label
 
 METRIC_KEYS = (
     "completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",

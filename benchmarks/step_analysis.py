@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_sparsespec.config import ENV_PREFIX, PillarConfig, SelectionPolicy
-from sglang_sparsespec.spec.timing import GAP, PHASES
+from sglang_sparsespec.rounds.timing import GAP, PHASES
 
 
 def stock_step_ms(row: dict[str, Any]) -> float | None:

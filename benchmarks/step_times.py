@@ -45,7 +45,7 @@ from benchmarks.server import MIN_START_S, STOP_RESERVE_S, Server, begin, decode
 from benchmarks.step_analysis import capture_overhead, model_shape, projections
 from benchmarks.trace_summary import load_trace, summarize
 from sglang_sparsespec.config import ENV_PREFIX
-from sglang_sparsespec.spec.timing import GAP, PHASES, parse_reports
+from sglang_sparsespec.rounds.timing import GAP, PHASES, parse_reports
 
 # Shapes of the public Qwen3 configs (no weights are read: --load-format dummy).
 _QWEN3_COMMON = {

@@ -1,7 +1,7 @@
 """Stock SGLang's sampling distribution of every verify row, vocabulary-parallel and compact.
 
 The sampled verify needs, for every row of its [n = bs * (k + 1), V] logits, the distribution stock
-decoding samples from (``spec/sampling.target_probs`` is the reference, for either sampling backend).
+decoding samples from (``sampling/target.target_probs`` is the reference, for either sampling backend).
 Rejection sampling then reads p at the drafts and draws once per request from a residual, so the
 rows are returned compact (``TargetRows``): a row whose kept set lies within its top-C tokens is
 those C ids (ascending) and their final p; only the other rows (no filter at all, a nucleus wider

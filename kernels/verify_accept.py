@@ -8,7 +8,7 @@ candidates (in id order) with q matched from the draft record's C ids ([C, C] co
 vocabulary-wide. A row given in full (no filter, a nucleus wider than C) is read from ``full``: the
 residual differs from p only on the record's ids, written into that row in place (``full`` is
 consumed), and the draw reads the row twice (its total mass, then the inverse CDF).
-``spec/rejection.rejection_sample`` is the reference.
+``sampling/rejection.rejection_sample`` is the reference.
 
 Semantics are the reference's: draft j is accepted iff coin_j * q_tok_j < p_j(token_j) and j <
 num_drafts (one count for the batch, or each request's own from a [bs] tensor the kernel reads on
@@ -139,7 +139,7 @@ def rejection_fwd(
     coins: torch.Tensor,
     final_coins: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rejection_sample`` of ``spec/rejection.py`` (the record unpacked): target: the
+    """``rejection_sample`` of ``sampling/rejection.py`` (the record unpacked): target: the
     bs * (k + 1) rows of ``target_filter_fwd``, request-major (row b * (k + 1) + j scores draft j;
     its ``full`` is overwritten: a non-compact final row becomes its residual); tokens [bs, k] int64;
     cand_ids / cand_q [bs, k, C']; q_tok [bs, k]; num_drafts: an int for the batch or a [bs] int64 /

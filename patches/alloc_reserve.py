@@ -2,7 +2,7 @@
 
 Spec v2 keeps every decoding request allocated to ``kv_committed_len + 2 (k + 1)``: the host's
 committed length lags the GPU's by one round under the overlap scheduler, and a round writes up to
-k + 1 slots past the GPU's. A mixed-phase chain (spec/mixed.py) reaches further: after its verify a
+k + 1 slots past the GPU's. A mixed-phase chain (rounds/mixed.py) reaches further: after its verify a
 request drafts on in the same iteration, up to 2k + 1 slots past the length the iteration started
 with, so with the lag 3k + 2 past the host's: ``--pillar-batch-phases mixed`` reserves 3 (k + 1).
 """

@@ -10,7 +10,7 @@ split heuristic instead, on metadata this backend builds on the device (so it is
 step's graph): profiled at 32 / 64 requests x 1K on the H200 (steps_plain_profile_h200_9aa0a6a.json),
 the draft kernel over whole prefixes took 0.72 / 1.08 ms per step against SGLang's 0.56 / 1.01.
 
-A mixed-phase forward (``SegmentMeta``, spec/mixed.py) is the same DECODE forward with verify
+A mixed-phase forward (``SegmentMeta``, rounds/mixed.py) is the same DECODE forward with verify
 segments after the draft rows: every row's K/V is written first, then the draft rows attend their
 plans and the segments their whole prefix and own rows, through the verify kernel.
 """
@@ -75,7 +75,7 @@ class WholePrefixMeta:
 
 @dataclass
 class SegmentMeta:
-    """A mixed-phase forward's verify segments (spec/mixed.py), after ``draft_rows`` draft rows:
+    """A mixed-phase forward's verify segments (rounds/mixed.py), after ``draft_rows`` draft rows:
     S segments of ``width`` (k + 1) rows, each attending its request's committed prefix and its own
     rows causally (``kernels/verify_attention.py``), the scores captured into ``sink`` when given.
 

@@ -37,7 +37,7 @@ from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_samp
 
 from sglang_sparsespec.config import DraftGrid, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
-from sglang_sparsespec.spec.rejection import DraftRecord
+from sglang_sparsespec.sampling.rejection import DraftRecord
 
 from .draft_attention import DraftStepInputs, PillarDraftBackend
 
@@ -138,7 +138,7 @@ class PillarDraftRunner:
             self.min_p = torch.zeros(max_bs, dtype=torch.float32)
             self.seed = torch.zeros(max_bs, dtype=torch.int64)  # read only when seeded
             self.noise_columns = seeded_columns(self.k, self.num_cand, self.device)
-            # 1 = attend the plan, 0 = attend the whole prefix (dense drafting, spec/dense.py).
+            # 1 = attend the plan, 0 = attend the whole prefix (dense drafting, adaptive/dense.py).
             self.sparse = torch.ones(max_bs, dtype=torch.int32)
             self.inputs = DraftStepInputs(
                 req_pool_indices=self.req_pool_indices,

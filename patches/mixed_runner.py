@@ -1,4 +1,4 @@
-"""Mixed-phase iterations on the GPU (``spec/mixed.py``, ``--pillar-batch-phases mixed``).
+"""Mixed-phase iterations on the GPU (``rounds/mixed.py``, ``--pillar-batch-phases mixed``).
 
 An iteration is k + 1 forwards. Each is one DECODE forward of the target model under the draft
 backend: a row per request that drafts (its plan, ``kernels/sparse_decode.py``), then one phase
@@ -25,7 +25,7 @@ from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_t
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector
 from sglang_sparsespec.selection.state import PlanState
-from sglang_sparsespec.spec.mixed import (
+from sglang_sparsespec.rounds.mixed import (
     ChainBuffers,
     ChainStore,
     ChainTracker,
@@ -35,8 +35,8 @@ from sglang_sparsespec.spec.mixed import (
     mixed_step,
     segments_per_forward,
 )
-from sglang_sparsespec.spec.rejection import DraftRecord
-from sglang_sparsespec.spec.sampling import SamplingRows
+from sglang_sparsespec.sampling.rejection import DraftRecord
+from sglang_sparsespec.sampling.target import SamplingRows
 
 from .draft_attention import SegmentMeta
 from .draft_runner import PillarDraftRunner, sample_drafts

@@ -20,7 +20,7 @@ The checks added here, for every algorithm once the plugin is installed:
   it, one entry per prompt in every per-prompt list, one ``rid`` and one ``sampling_params`` object
   and an integer ``top_logprobs_num`` for a single prompt;
 * a client's ``rid`` does not start with the prefix that marks PILLAR's start-up warm-up requests
-  (``spec/warmup.py``: their rounds are kept out of the cost model and the metrics, so a client
+  (``rounds/warmup.py``: their rounds are kept out of the cost model and the metrics, so a client
   batch under that prefix would run unmeasured warm-up rounds).
 
 Errors of one prompt of a batch name it ("prompt 2 of 3 in the batch: ...").
@@ -153,7 +153,7 @@ def check_batch_shape(obj: Any) -> None:
 
 def check_client_rids(rid: Any) -> None:
     """ValueError if a client's rid (one string or a list of them) starts with the warm-up prefix."""
-    from sglang_sparsespec.spec.warmup import WARMUP_RID_PREFIX
+    from sglang_sparsespec.rounds.warmup import WARMUP_RID_PREFIX
 
     for r in rid if isinstance(rid, list) else [rid]:
         if isinstance(r, str) and r.startswith(WARMUP_RID_PREFIX):

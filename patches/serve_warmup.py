@@ -1,5 +1,5 @@
 """PILLAR's start-up warm-up through SGLang's custom-warmup registry (``--warmups``): the batches of
-``spec/warmup.py`` go through the tokenizer manager, the scheduler and the worker as real requests,
+``rounds/warmup.py`` go through the tokenizer manager, the scheduler and the worker as real requests,
 so every eager kernel variant a round launches is built before the HTTP server listens (SGLang runs
 custom warmups in the server's start-up, before uvicorn accepts connections). ``spec_algo`` adds the
 name to ``--warmups`` unless ``--skip-server-warmup`` is given."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from sglang_sparsespec.spec.warmup import WARMUP_NAME, warmup_plan
+from sglang_sparsespec.rounds.warmup import WARMUP_NAME, warmup_plan
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Under ``--tp-size N`` every rank runs the same PILLAR round on its own attention heads, and the
 model's all-reduces pair the ranks' forwards one to one. The adaptive policy picks the round's
 draft count and its dense-drafting requests from round costs each rank measures on its own GPU
-(``spec/adaptive.py``), so two ranks could pick different counts: they would then run different
+(``adaptive/policy.py``), so two ranks could pick different counts: they would then run different
 numbers of forwards and the next all-reduce would hang. Rank 0's choice is broadcast over SGLang's
 CPU group of the TP ranks instead, once per round (not per draft step) and only with N > 1, as
 SGLang's scheduler broadcasts each iteration's requests from rank 0 over the same group.

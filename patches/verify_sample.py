@@ -6,8 +6,8 @@ PILLAR verify input (``attach_round``) that is not all greedy, this replaces the
 ``eagle_sample``: the same logit processing as SGLang (NaN guard, penalties, logit bias, grammar
 mask), the target distribution stock decoding samples from under the server's sampling backend
 and exact rejection sampling (``stock_accept``, shared with the mixed runner: on the GPU
-``kernels/target_filter.py`` and ``kernels/verify_accept.py``; ``spec/sampling.target_probs`` and
-``spec/rejection.rejection_sample`` are their references). A custom logit processor is applied last, as SGLang's Sampler does, to row 0 of each
+``kernels/target_filter.py`` and ``kernels/verify_accept.py``; ``sampling/target.target_probs`` and
+``sampling/rejection.rejection_sample`` are their references). A custom logit processor is applied last, as SGLang's Sampler does, to row 0 of each
 request (its requests draft nothing: ``patches/request_rounds.py``); a round with such requests, or
 with per-request draft counts, is accepted here for greedy batches too (``greedy_accept``: SGLang's
 greedy chain rule with each request's count), since SGLang's greedy verify would accept drafts of a
@@ -24,9 +24,9 @@ import torch
 from sglang_sparsespec.kernels.target_filter import target_filter_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
-from sglang_sparsespec.spec.mixed import greedy_accept
-from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
-from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
+from sglang_sparsespec.rounds.mixed import greedy_accept
+from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
+from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
 ATTR = "_sparsespec_round"
 
@@ -59,7 +59,7 @@ def stock_accept(
     logits: torch.Tensor, rows: SamplingRows, record: DraftRecord, coins: torch.Tensor, final_coins: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact rejection sampling of ``record`` against stock decoding's distribution of each verify
-    row (``spec/sampling.target_probs``; logits [bs * (k + 1), V], row b * (k + 1) + j under
+    row (``sampling/target.target_probs``; logits [bs * (k + 1), V], row b * (k + 1) + j under
     request b of ``rows``). The one acceptance of both runners, so a request's distribution never
     depends on its batch-mates. Returns (emitted [bs, k + 1], num_accepted [bs]).
 

@@ -14,7 +14,7 @@ One decode round (all on the GPU, no host synchronisation, overlap-scheduler saf
 Prefill batches run the plain target forward and seed each request with a streaming
 plan (sinks + recent window) so the first round after prefill is already sparse.
 
-Adaptive speculation (``spec/adaptive.py``, on unless SPARSESPEC_ADAPTIVE_STEPS=off) picks each
+Adaptive speculation (``adaptive/policy.py``, on unless SPARSESPEC_ADAPTIVE_STEPS=off) picks each
 round's draft count from the candidates: k >= 1 drafts k tokens (verify width stays k_max + 1,
 the undrafted columns are never accepted); k = 0 is plain decoding: one forward of the pending
 token through a second TARGET_VERIFY graph of width 1 (SGLang's own shape for EAGLE's zero-step
@@ -55,13 +55,13 @@ from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
-from sglang_sparsespec.spec.adaptive import RoundClock, SpeculationPolicy
-from sglang_sparsespec.spec.cost_cache import CostFile
-from sglang_sparsespec.spec.dense import DenseChooser
-from sglang_sparsespec.spec.rejection import DraftRecord
-from sglang_sparsespec.spec.rounds import RoundShape
-from sglang_sparsespec.spec.timing import PHASES, NoTimer, RoundTimer, format_report
-from sglang_sparsespec.spec.warmup import is_warmup, warmup_steps
+from sglang_sparsespec.adaptive.policy import RoundClock, SpeculationPolicy
+from sglang_sparsespec.adaptive.cost_cache import CostFile
+from sglang_sparsespec.adaptive.dense import DenseChooser
+from sglang_sparsespec.sampling.rejection import DraftRecord
+from sglang_sparsespec.rounds.launch import RoundShape
+from sglang_sparsespec.rounds.timing import PHASES, NoTimer, RoundTimer, format_report
+from sglang_sparsespec.rounds.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves
@@ -143,7 +143,7 @@ class PillarWorker(BaseSpecWorker):
         )
 
     def _setup_identity(self) -> dict[str, Any]:
-        """What moves this server's round costs (``spec/cost_cache.py``)."""
+        """What moves this server's round costs (``adaptive/cost_cache.py``)."""
         from importlib.metadata import PackageNotFoundError, version
 
         try:
@@ -398,7 +398,7 @@ class PillarWorker(BaseSpecWorker):
 
     def _round_shape(self, batch) -> RoundShape:
         """This round's shape (``_choose_steps``), counted in the metrics; a start-up warm-up batch
-        (``spec/warmup.py``) takes every draft count in turn, so each count's kernels build, and the
+        (``rounds/warmup.py``) takes every draft count in turn, so each count's kernels build, and the
         policy, its clock and the metrics never see it (its late accept counts match no launched round)."""
         if is_warmup(batch.reqs):
             self.warmup_rounds += 1
@@ -462,7 +462,7 @@ class PillarWorker(BaseSpecWorker):
         return result
 
     def _mixed_round(self, batch, on_publish):
-        """A mixed-phase iteration (spec/mixed.py): k + 1 forwards, each request verified once. Its
+        """A mixed-phase iteration (rounds/mixed.py): k + 1 forwards, each request verified once. Its
         whole time is timed as the draft phase (the verify shares the draft forwards)."""
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.utils import GenerationBatchResult

@@ -88,7 +88,7 @@ class PlainPath(str, Enum):
 
 
 class BatchPhases(str, Enum):
-    """How the requests of a full-length round (k drafts) share forwards (spec/mixed.py)."""
+    """How the requests of a full-length round (k drafts) share forwards (rounds/mixed.py)."""
 
     # The whole batch drafts k forwards, then verifies in one.
     SPLIT = "split"
@@ -127,7 +127,7 @@ class PillarConfig:
 
     num_steps: int = 8
     budget_ratio: float = 0.05
-    # The budget ratio of the poor drafters (spec/dense.py, "boosted plans"); 0 = everyone drafts at
+    # The budget ratio of the poor drafters (adaptive/dense.py, "boosted plans"); 0 = everyone drafts at
     # budget_ratio. A global 10% lifted the tail but slowed the good drafters (sampled-c4a7753-h200-7000:
     # E2E p99 65.0 -> 54.7 s, p10 25.9 -> 28.8 s); this spends the larger budget on the tail alone.
     boost_ratio: float = 0.0
@@ -159,14 +159,14 @@ class PillarConfig:
     # step. The verify is exact for any C; C only trades acceptance (the target mass outside them can
     # never be drafted) for record size (k x C x 12 bytes per request).
     draft_candidates: int = 64
-    # Adaptive speculation (spec/adaptive.py): the draft counts a round may run besides num_steps,
+    # Adaptive speculation (adaptive/policy.py): the draft counts a round may run besides num_steps,
     # 0 = plain decoding, as a comma list; "auto" = AUTO_STEPS below num_steps; "off" = always num_steps.
     adaptive_steps: str = "auto"
     # Analysis only: every round runs this draft count (one of the candidates; 0 = plain decoding) while
     # the policy still prices its cells, so a step-time run can time one path alone; -1 = the policy's.
     force_steps: int = -1
     # Adaptive speculation speculates only if the batch's request at this quantile of expected tokens
-    # decodes at least as fast as under plain decoding (spec/adaptive.py, SpeculationPolicy); 0 = the
+    # decodes at least as fast as under plain decoding (adaptive/policy.py, SpeculationPolicy); 0 = the
     # throughput choice alone.
     floor_quantile: float = 0.1
     # ... and only if it promises this much more throughput than plain decoding (SpeculationPolicy).
@@ -176,13 +176,13 @@ class PillarConfig:
     # stock at 64 x 2048 against the verify path's 0.99x, lossless PASS; docs/results.md).
     plain_path: PlainPath = PlainPath.AUTO
     # Where adaptive speculation keeps the round costs it measured, so a restarted server of the same
-    # setup starts priced (spec/cost_cache.py): "auto" = a file per setup under $SPARSESPEC_CACHE/costs
+    # setup starts priced (adaptive/cost_cache.py): "auto" = a file per setup under $SPARSESPEC_CACHE/costs
     # (default ~/.cache/sglang_sparsespec), "off", or a file path.
     cost_cache: str = "auto"
     # Pinned host memory (GB) for parking running requests' KV instead of retracting them when the
     # GPU pool runs out (patches/offload.py, docs/offload.md); 0 = off. Applies to stock decoding too.
     offload_host_gb: float = 0.0
-    # Full-length rounds as split phases or mixed-phase iterations (spec/mixed.py). Mixed is not the
+    # Full-length rounds as split phases or mixed-phase iterations (rounds/mixed.py). Mixed is not the
     # default until a same-run A/B on the GPU says it pays: its measured ceiling is -5% of a Qwen3-8B
     # round at batch 64 and ~0 on SmolLM2 (benchmarks.mixed_gemm).
     batch_phases: BatchPhases = BatchPhases.SPLIT

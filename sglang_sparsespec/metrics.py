@@ -25,9 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sglang_sparsespec.spec.adaptive import RoundSample
-from sglang_sparsespec.spec.rounds import LaunchedRounds
-from sglang_sparsespec.spec.timing import PhaseReport
+from sglang_sparsespec.adaptive.policy import RoundSample
+from sglang_sparsespec.rounds.launch import LaunchedRounds
+from sglang_sparsespec.rounds.timing import PhaseReport
 
 
 class MetricsSink(Protocol):
@@ -52,7 +52,7 @@ class PillarMetrics:
     rounds_by_steps: Counter[int] = field(default_factory=Counter)
     # Plain rounds (rounds_by_steps[0]) that took the decode path (SPARSESPEC_PLAIN_PATH=decode).
     plain_decode_rounds: int = 0
-    # Full-length rounds (rounds_by_steps[max_steps]) run as mixed-phase iterations (spec/mixed.py).
+    # Full-length rounds (rounds_by_steps[max_steps]) run as mixed-phase iterations (rounds/mixed.py).
     mixed_rounds: int = 0
     drafts: int = 0
     draft_tokens: int = 0

@@ -8,7 +8,7 @@ backend (``Sampler._sample_from_probs``: flashinfer's joint ``top_k_top_p_sampli
 ``top_k_renorm_prob`` -> ``top_p_renorm_prob`` -> ``min_p_sampling_from_probs`` with min-p; the
 pytorch backend's ``top_k_top_p_min_p_sampling_from_probs_torch``), and the counts are tested
 against ``kernels/target_filter.py``'s rows: nothing drawn outside their support, chi-square p >
-1e-4. The rows also equal the torch reference (``spec/sampling.target_probs``).
+1e-4. The rows also equal the torch reference (``sampling/target.target_probs``).
 
     python -m pytest tests/test_accept_gpu.py -q -s
 """
@@ -21,7 +21,7 @@ from sglang_sparsespec.kernels.target_filter import target_filter_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 from test_sampling import _chi2, _p_value
 
-from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
+from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and SGLang's sampling kernels")
 

@@ -1,4 +1,4 @@
-"""spec/adaptive.py: the per-round draft-count policy, its acceptance estimate and its clock."""
+"""adaptive/policy.py: the per-round draft-count policy, its acceptance estimate and its clock."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from sglang_sparsespec.patches.server_info import add_pillar_state
 
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.metrics import PillarMetrics
-from sglang_sparsespec.spec.dense import BatchView, floor_tokens, plan_dense
-from sglang_sparsespec.spec.adaptive import (
+from sglang_sparsespec.adaptive.dense import BatchView, floor_tokens, plan_dense
+from sglang_sparsespec.adaptive.policy import (
     AcceptanceTracker,
     RoundClock,
     RoundSample,

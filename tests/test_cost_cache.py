@@ -1,4 +1,4 @@
-"""Measured round costs kept across server starts (``spec/cost_cache.py``, ``CostTable.export/restore``)."""
+"""Measured round costs kept across server starts (``adaptive/cost_cache.py``, ``CostTable.export/restore``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from sglang_sparsespec.patches import worker as w
 from sglang_sparsespec.patches.tp_agree import RoundAgreement
 
 from sglang_sparsespec.config import PillarConfig
-from sglang_sparsespec.spec.adaptive import PROBE_ROUNDS, RoundSample, SpeculationPolicy, cell_key
-from sglang_sparsespec.spec.cost_cache import CostFile
+from sglang_sparsespec.adaptive.policy import PROBE_ROUNDS, RoundSample, SpeculationPolicy, cell_key
+from sglang_sparsespec.adaptive.cost_cache import CostFile
 
 IDENTITY = {"gpu": "NVIDIA H100 80GB HBM3", "model": "/m", "tp_size": 1, "step_candidates": [0, 2, 4, 8]}
 

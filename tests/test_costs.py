@@ -1,4 +1,4 @@
-"""spec/costs.py: round costs that warm-up and one-off spikes cannot move (adaptive speculation's prices)."""
+"""adaptive/costs.py: round costs that warm-up and one-off spikes cannot move (adaptive speculation's prices)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from sglang_sparsespec.spec.acceptance import AcceptanceTracker
-from sglang_sparsespec.spec.adaptive import SpeculationPolicy
-from sglang_sparsespec.spec.costs import PROBE_ROUNDS, CostTable, RobustCost, RoundSample, cell_key
+from sglang_sparsespec.adaptive.acceptance import AcceptanceTracker
+from sglang_sparsespec.adaptive.policy import SpeculationPolicy
+from sglang_sparsespec.adaptive.costs import PROBE_ROUNDS, CostTable, RobustCost, RoundSample, cell_key
 
 SPIKE = 100.0
 

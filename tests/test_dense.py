@@ -1,4 +1,4 @@
-"""spec/dense.py: which requests draft over their whole prefix, and the policy pricing it."""
+"""adaptive/dense.py: which requests draft over their whole prefix, and the policy pricing it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from sglang_sparsespec.spec.adaptive import PROBE_ROUNDS, RoundSample, SpeculationPolicy
-from sglang_sparsespec.spec.dense import (
+from sglang_sparsespec.adaptive.policy import PROBE_ROUNDS, RoundSample, SpeculationPolicy
+from sglang_sparsespec.adaptive.dense import (
     DENSE_READ_GBPS,
     BatchView,
     DenseChooser,
@@ -100,7 +100,7 @@ def test_chooser_tracks_sparse_acceptance_per_request_and_dense_rounds_apart():
 
 
 def test_poor_drafters_are_boosted_poorest_first_within_the_share_and_stay_boosted():
-    from sglang_sparsespec.spec.dense import BOOST_AFTER, BOOST_MAX_SHARE
+    from sglang_sparsespec.adaptive.dense import BOOST_AFTER, BOOST_MAX_SHARE
 
     off = DenseChooser(lambda n: min(n, 128), 1000, layers=2, splits=lambda bs: 1)
     reqs = [_Req(4000) for _ in range(16)]
@@ -154,7 +154,7 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     from sglang_sparsespec.patches.tp_agree import RoundAgreement
 
     from sglang_sparsespec.metrics import PillarMetrics
-    from sglang_sparsespec.spec.adaptive import RoundClock
+    from sglang_sparsespec.adaptive.policy import RoundClock
 
     class Event:
         def record(self) -> None: ...

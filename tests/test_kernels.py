@@ -25,7 +25,7 @@ from sglang_sparsespec.kernels.verify_attention import (
 )
 from triton_env import DEVICE
 
-from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
+from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 
 D = 64
 POISON = 777

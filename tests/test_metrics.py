@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from sglang_sparsespec.metrics import PillarMetrics
-from sglang_sparsespec.spec.adaptive import RoundSample
-from sglang_sparsespec.spec.timing import PhaseReport
+from sglang_sparsespec.adaptive.policy import RoundSample
+from sglang_sparsespec.rounds.timing import PhaseReport
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 LABELS = {"model_name": "m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}

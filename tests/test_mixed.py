@@ -1,4 +1,4 @@
-"""Mixed-phase iterations (spec/mixed.py) against sequential decoding, with a fake model on CPU.
+"""Mixed-phase iterations (rounds/mixed.py) against sequential decoding, with a fake model on CPU.
 
 The fake model keeps one token per KV slot. A draft row writes its token marked as draft KV, a
 verify row writes it plain, and every row then reads its prefix through ``req_to_token``: the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_sparsespec.spec.mixed import (
+from sglang_sparsespec.rounds.mixed import (
     ChainBuffers,
     ChainStore,
     ChainTracker,
@@ -26,7 +26,7 @@ from sglang_sparsespec.spec.mixed import (
     segment_table,
     segments_per_forward,
 )
-from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
+from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 
 V, MARK, CTX = 37, 1000, 160
 

@@ -23,7 +23,7 @@ from triton_env import DEVICE
 
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.selection.state import PlanState
-from sglang_sparsespec.spec.sampling import SamplingBackend
+from sglang_sparsespec.sampling.target import SamplingBackend
 
 K, ROWS, CTX, MAX_BS = 3, 10, 128, 8
 

@@ -26,8 +26,8 @@ from sglang_sparsespec.patches import verify_sample
 from sglang_sparsespec.patches.request_rounds import draft_counts, single_token
 from sglang_sparsespec.patches.verify_sample import PillarRound, attach_round, pillar_eagle_sample
 
-from sglang_sparsespec.spec.rejection import DraftRecord
-from sglang_sparsespec.spec.sampling import SamplingBackend
+from sglang_sparsespec.sampling.rejection import DraftRecord
+from sglang_sparsespec.sampling.target import SamplingBackend
 
 V, K, EOS = 32, 3, 2
 PROMPT = [5, 6, 7]
@@ -345,8 +345,8 @@ def test_a_batch_where_nobody_drafts_runs_a_plain_round(penalized):
     from sglang_sparsespec.patches.worker import PillarWorker
 
     from sglang_sparsespec.metrics import PillarMetrics
-    from sglang_sparsespec.spec.adaptive import RoundClock, RoundSample, SpeculationPolicy
-    from sglang_sparsespec.spec.dense import DenseChooser
+    from sglang_sparsespec.adaptive.policy import RoundClock, RoundSample, SpeculationPolicy
+    from sglang_sparsespec.adaptive.dense import DenseChooser
 
     policy = SpeculationPolicy((0, 2, 4, 8))
     worker = SimpleNamespace(

@@ -4,8 +4,8 @@ The draft sampler over C candidates (``kernels/draft_sample.py``: its torch refe
 kernel against it in test_kernels.py) and exact rejection sampling against the compact draft
 record: a chi-square test that every emitted token follows the target, with negative controls
 that must fail it. On a GPU the verify is the path that ships (``kernels/target_filter.py`` and
-``kernels/verify_accept.py``); under the interpreter the references (``spec/sampling.target_probs``,
-``spec/rejection.rejection_sample``), which the kernels match token for token in test_kernels.py.
+``kernels/verify_accept.py``); under the interpreter the references (``sampling/target.target_probs``,
+``sampling/rejection.rejection_sample``), which the kernels match token for token in test_kernels.py.
 Stock's filters themselves: test_stock_filters.py.
 """
 
@@ -20,8 +20,8 @@ from sglang_sparsespec.kernels.target_filter import TargetRows, target_filter_fw
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 from triton_env import DEVICE, INTERPRET
 
-from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
-from sglang_sparsespec.spec.sampling import SamplingRows, target_probs
+from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
+from sglang_sparsespec.sampling.target import SamplingRows, target_probs
 
 
 def _rows(temps, top_ps, top_ks, min_ps=None, device="cpu") -> SamplingRows:

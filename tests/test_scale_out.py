@@ -17,7 +17,7 @@ from sglang.srt.plugins import load_plugins  # noqa: E402
 load_plugins()
 
 from sglang.srt.server_args import ServerArgs  # noqa: E402
-from sglang_sparsespec.spec.cost_cache import CostFile  # noqa: E402
+from sglang_sparsespec.adaptive.cost_cache import CostFile  # noqa: E402
 
 
 def _args(model_dir: Path, **overrides) -> ServerArgs:

@@ -1,4 +1,4 @@
-"""``spec/sampling.target_probs`` against stock SGLang's sampling rules, written out independently.
+"""``sampling/target.target_probs`` against stock SGLang's sampling rules, written out independently.
 
 flashinfer (the default backend): a literal per-token form of its kernels' tests (count and mass
 of the strictly greater tokens); pytorch: SGLang's ``top_k_top_p_min_p_sampling_from_probs_torch``
@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_sampling import _rows
 
-from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
+from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
 
 def stock_flashinfer_row(probs: torch.Tensor, top_k: int, top_p: float, min_p: float | None) -> torch.Tensor:

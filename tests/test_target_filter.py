@@ -1,4 +1,4 @@
-"""kernels/target_filter.py vs its reference, ``spec/sampling.target_probs``, for both backends.
+"""kernels/target_filter.py vs its reference, ``sampling/target.target_probs``, for both backends.
 
 Without a GPU the kernels run in Triton's CPU interpreter (see triton_env.py); with CUDA they run
 compiled on the same cases. Small vocabularies with C = 16 candidates, C2 = 48 listed tokens,
@@ -13,7 +13,7 @@ import torch
 from sglang_sparsespec.kernels.target_filter import TargetRows, target_filter_fwd
 from triton_env import DEVICE
 
-from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
+from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
 C, C2, CHUNK, BLOCK_V = 16, 48, 64, 32
 LAUNCH = {"candidates": C, "wide_candidates": C2, "chunk": CHUNK, "block_v": BLOCK_V}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_sparsespec.config import PillarConfig
-from sglang_sparsespec.spec.timing import (
+from sglang_sparsespec.rounds.timing import (
     NoTimer,
     PhaseReport,
     RoundTimer,

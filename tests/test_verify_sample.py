@@ -20,8 +20,8 @@ from sglang_sparsespec.patches.verify_sample import (
 )
 from triton_env import DEVICE
 
-from sglang_sparsespec.spec.rejection import DraftRecord, rejection_sample
-from sglang_sparsespec.spec.sampling import SamplingBackend, SamplingRows, target_probs
+from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
+from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
 BS, K, V, C = 6, 3, 40, 5
 

@@ -1,4 +1,4 @@
-"""The start-up warm-up (spec/warmup.py, patches/serve_warmup.py): which batches it sends, that SGLang
+"""The start-up warm-up (rounds/warmup.py, patches/serve_warmup.py): which batches it sends, that SGLang
 accepts them as requests, and that the worker's warm-up rounds take every draft count and teach the
 adaptive policy and the metrics nothing."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_sparsespec.spec.adaptive import batch_bucket
-from sglang_sparsespec.spec.warmup import (
+from sglang_sparsespec.adaptive.policy import batch_bucket
+from sglang_sparsespec.rounds.warmup import (
     SAMPLING_SHAPES,
     WARMUP_RID_PREFIX,
     batch_sizes,
@@ -128,9 +128,9 @@ def test_worker_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
 
     from sglang_sparsespec.config import PillarConfig
     from sglang_sparsespec.metrics import PillarMetrics
-    from sglang_sparsespec.spec.adaptive import SpeculationPolicy
-    from sglang_sparsespec.spec.dense import DenseChooser
-    from sglang_sparsespec.spec.rounds import RoundShape
+    from sglang_sparsespec.adaptive.policy import SpeculationPolicy
+    from sglang_sparsespec.adaptive.dense import DenseChooser
+    from sglang_sparsespec.rounds.launch import RoundShape
 
     worker = type("W", (), {})()
     worker.cfg = PillarConfig.from_env(8)

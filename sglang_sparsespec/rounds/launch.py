@@ -19,7 +19,7 @@ class Matched(NamedTuple):
 class RoundShape(NamedTuple):
     """How one decode round runs: ``steps`` drafts per request (0 = plain decoding); ``dense`` [bs]
     1 where a request drafts over its whole prefix; ``boost`` [bs] True where the request's next
-    selection takes the boosted budget (spec/dense.py). None = nobody."""
+    selection takes the boosted budget (adaptive/dense.py). None = nobody."""
 
     steps: int
     dense: list[bool] | None = None

@@ -1,6 +1,6 @@
 """The round costs a server measured, kept in a file per GPU and server setup.
 
-Adaptive speculation prices each round from costs the server measures itself (``spec/adaptive.py``):
+Adaptive speculation prices each round from costs the server measures itself (``adaptive/policy.py``):
 a fresh server knows none, so every (batch, context) cell it meets first runs a plain round and a
 k_max round to price them, whatever they cost there (a plain probe at 256 requests emits a sixth of
 a k_max round's tokens for a third of its time). The server writes its cost table to a file every

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from .rounds import LaunchedRounds
+from sglang_sparsespec.rounds.launch import LaunchedRounds
 
 # Effective bandwidth (GB/s) at which the draft kernel reads a dense prefix. Measured for the
 # split-KV attention kernels on the H100 (kernels_tune_h100.json: 2.54 TB/s at 256 x 7K); taken

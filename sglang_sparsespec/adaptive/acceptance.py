@@ -1,10 +1,10 @@
-"""The acceptance estimate adaptive speculation prices rounds with (``spec/adaptive.py``)."""
+"""The acceptance estimate adaptive speculation prices rounds with (``adaptive/policy.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .rounds import LaunchedRounds
+from sglang_sparsespec.rounds.launch import LaunchedRounds
 
 
 class AcceptanceTracker:
@@ -13,7 +13,7 @@ class AcceptanceTracker:
 
     One round with k drafts and per-request accepted counts a_i contributes the truncated-geometric
     estimate sum(a_i) / (sum(a_i) + #{a_i < k}) over the requests that drafted with their sparse plan
-    (dense drafts, ``spec/dense.py``, are accepted ~always and say nothing about the plans). Rounds
+    (dense drafts, ``adaptive/dense.py``, are accepted ~always and say nothing about the plans). Rounds
     are matched with their counts by ``LaunchedRounds`` (``launched``, then ``completed`` with
     SGLang's host copy of the counts).
     """

@@ -76,7 +76,7 @@ PROBE_ROUNDS = RobustCost.WARMUP + RobustCost.MIN_SAMPLES
 class CostCell:
     """Measured milliseconds of one (batch bucket, context bucket): plain = a k = 0 round;
     draft[k] = the draft phase of a round of k drafts; verify = the rest of a k >= 1 round; mixed = a
-    whole mixed-phase iteration (spec/mixed.py: drafts and verifies share its forwards, so it has no
+    whole mixed-phase iteration (rounds/mixed.py: drafts and verifies share its forwards, so it has no
     phases to split); gap = stream idle time before a round that followed another decode round. Bookkeeping: rounds chosen
     here, the round each mode (0, or SPECULATE for every k >= 1) last ran, and the last non-probe
     choice (for the hysteresis) and the round it was priced at. Every cost is a ``RobustCost``."""
@@ -154,7 +154,7 @@ class CostTable:
     ``export`` / ``restore``: the measured costs as JSON-ready data, ``{"<bs bucket>,<ctx bucket>":
     {"plain": ms, "verify": ms, "gap": ms, "mixed": ms, "draft": {"<k>": ms}}}`` (each the estimate's
     current value; unpriced entries left out), so a restarted server starts from them
-    (``spec/cost_cache.py``)."""
+    (``adaptive/cost_cache.py``)."""
 
     def __init__(self) -> None:
         self.cells: dict[tuple[int, int], CostCell] = {}

@@ -9,8 +9,8 @@ maximises the expected emitted tokens per GPU millisecond:
     k >= 1:  E_k = (1 - a^(k+1)) / (1 - a) tokens per request, cost  draft(k) + verify + gap
 
 where ``a`` is the per-draft acceptance probability (geometric model, estimated from the accept
-counts SGLang already copies to the host, ``spec/acceptance.py``), and the costs are measured on
-this server (``spec/costs.py``: CUDA events per round, robust per-phase estimates in cells keyed by
+counts SGLang already copies to the host, ``adaptive/acceptance.py``), and the costs are measured on
+this server (``adaptive/costs.py``: CUDA events per round, robust per-phase estimates in cells keyed by
 the batch-size bucket and the context-length bucket, blind to warm-up and one-off spikes). ``draft(k)`` is the draft phase measured at k drafts, or, until a
 round of k ran in the cell, the nearest measured count's scaled by k (the phase has a small fixed
 part, so the cell keeps one figure per k). ``verify`` covers the verify pass, acceptance and

@@ -70,7 +70,7 @@ from .sampler_warmup import build_sampling_kernels
 from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
 from .triton_verify import VerifyHooks, attach_verify, new_verify_backend, verify_backend
-from .verify_sample import PillarRound, attach_round
+from .verify_input import PillarVerifyInput
 
 logger = logging.getLogger(__name__)
 # Rounds between the log lines that count which draft count each round ran (and the cost-file writes).
@@ -447,7 +447,7 @@ class PillarWorker(BaseSpecWorker):
             device=self.device,
         )
         counts = None if counts is None else self._to_device(counts, torch.int32)
-        attach_round(batch.spec_info, PillarRound(drafts.record, self.timer.verify_callback, counts))
+        batch.spec_info = PillarVerifyInput.extend(batch.spec_info, drafts.record, counts, self.timer.verify_callback)
         result = self._verify(batch, grammar_barrier, self.speculative_num_steps)
         self.timer.mark("accept")
         # Before on_publish: publishing lets the schedule stream start preparing the next
@@ -505,9 +505,8 @@ class PillarWorker(BaseSpecWorker):
             # SGLang's one-token verify input rooted at the pending (bonus) token, as EAGLE builds it
             # for its zero-step rounds; it reads only the fields PillarWorker shares (_target_worker,
             # device, topk) and the backend swapped in above.
-            batch.spec_info = EAGLEWorkerV2._build_trivial_verify_input(self, batch)
             record = None if batch.sampling_info.is_all_greedy else self._no_drafts(batch.seq_lens.shape[0])
-            attach_round(batch.spec_info, PillarRound(record))
+            batch.spec_info = PillarVerifyInput.extend(EAGLEWorkerV2._build_trivial_verify_input(self, batch), record)
             result = self._verify(batch, grammar_barrier, 0)
         finally:
             mr.attn_backend, mr.decode_cuda_graph_runner = saved

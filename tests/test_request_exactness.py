@@ -24,7 +24,9 @@ from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 from sglang.srt.sampling.penaltylib import repetition_penalty
 from sglang_sparsespec.patches import verify_sample
 from sglang_sparsespec.patches.request_rounds import draft_counts, single_token
-from sglang_sparsespec.patches.verify_sample import PillarRound, attach_round, pillar_eagle_sample
+from sglang_sparsespec.patches.verify_input import PillarVerifyInput
+from sglang_sparsespec.patches.verify_sample import pillar_eagle_sample
+from verify_inputs import chain_input
 
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.sampling.target import SamplingBackend
@@ -64,16 +66,11 @@ def sampling_info(bs: int, greedy: bool, **kw) -> SamplingInfo:
 def verify(si, reqs, bonus, drafts, logits, counts, record=None):
     """One PILLAR verify through the hook; returns each request's accepted run (a list of ids)."""
     bs = len(reqs)
-    vi = SimpleNamespace(
-        draft_token_num=K + 1,
-        draft_token=torch.cat([bonus[:, None], drafts], dim=1).reshape(-1),
-        retrieve_index=torch.arange(bs * (K + 1)).view(bs, K + 1),
-    )
+    vi = PillarVerifyInput.extend(chain_input(bonus, drafts), record, counts)
     batch = SimpleNamespace(
         forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=si, seq_lens=torch.full((bs,), 50),
         reqs=[SimpleNamespace(sampling_params=SimpleNamespace(top_k=1 << 30)) for _ in reqs],
     )  # fmt: skip
-    attach_round(vi, PillarRound(record, None, counts))
 
     def sglang(*a):
         raise AssertionError("these rounds are accepted by PILLAR's verify")

@@ -65,7 +65,7 @@ from sglang_sparsespec.rounds.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves
-from .request_rounds import decode_path_serves, draft_counts, single_token
+from .request_rounds import decode_path_serves, draft_counts
 from .sampler_warmup import build_sampling_kernels
 from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
@@ -359,7 +359,7 @@ class PillarWorker(BaseSpecWorker):
         steps, key, dense = choice.steps, choice.key, choice.dense
         if self.cfg.force_steps >= 0:  # analysis: the cell still measures what runs, which is forced
             steps, dense = self.cfg.force_steps, None
-        elif steps and self.plain is not None and all(single_token(r) for r in reqs):
+        elif steps and self.plain is not None and (counts := draft_counts(batch, steps)) and not any(counts):
             steps, dense = 0, None  # nobody would draft (request_rounds): a plain round takes the same tokens
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         # The calibration compares a round with what it was chosen for: only a round that ran as chosen.
@@ -428,7 +428,7 @@ class PillarWorker(BaseSpecWorker):
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
-        counts = draft_counts(batch.reqs, steps)  # requests with per-token sampling state take row 0 only
+        counts = draft_counts(batch, steps)  # requests with per-token sampling state take row 0 only
         self.timer.mark("draft")
         if self.clock is not None:
             self.clock.drafted()

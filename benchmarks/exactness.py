@@ -10,8 +10,7 @@ min_new_tokens), never a PILLAR config: a PILLAR reference shares the candidate'
 verify, so it cannot see their errors. The servers share one GPU, each holding ``--mem-fraction-static`` of
 it (default 0.8 / servers). SGLang sizes a server's memory as that fraction of the memory free when it
 starts, so they start one after another, each once the one before is up, and server i (from 0) is launched
-with share / (1 - i x share) (``launch_fractions``); the JSON records each one's flags. They are sampled
-together.
+with share / (1 - i x share) (``launch_fractions``; the JSON records each one's flags), then sampled together.
 
 Contexts (``--contexts``), one fixed set per run: ``--prompts data`` (default) takes an AIME/AMC prompt plus
 the reference's greedy continuation, cut in its second half (``--context-tokens`` / 2 to ``--context-tokens``)

@@ -32,12 +32,24 @@ def single_token(req) -> bool:
     return req.custom_logit_processor is not None
 
 
-def draft_counts(reqs, steps: int) -> list[int] | None:
+def may_hold_token_state(sampling_info) -> bool:
+    """Whether any request of the batch may hold per-token sampling state, from the batch alone: a
+    penalizer that is required (some request has a penalty or min_new_tokens > 0) or a custom logit
+    processor. The overlap scheduler hands the worker a copy whose orchestrator is dropped and whose
+    accumulated penalty rows stand for it (set exactly when the orchestrator was required)."""
+    si = sampling_info
+    if si.has_custom_logit_processor or si.acc_additive_penalties is not None or si.acc_scaling_penalties is not None:
+        return True
+    return si.penalizer_orchestrator is not None and si.penalizer_orchestrator.is_required
+
+
+def draft_counts(batch, steps: int) -> list[int] | None:
     """Each request's draft count for a round of ``steps`` drafts: 0 for the requests that take one
-    token per round, ``steps`` for the others; None when every request drafts ``steps``."""
-    if steps == 0:
+    token per round, ``steps`` for the others; None when every request drafts ``steps``. Batches
+    without penalties or processors are answered without visiting their requests."""
+    if steps == 0 or not may_hold_token_state(batch.sampling_info):
         return None
-    counts = [0 if single_token(r) else steps for r in reqs]
+    counts = [0 if single_token(r) else steps for r in batch.reqs]
     return counts if 0 in counts else None
 
 
@@ -46,15 +58,11 @@ def decode_path_serves(batch) -> bool:
     alone gives its tokens. Logprobs, hidden states, grammars, penalties, logit biases, custom logit
     processors and sampling masks are applied by SGLang's verify path, which such batches keep."""
     si = batch.sampling_info
-    penalized = si.penalizer_orchestrator is not None and si.penalizer_orchestrator.is_required
     return not (
         batch.return_logprob
         or batch.return_hidden_states
         or batch.has_grammar
-        or penalized
-        or si.acc_additive_penalties is not None
-        or si.acc_scaling_penalties is not None
+        or may_hold_token_state(si)
         or si.logit_bias is not None
-        or si.has_custom_logit_processor
         or any(si.return_sampling_masks or ())
     )

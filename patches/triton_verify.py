@@ -24,13 +24,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 
-ATTR = "_sparsespec_verify"
 logger = logging.getLogger(__name__)
 
 # The arguments of SGLang's extend_attention_fwd this hook reads, by name. SGLang passes the first
@@ -111,8 +111,19 @@ def new_verify_backend(model_runner: Any) -> Any:
         model_runner.init_new_workspace = keep
 
 
+# The verify hooks of each Triton backend PILLAR verifies on, kept here rather than on SGLang's object.
+# Keyed by backend, not by forward: the hooks are recorded into that backend's TARGET_VERIFY graphs,
+# whose captures run on SGLang's own placeholder verify inputs.
+_HOOKS: WeakKeyDictionary[Any, VerifyHooks] = WeakKeyDictionary()
+
+
 def attach_verify(backend, hooks: VerifyHooks) -> None:
-    setattr(verify_backend(backend), ATTR, hooks)
+    _HOOKS[verify_backend(backend)] = hooks
+
+
+def attached_hooks(backend) -> VerifyHooks | None:
+    """The hooks ``attach_verify`` gave exactly this backend (None: SGLang's verify runs unchanged)."""
+    return _HOOKS.get(backend)
 
 
 def split_kernel_gap(call: ExtendCall) -> str | None:
@@ -143,7 +154,7 @@ def _log_fallback_once(layer_id: int, why: str) -> None:
 
 
 def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwargs):
-    hooks: VerifyHooks | None = getattr(backend, ATTR, None)
+    hooks = attached_hooks(backend)
     if hooks is None or not forward_batch.forward_mode.is_target_verify():
         return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
 

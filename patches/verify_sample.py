@@ -2,7 +2,7 @@
 
 SGLang's sampled verify (``chain_speculative_sampling_triton``) needs every draft's full
 vocabulary distribution. PILLAR drafts record q on C candidates only (``DraftRecord``), so for a
-PILLAR verify input (``attach_round``) that is not all greedy, this replaces the sampling half of
+PILLAR verify input (``PillarVerifyInput``) that is not all greedy, this replaces the sampling half of
 ``eagle_sample``: the same logit processing as SGLang (NaN guard, penalties, logit bias, grammar
 mask), the target distribution stock decoding samples from under the server's sampling backend
 and exact rejection sampling (``stock_accept``, shared with the mixed runner: on the GPU
@@ -17,8 +17,6 @@ request that has none. Other all-greedy batches, idle batches and other algorith
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from sglang_sparsespec.kernels.target_filter import target_filter_fwd
@@ -28,23 +26,7 @@ from sglang_sparsespec.rounds.mixed import greedy_accept
 from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
-ATTR = "_sparsespec_round"
-
-
-@dataclass
-class PillarRound:
-    """What a PILLAR verify input carries for the sampling step: the draft record (None when the
-    batch drafted greedily), a callback run once the verify forward is done (phase timing), and
-    num_drafts [bs] int32 on the device: each request's own draft count where some requests draft
-    fewer than the round (None: the record's count, or every column for a greedy round)."""
-
-    record: DraftRecord | None
-    on_logits: Callable[[], None] | None = None
-    num_drafts: torch.Tensor | None = None
-
-
-def attach_round(verify_input, pillar_round: PillarRound) -> None:
-    setattr(verify_input, ATTR, pillar_round)
+from .verify_input import PillarVerifyInput
 
 
 def sampling_backend() -> SamplingBackend:
@@ -117,13 +99,14 @@ def _process_logits(logits: torch.Tensor, verify_input, sampling_info, grammar_m
 
 
 def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_mask=None):
-    pillar_round: PillarRound | None = getattr(verify_input, ATTR, None)
-    if pillar_round is not None and pillar_round.on_logits is not None:
-        pillar_round.on_logits()
-    if pillar_round is None or batch.forward_mode.is_idle():
+    if not isinstance(verify_input, PillarVerifyInput):
+        return original(verify_input, batch, logits_output, grammar_mask)
+    if verify_input.on_logits is not None:
+        verify_input.on_logits()
+    if batch.forward_mode.is_idle():
         return original(verify_input, batch, logits_output, grammar_mask)
     sampling_info = batch.sampling_info
-    record, counts = pillar_round.record, pillar_round.num_drafts
+    record, counts = verify_input.record, verify_input.num_drafts
     greedy = sampling_info.is_all_greedy
     per_request = counts is not None or sampling_info.has_custom_logit_processor
     if (not per_request if greedy else record is None):

@@ -65,12 +65,12 @@ from sglang_sparsespec.rounds.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves
-from .request_rounds import decode_path_serves, draft_counts, single_token
+from .request_rounds import decode_path_serves, draft_counts
 from .sampler_warmup import build_sampling_kernels
 from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
 from .triton_verify import VerifyHooks, attach_verify, new_verify_backend, verify_backend
-from .verify_sample import PillarRound, attach_round
+from .verify_input import PillarVerifyInput
 
 logger = logging.getLogger(__name__)
 # Rounds between the log lines that count which draft count each round ran (and the cost-file writes).
@@ -359,7 +359,7 @@ class PillarWorker(BaseSpecWorker):
         steps, key, dense = choice.steps, choice.key, choice.dense
         if self.cfg.force_steps >= 0:  # analysis: the cell still measures what runs, which is forced
             steps, dense = self.cfg.force_steps, None
-        elif steps and self.plain is not None and all(single_token(r) for r in reqs):
+        elif steps and self.plain is not None and (counts := draft_counts(batch, steps)) and not any(counts):
             steps, dense = 0, None  # nobody would draft (request_rounds): a plain round takes the same tokens
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         # The calibration compares a round with what it was chosen for: only a round that ran as chosen.
@@ -428,7 +428,7 @@ class PillarWorker(BaseSpecWorker):
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
-        counts = draft_counts(batch.reqs, steps)  # requests with per-token sampling state take row 0 only
+        counts = draft_counts(batch, steps)  # requests with per-token sampling state take row 0 only
         self.timer.mark("draft")
         if self.clock is not None:
             self.clock.drafted()
@@ -447,7 +447,7 @@ class PillarWorker(BaseSpecWorker):
             device=self.device,
         )
         counts = None if counts is None else self._to_device(counts, torch.int32)
-        attach_round(batch.spec_info, PillarRound(drafts.record, self.timer.verify_callback, counts))
+        batch.spec_info = PillarVerifyInput.extend(batch.spec_info, drafts.record, counts, self.timer.verify_callback)
         result = self._verify(batch, grammar_barrier, self.speculative_num_steps)
         self.timer.mark("accept")
         # Before on_publish: publishing lets the schedule stream start preparing the next
@@ -505,9 +505,8 @@ class PillarWorker(BaseSpecWorker):
             # SGLang's one-token verify input rooted at the pending (bonus) token, as EAGLE builds it
             # for its zero-step rounds; it reads only the fields PillarWorker shares (_target_worker,
             # device, topk) and the backend swapped in above.
-            batch.spec_info = EAGLEWorkerV2._build_trivial_verify_input(self, batch)
             record = None if batch.sampling_info.is_all_greedy else self._no_drafts(batch.seq_lens.shape[0])
-            attach_round(batch.spec_info, PillarRound(record))
+            batch.spec_info = PillarVerifyInput.extend(EAGLEWorkerV2._build_trivial_verify_input(self, batch), record)
             result = self._verify(batch, grammar_barrier, 0)
         finally:
             mr.attn_backend, mr.decode_cuda_graph_runner = saved

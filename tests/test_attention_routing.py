@@ -17,9 +17,9 @@ from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_sparsespec.patches.triton_verify import (
-    ATTR,
     VerifyHooks,
     attach_verify,
+    attached_hooks,
     new_verify_backend,
     verify_backend,
 )
@@ -63,8 +63,8 @@ def test_attach_verify_marks_the_triton_child_only():
     hybrid, triton, flashinfer = _hybrid("decode")
     hooks = VerifyHooks(None, split_kernel=True)
     attach_verify(hybrid, hooks)
-    assert getattr(triton, ATTR) is hooks
-    assert not hasattr(hybrid, ATTR) and not hasattr(flashinfer, ATTR)
+    assert attached_hooks(triton) is hooks
+    assert attached_hooks(hybrid) is None and attached_hooks(flashinfer) is None
 
 
 def test_plain_triton_backend_is_its_own_verify_backend():

@@ -24,7 +24,9 @@ from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 from sglang.srt.sampling.penaltylib import repetition_penalty
 from sglang_sparsespec.patches import verify_sample
 from sglang_sparsespec.patches.request_rounds import draft_counts, single_token
-from sglang_sparsespec.patches.verify_sample import PillarRound, attach_round, pillar_eagle_sample
+from sglang_sparsespec.patches.verify_input import PillarVerifyInput
+from sglang_sparsespec.patches.verify_sample import pillar_eagle_sample
+from verify_inputs import chain_input
 
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.sampling.target import SamplingBackend
@@ -55,25 +57,26 @@ def sampling_info(bs: int, greedy: bool, **kw) -> SamplingInfo:
         top_ks=torch.full((bs,), 1 if greedy else -1, dtype=torch.int32), min_ps=torch.zeros(bs),
         need_min_p_sampling=False, need_top_k_sampling=greedy, need_top_p_sampling=False,
         acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None, sampling_seed=None,
-        has_custom_logit_processor=False, custom_logit_processor=None, custom_params=None,
+        has_custom_logit_processor=False, custom_logit_processor=None, custom_params=None, penalizer_orchestrator=None,
     )  # fmt: skip
     fields.update(kw)
     return SamplingInfo(**fields)
 
 
+def batch_of(reqs: list, penalized: bool) -> SimpleNamespace:
+    """A scheduler batch of ``reqs`` whose penalizer orchestrator is (or is not) required."""
+    si = sampling_info(len(reqs), True, penalizer_orchestrator=SimpleNamespace(is_required=penalized))
+    return SimpleNamespace(reqs=reqs, sampling_info=si)
+
+
 def verify(si, reqs, bonus, drafts, logits, counts, record=None):
     """One PILLAR verify through the hook; returns each request's accepted run (a list of ids)."""
     bs = len(reqs)
-    vi = SimpleNamespace(
-        draft_token_num=K + 1,
-        draft_token=torch.cat([bonus[:, None], drafts], dim=1).reshape(-1),
-        retrieve_index=torch.arange(bs * (K + 1)).view(bs, K + 1),
-    )
+    vi = PillarVerifyInput.extend(chain_input(bonus, drafts), record, counts)
     batch = SimpleNamespace(
         forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=si, seq_lens=torch.full((bs,), 50),
         reqs=[SimpleNamespace(sampling_params=SimpleNamespace(top_k=1 << 30)) for _ in reqs],
     )  # fmt: skip
-    attach_round(vi, PillarRound(record, None, counts))
 
     def sglang(*a):
         raise AssertionError("these rounds are accepted by PILLAR's verify")
@@ -104,9 +107,30 @@ def test_requests_with_per_token_state_draft_nothing():
     # ...unless a retraction restarted the penalizer's count under a kept output.
     assert single_token(make_req(min_new=4, out=[1] * 9, retractions=1))
     reqs = [make_req(), make_req(freq=1.0), make_req()]
-    assert draft_counts(reqs, 3) == [3, 0, 3]
-    assert draft_counts([make_req(), make_req()], 3) is None  # the batch's own count serves
-    assert draft_counts(reqs, 0) is None  # a plain round takes one token from everyone anyway
+    assert draft_counts(batch_of(reqs, penalized=True), 3) == [3, 0, 3]
+    assert draft_counts(batch_of([make_req(), make_req()], penalized=True), 3) is None  # the batch's own count serves
+    assert draft_counts(batch_of(reqs, penalized=True), 0) is None  # a plain round takes one token from everyone
+
+
+class _Untouchable:
+    def __getattr__(self, name):
+        raise AssertionError(f"a batch without per-token state had a request read ({name})")
+
+
+def test_draft_counts_reads_requests_only_where_the_batch_holds_per_token_state():
+    """The per-round walk over the requests runs only when the batch's sampling info says some request
+    may need it; the overlap scheduler's forward copy (orchestrator dropped) says so by its penalty rows."""
+    plain = [_Untouchable()] * 4
+    assert draft_counts(batch_of(plain, penalized=False), 3) is None
+    reqs = [make_req(min_new=4), make_req()]
+    si = sampling_info(2, True, acc_additive_penalties=torch.zeros(2, V))  # the forward copy's view
+    assert si.penalizer_orchestrator is None
+    assert draft_counts(SimpleNamespace(reqs=reqs, sampling_info=si), 3) == [0, 3]
+    si = sampling_info(2, True, has_custom_logit_processor=True)
+    assert draft_counts(SimpleNamespace(reqs=[make_req(processor="{}"), make_req()], sampling_info=si), 3) == [0, 3]
+    orch = SimpleNamespace(is_required=True)  # the scheduler's own batch: the orchestrator answers
+    si = sampling_info(2, True, penalizer_orchestrator=orch)
+    assert draft_counts(SimpleNamespace(reqs=[make_req(rep=1.1), make_req()], sampling_info=si), 3) == [0, 3]
 
 
 # ---- penalties and min_new_tokens against stock decoding --------------------------------------
@@ -192,7 +216,7 @@ def pillar_decode(model, reqs, n: int, per_request: bool) -> list[list[int]]:
             drafts.append(chain)
         logits = torch.stack(rows)
         si = sampling_info(len(reqs), True, **vars(penalized(orch, logits, K + 1)))
-        counts = draft_counts(reqs, K) if per_request else None
+        counts = draft_counts(SimpleNamespace(reqs=reqs, sampling_info=si), K) if per_request else None
         counts = torch.tensor(counts if counts is not None else [K] * len(reqs), dtype=torch.int32)
         bonus = torch.tensor([o[-1] for o in outs])
         for b, run in enumerate(verify(si, reqs, bonus, torch.tensor(drafts), logits, counts)):
@@ -258,7 +282,7 @@ def test_a_processor_that_forces_a_token_is_applied_to_row_zero(greedy):
         ids = drafts[..., None].expand(bs, K, 4).contiguous()
         q = torch.tensor([1.0, 0.0, 0.0, 0.0]).expand(bs, K, 4).contiguous()
         record = DraftRecord(drafts, ids, q, torch.ones(bs, K), num_drafts=K)
-    counts = torch.tensor(draft_counts(reqs, K), dtype=torch.int32)
+    counts = torch.tensor(draft_counts(SimpleNamespace(reqs=reqs, sampling_info=si), K), dtype=torch.int32)
     ForceToken.calls.clear()
     torch.manual_seed(0)
     runs = verify(si, reqs, torch.tensor([1, 2, 3]), drafts, logits.clone(), counts, record)
@@ -355,7 +379,7 @@ def test_a_batch_where_nobody_drafts_runs_a_plain_round(penalized):
         cfg=SimpleNamespace(num_steps=8, force_steps=-1), plain=object(),
     )  # fmt: skip
     reqs = [_PolicyReq(rep=1.2) if p else _PolicyReq() for p in penalized]
-    batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False))
+    batch = SimpleNamespace(**vars(batch_of(reqs, penalized=True)), forward_mode=SimpleNamespace(is_idle=lambda: False))
     key = policy.choose(3, 2000)[1]
     # Drafting pays; enough rounds of each mode that the costs are priced past their warm-up samples.
     policy.observe([RoundSample(key, 0, 0.0, 3.0, 0.2), RoundSample(key, 8, 1.0, 3.0, 0.2)] * 4)

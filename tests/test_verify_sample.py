@@ -13,12 +13,10 @@ import pytest
 import torch
 from sglang.srt.plugins import load_plugins
 from sglang_sparsespec.patches import verify_sample
-from sglang_sparsespec.patches.verify_sample import (
-    PillarRound,
-    attach_round,
-    pillar_eagle_sample,
-)
+from sglang_sparsespec.patches.verify_input import PillarVerifyInput
+from sglang_sparsespec.patches.verify_sample import pillar_eagle_sample
 from triton_env import DEVICE
+from verify_inputs import chain_input
 
 from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
@@ -45,11 +43,7 @@ def _inputs(seed: int, greedy: bool = False, logit_bias=None):
     cand_q = torch.softmax(torch.randn(BS, K, C, generator=gen), dim=-1)
     record = DraftRecord(drafts, cand_ids, cand_q, cand_q[..., 0].clone())
     bonus = torch.randint(0, V, (BS, 1), generator=gen)
-    verify_input = SimpleNamespace(
-        draft_token_num=K + 1,
-        draft_token=torch.cat([bonus, drafts], dim=1).reshape(-1),
-        retrieve_index=torch.arange(BS * (K + 1)).view(BS, K + 1),
-    )
+    verify_input = chain_input(bonus, drafts)
     batch = SimpleNamespace(
         forward_mode=SimpleNamespace(is_idle=lambda: False),
         sampling_info=_sampling_info(greedy, logit_bias),
@@ -69,7 +63,7 @@ def _single_rank(monkeypatch):
 def test_sampled_batch_uses_the_record_and_sglang_layout():
     verify_input, batch, logits, record = _inputs(0)
     marks = []
-    attach_round(verify_input, PillarRound(record, lambda: marks.append("verify")))
+    verify_input = PillarVerifyInput.extend(verify_input, record, on_logits=lambda: marks.append("verify"))
     raw = logits.next_token_logits.clone()
 
     def original(*a):
@@ -96,7 +90,7 @@ def test_logit_bias_reaches_the_target_distribution():
     bias = torch.full((BS, V), -1e4)
     bias[:, 7] = 0.0  # every target row is one-hot at token 7
     verify_input, batch, logits, record = _inputs(1, logit_bias=bias)
-    attach_round(verify_input, PillarRound(record))
+    verify_input = PillarVerifyInput.extend(verify_input, record)
     predict, accept_lens, accept_index = pillar_eagle_sample(None, verify_input, batch, logits)
     last = accept_index.gather(1, (accept_lens - 1).long()[:, None]).long()
     assert torch.all(predict[last] == 7)
@@ -106,7 +100,7 @@ def test_logit_bias_reaches_the_target_distribution():
 def test_other_batches_run_sglang_sampling(case):
     verify_input, batch, logits, record = _inputs(2, greedy=case == "greedy")
     if case != "other_algorithm":
-        attach_round(verify_input, PillarRound(None if case == "no_record" else record))
+        verify_input = PillarVerifyInput.extend(verify_input, None if case == "no_record" else record)
     sentinel = object()
     assert pillar_eagle_sample(lambda *a: sentinel, verify_input, batch, logits) is sentinel
 

@@ -10,8 +10,8 @@ LogitsProcessorOutput, a GenerationBatchResult built as run_eagle_verify builds 
 sampling parameters, output ids, retraction count and processor, which say which requests take one token per
 round, and ScheduleBatch / SamplingBatchInfo fields that say which batches the sampler alone serves),
 ``finish_check`` (Req's stop-token sets, vocabulary size and output ids, and the runtime context's server
-args, around the hooked update_finish_state), ``draft_runner`` (ForwardBatch, forward context, graph capture mode, the capture-time gc freeze, murmur_hash32
-for seeded draft noise), ``draft_attention`` (a TritonAttnBackend subclass for the
+args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward context, graph capture mode and the
+capture-time gc freeze, for both runners' DECODE forwards and graphs), ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
 create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``verify_sample`` (eagle_sample's logit processing and verify coins, the
 server's sampling backend, the Sampler's apply_custom_logit_processor), ``spec_algo`` (ModelConfig, to refuse unsupported attention and mrope at launch),
@@ -23,8 +23,8 @@ instead of on the first sampled request), ``slot_warmup`` (write_req_to_token_po
 write_cache_indices calls it: both alignment variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry,
 ``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the
 server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to broadcast rank
-0's round shape and let rank 0 alone write the cost file), ``openai_guard`` (FastAPI's body fields of the HTTP app's routes, whose validation it wraps), ``mixed_runner`` (as ``draft_runner``: ForwardBatch,
-forward context, graph capture mode and gc freeze; create_flashinfer_kv_indices_triton for the verify
+0's round shape and let rank 0 alone write the cost file), ``openai_guard`` (FastAPI's body fields of the HTTP app's routes, whose validation it wraps), ``mixed_runner``
+(create_flashinfer_kv_indices_triton for the verify
 segments' prefix slots, sgl_kernel's renorm kernels for their target distribution, and SamplingBatchInfo
 fields that say which batches a mixed iteration serves), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
 allocator). Nothing outside this package imports SGLang internals.

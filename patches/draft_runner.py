@@ -28,8 +28,6 @@ its whole prefix, whose logits are copied out for SGLang's own sampler (``decode
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
 
 import torch
@@ -39,9 +37,8 @@ from sglang_sparsespec.config import DraftGrid, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord
 
+from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward
 from .draft_attention import DraftStepInputs, PillarDraftBackend
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -174,42 +171,10 @@ class PillarDraftRunner:
             planned=cfg.draft_grid is DraftGrid.PLANNED,
             plain=plain_decode,
         )
-        # One draft step, keyed by (batch-size bucket, greedy): all-greedy batches draft by argmax
-        # and skip the draft records, which their verify never reads.
-        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
-        self.plain_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by batch-size bucket
-        self.capture_bs = sorted(b for b in capture_bs if b <= max_bs)
-        self._forward_batches: dict[int, object] = {}
-
-    # ---- forward-batch scaffolding -------------------------------------------------
-    def _forward_batch(self, bs: int):
-        from sglang.srt.layers.dp_attention import DpPaddingMode
-        from sglang.srt.model_executor.forward_batch_info import (
-            CaptureHiddenMode,
-            ForwardBatch,
-            ForwardMode,
-        )
-
-        fb = self._forward_batches.get(bs)
-        if fb is None:
-            fb = ForwardBatch(
-                forward_mode=ForwardMode.DECODE,
-                batch_size=bs,
-                input_ids=self.tokens[:bs],
-                req_pool_indices=self.req_pool_indices[:bs],
-                seq_lens=self.seq_lens[:bs],
-                seq_lens_cpu=None,
-                out_cache_loc=self.tokens[:bs],
-                seq_lens_sum=0,
-                return_logprob=False,
-                positions=self.seq_lens[:bs],
-                dp_padding_mode=DpPaddingMode.get_default_mode_in_cuda_graph(),
-                spec_algorithm=self.mr.spec_algorithm,
-                spec_info=None,
-                capture_hidden_mode=CaptureHiddenMode.NULL,
-            )
-            self._forward_batches[bs] = fb
-        return fb
+        # One draft step per (batch-size bucket, GREEDY / SAMPLED): all-greedy batches draft by argmax
+        # and skip the draft records, which their verify never reads; PLAIN: the plain-decoding step.
+        self.graphs = DecodeGraphs(model_runner, capture_bs, max_bs, "draft")
+        self.capture_bs = self.graphs.capture_bs
 
     # ---- one draft step (eager body == captured body) -------------------------------
     def _begin_round(self, bs: int) -> None:
@@ -225,28 +190,10 @@ class PillarDraftRunner:
         """One DECODE forward of ``self.tokens`` at ``positions`` (its K/V written to the request's slot
         of each position) under the draft attention backend; the next-token logits [bs, V].
         ``whole_prefix``: every request attends its whole prefix (the plain-decoding step)."""
-        from sglang.srt.layers.dp_attention import (
-            set_dp_buffer_len,
-            set_is_extend_in_batch,
-        )
-        from sglang.srt.model_executor.forward_context import (
-            ForwardContext,
-            forward_context,
-        )
-
-        rpi = self.req_pool_indices[:bs]
-        tokens = self.tokens[:bs]
         self.inputs.seq_lens[:bs] = positions + 1
         self.backend.plan(bs, whole_prefix)
-        fb = self._forward_batch(bs)
-        fb.mark_forward_metadata_ready()
-        set_dp_buffer_len(None, bs, False, None)
-        set_is_extend_in_batch(False)
-        fb.input_ids = tokens
-        fb.positions = positions
-        fb.out_cache_loc = self.mr.req_to_token_pool.req_to_token[rpi, positions].to(torch.int64)
-        with forward_context(ForwardContext(attn_backend=self.backend)):
-            return self.mr.model.forward(tokens, positions, fb).next_token_logits
+        rows = DecodeRows(self.tokens[:bs], positions, self.req_pool_indices[:bs], self.inputs.seq_lens[:bs])
+        return decode_forward(self.mr, self.backend, rows)
 
     def _step(self, bs: int, greedy: bool) -> None:
         """Draft step ``self.step`` of the round: reads only device buffers and advances them (the
@@ -280,40 +227,19 @@ class PillarDraftRunner:
 
     # ---- capture / run -------------------------------------------------------------
     def capture(self) -> None:
-        from sglang.srt.model_executor.runner import model_capture_mode
-        from sglang.srt.model_executor.runner.base_cuda_graph_runner import freeze_gc
-
-        t0 = time.monotonic()
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-
-        def captured(body) -> torch.cuda.CUDAGraph:
-            # One eager warm-up run (Triton JIT must not run under capture); these kernels do not
-            # autotune, so a second run adds nothing. Capture records, it runs nothing: the padding stays.
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                body()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                body()
-            return graph
-
-        # As SGLang's own runners: every torch.cuda.graph() entry runs gc.collect(), which walks the
-        # whole server heap unless it is frozen first; this capture makes 2-3 graphs per batch size.
-        with model_capture_mode(), freeze_gc(self.mr.server_args.enable_cudagraph_gc):
+        plain = self.plain_logits is not None
+        with self.graphs.capturing("draft-step graphs" + (" and plain-decoding steps" if plain else "")):
             for bs in reversed(self.capture_bs):
-                for greedy in (True, False):
-                    self._load_padding(0, bs)
-                    self._begin_round(bs)
-                    self.graphs[(bs, greedy)] = captured(lambda: self._step(bs, greedy))
-                if self.plain_logits is not None:
-                    self._load_padding(0, bs)
-                    self.plain_graphs[bs] = captured(lambda: self._plain_step(bs))
-        logger.info(
-            "PILLAR draft-step graphs%s captured in %.1f s for batch sizes %s",
-            " and plain-decoding steps" if self.plain_logits is not None else "", time.monotonic() - t0, self.capture_bs,
-        )  # fmt: skip
+                for kind in (Kind.GREEDY, Kind.SAMPLED):
+                    greedy = kind is Kind.GREEDY
+                    self.graphs.capture((bs, kind), lambda: self._step(bs, greedy), lambda: self._prepare(bs))
+                if plain:
+                    self.graphs.capture((bs, Kind.PLAIN), lambda: self._plain_step(bs), lambda: self._load_padding(0, bs))
+
+    def _prepare(self, bs: int) -> None:
+        """A capture's inputs: all padding, at step 0."""
+        self._load_padding(0, bs)
+        self._begin_round(bs)
 
     def _load_padding(self, start: int, end: int) -> None:
         """Padding rows read the all-zero request row 0 and sample greedily."""
@@ -331,10 +257,7 @@ class PillarDraftRunner:
         """Copy a batch's pool rows, lengths and input tokens into the static buffers and pad them up to the
         captured batch size that serves it. Returns (bs, that size or None to run eagerly, padded size)."""
         bs = req_pool_indices.shape[0]
-        graph_bs = next((b for b in self.capture_bs if b >= bs), None)
-        padded = graph_bs if graph_bs is not None else bs
-        if padded > self.max_bs:
-            raise RuntimeError(f"PILLAR draft batch {bs} exceeds max running requests {self.max_bs}")
+        graph_bs, padded = self.graphs.bucket(bs)
         self.req_pool_indices[:bs] = req_pool_indices
         self.seq_lens[:bs] = seq_lens
         self.tokens[:bs] = tokens
@@ -349,13 +272,10 @@ class PillarDraftRunner:
         graph ran; no host synchronisation."""
         if self.plain_logits is None:
             raise RuntimeError("PILLAR plain decode path is off (SPARSESPEC_PLAIN_PATH=verify)")
-        bs, graph_bs, padded = self._load(req_pool_indices, seq_lens, tokens)
-        graph = self.plain_graphs.get(graph_bs) if graph_bs is not None else None
-        if graph is not None:
-            graph.replay()
-        else:
-            self._plain_step(bs)
-        return self.plain_logits[:bs], graph is not None
+        bs, graph_bs, _ = self._load(req_pool_indices, seq_lens, tokens)
+        key = (graph_bs, Kind.PLAIN) if graph_bs is not None else None
+        graphed = self.graphs.run(key, lambda: self._plain_step(bs))
+        return self.plain_logits[:bs], graphed
 
     def run(
         self, req_pool_indices, seq_lens, bonus, sampling_info, steps: int, dense: torch.Tensor | None = None
@@ -379,14 +299,12 @@ class PillarDraftRunner:
             self.min_p[:bs] = 0.0
         if self.seeded:  # SGLang gives every request a seed under deterministic inference
             self.seed[:bs] = sampling_info.sampling_seed
-        greedy = bool(sampling_info.is_all_greedy)
+        kind = Kind.of(sampling_info)
+        greedy = kind is Kind.GREEDY
         self._begin_round(padded)
-        graph = self.graphs.get((graph_bs, greedy)) if graph_bs is not None else None
+        key = (graph_bs, kind) if graph_bs is not None else None
         for _ in range(steps):
-            if graph is not None:
-                graph.replay()
-            else:
-                self._step(bs, greedy)
+            self.graphs.run(key, lambda: self._step(bs, greedy))
         record = None
         if not greedy:
             record = DraftRecord(

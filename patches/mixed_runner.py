@@ -5,8 +5,10 @@ backend: a row per request that drafts (its plan, ``kernels/sparse_decode.py``),
 group's verify segments of k + 1 rows (full prefix, ``kernels/verify_attention.py``, scores captured
 for the selection); then, in the same CUDA graph, the drafts are sampled (``kernels/draft_sample.py``)
 and the group's drafts accepted: greedily, or by exact rejection sampling against the target
-distribution stock decoding samples from (``verify_sample.stock_accept``, the split round's). One graph per (batch-size bucket, ``Filters``) is replayed k + 1 times; the step index and every input live in device buffers the body advances. After each
-forward the selector sees the group's verify, as after a split round's verify.
+distribution stock decoding samples from (``verify_sample.stock_accept``, the split round's, whatever
+filters the batch uses). One graph per (batch-size bucket, greedy or sampled: ``decode_graphs.Kind``)
+is replayed k + 1 times; the step index and every input live in device buffers the body advances.
+After each forward the selector sees the group's verify, as after a split round's verify.
 
 Served batches: one GPU, no logprobs, hidden states, grammars, penalties, logit biases, custom logit
 processors, sampling masks, sampling seeds or min-p (``mixed_serves``); the others run split rounds.
@@ -14,10 +16,7 @@ processors, sampling masks, sampling seeds or min-p (``mixed_serves``); the othe
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
-from enum import Enum
 
 import torch
 from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
@@ -38,11 +37,10 @@ from sglang_sparsespec.rounds.mixed import (
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.sampling.target import SamplingRows
 
+from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward
 from .draft_attention import SegmentMeta
 from .draft_runner import PillarDraftRunner, sample_drafts
 from .request_rounds import decode_path_serves
-
-logger = logging.getLogger(__name__)
 
 
 def mixed_serves(batch) -> bool:
@@ -52,21 +50,6 @@ def mixed_serves(batch) -> bool:
     (``decode_path_serves``), so no request here needs single-token rounds (``request_rounds``)."""
     si = batch.sampling_info
     return decode_path_serves(batch) and si.sampling_seed is None and not si.need_min_p_sampling
-
-
-class Filters(str, Enum):
-    """What a batch's acceptance computes (one captured graph each): greedy batches compare argmaxes;
-    sampled ones filter the target softmax by top-p, and by top-k too when a request uses it."""
-
-    GREEDY = "greedy"
-    TOP_P = "top_p"
-    TOP_K_TOP_P = "top_k_top_p"
-
-    @classmethod
-    def of(cls, sampling_info) -> Filters:
-        if sampling_info.is_all_greedy:
-            return cls.GREEDY
-        return cls.TOP_K_TOP_P if sampling_info.need_top_k_sampling else cls.TOP_P
 
 
 @dataclass
@@ -85,7 +68,7 @@ class MixedOutput:
 class MixedRunner:
     """Mixed-phase iterations for one worker: shares the draft runner's model runner, backend and
     batch-size buckets, the plans and the selector; keeps the chains (``ChainBuffers`` in batch order
-    for the iteration, ``ChainStore`` by pool row between iterations) and one graph per (bucket, Filters)."""
+    for the iteration, ``ChainStore`` by pool row between iterations) and one graph per (bucket, Kind)."""
 
     def __init__(
         self,
@@ -102,7 +85,6 @@ class MixedRunner:
         self.sink = sink
         self.k = draft_runner.k
         self.max_bs = draft_runner.max_bs
-        self.capture_bs = draft_runner.capture_bs
         self.device = draft_runner.device
         # Padded segments select into this plan row, never a request's (PlanState has one spare row).
         self.scratch_row = scratch_row
@@ -126,7 +108,7 @@ class MixedRunner:
             self.kv_indptr = torch.zeros(s_max + 1, dtype=torch.int32)
             # Every segment's prefix may reach the context length (radix-shared slots can sum past the pool).
             self.kv_indices = torch.zeros(s_max * self.req_to_token.shape[1], dtype=torch.int64)
-        self.graphs: dict[tuple[int, Filters], torch.cuda.CUDAGraph] = {}
+        self.graphs = DecodeGraphs(self.mr, draft_runner.capture_bs, self.max_bs, "mixed")
 
     # ---- one forward (eager body == captured body) -----------------------------------
     def _segments(self, rows: RowInputs, bs: int, segments: int) -> SegmentMeta:
@@ -141,52 +123,28 @@ class MixedRunner:
 
     def _forward(self, rows: RowInputs, bs: int, segments: int) -> torch.Tensor:
         """The forward of ``rows`` (``bs`` draft rows, then the segments); logits [rows, V]."""
-        from sglang.srt.layers.dp_attention import DpPaddingMode, set_dp_buffer_len, set_is_extend_in_batch
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
-        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-
         inputs = self.backend.inputs
         rpi = rows.rpi[:bs]
         inputs.req_pool_indices[:bs] = rpi
         inputs.seq_lens[:bs] = rows.positions[:bs] + 1
         # Per forward: a group's verify re-selects its plans in the middle of the iteration.
         inputs.tail_start[:bs] = self.state.tail_start[rpi]
-        n = rows.tokens.shape[0]
-        out_cache_loc = self.req_to_token[rows.rpi, rows.positions].to(torch.int64)
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.DECODE,
-            batch_size=n,
-            input_ids=rows.tokens,
-            req_pool_indices=rows.rpi,
-            seq_lens=rows.positions + 1,
-            seq_lens_cpu=None,
-            out_cache_loc=out_cache_loc,
-            seq_lens_sum=0,
-            return_logprob=False,
-            positions=rows.positions,
-            dp_padding_mode=DpPaddingMode.get_default_mode_in_cuda_graph(),
-            spec_algorithm=self.mr.spec_algorithm,
-            spec_info=None,
-            capture_hidden_mode=CaptureHiddenMode.NULL,
-        )
-        fb.mark_forward_metadata_ready()
-        set_dp_buffer_len(None, n, False, None)
-        set_is_extend_in_batch(False)
         self.backend.plan(bs, False)
         self.backend.segments = self._segments(rows, bs, segments)
         try:
-            with forward_context(ForwardContext(attn_backend=self.backend)):
-                return self.mr.model.forward(rows.tokens, rows.positions, fb).next_token_logits
+            decode_rows = DecodeRows(rows.tokens, rows.positions, rows.rpi, rows.positions + 1)
+            return decode_forward(self.mr, self.backend, decode_rows)
         finally:
             self.backend.segments = None
 
-    def _accept(self, logits: torch.Tensor, rows: RowInputs, filters: Filters) -> tuple[torch.Tensor, torch.Tensor]:
+    def _accept(self, logits: torch.Tensor, rows: RowInputs, kind: Kind) -> tuple[torch.Tensor, torch.Tensor]:
         buf, seg, k = self.buf, rows.seg, self.k
         drafts = buf.tokens.index_select(0, seg)[:, 1:]
         num_drafts = buf.pending.index_select(0, seg)
-        if filters is Filters.GREEDY:
+        if kind is Kind.GREEDY:
             return greedy_accept(logits.argmax(dim=-1).view(-1, k + 1), drafts, num_drafts)
-        # The split round's acceptance (mixed batches have no min-p): one filter for both runners.
+        # The split round's acceptance (mixed batches have no min-p): one filter for both runners, and one
+        # graph for every sampled batch (top-k, top-p and temperature are per-row tensors).
         from .verify_sample import sampling_backend, stock_accept
 
         params = (self.temperature, self.top_p, self.top_k)
@@ -207,15 +165,15 @@ class MixedRunner:
         drafted = sample_drafts(logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], *record)
         return drafted, record
 
-    def _body(self, bs: int, segments: int, filters: Filters) -> None:
+    def _body(self, bs: int, segments: int, kind: Kind) -> None:
         """Forward ``buf.step`` of the iteration for ``bs`` (padded) batch rows; advances the step."""
         mixed_step(
             self.buf,
             bs,
             segments,
             lambda rows: self._forward(rows, bs, segments),
-            lambda logits: self._draft(logits, filters is Filters.GREEDY),
-            lambda logits, rows: self._accept(logits, rows, filters),
+            lambda logits: self._draft(logits, kind is Kind.GREEDY),
+            lambda logits, rows: self._accept(logits, rows, kind),
         )
 
     # ---- capture / run -------------------------------------------------------------
@@ -227,44 +185,28 @@ class MixedRunner:
             self.top_k[rows] = 1
 
     def capture(self) -> None:
-        from sglang.srt.model_executor.runner import model_capture_mode
-        from sglang.srt.model_executor.runner.base_cuda_graph_runner import freeze_gc
-
-        t0 = time.monotonic()
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        with model_capture_mode(), freeze_gc(self.mr.server_args.enable_cudagraph_gc):
-            for bs in reversed(self.capture_bs):
+        with self.graphs.capturing("mixed-phase graphs"):
+            for bs in reversed(self.graphs.capture_bs):
                 segments = segments_per_forward(bs, self.k)
-                for filters in Filters:
-                    self._pad(0, bs)
-                    self.buf.seg[:, :segments] = self.buf.pad_row
-                    self.buf.step.zero_()
-                    # One eager run first (Triton JIT must not run under capture).
-                    stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(stream):
-                        self._body(bs, segments, filters)
-                    torch.cuda.current_stream().wait_stream(stream)
-                    self.buf.step.zero_()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self._body(bs, segments, filters)
-                    self.graphs[(bs, filters)] = graph
-        logger.info(
-            "PILLAR mixed-phase graphs captured in %.1f s for batch sizes %s", time.monotonic() - t0, self.capture_bs
-        )
+                for kind in (Kind.GREEDY, Kind.SAMPLED):
+                    self.graphs.capture(
+                        (bs, kind), lambda: self._body(bs, segments, kind), lambda: self._prepare(bs, segments)
+                    )
+
+    def _prepare(self, bs: int, segments: int) -> None:
+        """A capture's inputs: every row and segment padding, at step 0."""
+        self._pad(0, bs)
+        self.buf.seg[:, :segments] = self.buf.pad_row
+        self.buf.step.zero_()
 
     def run(self, batch) -> MixedOutput:
         """One iteration for ``batch`` (``mixed_serves``); no host synchronisation."""
         buf, k = self.buf, self.k
         reqs = batch.reqs
         bs = len(reqs)
-        if bs > self.max_bs:
-            raise RuntimeError(f"PILLAR mixed batch {bs} exceeds max running requests {self.max_bs}")
-        filters = Filters.of(batch.sampling_info)
-        greedy = filters is Filters.GREEDY
-        graph_bs = next((b for b in self.capture_bs if b >= bs), None)
-        padded = graph_bs if graph_bs is not None else bs
+        graph_bs, padded = self.graphs.bucket(bs)
+        kind = Kind.of(batch.sampling_info)
+        greedy = kind is Kind.GREEDY
         plan = self.tracker.plan([r.rid for r in reqs], not greedy, padded, buf.pad_row)
         segments = plan.segments
         si = batch.sampling_info
@@ -279,12 +221,9 @@ class MixedRunner:
             self._to_device(plan.carried, torch.bool), sampled=not greedy,
         )  # fmt: skip
         buf.step.zero_()
-        graph = self.graphs.get((graph_bs, filters)) if graph_bs is not None else None
+        key = (graph_bs, kind) if graph_bs is not None else None
         for j in range(k + 1):
-            if graph is not None:
-                graph.replay()
-            else:
-                self._body(padded, segments, filters)
+            graphed = self.graphs.run(key, lambda: self._body(padded, segments, kind))
             seg = buf.seg[j, :segments]
             sel_rows = torch.where(seg == buf.pad_row, self.scratch_row, buf.rpi.index_select(0, seg))
             self.selector.after_verify(sel_rows, buf.seg_before[j, :segments], buf.seg_after[j, :segments])
@@ -294,7 +233,7 @@ class MixedRunner:
             accept_len=buf.accept_len[:bs].clone(),
             length=buf.length[:bs].clone(),
             root=buf.tokens[:bs, 0].clone(),
-            graphed=graph is not None,
+            graphed=graphed,
         )
 
     def _to_device(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang_sparsespec.patches import draft_runner as dr
+from sglang_sparsespec.patches.decode_graphs import Kind
 from triton_env import DEVICE
 
 from sglang_sparsespec.config import PillarConfig
@@ -132,7 +133,7 @@ def check_plain(runner: dr.PillarDraftRunner, rpi, seq_lens, bonus) -> None:
     state_tail = runner.state.tail_start.clone()
     runner.out_tokens.fill_(-3)
     logits, graphed = runner.decode_logits(rpi, seq_lens, bonus)
-    assert graphed == bool(runner.plain_graphs) and logits.shape == (rpi.shape[0], V)
+    assert graphed == any(kind is Kind.PLAIN for _, kind in runner.graphs.graphs) and logits.shape == (rpi.shape[0], V)
     if not graphed:  # a graph replay runs no host code; its capture planned for the bucket
         assert runner.backend.plans[-1] == (rpi.shape[0], True)  # planned for whole prefixes
     peaks = [next_token(int(bonus[b]), int(seq_lens[b]), b) for b in range(rpi.shape[0])]
@@ -179,7 +180,7 @@ def test_captured_step_replays_like_the_eager_body(monkeypatch) -> None:
     monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
     graphed, eager = make_runner([4]), make_runner([])
     graphed.capture()
-    assert set(graphed.graphs) == {(4, True), (4, False)}
+    assert set(graphed.graphs.graphs) == {(4, Kind.GREEDY), (4, Kind.SAMPLED)}
     rpi = torch.tensor([5, 1, 6], device=DEVICE)
     seq_lens = torch.tensor([10, 3, 20], device=DEVICE)
     bonus = torch.tensor([7, 8, 9], device=DEVICE)
@@ -200,7 +201,7 @@ def test_captured_plain_step_replays_like_the_eager_body(monkeypatch) -> None:
     monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
     graphed = make_runner([4], plain_decode=True)
     graphed.capture()
-    assert set(graphed.plain_graphs) == {4}
+    assert set(graphed.graphs.graphs) == {(4, Kind.GREEDY), (4, Kind.SAMPLED), (4, Kind.PLAIN)}
     rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
     graphed.mr.model.calls.clear()
     check_plain(graphed, rpi, seq_lens, bonus)

@@ -25,8 +25,10 @@ from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.patches.tp_agree import RoundAgreement
 from sglang_sparsespec.patches.worker import PillarWorker
-from sglang_sparsespec.adaptive.policy import RoundClock, RoundSample, SpeculationPolicy
+from sglang_sparsespec.adaptive.policy import RoundSample, SpeculationPolicy
 from sglang_sparsespec.adaptive.dense import DenseChooser
+from sglang_sparsespec.rounds.clock import RoundClock
+from sglang_sparsespec.rounds.launch import LaunchedRounds
 
 KV_BYTES = 30 * 3 * 64 * 2 * 2  # SmolLM2-135M: layers x KV heads x head dim x (K, V) x bf16
 LAYERS, SPLIT_PROGRAMS = 30, 528  # the draft kernel's splits fill ~528 programs (132 SMs x 4)
@@ -55,7 +57,7 @@ def stand_in_worker(bs: int, context: int, rng: random.Random) -> tuple[object, 
     """A worker with PILLAR's default policy state and a decode batch of ``bs`` requests."""
     cfg = PillarConfig()
     worker = SimpleNamespace(
-        cfg=cfg, clock=RoundClock(_Event),
+        cfg=cfg, clock=RoundClock(_Event), rounds=LaunchedRounds(),
         policy=SpeculationPolicy(cfg.step_candidates, floor_quantile=cfg.floor_quantile, premium=cfg.spec_premium),
         metrics=PillarMetrics(cfg.num_steps), agreement=RoundAgreement(None),
         dense=DenseChooser(cfg.budget, KV_BYTES, LAYERS, lambda b: max(1, SPLIT_PROGRAMS // (3 * b))),
@@ -82,7 +84,10 @@ def time_rounds(bs: int, context: int, rounds: int, seed: int = 0) -> dict[str, 
     for _ in range(rounds):
         t0 = time.perf_counter()
         steps = PillarWorker._choose_steps(worker, batch).steps
-        worker.metrics.launched(steps, bs)  # the rest of a round's host-side policy work (_decode_round)
+        # The rest of a round's host-side policy work (_round_shape, _decode_round).
+        worker.metrics.launched(steps, bs)
+        worker.clock.start(bs)
+        worker.clock.drafted()
         worker.clock.end()
         t1 = time.perf_counter()
         counts = [rng.randint(0, 1) if i in poor else rng.randint(steps // 2, steps) for i in range(bs)]

@@ -55,12 +55,13 @@ from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
-from sglang_sparsespec.adaptive.policy import RoundClock, SpeculationPolicy
+from sglang_sparsespec.adaptive.policy import SpeculationPolicy
 from sglang_sparsespec.adaptive.cost_cache import CostFile
 from sglang_sparsespec.adaptive.dense import DenseChooser
 from sglang_sparsespec.sampling.rejection import DraftRecord
-from sglang_sparsespec.rounds.launch import RoundShape
-from sglang_sparsespec.rounds.timing import PHASES, NoTimer, RoundTimer, format_report
+from sglang_sparsespec.rounds.launch import AdaptiveRound, LaunchedRounds, RoundShape
+from sglang_sparsespec.rounds.clock import make_clock
+from sglang_sparsespec.rounds.timing import format_report
 from sglang_sparsespec.rounds.warmup import is_warmup, warmup_steps
 
 from .draft_runner import PillarDraftRunner
@@ -110,12 +111,11 @@ class PillarWorker(BaseSpecWorker):
         self.state: PlanState | None = None
         self.selector: Selector | None = None
         self.draft_runner: PillarDraftRunner | None = None
-        self.timer: RoundTimer | NoTimer = NoTimer()
         self.plain: PlainState | None = None
         self.policy: SpeculationPolicy | None = None
-        self.clock: RoundClock | None = None
         self.dense: DenseChooser | None = None  # with the policy: which requests draft densely
         self.metrics = PillarMetrics(self.cfg.num_steps)  # /server_info and Prometheus (patches/metrics.py)
+        self.rounds = LaunchedRounds()  # decode rounds awaiting their accept counts (on_verify_complete_cpu)
         self.warmup_rounds = 0  # start-up warm-up rounds so far (patches/serve_warmup.py)
         self.mixed: MixedRunner | None = None  # --pillar-batch-phases mixed
         self.sink: VerifyScoreSink | None = None
@@ -127,16 +127,13 @@ class PillarWorker(BaseSpecWorker):
                 premium=self.cfg.spec_premium,
                 mixed_steps=self.cfg.num_steps if self.cfg.mixed else None,
             )
-            self.clock = RoundClock(lambda: torch.cuda.Event(enable_timing=True))
             self.agreement = RoundAgreement.for_tp_group()
             self.cost_file = CostFile.resolve(self.cfg.cost_cache, self._setup_identity())
             self._restore_costs()
-        if self.cfg.timing_every:
-            self.timer = RoundTimer(
-                self.cfg.timing_every,
-                lambda: torch.cuda.Event(enable_timing=True),
-                self._phase_report,
-            )
+        # One clock times every round for the cost model (adaptive) and the phase report (step timing).
+        self.clock = make_clock(
+            lambda: torch.cuda.Event(enable_timing=True), self.cfg.timing_every, self._phase_report, self.cfg.adaptive
+        )
         logger.info("PILLAR config: %s", self.cfg)
         build_sampling_kernels(
             server_args.sampling_backend, self.model_runner.model_config.vocab_size, self.device
@@ -327,9 +324,7 @@ class PillarWorker(BaseSpecWorker):
         return self._decode_round(batch, on_publish, grammar_barrier)
 
     def _prefill(self, batch, on_publish):
-        self.timer.interrupt()
-        if self.clock is not None:
-            self.clock.interrupt()
+        self.clock.interrupt()
         result = self._target_worker.forward_batch_generation(batch)
         # spec-v2 convention: seq_lens counts tokens with KV; the sampled token has none yet.
         result.new_seq_lens = batch.seq_lens
@@ -343,8 +338,10 @@ class PillarWorker(BaseSpecWorker):
 
     def _choose_steps(self, batch) -> RoundShape:
         """This round's draft count, which requests draft densely and which select boosted plans
-        (host-side only: sizes and the accept counts SGLang already copied to the host)."""
+        (host-side only: sizes and the accept counts SGLang already copied to the host); the round
+        joins the launch queue, with what the adaptive readers need of it."""
         if self.policy is None or batch.forward_mode.is_idle():
+            self.rounds.launched(self.cfg.num_steps, len(batch.reqs))
             return RoundShape(self.cfg.num_steps)
         samples = self.clock.poll()
         self.policy.observe(samples)
@@ -364,9 +361,10 @@ class PillarWorker(BaseSpecWorker):
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         # The calibration compares a round with what it was chosen for: only a round that ran as chosen.
         expected = choice.expected if (steps, dense) == (choice.steps, choice.dense) else None
-        self.policy.acceptance.launched(steps, len(reqs), dense, expected)
-        self.dense.launched(reqs, steps, dense, boost)
-        self.clock.start(key, steps)
+        self.dense.launched(steps, dense, boost)
+        launch = AdaptiveRound(list(reqs), None if dense is None else list(dense), expected)
+        self.rounds.launched(steps, len(reqs), launch)
+        self.clock.announce(key, steps)
         rounds = sum(self.metrics.rounds_by_steps.values()) + 1  # this round is counted at launch
         if rounds % PATH_LOG_EVERY == 0:
             logger.info("PILLAR adaptive: %s", self.summary())
@@ -375,10 +373,11 @@ class PillarWorker(BaseSpecWorker):
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
         # SGLang calls this with each decode round's accept counts once they are on the host.
-        if self.policy is not None:
-            self.policy.acceptance.completed(num_correct_drafts_per_req)
-            self.dense.completed(num_correct_drafts_per_req)
-        self.metrics.completed(num_correct_drafts_per_req)
+        matched = self.rounds.completed(num_correct_drafts_per_req)
+        self.metrics.completed(matched)
+        if matched is not None and matched.payload is not None:  # a round of drafts the policy chose
+            self.policy.acceptance.completed(matched)
+            self.dense.completed(matched)
 
     def summary(self) -> dict[str, Any]:
         """PILLAR's live numbers for /server_info."""
@@ -419,7 +418,7 @@ class PillarWorker(BaseSpecWorker):
         draft_input = batch.spec_info
         bs = batch.seq_lens.shape[0]
         verify_lens = batch.seq_lens
-        self.timer.start(bs)
+        self.clock.start(bs)
         if dense is not None:
             dense = self._to_device(dense, torch.int32)
         ratio = None
@@ -429,9 +428,7 @@ class PillarWorker(BaseSpecWorker):
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
         counts = draft_counts(batch, steps)  # requests with per-token sampling state take row 0 only
-        self.timer.mark("draft")
-        if self.clock is not None:
-            self.clock.drafted()
+        self.clock.drafted()
         batch.spec_info = build_eagle_verify_input(
             batch,
             draft_input,
@@ -447,15 +444,13 @@ class PillarWorker(BaseSpecWorker):
             device=self.device,
         )
         counts = None if counts is None else self._to_device(counts, torch.int32)
-        batch.spec_info = PillarVerifyInput.extend(batch.spec_info, drafts.record, counts, self.timer.verify_callback)
+        batch.spec_info = PillarVerifyInput.extend(batch.spec_info, drafts.record, counts, self.clock.verify_callback)
         result = self._verify(batch, grammar_barrier, self.speculative_num_steps)
-        self.timer.mark("accept")
+        self.clock.accepted()
         # Before on_publish: publishing lets the schedule stream start preparing the next
         # batch, and the selection must read this round's seq_lens before anything reuses them.
         self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens, ratio)
-        self.timer.mark("select")
-        if self.clock is not None:
-            self.clock.end()
+        self.clock.end()
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
@@ -468,13 +463,9 @@ class PillarWorker(BaseSpecWorker):
         from sglang.srt.managers.utils import GenerationBatchResult
 
         bs = batch.seq_lens.shape[0]
-        self.timer.start(bs)
+        self.clock.start(bs)
         out = self.mixed.run(batch)
-        for phase in PHASES:
-            self.timer.mark(phase)
-        if self.clock is not None:
-            self.clock.mark_mixed()
-            self.clock.end()
+        self.clock.end_mixed()
         if not is_warmup(batch.reqs):
             self.metrics.mixed_rounds += 1
         result = GenerationBatchResult(
@@ -497,7 +488,7 @@ class PillarWorker(BaseSpecWorker):
             if not is_warmup(batch.reqs):
                 self.metrics.plain_decode_rounds += 1
             return self._plain_decode_round(batch, on_publish)
-        self.timer.interrupt()
+        self.clock.start_plain()
         mr = self.model_runner
         saved = mr.attn_backend, mr.decode_cuda_graph_runner
         mr.attn_backend, mr.decode_cuda_graph_runner = self.plain.attn_backend, self.plain.graph_runner
@@ -524,7 +515,7 @@ class PillarWorker(BaseSpecWorker):
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.utils import GenerationBatchResult
 
-        self.timer.interrupt()
+        self.clock.start_plain()
         logits, graphed = self.draft_runner.decode_logits(
             batch.req_pool_indices, batch.seq_lens, batch.spec_info.bonus_tokens
         )

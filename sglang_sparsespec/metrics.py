@@ -3,10 +3,11 @@
 The worker reports, on the host only (no GPU synchronisation):
 
 * ``launched(k, batch_size)`` when a decode round starts with k drafts (0 = plain decoding);
-* ``completed(correct_drafts)`` with each request's accepted draft count of the oldest launched
-  round, once SGLang has copied it to the host (``on_verify_complete_cpu``; rounds complete in
-  launch order, one or two rounds late under the overlap scheduler);
-* ``rounds_timed(samples)`` with the finished rounds' CUDA-event times (``RoundClock``, adaptive
+* ``completed(matched)`` with the oldest launched round and its accepted draft counts, once SGLang
+  has copied them to the host (``on_verify_complete_cpu``; the worker's launch queue,
+  ``rounds/launch.py``, matches them: rounds complete in launch order, one or two rounds late under
+  the overlap scheduler), or None where it matched no round with drafts;
+* ``rounds_timed(samples)`` with the finished rounds' CUDA-event times (``rounds/clock.py``, adaptive
   speculation): draft = the k sparse steps, verify = verify pass + acceptance + selection;
 * ``phases_timed(report)`` with SPARSESPEC_STEP_TIMING's per-phase means (draft, verify, accept,
   select), when that is on.
@@ -25,8 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sglang_sparsespec.adaptive.policy import RoundSample
-from sglang_sparsespec.rounds.launch import LaunchedRounds
+from sglang_sparsespec.rounds.clock import RoundSample
+from sglang_sparsespec.rounds.launch import Matched
 from sglang_sparsespec.rounds.timing import PhaseReport
 
 
@@ -65,7 +66,6 @@ class PillarMetrics:
     # The draft count of the round ``completed`` last matched (None: it matched none or had no drafts), which SGLang's
     # result processing credits to each request it served (patches/client_parity.py).
     last_completed_steps: int | None = None
-    _rounds: LaunchedRounds = field(default_factory=LaunchedRounds)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -78,12 +78,10 @@ class PillarMetrics:
         if batch_size == 0:
             return  # an idle batch: SGLang reports no accept counts for it
         self.rounds_by_steps[steps] += 1
-        self._rounds.launched(steps, batch_size)
         if self.sink is not None:
             self.sink.round_started(steps)
 
-    def completed(self, correct_drafts: Sequence[int]) -> None:
-        matched = self._rounds.completed(correct_drafts)
+    def completed(self, matched: Matched | None) -> None:
         self.last_completed_steps = None if matched is None else matched.k
         if matched is None:
             return

@@ -8,9 +8,9 @@ from sglang_sparsespec.patches.server_info import add_pillar_state
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.adaptive.dense import BatchView, floor_tokens, plan_dense
+from sglang_sparsespec.rounds.launch import AdaptiveRound, LaunchedRounds
 from sglang_sparsespec.adaptive.policy import (
     AcceptanceTracker,
-    RoundClock,
     RoundSample,
     SpeculationPolicy,
     batch_bucket,
@@ -28,75 +28,28 @@ def test_expected_tokens_is_the_geometric_sum():
     assert expected_tokens(0.9, 8) == pytest.approx(sum(0.9**j for j in range(9)))
 
 
-def test_acceptance_matches_rounds_in_launch_order():
+def _verified(acc: AcceptanceTracker, k: int, accepted: list[int], dense=None, expected=None) -> None:
+    """One round of k >= 1 drafts through the worker's launch queue into the tracker."""
+    rounds = LaunchedRounds()
+    rounds.launched(k, len(accepted), AdaptiveRound([None] * len(accepted), dense, expected))
+    acc.completed(rounds.completed(accepted))
+
+
+def test_acceptance_is_the_truncated_geometric_estimate():
     acc = AcceptanceTracker(decay=0.0, prior=0.5)
-    acc.launched(4, 3)
-    acc.launched(0, 2)
-    acc.launched(2, 2)
-    acc.completed([4, 4, 1])  # 9 hits, one miss
+    _verified(acc, 4, [4, 4, 1])  # 9 hits, one miss
     assert acc.alpha == pytest.approx(9 / 10)
-    acc.completed([0, 0])  # the plain round: no information
-    assert acc.alpha == pytest.approx(9 / 10)
-    acc.completed([5, 0])  # greedy stale acceptance past k counts as k; 2 hits, 1 miss
+    _verified(acc, 2, [5, 0])  # greedy stale acceptance past k counts as k; 2 hits, 1 miss
     assert acc.alpha == pytest.approx(2 / 3)
 
 
 def test_acceptance_counts_only_the_sparse_drafters():
     acc = AcceptanceTracker(decay=0.0, prior=0.5)
-    acc.launched(4, 3, [False, True, False])
-    acc.completed([1, 4, 3])  # the dense row's 4 accepted drafts are left out: (1 + 3) / (4 + 2)
+    # The dense row's 4 accepted drafts are left out: (1 + 3) / (4 + 2).
+    _verified(acc, 4, [1, 4, 3], [False, True, False])
     assert acc.alpha == pytest.approx(4 / 6)
-    acc.launched(4, 2, [True, True])
-    acc.completed([4, 4])  # all rows dense: nothing learned
+    _verified(acc, 4, [4, 4], [True, True])  # all rows dense: nothing learned
     assert acc.alpha == pytest.approx(4 / 6)
-
-
-def test_acceptance_resynchronises_on_a_batch_mismatch():
-    acc = AcceptanceTracker(decay=0.0, prior=0.5)
-    acc.launched(4, 3)
-    acc.launched(4, 3)
-    acc.completed([1, 1])  # not the round we expected: drop the queue, keep the estimate
-    assert acc.alpha == 0.5
-    acc.completed([4, 4, 4])  # nothing pending: ignored
-    assert acc.alpha == 0.5
-
-
-class FakeEvent:
-    def __init__(self, clock: list[float]):
-        self.clock = clock
-        self.t: float | None = None
-
-    def record(self) -> None:
-        self.t = self.clock[0]
-
-    def query(self) -> bool:
-        return self.t is not None and self.t <= self.clock[1]
-
-    def elapsed_time(self, end: FakeEvent) -> float:
-        return end.t - self.t
-
-
-def test_round_clock_reports_only_finished_rounds_and_decode_gaps():
-    now = [0.0, -1.0]  # [record time, time the GPU has finished up to]
-    rc = RoundClock(lambda: FakeEvent(now))
-    rc.start((8, 20), 4)
-    now[0] = 3.0
-    rc.drafted()
-    now[0] = 5.0
-    rc.end()
-    now[0] = 6.0
-    rc.start((8, 20), 0)
-    now[0] = 8.0
-    rc.end()
-    assert rc.poll() == []  # nothing finished on the GPU yet
-    now[1] = 5.0
-    assert rc.poll() == [RoundSample((8, 20), 4, 3.0, 2.0, None)]
-    now[1] = 100.0
-    assert rc.poll() == [RoundSample((8, 20), 0, 0.0, 2.0, 1.0)]
-    rc.interrupt()
-    rc.start((8, 20), 4)
-    rc.end()
-    assert rc.poll()[0].gap_ms is None
 
 
 def _rounds(*samples: RoundSample) -> list[RoundSample]:
@@ -335,16 +288,13 @@ def test_calibration_scales_the_expectation_by_what_the_rounds_delivered():
     not chosen as priced (expected None) and other counts leave it alone."""
     acc = AcceptanceTracker(prior=0.9)
     for _ in range(200):
-        acc.launched(4, 2, None, expected=9.0)
-        acc.completed([2, 2])
+        _verified(acc, 4, [2, 2], expected=9.0)
     assert acc.calibrated(4) == pytest.approx(6.0 / 9.0, rel=1e-3)
     assert acc.calibrated(8) == 1.0
-    acc.launched(4, 2, None, None)
-    acc.completed([4, 4])
+    _verified(acc, 4, [4, 4])
     assert acc.calibrated(4) == pytest.approx(6.0 / 9.0, rel=1e-3)
     for _ in range(200):
-        acc.launched(8, 1, None, expected=1.0)
-        acc.completed([8])
+        _verified(acc, 8, [8], expected=1.0)
     assert acc.calibrated(8) == AcceptanceTracker.CAL_RANGE[1]
 
     policy = SpeculationPolicy((0, 4), acceptance=AcceptanceTracker(prior=0.9))
@@ -354,8 +304,7 @@ def test_calibration_scales_the_expectation_by_what_the_rounds_delivered():
     choice = policy.choose(8, 3000)
     assert choice.steps == 4 and choice.expected == pytest.approx(8 * expected_tokens(0.9, 4))
     for _ in range(100):
-        policy.acceptance.launched(4, 8, None, choice.expected)
-        policy.acceptance.completed([1] * 8)  # 2 tokens each against ~4.1 expected
+        _verified(policy.acceptance, 4, [1] * 8, expected=choice.expected)  # 2 tokens each against ~4.1 expected
     acc = policy.acceptance
     assert acc.calibrated(4) < 0.6
     want = acc.calibrated(4) * expected_tokens(acc.alpha, 4) / policy.round_ms(key, 4)
@@ -380,16 +329,9 @@ def test_the_premium_keeps_plain_decoding_where_speculation_gains_little():
 
 def test_mixed_iterations_price_the_full_length_round_whole():
     """A mixed-phase iteration has no draft / verify phases: its whole time prices the full-length
-    round (CostCell.mixed), leaves the split rounds' verify cost alone, and survives the cost file."""
-    now = [0.0, 0.0]
-    rc = RoundClock(lambda: FakeEvent(now))
-    rc.start((64, 24), 8)
-    rc.mark_mixed()
-    now[0] = 30.0
-    rc.end()
-    now[1] = 31.0
-    sample = rc.poll()[0]
-    assert (sample.mixed, sample.draft_ms, sample.rest_ms) == (True, 0.0, 30.0)
+    round (CostCell.mixed), leaves the split rounds' verify cost alone, and survives the cost file.
+    (The clock's mixed samples: tests/test_clock.py.)"""
+    sample = RoundSample((64, 24), 8, 0.0, 30.0, None, mixed=True)
     policy = SpeculationPolicy((0, 4, 8), mixed_steps=8)
     key = (64, 24)
     policy.observe(_rounds(RoundSample(key, 4, 12.0, 10.0, 0.0)))  # a split k = 4 round prices verify at 10

@@ -18,6 +18,7 @@ from sglang_sparsespec.patches.client_parity import (
 )
 
 from sglang_sparsespec.metrics import PillarMetrics
+from sglang_sparsespec.rounds.launch import LaunchedRounds
 
 
 @dataclass
@@ -121,13 +122,14 @@ def test_reasoning_tokens_never_exceed_the_finished_output():
 def test_per_request_acceptance_counts_the_drafts_each_round_ran():
     """Rounds of 8, 0 (plain) and 2 drafts for two requests: each was proposed 10 drafts, not 3 x 8;
     the count reaches meta_info through the message and prices the accept rate there."""
-    metrics = PillarMetrics(8)
+    metrics, rounds = PillarMetrics(8), LaunchedRounds()
     processor = SimpleNamespace(model_worker=SimpleNamespace(metrics=metrics))
     reqs = [make_req(None, is_retracted=False) for _ in range(2)]
     batch = SimpleNamespace(reqs=reqs)
     for steps, correct in ((8, [7, 8]), (0, [0, 0]), (2, [2, 1])):
         metrics.launched(steps, 2)
-        metrics.completed(correct)
+        rounds.launched(steps, 2)
+        metrics.completed(rounds.completed(correct))
         assert metrics.last_completed_steps == (steps or None)  # a plain round proposes nothing
         count_proposed_drafts(None, processor, None, batch)
     assert [getattr(r, PROPOSED) for r in reqs] == [10, 10]
@@ -157,7 +159,7 @@ def test_per_request_acceptance_counts_the_drafts_each_round_ran():
 
 def test_an_unmatched_round_credits_nothing():
     metrics = PillarMetrics(8)
-    metrics.completed([1, 1])  # nothing launched (a warm-up round): no known draft count
+    metrics.completed(LaunchedRounds().completed([1, 1]))  # nothing launched (a warm-up round): no known draft count
     assert metrics.last_completed_steps is None
     req = make_req(None, is_retracted=False)
     count_proposed_drafts(None, SimpleNamespace(model_worker=SimpleNamespace(metrics=metrics)), None,

@@ -8,7 +8,8 @@ import pytest
 
 from sglang_sparsespec.adaptive.acceptance import AcceptanceTracker
 from sglang_sparsespec.adaptive.policy import SpeculationPolicy
-from sglang_sparsespec.adaptive.costs import PROBE_ROUNDS, CostTable, RobustCost, RoundSample, cell_key
+from sglang_sparsespec.adaptive.costs import PROBE_ROUNDS, CostTable, RobustCost, cell_key
+from sglang_sparsespec.rounds.clock import RoundSample
 
 SPIKE = 100.0
 

@@ -16,6 +16,7 @@ from sglang_sparsespec.adaptive.dense import (
     expected_tokens,
     plan_dense,
 )
+from sglang_sparsespec.rounds.launch import AdaptiveRound, LaunchedRounds
 
 
 def _rate(view: BatchView, k: int, round_ms: float, dense: tuple[bool, ...]) -> float:
@@ -79,6 +80,17 @@ class _Req:  # SGLang's Req as the chooser sees it: an object with a seqlen (wea
         self.seqlen = seqlen
 
 
+def _round(chooser: DenseChooser, reqs: list, k: int, accepted: list[int], dense=None, boosted=None) -> None:
+    """One round as the worker runs it: launched, then its counts matched through the launch queue and
+    handed to the chooser when the round had drafts."""
+    chooser.launched(k, dense, boosted)
+    rounds = LaunchedRounds()
+    rounds.launched(k, len(reqs), AdaptiveRound(list(reqs), dense, None))
+    matched = rounds.completed(accepted)
+    if matched is not None:
+        chooser.completed(matched)
+
+
 def test_chooser_tracks_sparse_acceptance_per_request_and_dense_rounds_apart():
     chooser = DenseChooser(lambda n: min(n, 128), 1000, layers=2, splits=lambda bs: 4 * bs)
     a, b = _Req(5000), _Req(64)
@@ -86,13 +98,11 @@ def test_chooser_tracks_sparse_acceptance_per_request_and_dense_rounds_apart():
     assert view.alpha == [0.8, 0.8] and view.extra_ms[1] == 0.0
     assert view.extra_ms[0] == pytest.approx((5000 - 128) * 1000 / 2e9 + 2 * (625 - 16) * 40e-6)
     for _ in range(20):  # a's drafts always fail at the first position; b drafts densely and passes
-        chooser.launched([a, b], 4, [False, True])
-        chooser.completed([0, 4])
+        _round(chooser, [a, b], 4, [0, 4], [False, True])
     view = chooser.view([a, b], prior=0.8)
     assert view.alpha[0] < 0.15 and view.alpha[1] == 0.8  # b's dense rounds say nothing about its plan
     assert view.alpha_dense > 0.95 and chooser.dense_request_rounds == 20
-    chooser.launched([a], 0, None)  # a plain round has no drafts: nothing to learn
-    chooser.completed([1])
+    _round(chooser, [a], 0, [1])  # a plain round has no drafts: nothing to learn
     assert chooser.view([a], 0.8).alpha[0] == view.alpha[0]
     assert len(chooser._acc) == 1  # only a drafted sparsely
     del a  # a finished request takes its state along
@@ -111,21 +121,18 @@ def test_poor_drafters_are_boosted_poorest_first_within_the_share_and_stay_boost
     for _ in range(BOOST_AFTER):
         # Until BOOST_AFTER rounds stand behind an estimate, nobody is boosted.
         assert chooser.boost(reqs, 0.8) is None
-        chooser.launched(reqs, 8, None, None)
-        chooser.completed(pattern)
+        _round(chooser, reqs, 8, pattern)
     assert int(BOOST_MAX_SHARE * 16) == 2
     first = chooser.boost(reqs, 0.8)  # the two poorest; the third waits for room, fair is above the bar
     assert first == [True, True] + [False] * 14
     frozen = chooser._acc[reqs[0]].alpha(0.8)
     for _ in range(20):  # boosted, the two draft well: their boosted estimates learn it, their own stay
-        chooser.launched(reqs, 8, None, first)
-        chooser.completed([8, 8, 1, 5] + [8] * 12)
+        _round(chooser, reqs, 8, [8, 8, 1, 5] + [8] * 12, boosted=first)
     assert chooser._acc[reqs[0]].alpha(0.8) == frozen and chooser.view(reqs, 0.8).alpha[0] > 0.9
     # Boosted for life; their better drafts do not raise the bar for fair (the first A/B's cascade).
     assert chooser.boost(reqs, 0.8) == first
     assert chooser.boosted_request_rounds == 40
-    chooser.launched(reqs, 0, None, first)  # plain rounds select nothing
-    chooser.completed([0] * 16)
+    _round(chooser, reqs, 0, [0] * 16, boosted=first)  # plain rounds select nothing
     assert chooser.boosted_request_rounds == 40
     del reqs
     assert len(chooser._boosted) == 0  # a finished request takes its state along
@@ -154,7 +161,7 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     from sglang_sparsespec.patches.tp_agree import RoundAgreement
 
     from sglang_sparsespec.metrics import PillarMetrics
-    from sglang_sparsespec.adaptive.policy import RoundClock
+    from sglang_sparsespec.rounds.clock import RoundClock
 
     class Event:
         def record(self) -> None: ...
@@ -168,6 +175,7 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     policy = SpeculationPolicy((0, 2, 4, 8))
     worker = type("W", (), {})()
     worker.policy, worker.clock, worker.metrics = policy, RoundClock(Event), PillarMetrics(8)
+    worker.rounds = LaunchedRounds()
     worker.agreement = RoundAgreement(None)  # one rank
     worker.plain = None  # no plain-round state: every batch is priced by the policy alone
     worker.dense, worker.cfg = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22), type("C", (), {"num_steps": 8, "force_steps": -1})
@@ -177,8 +185,7 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
     policy.choose(4, 2000)
     policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8.0, 2.0, 0.2)] * PROBE_ROUNDS)
     for r in reqs:  # every request's plan drafts badly
-        worker.dense.launched([r], 8, None)
-        worker.dense.completed([0])
+        _round(worker.dense, [r], 8, [0])
     steps, dense, boost = PillarWorker._choose_steps(worker, batch)
     assert boost is None  # boosted plans are off by default
     assert steps in (4, 8) and dense == [True] * 4  # plain decoding would emit 1 token per 2.2 ms

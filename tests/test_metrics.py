@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from sglang_sparsespec.metrics import PillarMetrics
-from sglang_sparsespec.adaptive.policy import RoundSample
+from sglang_sparsespec.rounds.clock import RoundSample
+from sglang_sparsespec.rounds.launch import LaunchedRounds
 from sglang_sparsespec.rounds.timing import PhaseReport
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,15 +42,31 @@ class RecordingSink:
         self.calls.append(("phases", phase_s))
 
 
+class Fed:
+    """PillarMetrics fed as the worker feeds it: each launched round joins the launch queue, and the
+    queue's match for each accept-count report goes to ``completed``."""
+
+    def __init__(self, metrics: PillarMetrics) -> None:
+        self.metrics, self.rounds = metrics, LaunchedRounds()
+
+    def launched(self, steps: int, batch_size: int) -> None:
+        self.metrics.launched(steps, batch_size)
+        self.rounds.launched(steps, batch_size)
+
+    def completed(self, correct: list[int]) -> None:
+        self.metrics.completed(self.rounds.completed(correct))
+
+
 def test_rounds_are_matched_with_their_accept_counts_in_launch_order():
     sink = RecordingSink()
     m = PillarMetrics(4, sink=sink)
-    m.launched(4, 3)
-    m.launched(0, 2)  # plain round: no drafts
-    m.launched(2, 2)
-    m.completed([4, 0, 2])
-    m.completed([0, 0])
-    m.completed([2, 5])  # a 2-draft round whose greedy verify matched past its drafts: capped at 2
+    fed = Fed(m)
+    fed.launched(4, 3)
+    fed.launched(0, 2)  # plain round: no drafts
+    fed.launched(2, 2)
+    fed.completed([4, 0, 2])
+    fed.completed([0, 0])
+    fed.completed([2, 5])  # a 2-draft round whose greedy verify matched past its drafts: capped at 2
     assert m.rounds_by_steps == {4: 1, 0: 1, 2: 1}
     assert (m.drafts, m.draft_tokens, m.accepted_tokens) == (5, 16, 10)
     assert m.accepted_per_pos == [4, 4, 1, 1] and sum(m.accepted_per_pos) == m.accepted_tokens
@@ -61,16 +78,17 @@ def test_rounds_are_matched_with_their_accept_counts_in_launch_order():
 
 def test_a_round_out_of_step_resynchronises_and_idle_batches_count_nothing():
     m = PillarMetrics(4)
-    m.launched(4, 0)  # idle batch
-    m.launched(4, 2)
-    m.launched(4, 3)
-    m.completed([1, 1, 1])  # does not match the oldest round (2 requests): both pending rounds dropped
-    m.completed([1, 1])  # nothing pending
-    m.launched(4, 1)
-    m.completed([3])
+    fed = Fed(m)
+    fed.launched(4, 0)  # idle batch
+    fed.launched(4, 2)
+    fed.launched(4, 3)
+    fed.completed([1, 1, 1])  # does not match the oldest round (2 requests): both pending rounds dropped
+    fed.completed([1, 1])  # nothing pending
+    fed.launched(4, 1)
+    fed.completed([3])
     assert (m.drafts, m.accepted_tokens, m.accepted_per_pos) == (1, 3, [1, 1, 1, 0])
     with pytest.raises(ValueError, match="0..4"):
-        m.launched(5, 1)
+        fed.launched(5, 1)
 
 
 def test_times_from_the_round_clock_and_the_step_timer():
@@ -107,10 +125,11 @@ def test_prometheus_series_names_labels_and_values():
 
     reg = CollectorRegistry()
     m = PillarMetrics(4, sink=PrometheusSink(LABELS, registry=reg))
-    m.launched(4, 2)
-    m.launched(0, 2)
-    m.completed([3, 1])
-    m.completed([0, 0])
+    fed = Fed(m)
+    fed.launched(4, 2)
+    fed.launched(0, 2)
+    fed.completed([3, 1])
+    fed.completed([0, 0])
     m.rounds_timed([RoundSample((2, 10), 4, 3.0, 4.0, None)])
     m.phases_timed(PhaseReport(rounds=4, batch=2.0, ms={"select": 0.7}))
     got = _samples(generate_latest(reg).decode())

@@ -69,10 +69,10 @@ def test_a_plain_round_on_the_decode_path_hands_the_scheduler_one_sampled_token_
         sampled.append(positions.tolist())
         return out.next_token_logits.argmax(dim=-1)  # an all-greedy batch
 
-    clock = SimpleNamespace(ended=0)
-    clock.end = lambda: setattr(clock, "ended", clock.ended + 1)
+    clock = SimpleNamespace(calls=[])
+    clock.start_plain, clock.end = lambda: clock.calls.append("start_plain"), lambda: clock.calls.append("end")
     worker = SimpleNamespace(draft_runner=Runner(logits), model_runner=SimpleNamespace(sampler=sampler),
-                             timer=SimpleNamespace(interrupt=lambda: None), clock=clock, metrics=PillarMetrics(8),
+                             clock=clock, metrics=PillarMetrics(8),
                              _relay_index=torch.zeros((4, 1), dtype=torch.int64), _relay_p=torch.ones((4, 1)),
                              _ones=torch.ones(4, dtype=torch.int32))  # fmt: skip
     for name in ("_next_draft_input", "_rows"):
@@ -91,5 +91,5 @@ def test_a_plain_round_on_the_decode_path_hands_the_scheduler_one_sampled_token_
     assert result.next_draft_input.topk_p.shape == result.next_draft_input.topk_index.shape == (2, 1)
     with pytest.raises(RuntimeError, match="exceeds max running requests"):
         worker._rows(worker._ones, 5)
-    assert result.logits_output.hidden_states is None and clock.ended == 1
+    assert result.logits_output.hidden_states is None and clock.calls == ["start_plain", "end"]
     assert worker.metrics.summary()["plain_decode_rounds"] == 1  # counted for /server_info

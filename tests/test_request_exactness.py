@@ -369,12 +369,15 @@ def test_a_batch_where_nobody_drafts_runs_a_plain_round(penalized):
     from sglang_sparsespec.patches.worker import PillarWorker
 
     from sglang_sparsespec.metrics import PillarMetrics
-    from sglang_sparsespec.adaptive.policy import RoundClock, RoundSample, SpeculationPolicy
+    from sglang_sparsespec.adaptive.policy import RoundSample, SpeculationPolicy
+    from sglang_sparsespec.rounds.clock import RoundClock
+    from sglang_sparsespec.rounds.launch import LaunchedRounds
     from sglang_sparsespec.adaptive.dense import DenseChooser
 
     policy = SpeculationPolicy((0, 2, 4, 8))
     worker = SimpleNamespace(
-        policy=policy, clock=RoundClock(_Event), metrics=PillarMetrics(8), agreement=RoundAgreement(None),
+        policy=policy, clock=RoundClock(_Event), metrics=PillarMetrics(8), rounds=LaunchedRounds(),
+        agreement=RoundAgreement(None),
         dense=DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22),
         cfg=SimpleNamespace(num_steps=8, force_steps=-1), plain=object(),
     )  # fmt: skip

@@ -130,11 +130,11 @@ def test_worker_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
     from sglang_sparsespec.metrics import PillarMetrics
     from sglang_sparsespec.adaptive.policy import SpeculationPolicy
     from sglang_sparsespec.adaptive.dense import DenseChooser
-    from sglang_sparsespec.rounds.launch import RoundShape
+    from sglang_sparsespec.rounds.launch import LaunchedRounds, RoundShape
 
     worker = type("W", (), {})()
     worker.cfg = PillarConfig.from_env(8)
-    worker.warmup_rounds, worker.metrics = 0, PillarMetrics(8)
+    worker.warmup_rounds, worker.metrics, worker.rounds = 0, PillarMetrics(8), LaunchedRounds()
     worker.policy = SpeculationPolicy(worker.cfg.step_candidates)
     worker.dense = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22)
     worker._choose_steps = lambda batch: RoundShape(4)  # the adaptive path, stubbed: only warm-up is under test

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from sglang_sparsespec.rounds.launch import LaunchedRounds
+from sglang_sparsespec.rounds.launch import AdaptiveRound, Matched
 
 
 class AcceptanceTracker:
@@ -13,9 +11,9 @@ class AcceptanceTracker:
 
     One round with k drafts and per-request accepted counts a_i contributes the truncated-geometric
     estimate sum(a_i) / (sum(a_i) + #{a_i < k}) over the requests that drafted with their sparse plan
-    (dense drafts, ``adaptive/dense.py``, are accepted ~always and say nothing about the plans). Rounds
-    are matched with their counts by ``LaunchedRounds`` (``launched``, then ``completed`` with
-    SGLang's host copy of the counts).
+    (dense drafts, ``adaptive/dense.py``, are accepted ~always and say nothing about the plans). The
+    worker's launch queue (``rounds/launch.py``) matches each round with SGLang's host copy of its
+    counts and hands it to ``completed``.
     """
 
     # Calibration: per draft count, an EMA of emitted / expected tokens over the rounds that ran, so
@@ -31,24 +29,18 @@ class AcceptanceTracker:
         self.decay = decay
         self.alpha = prior
         self.calibration: dict[int, float] = {}
-        self._rounds = LaunchedRounds()
-
-    def launched(
-        self, k: int, batch_size: int, dense: Sequence[bool] | None = None, expected: float | None = None
-    ) -> None:
-        """``expected``: the tokens the round was chosen for (the batch's sum, bonus tokens included,
-        uncalibrated), or None where it was not priced so (forced or changed counts)."""
-        self._rounds.launched(k, batch_size, (dense, expected))
 
     def calibrated(self, k: int) -> float:
         """Emitted / expected tokens of the rounds of k drafts so far (1 before the first)."""
         return self.calibration.get(k, 1.0)
 
-    def completed(self, accepted: Sequence[int]) -> None:
-        matched = self._rounds.completed(accepted)
-        if matched is None:
-            return
-        k, capped, (dense, expected) = matched
+    def completed(self, matched: Matched) -> None:
+        """A round of k >= 1 drafts with its capped counts; its ``AdaptiveRound``'s ``expected``: the
+        tokens it was chosen for (the batch's sum, bonus tokens included, uncalibrated), or None where
+        it was not priced so (forced or changed counts)."""
+        k, capped = matched.k, matched.accepted
+        launch: AdaptiveRound = matched.payload
+        dense, expected = launch.dense, launch.expected
         if expected:
             ratio = (sum(capped) + len(capped)) / expected
             cal = self.CAL_DECAY * self.calibrated(k) + (1.0 - self.CAL_DECAY) * ratio

@@ -1,8 +1,9 @@
 """What a decode round costs on this server: robust per-phase estimates in cells by batch and context.
 
-Every round records CUDA events; ``RoundClock`` reads them once they have completed (``query()``,
-never a wait) and returns ``RoundSample``s, which ``SpeculationPolicy.observe`` adds to the
-``CostCell`` of the round's (batch bucket, context bucket) in a ``CostTable``.
+Every priced round records CUDA events; the round clock (``rounds/clock.py``) reads them once they
+have completed (``query()``, never a wait) and returns ``RoundSample``s, which
+``SpeculationPolicy.observe`` adds to the ``CostCell`` of the round's (batch bucket, context bucket)
+in a ``CostTable``.
 
 Warm-up and outliers. The first rounds of a shape pay for work that later rounds do not: a Triton
 kernel compiled or autotuned on first use, a CUDA graph replayed cold, SGLang's own start-up request
@@ -15,7 +16,7 @@ samples it is fed and prices with the lower median of the last ``WINDOW`` kept o
 spiked round (first call or not) cannot move a price. A real change of cost moves the median within
 half a window.
 
-Nothing here touches SGLang or the GPU directly: events come from a factory (testable on CPU).
+Nothing here touches SGLang or the GPU.
 """
 
 from __future__ import annotations
@@ -23,17 +24,8 @@ from __future__ import annotations
 import copy
 import math
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-
-class Event(Protocol):
-    def record(self) -> None: ...
-
-    def query(self) -> bool: ...
-
-    def elapsed_time(self, end: Any) -> float: ...
+from typing import Any
 
 
 class RobustCost:
@@ -208,69 +200,3 @@ class CostTable:
                 c = CostCell()
             self.cells[key] = c
         return c
-
-
-@dataclass
-class RoundSample:
-    """One finished round's measurement (ms); draft_ms is 0 for a plain round and for a mixed-phase
-    iteration (``mixed``), whose whole time is rest_ms."""
-
-    key: tuple[int, int]
-    k: int
-    draft_ms: float
-    rest_ms: float
-    gap_ms: float | None
-    mixed: bool = False
-
-
-class RoundClock:
-    """CUDA events around each round, read back without waiting: ``poll`` returns the rounds whose
-    last event has completed. Events come from ``make_event`` (``torch.cuda.Event(enable_timing=True)``
-    on the GPU)."""
-
-    def __init__(self, make_event: Callable[[], Event]):
-        self.make_event = make_event
-        self._pending: deque[tuple[tuple[int, int], int, list[Event], Event | None, bool]] = deque()
-        self._open: tuple[tuple[int, int], int, list[Event], Event | None] | None = None
-        self._mixed = False  # the open round is a mixed-phase iteration
-        self._prev_end: Event | None = None
-
-    def _event(self) -> Event:
-        ev = self.make_event()
-        ev.record()
-        return ev
-
-    def start(self, key: tuple[int, int], k: int) -> None:
-        self._open = (key, k, [self._event()], self._prev_end)
-        self._mixed = False
-
-    def mark_mixed(self) -> None:
-        """The open round runs as a mixed-phase iteration: timed whole, priced apart (CostCell.mixed)."""
-        self._mixed = True
-
-    def drafted(self) -> None:
-        if self._open is not None:
-            self._open[2].append(self._event())
-
-    def end(self) -> None:
-        if self._open is None:
-            return
-        key, k, evs, prev = self._open
-        if len(evs) == 1:  # a plain round and a mixed iteration have no draft phase
-            evs.append(evs[0])
-        evs.append(self._event())
-        self._pending.append((key, k, evs, prev, self._mixed))
-        self._prev_end = evs[-1]
-        self._open = None
-
-    def interrupt(self) -> None:
-        """Another forward (a prefill) ran: the next round's gap is not a decode gap."""
-        self._prev_end = None
-
-    def poll(self) -> list[RoundSample]:
-        out = []
-        while self._pending and self._pending[0][2][-1].query():
-            key, k, (s, d, e), prev, mixed = self._pending.popleft()
-            gap = prev.elapsed_time(s) if prev is not None else None
-            out.append(RoundSample(key, k, s.elapsed_time(d), d.elapsed_time(e), gap, mixed))
-        return out

@@ -48,10 +48,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from sglang_sparsespec.rounds.launch import LaunchedRounds
+from sglang_sparsespec.rounds.launch import AdaptiveRound, Matched
 
 # Effective bandwidth (GB/s) at which the draft kernel reads a dense prefix. Measured for the
 # split-KV attention kernels on the H100 (kernels_tune_h100.json: 2.54 TB/s at 256 x 7K); taken
@@ -225,7 +226,6 @@ class DenseChooser:
         # Boosted requests: their acceptance under the boosted plan (their _acc entry stays frozen).
         self._boosted: WeakKeyDictionary[Any, RequestAcceptance] = WeakKeyDictionary()
         self._dense_acc = RequestAcceptance()
-        self._rounds = LaunchedRounds()
         self.dense_request_rounds = 0
         self.boosted_request_rounds = 0
 
@@ -270,21 +270,18 @@ class DenseChooser:
                 room -= 1
         return flags if any(flags) else None
 
-    def launched(
-        self, reqs: Sequence[Any], k: int, dense: Sequence[bool] | None, boosted: Sequence[bool] | None = None
-    ) -> None:
-        flags = list(dense) if dense is not None else [False] * len(reqs)
-        self.dense_request_rounds += sum(flags) if k else 0
-        self.boosted_request_rounds += sum(boosted) if k and boosted is not None else 0
-        self._rounds.launched(k, len(reqs), (list(reqs), flags))
+    def launched(self, k: int, dense: Sequence[bool] | None, boosted: Sequence[bool] | None = None) -> None:
+        """Counts a launched round's dense and boosted requests (a plain round drafts nothing)."""
+        if k:
+            self.dense_request_rounds += sum(dense) if dense is not None else 0
+            self.boosted_request_rounds += sum(boosted) if boosted is not None else 0
 
-    def completed(self, accepted: Sequence[int]) -> None:
-        """SGLang's accept counts of the oldest launched round (see ``LaunchedRounds``)."""
-        matched = self._rounds.completed(accepted)
-        if matched is None or matched.k == 0:  # a plain round drafted nothing to judge
-            return
-        reqs, flags = matched.payload
-        for r, dense, a in zip(reqs, flags, matched.accepted):
+    def completed(self, matched: Matched) -> None:
+        """A round of k >= 1 drafts with its capped counts, matched by the worker's launch queue
+        (``rounds/launch.py``): each sparse drafter's own acceptance, and the dense drafters' shared one."""
+        launch: AdaptiveRound = matched.payload
+        flags = launch.dense if launch.dense is not None else repeat(False)
+        for r, dense, a in zip(launch.reqs, flags, matched.accepted):
             if dense:
                 self._dense_acc.add(a, matched.k)
                 continue

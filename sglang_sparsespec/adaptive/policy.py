@@ -50,6 +50,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from sglang_sparsespec.rounds.clock import RoundSample
+
 from .acceptance import AcceptanceTracker
 from .costs import (
     CELL_COSTS,
@@ -57,10 +59,7 @@ from .costs import (
     SPECULATE,
     CostCell,
     CostTable,
-    Event,
     RobustCost,
-    RoundClock,
-    RoundSample,
     batch_bucket,
     cell_key,
     cell_label,
@@ -70,7 +69,7 @@ from .dense import BatchView, DensePlan, expected_tokens, floor_tokens, plan_den
 
 # The policy's building blocks, importable from here as from their own modules.
 __all__ = [
-    "PROBE_ROUNDS", "AcceptanceTracker", "Choice", "CostCell", "CostTable", "Event", "RobustCost", "RoundClock", "RoundSample",
+    "PROBE_ROUNDS", "AcceptanceTracker", "Choice", "CostCell", "CostTable", "RobustCost", "RoundSample",
     "SpeculationPolicy", "batch_bucket", "cell_key", "cell_label", "context_bucket", "expected_tokens",
 ]  # fmt: skip
 

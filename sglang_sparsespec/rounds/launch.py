@@ -1,4 +1,6 @@
-"""Decode rounds matched with their accept counts, which SGLang reports a round or two late."""
+"""Decode rounds matched with their accept counts, which SGLang reports a round or two late: one
+queue, owned by the worker, whose matched rounds go to every reader of accept counts (the metrics, and
+with adaptive speculation the acceptance estimate and the per-request dense choice)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,22 @@ from typing import Any, NamedTuple
 
 class Matched(NamedTuple):
     """A launched round with its accept counts: k, each request's accepted drafts (capped at k), and
-    what the launcher attached to it."""
+    what the launcher attached to it (``AdaptiveRound`` for a round the speculation policy chose, None
+    with adaptive speculation off)."""
 
     k: int
     accepted: list[int]
     payload: Any
+
+
+class AdaptiveRound(NamedTuple):
+    """What the adaptive readers keep of a launched round until its counts arrive: ``reqs`` [bs] its
+    requests (SGLang's Req), ``dense`` [bs] which drafted over their whole prefix (None: nobody),
+    ``expected`` the tokens it was chosen for (None: it did not run as priced; AcceptanceTracker)."""
+
+    reqs: list[Any]
+    dense: list[bool] | None
+    expected: float | None
 
 
 class RoundShape(NamedTuple):
@@ -51,5 +64,5 @@ class LaunchedRounds:
             return None
         if k == 0:
             return None
-        # A comparison per count, no builtin calls: this runs three times per round over the batch.
+        # A comparison per count, no builtin calls: this runs once per round over the batch.
         return Matched(k, [a if 0 <= a <= k else (k if a > k else 0) for a in accepted], payload)

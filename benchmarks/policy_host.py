@@ -4,8 +4,8 @@
 
 Under SGLang's overlap scheduler the scheduler thread prepares round i+1 while the GPU runs round i;
 whatever the policy costs on that thread is GPU idle time once the host is the slower side. This
-drives the worker's own per-round calls (``PillarWorker._choose_steps`` before each launch,
-``on_verify_complete_cpu`` with each round's accept counts) on a stand-in worker whose cost cells are
+drives the worker's own per-round planner (``RoundPlanner.shape`` before each launch, ``completed``
+with each round's accept counts) on a stand-in server whose cost cells are
 priced, at each batch size, with a quarter of the requests drafting poorly (so the dense-drafting
 plans run too), and reports the mean microseconds per round of each call. The host CPU of a GPU
 node differs from this one: compare numbers of one machine only.
@@ -23,22 +23,21 @@ from types import SimpleNamespace
 from benchmarks.meta import new_run_id, run_metadata
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.metrics import PillarMetrics
+from sglang_sparsespec.patches.round_plan import RoundPlanner
 from sglang_sparsespec.patches.tp_agree import RoundAgreement
-from sglang_sparsespec.patches.worker import PillarWorker
 from sglang_sparsespec.adaptive.policy import RoundSample, SpeculationPolicy
 from sglang_sparsespec.adaptive.dense import DenseChooser
 from sglang_sparsespec.rounds.clock import RoundClock
-from sglang_sparsespec.rounds.launch import LaunchedRounds
 
 KV_BYTES = 30 * 3 * 64 * 2 * 2  # SmolLM2-135M: layers x KV heads x head dim x (K, V) x bf16
 LAYERS, SPLIT_PROGRAMS = 30, 528  # the draft kernel's splits fill ~528 programs (132 SMs x 4)
 
 
 class _Req:
-    """SGLang's Req as the policy reads it: a context length, weakly referenced by DenseChooser."""
+    """SGLang's Req as the planner reads it: a context length (weakly referenced by DenseChooser), a rid."""
 
     def __init__(self, seqlen: int) -> None:
-        self.seqlen = seqlen
+        self.seqlen, self.rid = seqlen, "9f1c2ab0e4"
 
 
 class _Event:
@@ -53,50 +52,45 @@ class _Event:
         return 1.0
 
 
-def stand_in_worker(bs: int, context: int, rng: random.Random) -> tuple[object, object]:
-    """A worker with PILLAR's default policy state and a decode batch of ``bs`` requests."""
+def stand_in_planner(bs: int, context: int, rng: random.Random) -> tuple[RoundPlanner, object]:
+    """A planner with PILLAR's default policy state and a decode batch of ``bs`` requests (no penalties
+    or processors: the batch-level check answers for its requests)."""
     cfg = PillarConfig()
-    worker = SimpleNamespace(
-        cfg=cfg, clock=RoundClock(_Event), rounds=LaunchedRounds(),
-        policy=SpeculationPolicy(cfg.step_candidates, floor_quantile=cfg.floor_quantile, premium=cfg.spec_premium),
-        metrics=PillarMetrics(cfg.num_steps), agreement=RoundAgreement(None),
-        dense=DenseChooser(cfg.budget, KV_BYTES, LAYERS, lambda b: max(1, SPLIT_PROGRAMS // (3 * b))),
-        plain=None,  # the stand-in requests carry no sampling parameters: request_rounds is not asked
-    )  # fmt: skip
-    # The path-count log line and the cost save (no cost file here) every PATH_LOG_EVERY rounds.
-    worker.cost_file = None
-    worker.summary = lambda: PillarWorker.summary(worker)
-    worker._save_costs = lambda: PillarWorker._save_costs(worker)
+    policy = SpeculationPolicy(cfg.step_candidates, floor_quantile=cfg.floor_quantile, premium=cfg.spec_premium)
+    planner = RoundPlanner(cfg, PillarMetrics(cfg.num_steps), RoundClock(_Event), policy=policy,
+                           agreement=RoundAgreement(None))  # fmt: skip
+    planner.set_dense(DenseChooser(cfg.budget, KV_BYTES, LAYERS, lambda b: max(1, SPLIT_PROGRAMS // (3 * b))))
     reqs = [_Req(context + rng.randrange(512)) for _ in range(bs)]
-    batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False))
-    key = worker.policy.choose(bs, context)[1]
+    sampling = SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
+                               acc_scaling_penalties=None, penalizer_orchestrator=None)  # fmt: skip
+    batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=sampling)
+    key = policy.choose(bs, context)[1]
     for k, draft_ms, rest_ms in ((0, 0.0, 3.0), (2, 2.0, 10.0), (4, 4.0, 10.0), (8, 8.0, 10.0)):
-        worker.policy.observe([RoundSample(key, k, draft_ms, rest_ms, 0.2)])
-    return worker, batch
+        policy.observe([RoundSample(key, k, draft_ms, rest_ms, 0.2)])
+    return planner, batch
 
 
 def time_rounds(bs: int, context: int, rounds: int, seed: int = 0) -> dict[str, float]:
     """Mean microseconds per round of the launch-side and the completion-side policy calls."""
     rng = random.Random(seed)
-    worker, batch = stand_in_worker(bs, context, rng)
+    planner, batch = stand_in_planner(bs, context, rng)
     poor = set(rng.sample(range(bs), bs // 4))
     choose_s = complete_s = 0.0
     for _ in range(rounds):
         t0 = time.perf_counter()
-        steps = PillarWorker._choose_steps(worker, batch).steps
-        # The rest of a round's host-side policy work (_round_shape, _decode_round).
-        worker.metrics.launched(steps, bs)
-        worker.clock.start(bs)
-        worker.clock.drafted()
-        worker.clock.end()
+        steps = planner.shape(batch).steps
+        # The rest of a round's host-side clock work (Rounds.decode).
+        planner.clock.start(bs)
+        planner.clock.drafted()
+        planner.clock.end()
         t1 = time.perf_counter()
         counts = [rng.randint(0, 1) if i in poor else rng.randint(steps // 2, steps) for i in range(bs)]
         t2 = time.perf_counter()
-        PillarWorker.on_verify_complete_cpu(worker, counts, bs)
+        planner.completed(counts)
         complete_s += time.perf_counter() - t2
         choose_s += t1 - t0
     return {"bs": bs, "context": context, "choose_us": 1e6 * choose_s / rounds, "complete_us": 1e6 * complete_s / rounds,
-            "rounds_by_k": {str(k): n for k, n in sorted(worker.metrics.rounds_by_steps.items())}}  # fmt: skip
+            "rounds_by_k": {str(k): n for k, n in sorted(planner.metrics.rounds_by_steps.items())}}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1158,9 +1158,9 @@ def test_mixed_prefix_tables_pair_uniform_and_mixed_runs():
 
 
 def test_policy_host_times_the_workers_own_round_choice(tmp_path):
-    """benchmarks.policy_host drives PillarWorker._choose_steps on stand-ins: it must follow the worker."""
+    """benchmarks.policy_host drives the worker's RoundPlanner on stand-ins: it must follow the worker."""
     from benchmarks import policy_host
-    from sglang_sparsespec.patches.worker import PATH_LOG_EVERY
+    from sglang_sparsespec.patches.round_plan import PATH_LOG_EVERY
 
     out = tmp_path / "host.json"
     rounds = PATH_LOG_EVERY  # the last round logs the path counts and saves the costs

@@ -8,7 +8,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from sglang_sparsespec.patches import worker as w
+from sglang_sparsespec.metrics import PillarMetrics
+from sglang_sparsespec.patches.round_plan import RoundPlanner
+from sglang_sparsespec.rounds.clock import NoClock
 from sglang_sparsespec.patches.tp_agree import RoundAgreement
 
 from sglang_sparsespec.config import PillarConfig
@@ -77,26 +79,29 @@ def test_the_knob():
         PillarConfig(cost_cache=" ")
 
 
-def test_the_worker_restores_at_start_and_rank_0_saves(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+def _planner(policy, file, agreement) -> RoundPlanner:
+    return RoundPlanner(PillarConfig(), PillarMetrics(8), NoClock(), policy=policy, agreement=agreement, cost_file=file)
+
+
+def test_the_planner_restores_at_start_and_rank_0_saves(tmp_path: Path, caplog: pytest.LogCaptureFixture):
     policy, key = measured_policy()
     file = CostFile(tmp_path / "c.json", IDENTITY)
-    worker = SimpleNamespace(policy=policy, cost_file=file, agreement=RoundAgreement(None))
-    w.PillarWorker._save_costs(worker)
-    worker.agreement = RoundAgreement(lambda t: None, rank=1)  # another TP rank: rank 0 writes
+    planner = _planner(policy, file, RoundAgreement(None))  # nothing to restore yet
+    planner.save_costs()
+    planner.agreement = RoundAgreement(lambda t: None, rank=1)  # another TP rank: rank 0 writes
     file.path.write_text("{}")
-    w.PillarWorker._save_costs(worker)
+    planner.save_costs()
     assert file.path.read_text() == "{}"
-    worker.agreement = RoundAgreement(None)
-    w.PillarWorker._save_costs(worker)
-    fresh = SimpleNamespace(policy=SpeculationPolicy((0, 2, 4, 8)), cost_file=file)
+    planner.agreement = RoundAgreement(None)
+    planner.save_costs()
     with caplog.at_level(logging.INFO):
-        w.PillarWorker._restore_costs(fresh)
+        fresh = _planner(SpeculationPolicy((0, 2, 4, 8)), file, RoundAgreement(None))
     assert fresh.policy.round_ms(key, 0) == pytest.approx(11.8 + 0.05) and "2 measured cells" in caplog.text
     # A folder that cannot be written: one warning, then the server stops trying.
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the folder should be")
-    worker.cost_file = CostFile(blocked / "c.json", IDENTITY)
+    planner.cost_file = CostFile(blocked / "c.json", IDENTITY)
     with caplog.at_level(logging.WARNING):
-        w.PillarWorker._save_costs(worker)
-    assert worker.cost_file is None and "not saved" in caplog.text
-    w.PillarWorker._save_costs(worker)  # no file: nothing to do
+        planner.save_costs()
+    assert planner.cost_file is None and "not saved" in caplog.text
+    planner.save_costs()  # no file: nothing to do

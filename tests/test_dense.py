@@ -75,9 +75,9 @@ def test_a_request_that_gains_nothing_does_not_stop_the_others():
     assert plan_dense(view, 8, 5.0).dense == [False, True]
 
 
-class _Req:  # SGLang's Req as the chooser sees it: an object with a seqlen (weakly referenced)
+class _Req:  # SGLang's Req as the planner sees it: a seqlen (weakly referenced by the chooser) and a rid
     def __init__(self, seqlen: int) -> None:
-        self.seqlen = seqlen
+        self.seqlen, self.rid = seqlen, "9f1c2ab0e4"
 
 
 def _round(chooser: DenseChooser, reqs: list, k: int, accepted: list[int], dense=None, boosted=None) -> None:
@@ -156,11 +156,12 @@ def test_policy_prices_dense_drafting_per_request():
     assert policy.round_ms(key, 8) == pytest.approx(10.2) and policy.round_ms(key, 0) == pytest.approx(2.2)
 
 
-def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
-    from sglang_sparsespec.patches.worker import PillarWorker
-    from sglang_sparsespec.patches.tp_agree import RoundAgreement
+def test_round_planner_hands_the_dense_set_to_the_draft_runner():
+    from types import SimpleNamespace
 
     from sglang_sparsespec.metrics import PillarMetrics
+    from sglang_sparsespec.patches.round_plan import RoundPlanner
+    from sglang_sparsespec.patches.tp_agree import RoundAgreement
     from sglang_sparsespec.rounds.clock import RoundClock
 
     class Event:
@@ -173,24 +174,23 @@ def test_worker_round_choice_hands_the_dense_set_to_the_draft_runner():
             return 1.0
 
     policy = SpeculationPolicy((0, 2, 4, 8))
-    worker = type("W", (), {})()
-    worker.policy, worker.clock, worker.metrics = policy, RoundClock(Event), PillarMetrics(8)
-    worker.rounds = LaunchedRounds()
-    worker.agreement = RoundAgreement(None)  # one rank
-    worker.plain = None  # no plain-round state: every batch is priced by the policy alone
-    worker.dense, worker.cfg = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22), type("C", (), {"num_steps": 8, "force_steps": -1})
+    cfg = SimpleNamespace(num_steps=8, force_steps=-1, step_candidates=(0, 2, 4, 8))
+    planner = RoundPlanner(cfg, PillarMetrics(8), RoundClock(Event), policy=policy, agreement=RoundAgreement(None))
+    planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
     reqs = [_Req(2000) for _ in range(4)]
-    batch = type("B", (), {"reqs": reqs, "forward_mode": type("M", (), {"is_idle": lambda self: False})()})()
+    sampling = SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
+                               acc_scaling_penalties=None, penalizer_orchestrator=None)  # fmt: skip
+    batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=sampling)
     key = policy.choose(4, 2000)[1]
     policy.choose(4, 2000)
     policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8.0, 2.0, 0.2)] * PROBE_ROUNDS)
     for r in reqs:  # every request's plan drafts badly
-        _round(worker.dense, [r], 8, [0])
-    steps, dense, boost = PillarWorker._choose_steps(worker, batch)
+        _round(planner.dense, [r], 8, [0])
+    steps, dense, boost = planner.shape(batch)
     assert boost is None  # boosted plans are off by default
     assert steps in (4, 8) and dense == [True] * 4  # plain decoding would emit 1 token per 2.2 ms
-    PillarWorker.on_verify_complete_cpu(worker, [steps] * 4)  # that round all accepted: dense acceptance
-    assert worker.dense.dense_request_rounds == 4
+    planner.completed([steps] * 4)  # that round all accepted: dense acceptance
+    assert planner.dense.dense_request_rounds == 4
     # Dense rows teach the dense acceptance, never the batch's sparse one (the prior of new requests).
-    assert worker.policy.acceptance.alpha == pytest.approx(0.7)
-    assert worker.dense.view(reqs, 0.7).alpha_dense > 0.95
+    assert planner.policy.acceptance.alpha == pytest.approx(0.7)
+    assert planner.dense.view(reqs, 0.7).alpha_dense > 0.95

@@ -13,7 +13,6 @@ from sglang_sparsespec.adaptive.dense import DenseChooser
 from sglang_sparsespec.adaptive.policy import SpeculationPolicy
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.rounds.clock import NoClock, RoundClock
-from sglang_sparsespec.rounds.launch import LaunchedRounds
 from sglang_sparsespec.rounds.warmup import WARMUP_RID_PREFIX
 
 
@@ -42,34 +41,32 @@ class _Agreement:
         return self.next
 
 
-def _worker(adaptive: bool):
-    from sglang_sparsespec.patches.worker import PillarWorker
+def _planner(adaptive: bool):
+    """The worker's planner (its queue's one owner) and a launch / complete pair driving it as the worker does."""
+    from sglang_sparsespec.patches.round_plan import RoundPlanner
 
     cfg = SimpleNamespace(num_steps=4, force_steps=-1, step_candidates=(0, 2, 4))
-    worker = SimpleNamespace(cfg=cfg, metrics=PillarMetrics(4), rounds=LaunchedRounds(), warmup_rounds=0, plain=None,
-                             policy=None, clock=NoClock())  # fmt: skip
+    planner = RoundPlanner(cfg, PillarMetrics(4), NoClock())
     if adaptive:
-        worker.policy = SpeculationPolicy(cfg.step_candidates, acceptance=AcceptanceTracker(decay=0.0, prior=0.5))
-        worker.clock, worker.agreement = RoundClock(_Event), _Agreement()
-        worker.dense = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22)
-    worker._choose_steps = lambda batch: PillarWorker._choose_steps(worker, batch)
+        policy = SpeculationPolicy(cfg.step_candidates, acceptance=AcceptanceTracker(decay=0.0, prior=0.5))
+        planner = RoundPlanner(cfg, PillarMetrics(4), RoundClock(_Event), policy=policy, agreement=_Agreement())
+        planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
+    sampling = SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
+                               acc_scaling_penalties=None, penalizer_orchestrator=None)  # fmt: skip
 
     def launch(reqs, steps=4, dense=None):
         if adaptive:
-            worker.agreement.next = (steps, dense)
-        batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: not reqs))
-        return PillarWorker._round_shape(worker, batch)
+            planner.agreement.next = (steps, dense)
+        idle = SimpleNamespace(is_idle=lambda: not reqs)
+        return planner.shape(SimpleNamespace(reqs=reqs, forward_mode=idle, sampling_info=sampling))
 
-    def complete(counts):
-        PillarWorker.on_verify_complete_cpu(worker, counts, len(counts))
-
-    return worker, launch, complete
+    return planner, launch, planner.completed
 
 
 def test_each_reader_gets_each_matched_round_once_as_with_its_own_queue():
-    worker, launch, complete = _worker(adaptive=True)
+    planner, launch, complete = _planner(adaptive=True)
     a, b, c = _Req("a"), _Req("b"), _Req("c")
-    acc, chooser, metrics = worker.policy.acceptance, worker.dense, worker.metrics
+    acc, chooser, metrics = planner.policy.acceptance, planner.dense, planner.metrics
     launch([_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)])  # start-up warm-up: never queued
     complete([4, 4, 4])
     assert metrics.last_completed_steps is None and acc.alpha == 0.5 and not chooser._acc
@@ -96,12 +93,12 @@ def test_each_reader_gets_each_matched_round_once_as_with_its_own_queue():
 
 
 def test_metrics_read_the_queue_with_adaptive_speculation_off():
-    worker, launch, complete = _worker(adaptive=False)
+    planner, launch, complete = _planner(adaptive=False)
     launch([_Req(WARMUP_RID_PREFIX + "0")])
     complete([4])  # the warm-up round's counts match nothing
-    assert worker.metrics.last_completed_steps is None and worker.metrics.drafts == 0
+    assert planner.metrics.last_completed_steps is None and planner.metrics.drafts == 0
     launch([_Req("a"), _Req("b")])
     complete([2, 4])
-    assert worker.metrics.last_completed_steps == 4 and worker.metrics.accepted_tokens == 6
+    assert planner.metrics.last_completed_steps == 4 and planner.metrics.accepted_tokens == 6
     complete([1, 1])
-    assert worker.metrics.last_completed_steps is None and worker.metrics.rounds_by_steps == {4: 1}
+    assert planner.metrics.last_completed_steps is None and planner.metrics.rounds_by_steps == {4: 1}

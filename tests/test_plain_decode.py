@@ -8,10 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from sglang_sparsespec.patches import worker as w
+from sglang_sparsespec.patches.request_rounds import decode_path_serves
+from sglang_sparsespec.patches.rounds import Pools, Rounds
 
 from sglang_sparsespec.config import PillarConfig, PlainPath, SelectionPolicy
 from sglang_sparsespec.metrics import PillarMetrics
+from sglang_sparsespec.rounds.launch import RoundShape
 
 
 def sampling_info(**over) -> SimpleNamespace:
@@ -27,15 +29,15 @@ def batch(si=None, **over) -> SimpleNamespace:
 
 
 def test_decode_path_serves_only_what_the_sampler_alone_gives():
-    assert w.decode_path_serves(batch())
-    assert w.decode_path_serves(batch(sampling_info(penalizer_orchestrator=None, return_sampling_masks=[False])))
+    assert decode_path_serves(batch())
+    assert decode_path_serves(batch(sampling_info(penalizer_orchestrator=None, return_sampling_masks=[False])))
     for b in (batch(return_logprob=True), batch(return_hidden_states=True), batch(has_grammar=True),
               batch(sampling_info(penalizer_orchestrator=SimpleNamespace(is_required=True))),
               batch(sampling_info(acc_additive_penalties=torch.zeros(1))),
               batch(sampling_info(acc_scaling_penalties=torch.ones(1))),
               batch(sampling_info(logit_bias=torch.zeros(1))), batch(sampling_info(has_custom_logit_processor=True)),
               batch(sampling_info(return_sampling_masks=[False, True]))):  # fmt: skip
-        assert not w.decode_path_serves(b)
+        assert not decode_path_serves(b)
 
 
 def test_the_decode_path_is_the_default_knob_and_refuses_the_oracle():
@@ -71,18 +73,16 @@ def test_a_plain_round_on_the_decode_path_hands_the_scheduler_one_sampled_token_
 
     clock = SimpleNamespace(calls=[])
     clock.start_plain, clock.end = lambda: clock.calls.append("start_plain"), lambda: clock.calls.append("end")
-    worker = SimpleNamespace(draft_runner=Runner(logits), model_runner=SimpleNamespace(sampler=sampler),
-                             clock=clock, metrics=PillarMetrics(8),
-                             _relay_index=torch.zeros((4, 1), dtype=torch.int64), _relay_p=torch.ones((4, 1)),
-                             _ones=torch.ones(4, dtype=torch.int32))  # fmt: skip
-    for name in ("_next_draft_input", "_rows"):
-        setattr(worker, name, getattr(w.PillarWorker, name).__get__(worker))
-    worker._plain_decode_round = lambda b, p: w.PillarWorker._plain_decode_round(worker, b, p)
+    metrics = PillarMetrics(8)
+    planner = SimpleNamespace(shape=lambda b: RoundShape(0))  # this round: plain
+    target = SimpleNamespace(model_runner=SimpleNamespace(sampler=sampler))
+    rounds = Rounds(PillarConfig.from_env(8), Pools(target, None, None, None, None), planner, clock, metrics,
+                    selector=None, draft_runner=Runner(logits), mixed=None, plain=None, max_bs=4, device="cpu")  # fmt: skip
     b = batch(req_pool_indices=torch.tensor([3, 4]), seq_lens=torch.tensor([10, 20]), reqs=[SimpleNamespace(rid="a")],
               spec_info=SimpleNamespace(bonus_tokens=torch.tensor([7, 8], dtype=torch.int32)))  # fmt: skip
     published = []
-    result = w.PillarWorker._plain_round(worker, b, published.append, None)
-    rpi, seq_lens, tokens = worker.draft_runner.calls[0]
+    result = rounds.decode(b, published.append, None)
+    rpi, seq_lens, tokens = rounds.draft_runner.calls[0]
     assert tokens.tolist() == [7, 8] and seq_lens.tolist() == [10, 20] and sampled == [[10, 20]]
     assert result.next_token_ids.tolist() == [1, 0] and result.next_token_ids.dtype == torch.int32
     assert result.accept_lens.tolist() == [1, 1] and result.speculative_num_draft_tokens == 1
@@ -90,6 +90,6 @@ def test_a_plain_round_on_the_decode_path_hands_the_scheduler_one_sampled_token_
     assert result.next_draft_input.bonus_tokens.tolist() == [1, 0] and result.can_run_cuda_graph
     assert result.next_draft_input.topk_p.shape == result.next_draft_input.topk_index.shape == (2, 1)
     with pytest.raises(RuntimeError, match="exceeds max running requests"):
-        worker._rows(worker._ones, 5)
+        rounds._relay(torch.zeros(5, dtype=torch.int32))
     assert result.logits_output.hidden_states is None and clock.calls == ["start_plain", "end"]
-    assert worker.metrics.summary()["plain_decode_rounds"] == 1  # counted for /server_info
+    assert metrics.summary()["plain_decode_rounds"] == 1  # counted for /server_info

@@ -266,18 +266,18 @@ def test_pillar_knobs_are_launch_flags(llama_config_dir, monkeypatch):
         prepare_server_args(base + ["--pillar-policy", "magic"])
 
 
-def test_plain_rounds_borrow_only_fields_the_pillar_worker_has():
+def test_plain_rounds_borrow_only_fields_pillar_rounds_set():
     # Plain-decoding rounds build their one-token verify input with EAGLEWorkerV2's own method,
-    # called on the PILLAR worker: it must read nothing PillarWorker does not set.
+    # called on PILLAR's Rounds: it must read nothing Rounds does not set.
     import inspect
     import re
 
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-    from sglang_sparsespec.patches.worker import PillarWorker
+    from sglang_sparsespec.patches.rounds import Rounds
 
     used = set(re.findall(r"self\.(\w+)", inspect.getsource(EAGLEWorkerV2._build_trivial_verify_input)))
     assert used == {"_target_worker", "device", "topk"}
-    init = inspect.getsource(PillarWorker.__init__)
+    init = inspect.getsource(Rounds.__init__)
     assert all(f"self.{name} =" in init for name in used)
 
 

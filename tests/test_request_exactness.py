@@ -336,7 +336,7 @@ def test_a_sampled_request_without_drafts_draws_from_row_zero():
 
 # ---- seeds: fixed round shapes under deterministic inference ----------------------------------
 def test_deterministic_inference_fixes_the_round_shape():
-    from sglang_sparsespec.patches.worker import seeded_config
+    from sglang_sparsespec.patches.round_plan import seeded_config
 
     from sglang_sparsespec.config import PillarConfig
 
@@ -360,36 +360,31 @@ class _Event:
 class _PolicyReq:  # what the policy and DenseChooser read of a Req (weakly referenced), plus its sampling
     def __init__(self, **params) -> None:
         self.__dict__.update(vars(make_req(**params)))
-        self.seqlen = 2000
+        self.seqlen, self.rid = 2000, "9f1c2ab0e4"
 
 
 @pytest.mark.parametrize("penalized", [[True, True, True], [True, False, True]])
 def test_a_batch_where_nobody_drafts_runs_a_plain_round(penalized):
-    from sglang_sparsespec.patches.tp_agree import RoundAgreement
-    from sglang_sparsespec.patches.worker import PillarWorker
-
-    from sglang_sparsespec.metrics import PillarMetrics
-    from sglang_sparsespec.adaptive.policy import RoundSample, SpeculationPolicy
-    from sglang_sparsespec.rounds.clock import RoundClock
-    from sglang_sparsespec.rounds.launch import LaunchedRounds
     from sglang_sparsespec.adaptive.dense import DenseChooser
+    from sglang_sparsespec.adaptive.policy import RoundSample, SpeculationPolicy
+    from sglang_sparsespec.metrics import PillarMetrics
+    from sglang_sparsespec.patches.round_plan import RoundPlanner
+    from sglang_sparsespec.patches.tp_agree import RoundAgreement
+    from sglang_sparsespec.rounds.clock import RoundClock
 
     policy = SpeculationPolicy((0, 2, 4, 8))
-    worker = SimpleNamespace(
-        policy=policy, clock=RoundClock(_Event), metrics=PillarMetrics(8), rounds=LaunchedRounds(),
-        agreement=RoundAgreement(None),
-        dense=DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22),
-        cfg=SimpleNamespace(num_steps=8, force_steps=-1), plain=object(),
-    )  # fmt: skip
+    cfg = SimpleNamespace(num_steps=8, force_steps=-1, step_candidates=(0, 2, 4, 8))
+    planner = RoundPlanner(cfg, PillarMetrics(8), RoundClock(_Event), policy=policy, agreement=RoundAgreement(None))
+    planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
     reqs = [_PolicyReq(rep=1.2) if p else _PolicyReq() for p in penalized]
     batch = SimpleNamespace(**vars(batch_of(reqs, penalized=True)), forward_mode=SimpleNamespace(is_idle=lambda: False))
     key = policy.choose(3, 2000)[1]
     # Drafting pays; enough rounds of each mode that the costs are priced past their warm-up samples.
     policy.observe([RoundSample(key, 0, 0.0, 3.0, 0.2), RoundSample(key, 8, 1.0, 3.0, 0.2)] * 4)
-    steps = PillarWorker._choose_steps(worker, batch).steps
+    steps = planner.shape(batch).steps
     if not all(penalized):
         assert steps == 8  # one request drafts: the policy's round
         return
     assert steps == 0
-    PillarWorker.on_verify_complete_cpu(worker, [0, 0, 0])  # a plain round teaches the acceptance nothing
+    planner.completed([0, 0, 0])  # a plain round teaches the acceptance nothing
     assert policy.acceptance.alpha == pytest.approx(0.7)

@@ -123,32 +123,30 @@ def test_any_run_of_warmup_rounds_as_long_as_the_candidates_takes_every_draft_co
         assert {warmup_steps(candidates, start + i) for i in range(len(candidates))} == set(candidates)
 
 
-def test_worker_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
-    from sglang_sparsespec.patches.worker import PillarWorker
-
+def test_planner_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
     from sglang_sparsespec.config import PillarConfig
     from sglang_sparsespec.metrics import PillarMetrics
     from sglang_sparsespec.adaptive.policy import SpeculationPolicy
     from sglang_sparsespec.adaptive.dense import DenseChooser
-    from sglang_sparsespec.rounds.launch import LaunchedRounds, RoundShape
+    from sglang_sparsespec.patches.round_plan import RoundPlanner
+    from sglang_sparsespec.rounds.clock import NoClock
+    from sglang_sparsespec.rounds.launch import RoundShape
 
-    worker = type("W", (), {})()
-    worker.cfg = PillarConfig.from_env(8)
-    worker.warmup_rounds, worker.metrics, worker.rounds = 0, PillarMetrics(8), LaunchedRounds()
-    worker.policy = SpeculationPolicy(worker.cfg.step_candidates)
-    worker.dense = DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22)
-    worker._choose_steps = lambda batch: RoundShape(4)  # the adaptive path, stubbed: only warm-up is under test
+    cfg = PillarConfig.from_env(8)
+    planner = RoundPlanner(cfg, PillarMetrics(8), NoClock(), policy=SpeculationPolicy(cfg.step_candidates))
+    planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
+    planner._choose = lambda batch: RoundShape(4)  # the adaptive path, stubbed: only warm-up is under test
     warm = type("B", (), {"reqs": [_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)]})()
-    shapes = [PillarWorker._round_shape(worker, warm) for _ in range(8)]
-    assert [s for s, _, _ in shapes] == [*worker.cfg.step_candidates] * (8 // len(worker.cfg.step_candidates))
+    shapes = [planner.shape(warm) for _ in range(8)]
+    assert [s for s, _, _ in shapes] == [*cfg.step_candidates] * (8 // len(cfg.step_candidates))
     assert all(d is None and b is None for _, d, b in shapes)
-    assert sum(worker.metrics.rounds_by_steps.values()) == 0 and not worker.policy.table.cells
+    assert sum(planner.metrics.rounds_by_steps.values()) == 0 and not planner.policy.table.cells
     # Their accept counts arrive after warm-up and match no launched round.
-    PillarWorker.on_verify_complete_cpu(worker, [8, 8, 8])
-    assert worker.policy.acceptance.alpha == pytest.approx(0.7) and worker.metrics.accepted_per_pos == [0] * 8
+    planner.completed([8, 8, 8])
+    assert planner.policy.acceptance.alpha == pytest.approx(0.7) and planner.metrics.accepted_per_pos == [0] * 8
     real = type("B", (), {"reqs": [_Req("9f1c2ab0e4")]})()
-    assert PillarWorker._round_shape(worker, real) == RoundShape(4)
-    assert worker.metrics.rounds_by_steps[4] == 1
+    assert planner.shape(real) == RoundShape(4)
+    assert planner.metrics.rounds_by_steps[4] == 1
 
 
 class _FakeTokenizerManager:

@@ -2,7 +2,7 @@
 batching).
 
 A request's round is k sparse draft steps and one full-attention verify of k + 1 tokens. Run as
-today (``PillarWorker._decode_round``), a batch drafts together for k forwards and then verifies
+today (``Rounds.decode``), a batch drafts together for k forwards and then verifies
 together in a forward of (k + 1) x B rows, which reads the weights once more and does the verify's
 matrix work on its own. Here the B requests are spread over k + 1 phase groups, and an iteration is
 k + 1 forwards F_0..F_k: at F_j group j verifies (a segment of k + 1 rows per request, full

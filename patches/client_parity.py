@@ -16,7 +16,8 @@ token per step. Three places assume it:
 * the per-request ``spec_accept_rate`` / ``spec_num_proposed_drafts`` in ``meta_info``: SGLang's
   tokenizer manager takes every round as ``speculative_num_draft_tokens - 1`` drafts, which adaptive
   speculation (rounds of 0, 2, 4 or 8 drafts) does not run. ``count_proposed_drafts`` adds each
-  round's draft count (``PillarMetrics.last_completed_steps``) to every request it served; the
+  round's draft count (``PillarMetrics.last_completed_steps``, or each request's own where some drafted
+  fewer: ``last_completed_drafts``) to every request it served; the
   count travels to the tokenizer manager in the output message's ``spec_num_cap_tokens`` entry (the
   ragged-verify cap length of EAGLE, which PILLAR rounds never set), and
   ``proposed_drafts_in_meta_info`` prices the rate with it.
@@ -86,9 +87,12 @@ def count_proposed_drafts(result, processor, spec_result, batch, *args, **kwargs
     steps = getattr(metrics, "last_completed_steps", None)
     if steps is None:
         return result
-    for req in batch.reqs:
+    drafts = metrics.last_completed_drafts  # per request where some drafted fewer (per-token sampling state)
+    if drafts is None or len(drafts) != len(batch.reqs):
+        drafts = [steps] * len(batch.reqs)
+    for req, n in zip(batch.reqs, drafts):
         if not (req.is_retracted or req.finished()):
-            setattr(req, PROPOSED, getattr(req, PROPOSED, 0) + steps)
+            setattr(req, PROPOSED, getattr(req, PROPOSED, 0) + n)
     return result
 
 

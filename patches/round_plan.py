@@ -10,7 +10,8 @@ that matches launched rounds with SGLang's late accept counts.
    (``adaptive/dense.py``) says which requests draft over their whole prefix and which buy boosted
    plans; a batch in which nobody may draft (``request_rounds``) runs a plain round instead; the TP
    ranks agree on one shape (``tp_agree``);
-3. the round joins the launch queue (``rounds/launch.py``) with what its readers need of it.
+3. which requests draft fewer than the round (``request_rounds.draft_counts``: none in most batches);
+   the round joins the launch queue (``rounds/launch.py``) with what its readers need of it.
 
 ``completed`` takes SGLang's accept counts (``on_verify_complete_cpu``, a round or two late under the
 overlap scheduler), matches them once with the oldest launched round and hands the match to the
@@ -113,17 +114,19 @@ class RoundPlanner:
         """This round's shape, counted in the metrics (steps 1-3 of the module docstring)."""
         if is_warmup(batch.reqs):
             self.warmup_rounds += 1
-            return RoundShape(warmup_steps(self.cfg.step_candidates, self.warmup_rounds - 1))
-        shape = self._choose(batch)
+            steps = warmup_steps(self.cfg.step_candidates, self.warmup_rounds - 1)
+            return RoundShape(steps, drafts=draft_counts(batch, steps))
+        shape, launch = self._choose(batch)
+        drafts = draft_counts(batch, shape.steps)  # who drafts fewer (request_rounds): None for most batches
+        self.rounds.launched(shape.steps, len(batch.reqs), launch, drafts)
         self.metrics.launched(shape.steps, len(batch.reqs))
-        return shape
+        return shape._replace(drafts=drafts)
 
-    def _choose(self, batch) -> RoundShape:
-        """The draft count, dense requests and boosted selections of a round that is not warm-up; the
-        round joins the launch queue."""
+    def _choose(self, batch) -> tuple[RoundShape, AdaptiveRound | None]:
+        """The draft count, dense requests and boosted selections of a round that is not warm-up, and
+        what the adaptive readers keep of it until its counts arrive (None: adaptive speculation off)."""
         if self.policy is None or batch.forward_mode.is_idle():
-            self.rounds.launched(self.cfg.num_steps, len(batch.reqs))
-            return RoundShape(self.cfg.num_steps)
+            return RoundShape(self.cfg.num_steps), None
         samples = self.clock.poll()
         self.policy.observe(samples)
         self.metrics.rounds_timed(samples)
@@ -144,13 +147,12 @@ class RoundPlanner:
         expected = choice.expected if (steps, dense) == (choice.steps, choice.dense) else None
         self.dense.launched(steps, dense, boost)
         launch = AdaptiveRound(list(reqs), None if dense is None else list(dense), expected)
-        self.rounds.launched(steps, len(reqs), launch)
         self.clock.announce(key, steps)
         rounds = sum(self.metrics.rounds_by_steps.values()) + 1  # this round is counted at launch
         if rounds % PATH_LOG_EVERY == 0:
             logger.info("PILLAR adaptive: %s", self.summary())
             self.save_costs()
-        return RoundShape(steps, dense if dense is not None and any(dense) else None, boost)
+        return RoundShape(steps, dense if dense is not None and any(dense) else None, boost), launch
 
     def completed(self, num_correct_drafts_per_req: list[int]) -> None:
         """SGLang's accept counts of the oldest launched round, now on the host."""

@@ -40,7 +40,7 @@ from sglang_sparsespec.selection.selectors import Selector
 
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves
-from .request_rounds import decode_path_serves, draft_counts
+from .request_rounds import decode_path_serves
 from .round_plan import RoundPlanner
 from .verify_input import PillarVerifyInput
 
@@ -169,7 +169,7 @@ class Rounds:
 
     # ---- the four kinds: each returns (SGLang's batch result, each request's next pending token [bs]) --
     def _speculative(self, batch, shape: RoundShape, grammar_barrier):
-        steps, dense, boost = shape
+        steps, dense, boost, counts = shape
         draft_input = batch.spec_info
         bs = batch.seq_lens.shape[0]
         verify_lens = batch.seq_lens
@@ -182,7 +182,6 @@ class Rounds:
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
-        counts = draft_counts(batch, steps)  # requests with per-token sampling state take row 0 only
         self.clock.drafted()
         chain = build_eagle_verify_input(
             batch,
@@ -198,6 +197,7 @@ class Rounds:
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,
         )
+        # Requests with per-token sampling state take row 0 only (``RoundShape.drafts``).
         counts = None if counts is None else self._to_device(counts, torch.int32)
         batch.spec_info = PillarVerifyInput.extend(chain, drafts.record, counts, self.clock.verify_callback)
         result = self._verify(batch, grammar_barrier, self.num_steps)

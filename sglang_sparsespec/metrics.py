@@ -4,7 +4,7 @@ The worker reports, on the host only (no GPU synchronisation):
 
 * ``launched(k, batch_size)`` when a decode round starts with k drafts (0 = plain decoding);
 * ``completed(matched)`` with the oldest launched round and its accepted draft counts, once SGLang
-  has copied them to the host (``on_verify_complete_cpu``; the worker's launch queue,
+  has copied them to the host (``on_verify_complete_cpu``; the round planner's launch queue,
   ``rounds/launch.py``, matches them: rounds complete in launch order, one or two rounds late under
   the overlap scheduler), or None where it matched no round with drafts;
 * ``rounds_timed(samples)`` with the finished rounds' CUDA-event times (``rounds/clock.py``, adaptive
@@ -14,7 +14,7 @@ The worker reports, on the host only (no GPU synchronisation):
 
 Counted as vLLM counts speculative decoding: a *draft* is one request's drafts in one round (plain
 rounds have none), *draft tokens* the drafted tokens, *accepted tokens* the accepted drafted tokens
-(the bonus token not included), and accepted per position j the drafts whose first j+1 tokens were
+(the bonus token not included; a request that drafted nothing in a round is not a draft), and accepted per position j the drafts whose first j+1 tokens were
 all accepted. ``sink`` (optional) receives the same increments; ``patches/metrics.py`` supplies a
 Prometheus one.
 """
@@ -66,6 +66,7 @@ class PillarMetrics:
     # The draft count of the round ``completed`` last matched (None: it matched none or had no drafts), which SGLang's
     # result processing credits to each request it served (patches/client_parity.py).
     last_completed_steps: int | None = None
+    last_completed_drafts: list[int] | None = None  # that round's per-request draft counts (None: all k)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -83,9 +84,12 @@ class PillarMetrics:
 
     def completed(self, matched: Matched | None) -> None:
         self.last_completed_steps = None if matched is None else matched.k
+        self.last_completed_drafts = None if matched is None else matched.drafted
         if matched is None:
             return
-        steps, accepted, _ = matched
+        steps, accepted = matched.k, matched.accepted
+        if matched.drafted is not None:  # requests that drafted nothing verified no draft
+            accepted = [a for a, d in zip(accepted, matched.drafted) if d]
         # per_pos[j] = requests that accepted more than j drafts: a histogram of the counts (capped at
         # steps), summed from the top; one pass over the batch instead of one per position.
         hist = [0] * (steps + 1)
@@ -96,13 +100,14 @@ class PillarMetrics:
             more += hist[j + 1]
             per_pos[j] = more
         total = sum(accepted)
+        drafted = steps * len(accepted) if matched.drafted is None else sum(matched.drafted)
         self.drafts += len(accepted)
-        self.draft_tokens += steps * len(accepted)
+        self.draft_tokens += drafted
         self.accepted_tokens += total
         for j, n in enumerate(per_pos):
             self.accepted_per_pos[j] += n
         if self.sink is not None:
-            self.sink.drafts_verified(len(accepted), steps * len(accepted), total, per_pos)
+            self.sink.drafts_verified(len(accepted), drafted, total, per_pos)
 
     def rounds_timed(self, samples: Iterable[RoundSample]) -> None:
         for s in samples:

@@ -186,7 +186,8 @@ def test_round_planner_hands_the_dense_set_to_the_draft_runner():
     policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8.0, 2.0, 0.2)] * PROBE_ROUNDS)
     for r in reqs:  # every request's plan drafts badly
         _round(planner.dense, [r], 8, [0])
-    steps, dense, boost = planner.shape(batch)
+    steps, dense, boost, drafts = planner.shape(batch)
+    assert drafts is None  # nobody holds per-token sampling state
     assert boost is None  # boosted plans are off by default
     assert steps in (4, 8) and dense == [True] * 4  # plain decoding would emit 1 token per 2.2 ms
     planner.completed([steps] * 4)  # that round all accepted: dense acceptance

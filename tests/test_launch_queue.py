@@ -102,3 +102,35 @@ def test_metrics_read_the_queue_with_adaptive_speculation_off():
     assert planner.metrics.last_completed_steps == 4 and planner.metrics.accepted_tokens == 6
     complete([1, 1])
     assert planner.metrics.last_completed_steps is None and planner.metrics.rounds_by_steps == {4: 1}
+
+
+def test_requests_that_draft_nothing_teach_no_reader_and_are_credited_no_drafts():
+    """A round where some requests hold per-token sampling state (here a repetition penalty): they draft
+    nothing and take one token, so their 0 is not a rejection. The acceptance estimate, the dense
+    chooser and the metrics skip them; the per-request proposed-draft count credits them none."""
+    from sglang_sparsespec.patches.client_parity import PROPOSED, count_proposed_drafts
+
+    planner, _, complete = _planner(adaptive=True)
+    a, b, c = _Req("a"), _Req("b"), _Req("c")
+    b.sampling_params = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.2,
+                                        min_new_tokens=0)  # fmt: skip
+    for r in (a, c):
+        r.sampling_params = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0,
+                                            min_new_tokens=0)  # fmt: skip
+    for r in (a, b, c):
+        r.output_ids, r.retraction_count, r.custom_logit_processor = [1], 0, None
+    penalized = SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
+                                acc_scaling_penalties=None, penalizer_orchestrator=SimpleNamespace(is_required=True))
+    batch = SimpleNamespace(reqs=[a, b, c], forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=penalized)
+    planner.agreement.next = (4, None)
+    assert planner.shape(batch).drafts == [4, 0, 4]
+    complete([4, 0, 4])
+    acc, chooser, metrics = planner.policy.acceptance, planner.dense, planner.metrics
+    assert acc.alpha == pytest.approx(0.999) and b not in chooser._acc  # 8 hits, no miss (capped) and chooser._acc[a].hits == 4
+    assert (metrics.drafts, metrics.draft_tokens, metrics.accepted_tokens) == (2, 8, 8)
+    assert metrics.accepted_per_pos == [2, 2, 2, 2]
+    for r in (a, b, c):
+        r.is_retracted, r.finished = False, lambda: False
+    processor = SimpleNamespace(model_worker=SimpleNamespace(metrics=metrics))
+    count_proposed_drafts(None, processor, None, batch)
+    assert [getattr(r, PROPOSED) for r in (a, b, c)] == [4, 0, 4]

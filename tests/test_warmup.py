@@ -10,6 +10,7 @@ import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -135,16 +136,18 @@ def test_planner_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
     cfg = PillarConfig.from_env(8)
     planner = RoundPlanner(cfg, PillarMetrics(8), NoClock(), policy=SpeculationPolicy(cfg.step_candidates))
     planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
-    planner._choose = lambda batch: RoundShape(4)  # the adaptive path, stubbed: only warm-up is under test
-    warm = type("B", (), {"reqs": [_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)]})()
+    planner._choose = lambda batch: (RoundShape(4), None)  # the adaptive path, stubbed: only warm-up is under test
+    plain = SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
+                            acc_scaling_penalties=None, penalizer_orchestrator=None)  # fmt: skip
+    warm = SimpleNamespace(reqs=[_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)], sampling_info=plain)
     shapes = [planner.shape(warm) for _ in range(8)]
-    assert [s for s, _, _ in shapes] == [*cfg.step_candidates] * (8 // len(cfg.step_candidates))
-    assert all(d is None and b is None for _, d, b in shapes)
+    assert [s for s, _, _, _ in shapes] == [*cfg.step_candidates] * (8 // len(cfg.step_candidates))
+    assert all(d is None and b is None and n is None for _, d, b, n in shapes)
     assert sum(planner.metrics.rounds_by_steps.values()) == 0 and not planner.policy.table.cells
     # Their accept counts arrive after warm-up and match no launched round.
     planner.completed([8, 8, 8])
     assert planner.policy.acceptance.alpha == pytest.approx(0.7) and planner.metrics.accepted_per_pos == [0] * 8
-    real = type("B", (), {"reqs": [_Req("9f1c2ab0e4")]})()
+    real = SimpleNamespace(reqs=[_Req("9f1c2ab0e4")], sampling_info=plain)
     assert planner.shape(real) == RoundShape(4)
     assert planner.metrics.rounds_by_steps[4] == 1
 

@@ -47,6 +47,9 @@ class AcceptanceTracker:
             self.calibration[k] = min(max(cal, self.CAL_RANGE[0]), self.CAL_RANGE[1])
         if dense is not None:
             capped = [a for a, d in zip(capped, dense) if not d]
+        if matched.drafted is not None:  # requests that drafted nothing (per-token state) teach nothing
+            drafted = matched.drafted if dense is None else [n for n, d in zip(matched.drafted, dense) if not d]
+            capped = [a for a, n in zip(capped, drafted) if n]
         hits = sum(capped)
         misses = sum(1 for a in capped if a < k)
         if hits + misses == 0:

@@ -281,7 +281,10 @@ class DenseChooser:
         (``rounds/launch.py``): each sparse drafter's own acceptance, and the dense drafters' shared one."""
         launch: AdaptiveRound = matched.payload
         flags = launch.dense if launch.dense is not None else repeat(False)
-        for r, dense, a in zip(launch.reqs, flags, matched.accepted):
+        drafted = matched.drafted if matched.drafted is not None else repeat(matched.k)
+        for r, dense, a, n in zip(launch.reqs, flags, matched.accepted, drafted):
+            if n == 0:  # drafted nothing (per-token sampling state): no acceptance to learn
+                continue
             if dense:
                 self._dense_acc.add(a, matched.k)
                 continue

@@ -163,24 +163,14 @@ def test_round_planner_hands_the_dense_set_to_the_draft_runner():
     from sglang_sparsespec.patches.round_plan import RoundPlanner
     from sglang_sparsespec.patches.tp_agree import RoundAgreement
     from sglang_sparsespec.rounds.clock import RoundClock
-
-    class Event:
-        def record(self) -> None: ...
-
-        def query(self) -> bool:
-            return True
-
-        def elapsed_time(self, end) -> float:
-            return 1.0
+    from planner_parts import DoneEvent, plain_sampling
 
     policy = SpeculationPolicy((0, 2, 4, 8))
     cfg = SimpleNamespace(num_steps=8, force_steps=-1, step_candidates=(0, 2, 4, 8))
-    planner = RoundPlanner(cfg, PillarMetrics(8), RoundClock(Event), policy=policy, agreement=RoundAgreement(None))
+    planner = RoundPlanner(cfg, PillarMetrics(8), RoundClock(DoneEvent), policy=policy, agreement=RoundAgreement(None))
     planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
     reqs = [_Req(2000) for _ in range(4)]
-    sampling = SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
-                               acc_scaling_penalties=None, penalizer_orchestrator=None)  # fmt: skip
-    batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=sampling)
+    batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=plain_sampling())
     key = policy.choose(4, 2000)[1]
     policy.choose(4, 2000)
     policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8.0, 2.0, 0.2)] * PROBE_ROUNDS)

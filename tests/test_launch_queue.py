@@ -14,21 +14,12 @@ from sglang_sparsespec.adaptive.policy import SpeculationPolicy
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.rounds.clock import NoClock, RoundClock
 from sglang_sparsespec.rounds.warmup import WARMUP_RID_PREFIX
+from planner_parts import DoneEvent, plain_sampling
 
 
 class _Req:  # what the worker's round choice reads of SGLang's Req (weakly referenced by DenseChooser)
     def __init__(self, rid: str) -> None:
         self.rid, self.seqlen = rid, 2000
-
-
-class _Event:
-    def record(self) -> None: ...
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end) -> float:
-        return 1.0
 
 
 class _Agreement:
@@ -49,10 +40,9 @@ def _planner(adaptive: bool):
     planner = RoundPlanner(cfg, PillarMetrics(4), NoClock())
     if adaptive:
         policy = SpeculationPolicy(cfg.step_candidates, acceptance=AcceptanceTracker(decay=0.0, prior=0.5))
-        planner = RoundPlanner(cfg, PillarMetrics(4), RoundClock(_Event), policy=policy, agreement=_Agreement())
+        planner = RoundPlanner(cfg, PillarMetrics(4), RoundClock(DoneEvent), policy=policy, agreement=_Agreement())
         planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
-    sampling = SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
-                               acc_scaling_penalties=None, penalizer_orchestrator=None)  # fmt: skip
+    sampling = plain_sampling()
 
     def launch(reqs, steps=4, dense=None):
         if adaptive:
@@ -119,8 +109,8 @@ def test_requests_that_draft_nothing_teach_no_reader_and_are_credited_no_drafts(
                                             min_new_tokens=0)  # fmt: skip
     for r in (a, b, c):
         r.output_ids, r.retraction_count, r.custom_logit_processor = [1], 0, None
-    penalized = SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
-                                acc_scaling_penalties=None, penalizer_orchestrator=SimpleNamespace(is_required=True))
+    penalized = plain_sampling()
+    penalized.penalizer_orchestrator = SimpleNamespace(is_required=True)  # the scheduler's own batch
     batch = SimpleNamespace(reqs=[a, b, c], forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=penalized)
     planner.agreement.next = (4, None)
     assert planner.shape(batch).drafts == [4, 0, 4]

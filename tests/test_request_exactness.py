@@ -30,6 +30,7 @@ from verify_inputs import chain_input
 
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.sampling.target import SamplingBackend
+from planner_parts import DoneEvent
 
 V, K, EOS = 32, 3, 2
 PROMPT = [5, 6, 7]
@@ -347,16 +348,6 @@ def test_deterministic_inference_fixes_the_round_shape():
 
 
 # ---- a batch where nobody would draft runs a plain round ----------------------------------------
-class _Event:
-    def record(self) -> None: ...
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end) -> float:
-        return 1.0
-
-
 class _PolicyReq:  # what the policy and DenseChooser read of a Req (weakly referenced), plus its sampling
     def __init__(self, **params) -> None:
         self.__dict__.update(vars(make_req(**params)))
@@ -374,7 +365,7 @@ def test_a_batch_where_nobody_drafts_runs_a_plain_round(penalized):
 
     policy = SpeculationPolicy((0, 2, 4, 8))
     cfg = SimpleNamespace(num_steps=8, force_steps=-1, step_candidates=(0, 2, 4, 8))
-    planner = RoundPlanner(cfg, PillarMetrics(8), RoundClock(_Event), policy=policy, agreement=RoundAgreement(None))
+    planner = RoundPlanner(cfg, PillarMetrics(8), RoundClock(DoneEvent), policy=policy, agreement=RoundAgreement(None))
     planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
     reqs = [_PolicyReq(rep=1.2) if p else _PolicyReq() for p in penalized]
     batch = SimpleNamespace(**vars(batch_of(reqs, penalized=True)), forward_mode=SimpleNamespace(is_idle=lambda: False))

@@ -132,13 +132,13 @@ def test_planner_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
     from sglang_sparsespec.patches.round_plan import RoundPlanner
     from sglang_sparsespec.rounds.clock import NoClock
     from sglang_sparsespec.rounds.launch import RoundShape
+    from planner_parts import plain_sampling
 
     cfg = PillarConfig.from_env(8)
     planner = RoundPlanner(cfg, PillarMetrics(8), NoClock(), policy=SpeculationPolicy(cfg.step_candidates))
     planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
     planner._choose = lambda batch: (RoundShape(4), None)  # the adaptive path, stubbed: only warm-up is under test
-    plain = SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
-                            acc_scaling_penalties=None, penalizer_orchestrator=None)  # fmt: skip
+    plain = plain_sampling()
     warm = SimpleNamespace(reqs=[_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)], sampling_info=plain)
     shapes = [planner.shape(warm) for _ in range(8)]
     assert [s for s, _, _, _ in shapes] == [*cfg.step_candidates] * (8 // len(cfg.step_candidates))

@@ -5,7 +5,9 @@
 
 With matplotlib installed it also draws the headline figure (output tok/s against concurrency, stock and
 PILLAR, from the sampled sweep with the most shared points): from the checked-in results into
-docs/figures/throughput_vs_concurrency.png, from any other results dir beside its SUMMARY.md.
+docs/figures/throughput_vs_concurrency.png, from any other results dir beside its SUMMARY.md. Beside SUMMARY.md
+go a plot per throughput run and workload and, per step_times run with ideal rows, its phases against their
+ideal (ideal_<file>.png); SUMMARY.md links each.
 
 --readme docs/results.md also writes one page of tables per result kind into docs/results/ and their
 index between the page's results markers; the text around the markers is left as is.
@@ -16,7 +18,7 @@ the same workload and the same concurrency; across runs the hardware state diffe
 
 One module per part: ``common`` (loading, cells, ratios), ``serving`` (throughput, plain rounds, spread,
 offload, plots), ``figure`` (the headline figure), ``correctness`` (lossless, acceptance, exactness, the CPU reference), ``steps`` (kernels,
-step times) and ``pages`` (the summary and the docs pages).
+step times), ``steps_plot`` (step times against their ideal, drawn) and ``pages`` (the summary and the docs pages).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .figure import CHECKED_IN_FIGURE, FIGURE_NAME, plot_headline
 from .pages import PAGE_NOTE, README_BEGIN, README_END, results_pages, summary_markdown, write_results_pages
 from .serving import REPEATS_DIR, plain_vs_stock_markdown, plot_throughput, throughput_rows, throughput_table
 from .steps import tune_table
+from .steps_plot import plot_ideal
 
 __all__ = [
     "DEFAULT_RESULTS", "PAGE_NOTE", "README_BEGIN", "README_END", "describe_workload", "load_results",
@@ -58,11 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeats_dir = args.results_dir / REPEATS_DIR
     repeats = load_results(repeats_dir)[0] if repeats_dir.is_dir() else []
     if not args.no_plots:
-        plots = plot_throughput(docs, args.results_dir)
-        if isinstance(plots, str):
-            notes.append(plots)
-        else:
-            notes += [f"plot: ![{q.stem}]({q.name})" for q in plots]
+        for plots in (plot_throughput(docs, args.results_dir), plot_ideal(docs, args.results_dir)):
+            if isinstance(plots, str):
+                notes.append(plots)
+            else:
+                notes += [f"plot: ![{q.stem}]({q.name})" for q in plots]
         figure = args.figure or (CHECKED_IN_FIGURE if args.results_dir.resolve() == DEFAULT_RESULTS
                                  else args.results_dir / FIGURE_NAME)  # fmt: skip
         drawn = plot_headline(docs, figure)

@@ -7,6 +7,7 @@ from typing import Any
 
 from benchmarks import step_analysis
 from .common import _num, _pct, _ratio, fmt, markdown_table
+from .steps_plot import OVER_IDEAL, PHASE_ORDER
 
 
 def verify_kernel_table(d: dict[str, Any]) -> str:
@@ -184,17 +185,16 @@ def sibling_capture(d: dict[str, Any], docs: Sequence[dict[str, Any]]) -> list[d
 
 
 def _ideal_table(d: dict[str, Any]) -> str:
-    """Each phase's measured ms / its ideal ms (step_analysis.ideal_breakdown), flagged past 1.5x."""
+    """Each phase's measured ms / its ideal ms (step_analysis.ideal_breakdown), flagged past OVER_IDEAL."""
     rows = step_analysis.ideal_breakdown(d)  # derived from the rows (a stored "ideal" in older files is ignored)
     if not rows:
         return ""
-    phases = ("step", *step_analysis.PHASES, step_analysis.GAP, "round")
     cells = [[r["config"], r["context"], r["batch"], fmt(r["fixed_ms"], ".2f")]
-             + [(f"{m:.2f} / {i:.2f}" + (" **!**" if i and m > 1.5 * i else "")) if (m, i) != (None, None) else "-"
-                for m, i in (r["phases"].get(p, (None, None)) for p in phases)] for r in rows]  # fmt: skip
+             + [(f"{m:.2f} / {i:.2f}" + (" **!**" if i and m > OVER_IDEAL * i else "")) if (m, i) != (None, None) else "-"
+                for m, i in (r["phases"].get(p, (None, None)) for p in PHASE_ORDER)] for r in rows]  # fmt: skip
     return ("\n\nMeasured / ideal ms per round (`step_analysis.ideal_breakdown`: bytes / peak HBM bandwidth, plus a fixed "
-            "per-forward cost for the forward phases; **!** = over 1.5x):\n\n"
-            + markdown_table(("config", "L", "B", "fixed ms", *phases), cells))
+            f"per-forward cost for the forward phases; **!** = over {OVER_IDEAL:g}x):\n\n"
+            + markdown_table(("config", "L", "B", "fixed ms", *PHASE_ORDER), cells))
 
 
 def _profile_table(d: dict[str, Any]) -> str:

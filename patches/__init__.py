@@ -3,10 +3,11 @@
 ``HOOKS`` is the single list of SGLang symbols we hook, each with the reason; ``apply()``
 registers them with SGLang's ``HookRegistry`` and registers the PILLAR algorithm through
 ``SpeculativeAlgorithm.register``. Besides the hooked symbols, these modules use SGLang code
-directly: ``worker`` (BaseSpecWorker, EAGLE's verify helpers, and for plain-decoding rounds a second
-DecodeCudaGraphRunner built under a spec-config override and EAGLEWorkerV2's one-token verify input; on
-the decode path, ModelRunner.sampler (Sampler.forward's signature) on the step's logits wrapped in
-LogitsProcessorOutput, a GenerationBatchResult built as run_eagle_verify builds it), ``request_rounds`` (Req's
+directly: ``worker`` (BaseSpecWorker, the plan stream, the decode graph batch sizes, and for plain rounds a
+second DecodeCudaGraphRunner built under a spec-config override), ``rounds`` (EAGLE's chain verify helpers
+and EAGLEWorkerV2's one-token verify input; on the decode path, ModelRunner.sampler (Sampler.forward's
+signature) on the step's logits wrapped in LogitsProcessorOutput, a GenerationBatchResult built as
+run_eagle_verify builds it), ``verify_input`` (EagleVerifyInput, extended), ``request_rounds`` (Req's
 sampling parameters, output ids, retraction count and processor, which say which requests take one token per
 round, and ScheduleBatch / SamplingBatchInfo fields that say which batches the sampler alone serves),
 ``finish_check`` (Req's stop-token sets, vocabulary size and output ids, and the runtime context's server
@@ -24,9 +25,8 @@ write_cache_indices calls it: both alignment variants built at start), ``serve_w
 ``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the
 server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to broadcast rank
 0's round shape and let rank 0 alone write the cost file), ``openai_guard`` (FastAPI's body fields of the HTTP app's routes, whose validation it wraps), ``mixed_runner``
-(create_flashinfer_kv_indices_triton for the verify
-segments' prefix slots, sgl_kernel's renorm kernels for their target distribution, and SamplingBatchInfo
-fields that say which batches a mixed iteration serves), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
+(create_flashinfer_kv_indices_triton for the verify segments' prefix slots, and SamplingBatchInfo fields
+that say which batches a mixed iteration serves), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
 allocator). Nothing outside this package imports SGLang internals.
 """
 

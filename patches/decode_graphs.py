@@ -1,4 +1,5 @@
-"""DECODE forwards of the target model under PILLAR's draft backend, eager or replayed from CUDA graphs.
+"""DECODE forwards of the target model under PILLAR's draft backend, eager or replayed from CUDA graphs,
+and the per-request host lists rounds copy into their device inputs.
 
 Both runners that drive such forwards (``draft_runner``: draft steps and the plain-decoding step;
 ``mixed_runner``: mixed-phase forwards) hand this module a step *body*, a function that reads only
@@ -38,6 +39,13 @@ class Kind(str, Enum):
 
 
 GraphKey = tuple[int, Kind]  # (captured batch size, kind)
+
+
+def host_rows(values: list, dtype: torch.dtype, device) -> torch.Tensor:
+    """A per-request host list on ``device``, for a round's inputs. Pinned on a GPU, so the copy is
+    asynchronous (no host synchronisation); the caching host allocator keeps the block until it is done."""
+    pinned = torch.device(device).type == "cuda"
+    return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(device, non_blocking=True)
 
 
 @dataclass

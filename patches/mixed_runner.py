@@ -37,7 +37,7 @@ from sglang_sparsespec.rounds.mixed import (
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.sampling.target import SamplingRows
 
-from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward
+from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward, host_rows
 from .draft_attention import SegmentMeta
 from .draft_runner import PillarDraftRunner, sample_drafts
 from .request_rounds import decode_path_serves
@@ -214,11 +214,11 @@ class MixedRunner:
         self.top_p[:bs] = si.top_ps
         self.top_k[:bs] = si.top_ks
         self._pad(bs, padded)
-        buf.seg[:, :segments] = self._to_device(plan.table)
-        buf.group[:bs] = self._to_device(plan.groups)
+        buf.seg[:, :segments] = host_rows(plan.table, torch.int64, self.device)
+        buf.group[:bs] = host_rows(plan.groups, torch.int64, self.device)
         self.store.load(
             buf, batch.req_pool_indices, batch.seq_lens, batch.spec_info.bonus_tokens,
-            self._to_device(plan.carried, torch.bool), sampled=not greedy,
+            host_rows(plan.carried, torch.bool, self.device), sampled=not greedy,
         )  # fmt: skip
         buf.step.zero_()
         key = (graph_bs, kind) if graph_bs is not None else None
@@ -235,8 +235,3 @@ class MixedRunner:
             root=buf.tokens[:bs, 0].clone(),
             graphed=graphed,
         )
-
-    def _to_device(self, values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        # Pinned, so the copy is asynchronous; the caching host allocator keeps the block until it is done.
-        pinned = torch.device(self.device).type == "cuda"
-        return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(self.device, non_blocking=True)

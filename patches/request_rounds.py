@@ -7,7 +7,7 @@ reads each request's last output token when the round is prepared) and the verif
 penalty row to all k + 1 rows; a custom logit processor sees the request as it was before the round.
 Row 0 of a round is the only row whose state is the one stock decoding samples that token with. So
 a request with such state takes exactly one token per round, row 0's (``single_token``): it drafts
-nothing (``draft_counts``), its penalty state then advances one token per round as in stock
+nothing (``counts_for``), its penalty state then advances one token per round as in stock
 decoding, and the verify applies its processor to row 0 alone (``verify_sample``). The rest of its
 batch keeps drafting.
 
@@ -43,14 +43,22 @@ def may_hold_token_state(sampling_info) -> bool:
     return si.penalizer_orchestrator is not None and si.penalizer_orchestrator.is_required
 
 
-def draft_counts(batch, steps: int) -> list[int] | None:
-    """Each request's draft count for a round of ``steps`` drafts: 0 for the requests that take one
-    token per round, ``steps`` for the others; None when every request drafts ``steps``. Batches
-    without penalties or processors are answered without visiting their requests."""
-    if steps == 0 or not may_hold_token_state(batch.sampling_info):
+def single_token_rows(batch) -> list[bool] | None:
+    """Which requests of ``batch`` take one token per round (``single_token``); None when none does.
+    Batches without penalties or processors are answered without visiting their requests."""
+    if not may_hold_token_state(batch.sampling_info):
         return None
-    counts = [0 if single_token(r) else steps for r in batch.reqs]
-    return counts if 0 in counts else None
+    rows = [single_token(r) for r in batch.reqs]
+    return rows if any(rows) else None
+
+
+def counts_for(single: list[bool] | None, steps: int) -> list[int] | None:
+    """Each request's draft count in a round of ``steps`` drafts, from ``single_token_rows``: 0 for the
+    requests that take one token per round, ``steps`` for the others; None when every request drafts
+    ``steps`` (a plain round takes one token from everyone anyway)."""
+    if steps == 0 or single is None:
+        return None
+    return [0 if s else steps for s in single]
 
 
 def decode_path_serves(batch) -> bool:

@@ -10,7 +10,7 @@ that matches launched rounds with SGLang's late accept counts.
    (``adaptive/dense.py``) says which requests draft over their whole prefix and which buy boosted
    plans; a batch in which nobody may draft (``request_rounds``) runs a plain round instead; the TP
    ranks agree on one shape (``tp_agree``);
-3. which requests draft fewer than the round (``request_rounds.draft_counts``: none in most batches);
+3. which requests draft fewer than the round (``request_rounds.counts_for``: none in most batches);
    the round joins the launch queue (``rounds/launch.py``) with what its readers need of it.
 
 ``completed`` takes SGLang's accept counts (``on_verify_complete_cpu``, a round or two late under the
@@ -35,7 +35,7 @@ from sglang_sparsespec.rounds.clock import NoClock, RoundClock
 from sglang_sparsespec.rounds.launch import AdaptiveRound, LaunchedRounds, RoundShape
 from sglang_sparsespec.rounds.warmup import is_warmup, warmup_steps
 
-from .request_rounds import draft_counts
+from .request_rounds import counts_for, single_token_rows
 from .tp_agree import RoundAgreement
 
 logger = logging.getLogger(__name__)
@@ -112,19 +112,21 @@ class RoundPlanner:
     # ---- per round ---------------------------------------------------------------------
     def shape(self, batch) -> RoundShape:
         """This round's shape, counted in the metrics (steps 1-3 of the module docstring)."""
+        single = single_token_rows(batch)  # who takes one token per round (request_rounds): None for most
         if is_warmup(batch.reqs):
             self.warmup_rounds += 1
             steps = warmup_steps(self.cfg.step_candidates, self.warmup_rounds - 1)
-            return RoundShape(steps, drafts=draft_counts(batch, steps))
-        shape, launch = self._choose(batch)
-        drafts = draft_counts(batch, shape.steps)  # who drafts fewer (request_rounds): None for most batches
+            return RoundShape(steps, drafts=counts_for(single, steps))
+        shape, launch = self._choose(batch, single)
+        drafts = counts_for(single, shape.steps)
         self.rounds.launched(shape.steps, len(batch.reqs), launch, drafts)
         self.metrics.launched(shape.steps, len(batch.reqs))
         return shape._replace(drafts=drafts)
 
-    def _choose(self, batch) -> tuple[RoundShape, AdaptiveRound | None]:
+    def _choose(self, batch, single: list[bool] | None) -> tuple[RoundShape, AdaptiveRound | None]:
         """The draft count, dense requests and boosted selections of a round that is not warm-up, and
-        what the adaptive readers keep of it until its counts arrive (None: adaptive speculation off)."""
+        what the adaptive readers keep of it until its counts arrive (None: adaptive speculation off).
+        ``single``: the batch's ``single_token_rows``."""
         if self.policy is None or batch.forward_mode.is_idle():
             return RoundShape(self.cfg.num_steps), None
         samples = self.clock.poll()
@@ -140,7 +142,7 @@ class RoundPlanner:
         steps, key, dense = choice.steps, choice.key, choice.dense
         if self.cfg.force_steps >= 0:  # analysis: the cell still measures what runs, which is forced
             steps, dense = self.cfg.force_steps, None
-        elif steps and 0 in self.cfg.step_candidates and (counts := draft_counts(batch, steps)) and not any(counts):
+        elif steps and 0 in self.cfg.step_candidates and single is not None and all(single):
             steps, dense = 0, None  # nobody would draft (request_rounds): a plain round takes the same tokens
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         # The calibration compares a round with what it was chosen for: only a round that ran as chosen.

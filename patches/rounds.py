@@ -38,6 +38,7 @@ from sglang_sparsespec.rounds.warmup import is_warmup
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.selection.selectors import Selector
 
+from .decode_graphs import host_rows
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves
 from .request_rounds import decode_path_serves
@@ -175,10 +176,10 @@ class Rounds:
         verify_lens = batch.seq_lens
         self.clock.start(bs)
         if dense is not None:
-            dense = self._to_device(dense, torch.int32)
+            dense = host_rows(dense, torch.int32, self.device)
         ratio = None
         if boost is not None:  # the budget ratio of each request's next selection
-            ratio = self._to_device([self.cfg.boost_ratio if b else self.cfg.budget_ratio for b in boost], torch.float64)
+            ratio = host_rows([self.cfg.boost_ratio if b else self.cfg.budget_ratio for b in boost], torch.float64, self.device)
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
@@ -198,7 +199,7 @@ class Rounds:
             device=self.device,
         )
         # Requests with per-token sampling state take row 0 only (``RoundShape.drafts``).
-        counts = None if counts is None else self._to_device(counts, torch.int32)
+        counts = None if counts is None else host_rows(counts, torch.int32, self.device)
         batch.spec_info = PillarVerifyInput.extend(chain, drafts.record, counts, self.clock.verify_callback)
         result = self._verify(batch, grammar_barrier, self.num_steps)
         self.clock.accepted()
@@ -308,11 +309,6 @@ class Rounds:
             topk_index=self._head(self._relay_index, bs),
             topk_p=self._head(self._relay_p, bs),
         )
-
-    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """A per-request host list on the device. Pinned, so the copy is asynchronous; the caching host
-        allocator keeps the block until it is done."""
-        return torch.tensor(values, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
 
     @staticmethod
     def _head(constant: torch.Tensor, bs: int) -> torch.Tensor:

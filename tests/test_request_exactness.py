@@ -23,7 +23,7 @@ from sglang.srt.sampling import penaltylib
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 from sglang.srt.sampling.penaltylib import repetition_penalty
 from sglang_sparsespec.patches import verify_sample
-from sglang_sparsespec.patches.request_rounds import draft_counts, single_token
+from sglang_sparsespec.patches.request_rounds import counts_for, single_token, single_token_rows
 from sglang_sparsespec.patches.verify_input import PillarVerifyInput
 from sglang_sparsespec.patches.verify_sample import pillar_eagle_sample
 from verify_inputs import chain_input
@@ -31,6 +31,12 @@ from verify_inputs import chain_input
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.sampling.target import SamplingBackend
 from planner_parts import DoneEvent
+
+
+def draft_counts(batch, steps: int) -> list[int] | None:
+    """A round's per-request draft counts as the planner derives them from the batch."""
+    return counts_for(single_token_rows(batch), steps)
+
 
 V, K, EOS = 32, 3, 2
 PROMPT = [5, 6, 7]

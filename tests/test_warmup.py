@@ -137,7 +137,7 @@ def test_planner_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
     cfg = PillarConfig.from_env(8)
     planner = RoundPlanner(cfg, PillarMetrics(8), NoClock(), policy=SpeculationPolicy(cfg.step_candidates))
     planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
-    planner._choose = lambda batch: (RoundShape(4), None)  # the adaptive path, stubbed: only warm-up is under test
+    planner._choose = lambda batch, single: (RoundShape(4), None)  # the adaptive path, stubbed: only warm-up is under test
     plain = plain_sampling()
     warm = SimpleNamespace(reqs=[_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)], sampling_info=plain)
     shapes = [planner.shape(warm) for _ in range(8)]

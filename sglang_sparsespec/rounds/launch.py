@@ -37,7 +37,7 @@ class RoundShape(NamedTuple):
     """How one decode round runs: ``steps`` drafts per request (0 = plain decoding); ``dense`` [bs]
     1 where a request drafts over its whole prefix; ``boost`` [bs] True where the request's next
     selection takes the boosted budget (adaptive/dense.py). None = nobody. ``drafts`` [bs] each request's
-    own draft count where some draft fewer than ``steps`` (``patches/request_rounds.draft_counts``; None:
+    own draft count where some draft fewer than ``steps`` (``patches/request_rounds.counts_for``; None:
     every request drafts ``steps``)."""
 
     steps: int

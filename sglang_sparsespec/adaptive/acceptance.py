@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from sglang_sparsespec.rounds.launch import AdaptiveRound, Matched
 
 
@@ -45,11 +47,12 @@ class AcceptanceTracker:
             ratio = (sum(capped) + len(capped)) / expected
             cal = self.CAL_DECAY * self.calibrated(k) + (1.0 - self.CAL_DECAY) * ratio
             self.calibration[k] = min(max(cal, self.CAL_RANGE[0]), self.CAL_RANGE[1])
-        if dense is not None:
-            capped = [a for a, d in zip(capped, dense) if not d]
-        if matched.drafted is not None:  # requests that drafted nothing (per-token state) teach nothing
-            drafted = matched.drafted if dense is None else [n for n, d in zip(matched.drafted, dense) if not d]
-            capped = [a for a, n in zip(capped, drafted) if n]
+        if dense is not None or matched.drafted is not None:
+            # Dense drafters teach the dense estimate (DenseChooser), and requests that drafted nothing
+            # (per-token sampling state) teach nothing: the batch's estimate keeps the sparse drafters.
+            flags = dense if dense is not None else repeat(False)
+            drafted = matched.drafted if matched.drafted is not None else repeat(k)
+            capped = [a for a, d, n in zip(capped, flags, drafted) if n and not d]
         hits = sum(capped)
         misses = sum(1 for a in capped if a < k)
         if hits + misses == 0:

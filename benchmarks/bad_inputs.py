@@ -22,7 +22,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.schema_fuzz import SchemaFuzzer, fuzz_body, request_schema
+from benchmarks.schema_fuzz import (
+    EDGE_INTS,
+    EDGE_NUMBERS,
+    EDGE_STRINGS,
+    WRONG_TYPES,
+    SchemaFuzzer,
+    fuzz_body,
+    request_schema,
+)
 
 GENERATE, COMPLETIONS, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
 ROUTES = (GENERATE, COMPLETIONS, CHAT)
@@ -35,7 +43,6 @@ SAMPLING_KEYS = (
     "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
     "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params",
 )  # fmt: skip
-WRONG_TYPES: tuple[Any, ...] = (None, True, "x", [], {}, [1, "a"], {"a": {"b": 1}}, 3.5, -7)
 
 
 @dataclass(frozen=True)
@@ -206,13 +213,12 @@ def _types(openapi: dict[str, Any], schema: dict[str, Any]) -> list[str]:
 
 
 def _edge_value(rng: random.Random, kind: str, vocab_size: int) -> Any:
-    ints = [-1, 0, 1, 2**31, 2**40, -(2**63), 2**63 - 1, vocab_size + 1, HUGE_ID]
-    floats = [-1.0, 0.0, 1e-9, 0.5, 1.5, 1e300, -1e300]
-    strings = ["", " ", "\u0000", "\u2603" * 3, "a" * 5000, "(", "{", "null"]
+    # The schema fuzzer's edge values, and one token id past this model's vocabulary.
+    ints, strings = [*EDGE_INTS, vocab_size + 1], EDGE_STRINGS
     if kind == "integer":
         return rng.choice(ints)
     if kind == "number":
-        return rng.choice(floats + ints[:4])
+        return rng.choice(EDGE_NUMBERS + EDGE_INTS[:4])
     if kind == "string":
         return rng.choice(strings)
     if kind == "boolean":

@@ -27,7 +27,7 @@ class Shape:
     num_layers: int
 
 
-SHAPES = (Shape("qwen3-8b", 32, 8, 128, 36), Shape("smollm2-135m", 9, 3, 64, 30))
+SHAPES = (Shape("qwen3-8b", 32, 8, 128, 36), Shape("qwen3-1.7b", 16, 8, 128, 28), Shape("smollm2-135m", 9, 3, 64, 30))
 
 
 def bench_us(fn: Callable[[], object]) -> float:

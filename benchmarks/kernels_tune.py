@@ -26,7 +26,7 @@ from benchmarks.kernels_setup import (
 )
 
 TUNE_POINTS = {"smollm2-135m": ((256, 7000), (256, 2048), (64, 4096), (16, 7000), (256, 4096)),
-               "qwen3-8b": ((64, 4096), (16, 16384))}  # fmt: skip
+               "qwen3-8b": ((64, 4096), (16, 16384)), "qwen3-1.7b": ((64, 4096),)}  # fmt: skip
 
 
 def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
@@ -48,10 +48,10 @@ def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
     base = dict(shape=shape.name, bs=bs, seq_len=seq_len, prefix_GB=prefix_bytes / 1e9)
     stock = timed_or_note(sglang_decode(shape, q[:bs], k, v, kv_indptr, kv_indices, seq_lens))
     rows = [dict(base, kernel="sglang_decode", us=stock)]
-    for splits in (1, 2, 4, 8, 16) if "verify" in kernels else ():
+    for splits in (1, 2, 4) if "verify" in kernels else ():
         for block_n in (32, 64, 128):
             for warps in (4, 8):
-                for stages in (2, 3):
+                for stages in (2, 3, 4):
                     us = bench_us(lambda: verify_attention_fwd(
                         q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS, shape.d**-0.5, lse=lse,
                         num_kv_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages))  # fmt: skip
@@ -97,15 +97,15 @@ def tune_sparse(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_
     sel, sel_cnt, cnt, gathered = draft_selection(shape, bs, seq_len, k.element_size())
     rpi, o = torch.arange(bs, device=DEVICE), torch.empty_like(q)
     rows = []
-    for splits in (1, 2, 4, 8):
-        for block_n in (16, 32, 64):
-            for stages in (2, 3):
-                us = bench_us(lambda: sparse_decode_fwd(
-                    q, k, v, o, req_to_token, rpi, sel, sel_cnt, seq_lens - TAIL, seq_lens, shape.d**-0.5,
-                    num_kv_splits=splits, block_n=block_n, num_stages=stages))  # fmt: skip
-                rows.append(dict(shape=shape.name, bs=bs, seq_len=seq_len, kernel="sparse", selected=cnt, splits=splits,
-                                 block_n=block_n, warps=4, stages=stages, us=us, GBps=gathered / us / 1e3,
-                                 vs_sglang_decode=us / stock if isinstance(stock, float) else None))  # fmt: skip
+    grid = [(s, n, w, st, pf) for s in (1, 2, 4) for n in (32, 64, 128) for w in (4, 8) for st in (2, 3, 4)
+            for pf in (False, True)]  # fmt: skip
+    for splits, block_n, warps, stages, prefetch in grid:
+        us = bench_us(lambda: sparse_decode_fwd(
+            q, k, v, o, req_to_token, rpi, sel, sel_cnt, seq_lens - TAIL, seq_lens, shape.d**-0.5,
+            num_kv_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages, prefetch=prefetch))  # fmt: skip
+        rows.append(dict(shape=shape.name, bs=bs, seq_len=seq_len, kernel="sparse", selected=cnt, splits=splits,
+                         block_n=block_n, warps=warps, stages=stages, prefetch=prefetch, us=us, GBps=gathered / us / 1e3,
+                         vs_sglang_decode=us / stock if isinstance(stock, float) else None))  # fmt: skip
     return rows
 
 

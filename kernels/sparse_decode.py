@@ -34,6 +34,19 @@ from .sparse_decode_merge import merge_split_partials, merge_work_partials
 
 
 @triton.jit
+def _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, BLOCK_N: tl.constexpr):
+    """(KV slots [BLOCK_N] int64, valid [BLOCK_N]) of virtual indices start_n .. start_n + BLOCK_N - 1: index
+    j < cnt is the j-th selected position (kept below tail_start), j >= cnt tail position tail_start + j - cnt."""
+    offs_j = start_n + tl.arange(0, BLOCK_N)
+    in_range = offs_j < split_end
+    in_sel = offs_j < cnt
+    sel_pos = tl.load(sel_base + offs_j, mask=in_range & in_sel, other=-1)
+    pos = tl.where(in_sel, sel_pos, tail_start + offs_j - cnt)
+    valid = in_range & (pos >= 0) & (pos < tl.where(in_sel, tail_start, seq_len))
+    return tl.load(req_row + pos, mask=valid, other=0).to(tl.int64), valid
+
+
+@triton.jit
 def _sparse_decode_stage1(
     Q,
     K_Buffer,
@@ -75,6 +88,7 @@ def _sparse_decode_stage1(
     LOGIT_CAP: tl.constexpr,
     HAS_SEL_ROWS: tl.constexpr,
     WORKLIST: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     cur_kv_head = tl.program_id(1)
     if WORKLIST:  # program p of the pool: its request and plan range from the work list
@@ -125,19 +139,28 @@ def _sparse_decode_stage1(
             mask=mask_h[:, None] & mask_d[None, :],
             other=0.0,
         )
-        for start_n in range(split_start, split_end, BLOCK_N):
-            offs_j = start_n + tl.arange(0, BLOCK_N)
-            in_range = offs_j < split_end
-            in_sel = offs_j < cnt
-            sel_pos = tl.load(sel_base + offs_j, mask=in_range & in_sel, other=-1)
-            pos = tl.where(in_sel, sel_pos, tail_start + offs_j - cnt)
-            valid = in_range & (pos >= 0) & (pos < tl.where(in_sel, tail_start, seq_len))
-            slot = tl.load(req_row + pos, mask=valid, other=0).to(tl.int64)
-            k, v = load_kv_tile(
-                K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d
-            )
-            # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
-            e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
+        if PREFETCH:
+            # The next tile's position -> slot chain is in flight while this tile's K/V load and attend.
+            slot, valid = _tile_slots(sel_base, req_row, split_start, split_end, cnt, tail_start, seq_len, BLOCK_N)
+            for start_n in range(split_start, split_end, BLOCK_N):
+                n_slot, n_valid = _tile_slots(
+                    sel_base, req_row, start_n + BLOCK_N, split_end, cnt, tail_start, seq_len, BLOCK_N
+                )
+                k, v = load_kv_tile(
+                    K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
+                    mask_d,
+                )  # fmt: skip
+                e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
+                slot, valid = n_slot, n_valid
+        else:
+            for start_n in range(split_start, split_end, BLOCK_N):
+                slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, BLOCK_N)
+                k, v = load_kv_tile(
+                    K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
+                    mask_d,
+                )  # fmt: skip
+                # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
+                e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
 
     # Every split writes (an empty one: lse = -inf, zeros) so stage 2 needs no length logic. With one
     # split, Mid_O is the output itself and there is no stage 2 (see sparse_decode_fwd). A work-list
@@ -168,6 +191,7 @@ def sparse_decode_fwd(
     num_warps: int = 4,
     num_stages: int = 3,
     work: DraftWork | None = None,
+    prefetch: bool = False,
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -181,6 +205,7 @@ def sparse_decode_fwd(
     work: a work list from ``draft_work.plan_work`` over this batch's plan (then num_kv_splits is unused).
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
     H100 sweep, benchmarks/results/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
+    prefetch: load the next tile's position -> slot chain before this tile's K/V (speed only).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -267,6 +292,7 @@ def sparse_decode_fwd(
         LOGIT_CAP=logit_cap,
         HAS_SEL_ROWS=sel_rows is not None,
         WORKLIST=work is not None,
+        PREFETCH=prefetch,
         num_warps=num_warps,
         num_stages=num_stages,
     )

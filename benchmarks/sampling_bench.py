@@ -3,30 +3,31 @@
     python -m benchmarks.sampling_bench --out benchmarks/results/accept_<device>_<commit>.json \\
         --vocab 151936 --batches 64 256
 
-For each batch of requests x (k + 1) verify rows x vocab (bf16 logits as a model emits them:
-random rows with 20 tokens lifted by 12, T 0.6) and each case (greedy; top-p 0.95; top-k 20 +
-top-p 0.95; min-p 0.05 + top-p 0.95; ``wide``: flat rows, every nucleus wider than the C
-candidates, the exact fallback) it times (ms per call, eager, mean of 20 after a warm-up):
+For each batch of requests x (k + 1) verify rows x vocab (fp32 logits holding bf16 values, as SGLang
+hands them over: random rows with 20 tokens lifted by 12, T 0.6) and each case (greedy; top-p 0.95;
+top-k 20 + top-p 0.95; min-p 0.05 + top-p 0.95; ``wide``: flatter rows whose nucleus is thousands of
+tokens; ``flat``: the near-uniform rows of random weights, a nucleus of 95% of the vocabulary, as
+``--load-format dummy`` servers produce) it times (ms per call, mean of 20 after a warm-up):
 
 ``accept``: what ships (``verify_sample.stock_accept`` on the GPU): ``kernels/target_filter.py`` then
     ``kernels/verify_accept.py``, for the flashinfer rule and (``accept_pytorch_rule``) the pytorch
-    backend's; for greedy, ``argmax`` (an all-greedy batch runs SGLang's argmax) and the greedy rows
-    through the sampled path (``accept``: top_k 1 rows, as in a mixed batch).
+    backend's, launched eagerly as split rounds run it; ``accept_graph``: the same replayed from a CUDA
+    graph (the mixed runner's; no launch overhead); for greedy, ``argmax`` (an all-greedy batch runs
+    SGLang's argmax) and the greedy rows through the sampled path (``accept``: top_k 1 rows, as in a
+    mixed batch).
 ``filter``: ``target_filter_fwd`` alone.
 ``stock_kernels``: the FlashInfer / sgl_kernel path that is exact for our records: softmax at T,
     sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob`` (their supports intersected: the
     flashinfer joint rule) or the min-p chain, each draft record's q scattered into a dense row,
     then FlashInfer's ``chain_speculative_sampling`` (when flashinfer and sgl_kernel are installed).
+``paths``: the share of rows each way of ``target_filter`` decided (``logit_bins.RowPath``).
 
-Expected before measuring (H100, 3.35 TB/s HBM): the filter reads the bf16 logits three times
-(3 x 64 x 9 x 151,936 x 2 B = 525 MB: 0.16 ms; 2.1 GB at 256 requests: 0.63 ms) in five launches,
-the accept kernel reads ~(k + 1) x C ids and probabilities per request (nothing vocabulary-wide
-unless a row is wide): ~0.25 ms at 64 requests, ~0.8 ms at 256. The stock path writes and reads
-fp32 rows several times (softmax, two renorms, the dense q rows and the chain kernel's two passes):
-~10 passes of 350 MB at 64 requests, ~1.5-3 ms. ``wide`` rows take the serial fallback (33
-bisection passes per row in one program): several ms, the price of rows the candidates cannot hold.
-The one-program-per-row kernels these replaced (~17 ms at 64 x 9 x 151,936 on the H100) are timed by
-this benchmark at commit a0e6fce (``target_filter_*``, ``rejection_fwd``, ``--vocab 151936 --batch 64``).
+Expected before measuring (H200, ~4 TB/s HBM): the filter reads the fp32 logits once per pass
+(64 x 9 x 151,936 x 4 B = 350 MB: ~90 us) over ~12 small launches: peaked rows (every case but
+``flat``) take three passes (~0.3-0.4 ms at 64 requests, ~1.2 ms at 256), near-uniform rows four
+(~0.5 ms); the accept kernels read k logits per request, and draw from the row's list (peaked) or
+vocabulary-parallel (two more reads of one row per request: ~0.05 ms). The stock path writes and
+reads fp32 rows several times (~10 passes: 3-4 ms at 64 requests).
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ from pathlib import Path
 
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
-from sglang_sparsespec.kernels.target_filter import CANDIDATES, target_filter_fwd
+from sglang_sparsespec.kernels.logit_bins import RowPath
+from sglang_sparsespec.kernels.target_filter import LIST_CAP, target_filter_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
 from benchmarks.meta import new_run_id, run_metadata
 
-TUNE_GRID = [(block_v, warps) for block_v in (1024, 2048, 4096, 8192) for warps in (4, 8, 16)]
+TUNE_GRID = [(chunk, block_v) for chunk in (4096, 8192, 16384) for block_v in (512, 1024, 2048) if chunk >= block_v]
 TOP_K_OFF = 1 << 30  # what SGLang's sampling_info.top_ks holds for "no top-k" (TOP_K_ALL)
 # case: (top_k, top_p, min_p or None); greedy rows are top_k 1 at temperature 1.
 CASES = {
@@ -51,7 +53,21 @@ CASES = {
     "top_k_top_p": (20, 0.95, None),
     "min_p": (TOP_K_OFF, 0.95, 0.05),
     "wide": (TOP_K_OFF, 0.95, None),
+    "flat": (TOP_K_OFF, 0.95, None),
 }
+
+
+def graph_ms(fn, reps: int = 20) -> float:
+    """Mean time of ``fn`` replayed from a CUDA graph (captured after a warm-up on a side stream)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return mean_ms(graph.replay, reps)
 
 
 def mean_ms(fn, reps: int = 20) -> float:
@@ -91,8 +107,10 @@ def case_inputs(case: str, bs: int, k: int, vocab: int, c: int, dev: str = "cuda
     rows = torch.randn(bs * (k + 1), vocab, device=dev) * 3
     rows[:, :20] += 12
     if case == "wide":
-        rows *= 0.05
-    logits = rows.to(torch.bfloat16)
+        rows *= 0.2
+    elif case == "flat":  # random weights: logits of ~1e-5, nearly uniform
+        rows = torch.randn(bs * (k + 1), vocab, device=dev) * 2.6e-5
+    logits = rows.to(torch.bfloat16).float()
     top_k, top_p, min_p = CASES[case]
     temp = torch.full((bs,), 1.0 if top_k == 1 else 0.6, device=dev)
     params = (temp, torch.full((bs,), top_k, dtype=torch.int32, device=dev), torch.full((bs,), top_p, device=dev),
@@ -116,6 +134,7 @@ def measure(case: str, bs: int, k: int, vocab: int, c: int) -> dict[str, float |
         "accept_pytorch_rule": lambda: accept(True),
         "filter": lambda: target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1),
     }
+    graphed = {"accept_graph": lambda: accept(False)}
     if case == "greedy":
         timed["argmax"] = lambda: logits.argmax(dim=-1)
     try:
@@ -126,19 +145,20 @@ def measure(case: str, bs: int, k: int, vocab: int, c: int) -> dict[str, float |
     else:
         stock = lambda: stock_kernels(logits, temp, top_k, top_p, min_p, k + 1, record)  # noqa: E731
     out: dict[str, float | str] = {name: round(mean_ms(fn), 4) for name, fn in timed.items()}
+    out |= {name: round(graph_ms(fn), 4) for name, fn in graphed.items()}
     if stock is not None:
         try:
             out["stock_kernels"] = round(mean_ms(stock), 4)
         except (RuntimeError, TypeError, ValueError) as err:  # another FlashInfer API: said in the result
             out["stock_kernels"] = f"failed: {type(err).__name__}: {err}"[:300]
-    target = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1)
-    out["compact_rows"] = round(float(target.compact.float().mean()), 4)
+    paths = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1).path
+    out["paths"] = {p.name: round(float((paths == p).float().mean()), 4) for p in RowPath if (paths == p).any()}
     return out
 
 
 def draft_timed(bs: int, vocab: int, c: int, tune: bool) -> dict[str, float]:
-    """The draft sampler next to the torch.topk it replaced (one draft step); with ``tune``, also at
-    every vocabulary tile x warp count of TUNE_GRID (``draft_sample_fwd@<tile>x<warps>``)."""
+    """The draft sampler next to torch.topk (one draft step, eager and replayed from a CUDA graph as the draft
+    runner replays it); with ``tune``, also at every chunk x tile of TUNE_GRID (``draft_sample_fwd@<chunk>x<tile>``)."""
     dev = "cuda"
     logits = torch.randn(bs, vocab, device=dev) * 3
     logits[:, :20] += 12
@@ -148,9 +168,11 @@ def draft_timed(bs: int, vocab: int, c: int, tune: bool) -> dict[str, float]:
     outs = (torch.empty(bs, dtype=torch.int64, device=dev), torch.empty(bs, c, dtype=torch.int64, device=dev),
             torch.empty(bs, c, device=dev), torch.empty(bs, device=dev))  # fmt: skip
     timed = {"draft_sample_fwd": lambda: draft_sample_fwd(x, *outs), "torch_topk": lambda: torch.topk(logits, c, dim=-1)}
-    for bv, nw in TUNE_GRID if tune else ():
-        timed[f"draft_sample_fwd@{bv}x{nw}"] = lambda kw={"block_v": bv, "num_warps": nw}: draft_sample_fwd(x, *outs, **kw)
-    return {name: round(mean_ms(fn), 4) for name, fn in timed.items()}
+    out = {name: round(mean_ms(fn), 4) for name, fn in timed.items()}
+    graphed = {"draft_sample_graph": lambda: draft_sample_fwd(x, *outs)}
+    for chunk, bv in TUNE_GRID if tune else ():
+        graphed[f"draft_sample_fwd@{chunk}x{bv}"] = lambda kw={"chunk": chunk, "block_v": bv}: draft_sample_fwd(x, *outs, **kw)
+    return out | {name: round(graph_ms(fn), 4) for name, fn in graphed.items()}
 
 
 def main() -> None:
@@ -161,7 +183,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--record-candidates", type=int, default=64, help="C of the draft records")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--tune", action="store_true", help="also the draft sampler at every tile x warp count of TUNE_GRID")
+    parser.add_argument("--tune", action="store_true", help="also the draft sampler at every chunk x tile of TUNE_GRID")
     a = parser.parse_args()
     ms: dict[str, dict] = {}
     for bs in a.batches:
@@ -170,8 +192,8 @@ def main() -> None:
             print(f"{bs}x{a.k + 1}x{a.vocab} {case}: {row}", flush=True)
         ms[f"{bs}x{a.vocab}/draft_step"] = draft_timed(bs, a.vocab, a.record_candidates, a.tune)
     settings = {"vocab": a.vocab, "batches": a.batches, "k": a.k, "record_candidates": a.record_candidates,
-                "target_candidates": CANDIDATES, "cases": {c: CASES[c] for c in a.cases},
-                "unit": "ms per call, mean of 20 after one warm-up; compact_rows: share of rows decided on the candidates"}  # fmt: skip
+                "list_cap": LIST_CAP, "cases": {c: CASES[c] for c in a.cases},
+                "unit": "ms per call, mean of 20 after one warm-up (eager; *_graph: CUDA graph replays); paths: share of rows"}  # fmt: skip
     out = {"kind": "accept_phase", "meta": run_metadata(new_run_id()), "settings": settings, "ms": ms}
     a.out.write_text(json.dumps(out, indent=1))
 

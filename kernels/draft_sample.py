@@ -1,4 +1,4 @@
-"""Draft-token sampling with a compact record of the proposal, in one kernel per draft step.
+"""Draft-token sampling with a compact record of the proposal, vocabulary-parallel.
 
 A PILLAR draft token may come from *any* proposal distribution q as long as the verify knows q
 exactly: rejection sampling then returns the target's distribution whatever q is. So the draft
@@ -7,13 +7,11 @@ the row's most probable tokens (at most C, e.g. 64), and records q on those slot
 [C] probabilities per draft instead of a full-vocabulary fp32 row (k x V x 4 bytes per request:
 1.24 GB at batch 256, k = 8 and Qwen3's 151,936 tokens).
 
-The candidate set needs no sort and no ``torch.topk`` (whose radix passes cost more than the rest
-of the sampling, ~0.28 ms per step at batch 256 x 49K on an H100): three reads of the logits row,
-    1. the max m of z = logits / T and the softmax normaliser S = sum exp(z - m) (online);
-    2. for the ladder DELTA_j = 0.25 * 2^(j/2), j < 16: how many tokens have z >= m - DELTA_j;
-    3. the tokens with z >= m - DELTA_j* for the widest rung j* holding at most C of them (rung 0
-       if none does), collected in ascending id order, the first C of them.
-So the set is exactly the top-n tokens (n <= C) unless more than C tie within 0.25 of the max.
+The candidate set needs no sort and no ``torch.topk``: the vocabulary-parallel passes of
+``logit_bins`` (statistics, one level of log-mass bins, gather; the plan in ``cut_plan``'s top-C
+mode) find the top bins holding at most C tokens and gather them in ascending id order (the first C
+of bin 0 when it alone holds more). Bins are uniform in log-probability (``logit_bins``), so the set
+is the top-n tokens (n <= C) down to a bin edge. One program per row then filters and samples.
 
 Semantics per row (slot c holds candidate id_c, ascending; unused slots hold id 0 and q = 0):
     greedy (T < GREEDY_EPS or top_k == 1): q = one-hot at slot 0, id_0 = argmax (lowest id on ties);
@@ -22,7 +20,8 @@ Semantics per row (slot c holds candidate id_c, ascending; unused slots hold id 
         it <= top_p (top_p >= 1: no limit) and p_c >= min_p * max p; rank 0 is always kept;
     q = kept p renormalised; the token is id of argmax_c q_c / E_c with E_c ~ Exp(1) from ``noise``
     (an exact draw from q).
-Everything is shape-static and sync-free, so it runs inside the draft CUDA graph.
+Five small launches per step (64 rows x 151,936 fp32: ~40 us on an H200, where one program per row
+took 214 us), shape-static and sync-free, so they run inside the draft CUDA graph.
 """
 
 from __future__ import annotations
@@ -33,17 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-# SGLang's cut-off below which a temperature means greedy (sampling_params._SAMPLING_EPS).
-GREEDY_EPS = 1e-6
-# The candidate-threshold ladder: DELTA_j = DELTA_BASE * 2^(j / 2), j < LADDER (in units of z).
-DELTA_BASE = 0.25
-LADDER = 16
-
-
-@triton.jit
-def load_z(base_l, idx, vocab, inv_t):
-    # One multiply, rounded once: every pass sees bit-identical z, so z == z* is exact across passes.
-    return tl.load(base_l + idx, mask=idx < vocab, other=-float("inf")).to(tl.float32) * inv_t
+from .cut_plan import VocabPasses
+from .logit_bins import CHUNK, DEPTH, GREEDY_EPS, NB, row_stats
 
 
 @triton.jit
@@ -59,93 +49,30 @@ def candidate_ranks(zc, p, valid, offs_c):
 
 
 @triton.jit
-def _draft_sample_kernel(
-    Logits,
-    Temperature,
-    Top_p,
-    Top_k,
-    Min_p,
-    Noise,
-    Token,
-    Cand_ids,
-    Cand_q,
-    Q_tok,
-    vocab,
-    stride_l,
-    stride_n,
-    stride_ci,
-    stride_q,
-    GREEDY_EPS_C: tl.constexpr,
-    DELTA_BASE_C: tl.constexpr,
-    LADDER_C: tl.constexpr,
-    C: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
+def _draft_select_kernel(
+    Temperature, Top_p, Top_k, Min_p, Noise, Stats, ListIds, ListZ, ListN, Token, Cand_ids, Cand_q, Q_tok,
+    vocab, n_chunks, stride_n, stride_ci, stride_q,
+    GREEDY_EPS_C: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr, NCH: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     temp = tl.load(Temperature + row).to(tl.float32)
     top_k = tl.load(Top_k + row).to(tl.int32)
     greedy = (temp < GREEDY_EPS_C) | (top_k == 1)
-    inv_t = 1.0 / tl.where(greedy, 1.0, temp)
-    offs_v = tl.arange(0, BLOCK_V)
+    m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
     offs_c = tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
-    base_l = Logits + row * stride_l
-
-    # Pass 1: max (and its lowest id) and the online softmax normaliser of z = logits / T.
-    # A finite start: a block of -inf logits (a grammar mask) must not make exp(-inf - -inf).
-    m = -3.0e38
-    arg = 0
-    s = 0.0
-    for start in range(0, vocab, BLOCK_V):
-        idx = start + offs_v
-        z = load_z(base_l, idx, vocab, inv_t)
-        bm = tl.max(z, axis=0)
-        barg = start + tl.argmax(z, axis=0)
-        arg = tl.where(bm > m, barg, arg)
-        new_m = tl.maximum(m, bm)
-        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
-        m = new_m
-
     ids_out = Cand_ids + row * stride_ci + offs_c
     q_out = Cand_q + row * stride_q + offs_c
     if greedy:
-        q = tl.where(offs_c == 0, 1.0, 0.0)
         tl.store(ids_out, tl.where(offs_c == 0, arg, 0).to(tl.int64), mask=mask_c)
-        tl.store(q_out, q, mask=mask_c)
+        tl.store(q_out, tl.where(offs_c == 0, 1.0, 0.0), mask=mask_c)
         tl.store(Token + row, arg.to(tl.int64))
         tl.store(Q_tok + row, 1.0)
     else:
-        # Pass 2: token counts within each rung of the ladder below the max.
-        rungs = tl.arange(0, LADDER_C)
-        cut = m - DELTA_BASE_C * tl.exp2(rungs.to(tl.float32) * 0.5)
-        counts = tl.zeros([LADDER_C], dtype=tl.int32)
-        for start in range(0, vocab, BLOCK_V):
-            idx = start + offs_v
-            z = load_z(base_l, idx, vocab, inv_t)
-            counts += tl.sum((z[:, None] >= cut[None, :]).to(tl.int32), axis=0)
-        fits = tl.sum((counts <= C).to(tl.int32), axis=0)
-        thr = tl.max(tl.where(rungs == tl.maximum(fits - 1, 0), cut, -float("inf")), axis=0)
-
-        # Pass 3: collect the first C ids with z >= thr; their z waits in the q slots.
-        tl.store(ids_out, tl.zeros([BLOCK_C], dtype=tl.int64), mask=mask_c)
-        tl.store(q_out, tl.full([BLOCK_C], -float("inf"), tl.float32), mask=mask_c)
-        tl.debug_barrier()
-        filled = 0
-        for start in range(0, vocab, BLOCK_V):
-            idx = start + offs_v
-            z = load_z(base_l, idx, vocab, inv_t)
-            take = z >= thr
-            slot = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
-            take = take & (slot < C)
-            tl.store(Cand_ids + row * stride_ci + slot, idx.to(tl.int64), mask=take)
-            tl.store(Cand_q + row * stride_q + slot, z, mask=take)
-            filled += tl.sum(take.to(tl.int32), axis=0)
-        tl.debug_barrier()
-
-        zc = tl.load(q_out, mask=mask_c, other=-float("inf"))
-        valid = mask_c & (offs_c < filled)
-        p = tl.where(valid, tl.exp(zc - m) / s, 0.0)
+        valid = mask_c & (offs_c < tl.load(ListN + row))
+        ids = tl.load(ListIds + row * C + offs_c, mask=valid, other=0)
+        zc = tl.load(ListZ + row * C + offs_c, mask=valid, other=-float("inf"))
+        p = tl.where(valid, tl.exp(zc - m) * inv_s, 0.0)
         rank, mass_before = candidate_ranks(zc, p, valid, offs_c)
         top_p = tl.load(Top_p + row).to(tl.float32)
         min_p = tl.load(Min_p + row).to(tl.float32)
@@ -158,9 +85,9 @@ def _draft_sample_kernel(
         noise = tl.load(Noise + row * stride_n + offs_c, mask=mask_c, other=1.0).to(tl.float32)
         race = tl.where(mask_c, q / tl.maximum(noise, 1.1754943508222875e-38), -1.0)
         pick = tl.argmax(race, axis=0)
-        tok = tl.load(Cand_ids + row * stride_ci + pick)
+        tl.store(ids_out, ids.to(tl.int64), mask=mask_c)
         tl.store(q_out, q, mask=mask_c)
-        tl.store(Token + row, tok)
+        tl.store(Token + row, tl.sum(tl.where(offs_c == pick, ids, 0), axis=0).to(tl.int64))
         tl.store(Q_tok + row, tl.sum(tl.where(offs_c == pick, q, 0.0), axis=0))
 
 
@@ -204,26 +131,39 @@ def draft_sample_fwd(
     cand_ids: torch.Tensor,
     cand_q: torch.Tensor,
     q_tok: torch.Tensor,
-    block_v: int = 8192,
-    num_warps: int = 8,
+    chunk: int = CHUNK,
+    block_v: int = 1024,
 ) -> None:
     """Fill token [n] int64, cand_ids [n, C] int64, cand_q [n, C] float32, q_tok [n] float32
-    (see the module docstring). ``block_v`` (the vocabulary tile) and ``num_warps`` are launch
-    parameters only (``benchmarks.sampling_bench --tune`` times them); the result does not change.
-    The defaults were the fastest or within 2% of it at batch 32 and 256 x 49,152 and 256 x 151,936
-    on the H100 (``kernels_tune_h100_0c83c86_*.json``: 0.149 vs 0.188 ms for 1024 x 4 at 256 x 49,152)."""
+    (see the module docstring). ``chunk`` (tokens per program, a multiple of ``block_v``) and
+    ``block_v`` (the vocabulary tile) are launch parameters only; the result does not change."""
     n, c = x.noise.shape
     if n == 0:
         return
     for t in (x.logits, x.noise, cand_ids, cand_q):
         if t.stride(-1) != 1:
             raise ValueError("draft_sample_fwd needs a contiguous last dimension")
-    _draft_sample_kernel[(n,)](
-        x.logits, x.temperature, x.top_p, x.top_k, x.min_p, x.noise, token, cand_ids, cand_q, q_tok,
-        x.logits.shape[1], x.logits.stride(0), x.noise.stride(0), cand_ids.stride(0), cand_q.stride(0),
-        GREEDY_EPS_C=GREEDY_EPS, DELTA_BASE_C=DELTA_BASE, LADDER_C=LADDER, C=c,
-        BLOCK_C=triton.next_power_of_2(c), BLOCK_V=block_v, num_warps=num_warps,
+    if chunk % block_v:
+        raise ValueError(f"chunk {chunk} must be a multiple of block_v {block_v}")
+    vocab, dev = x.logits.shape[1], x.logits.device
+    n_chunks = triton.cdiv(vocab, chunk)
+    passes = VocabPasses.allocate(n, n_chunks, c, dev)
+    passes.top_list(x.logits, x.temperature, x.top_k, x.top_p, None, 1, chunk, block_v, target=False)
+    _draft_select_kernel[(n,)](
+        x.temperature, x.top_p, x.top_k, x.min_p, x.noise, passes.stats, passes.list_ids, passes.list_z, passes.list_n, token,
+        cand_ids, cand_q, q_tok, vocab, n_chunks, x.noise.stride(0), cand_ids.stride(0), cand_q.stride(0),
+        GREEDY_EPS_C=GREEDY_EPS, C=c, BLOCK_C=triton.next_power_of_2(c), NCH=triton.next_power_of_2(n_chunks),
     )  # fmt: skip
+
+
+def first_resolution_ref(depth: torch.Tensor) -> torch.Tensor:
+    """``logit_bins.first_resolution`` in torch ([n] float32 finite depths m - min z): the same exact steps."""
+    d = depth.clamp(0.0, DEPTH)
+    top = int(torch.tensor(NB - 2.0).view(torch.int32)) >> 23 & 0xFF
+    e = top - ((d.clamp(min=1e-30).view(torch.int32) >> 23) & 0xFF)
+    r = ((e + 127) << 23).to(torch.int32).view(torch.float32)
+    r = torch.where(d * r > NB - 2, r * 0.5, r)
+    return torch.where(d > 0, r, torch.ones_like(r))
 
 
 def draft_sample_ref(x: DraftSampleInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -235,10 +175,17 @@ def draft_sample_ref(x: DraftSampleInputs) -> tuple[torch.Tensor, torch.Tensor, 
     z = x.logits.float() * inv_t[:, None]
     m, arg = z.max(dim=-1)
     lse = torch.logsumexp(z, dim=-1)
-    cut = m[:, None] - DELTA_BASE * torch.exp2(torch.arange(LADDER, device=dev, dtype=torch.float32) * 0.5)
-    counts = (z[:, :, None] >= cut[:, None, :]).sum(dim=1)
-    rung = ((counts <= c).sum(dim=1) - 1).clamp(min=0)
-    take = z >= cut.gather(1, rung[:, None])
+    # Level-1 log-mass bins (``logit_bins``): the top bins holding <= C tokens, or bin 0's first C.
+    finite = z > -torch.inf
+    zmin = torch.where(finite, z, torch.inf).amin(dim=-1)
+    r = first_resolution_ref(m - zmin)
+    bins = torch.minimum(((m[:, None] - z) * r[:, None]).clamp(max=1.0e9).to(torch.int32), torch.tensor(NB - 2))
+    bins = torch.where(finite, bins, NB - 1)
+    counts = torch.zeros((n, NB), dtype=torch.int64, device=dev).scatter_add_(1, bins.long(), torch.ones_like(bins, dtype=torch.int64))
+    c_le = counts[:, : NB - 1].cumsum(dim=1)
+    over = c_le > c
+    hi = torch.where(over.any(dim=1), over.int().argmax(dim=1) - 1, NB - 2).clamp(min=0)
+    take = finite & (bins <= hi[:, None])
     slot = take.cumsum(dim=1) - 1
     take &= slot < c
     cand_ids = torch.zeros((n, c + 1), dtype=torch.int64, device=dev)

@@ -1,29 +1,26 @@
-"""Stock SGLang's sampling distribution of every verify row, vocabulary-parallel and compact.
+"""Stock SGLang's sampling distribution of every verify row, vocabulary-parallel, as thresholds on the logits.
 
 The sampled verify needs, for every row of its [n = bs * (k + 1), V] logits, the distribution stock
 decoding samples from (``sampling/target.target_probs`` is the reference, for either sampling backend).
-Rejection sampling then reads p at the drafts and draws once per request from a residual, so the
-rows are returned compact (``TargetRows``): a row whose kept set lies within its top-C tokens is
-those C ids (ascending) and their final p; only the other rows (no filter at all, a nucleus wider
-than C) are written out in full.
+Rejection sampling then reads p at the drafts and draws once per request from a residual, so a row
+is returned as its kept set's threshold (``TargetRows``: token i is kept iff z_i > z*, or z_i == z* and
+i <= tie_end; p_i = exp(z_i - m) x scale) plus, where every kept token fits, their list.
 
-Passes (grid rows x vocabulary chunks of CHUNK tokens, so each row is spread over many programs):
-    1. per chunk: max and sum-exp of z = logit / T and the finite-token count;
-    2. per chunk: counts at the ladder of cuts m - DELTA_j of ``draft_sample`` (m: the row max);
-    3. per chunk: the ids with z >= the widest cut holding <= C tokens, written at the chunk's
-       offset (the counts of the chunks before it), so the candidates come out in id order;
-    4. per row: the filter on the candidates (a [C, C] comparison), and whether the kept set
-       provably ends inside them (the next token is cut, or only -inf tokens remain); the rows where
-       it may not find their cut with ``target_wide.wide_cut``: over their top C2 = 2048 tokens
-       (listed in pass 3 too) when those provably hold the kept set, else over the whole
-       vocabulary (exact, serial: the rare path);
-    5. per chunk of the rows not decided in 4: the full row, p_i / kept mass where kept, else 0.
-Expected cost on an H100 (3.35 TB/s; bf16 logits): passes 1-3 read the logits three times
-(3 x 175 MB at 64 x 9 x 151,936 = 0.16 ms, x 4 at 256 requests), pass 4 reads C ids per row, pass 5
-exits at once on compact rows; five launches. About 0.2 ms at 64 x 9 rows, 0.7 ms at 256 x 9.
-Measured (H100, ``kernels_accept_h100_4f49555.json``, fp32 logits, so 350 MB a pass at 64 x 9): 1.01-1.05
-ms at 64 x 9 and 3.93-3.97 ms at 256 x 9, about 3x the three passes' fp32 read; the one-program-per-row
-kernel it replaced took 3.21 and 6.14 ms (``kernels_accept_old_h100_a0e6fce_b*.json``).
+Launches (grid rows x vocabulary chunks unless said; ``logit_bins`` and ``cut_plan`` hold them):
+    1. statistics per chunk (max, sum-exp, finite count and min), a histogram of log-mass bins, the
+       plan of each row's top list (the top bins holding at most ``list_cap`` tokens) and its gather;
+    2. select (one program per row): a row whose cut provably lies inside its top list (exact sums:
+       the list holds top_k tokens or top_p of the mass, or the next token is under the min-p floor)
+       gets its exact threshold over the list (``target_wide``): the peaked rows;
+    3. the other rows' bracket stage: per level (``levels``, default 3) a plan of the bracket of bins
+       that can hold the cut (bin counts bound its mass; the top list's mass is exact), split into
+       the next level's finer bins while it holds more than ``list_cap`` tokens; then its gather;
+    4. select: the exact threshold over the bracket's list, with the exact count and mass above it;
+       a bracket too large to list is one tied value (decided from its count) or, rarely, the row.
+Each pass reads the logits once at full bandwidth: peaked rows take three reads, near-uniform rows
+(a nucleus of most of the vocabulary) four or five, in the same launches. Expected at 64 x 9 x
+151,936 fp32 logits (350 MB) on an H200 (~4 TB/s): ~90 us a read, ~0.35 ms for peaked rows and
+~0.55 ms for near-uniform ones with the small launches.
 
 Rules (``RANK`` selects the pytorch backend's): flashinfer keeps x iff #{z > z_x} < top_k and the
 mass of {z > z_x} < top_p (with min-p: top-p judged on the top-k renormalised row, then p >=
@@ -40,259 +37,244 @@ import torch
 import triton
 import triton.language as tl
 
-from .draft_sample import DELTA_BASE, GREEDY_EPS, LADDER, candidate_ranks, load_z
-from .target_wide import above, wide_cut
+from .cut_plan import VocabPasses
+from .logit_bins import (
+    BIG,
+    CHUNK,
+    FULL,
+    GREEDY_EPS,
+    NB,
+    NOFILTER,
+    PENDING,
+    PLAN_F,
+    PLAN_I,
+    TIE,
+    VOCAB,
+    WINDOW,
+    inv_temperature,
+    load_z,
+    row_params,
+    row_stats,
+)
+from .target_wide import above, next_up, tie_cut, wide_cut
 
-CANDIDATES = 64
-WIDE_CANDIDATES = 2048
-CHUNK = 8192
+LIST_CAP = 2048
+LEVELS = 3
+_SLACK_SELECT = tl.constexpr(1e-4)  # the min-p floor's bin test, as the plan's
+_ALL_ABOVE_SELECT = tl.constexpr(-1073741824)  # a list range that holds every token above it
 
 
 @dataclass
 class TargetRows:
-    """The target distribution of n rows over V tokens.
+    """The target distribution of n rows over V tokens, row i under request i // repeats.
 
-    cand_ids [n, C] int32: row r's top tokens in ascending id order (slots past them: any id, p 0);
-    cand_p [n, C] float32: the final p on them where ``compact[r]``; compact [n] int32: 1 when row
-    r's p is zero outside cand_ids; full [n, V] float32: row r's p where not compact (else unset).
+    logits [n, V]: the filter's input, read again for p (z_i = logit_i x inv_t, inv_t = 1 / the request's
+    temperature, 1 when greedy; ``temperature`` [n / repeats]);
+    desc [n, 4] float32 (m, z*, scale, tie_end): token i is kept iff z_i > z* or (z_i == z* and
+    i <= tie_end), its p = exp(z_i - m) x scale, else 0;
+    list_ids [n, L] int32, list_n [n] int32: where path is FULL, every kept token is among the row's
+    first list_n ids (ascending);
+    path [n] int32: how the row was decided (``logit_bins``: FULL, WINDOW, NOFILTER, TIE, VOCAB).
     """
 
-    cand_ids: torch.Tensor
-    cand_p: torch.Tensor
-    compact: torch.Tensor
-    full: torch.Tensor
+    logits: torch.Tensor
+    temperature: torch.Tensor
+    repeats: int
+    desc: torch.Tensor
+    list_ids: torch.Tensor
+    list_n: torch.Tensor
+    path: torch.Tensor
 
     def dense(self) -> torch.Tensor:
-        """[n, V] float32 rows (a copy)."""
-        out = torch.where(self.compact[:, None].bool(), 0.0, self.full)
-        scattered = torch.zeros_like(out).scatter_add_(1, self.cand_ids.long(), self.cand_p)
-        return torch.where(self.compact[:, None].bool(), scattered, out)
+        """[n, V] float32 rows, computed on the device with the kernels' own z (bit for bit)."""
+        n, vocab = self.logits.shape
+        out = torch.empty((n, vocab), dtype=torch.float32, device=self.logits.device)
+        if n:
+            block = 1024
+            _dense_kernel[(n, triton.cdiv(vocab, block))](
+                self.logits, self.temperature, self.desc, out, vocab, self.logits.stride(0), self.repeats,
+                GREEDY_EPS_C=GREEDY_EPS, BLOCK_V=block,
+            )  # fmt: skip
+        return out
 
 
 @triton.jit
-def _row_params(Temperature, Top_k, Top_p, Min_p, req, vocab, GREEDY_EPS_C: tl.constexpr, MIN_P: tl.constexpr):
-    """(inv_t, k_eff, p_lim, min_p) of a request: greedy by temperature is top_k 1 at T 1."""
-    temp = tl.load(Temperature + req).to(tl.float32)
-    top_k = tl.load(Top_k + req).to(tl.int32)
-    top_p = tl.load(Top_p + req).to(tl.float32)
-    greedy = temp < GREEDY_EPS_C
-    inv_t = 1.0 / tl.where(greedy, 1.0, temp)
-    k_eff = tl.where(greedy, 1, tl.where((top_k <= 0) | (top_k >= vocab), vocab, top_k))
-    p_lim = tl.where(top_p >= 1.0, float("inf"), top_p)
-    min_p = tl.full([], 0.0, tl.float32)
-    if MIN_P:
-        min_p = tl.load(Min_p + req).to(tl.float32)
-    return inv_t, k_eff, p_lim, min_p
+def kept_p(z, idx, m, z_star, scale, tie_end):
+    """p of tokens (z, id) under a row's descriptor (0 where cut)."""
+    keep = (z > z_star) | ((z == z_star) & (idx <= tie_end))
+    return tl.where(keep, tl.exp(z - m) * scale, 0.0)
 
 
 @triton.jit
-def _inv_t(Temperature, req, GREEDY_EPS_C: tl.constexpr):
-    temp = tl.load(Temperature + req).to(tl.float32)
-    return 1.0 / tl.where(temp < GREEDY_EPS_C, 1.0, temp)
+def load_desc(Desc, row):
+    d = Desc + row * 4
+    return tl.load(d), tl.load(d + 1), tl.load(d + 2), tl.load(d + 3).to(tl.int32)
 
 
 @triton.jit
-def _row_max(Stats, row, n_chunks, NCH: tl.constexpr):
-    offs = tl.arange(0, NCH)
-    return tl.max(tl.load(Stats + (row * n_chunks + offs) * 3, mask=offs < n_chunks, other=-3.0e38), axis=0)
+def _dense_kernel(Logits, Temperature, Desc, Out, vocab, stride_l, repeats,
+                  GREEDY_EPS_C: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    row, blk = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    inv_t = inv_temperature(Temperature, row // repeats, GREEDY_EPS_C)
+    m, z_star, scale, tie_end = load_desc(Desc, row)
+    idx = blk * BLOCK_V + tl.arange(0, BLOCK_V)
+    z = load_z(Logits + row * stride_l, idx, vocab, inv_t)
+    tl.store(Out + row * vocab + idx, kept_p(z, idx, m, z_star, scale, tie_end), mask=idx < vocab)
 
 
 @triton.jit
-def _stats_kernel(Logits, Temperature, Stats, vocab, stride_l, repeats, n_chunks,
-                  GREEDY_EPS_C: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    inv_t = _inv_t(Temperature, row // repeats, GREEDY_EPS_C)
-    base_l = Logits + row * stride_l
-    offs = tl.arange(0, BLOCK_V)
-    m = -3.0e38  # finite: a chunk of -inf logits (a grammar mask) must not compute exp(-inf - -inf)
-    s = 0.0
-    fin = 0
-    for sub in range(0, CHUNK_C, BLOCK_V):
-        z = load_z(base_l, ch * CHUNK_C + sub + offs, vocab, inv_t)
-        new_m = tl.maximum(m, tl.max(z, axis=0))
-        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
-        m = new_m
-        fin += tl.sum((z > -float("inf")).to(tl.int32), axis=0)
-    out = Stats + (row * n_chunks + ch) * 3
-    tl.store(out, m)
-    tl.store(out + 1, s)
-    tl.store(out + 2, fin.to(tl.float32))
-
-
-@triton.jit
-def _ladder_kernel(Logits, Temperature, Stats, Counts, vocab, stride_l, repeats, n_chunks,
-                   GREEDY_EPS_C: tl.constexpr, DELTA_BASE_C: tl.constexpr, LADDER_C: tl.constexpr,
-                   NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    inv_t = _inv_t(Temperature, row // repeats, GREEDY_EPS_C)
-    m = _row_max(Stats, row, n_chunks, NCH)
-    rungs = tl.arange(0, LADDER_C)
-    cut = m - DELTA_BASE_C * tl.exp2(rungs.to(tl.float32) * 0.5)
-    base_l = Logits + row * stride_l
-    offs = tl.arange(0, BLOCK_V)
-    counts = tl.zeros([LADDER_C], dtype=tl.int32)
-    for sub in range(0, CHUNK_C, BLOCK_V):
-        z = load_z(base_l, ch * CHUNK_C + sub + offs, vocab, inv_t)
-        counts += tl.sum((z[:, None] >= cut[None, :]).to(tl.int32), axis=0)
-    tl.store(Counts + (row * n_chunks + ch) * LADDER_C + rungs, counts)
-
-
-@triton.jit
-def _rung(Counts, row, n_chunks, C: tl.constexpr, LADDER_C: tl.constexpr, NCH: tl.constexpr):
-    """(fits, rung, per-chunk counts at the rung [NCH], total at the rung): the widest cut of the
-    ladder holding at most C tokens of the row (rung 0 when none does: then fits == 0)."""
+def _nth_in_range(base_l, Offsets, row, nth, n_chunks, m, r, base, lo, hi, first, vocab, inv_t,
+                  NB_C: tl.constexpr, NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """The id of the nth (1-based, id order) token of a row's final bin range, from the per-chunk offsets."""
     chs = tl.arange(0, NCH)
-    rungs = tl.arange(0, LADDER_C)
-    counts = tl.load(Counts + (row * n_chunks + chs[:, None]) * LADDER_C + rungs[None, :],
-                     mask=chs[:, None] < n_chunks, other=0)  # fmt: skip
-    totals = tl.sum(counts, axis=0)
-    fits = tl.sum((totals <= C).to(tl.int32), axis=0)
-    rung = tl.maximum(fits - 1, 0)
-    col = tl.sum(tl.where(rungs[None, :] == rung, counts, 0), axis=1)
-    return fits, rung, col, tl.sum(col, axis=0)
-
-
-@triton.jit
-def _gather_list(base_l, Out_ids, Out_z, Counts, row, ch, m, inv_t, vocab, n_chunks,
-                 DELTA_BASE_C: tl.constexpr, LADDER_C: tl.constexpr, CAP: tl.constexpr,
-                 NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr, WITH_Z: tl.constexpr):  # fmt: skip
-    """This chunk's ids with z >= the widest cut holding <= CAP tokens of the row, at its offset."""
-    fits_cap, rung, col, n_cap = _rung(Counts, row, n_chunks, CAP, LADDER_C, NCH)
-    # The same cut as the ladder pass computed, bit for bit.
-    rungs = tl.arange(0, LADDER_C)
-    thr = tl.max(tl.where(rungs == rung, m - DELTA_BASE_C * tl.exp2(rungs.to(tl.float32) * 0.5), -float("inf")), axis=0)
-    filled = tl.sum(tl.where(tl.arange(0, NCH) < ch, col, 0), axis=0)
+    offs_c = tl.load(Offsets + row * NCH + chs, mask=chs < n_chunks, other=2147483647)
+    ch = tl.max(tl.where(offs_c < nth, chs, 0), axis=0)
+    seen = tl.sum(tl.where(chs == ch, offs_c, 0), axis=0)
     offs = tl.arange(0, BLOCK_V)
+    found = vocab
     for sub in range(0, CHUNK_C, BLOCK_V):
         idx = ch * CHUNK_C + sub + offs
         z = load_z(base_l, idx, vocab, inv_t)
-        take = z >= thr
-        slot = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
-        take = take & (slot < CAP)
-        tl.store(Out_ids + row * CAP + slot, idx, mask=take)
-        if WITH_Z:
-            tl.store(Out_z + row * CAP + slot, z, mask=take)
-        filled += tl.sum(take.to(tl.int32), axis=0)
+        j = tl.minimum((m - z) * r, 1.0e9).to(tl.int32) - base
+        j = tl.where(first != 0, tl.minimum(j, NB_C - 2), j)
+        take = (z > -float("inf")) & (j >= lo) & (j <= hi)
+        hit = take & (seen + tl.cumsum(take.to(tl.int32), axis=0) == nth)
+        found = tl.minimum(found, tl.min(tl.where(hit, idx, vocab), axis=0))
+        seen += tl.sum(take.to(tl.int32), axis=0)
+    return found
 
 
 @triton.jit
-def _gather_kernel(Logits, Temperature, Stats, Counts, Cand, Cand2, Cand2_z, vocab, stride_l, repeats, n_chunks,
-                   GREEDY_EPS_C: tl.constexpr, DELTA_BASE_C: tl.constexpr, LADDER_C: tl.constexpr, C: tl.constexpr,
-                   C2: tl.constexpr, NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    inv_t = _inv_t(Temperature, row // repeats, GREEDY_EPS_C)
-    m = _row_max(Stats, row, n_chunks, NCH)
-    base_l = Logits + row * stride_l
-    # Both lists in one pass (the second re-reads the chunk from L2): the top C for the per-row
-    # comparison, the top C2 (ids and z) for the rows the first cannot decide.
-    _gather_list(base_l, Cand, Cand, Counts, row, ch, m, inv_t, vocab, n_chunks,
-                 DELTA_BASE_C, LADDER_C, C, NCH, CHUNK_C, BLOCK_V, False)  # fmt: skip
-    _gather_list(base_l, Cand2, Cand2_z, Counts, row, ch, m, inv_t, vocab, n_chunks,
-                 DELTA_BASE_C, LADDER_C, C2, NCH, CHUNK_C, BLOCK_V, True)  # fmt: skip
+def _store_desc(Desc, row, m, z_star, scale, tie_end):
+    out = Desc + row * 4
+    tl.store(out, m)
+    tl.store(out + 1, z_star)
+    tl.store(out + 2, scale)
+    tl.store(out + 3, tie_end.to(tl.float32))  # ids < 2^24 are exact in fp32
 
 
 @triton.jit
-def _select_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, Counts, Cand, Cand_p, Compact, Wide,
-                   Cand2, Cand2_z, vocab, stride_l, repeats, n_chunks,
-                   GREEDY_EPS_C: tl.constexpr, LADDER_C: tl.constexpr, MIN_P: tl.constexpr, RANK: tl.constexpr,
-                   C: tl.constexpr, BLOCK_C: tl.constexpr, C2: tl.constexpr, NCH: tl.constexpr,
-                   BLOCK_V: tl.constexpr):  # fmt: skip
+def _list_top(ListZ, row, n_items, list_cap, BLOCK_V: tl.constexpr):
+    """The largest z of a row's list."""
+    top = -float("inf")
+    for start in range(0, n_items, BLOCK_V):
+        pos = start + tl.arange(0, BLOCK_V)
+        z = tl.load(ListZ + row * list_cap + pos, mask=pos < n_items, other=-float("inf"))
+        top = tl.maximum(top, tl.max(z, axis=0))
+    return top
+
+
+@triton.jit
+def _select_top_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, PlanI, PlanF, Path, ListN, ListIds, ListZ,
+                       Desc, vocab, stride_l, repeats, n_chunks, list_cap, GREEDY_EPS_C: tl.constexpr,
+                       NCH: tl.constexpr, BLOCK_V: tl.constexpr, RANK: tl.constexpr, MIN_P: tl.constexpr):  # fmt: skip
+    """The rows with a complete top list: the exact threshold when the cut provably lies inside it, else the
+    row becomes PENDING with the list's exact count and mass as the bracket stage's start. NOFILTER rows
+    get the softmax itself."""
     row = tl.program_id(0).to(tl.int64)
-    inv_t, k_eff, p_lim, min_p = _row_params(Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P)
-    chs = tl.arange(0, NCH)
-    st = Stats + (row * n_chunks + chs) * 3
-    m_c = tl.load(st, mask=chs < n_chunks, other=-3.0e38)
-    m = tl.max(m_c, axis=0)
-    inv_s = 1.0 / tl.sum(tl.load(st + 1, mask=chs < n_chunks, other=0.0) * tl.exp(m_c - m), axis=0)
-    n_finite = tl.sum(tl.load(st + 2, mask=chs < n_chunks, other=0.0), axis=0).to(tl.int32)
-    fits, rung_c, col_c, n_total = _rung(Counts, row, n_chunks, C, LADDER_C, NCH)
-    base_l = Logits + row * stride_l
-
-    offs_c = tl.arange(0, BLOCK_C)
-    valid = offs_c < tl.minimum(n_total, C)
-    ids = tl.load(Cand + row * C + offs_c, mask=valid, other=0)
-    zc = tl.where(valid, load_z(base_l, ids, vocab, inv_t), -float("inf"))
-    p = tl.where(valid, tl.exp(zc - m) * inv_s, 0.0)
-    cand_mass = tl.sum(p, axis=0)
-    # p >= min_p x p_max  <=>  z >= m + log(min_p), judged on z so it cuts the value order exactly.
-    floor = tl.where(min_p > 0.0, m + tl.log(tl.maximum(min_p, 1e-30)), -float("inf"))
-    floor_ok = zc >= floor
-    # The token after the candidates (z below all of them) is cut if ...
-    top_k_inside = (n_total >= k_eff) | (n_total >= n_finite)  # ... top-k cuts it, or only -inf tokens remain
-    next_cut = top_k_inside | (tl.min(tl.where(valid, floor_ok, True).to(tl.int32), axis=0) == 0)  # min-p cuts it
-    known = n_total >= 0
-    p_lim_row = p_lim
-    if RANK:
-        rank, mass_before = candidate_ranks(zc, p, valid, offs_c)
-        keep = valid & (rank < k_eff) & (mass_before <= p_lim) & floor_ok
-        keep = valid & (rank < tl.sum(keep.to(tl.int32), axis=0))  # a rank prefix, whatever the rounding
-        next_cut |= cand_mass > p_lim
-    else:
-        gt = valid[None, :] & (zc[None, :] > zc[:, None])
-        n_gt = tl.sum(gt.to(tl.int32), axis=1)
-        mass_gt = tl.sum(tl.where(gt, p[None, :], 0.0), axis=1)
-        keep_k = valid & (n_gt < k_eff)
-        if MIN_P:
-            # top-p on the top-k renormalised row: its mass is known when top-k cuts inside.
-            mass_k = tl.where(k_eff >= vocab, 1.0, tl.sum(tl.where(keep_k, p, 0.0), axis=0))
-            known = (p_lim == float("inf")) | (k_eff >= vocab) | top_k_inside
-            p_lim = p_lim * mass_k
-        keep = keep_k & (mass_gt < p_lim) & floor_ok
-        next_cut |= cand_mass >= p_lim
-    kept = tl.sum(tl.where(keep, p, 0.0), axis=0)
-    exact = (fits >= 1) & next_cut & known
-    tl.store(Cand_p + row * C + offs_c, tl.where(keep & exact, p / kept, 0.0), mask=offs_c < C)
-    tl.store(Compact + row, exact.to(tl.int32))
-    if exact == 0:
-        if (k_eff >= vocab) & (p_lim_row == float("inf")) & (min_p <= 0.0):
-            # No filter: the softmax itself.
-            z_star = tl.full([], -float("inf"), tl.float32)
-            tie_end = vocab
-            mass = tl.full([], 1.0, tl.float32)
+    path = tl.load(Path + row)
+    m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
+    if path == NOFILTER:
+        _store_desc(Desc, row, m, -float("inf"), inv_s, vocab)
+    if path == FULL:
+        inv_t, k_eff, p_lim, min_p = row_params(Temperature, Top_k, Top_p, Min_p, row // repeats, vocab,
+                                                GREEDY_EPS_C, MIN_P)  # fmt: skip
+        floor = tl.where(min_p > 0.0, m + tl.log(tl.maximum(min_p, 1e-30)), -float("inf"))
+        n_items = tl.load(ListN + row)
+        ids, zs = ListIds + row * list_cap, ListZ + row * list_cap
+        top = _list_top(ListZ, row, n_items, list_cap, BLOCK_V)
+        n_all, mass = above(zs, ids, zs, n_items, vocab, inv_t, m, inv_s, -float("inf"), 0, 0.0, False, True, BLOCK_V)
+        # The first token under the list has every listed token above it: it is cut iff they reach top_k or
+        # the mass limit (on flashinfer's min-p rows top_p x the top-k mass: exact from the list once it
+        # holds top_k tokens, else at most top_p), or it lies under the min-p floor (surely: its bin does).
+        plan = PlanI + row * PLAN_I
+        hi = tl.load(plan + 5)
+        r = tl.load(PlanF + row * PLAN_F + 1)
+        p_lim_eff = p_lim
+        whole_row = n_items < 0
+        if MIN_P and not RANK:
+            joint = (p_lim < float("inf")) & (k_eff < vocab)
+            if joint & (n_items >= k_eff):
+                z_k, tie_k, mass_k = wide_cut(zs, ids, zs, n_items, vocab, inv_t, m, inv_s, k_eff, float("inf"),
+                                              -float("inf"), top, 0, 0.0, False, False, True, BLOCK_V)  # fmt: skip
+                p_lim_eff = p_lim * mass_k
+            # The top-k mass that scales top_p needs the top-k tokens past the list: the whole row, exactly.
+            whole_row = joint & (n_items < k_eff)
+        if RANK:
+            by_mass = mass > p_lim_eff
         else:
-            # The top C2: the same proof that nothing past them is kept, on their count and mass
-            # (with min-p and top-p, top_p x the top-k mass <= top_p: the test below suffices).
-            fits2, rung2, col2, n2 = _rung(Counts, row, n_chunks, C2, LADDER_C, NCH)
-            n_items = tl.minimum(n2, C2)
-            ids2, zs2 = Cand2 + row * C2, Cand2_z + row * C2
-            n_all2, mass2 = above(base_l, ids2, zs2, n_items, vocab, inv_t, m, inv_s, -float("inf"), False, True, BLOCK_V)
-            n_floor, mass_floor = above(base_l, ids2, zs2, n_items, vocab, inv_t, m, inv_s, floor, False, True, BLOCK_V)
-            next2 = (n2 >= k_eff) | (n2 >= n_finite) | (n_floor < n_items)
-            if RANK:
-                next2 |= mass2 > p_lim_row
-            else:
-                next2 |= mass2 >= p_lim_row
-                if MIN_P:  # the top-k mass must be known: top-k cuts inside the list
-                    next2 &= (p_lim_row == float("inf")) | (k_eff >= vocab) | (n2 >= k_eff) | (n2 >= n_finite)
-            if (fits2 >= 1) & next2:
-                z_star, tie_end, mass = wide_cut(base_l, ids2, zs2, n_items, vocab, inv_t, m, inv_s, k_eff, p_lim_row,
-                                                 floor, RANK, MIN_P, True, BLOCK_V)  # fmt: skip
-            else:
-                z_star, tie_end, mass = wide_cut(base_l, base_l, base_l, vocab, vocab, inv_t, m, inv_s, k_eff,
-                                                 p_lim_row, floor, RANK, MIN_P, False, BLOCK_V)  # fmt: skip
-        tl.store(Wide + row * 4, m)
-        tl.store(Wide + row * 4 + 1, z_star)
-        tl.store(Wide + row * 4 + 2, inv_s / mass)
-        tl.store(Wide + row * 4 + 3, tie_end.to(tl.float32))
+            by_mass = mass >= p_lim_eff
+        floor_d = tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
+        by_floor = (hi + 1.0) / r * (1.0 - _SLACK_SELECT) > floor_d
+        if whole_row:
+            base_l = Logits + row * stride_l
+            z_star, tie_end, kept = wide_cut(base_l, base_l, base_l, vocab, vocab, inv_t, m, inv_s, k_eff, p_lim, floor,
+                                             m, 0, 0.0, RANK, MIN_P, False, BLOCK_V)  # fmt: skip
+            _store_desc(Desc, row, m, z_star, inv_s / kept, tie_end)
+            tl.store(Path + row, VOCAB)
+        elif (n_items >= k_eff) | (n_items >= fin) | by_mass | by_floor:
+            z_star, tie_end, kept = wide_cut(zs, ids, zs, n_items, vocab, inv_t, m, inv_s, k_eff, p_lim, floor, top, 0,
+                                             0.0, RANK, MIN_P, True, BLOCK_V)  # fmt: skip
+            _store_desc(Desc, row, m, z_star, inv_s / kept, tie_end)
+        else:
+            tl.store(Path + row, PENDING)
+            tl.store(plan + 2, hi + 1)
+            tl.store(plan + 8, n_items)
+            tl.store(PlanF + row * PLAN_F + 2, mass)
 
 
 @triton.jit
-def _write_kernel(Logits, Temperature, Compact, Wide, Full, vocab, stride_l, stride_f, repeats,
-                  GREEDY_EPS_C: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    if tl.load(Compact + row) == 0:
-        inv_t = _inv_t(Temperature, row // repeats, GREEDY_EPS_C)
-        m = tl.load(Wide + row * 4)
-        z_star = tl.load(Wide + row * 4 + 1)
-        scale = tl.load(Wide + row * 4 + 2)
-        tie_end = tl.load(Wide + row * 4 + 3).to(tl.int32)
+def _select_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, PlanI, PlanF, Path, ListN, ListIds, ListZ,
+                   Offsets, AboveMass, RangeZ, Desc, vocab, stride_l, repeats, n_chunks, list_cap,
+                   GREEDY_EPS_C: tl.constexpr, NB_C: tl.constexpr, NCH: tl.constexpr, CHUNK_C: tl.constexpr,
+                   BLOCK_V: tl.constexpr, RANK: tl.constexpr, MIN_P: tl.constexpr):  # fmt: skip
+    """The bracket stage's rows: the exact threshold over the list with the offsets above it (WINDOW; FULL
+    once the list holds everything above it too), or, for a bracket too large to list, one tied value (TIE)
+    or the whole row (VOCAB)."""
+    row = tl.program_id(0).to(tl.int64)
+    path = tl.load(Path + row)
+    if (path == WINDOW) | (path == BIG):
+        inv_t, k_eff, p_lim, min_p = row_params(Temperature, Top_k, Top_p, Min_p, row // repeats, vocab,
+                                                GREEDY_EPS_C, MIN_P)  # fmt: skip
+        m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
         base_l = Logits + row * stride_l
-        offs = tl.arange(0, BLOCK_V)
-        for sub in range(0, CHUNK_C, BLOCK_V):
-            idx = ch * CHUNK_C + sub + offs
-            z = load_z(base_l, idx, vocab, inv_t)
-            keep = (z > z_star) | ((z == z_star) & (idx <= tie_end))
-            tl.store(Full + row * stride_f + idx, tl.where(keep, tl.exp(z - m) * scale, 0.0), mask=idx < vocab)
+        floor = tl.where(min_p > 0.0, m + tl.log(tl.maximum(min_p, 1e-30)), -float("inf"))
+        chs = tl.arange(0, NCH)
+        plan = PlanI + row * PLAN_I
+        cnt_off = tl.load(plan + 7)
+        mass_off = tl.sum(tl.load(AboveMass + row * NCH + chs, mask=chs < n_chunks, other=0.0), axis=0) * inv_s
+        n_items = tl.load(ListN + row)
+        z_star = tl.full([], -float("inf"), tl.float32)
+        tie_end = vocab
+        mass = mass_off
+        new_path = path
+        if path == WINDOW:
+            if n_items > 0:  # else every finite token lies above the list: all kept
+                ids, zs = ListIds + row * list_cap, ListZ + row * list_cap
+                top = _list_top(ListZ, row, n_items, list_cap, BLOCK_V)
+                z_star, tie_end, mass = wide_cut(base_l, ids, zs, n_items, vocab, inv_t, m, inv_s, k_eff, p_lim, floor,
+                                                 top, cnt_off, mass_off, RANK, MIN_P, True, BLOCK_V)  # fmt: skip
+            new_path = tl.where(tl.load(plan + 4) == _ALL_ABOVE_SELECT, FULL, WINDOW)
+        else:
+            rng = RangeZ + (row * NCH + chs) * 2
+            z_lo = tl.min(tl.load(rng, mask=chs < n_chunks, other=float("inf")), axis=0)
+            z_hi = tl.max(tl.load(rng + 1, mask=chs < n_chunks, other=-float("inf")), axis=0)
+            if z_lo == z_hi:
+                new_path = TIE
+                n_tie, mass = tie_cut(z_lo, n_items, cnt_off, mass_off, m, inv_s, k_eff, p_lim, floor, vocab, RANK, MIN_P)
+                z_star = tl.where(n_tie > 0, z_lo, next_up(z_lo))
+                if RANK:
+                    if (n_tie > 0) & (n_tie < n_items):
+                        tie_end = _nth_in_range(base_l, Offsets, row, n_tie, n_chunks, m,
+                                                tl.load(PlanF + row * PLAN_F + 1), tl.load(plan + 3), tl.load(plan + 4),
+                                                tl.load(plan + 5), tl.load(plan + 6), vocab, inv_t, NB_C, NCH, CHUNK_C,
+                                                BLOCK_V)  # fmt: skip
+            else:
+                new_path = VOCAB
+                z_star, tie_end, mass = wide_cut(base_l, base_l, base_l, vocab, vocab, inv_t, m, inv_s, k_eff, p_lim,
+                                                 floor, m, 0, 0.0, RANK, MIN_P, False, BLOCK_V)  # fmt: skip
+        _store_desc(Desc, row, m, z_star, inv_s / mass, tie_end)
+        tl.store(Path + row, new_path)
 
 
 def target_filter_fwd(
@@ -303,18 +285,18 @@ def target_filter_fwd(
     min_p: torch.Tensor | None,
     repeats: int = 1,
     rank_rule: bool = False,
-    candidates: int = CANDIDATES,
-    wide_candidates: int = WIDE_CANDIDATES,
+    list_cap: int = LIST_CAP,
     chunk: int = CHUNK,
     block_v: int = 1024,
+    levels: int = LEVELS,
 ) -> TargetRows:
-    """``target_probs`` on the GPU, compact: row i under request i // repeats.
+    """``target_probs`` on the GPU, as thresholds: row i under request i // repeats.
 
     logits [n, V] (any float dtype, last dim contiguous); temperature, top_p [n / repeats] float;
     top_k [n / repeats] int (1: greedy; <= 0 or >= V: off); min_p [n / repeats] float, or None for
-    a batch without min-p; rank_rule: the pytorch backend's rule, else flashinfer's. ``candidates``
-    (C) sizes the per-row comparison; ``chunk`` (tokens per program, a multiple of ``block_v``) and
-    ``block_v`` are launch parameters only. Shape-static, no host sync.
+    a batch without min-p; rank_rule: the pytorch backend's rule, else flashinfer's. ``list_cap`` sizes
+    the per-row list, ``levels`` the histogram levels; ``chunk`` (tokens per program, a multiple of
+    ``block_v``) and ``block_v`` are launch parameters only. Shape-static, no host sync.
     """
     n, vocab = logits.shape
     bs = n // repeats if repeats >= 1 else -1
@@ -326,35 +308,20 @@ def target_filter_fwd(
         raise ValueError(f"top_k must be an integer tensor, got {top_k.dtype}")
     if chunk % block_v:
         raise ValueError(f"chunk {chunk} must be a multiple of block_v {block_v}")
+    if levels < 1 or list_cap < 1:
+        raise ValueError(f"levels ({levels}) and list_cap ({list_cap}) must be >= 1")
     dev = logits.device
     n_chunks = triton.cdiv(vocab, chunk)
-    rows = TargetRows(
-        torch.zeros((n, candidates), dtype=torch.int32, device=dev),
-        torch.empty((n, candidates), dtype=torch.float32, device=dev),
-        torch.empty(n, dtype=torch.int32, device=dev),
-        torch.empty((n, vocab), dtype=torch.float32, device=dev),
-    )
-    if n == 0:
-        return rows
-    stats = torch.empty((n, n_chunks, 3), dtype=torch.float32, device=dev)
-    counts = torch.empty((n, n_chunks, LADDER), dtype=torch.int32, device=dev)
-    wide = torch.empty((n, 4), dtype=torch.float32, device=dev)
-    cand2 = torch.empty((n, wide_candidates), dtype=torch.int32, device=dev)
-    cand2_z = torch.empty((n, wide_candidates), dtype=torch.float32, device=dev)
-    grid = (n, n_chunks)
     nch = triton.next_power_of_2(n_chunks)
-    common = {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": chunk, "BLOCK_V": block_v}
-    _stats_kernel[grid](logits, temperature, stats, vocab, logits.stride(0), repeats, n_chunks, **common)
-    ladder = {"DELTA_BASE_C": DELTA_BASE, "LADDER_C": LADDER, "NCH": nch, **common}
-    _ladder_kernel[grid](logits, temperature, stats, counts, vocab, logits.stride(0), repeats, n_chunks, **ladder)
-    _gather_kernel[grid](logits, temperature, stats, counts, rows.cand_ids, cand2, cand2_z, vocab, logits.stride(0),
-                         repeats, n_chunks, C=candidates, C2=wide_candidates, **ladder)  # fmt: skip
-    _select_kernel[(n,)](
-        logits, temperature, top_k, top_p, top_p if min_p is None else min_p, stats, counts, rows.cand_ids,
-        rows.cand_p, rows.compact, wide, cand2, cand2_z, vocab, logits.stride(0), repeats, n_chunks,
-        GREEDY_EPS_C=GREEDY_EPS, LADDER_C=LADDER, MIN_P=min_p is not None, RANK=rank_rule, C=candidates,
-        BLOCK_C=triton.next_power_of_2(candidates), C2=wide_candidates, NCH=nch, BLOCK_V=block_v,
-    )  # fmt: skip
-    _write_kernel[grid](logits, temperature, rows.compact, wide, rows.full, vocab, logits.stride(0),
-                        rows.full.stride(0), repeats, **common)  # fmt: skip
-    return rows
+    desc = torch.empty((n, 4), dtype=torch.float32, device=dev)
+    passes = VocabPasses.allocate(n, n_chunks, list_cap, dev)
+    if n:
+        passes.top_list(logits, temperature, top_k, top_p, min_p, repeats, chunk, block_v, target=True)
+        common = (logits, temperature, top_k, top_p, top_p if min_p is None else min_p, passes.stats, passes.plan_i,
+                  passes.plan_f, passes.path, passes.list_n, passes.list_ids, passes.list_z)  # fmt: skip
+        flags = {"GREEDY_EPS_C": GREEDY_EPS, "NCH": nch, "BLOCK_V": block_v, "RANK": rank_rule, "MIN_P": min_p is not None}
+        _select_top_kernel[(n,)](*common, desc, vocab, logits.stride(0), repeats, n_chunks, list_cap, **flags)
+        passes.bracket(logits, temperature, top_k, top_p, min_p, repeats, rank_rule, chunk, block_v, levels)
+        _select_kernel[(n,)](*common, passes.offsets, passes.above_mass, passes.range_z, desc, vocab,
+                             logits.stride(0), repeats, n_chunks, list_cap, NB_C=NB, CHUNK_C=chunk, **flags)  # fmt: skip
+    return TargetRows(logits, temperature, repeats, desc, passes.list_ids, passes.list_n, passes.path)

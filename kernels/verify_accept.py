@@ -1,21 +1,20 @@
-"""The sampled verify's acceptance, fused: exact rejection sampling against compact target rows.
+"""The sampled verify's acceptance: exact rejection sampling against the target rows' thresholds.
 
-Per request (one program each): the accept test reads p at its k drafts, then one token is drawn
-from the residual max(0, p - q) at the first rejection (or from p after the last draft). The target
-rows come from ``kernels/target_filter.py`` (``TargetRows``): on a compact row p lives on its C
-candidates, so p at a draft is a C-wide compare and the residual draw an inverse CDF over the C
-candidates (in id order) with q matched from the draft record's C ids ([C, C] compare): nothing
-vocabulary-wide. A row given in full (no filter, a nucleus wider than C) is read from ``full``: the
-residual differs from p only on the record's ids, written into that row in place (``full`` is
-consumed), and the draw reads the row twice (its total mass, then the inverse CDF).
-``sampling/rejection.rejection_sample`` is the reference.
+Per request: the accept test reads p at its k drafts, then one token is drawn from the residual
+max(0, p - q) at the first rejection (or from p after the last draft). The target rows come from
+``kernels/target_filter.py`` (``TargetRows``): p at any token is one logit read and the row's threshold,
+so the accept test reads k logits. The draw reads the row's kept tokens: from the row's list when it
+holds every kept token (peaked rows: a few hundred tokens at most), else vocabulary-parallel (one
+program per (request, chunk) sums the chunk's residual mass, then one per request picks the chunk and
+scans it). ``sampling/rejection.rejection_sample`` is the reference.
 
 Semantics are the reference's: draft j is accepted iff coin_j * q_tok_j < p_j(token_j) and j <
 num_drafts (one count for the batch, or each request's own from a [bs] tensor the kernel reads on
 the device), the accepted prefix ends at the first failure; the drawn token is the first id whose
 cumulative residual mass exceeds final_coin * total (the last id with mass if rounding leaves none),
 where the residual is p minus min(p, q) on the record's candidates (none past the request's last
-draft) and p itself when nothing is left (p == q). Shape-static and sync-free (CUDA-graph safe).
+draft) and p itself when nothing is left (p == q). Three launches, shape-static and sync-free
+(CUDA-graph safe).
 """
 
 from __future__ import annotations
@@ -24,52 +23,64 @@ import torch
 import triton
 import triton.language as tl
 
-from .target_filter import TargetRows
+from .logit_bins import CHUNK, FULL, GREEDY_EPS, inv_temperature, load_z
+from .target_filter import TargetRows, kept_p, load_desc
 
 
 @triton.jit
-def _draw_compact(Cand_ids, Cand_p, row, ids_q, q, sub, target_u, C: tl.constexpr, BLOCK_C: tl.constexpr):
-    offs = tl.arange(0, BLOCK_C)
-    in_c = offs < C
-    tids = tl.load(Cand_ids + row * C + offs, mask=in_c, other=-1)
-    tp = tl.load(Cand_p + row * C + offs, mask=in_c, other=0.0)
-    q_at = tl.sum(tl.where((tids[:, None] == ids_q[None, :]) & sub[None, :], q[None, :], 0.0), axis=1)
-    res = tp - tl.minimum(tp, q_at)
-    total = tl.sum(res, axis=0)
-    # Rounding can leave no residual mass only when p == q; p itself is then exact.
-    has_residual = total > 0.0
-    res = tl.where(has_residual, res, tp)
-    total = tl.where(has_residual, total, tl.sum(tp, axis=0))
-    cum = tl.cumsum(res, axis=0)
-    first = tl.min(tl.where((cum > target_u * total) & (res > 0.0), offs, BLOCK_C), axis=0)
-    last = tl.max(tl.where(res > 0.0, offs, -1), axis=0)
-    slot = tl.where(first < BLOCK_C, first, last)
-    return tl.sum(tl.where(offs == slot, tids, 0), axis=0)
+def _record(Rec_ids, Rec_q, b, n_acc, num_drafts, stride_cb, stride_cj, stride_db, stride_dj,
+            K: tl.constexpr, RC: tl.constexpr, BLOCK_RC: tl.constexpr):  # fmt: skip
+    """(ids [BLOCK_RC], q, live) of the record to subtract: the rejected draft's (none past the last draft)."""
+    offs_r = tl.arange(0, BLOCK_RC)
+    j = tl.minimum(n_acc, K - 1)
+    sub = (offs_r < RC) & (n_acc < num_drafts)
+    ids_q = tl.load(Rec_ids + b * stride_cb + j * stride_cj + offs_r, mask=sub, other=-1)
+    q = tl.load(Rec_q + b * stride_db + j * stride_dj + offs_r, mask=sub, other=0.0)
+    return ids_q, q, sub
 
 
 @triton.jit
-def _draw_full(row_p, vocab, ids_q, q, sub, target_u, BLOCK_V: tl.constexpr):
-    overlap = tl.where(sub, tl.minimum(tl.load(row_p + ids_q, mask=sub, other=0.0), q), 0.0)
-    offs_v = tl.arange(0, BLOCK_V)
+def _overlap(idx, p, ids_q, q, sub):
+    """min(p, q) at tokens idx [N] whose id the record lists (0 elsewhere). Only slots with q > 0 count
+    (unused slots repeat ids)."""
+    q_at = tl.sum(tl.where((idx[:, None] == ids_q[None, :]) & sub[None, :], q[None, :], 0.0), axis=1)
+    return tl.minimum(p, q_at)
+
+
+@triton.jit
+def _num_drafts(Num_drafts, b, stride_n, PER_ROW: tl.constexpr):
+    # PER_ROW: Num_drafts points at each request's count; else it is the batch's count itself.
+    if PER_ROW:
+        count = tl.load(Num_drafts + b * stride_n)
+    else:
+        count = Num_drafts
+    return count
+
+
+@triton.jit
+def _draw_list(base_l, Ids, n_items, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, target_u,
+               BLOCK_L: tl.constexpr):  # fmt: skip
+    """The residual draw over a row's list (ascending ids) holding every kept token."""
+    offs = tl.arange(0, BLOCK_L)
     total_p = 0.0
-    for start in range(0, vocab, BLOCK_V):
-        idx = start + offs_v
-        total_p += tl.sum(tl.load(row_p + idx, mask=idx < vocab, other=0.0), axis=0)
-    residual_mass = total_p - tl.sum(overlap, axis=0)
-    has_residual = residual_mass > 0.0
-    total = tl.where(has_residual, residual_mass, total_p)
-    # The residual in place: the row is consumed. Only slots with q > 0 write (their ids are
-    # distinct; unused slots repeat ids).
-    write = tl.where(has_residual, sub & (q > 0.0), False)
-    tl.store(row_p + ids_q, tl.load(row_p + ids_q, mask=sub, other=0.0) - overlap, mask=write)
-    tl.debug_barrier()
-    target = target_u * total
+    total_r = 0.0
+    for start in range(0, n_items, BLOCK_L):
+        live = start + offs < n_items
+        idx = tl.load(Ids + start + offs, mask=live, other=vocab)
+        p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
+        total_p += tl.sum(p, axis=0)
+        total_r += tl.sum(p - _overlap(idx, p, ids_q, q, sub), axis=0)
+    # Rounding can leave no residual mass only when p == q; p itself is then exact.
+    has_residual = total_r > 0.0
+    target = target_u * tl.where(has_residual, total_r, total_p)
     cum = 0.0
     drawn = -1
     last = -1
-    for start in range(0, vocab, BLOCK_V):
-        idx = start + offs_v
-        r = tl.load(row_p + idx, mask=idx < vocab, other=0.0)
+    for start in range(0, n_items, BLOCK_L):
+        live = start + offs < n_items
+        idx = tl.load(Ids + start + offs, mask=live, other=vocab)
+        p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
+        r = tl.where(has_residual, p - _overlap(idx, p, ids_q, q, sub), p)
         c = cum + tl.cumsum(r, axis=0)
         first = tl.min(tl.where((c > target) & (r > 0.0), idx, vocab), axis=0)
         drawn = tl.where((drawn < 0) & (first < vocab), first, drawn)
@@ -79,54 +90,148 @@ def _draw_full(row_p, vocab, ids_q, q, sub, target_u, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _rejection_kernel(
-    Cand_ids, Cand_p, Compact, Full, Tokens, Rec_ids, Rec_q, Q_tok, Coins, Final_coins, Emitted, Num_accepted,
-    vocab, Num_drafts, stride_n, stride_f, stride_tb, stride_cb, stride_cj, stride_db, stride_dj,
-    stride_qb, stride_qj, stride_ob, stride_oj, stride_fc, stride_eb,
-    K: tl.constexpr, BLOCK_K: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr,
-    RC: tl.constexpr, BLOCK_RC: tl.constexpr, BLOCK_V: tl.constexpr, PER_ROW: tl.constexpr,
+def _accept_kernel(
+    Logits, Temperature, Desc, Path, ListIds, ListN, Tokens, Rec_ids, Rec_q, Q_tok, Coins, Final_coins, Emitted,
+    Num_accepted, Pending, vocab, stride_l, list_cap, Num_drafts, stride_n, stride_tb, stride_cb, stride_cj,
+    stride_db, stride_dj, stride_qb, stride_qj, stride_ob, stride_oj, stride_fc, stride_eb,
+    GREEDY_EPS_C: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, RC: tl.constexpr,
+    BLOCK_RC: tl.constexpr, BLOCK_L: tl.constexpr, PER_ROW: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
-    # PER_ROW: Num_drafts points at each request's count; else it is the batch's count itself.
-    if PER_ROW:
-        num_drafts = tl.load(Num_drafts + b * stride_n)
-    else:
-        num_drafts = Num_drafts
+    num_drafts = _num_drafts(Num_drafts, b, stride_n, PER_ROW)
+    inv_t = inv_temperature(Temperature, b, GREEDY_EPS_C)
     offs_k = tl.arange(0, BLOCK_K)
     in_k = offs_k < K
     rows = b * (K + 1) + offs_k
     tok = tl.load(Tokens + b * stride_tb + offs_k, mask=in_k, other=0)
     q_tok = tl.load(Q_tok + b * stride_qb + offs_k * stride_qj, mask=in_k, other=1.0)
     coin = tl.load(Coins + b * stride_ob + offs_k * stride_oj, mask=in_k, other=1.0)
-    compact = tl.load(Compact + rows, mask=in_k, other=1)
-    offs_c = tl.arange(0, BLOCK_C)
-    cand = in_k[:, None] & (offs_c[None, :] < C)
-    cids = tl.load(Cand_ids + rows[:, None] * C + offs_c[None, :], mask=cand, other=-1)
-    cp = tl.load(Cand_p + rows[:, None] * C + offs_c[None, :], mask=cand, other=0.0)
-    p_compact = tl.sum(tl.where(cids == tok[:, None], cp, 0.0), axis=1)
-    p_full = tl.load(Full + rows * stride_f + tok, mask=in_k & (compact == 0), other=0.0)
-    p_tok = tl.where(compact != 0, p_compact, p_full)
+    z_tok = tl.load(Logits + rows * stride_l + tok, mask=in_k, other=-float("inf")).to(tl.float32) * inv_t
+    d = Desc + rows * 4
+    p_tok = kept_p(z_tok, tok, tl.load(d, mask=in_k, other=0.0), tl.load(d + 1, mask=in_k, other=0.0),
+                   tl.load(d + 2, mask=in_k, other=0.0), tl.load(d + 3, mask=in_k, other=0.0).to(tl.int32))  # fmt: skip
     ok = (coin * q_tok < p_tok) & (offs_k < num_drafts)
     n_acc = tl.min(tl.where(in_k & ~ok, offs_k, K), axis=0)
-
-    # The rejected draft's record (nothing to subtract past the last draft).
-    offs_r = tl.arange(0, BLOCK_RC)
-    j = tl.minimum(n_acc, K - 1)
-    sub = (offs_r < RC) & (n_acc < num_drafts)
-    ids_q = tl.load(Rec_ids + b * stride_cb + j * stride_cj + offs_r, mask=sub, other=0)
-    q = tl.load(Rec_q + b * stride_db + j * stride_dj + offs_r, mask=sub, other=0.0)
     row = b * (K + 1) + n_acc
-    target_u = tl.load(Final_coins + b * stride_fc).to(tl.float32)
-    if tl.load(Compact + row) != 0:
-        drawn = _draw_compact(Cand_ids, Cand_p, row, ids_q, q, sub, target_u, C, BLOCK_C).to(tl.int64)
+    drawn = tl.full([], -1, tl.int64)
+    if tl.load(Path + row) == FULL:
+        ids_q, q, sub = _record(Rec_ids, Rec_q, b, n_acc, num_drafts, stride_cb, stride_cj, stride_db, stride_dj, K,
+                                RC, BLOCK_RC)  # fmt: skip
+        m, z_star, scale, tie_end = load_desc(Desc, row)
+        target_u = tl.load(Final_coins + b * stride_fc).to(tl.float32)
+        drawn = _draw_list(Logits + row * stride_l, ListIds + row * list_cap, tl.load(ListN + row), vocab, inv_t, m,
+                           z_star, scale, tie_end, ids_q, q, sub, target_u, BLOCK_L).to(tl.int64)  # fmt: skip
+        tl.store(Pending + b, -1)
     else:
-        drawn = _draw_full(Full + row * stride_f, vocab, ids_q, q, sub, target_u, BLOCK_V).to(tl.int64)
-
+        tl.store(Pending + b, row)  # the vocabulary-parallel draw fills slot n_acc
     offs_e = tl.arange(0, BLOCK_K * 2)
     draft = tl.load(Tokens + b * stride_tb + offs_e, mask=offs_e < tl.minimum(n_acc, K), other=0)
     out = tl.where(offs_e < n_acc, draft, tl.where(offs_e == n_acc, drawn, -1))
     tl.store(Emitted + b * stride_eb + offs_e, out, mask=offs_e <= K)
     tl.store(Num_accepted + b, n_acc.to(tl.int64))
+
+
+@triton.jit
+def _draw_mass_kernel(
+    Logits, Temperature, Desc, Pending, Num_accepted, Rec_ids, Rec_q, ChunkMass, vocab, stride_l, n_chunks,
+    Num_drafts, stride_n, stride_cb, stride_cj, stride_db, stride_dj,
+    GREEDY_EPS_C: tl.constexpr, K: tl.constexpr, RC: tl.constexpr, BLOCK_RC: tl.constexpr,
+    CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr, PER_ROW: tl.constexpr,
+):  # fmt: skip
+    """Per (request, chunk) of a pending draw: the chunk's residual mass and its p mass."""
+    b, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    row = tl.load(Pending + b)
+    if row >= 0:
+        inv_t = inv_temperature(Temperature, b, GREEDY_EPS_C)
+        m, z_star, scale, tie_end = load_desc(Desc, row)
+        base_l = Logits + row * stride_l
+        num_drafts = _num_drafts(Num_drafts, b, stride_n, PER_ROW)
+        ids_q, q, sub = _record(Rec_ids, Rec_q, b, tl.load(Num_accepted + b), num_drafts, stride_cb, stride_cj,
+                                stride_db, stride_dj, K, RC, BLOCK_RC)  # fmt: skip
+        offs = tl.arange(0, BLOCK_V)
+        mass = 0.0
+        for sub_start in range(0, CHUNK_C, BLOCK_V):
+            idx = ch * CHUNK_C + sub_start + offs
+            mass += tl.sum(kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end), axis=0)
+        # The record's ids in this chunk: what the residual takes off.
+        in_ch = sub & (ids_q >= ch * CHUNK_C) & (ids_q < (ch + 1) * CHUNK_C) & (q > 0.0)
+        safe = tl.where(in_ch, ids_q, 0)  # unused slots hold -1: no address before the row
+        p_rec = kept_p(load_z(base_l, safe, vocab, inv_t), safe, m, z_star, scale, tie_end)
+        overlap = tl.sum(tl.where(in_ch, tl.minimum(p_rec, q), 0.0), axis=0)
+        tl.store(ChunkMass + (b * n_chunks + ch) * 2, mass - overlap)
+        tl.store(ChunkMass + (b * n_chunks + ch) * 2 + 1, mass)
+
+
+@triton.jit
+def _draw_pick_kernel(
+    Logits, Temperature, Desc, Pending, Num_accepted, Rec_ids, Rec_q, Final_coins, ChunkMass, Emitted, vocab,
+    stride_l, n_chunks, Num_drafts, stride_n, stride_cb, stride_cj, stride_db, stride_dj, stride_fc, stride_eb,
+    GREEDY_EPS_C: tl.constexpr, K: tl.constexpr, RC: tl.constexpr, BLOCK_RC: tl.constexpr, NCH: tl.constexpr,
+    CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, PER_ROW: tl.constexpr,
+):  # fmt: skip
+    """Per request with a pending draw: the chunk where the cumulative mass passes the coin, its tile, then
+    the token (tile masses from the record's 64-wide overlap; only the one tile compares ids pairwise)."""
+    b = tl.program_id(0).to(tl.int64)
+    row = tl.load(Pending + b)
+    if row >= 0:
+        chs = tl.arange(0, NCH)
+        live = chs < n_chunks
+        res_c = tl.load(ChunkMass + (b * n_chunks + chs) * 2, mask=live, other=0.0)
+        p_c = tl.load(ChunkMass + (b * n_chunks + chs) * 2 + 1, mask=live, other=0.0)
+        has_residual = tl.sum(res_c, axis=0) > 0.0
+        mass_c = tl.where(has_residual, res_c, p_c)
+        target = tl.load(Final_coins + b * stride_fc).to(tl.float32) * tl.sum(mass_c, axis=0)
+        cum_c = tl.cumsum(mass_c, axis=0)
+        pos = live & (mass_c > 0.0)
+        first_c = tl.min(tl.where(pos & (cum_c > target), chs, NCH), axis=0)
+        found = first_c < NCH
+        ch = tl.where(found, first_c, tl.max(tl.where(pos, chs, 0), axis=0))
+        cum = tl.sum(tl.where(chs == ch, cum_c - mass_c, 0.0), axis=0)
+        inv_t = inv_temperature(Temperature, b, GREEDY_EPS_C)
+        m, z_star, scale, tie_end = load_desc(Desc, row)
+        base_l = Logits + row * stride_l
+        n_acc = tl.load(Num_accepted + b)
+        ids_q, q, sub = _record(Rec_ids, Rec_q, b, n_acc, _num_drafts(Num_drafts, b, stride_n, PER_ROW), stride_cb,
+                                stride_cj, stride_db, stride_dj, K, RC, BLOCK_RC)  # fmt: skip
+        live_q = sub & (q > 0.0)
+        safe = tl.where(live_q, ids_q, 0)
+        take_q = tl.where(live_q, tl.minimum(kept_p(load_z(base_l, safe, vocab, inv_t), safe, m, z_star, scale, tie_end), q),
+                          0.0)  # fmt: skip
+        # The tile of the chunk where the running mass passes the target (or, when rounding leaves none,
+        # the last tile with mass).
+        offs = tl.arange(0, BLOCK_V)
+        hit = -1
+        last = -1
+        before = cum
+        for sub_start in range(0, CHUNK_C, BLOCK_V):
+            start = ch * CHUNK_C + sub_start
+            idx = start + offs
+            tile = tl.sum(kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end), axis=0)
+            in_tile = (ids_q >= start) & (ids_q < start + BLOCK_V)
+            tile = tl.where(has_residual, tile - tl.sum(tl.where(in_tile, take_q, 0.0), axis=0), tile)
+            crossed = (hit < 0) & found & (tile > 0.0) & (cum + tile > target)
+            before = tl.where(crossed, cum, before)
+            hit = tl.where(crossed, start, hit)
+            last = tl.where(tile > 0.0, start, last)
+            cum += tile
+        use_hit = hit >= 0
+        start = tl.where(use_hit, hit, last)
+        cum = tl.where(use_hit, before, 0.0)
+        target = tl.where(use_hit, target, float("inf"))
+        # Within the tile, BLOCK_S tokens at a time: each compared with the record's ids.
+        offs_s = tl.arange(0, BLOCK_S)
+        drawn = -1
+        last_id = -1
+        for s0 in range(0, BLOCK_V, BLOCK_S):
+            idx = start + s0 + offs_s
+            p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
+            r = tl.where(has_residual, p - _overlap(idx, p, ids_q, q, sub), p)
+            c = cum + tl.cumsum(r, axis=0)
+            first = tl.min(tl.where((c > target) & (r > 0.0), idx, vocab), axis=0)
+            drawn = tl.where((drawn < 0) & (first < vocab), first, drawn)
+            last_id = tl.maximum(last_id, tl.max(tl.where(r > 0.0, idx, -1), axis=0))
+            cum += tl.sum(r, axis=0)
+        tl.store(Emitted + b * stride_eb + n_acc, tl.where(drawn < 0, last_id, drawn).to(tl.int64))
 
 
 def rejection_fwd(
@@ -138,36 +243,56 @@ def rejection_fwd(
     num_drafts: int | torch.Tensor,
     coins: torch.Tensor,
     final_coins: torch.Tensor,
+    chunk: int = CHUNK,
+    block_v: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rejection_sample`` of ``sampling/rejection.py`` (the record unpacked): target: the
-    bs * (k + 1) rows of ``target_filter_fwd``, request-major (row b * (k + 1) + j scores draft j;
-    its ``full`` is overwritten: a non-compact final row becomes its residual); tokens [bs, k] int64;
-    cand_ids / cand_q [bs, k, C']; q_tok [bs, k]; num_drafts: an int for the batch or a [bs] int64 /
-    int32 tensor on the same device, values in 0..k (as ``DraftRecord.num_drafts``; unchecked, to
-    stay sync-free); coins [bs, k]; final_coins [bs]. Returns (emitted [bs, k+1] int64,
-    num_accepted [bs])."""
+    bs * (k + 1) rows of ``target_filter_fwd`` at repeats k + 1, request-major (row b * (k + 1) + j
+    scores draft j); tokens [bs, k] int64; cand_ids / cand_q [bs, k, C']; q_tok [bs, k]; num_drafts:
+    an int for the batch or a [bs] int64 / int32 tensor on the same device, values in 0..k (as
+    ``DraftRecord.num_drafts``; unchecked, to stay sync-free); coins [bs, k]; final_coins [bs].
+    ``chunk`` (tokens per program of the vocabulary-parallel draw, a multiple of ``block_v``) and ``block_v``
+    (its tile) are launch parameters only.
+    Returns (emitted [bs, k+1] int64, num_accepted [bs])."""
     bs, k = tokens.shape
     rc = cand_ids.shape[-1]
-    n, c = target.cand_ids.shape
-    vocab = target.full.shape[-1]
-    if n != bs * (k + 1) or cand_ids.shape != (bs, k, rc) or cand_q.shape != (bs, k, rc):
-        raise ValueError(f"record shapes {tuple(tokens.shape)}, {tuple(cand_ids.shape)} do not match {n} target rows")
-    if k < 1 or any(t.stride(-1) != 1 for t in (target.full, tokens, cand_ids, cand_q)):
+    n, vocab = target.logits.shape
+    if n != bs * (k + 1) or target.repeats != k + 1 or cand_ids.shape != (bs, k, rc) or cand_q.shape != (bs, k, rc):
+        raise ValueError(f"record shapes {tuple(tokens.shape)}, {tuple(cand_ids.shape)} do not match {n} target rows "
+                         f"at repeats {target.repeats}")  # fmt: skip
+    if k < 1 or any(t.stride(-1) != 1 for t in (target.logits, tokens, cand_ids, cand_q)):
         raise ValueError("rejection_fwd needs k >= 1 and contiguous last dimensions")
+    if chunk % block_v:
+        raise ValueError(f"chunk {chunk} must be a multiple of block_v {block_v}")
     per_row = isinstance(num_drafts, torch.Tensor)
     if per_row and (num_drafts.shape != (bs,) or num_drafts.dtype not in (torch.int32, torch.int64)):
         raise ValueError(f"per-request num_drafts must be a [{bs}] int32 / int64 tensor, got "
                          f"{tuple(num_drafts.shape)} {num_drafts.dtype}")  # fmt: skip
-    emitted = torch.empty((bs, k + 1), dtype=torch.int64, device=tokens.device)
-    num_accepted = torch.empty(bs, dtype=torch.int64, device=tokens.device)
-    if bs:
-        _rejection_kernel[(bs,)](
-            target.cand_ids, target.cand_p, target.compact, target.full, tokens, cand_ids, cand_q, q_tok, coins,
-            final_coins, emitted, num_accepted, vocab, num_drafts, num_drafts.stride(0) if per_row else 0,
-            target.full.stride(0), tokens.stride(0), cand_ids.stride(0), cand_ids.stride(1),
-            cand_q.stride(0), cand_q.stride(1), q_tok.stride(0), q_tok.stride(1), coins.stride(0), coins.stride(1),
-            final_coins.stride(0), emitted.stride(0),
-            K=k, BLOCK_K=triton.next_power_of_2(k), C=c, BLOCK_C=triton.next_power_of_2(c),
-            RC=rc, BLOCK_RC=triton.next_power_of_2(rc), BLOCK_V=2048, PER_ROW=per_row,
-        )  # fmt: skip
+    dev = tokens.device
+    emitted = torch.empty((bs, k + 1), dtype=torch.int64, device=dev)
+    num_accepted = torch.empty(bs, dtype=torch.int64, device=dev)
+    if bs == 0:
+        return emitted, num_accepted
+    n_chunks = triton.cdiv(vocab, chunk)
+    pending = torch.empty(bs, dtype=torch.int64, device=dev)
+    chunk_mass = torch.empty((bs, n_chunks, 2), dtype=torch.float32, device=dev)
+    drafts = (num_drafts, num_drafts.stride(0) if per_row else 0)
+    record = (cand_ids.stride(0), cand_ids.stride(1), cand_q.stride(0), cand_q.stride(1))
+    common = {"GREEDY_EPS_C": GREEDY_EPS, "K": k, "RC": rc, "BLOCK_RC": triton.next_power_of_2(rc), "PER_ROW": per_row}
+    lg = (target.logits, target.temperature, target.desc)
+    _accept_kernel[(bs,)](
+        *lg, target.path, target.list_ids, target.list_n, tokens, cand_ids, cand_q, q_tok, coins, final_coins,
+        emitted, num_accepted, pending, vocab, target.logits.stride(0), target.list_ids.shape[1], *drafts,
+        tokens.stride(0), *record, q_tok.stride(0), q_tok.stride(1), coins.stride(0), coins.stride(1),
+        final_coins.stride(0), emitted.stride(0), BLOCK_K=triton.next_power_of_2(k), BLOCK_L=min(64, block_v), **common,
+    )  # fmt: skip
+    _draw_mass_kernel[(bs, n_chunks)](
+        *lg, pending, num_accepted, cand_ids, cand_q, chunk_mass, vocab, target.logits.stride(0), n_chunks, *drafts,
+        *record, CHUNK_C=chunk, BLOCK_V=block_v, **common,
+    )  # fmt: skip
+    _draw_pick_kernel[(bs,)](
+        *lg, pending, num_accepted, cand_ids, cand_q, final_coins, chunk_mass, emitted, vocab, target.logits.stride(0),
+        n_chunks, *drafts, *record, final_coins.stride(0), emitted.stride(0), NCH=triton.next_power_of_2(n_chunks),
+        CHUNK_C=chunk, BLOCK_V=block_v, BLOCK_S=min(64, block_v), **common,
+    )  # fmt: skip
     return emitted, num_accepted

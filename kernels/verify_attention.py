@@ -219,8 +219,8 @@ def verify_attention_fwd(
     num_kv_splits: static prefix split count of a request at the batch's mean prefix length, default
     about two GPU waves; a longer request gets more, up to ``max_kv_splits`` (default
     ``splits_cap(num_kv_splits)``; >= num_kv_splits).
-    block_n, num_warps, num_stages: tile width along the prefix (default: 128 for head dims <= 64,
-    else 32), warps per program and software pipeline depth (speed only).
+    block_n, num_warps, num_stages: tile width along the prefix (default: 128 for head dims <= 64 or
+    row blocks <= 32, else 32), warps per program and software pipeline depth (speed only).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -248,11 +248,14 @@ def verify_attention_fwd(
     if num_kv_splits is None:
         num_kv_splits = default_num_splits(bs * h_kv, q.device, cap=16)
 
+    block_m = max(16, triton.next_power_of_2(max_extend * group))
     if block_n is None:
-        # H100 sweep (benchmarks/results/kernels_tune_h100.json, 4 warps, 3 stages): at head dim 64 a
-        # 128-wide tile reads the prefix at 2.4-2.5 TB/s for 256 x 4-7K, 1.73x faster than 32 and level
-        # with SGLang's decode kernel on one row per request; at head dim 128 the 32-wide tile is best.
-        block_n = 128 if d <= 64 else 32
+        # Sweeps at 4 warps, 3 stages: at head dim 64 a 128-wide tile reads the prefix at 2.4-2.5 TB/s for
+        # 256 x 4-7K on the H100 (kernels_tune_h100.json), 1.73x faster than 32; at head dim 128 with a
+        # 32-row block (GQA 2, k = 8: Qwen3-1.7B) it reads 64 x 4K at 3.55 TB/s on the H200, 1.22x faster
+        # than 32 (kernels_tune_qwen3-1.7b_h200_ea20acc.json); with a 64-row block (GQA 4: Qwen3-8B) the
+        # 32-wide tile is best on the H100 (401 against 447 us at 64 x 4K).
+        block_n = 128 if d <= 64 or block_m <= 32 else 32
     max_splits = splits_cap(num_kv_splits, max_kv_splits)
     parts = max_splits + 1  # the last one is the chain of verify tokens
     block_d = triton.next_power_of_2(d)
@@ -288,7 +291,7 @@ def verify_attention_fwd(
         GROUP=group,
         D=d,
         BLOCK_D=block_d,
-        BLOCK_M=max(16, triton.next_power_of_2(max_extend * group)),
+        BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_E=max(16, triton.next_power_of_2(max_extend)),
         MAX_EXTEND=max_extend,

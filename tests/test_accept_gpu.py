@@ -121,7 +121,7 @@ def test_accept_phase_captures_in_a_cuda_graph_without_sync(rank_rule):
     coins, final = torch.rand(bs, k, device=dev, generator=gen), torch.rand(bs, device=dev, generator=gen)
 
     def accept():
-        target = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1, rank_rule, wide_candidates=256)
+        target = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1, rank_rule, list_cap=256)
         return rejection_fwd(target, *record, k, coins, final)
 
     torch.cuda.set_sync_debug_mode("error")

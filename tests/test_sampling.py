@@ -116,9 +116,8 @@ def _markov_round(n: int, seed: int, tamper: str | None = None, num_drafts: int 
     t_rows = t_logits[torch.arange(K + 1, device=DEVICE)[None, :], ctx].reshape(-1, V)
     if INTERPRET:  # the kernels are checked against the references, token for token, in test_kernels.py
         target_p = target_probs(t_rows, rows, repeats=K + 1).view(n, K + 1, V)
-    else:  # the path that ships; C = 5 and C2 = 6 < V, so compact rows and both fallbacks occur
-        target_p = target_filter_fwd(t_rows, rows.temperature, rows.top_k, rows.top_p, rows.min_p, K + 1,
-                                     candidates=5, wide_candidates=6)  # fmt: skip
+    else:  # the path that ships; lists of 5 < V tokens, so both the top list and the brackets occur
+        target_p = target_filter_fwd(t_rows, rows.temperature, rows.top_k, rows.top_p, rows.min_p, K + 1, list_cap=5)
     tokens, cand_ids, cand_q, q_tok = (torch.stack(parts, dim=1) for parts in zip(*steps))
     if tamper == "shifted":
         cand_ids, cand_q, q_tok = cand_ids.roll(1, dims=1), cand_q.roll(1, dims=1), q_tok.roll(1, dims=1)

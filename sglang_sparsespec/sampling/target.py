@@ -30,7 +30,7 @@ from enum import Enum
 
 import torch
 
-from sglang_sparsespec.kernels.draft_sample import GREEDY_EPS
+from sglang_sparsespec.kernels.logit_bins import GREEDY_EPS
 
 
 class SamplingBackend(str, Enum):

@@ -1,0 +1,314 @@
+"""Per-row planning between the vocabulary-parallel passes of ``logit_bins``: which tokens a row's list holds.
+
+Top list (``_top_plan_kernel``, after level 1's histogram): the top run of bins holding at most
+``list_cap`` tokens. The draft sampler samples from it; the target filter's first select decides
+every row whose cut provably lies inside it (exact sums over the list: the first token under the list
+is cut when the list holds top_k tokens or top_p of the mass, or lies below the min-p floor). When
+bin 0 alone holds more, the list is its first ``list_cap`` tokens in id order (the draft's candidates;
+the target moves on to the bracket stage).
+
+Bracket (``_bracket_plan_kernel``, the rows whose cut lies below their top list, or whose bin 0 was
+too full): a filter keeps a token by the count and mass above it (flashinfer: #{z > z_x} < top_k and
+mass{z > z_x} < top_p; pytorch: rank < top_k and the mass ranked ahead <= top_p; both with the
+min-p floor p >= min_p x p_max, and flashinfer's min-p batches judging top-p on the top-k
+renormalised row). Counts per bin are exact, a bin's mass lies within [count x exp(-(j + 1) / R),
+count x exp(-j / R)] / S, and the tokens above the stage's first bin (the top list) or above a later
+level's bins have an exact count and mass. So every token of a bin is surely kept (the counts and
+masses up to and including the bin are within the limits) or surely cut (those above it already reach
+them), or neither: the bracket is the run of bins that are neither, and it holds the cut. Then
+    WINDOW: the bracket fits the list (with everything above it too, when that fits: lo = -2^30);
+    refine: its bins are split into the next level's finer ones (``logit_bins``), unless this is the
+        last level or the bracket holds level 1's unbounded deepest bin;
+    BIG: still more than ``list_cap`` tokens; the select resolves it as one tied value or over the row.
+A bracket is widened to hold a token whenever a token lies below it, so the list always holds the
+boundary between the kept and the cut tokens. Masses are bounded with margins for the exponential's
+and the sums' rounding; the decisions that matter are made on exact sums by the selects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .logit_bins import (
+    BIG,
+    DEPTH,
+    FULL,
+    GREEDY_EPS,
+    NB,
+    NOFILTER,
+    PENDING,
+    PLAN_F,
+    PLAN_I,
+    STATS,
+    WINDOW,
+    _gather_kernel,
+    _hist_kernel,
+    _stats_kernel,
+    first_resolution,
+    pow2_exponent,
+    row_params,
+    row_stats,
+)
+
+# Relative slack on bounded masses: the exponential's error (a few ulp) and fp32 sums of <= NB bins.
+_SLACK = tl.constexpr(1e-4)
+_ALL_ABOVE = tl.constexpr(-1073741824)  # a range's lo that takes every token above it too
+
+
+@triton.jit
+def _chunk_counts(counts, chs, n_chunks, Offsets, row, in_rng, extra, NCH: tl.constexpr):
+    """Store each chunk's offset into the list: the exclusive running sum of its tokens in range."""
+    per_chunk = tl.sum(tl.where(in_rng[None, :], counts, 0), axis=1) + extra
+    tl.store(Offsets + row * NCH + chs, tl.cumsum(per_chunk, axis=0) - per_chunk)
+
+
+@triton.jit
+def _store_range(PlanI, PlanF, row, base, lo, hi, first, cnt_off, r):
+    plan = PlanI + row * PLAN_I
+    tl.store(plan + 1, 0)
+    tl.store(plan + 3, base)
+    tl.store(plan + 4, lo)
+    tl.store(plan + 5, hi)
+    tl.store(plan + 6, first)
+    tl.store(plan + 7, cnt_off)
+    tl.store(PlanF + row * PLAN_F + 1, r)
+
+
+@triton.jit
+def _top_plan_kernel(Hist, Stats, Temperature, Top_k, Top_p, Min_p, PlanI, PlanF, Path, ListN, Offsets, vocab,
+                     repeats, n_chunks, list_cap, GREEDY_EPS_C: tl.constexpr, NB_C: tl.constexpr,
+                     DEPTH_C: tl.constexpr, NCH: tl.constexpr, MIN_P: tl.constexpr, TARGET: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    inv_t, k_eff, p_lim, min_p = row_params(Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P)
+    unfiltered = (k_eff >= vocab) & (p_lim == float("inf")) & (min_p <= 0.0)
+    if not TARGET:
+        unfiltered = unfiltered & False  # the draft samples every row from its list
+    if unfiltered:
+        tl.store(Path + row, NOFILTER)
+        tl.store(ListN + row, 0)
+    else:
+        m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
+        chs = tl.arange(0, NCH)
+        bins = tl.arange(0, NB_C)
+        real = bins < NB_C - 1
+        counts = tl.load(Hist + (row * n_chunks + chs[:, None]) * NB_C + bins[None, :],
+                         mask=(chs[:, None] < n_chunks) & real[None, :], other=0)  # fmt: skip
+        tot = tl.sum(counts, axis=0)
+        c_le = tl.cumsum(tot, axis=0)
+        first_over = tl.min(tl.where(real & (c_le > list_cap), bins, NB_C), axis=0)
+        hi = tl.maximum(first_over - 1, 0)
+        n_list = tl.minimum(tl.sum(tl.where(bins <= hi, tot, 0), axis=0), list_cap)
+        _store_range(PlanI, PlanF, row, 0, _ALL_ABOVE, hi, 1, 0, first_resolution(m, zmin, NB_C, DEPTH_C))
+        complete = first_over > 0
+        if TARGET:
+            # A row whose bin 0 alone overflows the list goes straight to the bracket stage, from bin 0.
+            tl.store(PlanI + row * PLAN_I + 2, 0)
+            tl.store(PlanI + row * PLAN_I + 8, 0)
+            tl.store(PlanF + row * PLAN_F + 2, 0.0)
+            tl.store(Path + row, tl.where(complete, FULL, PENDING))
+        else:
+            tl.store(Path + row, FULL)
+        tl.store(ListN + row, n_list)
+        _chunk_counts(counts, chs, n_chunks, Offsets, row, real & (bins <= hi), 0, NCH)
+
+
+@triton.jit
+def _bracket_plan_kernel(Hist, AboveCnt, AboveMass, Stats, Temperature, Top_k, Top_p, Min_p, PlanI, PlanF, Path,
+                         ListN, Offsets, vocab, repeats, n_chunks, list_cap,
+                         GREEDY_EPS_C: tl.constexpr, NB_C: tl.constexpr, DEPTH_C: tl.constexpr, NCH: tl.constexpr,
+                         FIRST: tl.constexpr, LAST: tl.constexpr, RANK: tl.constexpr, MIN_P: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    plan = PlanI + row * PLAN_I
+    if FIRST:  # level 1's histogram, from the bin under the top list
+        active = tl.load(Path + row) == PENDING
+    else:
+        active = tl.load(plan + 1) > 0
+    if active:
+        inv_t, k_eff, p_lim, min_p = row_params(Temperature, Top_k, Top_p, Min_p, row // repeats, vocab,
+                                                GREEDY_EPS_C, MIN_P)  # fmt: skip
+        m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
+        chs = tl.arange(0, NCH)
+        bins = tl.arange(0, NB_C)
+        if FIRST:
+            r = first_resolution(m, zmin, NB_C, DEPTH_C)
+            base = 0
+            lvl1 = 1
+            w = NB_C - 1
+            real = (bins >= tl.load(plan + 2)) & (bins < w)  # the top list's bins lie above the stage
+            above_c = tl.zeros([NCH], dtype=tl.int32)
+            n_above_lvl = tl.load(plan + 8)
+            above_mass = tl.load(PlanF + row * PLAN_F + 2)
+        else:
+            r = tl.load(PlanF + row * PLAN_F)
+            base = tl.load(plan)
+            lvl1 = 0
+            w = tl.load(plan + 1)
+            real = bins < w
+            above_c = tl.load(AboveCnt + row * NCH + chs, mask=chs < n_chunks, other=0)
+            n_above_lvl = tl.sum(above_c, axis=0)
+            above_mass = tl.sum(tl.load(AboveMass + row * NCH + chs, mask=chs < n_chunks, other=0.0), axis=0) * inv_s
+        counts = tl.load(Hist + (row * n_chunks + chs[:, None]) * NB_C + bins[None, :],
+                         mask=(chs[:, None] < n_chunks) & (bins < w)[None, :], other=0)  # fmt: skip
+        tot = tl.where(real, tl.sum(counts, axis=0), 0)
+        c_le = tl.cumsum(tot, axis=0) + n_above_lvl
+        c_lt = c_le - tot
+        jf = (base + bins).to(tl.float32)
+        lo_d = jf / r
+        hi_d = (jf + 1.0) / r
+        if FIRST:  # level 1's last real bin holds every token deeper than the others
+            hi_d = tl.where(bins == w - 1, float("inf"), hi_d)
+        totf = tot.to(tl.float32)
+        u = totf * tl.exp(-lo_d) * inv_s
+        low = totf * tl.exp(-hi_d) * inv_s
+        u_le = (above_mass + tl.cumsum(u, axis=0)) * (1.0 + _SLACK)
+        l_lt = (above_mass + tl.cumsum(low, axis=0) - low) * (1.0 - _SLACK)
+        p_sure = p_lim
+        p_cut = p_lim
+        if MIN_P and not RANK:
+            # top-p on the top-k renormalised row: the top-k mass lies between the mass above the
+            # bin holding the k-th token and the mass up to it.
+            joint = (p_lim < float("inf")) & (k_eff < vocab)
+            j_k = tl.min(tl.where(real & (c_le >= k_eff), bins, w - 1), axis=0)
+            p_sure = tl.where(joint, p_lim * tl.max(tl.where(bins == j_k, l_lt, 0.0), axis=0), p_lim)
+            p_cut = tl.where(joint, p_lim * tl.max(tl.where(bins == j_k, u_le, 0.0), axis=0), p_lim)
+        floor_d = tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
+        sure = ~real | ((c_le <= k_eff) & (u_le < p_sure) & (hi_d * (1.0 + _SLACK) < floor_d))
+        sure = sure & (bins < w)  # bins before the stage's first one count as kept (they are above it)
+        if RANK:
+            cut = (c_lt >= k_eff) | (l_lt > p_cut)
+        else:
+            cut = (c_lt >= k_eff) | (l_lt >= p_cut)
+        cut = real & (cut | (lo_d * (1.0 - _SLACK) > floor_d)) | (bins >= w)
+        j_lo = tl.minimum(tl.min(tl.where(sure, NB_C, bins), axis=0), w)
+        j_hi = tl.min(tl.where(cut & (bins >= j_lo), bins, NB_C), axis=0) - 1
+        if MIN_P and not RANK:
+            j_hi = tl.maximum(j_hi, tl.where(joint, j_k, -1))  # the top-k mass is computed from the list
+        j_hi = tl.minimum(j_hi, w - 1)
+        # The list must hold the boundary: a token below an empty bracket joins it (it is cut), or,
+        # when the only tokens below lie under this level (cut at the level before), the last token
+        # above it does (it is kept).
+        n_in = tl.sum(tl.where(real & (bins >= j_lo) & (bins <= j_hi), tot, 0), axis=0)
+        next_full = tl.min(tl.where(real & (bins > j_hi) & (tot > 0), bins, NB_C), axis=0)
+        prev_full = tl.max(tl.where(real & (bins < j_lo) & (tot > 0), bins, -1), axis=0)
+        under = fin - n_above_lvl - tl.sum(tot, axis=0)  # finite tokens below this level's bins
+        widen_down = (n_in == 0) & (next_full < NB_C)
+        widen_up = (n_in == 0) & (next_full == NB_C) & (under > 0) & (prev_full >= 0)
+        j_hi = tl.where(widen_down, next_full, tl.where(widen_up, prev_full, j_hi))
+        j_lo = tl.minimum(tl.where(widen_up, prev_full, j_lo), tl.maximum(j_hi, 0))
+        in_rng = real & (bins >= j_lo) & (bins <= j_hi)
+        n_in = tl.sum(tl.where(in_rng, tot, 0), axis=0)
+        n_up = n_above_lvl + tl.sum(tl.where(real & (bins < j_lo), tot, 0), axis=0)
+        width = tl.maximum(j_hi - j_lo + 1, 1)
+        split = 1 << pow2_exponent(tl.maximum((NB_C - 1) // width, 1).to(tl.float32))
+        refinable = (split >= 2) & (n_in > list_cap)
+        if FIRST:  # level 1's deepest bin is unbounded: it cannot be split
+            refinable = refinable & (j_hi < w - 1)
+        if LAST:
+            refinable = refinable & (split < 0)
+        if refinable:
+            tl.store(plan, (base + j_lo) * split)
+            tl.store(plan + 1, width * split)
+            tl.store(PlanF + row * PLAN_F, r * split.to(tl.float32))
+        else:
+            everything = n_up + n_in <= list_cap
+            lo = tl.where(everything, _ALL_ABOVE, j_lo)
+            _store_range(PlanI, PlanF, row, base, lo, j_hi, lvl1, tl.where(everything, 0, n_up), r)
+            tl.store(Path + row, tl.where(n_in <= list_cap, WINDOW, BIG))
+            tl.store(ListN + row, tl.where(everything, n_up + n_in, n_in))
+            # Everything: the bins up to j_hi, the top list's before the stage's first one at level 1
+            # included, and the tokens above a later level's bins.
+            rng = tl.where(everything, (bins <= j_hi) & (bins < w), in_rng)
+            _chunk_counts(counts, chs, n_chunks, Offsets, row, rng, tl.where(everything, above_c, 0), NCH)
+
+
+@dataclass
+class VocabPasses:
+    """Scratch and launches of the vocabulary-parallel passes over n rows of n_chunks chunks (NCH: n_chunks
+    rounded up to a power of two). stats [n, n_chunks, STATS] f32; hist [n, n_chunks, NB] i32; above_cnt,
+    above_mass, offsets [n, NCH]; range_z [n, NCH, 2] f32; plan_i [n, PLAN_I] i32, plan_f [n, PLAN_F] f32
+    (slots: ``logit_bins.PLAN_I``); list_z [n, L] f32 beside the caller's list ids [n, L] int32, list_n and
+    path [n] int32 (``logit_bins.RowPath``)."""
+
+    stats: torch.Tensor
+    hist: torch.Tensor
+    above_cnt: torch.Tensor
+    above_mass: torch.Tensor
+    offsets: torch.Tensor
+    range_z: torch.Tensor
+    plan_i: torch.Tensor
+    plan_f: torch.Tensor
+    list_z: torch.Tensor
+    list_ids: torch.Tensor
+    list_n: torch.Tensor
+    path: torch.Tensor
+
+    @classmethod
+    def allocate(cls, n: int, n_chunks: int, list_cap: int, dev: torch.device) -> VocabPasses:
+        nch = triton.next_power_of_2(n_chunks)
+        i32 = {"dtype": torch.int32, "device": dev}
+        f32 = {"dtype": torch.float32, "device": dev}
+        return cls(
+            torch.empty((n, n_chunks, STATS), **f32), torch.empty((n, n_chunks, NB), **i32),
+            torch.zeros((n, nch), **i32), torch.zeros((n, nch), **f32), torch.zeros((n, nch), **i32),
+            torch.empty((n, nch, 2), **f32), torch.zeros((n, int(PLAN_I)), **i32), torch.zeros((n, int(PLAN_F)), **f32),
+            torch.empty((n, list_cap), **f32), torch.zeros((n, list_cap), **i32), torch.zeros(n, **i32),
+            torch.full((n,), -1, **i32),
+        )  # fmt: skip
+
+    def top_list(self, logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 min_p: torch.Tensor | None, repeats: int, chunk: int, block_v: int, target: bool) -> None:  # fmt: skip
+        """Statistics, level 1's histogram, the top list's plan and its gather (``target``: rows with no
+        filter are marked NOFILTER and skipped; rows whose bin 0 overflows the list are PENDING)."""
+        n, vocab = logits.shape
+        grid = (n, self.stats.shape[1])
+        args = (vocab, logits.stride(0), repeats, grid[1])
+        kw = {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": chunk, "BLOCK_V": block_v}
+        params = (top_k, top_p, top_p if min_p is None else min_p)
+        nch, cap = self.offsets.shape[1], self.list_ids.shape[1]
+        _stats_kernel[grid](logits, temperature, self.stats, *args, **kw)
+        _hist_kernel[grid](logits, temperature, *params, self.stats, self.plan_i, self.plan_f, self.hist,
+                           self.above_cnt, self.above_mass, *args, NB_C=NB, DEPTH_C=DEPTH, NCH=nch, FIRST=True,
+                           MIN_P=min_p is not None, SKIP_UNFILTERED=target, **kw)  # fmt: skip
+        _top_plan_kernel[(n,)](self.hist, self.stats, temperature, *params, self.plan_i, self.plan_f, self.path,
+                               self.list_n, self.offsets, vocab, repeats, grid[1], cap, GREEDY_EPS_C=GREEDY_EPS,
+                               NB_C=NB, DEPTH_C=DEPTH, NCH=nch, MIN_P=min_p is not None, TARGET=target)  # fmt: skip
+        self._gather(logits, temperature, repeats, chunk, block_v, stage=1)
+
+    def bracket(self, logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                min_p: torch.Tensor | None, repeats: int, rank_rule: bool, chunk: int, block_v: int,
+                levels: int) -> None:  # fmt: skip
+        """The bracket stage of the PENDING rows: ``levels`` plans (the first on level 1's histogram, each
+        later one after its own histogram), then the gather of the WINDOW rows' lists."""
+        n, vocab = logits.shape
+        grid = (n, self.stats.shape[1])
+        args = (vocab, logits.stride(0), repeats, grid[1])
+        kw = {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": chunk, "BLOCK_V": block_v}
+        params = (top_k, top_p, top_p if min_p is None else min_p)
+        nch, cap = self.offsets.shape[1], self.list_ids.shape[1]
+        for level in range(levels):
+            if level:
+                _hist_kernel[grid](logits, temperature, *params, self.stats, self.plan_i, self.plan_f, self.hist,
+                                   self.above_cnt, self.above_mass, *args, NB_C=NB, DEPTH_C=DEPTH, NCH=nch,
+                                   FIRST=False, MIN_P=min_p is not None, SKIP_UNFILTERED=False, **kw)  # fmt: skip
+            _bracket_plan_kernel[(n,)](
+                self.hist, self.above_cnt, self.above_mass, self.stats, temperature, *params, self.plan_i,
+                self.plan_f, self.path, self.list_n, self.offsets, vocab, repeats, grid[1], cap,
+                GREEDY_EPS_C=GREEDY_EPS, NB_C=NB, DEPTH_C=DEPTH, NCH=nch, FIRST=level == 0, LAST=level == levels - 1,
+                RANK=rank_rule, MIN_P=min_p is not None,
+            )  # fmt: skip
+        self._gather(logits, temperature, repeats, chunk, block_v, stage=2)
+
+    def _gather(self, logits: torch.Tensor, temperature: torch.Tensor, repeats: int, chunk: int, block_v: int,
+                stage: int) -> None:  # fmt: skip
+        n, vocab = logits.shape
+        n_chunks = self.stats.shape[1]
+        _gather_kernel[(n, n_chunks)](
+            logits, temperature, self.stats, self.plan_i, self.plan_f, self.path, self.offsets, self.list_ids,
+            self.list_z, self.above_mass, self.range_z, vocab, logits.stride(0), repeats, n_chunks,
+            self.list_ids.shape[1], GREEDY_EPS_C=GREEDY_EPS, NB_C=NB, NCH=self.offsets.shape[1], CHUNK_C=chunk,
+            BLOCK_V=block_v, STAGE=stage,
+        )  # fmt: skip

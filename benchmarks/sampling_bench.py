@@ -44,7 +44,9 @@ from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
 from benchmarks.meta import new_run_id, run_metadata
 
-TUNE_GRID = [(chunk, block_v) for chunk in (4096, 8192, 16384) for block_v in (512, 1024, 2048) if chunk >= block_v]
+# Launch parameters of the vocabulary-parallel passes: (tokens per program, tile, warps).
+TUNE_GRID = [(chunk, block_v, warps) for chunk in (4096, 8192, 16384) for block_v in (512, 1024, 2048) for warps in (4, 8)
+             if chunk >= block_v]  # fmt: skip
 TOP_K_OFF = 1 << 30  # what SGLang's sampling_info.top_ks holds for "no top-k" (TOP_K_ALL)
 # case: (top_k, top_p, min_p or None); greedy rows are top_k 1 at temperature 1.
 CASES = {
@@ -122,11 +124,11 @@ def case_inputs(case: str, bs: int, k: int, vocab: int, c: int, dev: str = "cuda
     return logits, params, record, coins
 
 
-def measure(case: str, bs: int, k: int, vocab: int, c: int) -> dict[str, float | str]:
+def measure(case: str, bs: int, k: int, vocab: int, c: int, tune: bool) -> dict[str, float | str]:
     logits, (temp, top_k, top_p, min_p), record, (coins, final) = case_inputs(case, bs, k, vocab, c)
 
-    def accept(rank_rule: bool):
-        target = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1, rank_rule)
+    def accept(rank_rule: bool, **launch):
+        target = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1, rank_rule, **launch)
         return rejection_fwd(target, *record, k, coins, final)
 
     timed = {
@@ -135,6 +137,9 @@ def measure(case: str, bs: int, k: int, vocab: int, c: int) -> dict[str, float |
         "filter": lambda: target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1),
     }
     graphed = {"accept_graph": lambda: accept(False)}
+    for chunk, bv, warps in TUNE_GRID if tune else ():
+        kw = {"chunk": chunk, "block_v": bv, "num_warps": warps}
+        graphed[f"accept_graph@{chunk}x{bv}x{warps}"] = lambda kw=kw: accept(False, **kw)
     if case == "greedy":
         timed["argmax"] = lambda: logits.argmax(dim=-1)
     try:
@@ -170,8 +175,9 @@ def draft_timed(bs: int, vocab: int, c: int, tune: bool) -> dict[str, float]:
     timed = {"draft_sample_fwd": lambda: draft_sample_fwd(x, *outs), "torch_topk": lambda: torch.topk(logits, c, dim=-1)}
     out = {name: round(mean_ms(fn), 4) for name, fn in timed.items()}
     graphed = {"draft_sample_graph": lambda: draft_sample_fwd(x, *outs)}
-    for chunk, bv in TUNE_GRID if tune else ():
-        graphed[f"draft_sample_fwd@{chunk}x{bv}"] = lambda kw={"chunk": chunk, "block_v": bv}: draft_sample_fwd(x, *outs, **kw)
+    for chunk, bv, warps in TUNE_GRID if tune else ():
+        kw = {"chunk": chunk, "block_v": bv, "num_warps": warps}
+        graphed[f"draft_sample_fwd@{chunk}x{bv}x{warps}"] = lambda kw=kw: draft_sample_fwd(x, *outs, **kw)
     return out | {name: round(graph_ms(fn), 4) for name, fn in graphed.items()}
 
 
@@ -183,12 +189,13 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--record-candidates", type=int, default=64, help="C of the draft records")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--tune", action="store_true", help="also the draft sampler at every chunk x tile of TUNE_GRID")
+    parser.add_argument("--tune", action="store_true",
+                        help="also the accept phase and the draft sampler at every chunk x tile x warps of TUNE_GRID")
     a = parser.parse_args()
     ms: dict[str, dict] = {}
     for bs in a.batches:
         for case in a.cases:
-            ms[f"{bs}x{a.k + 1}x{a.vocab}/{case}"] = row = measure(case, bs, a.k, a.vocab, a.record_candidates)
+            ms[f"{bs}x{a.k + 1}x{a.vocab}/{case}"] = row = measure(case, bs, a.k, a.vocab, a.record_candidates, a.tune)
             print(f"{bs}x{a.k + 1}x{a.vocab} {case}: {row}", flush=True)
         ms[f"{bs}x{a.vocab}/draft_step"] = draft_timed(bs, a.vocab, a.record_candidates, a.tune)
     settings = {"vocab": a.vocab, "batches": a.batches, "k": a.k, "record_candidates": a.record_candidates,

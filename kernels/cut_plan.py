@@ -102,10 +102,18 @@ def _top_plan_kernel(Hist, Stats, Temperature, Top_k, Top_p, Min_p, PlanI, PlanF
         first_over = tl.min(tl.where(real & (c_le > list_cap), bins, NB_C), axis=0)
         hi = tl.maximum(first_over - 1, 0)
         n_list = tl.minimum(tl.sum(tl.where(bins <= hi, tot, 0), axis=0), list_cap)
-        _store_range(PlanI, PlanF, row, 0, _ALL_ABOVE, hi, 1, 0, first_resolution(m, zmin, NB_C, DEPTH_C))
+        r = first_resolution(m, zmin, NB_C, DEPTH_C)
+        _store_range(PlanI, PlanF, row, 0, _ALL_ABOVE, hi, 1, 0, r)
         complete = first_over > 0
         if TARGET:
-            # A row whose bin 0 alone overflows the list goes straight to the bracket stage, from bin 0.
+            # The bracket stage from bin 0 takes a row whose bin 0 alone overflows the list, and a row whose
+            # list surely holds less than top_k tokens and top_p of the mass (a flat row: its cut lies
+            # deeper, and gathering the list would only be read again). Flashinfer's min-p rows judge
+            # top-p on the top-k mass and min-p rows have a floor: they keep the list.
+            if not MIN_P:
+                u_list = tl.sum(tl.where(real & (bins <= hi), tot.to(tl.float32) * tl.exp(-bins.to(tl.float32) / r),
+                                         0.0), axis=0) * inv_s * (1.0 + _SLACK)  # fmt: skip
+                complete = complete & ((n_list >= k_eff) | (u_list >= p_lim))
             tl.store(PlanI + row * PLAN_I + 2, 0)
             tl.store(PlanI + row * PLAN_I + 8, 0)
             tl.store(PlanF + row * PLAN_F + 2, 0.0)
@@ -260,13 +268,14 @@ class VocabPasses:
         )  # fmt: skip
 
     def top_list(self, logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                 min_p: torch.Tensor | None, repeats: int, chunk: int, block_v: int, target: bool) -> None:  # fmt: skip
+                 min_p: torch.Tensor | None, repeats: int, chunk: int, block_v: int, target: bool,
+                 num_warps: int = 4) -> None:  # fmt: skip
         """Statistics, level 1's histogram, the top list's plan and its gather (``target``: rows with no
         filter are marked NOFILTER and skipped; rows whose bin 0 overflows the list are PENDING)."""
         n, vocab = logits.shape
         grid = (n, self.stats.shape[1])
         args = (vocab, logits.stride(0), repeats, grid[1])
-        kw = {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": chunk, "BLOCK_V": block_v}
+        kw = {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": chunk, "BLOCK_V": block_v, "num_warps": num_warps}
         params = (top_k, top_p, top_p if min_p is None else min_p)
         nch, cap = self.offsets.shape[1], self.list_ids.shape[1]
         _stats_kernel[grid](logits, temperature, self.stats, *args, **kw)
@@ -276,17 +285,17 @@ class VocabPasses:
         _top_plan_kernel[(n,)](self.hist, self.stats, temperature, *params, self.plan_i, self.plan_f, self.path,
                                self.list_n, self.offsets, vocab, repeats, grid[1], cap, GREEDY_EPS_C=GREEDY_EPS,
                                NB_C=NB, DEPTH_C=DEPTH, NCH=nch, MIN_P=min_p is not None, TARGET=target)  # fmt: skip
-        self._gather(logits, temperature, repeats, chunk, block_v, stage=1)
+        self._gather(logits, temperature, repeats, chunk, block_v, 1, num_warps)
 
     def bracket(self, logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                min_p: torch.Tensor | None, repeats: int, rank_rule: bool, chunk: int, block_v: int,
-                levels: int) -> None:  # fmt: skip
+                min_p: torch.Tensor | None, repeats: int, rank_rule: bool, chunk: int, block_v: int, levels: int,
+                num_warps: int = 4) -> None:  # fmt: skip
         """The bracket stage of the PENDING rows: ``levels`` plans (the first on level 1's histogram, each
         later one after its own histogram), then the gather of the WINDOW rows' lists."""
         n, vocab = logits.shape
         grid = (n, self.stats.shape[1])
         args = (vocab, logits.stride(0), repeats, grid[1])
-        kw = {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": chunk, "BLOCK_V": block_v}
+        kw = {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": chunk, "BLOCK_V": block_v, "num_warps": num_warps}
         params = (top_k, top_p, top_p if min_p is None else min_p)
         nch, cap = self.offsets.shape[1], self.list_ids.shape[1]
         for level in range(levels):
@@ -300,15 +309,15 @@ class VocabPasses:
                 GREEDY_EPS_C=GREEDY_EPS, NB_C=NB, DEPTH_C=DEPTH, NCH=nch, FIRST=level == 0, LAST=level == levels - 1,
                 RANK=rank_rule, MIN_P=min_p is not None,
             )  # fmt: skip
-        self._gather(logits, temperature, repeats, chunk, block_v, stage=2)
+        self._gather(logits, temperature, repeats, chunk, block_v, 2, num_warps)
 
     def _gather(self, logits: torch.Tensor, temperature: torch.Tensor, repeats: int, chunk: int, block_v: int,
-                stage: int) -> None:  # fmt: skip
+                stage: int, num_warps: int) -> None:  # fmt: skip
         n, vocab = logits.shape
         n_chunks = self.stats.shape[1]
         _gather_kernel[(n, n_chunks)](
             logits, temperature, self.stats, self.plan_i, self.plan_f, self.path, self.offsets, self.list_ids,
             self.list_z, self.above_mass, self.range_z, vocab, logits.stride(0), repeats, n_chunks,
             self.list_ids.shape[1], GREEDY_EPS_C=GREEDY_EPS, NB_C=NB, NCH=self.offsets.shape[1], CHUNK_C=chunk,
-            BLOCK_V=block_v, STAGE=stage,
+            BLOCK_V=block_v, STAGE=stage, num_warps=num_warps,
         )  # fmt: skip

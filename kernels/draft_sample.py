@@ -133,10 +133,11 @@ def draft_sample_fwd(
     q_tok: torch.Tensor,
     chunk: int = CHUNK,
     block_v: int = 1024,
+    num_warps: int = 4,
 ) -> None:
     """Fill token [n] int64, cand_ids [n, C] int64, cand_q [n, C] float32, q_tok [n] float32
-    (see the module docstring). ``chunk`` (tokens per program, a multiple of ``block_v``) and
-    ``block_v`` (the vocabulary tile) are launch parameters only; the result does not change."""
+    (see the module docstring). ``chunk`` (tokens per program, a multiple of ``block_v``), ``block_v``
+    (the vocabulary tile) and ``num_warps`` are launch parameters only; the result does not change."""
     n, c = x.noise.shape
     if n == 0:
         return
@@ -148,7 +149,7 @@ def draft_sample_fwd(
     vocab, dev = x.logits.shape[1], x.logits.device
     n_chunks = triton.cdiv(vocab, chunk)
     passes = VocabPasses.allocate(n, n_chunks, c, dev)
-    passes.top_list(x.logits, x.temperature, x.top_k, x.top_p, None, 1, chunk, block_v, target=False)
+    passes.top_list(x.logits, x.temperature, x.top_k, x.top_p, None, 1, chunk, block_v, False, num_warps)
     _draft_select_kernel[(n,)](
         x.temperature, x.top_p, x.top_k, x.min_p, x.noise, passes.stats, passes.list_ids, passes.list_z, passes.list_n, token,
         cand_ids, cand_q, q_tok, vocab, n_chunks, x.noise.stride(0), cand_ids.stride(0), cand_q.stride(0),

@@ -251,15 +251,17 @@ def _gather_kernel(Logits, Temperature, Stats, PlanI, PlanF, Path, Offsets, List
             j = x.to(tl.int32) - base
             j = tl.where(first != 0, tl.minimum(j, NB_C - 2), j)
             take = finite & (j >= lo) & (j <= hi)
-            mass_above += tl.sum(tl.where(finite & (j < lo), tl.exp(z - m), 0.0), axis=0)
-            z_lo = tl.minimum(z_lo, tl.min(tl.where(take, z, float("inf")), axis=0))
-            z_hi = tl.maximum(z_hi, tl.max(tl.where(take, z, -float("inf")), axis=0))
+            if STAGE == 2:  # a bracket's list: the exact mass above it, and its values' range (one tie?)
+                mass_above += tl.sum(tl.where(finite & (j < lo), tl.exp(z - m), 0.0), axis=0)
+                z_lo = tl.minimum(z_lo, tl.min(tl.where(take, z, float("inf")), axis=0))
+                z_hi = tl.maximum(z_hi, tl.max(tl.where(take, z, -float("inf")), axis=0))
             if path != BIG:
                 slot = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
                 take = take & (slot < list_cap)
                 tl.store(ListIds + row * list_cap + slot, idx, mask=take)
                 tl.store(ListZ + row * list_cap + slot, z, mask=take)
                 filled += tl.sum(take.to(tl.int32), axis=0)
-        tl.store(AboveMass + row * NCH + ch, mass_above)
-        tl.store(RangeZ + (row * NCH + ch) * 2, z_lo)
-        tl.store(RangeZ + (row * NCH + ch) * 2 + 1, z_hi)
+        if STAGE == 2:
+            tl.store(AboveMass + row * NCH + ch, mass_above)
+            tl.store(RangeZ + (row * NCH + ch) * 2, z_lo)
+            tl.store(RangeZ + (row * NCH + ch) * 2 + 1, z_hi)

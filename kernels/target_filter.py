@@ -289,6 +289,7 @@ def target_filter_fwd(
     chunk: int = CHUNK,
     block_v: int = 1024,
     levels: int = LEVELS,
+    num_warps: int = 4,
 ) -> TargetRows:
     """``target_probs`` on the GPU, as thresholds: row i under request i // repeats.
 
@@ -296,7 +297,8 @@ def target_filter_fwd(
     top_k [n / repeats] int (1: greedy; <= 0 or >= V: off); min_p [n / repeats] float, or None for
     a batch without min-p; rank_rule: the pytorch backend's rule, else flashinfer's. ``list_cap`` sizes
     the per-row list, ``levels`` the histogram levels; ``chunk`` (tokens per program, a multiple of
-    ``block_v``) and ``block_v`` are launch parameters only. Shape-static, no host sync.
+    ``block_v``), ``block_v`` and ``num_warps`` (of the vocabulary-parallel passes) are launch parameters
+    only. Shape-static, no host sync.
     """
     n, vocab = logits.shape
     bs = n // repeats if repeats >= 1 else -1
@@ -316,12 +318,12 @@ def target_filter_fwd(
     desc = torch.empty((n, 4), dtype=torch.float32, device=dev)
     passes = VocabPasses.allocate(n, n_chunks, list_cap, dev)
     if n:
-        passes.top_list(logits, temperature, top_k, top_p, min_p, repeats, chunk, block_v, target=True)
+        passes.top_list(logits, temperature, top_k, top_p, min_p, repeats, chunk, block_v, True, num_warps)
         common = (logits, temperature, top_k, top_p, top_p if min_p is None else min_p, passes.stats, passes.plan_i,
                   passes.plan_f, passes.path, passes.list_n, passes.list_ids, passes.list_z)  # fmt: skip
         flags = {"GREEDY_EPS_C": GREEDY_EPS, "NCH": nch, "BLOCK_V": block_v, "RANK": rank_rule, "MIN_P": min_p is not None}
         _select_top_kernel[(n,)](*common, desc, vocab, logits.stride(0), repeats, n_chunks, list_cap, **flags)
-        passes.bracket(logits, temperature, top_k, top_p, min_p, repeats, rank_rule, chunk, block_v, levels)
+        passes.bracket(logits, temperature, top_k, top_p, min_p, repeats, rank_rule, chunk, block_v, levels, num_warps)
         _select_kernel[(n,)](*common, passes.offsets, passes.above_mass, passes.range_z, desc, vocab,
                              logits.stride(0), repeats, n_chunks, list_cap, NB_C=NB, CHUNK_C=chunk, **flags)  # fmt: skip
     return TargetRows(logits, temperature, repeats, desc, passes.list_ids, passes.list_n, passes.path)

@@ -136,9 +136,10 @@ def _draw_mass_kernel(
     Logits, Temperature, Desc, Pending, Num_accepted, Rec_ids, Rec_q, ChunkMass, vocab, stride_l, n_chunks,
     Num_drafts, stride_n, stride_cb, stride_cj, stride_db, stride_dj,
     GREEDY_EPS_C: tl.constexpr, K: tl.constexpr, RC: tl.constexpr, BLOCK_RC: tl.constexpr,
-    CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr, PER_ROW: tl.constexpr,
+    CHUNK_C: tl.constexpr, BLOCK_S: tl.constexpr, PER_ROW: tl.constexpr,
 ):  # fmt: skip
-    """Per (request, chunk) of a pending draw: the chunk's residual mass and its p mass."""
+    """Per (request, chunk) of a pending draw: the chunk's residual mass, summed token by token (as the
+    reference: a residual that cancels exactly sums to exactly 0), and its p mass."""
     b, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
     row = tl.load(Pending + b)
     if row >= 0:
@@ -148,17 +149,15 @@ def _draw_mass_kernel(
         num_drafts = _num_drafts(Num_drafts, b, stride_n, PER_ROW)
         ids_q, q, sub = _record(Rec_ids, Rec_q, b, tl.load(Num_accepted + b), num_drafts, stride_cb, stride_cj,
                                 stride_db, stride_dj, K, RC, BLOCK_RC)  # fmt: skip
-        offs = tl.arange(0, BLOCK_V)
+        offs = tl.arange(0, BLOCK_S)
         mass = 0.0
-        for sub_start in range(0, CHUNK_C, BLOCK_V):
-            idx = ch * CHUNK_C + sub_start + offs
-            mass += tl.sum(kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end), axis=0)
-        # The record's ids in this chunk: what the residual takes off.
-        in_ch = sub & (ids_q >= ch * CHUNK_C) & (ids_q < (ch + 1) * CHUNK_C) & (q > 0.0)
-        safe = tl.where(in_ch, ids_q, 0)  # unused slots hold -1: no address before the row
-        p_rec = kept_p(load_z(base_l, safe, vocab, inv_t), safe, m, z_star, scale, tie_end)
-        overlap = tl.sum(tl.where(in_ch, tl.minimum(p_rec, q), 0.0), axis=0)
-        tl.store(ChunkMass + (b * n_chunks + ch) * 2, mass - overlap)
+        res = 0.0
+        for s0 in range(0, CHUNK_C, BLOCK_S):
+            idx = ch * CHUNK_C + s0 + offs
+            p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
+            mass += tl.sum(p, axis=0)
+            res += tl.sum(p - _overlap(idx, p, ids_q, q, sub), axis=0)
+        tl.store(ChunkMass + (b * n_chunks + ch) * 2, res)
         tl.store(ChunkMass + (b * n_chunks + ch) * 2 + 1, mass)
 
 
@@ -167,10 +166,9 @@ def _draw_pick_kernel(
     Logits, Temperature, Desc, Pending, Num_accepted, Rec_ids, Rec_q, Final_coins, ChunkMass, Emitted, vocab,
     stride_l, n_chunks, Num_drafts, stride_n, stride_cb, stride_cj, stride_db, stride_dj, stride_fc, stride_eb,
     GREEDY_EPS_C: tl.constexpr, K: tl.constexpr, RC: tl.constexpr, BLOCK_RC: tl.constexpr, NCH: tl.constexpr,
-    CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr, PER_ROW: tl.constexpr,
+    CHUNK_C: tl.constexpr, BLOCK_S: tl.constexpr, PER_ROW: tl.constexpr,
 ):  # fmt: skip
-    """Per request with a pending draw: the chunk where the cumulative mass passes the coin, its tile, then
-    the token (tile masses from the record's 64-wide overlap; only the one tile compares ids pairwise)."""
+    """Per request with a pending draw: the chunk where the cumulative mass passes the coin, then the token."""
     b = tl.program_id(0).to(tl.int64)
     row = tl.load(Pending + b)
     if row >= 0:
@@ -178,60 +176,35 @@ def _draw_pick_kernel(
         live = chs < n_chunks
         res_c = tl.load(ChunkMass + (b * n_chunks + chs) * 2, mask=live, other=0.0)
         p_c = tl.load(ChunkMass + (b * n_chunks + chs) * 2 + 1, mask=live, other=0.0)
+        # Rounding can leave no residual mass only when p == q; p itself is then exact.
         has_residual = tl.sum(res_c, axis=0) > 0.0
         mass_c = tl.where(has_residual, res_c, p_c)
         target = tl.load(Final_coins + b * stride_fc).to(tl.float32) * tl.sum(mass_c, axis=0)
         cum_c = tl.cumsum(mass_c, axis=0)
         pos = live & (mass_c > 0.0)
         first_c = tl.min(tl.where(pos & (cum_c > target), chs, NCH), axis=0)
-        found = first_c < NCH
-        ch = tl.where(found, first_c, tl.max(tl.where(pos, chs, 0), axis=0))
+        ch = tl.where(first_c < NCH, first_c, tl.max(tl.where(pos, chs, 0), axis=0))
         cum = tl.sum(tl.where(chs == ch, cum_c - mass_c, 0.0), axis=0)
+        target = tl.where(first_c < NCH, target, float("inf"))  # rounding left none: the last id with mass
         inv_t = inv_temperature(Temperature, b, GREEDY_EPS_C)
         m, z_star, scale, tie_end = load_desc(Desc, row)
         base_l = Logits + row * stride_l
         n_acc = tl.load(Num_accepted + b)
         ids_q, q, sub = _record(Rec_ids, Rec_q, b, n_acc, _num_drafts(Num_drafts, b, stride_n, PER_ROW), stride_cb,
                                 stride_cj, stride_db, stride_dj, K, RC, BLOCK_RC)  # fmt: skip
-        live_q = sub & (q > 0.0)
-        safe = tl.where(live_q, ids_q, 0)
-        take_q = tl.where(live_q, tl.minimum(kept_p(load_z(base_l, safe, vocab, inv_t), safe, m, z_star, scale, tie_end), q),
-                          0.0)  # fmt: skip
-        # The tile of the chunk where the running mass passes the target (or, when rounding leaves none,
-        # the last tile with mass).
-        offs = tl.arange(0, BLOCK_V)
-        hit = -1
-        last = -1
-        before = cum
-        for sub_start in range(0, CHUNK_C, BLOCK_V):
-            start = ch * CHUNK_C + sub_start
-            idx = start + offs
-            tile = tl.sum(kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end), axis=0)
-            in_tile = (ids_q >= start) & (ids_q < start + BLOCK_V)
-            tile = tl.where(has_residual, tile - tl.sum(tl.where(in_tile, take_q, 0.0), axis=0), tile)
-            crossed = (hit < 0) & found & (tile > 0.0) & (cum + tile > target)
-            before = tl.where(crossed, cum, before)
-            hit = tl.where(crossed, start, hit)
-            last = tl.where(tile > 0.0, start, last)
-            cum += tile
-        use_hit = hit >= 0
-        start = tl.where(use_hit, hit, last)
-        cum = tl.where(use_hit, before, 0.0)
-        target = tl.where(use_hit, target, float("inf"))
-        # Within the tile, BLOCK_S tokens at a time: each compared with the record's ids.
-        offs_s = tl.arange(0, BLOCK_S)
+        offs = tl.arange(0, BLOCK_S)
         drawn = -1
-        last_id = -1
-        for s0 in range(0, BLOCK_V, BLOCK_S):
-            idx = start + s0 + offs_s
+        last = -1
+        for s0 in range(0, CHUNK_C, BLOCK_S):
+            idx = ch * CHUNK_C + s0 + offs
             p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
             r = tl.where(has_residual, p - _overlap(idx, p, ids_q, q, sub), p)
             c = cum + tl.cumsum(r, axis=0)
             first = tl.min(tl.where((c > target) & (r > 0.0), idx, vocab), axis=0)
             drawn = tl.where((drawn < 0) & (first < vocab), first, drawn)
-            last_id = tl.maximum(last_id, tl.max(tl.where(r > 0.0, idx, -1), axis=0))
+            last = tl.maximum(last, tl.max(tl.where(r > 0.0, idx, -1), axis=0))
             cum += tl.sum(r, axis=0)
-        tl.store(Emitted + b * stride_eb + n_acc, tl.where(drawn < 0, last_id, drawn).to(tl.int64))
+        tl.store(Emitted + b * stride_eb + n_acc, tl.where(drawn < 0, last, drawn).to(tl.int64))
 
 
 def rejection_fwd(
@@ -288,11 +261,11 @@ def rejection_fwd(
     )  # fmt: skip
     _draw_mass_kernel[(bs, n_chunks)](
         *lg, pending, num_accepted, cand_ids, cand_q, chunk_mass, vocab, target.logits.stride(0), n_chunks, *drafts,
-        *record, CHUNK_C=chunk, BLOCK_V=block_v, **common,
+        *record, CHUNK_C=chunk, BLOCK_S=min(64, block_v), **common,
     )  # fmt: skip
     _draw_pick_kernel[(bs,)](
         *lg, pending, num_accepted, cand_ids, cand_q, final_coins, chunk_mass, emitted, vocab, target.logits.stride(0),
         n_chunks, *drafts, *record, final_coins.stride(0), emitted.stride(0), NCH=triton.next_power_of_2(n_chunks),
-        CHUNK_C=chunk, BLOCK_V=block_v, BLOCK_S=min(64, block_v), **common,
+        CHUNK_C=chunk, BLOCK_S=min(64, block_v), **common,
     )  # fmt: skip
     return emitted, num_accepted

@@ -80,4 +80,11 @@ OFFLOAD_HOOKS: tuple[Hook, ...] = (
         offload_hooks.add_offload_state,
         "/server_info shows parks, restores, bytes moved and retraction fallbacks",
     ),
+    Hook(
+        "sglang.srt.managers.scheduler_components.load_inquirer.SchedulerLoadInquirer.get_loads",
+        "AFTER",
+        offload_hooks.count_parked_load,
+        "parked requests are in neither the running batch nor the waiting queue it counts: /v1/loads "
+        "and --dp-size load balancing would see the replica lighter than it is",
+    ),
 )

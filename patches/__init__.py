@@ -28,7 +28,9 @@ server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` 
 0's round shape and let rank 0 alone write the cost file), ``openai_guard`` (FastAPI's body fields of the HTTP app's routes, whose validation it wraps), ``mixed_runner``
 (create_flashinfer_kv_indices_triton for the verify segments' prefix slots, and SamplingBatchInfo fields
 that say which batches a mixed iteration serves), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
-allocator). Nothing outside this package imports SGLang internals.
+allocator; the load snapshot's msgspec struct), ``live_rids`` (the scheduler's request queues and batches, AbortReq and
+FINISH_ABORT, to find live rids and answer a refused one), ``ollama_guard`` (FastAPI's HTTPException and
+StreamingResponse around the Ollama handlers). Nothing outside this package imports SGLang internals.
 """
 
 from __future__ import annotations

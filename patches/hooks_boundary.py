@@ -1,10 +1,11 @@
-"""The HTTP boundary's hooks: what one client sends is checked before it can cost anyone else
-(``request_guard``, ``openai_guard``; docs/reliability.md).
+"""The HTTP boundary's hooks: what one client sends is checked before it can cost anyone else, and
+no client can take or end another's request (``request_guard``, ``request_caps``, ``openai_guard``,
+``ollama_guard``, ``live_rids``; docs/reliability.md).
 """
 
 from __future__ import annotations
 
-from . import openai_guard, request_guard
+from . import live_rids, ollama_guard, openai_guard, request_caps, request_guard
 from .hook import Hook
 
 BOUNDARY_HOOKS: tuple[Hook, ...] = (
@@ -64,5 +65,52 @@ BOUNDARY_HOOKS: tuple[Hook, ...] = (
         openai_guard.continue_needs_a_message,
         "continue_final_message on a lone assistant message leaves the chat template no conversation "
         "(IndexError in transformers, a 500)",
+    ),
+    Hook(
+        "sglang.srt.server_args.ServerArgs.__post_init__",
+        "AFTER",
+        request_caps.validate_limit_flags,
+        "a request cap given a bad value (--pillar-max-top-logprobs abc) fails at launch, in one line",
+    ),
+    Hook(
+        "sglang.srt.managers.io_struct.GenerateReqInput._determine_batch_size",
+        "AFTER",
+        request_caps.bounded_fanout,
+        "the first count of a request's prompts, before SGLang expands them n times: 128 prompts x n = 128 "
+        "made 16,384 requests of an 830-byte body",
+    ),
+    Hook(
+        "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._process_messages",
+        "AROUND",
+        openai_guard.template_kwargs_are_checked,
+        "chat_template_kwargs reach apply_chat_template as keywords: a client's copy of one the server "
+        "passes is a 500, a client's own chat_template renders in the event loop with no time limit "
+        "(every chat route, /v1/tokenize and /v1/messages included, goes through here)",
+    ),
+    Hook(
+        "sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_generate",
+        "AROUND",
+        ollama_guard.client_errors_are_400,
+        "/api/generate calls the tokenizer manager without catching its ValueErrors: every 400 is a 500",
+    ),
+    Hook(
+        "sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_chat",
+        "AROUND",
+        ollama_guard.client_errors_are_400,
+        "/api/chat, the same, and a chat template's own refusal (a jinja2 TemplateError) too",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.handle_generate_request",
+        "AROUND",
+        live_rids.refuse_live_duplicate,
+        "with --tokenizer-worker-num > 1 two live requests can share a rid at the scheduler (each worker "
+        "checks its own); the detokenizer and everything else keyed by rid mixed them up",
+    ),
+    Hook(
+        "sglang.srt.managers.scheduler.Scheduler.abort_request",
+        "AROUND",
+        live_rids.exact_abort,
+        "SGLang aborts every request whose rid starts with the aborted one (an abort of '7f' reached a "
+        "sixteenth of the uuid-hex rids); a request is aborted by its own rid or its parent's",
     ),
 )

@@ -13,6 +13,7 @@ Nothing here touches SGLang.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -48,11 +49,6 @@ class RequestLimits:
             if f.type != "bool" and (type(value) is not int or value < 1):
                 raise ValueError(f"{ENV_PREFIX}{f.name.upper()} must be an integer >= 1, got {value!r}")
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> RequestLimits:
-        """The caps from ``SPARSESPEC_<NAME>`` variables, defaults for the unset (or empty) ones."""
-        env = os.environ if env is None else env
-        return cls(**{knob.field: knob.parse(env[knob.env]) for knob in LIMIT_KNOBS if env.get(knob.env)})
 
 
 class LimitKnob(Knob):
@@ -92,8 +88,16 @@ LIMIT_KNOBS: tuple[LimitKnob, ...] = (
 
 
 def request_limits(env: Mapping[str, str] | None = None) -> RequestLimits:
-    """The caps from the environment (the launcher exports the flags into it; patches/server_args_flags.py)."""
-    return RequestLimits.from_env(env)
+    """The caps from the ``SPARSESPEC_<NAME>`` variables (the launcher exports the flags into them,
+    patches/server_args_flags.py), defaults for the unset or empty ones. Read per request, parsed once
+    per set of values."""
+    env = os.environ if env is None else env
+    return _parsed(tuple(env.get(knob.env) or "" for knob in LIMIT_KNOBS))
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(raw: tuple[str, ...]) -> RequestLimits:
+    return RequestLimits(**{knob.field: knob.parse(text) for knob, text in zip(LIMIT_KNOBS, raw) if text})
 
 
 def flag_of(name: str) -> str:

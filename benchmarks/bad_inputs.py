@@ -3,7 +3,10 @@
 Every entry is a ``Probe``: a route, a JSON body and the HTTP status the plugin must answer with
 (``expect``; None for fuzzed bodies, which may happen to be valid: any status below 500 is right).
 A streamed native ``/generate`` request is answered 200 before SGLang validates it, so its error
-comes as the first SSE event; ``effective_status`` reads that event's ``code``.
+comes as the first SSE event; ``effective_status`` reads that event's ``code``. A probe with ``live``
+requests is sent while those run (``benchmarks/live_probes.py``): a second request under a live rid,
+an abort whose rid is a prefix of another live one; each live request must then end as its own
+client expects (``aborts``: the rids the probe itself ends).
 
 The fuzzer is seeded and uses only the standard library: it reads the request schemas from the
 server's own OpenAPI document (``/openapi.json``, SGLang's pydantic request models rendered as JSON
@@ -22,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_sparsespec.limits import RequestLimits
+
 from benchmarks.schema_fuzz import (
     EDGE_INTS,
     EDGE_NUMBERS,
@@ -33,7 +38,8 @@ from benchmarks.schema_fuzz import (
 )
 
 GENERATE, COMPLETIONS, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
-ROUTES = (GENERATE, COMPLETIONS, CHAT)
+ROUTES = (GENERATE, COMPLETIONS, CHAT)  # the fuzzed routes
+OLLAMA_GENERATE, ABORT = "/api/generate", "/abort_request"
 TEXT = "Count from one to five."
 HUGE_ID = 1_000_000_000
 # SGLang's own sampling parameter names (SamplingParams, docs/basic_usage/sampling_params.mdx).
@@ -51,6 +57,8 @@ class Probe:
     path: str
     body: Any
     expect: int | None  # None: any status below 500
+    live: tuple[Any, ...] = ()  # /generate bodies (each with a rid) running while the probe is sent
+    aborts: tuple[str, ...] = ()  # rids of the live requests the probe ends; the others must end normally
 
     @property
     def stream(self) -> bool:
@@ -179,6 +187,7 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
         Probe("completions_cache_salt_list", COMPLETIONS, {"model": "default", "prompt": TEXT, "cache_salt": ["a"]}, 400),
         Probe("extra_key_list", GENERATE, {"text": TEXT, "extra_key": ["a", "b"]}, 400),
     ]  # fmt: skip
+    bad += _costs_and_templates(msgs, sp, gen) + _ollama() + _live()
     unusual_but_valid = [
         sp("stop_never_matches", 200, stop=["\u2603 never \u2603"], max_new_tokens=16),
         sp("n_two", 200, n=2),
@@ -186,8 +195,76 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
         gen("batch_all_good", 200, text=[TEXT, TEXT], sampling_params={"max_new_tokens": 8}),
         Probe("completions_logprobs", COMPLETIONS, {"model": "default", "prompt": TEXT, "max_tokens": 8, "logprobs": 3}, 200),
         Probe("chat_n_two", CHAT, {"model": "default", "messages": msgs, "max_tokens": 8, "n": 2}, 200),
+        sp("stop_regex_unbounded", 200, stop_regex=r"\n\s*\n"),
+        gen("top_logprobs_at_cap", 200, sampling_params={"max_new_tokens": 8}, return_logprob=True,
+            top_logprobs_num=RequestLimits().max_top_logprobs),
     ]  # fmt: skip
     return bad + unusual_but_valid
+
+
+def _costs_and_templates(msgs: list[dict[str, Any]], sp: Any, gen: Any) -> list[Probe]:
+    """Requests above a cap of ``sglang_sparsespec.limits`` (its defaults), stop patterns that backtrack
+    exponentially, and chat template arguments a client may not set: 400 each."""
+    caps = RequestLimits()
+    over = caps.max_top_logprobs + 1
+    prompts = [TEXT] * (caps.max_fanout // 128 + 1)  # x n = 128 (OpenAI's limit): one request past the cap
+
+    def chat(name: str, **body: Any) -> Probe:
+        return Probe(name, CHAT, {"model": "default", "messages": msgs, "max_tokens": 8, **body}, 400)
+
+    def template(name: str, key: str, value: Any) -> Probe:
+        return chat(f"chat_template_{name}", chat_template_kwargs={key: value})
+
+    return [
+        template("client", "chat_template", "{{ messages[0]['content'] }}"),
+        template("messages", "messages", []),
+        template("tokenize", "tokenize", True),
+        template("add_generation_prompt", "add_generation_prompt", False),
+        template("tools", "tools", "x"),
+        template("return_dict", "return_dict", True),
+        sp("stop_regex_backtracking", stop_regex="(a+)+$"),
+        sp("stop_regex_nested_alternatives", stop_regex=["x", "(a|aa)+$"]),
+        chat("chat_stop_regex_backtracking", stop_regex=r"(\d*)*x"),
+        gen("top_logprobs_over_cap", return_logprob=True, top_logprobs_num=over),
+        Probe("top_logprobs_completions_over_cap", COMPLETIONS, {"model": "default", "prompt": TEXT, "logprobs": over}, 400),
+        chat("top_logprobs_chat_over_cap", logprobs=True, top_logprobs=over),
+        gen("token_ids_logprob_over_cap", return_logprob=True,
+            token_ids_logprob=list(range(1, caps.max_token_ids_logprob + 2))),
+        gen("n_times_prompts", text=prompts, sampling_params={"max_new_tokens": 8, "n": 128}),
+        Probe("n_times_prompts_completions", COMPLETIONS, {"model": "default", "prompt": prompts, "n": 128}, 400),
+        sp("stop_strings_over_cap", stop=[f"stop{i}" for i in range(caps.max_stop_strings + 1)]),
+        sp("logit_bias_over_cap", logit_bias={str(i): 0.5 for i in range(caps.max_logit_bias + 1)}),
+    ]  # fmt: skip
+
+
+def _ollama() -> list[Probe]:
+    """Ollama's /api/generate: SGLang's own 400s surfaced there as 500s."""
+
+    def ollama(name: str, stream: bool = False, **options: Any) -> Probe:
+        body = {"model": "default", "prompt": TEXT, "stream": stream, "options": {"num_predict": 8, **options}}
+        return Probe(name, OLLAMA_GENERATE, body, 400)
+
+    return [
+        ollama("ollama_generate_seed", seed=7),
+        ollama("ollama_generate_top_k_overflow", top_k=2**40),
+        ollama("ollama_generate_temperature_string", temperature="hot"),
+        ollama("ollama_generate_stream_temperature_string", stream=True, temperature="hot"),
+    ]
+
+
+def _live() -> list[Probe]:
+    """Requests that reach another client's: a second request under a live rid, and an abort of a rid
+    that is a prefix of another live rid (SGLang's scheduler matches aborts by prefix)."""
+
+    def running(rid: str) -> dict[str, Any]:
+        return {"rid": rid, "text": TEXT, "stream": True, "sampling_params": {"max_new_tokens": 512, "ignore_eos": True}}
+
+    victim = "7f3c9e0d1a2b4c5d6e7f8091a2b3c4d5"
+    return [
+        Probe("duplicate_rid", GENERATE, {"rid": "dup-rid-1", "text": TEXT, "sampling_params": {"max_new_tokens": 8}},
+              400, live=(running("dup-rid-1"),)),
+        Probe("abort_prefix", ABORT, {"rid": "7f"}, 200, live=(running(victim), running("7f")), aborts=("7f",)),
+    ]  # fmt: skip
 
 
 def _request_schema(openapi: dict[str, Any], path: str) -> dict[str, Any]:

@@ -11,7 +11,8 @@ One server (radix cache on, chunked prefill on with ``--chunked-prefill-size``, 
    1 / 0.95 / 0.8, 40 % streamed; ``--aborts`` of them dropped by the client (streams closed after
    a few events, non-streamed ones given a timeout shorter than their generation);
 3. every input of ``benchmarks/bad_inputs.py``'s hand list and ``--fuzz`` bodies of its fuzzer over
-   the server's ``/openapi.json``, each judged against the status it must get;
+   the server's ``/openapi.json``, each judged against the status it must get (those sent while other
+   requests run, ``benchmarks/live_probes.py``, also by how the running requests end);
 4. idle: ``/v1/loads`` until no request runs or waits, then ``--settle`` seconds in which SGLang's own
    idle check runs (it raises in the scheduler on a KV or request-slot leak); a leak is a server that
    died, a leak message in its log, or KV tokens still in use (``num_used_tokens`` > 0: the radix
@@ -44,6 +45,7 @@ from typing import Any
 from benchmarks.bad_inputs import Probe, effective_status, fuzz_inputs, hand_list
 from benchmarks.client import parse_generate_reply
 from benchmarks.configs import file_stem, parse_env, resolve_config
+from benchmarks.live_probes import send_live_probe
 from benchmarks.lossless import compare_outputs
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
@@ -339,11 +341,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             openapi = http_json(server.base_url + "/openapi.json", timeout=30)
             probes = hand_list(vocab, context) + fuzz_inputs(openapi, args.seed, args.fuzz, vocab)
             for probe in probes:
-                status, reply = send_probe(server.base_url, probe, timeout=120)
+                if probe.live:
+                    status, reply, live = send_live_probe(server.base_url, probe, 120, send_probe)
+                else:
+                    (status, reply), live = send_probe(server.base_url, probe, timeout=120), []
                 doc["bad_inputs"][probe.name] = status
-                if not probe.judge(status):
+                if not probe.judge(status) or live:
                     doc["bad_inputs_failed"].append({"name": probe.name, "path": probe.path, "status": status,
-                                                     "body": json.dumps(probe.body)[:300], "reply": reply})  # fmt: skip
+                                                     "body": json.dumps(probe.body)[:300], "reply": reply,
+                                                     "live": live})  # fmt: skip
                 try:
                     server.check_alive(grace_s=0.5 if status is None else 0.0)
                 except ServerError:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from sglang_sparsespec.offload import Agree, Candidate, OffloadLedger, Where, choose_victims
+from sglang_sparsespec.rids import abort_matches
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ class KVOffloader:
         self.mover = mover
         self.ledger = OffloadLedger(mover.host_pool, agree)  # agree: MIN over the TP ranks (tp_agree)
         self.decode_reserve = decode_reserve  # tokens a request may allocate for its next round
-        self.rows: dict[str, _Row] = {}
+        # By the request object's id (the row holds the object): two live requests can share a rid.
+        self.rows: dict[int, _Row] = {}
         self.fallbacks = 0  # decode rounds that SGLang's retraction had to serve
         self._warned = False
 
@@ -129,27 +131,27 @@ class KVOffloader:
         pending = self._prefill_pending()
         # Batch position is admission order: prefills and restores are merged at the end.
         cands = [
-            Candidate(req.rid, req.kv.kv_allocated_len - req.cache_protected_len,
+            Candidate(id(req), req.kv.kv_allocated_len - req.cache_protected_len,
                       req.sampling_params.max_new_tokens - len(req.output_ids), i)
             for i, req in enumerate(batch.reqs)
-            if parkable(req) and id(req) not in pending and self.ledger.where(req.rid) is None
+            if parkable(req) and id(req) not in pending and self.ledger.where(id(req)) is None
         ]  # fmt: skip
         victims = choose_victims(cands, short, self.ledger.host_free(), len(batch.reqs) - 1)
         if not victims:
             self._fallback(short)
             return
-        index = {req.rid: i for i, req in enumerate(batch.reqs)}
+        index = {id(req): i for i, req in enumerate(batch.reqs)}
         parked: list[int] = []
         try:
             for v in victims:
-                self._park(batch, index[v.rid])
-                parked.append(index[v.rid])
+                self._park(batch, index[v.key])
+                parked.append(index[v.key])
         finally:  # a failed copy leaves the requests parked so far consistent (out of the batch, freed)
             batch.filter_batch(keep_indices=[i for i in range(len(batch.reqs)) if i not in set(parked)])
             # This round needs the memory now: wait for these copies (each ordered after the in-flight
             # forward), then free the slots. SGLang's retraction covers any remaining shortfall.
             for v in victims[: len(parked)]:
-                self._free_device(self.ledger.settle(v.rid))
+                self._free_device(self.ledger.settle(v.key))
         if not batch.check_decode_mem():
             self._fallback(batch.new_tokens_required_next_decode() - allocator.available_size())
 
@@ -176,8 +178,8 @@ class KVOffloader:
         except BaseException:
             self.ledger.host.free(host_slots)  # nothing was recorded: the reservation goes back
             raise
-        self.ledger.park(req.rid, start, end, device_slots, host_slots, fence)
-        self.rows[req.rid] = row
+        self.ledger.park(id(req), start, end, device_slots, host_slots, fence)
+        self.rows[id(req)] = row
 
     def _free_device(self, slots) -> None:
         if slots is not None and len(slots):
@@ -222,8 +224,8 @@ class KVOffloader:
         allocator = sched.token_to_kv_pool_allocator
         empty = running_batch is None or running_batch.is_empty()
         if empty:  # nothing else can run: wait for pending parks rather than idle with KV on host
-            for rid in list(self.rows):
-                self._free_device(self.ledger.settle(rid))
+            for key in list(self.rows):
+                self._free_device(self.ledger.settle(key))
         restored: list[_Row] = []
         running_need = 0
         if not empty:
@@ -237,7 +239,7 @@ class KVOffloader:
             evict_from_tree_cache(sched.tree_cache, need)
             if allocator.available_size() < need:
                 break
-            row = self.rows[rec.rid]
+            row = self.rows[rec.key]
             slots = allocator.alloc(rec.tokens)
             try:
                 fence = self.mover.to_device(rec.host, slots)
@@ -245,8 +247,8 @@ class KVOffloader:
                 allocator.free(slots)  # the request stays parked on host; the slots go back
                 raise
             sched.req_to_token_pool.write((row.req.req_pool_idx, slice(rec.start, rec.end)), slots.to(torch.int32))
-            self.ledger.begin_restore(rec.rid, fence)
-            restored.append(self.rows.pop(rec.rid))
+            self.ledger.begin_restore(rec.key, fence)
+            restored.append(self.rows.pop(rec.key))
         if not restored:
             return running_batch
         back = self._batch_of(restored)
@@ -288,57 +290,14 @@ class KVOffloader:
                 b.spec_info.merge_batch(r.spec_info)
         return b
 
-    # -- admission: count the host budget as pool -------------------------------------------------
-    def admission_slack(self, live_requests: int) -> int:
-        """Host tokens that admission may count as KV pool for the requests' future decode growth.
-
-        Free host slots (parked and restoring KV is already outside them), minus what the parked
-        requests will still grow (they are in neither the running batch nor the adder's estimate),
-        minus one decode reserve (the over-allocated draft / verify slots) per live request.
-        May be <= 0: then admission is SGLang's own.
-        """
-        growth = sum(
-            max(row.req.sampling_params.max_new_tokens - len(row.req.output_ids), 0) for row in self.rows.values()
-        )
-        return self.ledger.host_free() - growth - self.decode_reserve * live_requests
-
-    def admit(self, original, adder, req, *args, **kwargs):
-        """``PrefillAdder.add_one_req`` with the host budget counted as pool for decode growth.
-
-        SGLang admits a request only when its future demand fits the free (and evictable) GPU
-        tokens: exactly for ``ignore_eos`` requests with the radix cache off (it then never
-        over-admits), by ``new_token_ratio`` otherwise. With an offloader, the overshoot is parked
-        on host rather than retracted or left queued, so the demand may use GPU + host free tokens.
-        Invariants: the request's whole prefill is allocated in this pass and fits the GPU now
-        (the slack funds decode growth only, which ``park_if_needed`` serves; a later chunk of a
-        chunked prompt would need GPU memory that parking does not make); the adder's offsets are
-        exactly SGLang's after the call (the slack is lent for this one call).
-        """
-        running = 0 if adder.running_batch is None else len(adder.running_batch.reqs)
-        slack = self.admission_slack(running + len(adder.can_run_list) + 1)
-        extend = len(req.full_untruncated_fill_ids) - len(req.prefix_indices)
-        whole_prefill_now = adder.rem_chunk_tokens is None or extend <= adder.rem_chunk_tokens
-        fits_gpu_now = adder.ceil_paged_tokens(extend) + adder.page_size <= adder.cur_rem_tokens
-        if slack <= 0 or not whole_prefill_now or not fits_gpu_now:
-            return original(adder, req, *args, **kwargs)
-        # Both budgets: rem_total_tokens gates the estimated demand; add_one_req_ignore_eos also
-        # simulates the exact demand from cur_rem_tokens (this step's prefill was checked above).
-        adder.rem_total_token_offset -= slack
-        adder.cur_rem_token_offset -= slack
-        try:
-            return original(adder, req, *args, **kwargs)
-        finally:
-            adder.rem_total_token_offset += slack
-            adder.cur_rem_token_offset += slack
-
     # -- finish / abort of a parked request --------------------------------------------------------
     def tracks(self, req) -> bool:
-        return self.ledger.where(req.rid) is not None
+        return self.ledger.where(id(req)) is not None
 
     def release_parked(self, original, req, tree_cache, is_insert: bool) -> None:
         """``release_kv_cache`` for a request the ledger holds: wait for its copy, then free."""
-        rec = self.ledger.drop(req.rid)
-        self.rows.pop(req.rid, None)
+        rec = self.ledger.drop(id(req))
+        self.rows.pop(id(req), None)
         if rec.where is Where.RESTORING:  # back on the device: an ordinary release
             return original(req, tree_cache, is_insert)
         self._free_device(rec.device)
@@ -376,8 +335,8 @@ class KVOffloader:
     def mark_aborts(self, recv_req) -> None:
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-        for rid, row in self.rows.items():
-            if recv_req.abort_all or rid.startswith(recv_req.rid):
+        for row in self.rows.values():
+            if recv_req.abort_all or abort_matches(row.req.rid, recv_req.rid):
                 row.req.to_finish = FINISH_ABORT("Aborted by AbortReq.")
 
     def summary(self) -> dict:

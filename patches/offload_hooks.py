@@ -6,9 +6,11 @@ An offloader exists only in a scheduler process started with ``--pillar-offload-
 
 from __future__ import annotations
 
+import msgspec
+
 from sglang_sparsespec.config import offload_host_gb
 
-from . import offload
+from . import offload, offload_capacity
 from .offload_kv import CudaKVMover, offload_refusal
 from .tp_agree import min_over_tp_group
 
@@ -71,7 +73,7 @@ def admit_against_host(original, adder, req, *args, **kwargs):
     # The adder has no scheduler reference; this process's offloader is the module's.
     off = offload._ACTIVE
     if off is not None:
-        return off.admit(original, adder, req, *args, **kwargs)
+        return offload_capacity.admit(off, original, adder, req, *args, **kwargs)
     return original(adder, req, *args, **kwargs)
 
 
@@ -111,3 +113,19 @@ def add_offload_state(result, scheduler, *args, **kwargs):
     if off is not None and isinstance(state, dict):
         state["offload"] = off.summary()
     return result
+
+
+def count_parked_load(result, inquirer, *args, **kwargs):
+    """``SchedulerLoadInquirer.get_loads``: parked requests run (their KV waits on host and comes back),
+    so /v1/loads and the DP balancer count them and their tokens (the inquirer has no scheduler
+    reference; this process's offloader is the module's)."""
+    off = offload._ACTIVE
+    if off is None or not off.has_parked:
+        return result
+    requests, tokens = offload_capacity.parked_load(off)
+    return msgspec.structs.replace(
+        result,
+        num_running_reqs=result.num_running_reqs + requests,
+        num_total_tokens=result.num_total_tokens + tokens,
+        num_active_tokens=result.num_active_tokens + tokens,
+    )

@@ -13,6 +13,13 @@ naming the part of the body that is wrong (found by validating the body without 
 Past validation, ``OpenAIServingChat`` drops the final assistant message of a
 ``continue_final_message`` request; with no message left the chat template gets an empty
 conversation and raises IndexError (a 500): ``continue_needs_a_message`` makes that a 400.
+
+``chat_template_kwargs`` go to the chat template as keyword arguments beside the ones the server
+passes itself: a client's ``messages``, ``tools``, ``tokenize``, ``add_generation_prompt`` or
+``return_dict`` is a duplicate keyword (TypeError, then KeyError in SGLang's retry: a 500), and a
+client's own ``chat_template`` renders in the HTTP process's event loop with no time limit (nested
+``range`` loops never end). ``check_template_kwargs`` refuses both with a 400; a launch flag
+(``limits.RequestLimits.allow_client_chat_template``) allows client templates.
 """
 
 from __future__ import annotations
@@ -23,7 +30,12 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sglang_sparsespec.limits import flag_of, request_limits
+
 HTTP_SERVER = "sglang.srt.entrypoints.http_server"
+# What SGLang passes to apply_chat_template itself (and its names for the conversation): a client's
+# chat_template_kwargs entry of the same name is a duplicate keyword argument.
+SERVER_TEMPLATE_ARGS = ("add_generation_prompt", "conversation", "messages", "return_dict", "tokenize", "tools")
 MAX_SEARCHED_FIELDS = 128  # ChatCompletionRequest, the largest request model, has under 100
 _GUARDED = "_sparsespec_guarded"  # marks a body field whose validation is wrapped
 
@@ -141,7 +153,24 @@ def guard_routes(app: Any) -> int:
     return done
 
 
-# ---- hooks (registered in patches/__init__.py) ---------------------------------------------------
+def check_template_kwargs(kwargs: Mapping[str, Any] | None, allow_client_template: bool) -> None:
+    """ValueError for chat_template_kwargs the server's template call cannot take from a client."""
+    reserved = sorted(set(kwargs or ()) & set(SERVER_TEMPLATE_ARGS))
+    if reserved:
+        raise ValueError(
+            f"chat_template_kwargs may not set {', '.join(reserved)}: the server passes "
+            f"{'it' if len(reserved) == 1 else 'them'} to the chat template itself"
+        )
+    if "chat_template" in (kwargs or ()) and not allow_client_template:
+        flag = flag_of("allow_client_chat_template")
+        raise ValueError(
+            "chat_template_kwargs.chat_template: this server renders only its own chat template (a client's "
+            f"template would run in the HTTP process with no time limit; a server started with {flag} true "
+            "accepts one)"
+        )
+
+
+# ---- hooks (registered in patches/hooks_boundary.py) ------------------------------------------------
 def guard_http_app(result, serving, *args, **kwargs):
     """OpenAIServingBase.__init__ (AFTER): the OpenAI handlers are built in the HTTP app's lifespan,
     before it serves; its routes' body validation is guarded then (no-op outside the HTTP server)."""
@@ -160,3 +189,10 @@ def continue_needs_a_message(result, serving, messages, request, *args, **kwargs
             "it: send at least one message before that assistant message"
         )
     return result
+
+
+def template_kwargs_are_checked(original, serving, request, *args, **kwargs):
+    """OpenAIServingChat._process_messages (AROUND): the client's chat_template_kwargs, before the
+    server's --default-chat-template-kwargs are merged into them."""
+    check_template_kwargs(request.chat_template_kwargs, request_limits().allow_client_chat_template)
+    return original(serving, request, *args, **kwargs)

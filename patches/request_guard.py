@@ -15,7 +15,9 @@ The checks added here, for every algorithm once the plugin is installed:
 * ranges the scheduler's tensors need: ``top_k`` fits int32, ``stop_token_ids`` in the vocabulary
   (min_new_tokens scatters them into a vocab row), ``logit_bias`` finite in fp32, ``sampling_seed``
   fits int64, ``top_logprobs_num`` in [0, vocab] (a topk over the vocabulary), ``stop_regex``
-  compiles;
+  compiles and repeats no group that can itself match in several ways (``(a+)+``: exponential
+  backtracking in the scheduler, ``sglang_sparsespec/stop_regex.py``);
+* the request caps of ``sglang_sparsespec/limits.py`` (``request_caps``), each a launch flag;
 * the request's shape: ``n`` an int in [1, MAX_PARALLEL_SAMPLES] before SGLang expands the batch by
   it, one entry per prompt in every per-prompt list, one ``rid`` and one ``sampling_params`` object
   and an integer ``top_logprobs_num`` for a single prompt;
@@ -33,6 +35,11 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from sglang_sparsespec.limits import request_limits
+from sglang_sparsespec.stop_regex import nested_repetition
+
+from .request_caps import check_request_caps, clamp_stop_regex_window
 
 # OpenAI's limit for n. SGLang expands a request n times in the HTTP process before anything is
 # checked, so an unbounded n (say 10**6) blocks that process for everyone.
@@ -117,6 +124,12 @@ def check_sampling_params(params: Any, vocab_size: int) -> None:
             re.compile(pattern)
         except re.error as e:
             raise ValueError(f"sampling_params.stop_regex {pattern!r} is not a valid regular expression: {e}") from None
+        if nested_repetition(pattern):
+            raise ValueError(
+                f"sampling_params.stop_regex {pattern!r} repeats a group that can itself match in several ways "
+                "(a quantifier or alternatives inside a repeated group, as in (a+)+): its matching time can grow "
+                "exponentially with the text; write it without the nesting"
+            )
 
 
 def check_parallel_samples(sampling_params: Mapping[str, Any] | Sequence[Any] | None) -> None:
@@ -180,7 +193,7 @@ def _naming_prompt(obj: Any) -> Iterator[None]:
         raise ValueError(f"prompt {where[0]} of {where[1]} in the batch: {e}") from e
 
 
-# ---- hooks (registered in patches/__init__.py) ---------------------------------------------------
+# ---- hooks (registered in patches/hooks_boundary.py) ----------------------------------------------
 def guard_normalize(original, obj, *args, **kwargs):
     """GenerateReqInput.normalize_batch_and_arguments: ``n``, an empty ``text`` batch (answered 200 with
     no outputs) and empty input_embeds are checked before SGLang expands the request (an IndexError, a
@@ -240,6 +253,7 @@ def validate_request(original, manager, obj, input_ids, *args, **kwargs):
             raise ValueError("this model takes no image, video or audio input")
         if isinstance(obj, GenerateReqInput):
             check_top_logprobs(obj.top_logprobs_num, vocab)
+            check_request_caps(obj, request_limits())
             if obj.session_params is not None:
                 check_fields(obj.session_params, SessionParams, "session_params")
 
@@ -277,10 +291,12 @@ def _field_path(struct: type, path: str) -> str:
 
 def check_tokenized(original, manager, obj, *args, **kwargs):
     """TokenizerManager._create_tokenized_object: the built message must fit SGLang's schema; errors
-    (ours and SamplingParams.verify's) name the prompt of a batch."""
+    (ours and SamplingParams.verify's) name the prompt of a batch; a stop_regex sees the latest window."""
     with _naming_prompt(obj):
         tokenized = original(manager, obj, *args, **kwargs)
         check_message_schema(tokenized)
+        if tokenized.sampling_params is not None:
+            clamp_stop_regex_window(tokenized.sampling_params, request_limits())
         return tokenized
 
 

@@ -7,6 +7,7 @@ name to ``--warmups`` unless ``--skip-server-warmup`` is given."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from sglang_sparsespec.rounds.warmup import WARMUP_NAME, warmup_plan
@@ -24,7 +25,9 @@ async def pillar_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
         return
     t0 = time.monotonic()
     sa, mc = tokenizer_manager.server_args, tokenizer_manager.model_config
-    plan = warmup_plan(sa.max_running_requests, mc.vocab_size, sa.chunked_prefill_size, mc.context_len)
+    # Each tokenizer worker (a process of its own) runs the warm-up: its rids carry the process id.
+    tag = f"{os.getpid()}-"
+    plan = warmup_plan(sa.max_running_requests, mc.vocab_size, sa.chunked_prefill_size, mc.context_len, tag)
     if not plan:
         logger.info("PILLAR warm-up skipped: a %d-token context holds no warm-up request", mc.context_len)
         return

@@ -1,7 +1,8 @@
 """SGLang's real HTTP app and TokenizerManager on CPU, with a stand-in scheduler.
 
 Requests go through SGLang 0.5.17's own FastAPI routes (``/generate``, ``/v1/completions``,
-``/v1/chat/completions``), request models, normalisation and tokenizer-manager validation.
+``/v1/chat/completions``, Ollama's ``/api/generate`` and ``/api/chat``), request models,
+normalisation and tokenizer-manager validation.
 Whatever the tokenizer manager dispatches reaches ``FakeScheduler`` instead of ZMQ: it copies
 the message as SGLang's default (pickle) IPC does, checks it against SGLang's own message schema
 (``schema_errors``) and the fields that the real scheduler puts into GPU tensors
@@ -169,6 +170,7 @@ class Boundary:
 def make_boundary(model_dir: Path, **server_args: Any) -> Boundary:
     """A real TokenizerManager for ``model_dir`` wired into ``sglang...http_server.app``."""
     from sglang.srt.entrypoints import http_server
+    from sglang.srt.entrypoints.ollama.serving import OllamaServing
     from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.parser.template_manager import TemplateManager
@@ -186,4 +188,5 @@ def make_boundary(model_dir: Path, **server_args: Any) -> Boundary:
     app = http_server.app
     app.state.openai_serving_completion = OpenAIServingCompletion(manager, templates)
     app.state.openai_serving_chat = manager.serving_chat_class(manager, templates)
+    app.state.ollama_serving = OllamaServing(manager)
     return Boundary(manager, scheduler, app)

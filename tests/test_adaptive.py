@@ -53,7 +53,7 @@ def test_acceptance_counts_only_the_sparse_drafters():
 
 
 def _rounds(*samples: RoundSample) -> list[RoundSample]:
-    """Each sample as the PROBE_ROUNDS rounds that price it (a warm-up round, then the minimum kept)."""
+    """Each sample as the PROBE_ROUNDS rounds that price it (a warm-up round, then the three kept)."""
     return [s for s in samples for _ in range(PROBE_ROUNDS)]
 
 

@@ -19,11 +19,12 @@ def test_a_cost_drops_its_warm_up_and_prices_by_the_lower_median():
     cost.add(150.0)  # the first call: compile / cold graph
     assert cost.value is None
     cost.add(1.2)
-    assert cost.value is None  # one kept sample is not a price
     cost.add(1.0)
-    assert cost.value == 1.0  # the lower median of (1.2, 1.0)
+    assert cost.value is None  # two kept samples are not a price
+    cost.add(1.1)
+    assert cost.value == 1.1  # the median of (1.2, 1.0, 1.1)
     cost.add(1.0 * SPIKE)
-    assert cost.value == 1.2  # the median of (1.2, 1.0, 100): never the spike
+    assert cost.value == 1.1  # the lower median of (1.2, 1.0, 1.1, 100): never the spike
     for _ in range(RobustCost.WINDOW):
         cost.add(2.0)  # a real change of cost takes over within the window
     assert cost.value == 2.0 and len(cost.recent) == RobustCost.WINDOW
@@ -31,6 +32,21 @@ def test_a_cost_drops_its_warm_up_and_prices_by_the_lower_median():
     primed.prime(3.0)
     primed.add(3.0 * SPIKE)
     assert primed.value == 3.0
+
+
+@pytest.mark.parametrize("outlier", [1.0 / SPIKE, 1.0 * SPIKE])
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_one_outlier_high_or_low_never_prices_a_mode(outlier, position):
+    """The first price comes from three kept samples: of two, the lower median is the smaller, so one
+    low round (1 % of the cost) alone would have priced the mode."""
+    cost = RobustCost()
+    cost.add(150.0)  # the warm-up, dropped
+    kept = [1.0, 1.0, 1.0]
+    kept[position] = outlier
+    for ms in kept:
+        assert cost.value is None
+        cost.add(ms)
+    assert cost.value == 1.0
 
 
 def _policy(alpha: float) -> SpeculationPolicy:

@@ -116,21 +116,21 @@ def test_restore_order_is_oldest_park_first():
     for rid in "cab":
         ledger.park(rid, 0, 1, rid, ledger.reserve_host(1), Fence())
         ledger.settle(rid)
-    assert [r.rid for r in ledger.parked_in_order()] == ["c", "a", "b"]
+    assert [r.key for r in ledger.parked_in_order()] == ["c", "a", "b"]
 
 
 # -- policy ---------------------------------------------------------------------------------------
 def test_victims_furthest_from_finishing_then_latest_admitted():
     cands = [Candidate("near", 100, 10, 0), Candidate("far", 100, 900, 1), Candidate("far2", 100, 900, 2)]
-    assert [v.rid for v in choose_victims(cands, 150, 1000, 2)] == ["far2", "far"]
-    assert [v.rid for v in choose_victims(cands, 50, 1000, 2)] == ["far2"]
+    assert [v.key for v in choose_victims(cands, 150, 1000, 2)] == ["far2", "far"]
+    assert [v.key for v in choose_victims(cands, 50, 1000, 2)] == ["far2"]
     assert choose_victims(cands, 0, 1000, 2) == []
 
 
 def test_victims_respect_host_budget_and_keep_one_resident():
     cands = [Candidate("big", 500, 900, 0), Candidate("small", 50, 800, 1), Candidate("empty", 0, 999, 2)]
-    assert [v.rid for v in choose_victims(cands, 1000, 100, 3)] == ["small"]  # big does not fit the host
-    assert [v.rid for v in choose_victims(cands, 1000, 10_000, 1)] == ["big"]  # max_victims
+    assert [v.key for v in choose_victims(cands, 1000, 100, 3)] == ["small"]  # big does not fit the host
+    assert [v.key for v in choose_victims(cands, 1000, 10_000, 1)] == ["big"]  # max_victims
     assert choose_victims(cands[:1], 1000, 10_000, 0) == []
 
 

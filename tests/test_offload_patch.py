@@ -15,7 +15,7 @@ from sglang.srt.plugins import load_plugins
 load_plugins()
 
 from sglang.srt.server_args import ServerArgs
-from sglang_sparsespec.patches import offload
+from sglang_sparsespec.patches import offload, offload_capacity
 from test_offload import Fence, HostSlots
 
 from sglang_sparsespec.offload import Where
@@ -163,18 +163,18 @@ def test_park_frees_slots_only_after_the_copy_and_restore_puts_kv_back(world):
     before = _kv_of(w, far).clone()
     w.off.park_if_needed(w.batch)
     assert [r.rid for r in w.batch.reqs] == ["near"]  # furthest from finishing was parked
-    assert w.off.ledger.where("far") is Where.PARKED and all(f.done for f in w.mover.fences)
+    assert w.off.ledger.where(id(w.reqs[1])) is Where.PARKED and all(f.done for f in w.mover.fences)
     assert w.allocator.available_size() == 10 and w.off.ledger.host_free() == 54
     w.mover.kv[w.allocator.alloc(10)] = -1.0  # another request reuses (and overwrites) the freed slots
     w.allocator.free(torch.arange(11, 21))
     running = w.off.before_schedule(w.batch)  # 10 free < 10 + 16 rounds of headroom: stays parked
-    assert w.off.ledger.where("far") is Where.PARKED and running.reqs == w.batch.reqs
+    assert w.off.ledger.where(id(w.reqs[1])) is Where.PARKED and running.reqs == w.batch.reqs
     w.allocator.free(w.pool.req_to_token[1, 4:10].long())  # "near" finished: 16 free
     running = w.off.before_schedule(Batch([], w.pool, w.allocator))  # empty batch: restore what fits
-    assert [r.rid for r in running.reqs] == ["far"] and w.off.ledger.where("far") is Where.RESTORING
+    assert [r.rid for r in running.reqs] == ["far"] and w.off.ledger.where(id(w.reqs[1])) is Where.RESTORING
     w.mover.fences[-1].complete()
     w.off.before_schedule(running)
-    assert w.off.ledger.where("far") is None and w.off.ledger.host_free() == 64
+    assert w.off.ledger.where(id(w.reqs[1])) is None and w.off.ledger.host_free() == 64
     assert torch.equal(_kv_of(w, far), before)  # same KV at the same positions, in new slots
     s = w.off.summary()
     assert (s["parks"], s["restores"], s["bytes_to_host"], s["retraction_fallbacks"]) == (1, 1, 10 * 2 * H, 0)
@@ -188,7 +188,7 @@ def test_restore_skips_finished_requests_still_in_the_running_batch(world):
     w.allocator.free(w.pool.req_to_token[1, 4:10].long())
     near.kv, near.finished = None, lambda: True
     running = w.off.before_schedule(w.batch)  # 16 free < far's 10 + 16 rounds of its own growth: stays parked
-    assert running.reqs == [near] and w.off.ledger.where("far") is Where.PARKED
+    assert running.reqs == [near] and w.off.ledger.where(id(w.reqs[1])) is Where.PARKED
 
 
 def test_only_private_kv_moves_and_host_budget_falls_back(world):
@@ -199,7 +199,7 @@ def test_only_private_kv_moves_and_host_budget_falls_back(world):
     assert len(w.batch.reqs) == 2 and w.off.fallbacks == 1 and len(w.off.ledger) == 0
     w.mover.host_pool = w.off.ledger.host = HostSlots(6)
     w.off.park_if_needed(w.batch)
-    rec = w.off.ledger.record("near")
+    rec = w.off.ledger.record(id(w.reqs[0]))
     assert (rec.start, rec.end) == (4, 10) and w.allocator.available_size() == 6
 
 
@@ -215,7 +215,9 @@ def test_parked_request_that_finishes_is_released_once(world):
 def test_abort_of_parked_and_in_flight_requests(world, monkeypatch):
     w, far = world, world.reqs[1]
     w.off.park_if_needed(w.batch)
-    w.off.mark_aborts(SimpleNamespace(abort_all=False, rid="fa"))
+    w.off.mark_aborts(SimpleNamespace(abort_all=False, rid="fa"))  # another request's id, a prefix of this one's
+    assert far.to_finish is None
+    w.off.mark_aborts(SimpleNamespace(abort_all=False, rid="far"))
     assert far.to_finish is not None
     monkeypatch.setattr(  # the hooked release_kv_cache over the fake pool
         "sglang.srt.mem_cache.common.release_kv_cache",
@@ -228,7 +230,7 @@ def test_abort_of_parked_and_in_flight_requests(world, monkeypatch):
     near = w.reqs[0]
     host = w.off.ledger.reserve_host(6)
     slots = w.pool.req_to_token[1, 4:10].long()
-    w.off.ledger.park("near", 4, 10, slots, host, w.mover.to_host(slots, host))
+    w.off.ledger.park(id(near), 4, 10, slots, host, w.mover.to_host(slots, host))
     w.off.release_parked(w.original_release, near, "tree", False)
     assert w.mover.fences[-1].done and w.allocator.available_size() == 16 and w.off.ledger.host_free() == 64
 
@@ -286,13 +288,18 @@ class AdderReq(SimpleNamespace):
         self.extend_range = SimpleNamespace(start=start, end=end, length=end - start)
 
 
-def _adder_req(rid, prompt, max_new, generated=0, ignore_eos=True):
+def _adder_req(rid, prompt, max_new, generated=0, ignore_eos=True, **unparkable):
     out = list(range(generated))
+    sampling = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
+    sampling.update((k, unparkable.pop(k)) for k in list(unparkable) if k in sampling)
+    # What parkable() reads (a request in the waiting queue: not finished, nothing in flight).
+    state = {"to_finish": None, "grammar": None, "custom_logit_processor": None, "multimodal_inputs": None,
+             "return_hidden_states": False, "inflight_middle_chunks": 0, "finished": lambda: False, **unparkable}
     return AdderReq(
         rid=rid, origin_input_ids=list(range(prompt)), output_ids=out,
         full_untruncated_fill_ids=list(range(prompt)) + out, prefix_indices=[],
-        sampling_params=SimpleNamespace(ignore_eos=ignore_eos, max_new_tokens=max_new), retracted_stain=False,
-        mamba_pool_idx=None, host_hit_length=0, last_node=None,
+        sampling_params=SimpleNamespace(ignore_eos=ignore_eos, max_new_tokens=max_new, **sampling),
+        retracted_stain=False, mamba_pool_idx=None, host_hit_length=0, last_node=None, **state,
     )  # fmt: skip
 
 
@@ -335,13 +342,28 @@ def test_admission_counts_free_host_tokens_only_with_an_offloader(admission, rad
     assert adder.add_one_req(_adder_req("new", 100, 500, ignore_eos=ignore_eos), False, None) == no
 
 
+@pytest.mark.parametrize(
+    "unparkable",
+    [{"frequency_penalty": 0.5}, {"repetition_penalty": 1.1}, {"min_new_tokens": 4}, {"grammar": object()},
+     {"custom_logit_processor": "serialized"}, {"return_hidden_states": True}],
+)  # fmt: skip
+def test_admission_lends_the_host_budget_only_to_requests_that_can_be_parked(admission, unparkable):
+    """A request the pool can never park would be retracted and recomputed when the GPU runs out, where
+    SGLang's own admission queues it: it is admitted by SGLang's rule alone."""
+    adder = admission.make(host=10_000)
+    req = _adder_req("new", 100, 500, **unparkable)
+    assert adder.add_one_req(req, False, None) == admission.AddReqResult.NO_TOKEN and not adder.can_run_list
+    adder = admission.make(host=10_000)  # the same request without what keeps it from being parked
+    assert adder.add_one_req(_adder_req("new", 100, 500), False, None) == admission.AddReqResult.CONTINUE
+
+
 def test_admission_slack_excludes_parked_growth_and_never_funds_the_prefill(admission):
     no = admission.AddReqResult.NO_TOKEN
     adder = admission.make(host=10_000)
     # A parked request that will still grow 9,900 tokens leaves too little host for the new demand.
     parked = _adder_req("parked", 100, 10_000, generated=100)
-    offload._ACTIVE.rows["parked"] = SimpleNamespace(req=parked)
-    assert offload._ACTIVE.admission_slack(6) == 10_000 - 9_900 - 6
+    offload._ACTIVE.rows[id(parked)] = SimpleNamespace(req=parked)
+    assert offload_capacity.admission_slack(offload._ACTIVE, 6) == 10_000 - 9_900 - 6
     assert adder.add_one_req(_adder_req("new", 100, 500), False, None) == no
     adder = admission.make(host=10_000)  # the same without the parked request: admitted
     assert adder.add_one_req(_adder_req("new", 100, 500), False, None) == admission.AddReqResult.CONTINUE

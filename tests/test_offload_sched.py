@@ -18,7 +18,7 @@ pytest.importorskip("sglang")
 from test_offload_patch import Batch, Mover  # noqa: E402  (also loads the plugin's hooks)
 
 from sglang_sparsespec.offload import Where  # noqa: E402
-from sglang_sparsespec.patches import offload  # noqa: E402
+from sglang_sparsespec.patches import offload, offload_capacity  # noqa: E402
 
 POOL = 36  # device KV slots
 
@@ -127,14 +127,14 @@ def tree_slots_free(w) -> set[int]:
     return set(w.tree.all_values_flatten().tolist()) & set(w.allocator.free_pages.tolist())
 
 
-def full_pool(w):
+def full_pool(w, rids=("old", "new")):
     """'old' decoded 20 tokens past its 8-token prompt (cached in the tree); 'new' shares that prompt
     and was just prefilled (4 private tokens). The pool is full: the next round is 2 tokens short,
     and 'new' is the request furthest from finishing."""
-    old = prefill(w, "old", list(range(8)), max_new=25)
+    old = prefill(w, rids[0], list(range(8)), max_new=25)
     process_prefill_result(w, old)
     decode(w, old, 19)  # 20 output tokens, KV for 27 positions (the last token's arrives next round)
-    new = prefill(w, "new", list(range(8)) + [50, 51, 52, 53], max_new=100)
+    new = prefill(w, rids[1], list(range(8)) + [50, 51, 52, 53], max_new=100)
     assert len(new.prefix_indices) == 8 and new.cache_protected_len == 8
     assert w.allocator.available_size() == POOL - 27 - 4
     w.others = w.allocator.alloc(w.allocator.available_size())  # other requests hold the rest
@@ -160,7 +160,7 @@ def test_a_request_whose_prefill_result_is_unprocessed_is_never_parked(in_flight
         new.inflight_middle_chunks = 1
     batch = Batch([old, new], w.pool, w.allocator)
     w.off.park_if_needed(batch)
-    assert batch.reqs == [new] and w.off.ledger.where("old") is Where.PARKED and w.off.ledger.where("new") is None
+    assert batch.reqs == [new] and w.off.ledger.where(id(old)) is Where.PARKED and w.off.ledger.where(id(new)) is None
     if in_flight == "chunked_req":
         w.sched.chunked_req = None
     new.inflight_middle_chunks = 0
@@ -185,7 +185,7 @@ def test_without_a_pending_prefill_the_furthest_request_is_parked(pending):
         w.sched.result_queue.append((SimpleNamespace(forward_mode=mode, reqs=[old, new], decoding_reqs=[old, new]), None))
     batch = Batch([old, new], w.pool, w.allocator)
     w.off.park_if_needed(batch)
-    assert batch.reqs == [old] and w.off.ledger.record("new").tokens == 3
+    assert batch.reqs == [old] and w.off.ledger.record(id(new)).tokens == 3
     assert not tree_slots_free(w)
 
 
@@ -208,7 +208,7 @@ def test_parked_requests_keep_the_scheduler_busy_and_block_flush():
     assert w.off.has_parked and not w.sched.is_fully_idle()
     assert w.sched.flush_cache() is False  # refused, as with running requests
     assert (w.allocator.available_size(), w.tree.total_size(), w.pool.available_size()) == (free, tree_tokens, 3)
-    assert w.off.ledger.where("old") is Where.PARKED
+    assert w.off.ledger.where(id(old)) is Where.PARKED
     # Restored and finished: idle again, and the flush runs.
     w.sched.running_batch = w.off.before_schedule(Batch([], w.pool, w.allocator))
     assert not w.sched.is_fully_idle()
@@ -221,6 +221,30 @@ def test_parked_requests_keep_the_scheduler_busy_and_block_flush():
     assert w.allocator.available_size() == POOL and w.tree.total_size() == 0
 
 
+def test_two_live_requests_of_one_rid_are_parked_and_released_apart(monkeypatch):
+    """Two tokenizer workers each accept a client's rid "dup": the pool tells the requests apart by
+    object. Keyed by rid, finishing the resident one dropped the parked one's host KV (that client
+    would wait forever) and its slots leaked."""
+    w = make_world()
+    monkeypatch.setattr(offload, "_ACTIVE", w.off)  # the hooked release_kv_cache finds it
+    old, new = full_pool(w, rids=("dup", "dup"))
+    process_prefill_result(w, new)
+    kv_before = w.mover.kv[w.pool.req_to_token[old.req_pool_idx, 8:27].long()].clone()
+    w.off.park_if_needed(Batch([old, new], w.pool, w.allocator))  # 'new' has nothing private: 'old' goes
+    assert w.off.ledger.where(id(old)) is Where.PARKED and w.off.ledger.where(id(new)) is None
+    finish(w, new)  # the resident request of the same rid finishes
+    assert w.off.ledger.where(id(old)) is Where.PARKED and w.off.ledger.host_free() == 64 - 19
+    w.sched.running_batch = w.off.before_schedule(Batch([], w.pool, w.allocator))
+    w.mover.fences[-1].complete()
+    w.off.before_schedule(w.sched.running_batch)
+    assert w.sched.running_batch.reqs == [old] and not w.off.busy
+    assert torch.equal(w.mover.kv[w.pool.req_to_token[old.req_pool_idx, 8:27].long()], kv_before)
+    finish(w, old)
+    w.allocator.free(w.others)
+    assert w.allocator.available_size() + w.tree.evictable_size() == POOL and w.tree.protected_size() == 0
+    assert not tree_slots_free(w) and w.pool.available_size() == 4
+
+
 def test_pause_with_retract_retracts_parked_requests_and_frees_their_host_slots(monkeypatch):
     """A retract-mode pause precedes a weight update: parked KV (old weights) must not survive it."""
     from sglang.srt.managers.io_struct import PauseGenerationReqInput
@@ -231,7 +255,7 @@ def test_pause_with_retract_retracts_parked_requests_and_frees_their_host_slots(
     process_prefill_result(w, new)
     w.sched.running_batch = Batch([old, new], w.pool, w.allocator)
     w.off.park_if_needed(w.sched.running_batch)
-    assert w.off.ledger.where("old") is Where.PARKED and w.off.ledger.host_free() == 64 - 19
+    assert w.off.ledger.where(id(old)) is Where.PARKED and w.off.ledger.host_free() == 64 - 19
     w.sched.pause_generation(PauseGenerationReqInput(mode="retract"))
     assert {r.rid for r in w.sched.waiting_queue} == {"old", "new"}
     assert all(r.is_retracted and r.req_pool_idx is None for r in w.sched.waiting_queue)
@@ -282,20 +306,20 @@ def _ranks_with_a_late_restore_copy(group: MinGroup | None):
     """Two ranks that parked and then restored 'old'; rank 0's copy has completed, rank 1's has not."""
     worlds = [make_world(None if group is None else group.member(r)) for r in range(2)]
     for w in worlds:
-        old, new = full_pool(w)
+        w.old, new = full_pool(w)
         process_prefill_result(w, new)
-        w.off.park_if_needed(Batch([old, new], w.pool, w.allocator))  # 'old' parked on both ranks
+        w.off.park_if_needed(Batch([w.old, new], w.pool, w.allocator))  # 'old' parked on both ranks
         finish(w, new)
     running = [w.off.before_schedule(Batch([], w.pool, w.allocator)) for w in worlds]  # no copy pending: no collective
     assert [[r.rid for r in b.reqs] for b in running] == [["old"], ["old"]]
-    assert all(w.off.ledger.where("old") is Where.RESTORING for w in worlds)
+    assert all(w.off.ledger.where(id(w.old)) is Where.RESTORING for w in worlds)
     worlds[0].mover.fences[-1].complete()
     return worlds, running
 
 
 def _decisions(w, batch):
     w.off.before_schedule(batch)
-    return w.off.ledger.where("old"), w.off.ledger.host_free(), w.off.admission_slack(3)
+    return w.off.ledger.where(id(w.old)), w.off.ledger.host_free(), offload_capacity.admission_slack(w.off, 3)
 
 
 def test_tp_ranks_decide_from_the_same_ledger_when_one_ranks_copy_is_late():
@@ -339,7 +363,46 @@ def test_a_copy_that_raises_leaks_no_reserved_slot():
     with pytest.raises(RuntimeError, match="copy failed"):
         w.off.before_schedule(Batch([], w.pool, w.allocator))
     assert w.allocator.available_size() + w.tree.evictable_size() == held
-    assert w.off.ledger.where("old") is Where.PARKED and w.off.ledger.host_free() == 45
+    assert w.off.ledger.where(id(old)) is Where.PARKED and w.off.ledger.host_free() == 45
     w.off.mover = good
     back = w.off.before_schedule(Batch([], w.pool, w.allocator))
     assert [r.rid for r in back.reqs] == ["old"]
+
+
+def _load_inquirer(sched, used: int):
+    """SGLang's own load inquirer over the world's scheduler (the fields get_loads reads)."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.scheduler_components.load_inquirer import SchedulerLoadInquirer
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    stats = SimpleNamespace(spec_accept_rate=0.0, kv_transfer_speed_gb_s=0.0, kv_transfer_latency_ms=0.0,
+                            num_grammar_queue_reqs=0, num_paused_reqs=0, num_retracted_reqs=0, gen_throughput=0.0,
+                            cache_hit_rate=0.0, utilization=0.0)  # fmt: skip
+    observer = SimpleNamespace(get_pool_stats=lambda: SimpleNamespace(get_kv_token_stats=lambda: (used, used / POOL)))
+    nothing = lambda: None  # noqa: E731
+    return SchedulerLoadInquirer(
+        disaggregation_mode=DisaggregationMode.NULL, ps=SimpleNamespace(dp_rank=0), server_args=None,
+        max_total_num_tokens=POOL, max_running_requests=4, pool_stats_observer=observer, tp_worker=None,
+        token_to_kv_pool_allocator=None, spec_algorithm=SpeculativeAlgorithm.NONE,
+        get_running_batch=lambda: sched.running_batch, get_waiting_queue=lambda: sched.waiting_queue,
+        get_stats=lambda: stats, get_chunked_req=nothing, get_disagg_prefill_bootstrap_queue=nothing,
+        get_disagg_prefill_inflight_queue=nothing, get_disagg_decode_prealloc_queue=nothing,
+        get_disagg_decode_transfer_queue=nothing, get_spec_total_num_accept_tokens=lambda: 0,
+        get_spec_total_num_forward_ct=lambda: 0, get_total_prefill_uncached_tokens=lambda: 0,
+        get_total_prefill_busy_us=lambda: 0, get_decode_moment_totals=lambda: (0, 0.0, 0.0),
+    )  # fmt: skip
+
+
+def test_load_reports_count_parked_requests_as_running(monkeypatch):
+    """/v1/loads and --dp-size load balancing read SchedulerLoadInquirer.get_loads: a replica with
+    requests parked on host is as loaded as it was before they were parked."""
+    w = make_world()
+    monkeypatch.setattr(offload, "_ACTIVE", w.off)
+    old, new = full_pool(w)
+    process_prefill_result(w, new)
+    w.sched.running_batch = Batch([old, new], w.pool, w.allocator)
+    before = _load_inquirer(w.sched, POOL - w.allocator.available_size()).get_loads()
+    w.off.park_if_needed(w.sched.running_batch)  # 'old' (19 private tokens) goes to host
+    after = _load_inquirer(w.sched, POOL - w.allocator.available_size()).get_loads()
+    assert (before.num_running_reqs, after.num_running_reqs) == (2, 2)
+    assert after.num_total_tokens == before.num_total_tokens == after.num_active_tokens

@@ -5,7 +5,9 @@ from benchmarks/bad_inputs.py), any other malformed body with 400, and serves we
 /generate requests (streamed or not) at a few ms per token, so that client timeouts and closed
 streams abort real in-flight requests. FAKE_DIE_ON=<name> makes it exit on that bad input,
 FAKE_LEAK=<n> reports n KV tokens still in use when idle, FAKE_PROBE_MARGIN=<nats> changes the
-second greedy probe's 4th token and gives the first probe that top-2 margin there.
+second greedy probe's 4th token and gives the first probe that top-2 margin there. Streamed requests
+with a rid (the live requests of bad_inputs' probes) run until /abort_request names their rid, or any
+prefix of it with FAKE_PREFIX_ABORT=1 (stock SGLang's rule).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ FAKE = textwrap.dedent(
     print("fake server", argv, flush=True)
     HAND = {(p.path, json.dumps(p.body, sort_keys=True)): p for p in hand_list(300, 2048)}
     LOAD_KEYS = {"max_new_tokens", "temperature", "top_p", "ignore_eos"}
-    lock, active, probes = threading.Lock(), [0], [0]
+    lock, active, probes, live = threading.Lock(), [0], [0], {}
 
     def tokens(ids, n):
         return [(sum(ids) + 7 * i) % 300 for i in range(n)]
@@ -77,6 +79,14 @@ FAKE = textwrap.dedent(
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/abort_request":
+                with lock:
+                    for rid in live:
+                        if rid == body["rid"] or (os.environ.get("FAKE_PREFIX_ABORT") and rid.startswith(body["rid"])):
+                            live[rid] = True
+                return self.reply(200, {})
+            if self.path == "/generate" and isinstance(body, dict) and "rid" in body and body.get("stream"):
+                return self.run_live(body["rid"], body["sampling_params"]["max_new_tokens"])
             probe = HAND.get((self.path, json.dumps(body, sort_keys=True)))
             if probe is not None:
                 if probe.name == os.environ.get("FAKE_DIE_ON"):
@@ -102,6 +112,21 @@ FAKE = textwrap.dedent(
             finally:
                 with lock:
                     active[0] -= 1
+
+        def run_live(self, rid, n):
+            live[rid] = False
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for i in range(0, n, 8):
+                time.sleep(0.005)
+                if live[rid]:
+                    break
+                self.wfile.write(b'data: {"meta_info": {"finish_reason": null}}\n\n')
+                self.wfile.flush()
+            end = {"type": "abort" if live.pop(rid) else "length"}
+            self.wfile.write(b"data: " + json.dumps({"meta_info": {"finish_reason": end}}).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
 
         def generate(self, body, ids, n):
             out = tokens(ids, n)
@@ -236,3 +261,13 @@ def test_a_bad_input_that_kills_the_server_is_named(tmp_path, model_dir, data_di
     doc = run(tmp_path, model_dir, data_dir, "--requests", "6", "--aborts", "1")
     assert doc["killed_by"] == "top_k_int32_overflow" and doc["server_alive_after"] is False
     assert doc["verdict"] == "FAIL" and "server exited" in doc["error"]
+
+
+def test_an_abort_that_reaches_another_clients_request_fails_the_run(tmp_path, model_dir, data_dir, fake, monkeypatch):
+    """abort_prefix runs two requests, 7f3c9e... and 7f, and aborts 7f: a server that aborts by prefix
+    (SGLang's scheduler) also ends the other client's request."""
+    monkeypatch.setenv("FAKE_PREFIX_ABORT", "1")
+    doc = run(tmp_path, model_dir, data_dir, "--requests", "8", "--aborts", "2")
+    (failed,) = [f for f in doc["bad_inputs_failed"] if f["name"] == "abort_prefix"]
+    assert failed["status"] == 200 and "'7f3c9e0d1a2b4c5d6e7f8091a2b3c4d5' ended with 'abort'" in failed["live"][0]
+    assert doc["verdict"] == "FAIL"

@@ -32,7 +32,8 @@ from benchmarks.bad_inputs import GENERATE, HUGE_ID, Probe, fuzz_inputs, hand_li
 
 VOCAB = SMOLLM2_CONFIG["vocab_size"]
 CONTEXT = SMOLLM2_CONFIG["max_position_embeddings"]
-HAND = {p.name: p for p in hand_list(VOCAB, CONTEXT)}
+# Probes with live requests need a server that runs them (tests/test_live_rids.py covers them on CPU).
+HAND = {p.name: p for p in hand_list(VOCAB, CONTEXT) if not p.live}
 # The substring each 400 must carry (the issue asks for a clear message, not just a status).
 MESSAGES = {
     "oov_token_id": "input_ids contains 1000000000 at index 0",
@@ -74,6 +75,29 @@ MESSAGES = {
     "empty_text_batch": "text is an empty list",
     "batch_rid_warmup_prefix": "rid '__pillar_warmup__2'",
     "chat_rid_warmup_prefix": "are reserved for the server's warm-up",
+    "chat_template_client": "this server renders only its own chat template",
+    "chat_template_messages": "chat_template_kwargs may not set messages",
+    "chat_template_tokenize": "chat_template_kwargs may not set tokenize",
+    "chat_template_add_generation_prompt": "chat_template_kwargs may not set add_generation_prompt",
+    "chat_template_tools": "chat_template_kwargs may not set tools",
+    "chat_template_return_dict": "chat_template_kwargs may not set return_dict",
+    "stop_regex_backtracking": "repeats a group that can itself match in several ways",
+    "stop_regex_nested_alternatives": "stop_regex '(a|aa)+$' repeats a group",
+    "chat_stop_regex_backtracking": "repeats a group",
+    "top_logprobs_over_cap": "top_logprobs_num (OpenAI: logprobs / top_logprobs) is 21, above this server's cap "
+    "of 20 (--pillar-max-top-logprobs)",
+    "top_logprobs_completions_over_cap": "cap of 20 (--pillar-max-top-logprobs)",
+    "top_logprobs_chat_over_cap": "cap of 20 (--pillar-max-top-logprobs)",
+    "token_ids_logprob_over_cap": "token_ids_logprob ids is 21, above this server's cap of 20 "
+    "(--pillar-max-token-ids-logprob)",
+    "n_times_prompts": "prompts x n (9 x 128) is 1152, above this server's cap of 1024 (--pillar-max-fanout)",
+    "n_times_prompts_completions": "(--pillar-max-fanout)",
+    "stop_strings_over_cap": "stop and stop_regex entries is 33, above this server's cap of 32 (--pillar-max-stop-strings)",
+    "logit_bias_over_cap": "logit_bias entries is 301, above this server's cap of 300 (--pillar-max-logit-bias)",
+    "ollama_generate_seed": "sampling_params has no parameter 'seed'",
+    "ollama_generate_top_k_overflow": "top_k must be -1",
+    "ollama_generate_temperature_string": "sampling_params.temperature",
+    "ollama_generate_stream_temperature_string": "sampling_params.temperature",
 }
 # Requests stock SGLang 0.5.17 passes to its scheduler although they fail there (tests/boundary.py says how).
 STOCK_REACHES_SCHEDULER = {
@@ -87,6 +111,7 @@ STOCK_REACHES_SCHEDULER = {
     "top_logprobs_huge": "top_logprobs_num outside [0, vocab]",
     "completions_oov_ids": "token id outside the vocabulary",
     "chat_top_logprobs_huge": "top_logprobs_num outside [0, vocab]",
+    "ollama_generate_top_k_overflow": "top_k overflows int32",
 }
 STOCK_500 = (
     "chat_body_not_object",
@@ -98,6 +123,27 @@ STOCK_500 = (
     "unknown_sampling_param",
     "n_float",
     "batch_sampling_list_short",
+    "chat_template_messages",
+    "chat_template_tokenize",
+    "chat_template_add_generation_prompt",
+    "chat_template_tools",
+    "chat_template_return_dict",
+    "ollama_generate_seed",
+    "ollama_generate_temperature_string",
+)
+# Requests stock SGLang 0.5.17 serves whatever they cost the server: a client's own chat template
+# (rendered in the event loop), a stop pattern that backtracks exponentially (in the scheduler, every
+# step), and every cap of sglang_sparsespec/limits.py far past its default.
+STOCK_200 = (
+    "chat_template_client",
+    "stop_regex_backtracking",
+    "stop_regex_nested_alternatives",
+    "chat_stop_regex_backtracking",
+    "top_logprobs_over_cap",
+    "top_logprobs_chat_over_cap",
+    "token_ids_logprob_over_cap",
+    "stop_strings_over_cap",
+    "logit_bias_over_cap",
 )
 
 
@@ -239,7 +285,7 @@ def test_fuzzed_bodies_never_5xx_nor_reach_the_scheduler_broken(boundary):
 def test_stock_sglang_passes_these_to_its_scheduler(model_dir, tmp_path):
     """Without the plugin (SGLANG_PLUGINS names no plugin) the same requests reach the scheduler
     with the field that fails there, or end in a 500: what docs/reliability.md records for 0.5.17."""
-    names = sorted(STOCK_REACHES_SCHEDULER) + list(STOCK_500)
+    names = sorted(STOCK_REACHES_SCHEDULER) + list(STOCK_500) + list(STOCK_200)
     script = (
         "import json, sys\n"
         f"sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]!r}\n"
@@ -262,3 +308,5 @@ def test_stock_sglang_passes_these_to_its_scheduler(model_dir, tmp_path):
         assert status == 200 and any(f.startswith(failure) for f in failures), (name, stock[name])
     for name in STOCK_500:
         assert stock[name][0] == 500, (name, stock[name])
+    for name in STOCK_200:
+        assert stock[name][0] == 200, (name, stock[name])

@@ -112,10 +112,22 @@ class _Req:
         self.rid = rid
 
 
-def test_a_batch_is_a_warmup_batch_by_its_first_request_id():
-    assert is_warmup([_Req(WARMUP_RID_PREFIX + "3"), _Req(WARMUP_RID_PREFIX + "4")])
-    assert not is_warmup([_Req("9f1c2ab0e4")])
-    assert not is_warmup([])
+def test_a_batch_is_a_warmup_batch_only_when_every_request_is_one():
+    """With several tokenizer workers one serves clients while another still warms up: their requests
+    share batches, and a client's request must never run an unmeasured, uncounted warm-up round."""
+    warm, client = _Req(WARMUP_RID_PREFIX + "3"), _Req("9f1c2ab0e4")
+    assert is_warmup([warm, _Req(WARMUP_RID_PREFIX + "4")])
+    assert not is_warmup([client]) and not is_warmup([])
+    assert not is_warmup([warm, client]) and not is_warmup([client, warm])
+
+
+def test_each_tokenizer_worker_warms_up_under_rids_of_its_own():
+    """Each worker runs the plan as it starts; the same rids from two workers are live at once at the
+    scheduler, which refuses a live rid (patches/live_rids.py)."""
+    plans = [warmup_plan(8, 49152, tag=tag) for tag in ("101-", "102-")]
+    rids = [{r for batch in plan for r in batch.rids} for plan in plans]
+    assert not rids[0] & rids[1] and all(r.startswith(WARMUP_RID_PREFIX) for r in rids[0] | rids[1])
+    assert [b.input_ids for b in plans[0]] == [b.input_ids for b in plans[1]]
 
 
 @pytest.mark.parametrize("candidates", [(8,), (0, 2, 4, 8), (2, 8)])
@@ -172,7 +184,7 @@ def test_pillar_warmup_sends_the_plan_as_sglang_batch_requests():
 
     tm = _FakeTokenizerManager(4, 49152)
     asyncio.run(pillar_warmup("null", tm))
-    plan = warmup_plan(4, 49152, chunk_tokens=64, context_len=8192)
+    plan = warmup_plan(4, 49152, chunk_tokens=64, context_len=8192, tag=f"{os.getpid()}-")
     assert sum(len(p) for p in plan[-1].input_ids) > 64  # the chunked batch went too
     assert len(tm.requests) == len(plan)
     for obj, batch in zip(tm.requests, plan):
@@ -187,7 +199,7 @@ def test_pillar_warmup_sends_the_whole_plan_to_each_data_parallel_replica():
     tm = _FakeTokenizerManager(4, 49152)
     tm.server_args.dp_size = 2
     asyncio.run(pillar_warmup("null", tm))
-    plan = warmup_plan(4, 49152, chunk_tokens=64, context_len=8192)
+    plan = warmup_plan(4, 49152, chunk_tokens=64, context_len=8192, tag=f"{os.getpid()}-")
     assert len(tm.requests) == 2 * len(plan)
     for rank in (0, 1):
         sent = tm.requests[rank * len(plan) : (rank + 1) * len(plan)]

@@ -12,9 +12,10 @@ kernel compiled or autotuned on first use, a CUDA graph replayed cold, SGLang's 
 another stream). A cost priced from such a round keeps its batch on the wrong path until the mode is
 re-probed, ``reprobe_every`` rounds later. So each phase's ``RobustCost`` drops the first ``WARMUP``
 samples it is fed and prices with the lower median of the last ``WINDOW`` kept ones, once it holds
-``MIN_SAMPLES``: one sample, however far off, is never the lower median of two or more, so a single
-spiked round (first call or not) cannot move a price. A real change of cost moves the median within
-half a window.
+``MIN_SAMPLES`` = 3: one sample, however far off (high or low), is never the lower median of three or
+more, so a single spiked round (first call or not) cannot move a price. (Of two samples the lower
+median is the smaller: one low outlier would price the mode.) A real change of cost moves the median
+within half a window.
 
 Nothing here touches SGLang or the GPU.
 """
@@ -33,7 +34,7 @@ class RobustCost:
     samples past the first WARMUP; then the lower median of the last WINDOW of them."""
 
     WARMUP = 1
-    MIN_SAMPLES = 2
+    MIN_SAMPLES = 3
     WINDOW = 8
 
     __slots__ = ("recent", "seen")

@@ -35,7 +35,7 @@ E_k(a_q) / (draft(k) + verify + gap) >= 1 / (plain + gap). Throughput alone weig
 gain against a poor one's loss, but with a fixed number of requests the poor ones end the run.
 
 Probes. A new cell prices its two modes (plain, speculative) first, speculating at k_max, each for
-``PROBE_ROUNDS`` rounds (a cost is priced once its warm-up round is dropped and two rounds are kept).
+``PROBE_ROUNDS`` rounds (a cost is priced once its warm-up round is dropped and three rounds are kept).
 After that it re-probes the mode it is not using every ``reprobe_every`` rounds, which also keeps
 the acceptance estimate fresh while plain decoding runs; a speculative re-probe drafts the fewest
 candidate count, since any round with drafts refreshes the verify cost and the acceptance: where

@@ -11,8 +11,10 @@ after it on the copy stream, and nothing is freed before its fence has completed
         +------------------------------ poll(): H2D fence done, host slots freed -----------+
 
 ``drop()`` (finish or abort in any state) waits for the pending fence and hands back what the
-caller must free. The ledger is SGLang-free: slots and fences are opaque objects, host slots
-come from a ``HostSlots`` allocator whose capacity is the host budget.
+caller must free. The ledger is SGLang-free: requests (``key``: any hashable; in production the request
+object's ``id``, never its client-chosen rid, which two live requests can share), slots and
+fences are opaque objects, host slots come from a ``HostSlots`` allocator whose capacity is the host
+budget.
 
 Tensor-parallel ranks each copy their own heads, so one rank's copy can complete before another's.
 Every scheduling decision that reads the ledger (park candidates, free host slots, admission slack)
@@ -26,7 +28,7 @@ a settle or a drop waits for its fence), so the ledger's state is the same on ev
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -60,7 +62,7 @@ class Where(str, Enum):
 class Parked:
     """One request's moved KV. Invariant: ``len(host) == len(device or host) == end - start``."""
 
-    rid: str
+    key: Hashable  # the request
     start: int  # first private position
     end: int  # one past the last moved position (the request's allocated length)
     host: Any  # host slot indices
@@ -92,16 +94,16 @@ class OffloadLedger:
         self.host = host
         self.agree = agree
         self.stats = OffloadStats()
-        self._records: dict[str, Parked] = {}
+        self._records: dict[Hashable, Parked] = {}
         self._seq = 0
 
-    def where(self, rid: str) -> Where | None:
+    def where(self, key: Hashable) -> Where | None:
         """``None`` for a resident (or unknown) request."""
-        rec = self._records.get(rid)
+        rec = self._records.get(key)
         return None if rec is None else rec.where
 
-    def record(self, rid: str) -> Parked:
-        return self._records[rid]
+    def record(self, key: Hashable) -> Parked:
+        return self._records[key]
 
     def __len__(self) -> int:
         return len(self._records)
@@ -117,31 +119,31 @@ class OffloadLedger:
             return None
         return self.host.alloc(tokens)
 
-    def park(self, rid: str, start: int, end: int, device: Any, host: Any, fence: Fence) -> Parked:
+    def park(self, key: Hashable, start: int, end: int, device: Any, host: Any, fence: Fence) -> Parked:
         """Record a D2H copy of ``[start, end)`` from ``device`` to ``host`` (from ``reserve_host``)."""
-        if rid in self._records:
-            raise ValueError(f"request {rid} is already {self._records[rid].where.value}")
+        if key in self._records:
+            raise ValueError(f"request {key} is already {self._records[key].where.value}")
         if not 0 <= start < end:
-            raise ValueError(f"bad park range [{start}, {end}) for request {rid}")
-        rec = Parked(rid, start, end, host, device, fence, Where.PARKING, self._seq)
+            raise ValueError(f"bad park range [{start}, {end}) for request {key}")
+        rec = Parked(key, start, end, host, device, fence, Where.PARKING, self._seq)
         self._seq += 1
-        self._records[rid] = rec
+        self._records[key] = rec
         self.stats.parks += 1
         self.stats.tokens_to_host += rec.tokens
         return rec
 
-    def settle(self, rid: str) -> Any | None:
-        """Block until ``rid``'s D2H copy completed; returns the device slots to free (once)."""
-        rec = self._records[rid]
+    def settle(self, key: Hashable) -> Any | None:
+        """Block until ``key``'s D2H copy completed; returns the device slots to free (once)."""
+        rec = self._records[key]
         if rec.where is not Where.PARKING:
             return None
         rec.fence.synchronize()
         return self._parked(rec)
 
-    def poll(self) -> list[tuple[str, Any]]:
+    def poll(self) -> list[tuple[Hashable, Any]]:
         """Advance every copy that completed on every rank, without blocking.
 
-        Returns ``(rid, device_slots)`` for each finished D2H copy: the caller frees those slots.
+        Returns ``(key, device_slots)`` for each finished D2H copy: the caller frees those slots.
         Finished H2D copies free their host slots here and leave the ledger (resident again).
         Copies advance oldest first, each queue as far as its completed head reaches on every rank.
         """
@@ -158,7 +160,7 @@ class OffloadLedger:
         freed = []
         for rec in parking:
             rec.fence.synchronize()
-            freed.append((rec.rid, self._parked(rec)))
+            freed.append((rec.key, self._parked(rec)))
         return freed
 
     def _in_order(self, where: Where) -> list[Parked]:
@@ -175,12 +177,12 @@ class OffloadLedger:
         """PARKED requests, oldest park first (the restore order)."""
         return self._in_order(Where.PARKED)
 
-    def begin_restore(self, rid: str, fence: Fence) -> bool:
-        """Record the H2D copy back into fresh device slots; False (no-op) unless ``rid`` is PARKED.
+    def begin_restore(self, key: Hashable, fence: Fence) -> bool:
+        """Record the H2D copy back into fresh device slots; False (no-op) unless ``key`` is PARKED.
 
         Idempotent: restoring a request that is resident, restoring or still parking does nothing.
         """
-        rec = self._records.get(rid)
+        rec = self._records.get(key)
         if rec is None or rec.where is not Where.PARKED:
             return False
         rec.where, rec.fence = Where.RESTORING, fence
@@ -188,13 +190,13 @@ class OffloadLedger:
         self.stats.tokens_to_device += rec.tokens
         return True
 
-    def drop(self, rid: str) -> Parked | None:
-        """Forget ``rid`` (finished or aborted) once its pending copy completed; frees its host slots.
+    def drop(self, key: Hashable) -> Parked | None:
+        """Forget ``key`` (finished or aborted) once its pending copy completed; frees its host slots.
 
         Returns the record (its ``device`` is the slots the caller still owns and must free, None
         if they were freed already) or None for a resident request.
         """
-        rec = self._records.pop(rid, None)
+        rec = self._records.pop(key, None)
         if rec is None:
             return None
         rec.fence.synchronize()
@@ -209,5 +211,5 @@ class OffloadLedger:
         return device
 
     def _resident(self, rec: Parked) -> None:
-        del self._records[rec.rid]
+        del self._records[rec.key]
         self.host.free(rec.host)

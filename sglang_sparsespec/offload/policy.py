@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 
@@ -15,7 +15,7 @@ class Candidate:
     ``admitted``: admission sequence number (larger = admitted later).
     """
 
-    rid: str
+    key: Hashable  # the request
     private_tokens: int
     remaining: int
     admitted: int

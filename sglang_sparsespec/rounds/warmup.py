@@ -20,6 +20,10 @@ prompts together outgrow the prefill chunk, so that a request is
 prefilled in two chunks (attention over a cached prefix) as a first wave of long prompts is.
 Warm-up rounds cycle through the draft counts (``warmup_steps``) so every count's kernels build, and
 teach nothing: the adaptive policy, its clock and the metrics never see them (``is_warmup``).
+
+With several tokenizer workers (``--tokenizer-worker-num``) each runs the warm-up as it starts, under
+rids of its own (``tag``), and a worker that is up serves clients while another still warms up: a
+round is a warm-up round only if every request in it is a warm-up request.
 """
 
 from __future__ import annotations
@@ -75,13 +79,18 @@ def batch_sizes(max_running_requests: int) -> list[int]:
 
 
 def warmup_plan(
-    max_running_requests: int, vocab_size: int, chunk_tokens: int | None = None, context_len: int | None = None
+    max_running_requests: int,
+    vocab_size: int,
+    chunk_tokens: int | None = None,
+    context_len: int | None = None,
+    tag: str = "",
 ) -> list[WarmupBatch]:
     """Every (batch size, sampling shape) pair, smallest batches first, then the chunked batch when
     ``chunk_tokens`` (SGLang's --chunked-prefill-size; None or <= 0: no chunking) is set. A request
     runs only where prompt + new tokens fill at most half of ``context_len`` (far from the verify
     window SGLang reserves at the limit); with a context too short for any, the plan is empty.
-    Prompts differ from each other (a radix cache cannot merge them) and stay inside the vocabulary."""
+    Prompts differ from each other (a radix cache cannot merge them) and stay inside the vocabulary.
+    Rids are ``WARMUP_RID_PREFIX + tag + serial``: plans of different tags share none."""
     span = vocab_size - FIRST_TOKEN_ID
     if span < PROMPT_TOKENS:
         raise ValueError(f"vocabulary of {vocab_size} tokens is too small for the warm-up prompts")
@@ -99,7 +108,7 @@ def warmup_plan(
         ids, rids = [], []
         for _ in range(size):
             ids.append([FIRST_TOKEN_ID + (serial * 7919 + j * 31) % span for j in range(prompt_tokens)])
-            rids.append(f"{WARMUP_RID_PREFIX}{serial}")
+            rids.append(f"{WARMUP_RID_PREFIX}{tag}{serial}")
             serial += 1
         return WarmupBatch(size, {**shape, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}, rids, ids)
 
@@ -110,7 +119,7 @@ def warmup_plan(
     # served. Added for the write_req_to_token_pool_triton variant, which it did not build either
     # (gpu_tests_h200_warmup_bf21a0d.log: an alignment, now built by patches/slot_warmup.py).
     cached = plan[-len(SAMPLING_SHAPES)]
-    rids = [f"{WARMUP_RID_PREFIX}{serial + i}" for i in range(cached.size)]
+    rids = [f"{WARMUP_RID_PREFIX}{tag}{serial + i}" for i in range(cached.size)]
     serial += cached.size
     plan.append(WarmupBatch(cached.size, cached.sampling, rids, cached.input_ids))
     if chunk_tokens is not None and chunk_tokens > 0:
@@ -122,9 +131,10 @@ def warmup_plan(
 
 
 def is_warmup(reqs: Sequence[Any]) -> bool:
-    """Whether a batch is a warm-up batch. Warm-up runs before the server listens, so its batches hold
-    warm-up requests only and the first one decides (O(1) per round)."""
-    return bool(reqs) and str(reqs[0].rid).startswith(WARMUP_RID_PREFIX)
+    """Whether a batch holds warm-up requests only. A client's request in it makes the round a served
+    one: chosen by the policy and measured (a warm-up request only adds to its batch). A batch whose
+    first request is a client's is decided at once, so serving pays O(1) per round."""
+    return bool(reqs) and all(str(r.rid).startswith(WARMUP_RID_PREFIX) for r in reqs)
 
 
 def warmup_steps(candidates: Sequence[int], round_index: int) -> int:

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks import exactness, exactness_stats as stats
+from benchmarks import exactness, exactness_contexts, exactness_stats as stats
 
 
 def _draw(rng: random.Random, weights: list[float], n: int) -> Counter:
@@ -116,6 +116,6 @@ def test_the_cut_finds_the_closest_call():
     # output_top_logprobs rows: [[logprob, id, text], ...]; index 3 is the nearest tie at or after lo = 2
     rows = [[[-0.1, 7, None], [-0.2, 8, None]], [[-0.1, 7, None], [-3.0, 8, None]], [[-0.5, 7, None], [-2.0, 9, None]],
             [[-0.6, 7, None], [-0.9, 9, None]], [[-0.01, 7, None]]]  # fmt: skip
-    assert exactness.most_uncertain_cut(rows, 2) == (3, pytest.approx(0.3))
+    assert exactness_contexts.most_uncertain_cut(rows, 2) == (3, pytest.approx(0.3))
     with pytest.raises(ValueError, match="no output position"):
-        exactness.most_uncertain_cut(rows, 5)
+        exactness_contexts.most_uncertain_cut(rows, 5)

@@ -30,8 +30,12 @@ reference (cells expected below 5 pooled, df = cells - 1), judged at ``--alpha``
 Token 1 is the built-in null: both servers draw it with stock's sampler from the prefill, so where it
 differs their numerics differ and the run says NUMERICS (no verdict on the speculation) instead of FAIL.
 PILLAR's later tokens come from verify forwards over k+1 tokens where stock decodes one, so bf16
-rounding can still move them; ``--controls stock-flashinfer`` (stock with another attention kernel:
-the same sampler, other rounding) shows how far rounding alone moves each statistic (not judged).
+rounding can still move them. Controls (``--controls``, not judged) are other servers tested against the
+same reference: ``ngram`` (SGLang's own speculation, whose verify rows round as PILLAR's do),
+``stock-flashinfer`` (stock with another attention kernel: the same sampler, other rounding). The JSON's
+``parity`` sets each control's statistics beside the candidate's, per context and statistic, and the
+verdict line says whether the candidate is within the controls' deviation: WITHIN when every statistic it
+rejects has a total variation from the reference no larger than the largest control's, else BEYOND.
 
 Power checks, each on the reference's first context with half the samples, must reject or the run says
 NO_POWER: the reference at 1.3x the temperature (token 2) and, for a setting with penalties or
@@ -60,7 +64,7 @@ from typing import Any
 
 from benchmarks.configs import add_server_options, parse_env, resolve_config
 from benchmarks.exactness_contexts import SHORT_QUESTIONS, data_contexts, short_contexts
-from benchmarks.exactness_stats import counters, homogeneity, tally, total_variation, verdict
+from benchmarks.exactness_stats import counters, homogeneity, parity, parity_line, tally, total_variation, verdict
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import Server, begin, http_json, start_recorded
@@ -223,6 +227,7 @@ def judge(doc: dict[str, Any], args: argparse.Namespace) -> None:
     doc["control"] = doc["power"]["hot: token 2"]  # the results report's control column
     judged = [t for t in doc["tests"] if t["config"] == args.candidate]
     doc["verdict"], doc["bonferroni_threshold"] = verdict(judged, args.contexts * len(stats), list(doc["power"].values()), args.alpha)
+    doc["parity"] = parity(doc["tests"], args.candidate, args.controls, args.alpha / (args.contexts * len(stats)))
 
 
 # The settings two runs must share for one to resume the other.
@@ -323,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"TV {t['total_variation']:.4f}")  # fmt: skip
     for name, c in doc["power"].items():
         log.line(f"power check ({args.reference} vs {name}): " + ("missing" if c is None else f"p {c['p_value']:.3g}"))
-    log.line(f"verdict {doc['verdict']}")
+    log.line(f"verdict {doc['verdict']}; {parity_line(doc['parity'])}")
     return 0 if doc["verdict"] == "PASS" else 1
 
 

@@ -59,7 +59,7 @@ KERNEL_LAUNCH = {"candidates": 4, "wide_candidates": 6, "chunk": V, "block_v": V
 
 @dataclass
 class Rule:
-    """One batch rule: its sampling rows per table row, and the model's logits.
+    """One of stock's rules with the parameter sets of its batch, and the toy model's logits.
 
     params [S, 4] float (temperature, top_p, top_k, min_p per parameter set); min_p: the batch uses min-p;
     target / draft [2, V, V] bf16: the logits of the row at (position parity, previous token).

@@ -30,8 +30,12 @@ reference (cells expected below 5 pooled, df = cells - 1), judged at ``--alpha``
 Token 1 is the built-in null: both servers draw it with stock's sampler from the prefill, so where it
 differs their numerics differ and the run says NUMERICS (no verdict on the speculation) instead of FAIL.
 PILLAR's later tokens come from verify forwards over k+1 tokens where stock decodes one, so bf16
-rounding can still move them; ``--controls stock-flashinfer`` (stock with another attention kernel:
-the same sampler, other rounding) shows how far rounding alone moves each statistic (not judged).
+rounding can still move them. Controls (``--controls``, not judged) are other servers tested against the
+same reference: ``ngram`` (SGLang's own speculation, whose verify rows round as PILLAR's do),
+``stock-flashinfer`` (stock with another attention kernel: the same sampler, other rounding). The JSON's
+``parity`` sets each control's statistics beside the candidate's, per context and statistic, and the
+verdict line says whether the candidate is within the controls' deviation: WITHIN when every statistic it
+rejects has a total variation from the reference no larger than the largest control's, else BEYOND.
 
 Power checks, each on the reference's first context with half the samples, must reject or the run says
 NO_POWER: the reference at 1.3x the temperature (token 2) and, for a setting with penalties or
@@ -52,8 +56,6 @@ import json
 import shlex
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -61,11 +63,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.configs import add_server_options, parse_env, resolve_config
-from benchmarks.exactness_stats import counters, homogeneity, tally, total_variation, verdict
+from benchmarks.exactness_contexts import SHORT_QUESTIONS, data_contexts, short_contexts
+from benchmarks.exactness_stats import counters, homogeneity, parity, parity_line, tally, total_variation, verdict
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import Server, begin, http_json, start_recorded
-from benchmarks.workload import DEFAULT_DATASETS, build_prompts, load_tokenizer
+from benchmarks.workload import DEFAULT_DATASETS
 
 BATCH = 1024  # copies of a context per /generate call
 # /generate calls each server holds at once: with two, one call's replies are read while the next is
@@ -77,16 +80,6 @@ SAMPLING = {"temperature": (float, 1.0), "top_p": (float, 1.0), "top_k": (int, -
             "frequency_penalty": (float, 0.0), "presence_penalty": (float, 0.0), "repetition_penalty": (float, 1.0),
             "min_new_tokens": (int, 0)}  # fmt: skip
 PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
-SHORT_QUESTIONS = (
-    "What is the capital of France? Answer with one word.",
-    "Is the sky blue on a clear day? Answer yes or no.",
-    "Name one primary color. One word only.",
-    "What is 2 + 3? Reply with the number only.",
-    "Which planet is closest to the Sun? One word.",
-    "What color is fresh grass? One word.",
-    "Name a day of the week. One word.",
-    "What animal says meow? One word.",
-)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -195,22 +188,6 @@ def cell_plan(args: argparse.Namespace) -> list[tuple[str, int, list[str]]]:
     return plan + [(part, 0, [args.reference]) for part in dict.fromkeys(part for part, _ in power_checks(args))]
 
 
-def flush_radix_cache(server: Server, timeout: float, tries: int = 20) -> None:
-    """Empty the server's radix cache (SGLang's /flush_cache): the contexts' KV came from the reference's greedy
-    decode, and token 1 must come from a prefill on every server. SGLang answers 400 while a request is still
-    in its batches (a finished one can linger for a scheduler iteration), so a refusal is retried."""
-    for attempt in range(tries):
-        req = urllib.request.Request(server.base_url + "/flush_cache", data=b"", method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                resp.read()
-                return
-        except urllib.error.HTTPError as e:
-            if e.code != 400 or attempt == tries - 1:
-                raise
-        time.sleep(0.25)
-
-
 def sample(server: Server, context: list[int], n: int, params: dict[str, Any], deadline: Deadline) -> list[list[int]]:
     """n sampled continuations of one context, BATCH requests per call and IN_FLIGHT calls at a time."""
 
@@ -223,48 +200,6 @@ def sample(server: Server, context: list[int], n: int, params: dict[str, Any], d
     with ThreadPoolExecutor(IN_FLIGHT) as pool:
         for outputs in pool.map(call, [min(BATCH, n - i) for i in range(0, n, BATCH)]):
             out.extend(outputs)
-    return out
-
-
-def most_uncertain_cut(top_logprobs: Sequence[Sequence[Sequence[Any]]], lo: int) -> tuple[int, float]:
-    """The output index p >= lo whose greedy token had the smallest lead over the runner-up (natural log), and
-    that lead. The context is cut before it, so token 1 is drawn where the model hesitates most."""
-    gaps = [(float(t[0][0]) - float(t[1][0]) if t and len(t) > 1 else float("inf"), i) for i, t in enumerate(top_logprobs) if i >= lo]
-    if not gaps:
-        raise ValueError(f"no output position at or after {lo} to cut at")
-    gap, p = min(gaps)
-    return p, gap
-
-
-def short_contexts(args: argparse.Namespace) -> list[dict[str, Any]]:
-    tokenizer = load_tokenizer(args.model)
-    out = []
-    for i, question in enumerate(SHORT_QUESTIONS[: args.contexts]):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
-        ids = list(tokenizer.encode(text, add_special_tokens=False))
-        out.append({"source": f"short:{i}", "question": question, "tokens": len(ids), "ids": ids})
-    return out
-
-
-def data_contexts(server: Server, args: argparse.Namespace, deadline: Deadline, log: RunLog) -> list[dict[str, Any]]:
-    """Each context: a prompt plus the reference's greedy continuation, cut where it hesitates most in its second
-    half; the radix cache is flushed after. A reply without top-2 logprobs keeps the whole continuation (logged)."""
-    tokenizer = load_tokenizer(args.model)
-    greedy = {"temperature": 0.0, "max_new_tokens": args.context_tokens, "ignore_eos": True}
-    out = []
-    for prompt in build_prompts(tokenizer, args.data_dir, args.contexts, args.datasets):
-        body = {"input_ids": prompt.input_ids, "sampling_params": greedy, "return_logprob": True, "top_logprobs_num": 2}
-        reply = http_json(server.base_url + "/generate", body, max(60.0, deadline.remaining()))
-        gen = [int(t) for t in reply["output_ids"]]
-        tops = reply.get("meta_info", {}).get("output_top_logprobs")
-        if isinstance(tops, list) and len(tops) == len(gen):
-            cut, lead = most_uncertain_cut(tops, args.context_tokens // 2)
-        else:
-            cut, lead = len(gen), None
-            log.line(f"{prompt.source}: no top-2 logprobs in the greedy reply, the context keeps all {len(gen)} tokens")
-        ids = prompt.input_ids + gen[:cut]
-        out.append({"source": prompt.source, "tokens": len(ids), "greedy_lead_nats": lead, "ids": ids})
-    flush_radix_cache(server, max(60.0, deadline.remaining()))
     return out
 
 
@@ -292,6 +227,7 @@ def judge(doc: dict[str, Any], args: argparse.Namespace) -> None:
     doc["control"] = doc["power"]["hot: token 2"]  # the results report's control column
     judged = [t for t in doc["tests"] if t["config"] == args.candidate]
     doc["verdict"], doc["bonferroni_threshold"] = verdict(judged, args.contexts * len(stats), list(doc["power"].values()), args.alpha)
+    doc["parity"] = parity(doc["tests"], args.candidate, args.controls, args.alpha / (args.contexts * len(stats)))
 
 
 # The settings two runs must share for one to resume the other.
@@ -392,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"TV {t['total_variation']:.4f}")  # fmt: skip
     for name, c in doc["power"].items():
         log.line(f"power check ({args.reference} vs {name}): " + ("missing" if c is None else f"p {c['p_value']:.3g}"))
-    log.line(f"verdict {doc['verdict']}")
+    log.line(f"verdict {doc['verdict']}; {parity_line(doc['parity'])}")
     return 0 if doc["verdict"] == "PASS" else 1
 
 

@@ -1,5 +1,5 @@
 """The statistics of benchmarks.exactness: what one cell of sampled outputs is reduced to, the two-sample
-chi-square test of homogeneity over it, and the run's verdict.
+chi-square test of homogeneity over it, the run's verdict, and the candidate's parity with the controls.
 
 A cell is one server's answers to many copies of one context. Outputs may end early (a stop token), so
 each is read as a fixed-length row padded with END: position 1 is token 1 alone; position j >= 2 is the
@@ -132,3 +132,57 @@ def verdict(
     if "token 1" in rejects:
         return "NUMERICS", threshold
     return ("FAIL" if rejects else "PASS"), threshold
+
+
+def _summary(test: dict[str, Any]) -> dict[str, Any]:
+    return {k: test[k] for k in ("stat", "df", "p_value", "total_variation")}
+
+
+def parity(tests: Sequence[dict[str, Any]], candidate: str, controls: Sequence[str], threshold: float) -> dict[str, Any]:
+    """The candidate's deviation from the reference beside each control's, per (context, statistic).
+
+    A control is another server judged against the same reference (e.g. SGLang's own speculation, or stock
+    with another attention kernel): its deviation is what that kind of server shows anyway. A statistic is
+    within the controls' deviation when the candidate does not reject it (p >= ``threshold``), or its total
+    variation from the reference is at most the largest control's. Verdict: WITHIN (every statistic is),
+    BEYOND (one is not), NO_CONTROLS, or INCOMPLETE (a cell of the candidate or a control is missing).
+    """
+    by_key = {(t["config"], t["context"], t["statistic"]): t for t in tests}
+    rows = []
+    for t in (t for t in tests if t["config"] == candidate):
+        others = {c: by_key.get((c, t["context"], t["statistic"])) for c in controls}
+        rejects = t["p_value"] < threshold
+        missing = not controls or any(o is None for o in others.values())
+        widest = max((o["total_variation"] for o in others.values() if o is not None), default=0.0)
+        within = None if missing else (not rejects or t["total_variation"] <= widest)
+        rows.append({"context": t["context"], "statistic": t["statistic"], "candidate": _summary(t), "rejects": rejects,
+                     "controls": {c: None if o is None else _summary(o) for c, o in others.items()},
+                     "within": within})  # fmt: skip
+    if not controls:
+        result = "NO_CONTROLS"
+    elif not rows or any(r["within"] is None for r in rows):
+        result = "INCOMPLETE"
+    else:
+        result = "WITHIN" if all(r["within"] for r in rows) else "BEYOND"
+    return {"candidate": candidate, "controls": list(controls), "threshold": threshold, "rows": rows, "verdict": result}
+
+
+def parity_line(p: dict[str, Any]) -> str:
+    """One line for the run's verdict: whether the candidate is within the controls' deviation, and where it
+    rejects, its total variation beside each control's."""
+    name, verdict = p["candidate"], p["verdict"]
+    if verdict == "NO_CONTROLS":
+        return "parity: no controls to compare with (--controls)"
+    if verdict == "INCOMPLETE":
+        return f"parity: incomplete (a cell of {name} or of {', '.join(p['controls'])} is missing)"
+    shown = [r for r in p["rows"] if r["rejects"] and (verdict == "WITHIN" or not r["within"])]
+    cells = "; ".join(
+        f"ctx {r['context']} {r['statistic']}: TV {r['candidate']['total_variation']:.4f} ("
+        + ", ".join(f"{c} {s['total_variation']:.4f}" for c, s in r["controls"].items()) + ")"
+        for r in shown
+    )  # fmt: skip
+    if verdict == "BEYOND":
+        return f"parity: {name} BEYOND the controls' deviation at {cells}"
+    if not shown:
+        return f"parity: {name} WITHIN the controls' deviation (it rejects no statistic)"
+    return f"parity: {name} WITHIN the controls' deviation at every statistic it rejects: {cells}"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.sampling.target import SamplingBackend
 
 from .serve_warmup import add_to_server_args
 
@@ -110,6 +111,33 @@ def unsupported_attention(model_config) -> str | None:
     return None
 
 
+def unsupported_sampling(sa: ServerArgs) -> str | None:
+    """What in the server's sampling setup the verify cannot reproduce (None: it reproduces stock's law).
+
+    The sampled verify computes the distribution of stock's flashinfer or pytorch sampler
+    (``sampling/target.SamplingBackend``); any other backend (ascend, token_oracle, one registered with
+    ``register_sampler_backend``) has a law of its own. ``--rl-on-policy-target`` makes stock sample a
+    temperature-only batch from the bf16 log-softmax of bf16 logits / T and return those log-probabilities
+    to match a trainer; the verify samples from the fp32 softmax, and SGLang's speculative log-probabilities
+    are fp32 too. SGLang settles the backend before this runs (deterministic inference, which the flag turns on,
+    forces pytorch unless ascend was asked for).
+    """
+    target = getattr(sa, "rl_on_policy_target", None)
+    if target is not None:
+        return (
+            f"does not support --rl-on-policy-target {target}: stock then samples and scores "
+            "temperature-only batches from a bf16 log-softmax, PILLAR's verify from the fp32 softmax; serve on-policy "
+            "rollouts without speculation"
+        )
+    supported = [b.value for b in SamplingBackend]
+    if sa.sampling_backend not in supported:
+        return (
+            f"its verify reproduces the {' or '.join(supported)} sampler only; --sampling-backend "
+            f"{sa.sampling_backend} is not supported"
+        )
+    return None
+
+
 def validate_server_args(sa: ServerArgs) -> None:
     """Reject what PILLAR cannot run and fill the spec shape fields SGLang reads.
 
@@ -151,6 +179,9 @@ def validate_server_args(sa: ServerArgs) -> None:
         reject(f"needs a 16-bit KV cache (its Triton kernels read K/V unscaled), got --kv-cache-dtype {sa.kv_cache_dtype}")
     if sa.enable_mixed_chunk:
         reject("cannot mix prefill chunks into decode batches; remove --enable-mixed-chunk")
+    sampling_gap = unsupported_sampling(sa)
+    if sampling_gap is not None:
+        reject(sampling_gap)
 
     from sglang.srt.configs.model_config import ModelConfig
 

@@ -101,10 +101,13 @@ FAKE_SERVER = textwrap.dedent(
     # min_new_tokens. Each request draws from its own generator, seeded by the server's kind, the call's body,
     # how many equal bodies came before and the request's place in the call: concurrent calls are served in
     # any order, and the multiset of outputs, all the statistics read, stays the same run to run.
-    # On a speculative server FAKE_SAMPLE_BIAS_AT=j lifts token 0 at output position j, and FAKE_PENALTY_BUG
+    # On a speculative server FAKE_SAMPLE_BIAS_AT=j lifts token 0's logit at output position j, by 1.0 or by the
+    # server's algorithm's value in FAKE_SAMPLE_LIFTS ("PILLAR=1.0,NGRAM=2.0"), and FAKE_PENALTY_BUG
     # drops the penalties and min_new_tokens after token 1 (which comes from the prefill, stock's sampler).
     bodies, bodies_lock = {}, threading.Lock()
     bias_at = int(os.environ.get("FAKE_SAMPLE_BIAS_AT", "-1")) if spec else -1
+    lifts = dict(kv.split("=") for kv in os.environ.get("FAKE_SAMPLE_LIFTS", "").split(",") if kv)
+    lift = float(lifts.get(argv[argv.index("--speculative-algorithm") + 1].upper(), 1.0)) if spec else 0.0
     penalty_bug = spec and bool(os.environ.get("FAKE_PENALTY_BUG"))
 
     def sampled_batch(body):
@@ -122,7 +125,7 @@ FAKE_SERVER = textwrap.dedent(
             pen = neutral if penalty_bug and j > 0 else {k: params.get(k, v) for k, v in neutral.items()}
             weights = []
             for v in range(4):
-                x, c = ((prev + 3 * v) % 7) / 2.0 + (1.0 if j == bias_at and v == 0 else 0.0), out.count(v)
+                x, c = ((prev + 3 * v) % 7) / 2.0 + (lift if j == bias_at and v == 0 else 0.0), out.count(v)
                 if c:  # SGLang's order: the repetition penalty scales, then frequency and presence subtract
                     x = (x / pen["repetition_penalty"] if x > 0 else x * pen["repetition_penalty"]) - pen["frequency_penalty"] * c - pen["presence_penalty"]
                 weights.append(0.0 if v == 3 and stop and j < pen["min_new_tokens"] else math.exp(x / params["temperature"]))
@@ -584,6 +587,25 @@ def test_exactness_end_to_end_against_stock(
     code, doc = run("tilted")
     assert code == 1 and doc["verdict"] == "FAIL"
     assert [t["p_value"] < doc["bonferroni_threshold"] for t in doc["tests"]] == [False, True, True, False, True]
+    assert doc["parity"]["verdict"] == "NO_CONTROLS" and "parity: no controls" in (tmp_path / "tilted.log").read_text()
+    # Beside SGLang's own speculation (a control judged against the same reference): a candidate that deviates
+    # less than the control at the statistics it rejects is within the controls' deviation, one that deviates
+    # more is beyond it; the JSON keeps both servers' statistics per context and statistic.
+    monkeypatch.setenv("FAKE_SAMPLE_LIFTS", "PILLAR=1.0,NGRAM=2.0")
+    code, doc = run("within", "--controls", "ngram")
+    parity = doc["parity"]
+    assert code == 1 and doc["verdict"] == "FAIL" and parity["verdict"] == "WITHIN" and parity["controls"] == ["ngram"]
+    token2 = next(r for r in parity["rows"] if r["statistic"] == "token 2")
+    assert token2["rejects"] and token2["controls"]["ngram"]["p_value"] < doc["bonferroni_threshold"]
+    assert token2["candidate"]["total_variation"] < token2["controls"]["ngram"]["total_variation"]
+    assert [r["statistic"] for r in parity["rows"]] == ["token 1", "token 2", "token 3", "length", "repeats"]
+    assert "verdict FAIL; parity: pillar WITHIN the controls' deviation at every statistic it rejects: ctx 0 token 2" \
+        in (tmp_path / "within.log").read_text()
+    monkeypatch.setenv("FAKE_SAMPLE_LIFTS", "PILLAR=2.0,NGRAM=1.0")
+    code, doc = run("beyond", "--controls", "ngram")
+    assert code == 1 and doc["parity"]["verdict"] == "BEYOND"
+    assert "parity: pillar BEYOND the controls' deviation at ctx 0 token 2" in (tmp_path / "beyond.log").read_text()
+    monkeypatch.delenv("FAKE_SAMPLE_LIFTS")
     monkeypatch.setenv("FAKE_SAMPLE_BIAS_AT", "0")  # token 1: the servers' numerics differ
     code, doc = run("numerics")
     assert code == 1 and doc["verdict"] == "NUMERICS"

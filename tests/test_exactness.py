@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks import exactness, exactness_stats as stats
+from benchmarks import exactness, exactness_contexts, exactness_stats as stats
 
 
 def _draw(rng: random.Random, weights: list[float], n: int) -> Counter:
@@ -116,6 +116,34 @@ def test_the_cut_finds_the_closest_call():
     # output_top_logprobs rows: [[logprob, id, text], ...]; index 3 is the nearest tie at or after lo = 2
     rows = [[[-0.1, 7, None], [-0.2, 8, None]], [[-0.1, 7, None], [-3.0, 8, None]], [[-0.5, 7, None], [-2.0, 9, None]],
             [[-0.6, 7, None], [-0.9, 9, None]], [[-0.01, 7, None]]]  # fmt: skip
-    assert exactness.most_uncertain_cut(rows, 2) == (3, pytest.approx(0.3))
+    assert exactness_contexts.most_uncertain_cut(rows, 2) == (3, pytest.approx(0.3))
     with pytest.raises(ValueError, match="no output position"):
-        exactness.most_uncertain_cut(rows, 5)
+        exactness_contexts.most_uncertain_cut(rows, 5)
+
+
+def _test(config: str, statistic: str, p_value: float, tv: float) -> dict:
+    return {"config": config, "context": 0, "statistic": statistic, "stat": 9.0, "df": 3, "p_value": p_value,
+            "total_variation": tv}  # fmt: skip
+
+
+def test_parity_sets_each_control_beside_the_candidate():
+    tests = [_test("pillar", "token 1", 0.5, 0.004), _test("pillar", "token 3", 1e-9, 0.009),
+             _test("ngram", "token 1", 0.6, 0.002), _test("ngram", "token 3", 1e-20, 0.024),
+             _test("stock-flashinfer", "token 1", 0.7, 0.001), _test("stock-flashinfer", "token 3", 0.2, 0.003)]  # fmt: skip
+    p = stats.parity(tests, "pillar", ["ngram", "stock-flashinfer"], 1e-4)
+    assert p["verdict"] == "WITHIN" and [r["statistic"] for r in p["rows"]] == ["token 1", "token 3"]
+    # Token 1 passes, so its TV above both controls' is no deviation; token 3 rejects within ngram's.
+    first, third = p["rows"]
+    assert first["within"] and not first["rejects"] and third["within"] and third["rejects"]
+    assert third["candidate"] == {"stat": 9.0, "df": 3, "p_value": 1e-9, "total_variation": 0.009}
+    assert third["controls"]["ngram"]["total_variation"] == 0.024 and third["controls"]["stock-flashinfer"]["p_value"] == 0.2
+    assert stats.parity_line(p) == ("parity: pillar WITHIN the controls' deviation at every statistic it rejects: "
+                                    "ctx 0 token 3: TV 0.0090 (ngram 0.0240, stock-flashinfer 0.0030)")  # fmt: skip
+    worse = [*tests[:1], _test("pillar", "token 3", 1e-12, 0.031), *tests[2:]]
+    beyond = stats.parity(worse, "pillar", ["ngram", "stock-flashinfer"], 1e-4)
+    assert beyond["verdict"] == "BEYOND" and not beyond["rows"][1]["within"]
+    assert stats.parity_line(beyond).startswith("parity: pillar BEYOND the controls' deviation at ctx 0 token 3: TV 0.0310")
+    assert stats.parity(tests, "pillar", [], 1e-4)["verdict"] == "NO_CONTROLS"
+    assert stats.parity(tests[:4], "pillar", ["ngram", "stock-flashinfer"], 1e-4)["verdict"] == "INCOMPLETE"
+    assert stats.parity(tests[2:], "pillar", ["ngram"], 1e-4)["verdict"] == "INCOMPLETE"  # no candidate cell yet
+    assert "(it rejects no statistic)" in stats.parity_line(stats.parity(tests[:1] + tests[2:3], "pillar", ["ngram"], 1e-4))

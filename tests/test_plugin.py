@@ -313,3 +313,33 @@ def test_spec_alloc_commits_the_reserved_lengths(page_size):
     )  # fmt: skip
     assert [r.kv.kv_allocated_len for r in reqs] == [12, 40, 9]
     assert all(type(r.kv.kv_allocated_len) is int for r in reqs)
+
+
+@pytest.mark.parametrize("backend", ["ascend", "token_oracle", "registered"])
+def test_sampling_backends_the_verify_cannot_reproduce_fail_with_one_line(llama_config_dir, monkeypatch, backend):
+    # device "cuda" keeps the asked-for backend (SGLang forces pytorch on a CPU device); building
+    # ServerArgs needs no GPU. A backend registered through SGLang's API has a law of its own too.
+    from sglang.srt.layers import sampler
+    from sglang.srt.server_args import SAMPLING_BACKEND_CHOICES
+
+    if backend == "registered":
+        monkeypatch.setattr(sampler, "_CUSTOM_SAMPLER_FACTORIES", {})
+        monkeypatch.setattr("sglang.srt.server_args.SAMPLING_BACKEND_CHOICES", set(SAMPLING_BACKEND_CHOICES))
+        sampler.register_sampler_backend(backend, sampler.Sampler)
+    with pytest.raises(ValueError) as err:
+        _args(llama_config_dir, device="cuda", sampling_backend=backend)
+    text = str(err.value)
+    assert f"--sampling-backend {backend} is not supported" in text and "\n" not in text
+    assert text.startswith("--speculative-algorithm PILLAR")
+    for served in ("flashinfer", "pytorch"):
+        assert _args(llama_config_dir, device="cuda", sampling_backend=served).sampling_backend == served
+
+
+def test_rl_on_policy_target_fails_with_one_line(llama_config_dir):
+    # Stock samples temperature-only batches from a bf16 log-softmax under this flag; the verify's law is fp32.
+    with pytest.raises(ValueError) as err:
+        _args(llama_config_dir, rl_on_policy_target="fsdp")
+    text = str(err.value)
+    assert text.startswith("--speculative-algorithm PILLAR: does not support --rl-on-policy-target fsdp")
+    assert "\n" not in text
+    assert _args(llama_config_dir, enable_deterministic_inference=True).sampling_backend == "pytorch"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_ref
+from sglang_sparsespec.kernels.logit_bins import RowPath
 from sglang_sparsespec.kernels.target_filter import TargetRows, target_filter_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 from test_sampling import _chi2, _p_value
@@ -52,9 +53,9 @@ RULES = {
 N_CHAINS = 30_000
 N_CONTROL = 10_000
 N_KERNEL = 40
-# The kernels' candidate widths at this vocabulary (compact rows, the listed-token fallback and full rows all
-# occur) and a vocabulary tile the size of the row (the interpreter's time goes with the tile's width).
-KERNEL_LAUNCH = {"candidates": 4, "wide_candidates": 6, "chunk": V, "block_v": V}
+# A list shorter than the vocabulary (rows decided on their top list and rows past it both occur) and a
+# vocabulary tile the size of the row (the interpreter's time goes with the tile's width).
+KERNEL_LAUNCH = {"list_cap": 4, "chunk": V, "block_v": V}
 
 
 @dataclass
@@ -132,8 +133,12 @@ def _draft_steps(rule: Rule, s: torch.Tensor, pos: torch.Tensor, prev: torch.Ten
 
 
 def _gather(rows: TargetRows, index: torch.Tensor) -> TargetRows:
-    """The kernel's rows of ``index`` (flat), copied: the rejection kernel overwrites ``full``."""
-    return TargetRows(*(t[index].contiguous() for t in (rows.cand_ids, rows.cand_p, rows.compact, rows.full)))
+    """The kernel's table rows of ``index`` [n, K + 1] as a batch of n requests (a request's rows share its
+    parameter set, so its temperature is its first row's)."""
+    flat = index.reshape(-1)
+    picked = (t[flat].contiguous() for t in (rows.logits, rows.desc, rows.list_ids, rows.list_n, rows.path))
+    logits, desc, list_ids, list_n, path = picked
+    return TargetRows(logits, rows.temperature[index[:, 0]].contiguous(), K + 1, desc, list_ids, list_n, path)
 
 
 def _chains(rule: Rule, n: int, seed: int, tamper: str | None = None, kernel: TargetRows | None = None):
@@ -164,9 +169,9 @@ def _chains(rule: Rule, n: int, seed: int, tamper: str | None = None, kernel: Ta
         emitted, n_acc = rejection_sample(law_rows[row], record, coins, final)
         assert (n_acc <= counts).all()
         if kernel is not None:
-            dev = kernel.full.device
+            dev = kernel.logits.device
             args = (record.tokens, record.cand_ids, record.cand_q, record.q_tok, record.num_drafts, coins, final)
-            got = rejection_fwd(_gather(kernel, row.reshape(-1).to(dev)), *(t.to(dev) for t in args))
+            got = rejection_fwd(_gather(kernel, row.to(dev)), *(t.to(dev) for t in args), chunk=V, block_v=V)
             assert torch.equal(got[0].cpu(), emitted) and torch.equal(got[1].cpu(), n_acc)
         runs.append(n_acc)
         col = torch.arange(K + 1)[None, :]
@@ -240,5 +245,6 @@ def test_the_kernels_accept_the_same_chains(name):
     dense = kernel.dense().cpu()
     assert torch.equal(dense > 0, reference > 0)
     torch.testing.assert_close(dense, reference, atol=1e-6, rtol=1e-5)
-    assert kernel.compact.bool().any() and not kernel.compact.bool().all()
+    decided_on_top_list = kernel.path == RowPath.FULL
+    assert decided_on_top_list.any() and not decided_on_top_list.all()
     _chains(rule, N_KERNEL, seed=3, kernel=kernel)

@@ -60,9 +60,25 @@ _ALL_ABOVE = tl.constexpr(-1073741824)  # a range's lo that takes every token ab
 
 
 @triton.jit
-def _chunk_counts(counts, chs, n_chunks, Offsets, row, in_rng, extra, NCH: tl.constexpr):
-    """Store each chunk's offset into the list: the exclusive running sum of its tokens in range."""
-    per_chunk = tl.sum(tl.where(in_rng[None, :], counts, 0), axis=1) + extra
+def _bin_totals(Hist, row, n_chunks, w, NB_C: tl.constexpr):
+    """[NB] the row's bin counts over its chunks (bins from w on: 0), one chunk's [NB] at a time."""
+    bins = tl.arange(0, NB_C)
+    tot = tl.zeros([NB_C], dtype=tl.int32)
+    for ch in range(0, n_chunks):
+        tot += tl.load(Hist + (row * n_chunks + ch) * NB_C + bins, mask=bins < w, other=0)
+    return tot
+
+
+@triton.jit
+def _chunk_offsets(Hist, Offsets, row, n_chunks, in_rng, extra, NB_C: tl.constexpr, NCH: tl.constexpr):
+    """Store each chunk's offset into the list: the exclusive running sum of its tokens in range (bins where
+    in_rng [NB]) plus ``extra`` [NCH] of its own."""
+    bins = tl.arange(0, NB_C)
+    chs = tl.arange(0, NCH)
+    per_chunk = extra
+    for ch in range(0, n_chunks):
+        n = tl.sum(tl.load(Hist + (row * n_chunks + ch) * NB_C + bins, mask=in_rng, other=0), axis=0)
+        per_chunk += tl.where(chs == ch, n, 0)
     tl.store(Offsets + row * NCH + chs, tl.cumsum(per_chunk, axis=0) - per_chunk)
 
 
@@ -92,12 +108,9 @@ def _top_plan_kernel(Hist, Stats, Temperature, Top_k, Top_p, Min_p, PlanI, PlanF
         tl.store(ListN + row, 0)
     else:
         m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
-        chs = tl.arange(0, NCH)
         bins = tl.arange(0, NB_C)
         real = bins < NB_C - 1
-        counts = tl.load(Hist + (row * n_chunks + chs[:, None]) * NB_C + bins[None, :],
-                         mask=(chs[:, None] < n_chunks) & real[None, :], other=0)  # fmt: skip
-        tot = tl.sum(counts, axis=0)
+        tot = _bin_totals(Hist, row, n_chunks, NB_C - 1, NB_C)
         c_le = tl.cumsum(tot, axis=0)
         first_over = tl.min(tl.where(real & (c_le > list_cap), bins, NB_C), axis=0)
         hi = tl.maximum(first_over - 1, 0)
@@ -121,7 +134,7 @@ def _top_plan_kernel(Hist, Stats, Temperature, Top_k, Top_p, Min_p, PlanI, PlanF
         else:
             tl.store(Path + row, FULL)
         tl.store(ListN + row, n_list)
-        _chunk_counts(counts, chs, n_chunks, Offsets, row, real & (bins <= hi), 0, NCH)
+        _chunk_offsets(Hist, Offsets, row, n_chunks, real & (bins <= hi), tl.zeros([NCH], dtype=tl.int32), NB_C, NCH)
 
 
 @triton.jit
@@ -159,9 +172,7 @@ def _bracket_plan_kernel(Hist, AboveCnt, AboveMass, Stats, Temperature, Top_k, T
             above_c = tl.load(AboveCnt + row * NCH + chs, mask=chs < n_chunks, other=0)
             n_above_lvl = tl.sum(above_c, axis=0)
             above_mass = tl.sum(tl.load(AboveMass + row * NCH + chs, mask=chs < n_chunks, other=0.0), axis=0) * inv_s
-        counts = tl.load(Hist + (row * n_chunks + chs[:, None]) * NB_C + bins[None, :],
-                         mask=(chs[:, None] < n_chunks) & (bins < w)[None, :], other=0)  # fmt: skip
-        tot = tl.where(real, tl.sum(counts, axis=0), 0)
+        tot = tl.where(real, _bin_totals(Hist, row, n_chunks, w, NB_C), 0)
         c_le = tl.cumsum(tot, axis=0) + n_above_lvl
         c_lt = c_le - tot
         jf = (base + bins).to(tl.float32)
@@ -230,7 +241,7 @@ def _bracket_plan_kernel(Hist, AboveCnt, AboveMass, Stats, Temperature, Top_k, T
             # Everything: the bins up to j_hi, the top list's before the stage's first one at level 1
             # included, and the tokens above a later level's bins.
             rng = tl.where(everything, (bins <= j_hi) & (bins < w), in_rng)
-            _chunk_counts(counts, chs, n_chunks, Offsets, row, rng, tl.where(everything, above_c, 0), NCH)
+            _chunk_offsets(Hist, Offsets, row, n_chunks, rng, tl.where(everything, above_c, 0), NB_C, NCH)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from sglang_sparsespec.config import ENV_PREFIX, KNOBS, PillarConfig
 # --stream-interval 8: SmolLM2-135M decodes faster than SGLang's Python streaming path delivers
 # one event per token; at stream interval 1 stock delivered a flat ~13-14K tok/s from 32 to 256
 # concurrent requests while the scheduler logged 45-64K tok/s at 256
-# (results/throughput_h100-e2aee79-2k.log), i.e. the HTTP path, not decoding, was measured.
+# (results/throughput/throughput_h100-e2aee79-2k.log), i.e. the HTTP path, not decoding, was measured.
 # TPOT and TTFT (the first token still streams at once) are unaffected; ITL becomes per chunk.
 COMMON_FLAGS: tuple[str, ...] = (
     "--page-size", "1",
@@ -119,6 +119,12 @@ def flag_value(flags: Sequence[str], flag: str) -> str | None:
     """The value of the last ``flag`` in ``flags`` (SGLang's parser keeps the last), None if absent."""
     values = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == flag]
     return values[-1] if values else None
+
+
+def stream_interval(flags: Sequence[str]) -> int:
+    """The server's --stream-interval (SGLang's default is 1)."""
+    value = flag_value(flags, "--stream-interval")
+    return 1 if value is None else int(value)
 
 
 def _pillar(name: str, m: re.Match[str], knobs: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -8,6 +8,7 @@ import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMIT_ENV = "SPARSESPEC_GIT_COMMIT"
@@ -66,6 +67,15 @@ def package_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+# Who ran a run, where and when: what a run kept from an earlier command's result file (``--resume``) carries.
+PROVENANCE_KEYS = ("run_id", "date_utc", "device", "hostname", "git_commit", "sglang_version")
+
+
+def provenance(meta: dict[str, Any]) -> dict[str, Any]:
+    """The ``measured`` record of a run kept from an earlier result file whose ``meta`` is ``meta``."""
+    return {k: meta.get(k) for k in PROVENANCE_KEYS}
 
 
 def run_metadata(run_id: str) -> dict[str, str | None]:

@@ -3,11 +3,11 @@ not started (and a run not launched) when the time budget cannot cover it."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
-from benchmarks.report import stream_interval
+from benchmarks.configs import stream_interval
 
 START_GUESS_FLOOR_S = 90.0  # floor of the server-start guess (a start takes 60-140 s warm, up to 240 s on a fresh node)
 MIN_RUN_S = 20.0  # the guess for a run shape never measured
@@ -36,14 +36,13 @@ class RunClock:
     starts: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def seeded(cls, results_dir: Path) -> RunClock:
-        """A clock holding the run times of the throughput results in ``results_dir`` (any run id) that
+    def seeded(cls, docs: Iterable[dict[str, Any]]) -> RunClock:
+        """A clock holding the run times of the throughput results among ``docs`` (any run id) that
         streamed in chunks: at stream interval 1 the HTTP path, not decoding, set the pace. Server starts
         are not seeded: a warm node starts a server in 60-140 s, a fresh one in up to 240 s, and a
         command knows which it is only from its own starts."""
         clock = cls()
-        for path in sorted(results_dir.glob("throughput_*.json")):
-            doc = json.loads(path.read_text())
+        for doc in docs:
             if doc.get("kind") != "throughput" or stream_interval(doc["config"]["flags"]) <= 1:
                 continue
             for r in doc["runs"]:

@@ -33,8 +33,8 @@ from typing import Any
 
 from benchmarks.bench_driver import BenchDriver
 from benchmarks.configs import CONFIGS_HELP, add_server_options, file_stem, parse_env, resolve_config
-from benchmarks.meta import new_run_id, run_metadata
-from benchmarks.report import DEFAULT_RESULTS, throughput_rows, throughput_table
+from benchmarks.meta import new_run_id, provenance, run_metadata
+from benchmarks.report import DEFAULT_RESULTS, load_results, throughput_rows, throughput_table
 from benchmarks.run_clock import RunClock
 from benchmarks.runlog import Deadline, RunLog
 from benchmarks.server import install_signal_handlers
@@ -56,9 +56,6 @@ def default_num_prompts(concurrency: int, waves: int = 2) -> int:
     return max(waves * concurrency, 4)
 
 
-PROVENANCE_KEYS = ("run_id", "date_utc", "device", "hostname", "git_commit", "sglang_version")
-
-
 def resumable_runs(earlier: Path, doc: dict[str, Any]) -> tuple[dict[int, dict[str, Any]], str]:
     """The ok runs of ``earlier`` (an earlier command's result file of ``doc``'s name) that ``doc`` keeps
     instead of running again, by concurrency, and why none are kept. Kept only when the config (name,
@@ -77,7 +74,7 @@ def resumable_runs(earlier: Path, doc: dict[str, Any]) -> tuple[dict[int, dict[s
     want = doc["workload"]["num_prompts"]
     kept = {
         r["concurrency"]: {**r, "measured": r.get("measured")
-                           or {**{k: old["meta"].get(k) for k in PROVENANCE_KEYS}, "server": old.get("server")}}
+                           or {**provenance(old["meta"]), "server": old.get("server")}}
         for r in old.get("runs", [])
         if r.get("status") == "ok" and want.get(str(r["concurrency"])) == r.get("num_prompts")
     }
@@ -117,7 +114,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "contain {output_len} (each length is its own comparison)")
     p.add_argument("--work-dir", type=Path, default=None, help="server/bench logs and prompt files (default: temp dir)")
     p.add_argument("--resume", type=Path, default=None, metavar="DIR",
-                   help="keep the ok runs of same-named result files in DIR (e.g. benchmarks/results) and run the rest")
+                   help="keep the ok runs of same-named result files in DIR (e.g. benchmarks/results/throughput) "
+                        "and run the rest")
     args = p.parse_args(argv)
     args.config_names = [c for c in args.configs.split(",") if c]
     try:
@@ -201,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     docs = []
     paths = result_paths(args)
-    clock = RunClock.seeded(DEFAULT_RESULTS)
+    clock = RunClock.seeded(load_results(DEFAULT_RESULTS)[0])
     with BenchDriver(args.work_dir / "bench_driver.log") as driver:
         inv = Invocation(args, deadline, clock, log, driver)
         for config in args.server_configs:

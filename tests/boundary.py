@@ -147,7 +147,7 @@ class Boundary:
     async def _post(self, path: str, body: Any) -> tuple[int, str]:
         import httpx
 
-        from benchmarks.bad_inputs import effective_status
+        from benchmarks.checks.bad_inputs import effective_status
 
         # Unhandled exceptions become the 500 that uvicorn would send.
         transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False)

@@ -1,4 +1,4 @@
-"""benchmarks.api_smoke against an in-process loopback stand-in of SGLang's HTTP API."""
+"""benchmarks.checks.api_smoke against an in-process loopback stand-in of SGLang's HTTP API."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from benchmarks.api_smoke import run_checks
+from benchmarks.checks.api_smoke import run_checks
 
 ANSWER = "n = 1, 9, 10 and 18, so the sum is 38."
 

@@ -24,9 +24,6 @@ from benchmarks import (
     acceptance,
     bench_driver,
     configs,
-    exactness,
-    lossless,
-    offload,
     report,
     run_clock,
     server,
@@ -37,8 +34,9 @@ from benchmarks import (
     throughput,
     workload,
 )
+from benchmarks.checks import exactness, lossless, offload
+from benchmarks.checks.exactness_stats import counters
 from benchmarks.client import generate_all
-from benchmarks.exactness_stats import counters
 
 FAKE_SERVER = textwrap.dedent(
     r'''
@@ -95,7 +93,7 @@ FAKE_SERVER = textwrap.dedent(
     def tokens(ids, n):
         return [(sum(ids) + 7 * i) % 5000 for i in range(n)]
 
-    # Sampled replies (benchmarks.exactness sends batches of copies): each token from a softmax over 4 tokens
+    # Sampled replies (benchmarks.checks.exactness sends batches of copies): each token from a softmax over 4 tokens
     # whose logits follow the token before, at the request's temperature, with SGLang's output penalties on
     # the tokens the request already produced; token 3 is the stop token unless ignore_eos, held back before
     # min_new_tokens. Each request draws from its own generator, seeded by the server's kind, the call's body,
@@ -162,7 +160,7 @@ FAKE_SERVER = textwrap.dedent(
             self.reply(404, {})
 
         def do_POST(self):
-            if self.path == "/flush_cache":  # SGLang's radix-cache flush, no body (benchmarks.exactness)
+            if self.path == "/flush_cache":  # SGLang's radix-cache flush, no body (benchmarks.checks.exactness)
                 refusals[0] += 1  # SGLang refuses while a finished request lingers in its batches
                 return self.reply(400 if refusals[0] <= int(os.environ.get("FAKE_FLUSH_REFUSALS", "0")) else 200, {})
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -959,14 +957,26 @@ def _generated_pages(folder: Path) -> dict[str, str]:
 
 
 def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_path: Path) -> None:
-    """docs/results.md's index block and the table pages in docs/results/ are what the report makes of
-    benchmarks/results: no number by hand, no page left over or missing."""
+    """docs/results.md's index and headline blocks, the table pages in docs/results/ and the README's headline
+    block are what the report makes of benchmarks/results: no number by hand, no page left over or missing."""
     repo = Path(__file__).resolve().parents[1]
-    page = tmp_path / "results.md"
+    page, front = tmp_path / "results.md", tmp_path / "README.md"
     page.write_text((repo / "docs" / "results.md").read_text())
+    front.write_text((repo / "README.md").read_text())
     assert report.main(["--results-dir", str(repo / "benchmarks" / "results"), "--out", str(tmp_path / "S.md"),
-                        "--no-plots", "--readme", str(page)]) == 0  # fmt: skip
+                        "--no-plots", "--readme", str(page), "--front-page", str(front)]) == 0  # fmt: skip
     assert page.read_text() == (repo / "docs" / "results.md").read_text()
+    assert front.read_text() == (repo / "README.md").read_text()
+    # The README's one results table: the headline point, every stock backend of its run beside PILLAR.
+    headline = front.read_text().split(report.HEADLINE_BEGIN)[1].split(report.HEADLINE_END)[0]
+    assert "**SmolLM2-135M-Instruct on one NVIDIA H100 80GB HBM3, commit 3dc3540** (run `sampled-3dc3540-7000`" in headline
+    assert "| `stock` | triton | 22,775 | 1.00x | 78.5 | 11.13 | - |" in headline
+    assert "| `stock-flashinfer` | flashinfer | 21,957 | 0.96x | 81.4 | 11.58 | - |" in headline
+    assert "| `pillar` | triton | 39,247 | **1.72x** | 38.0 | 5.10 | 6.11 |" in headline
+    assert "`benchmarks/results/throughput/throughput_sampled-3dc3540-7000_{stock,stock-flashinfer,pillar}.json`" in headline
+    assert "](docs/figures/throughput_vs_concurrency.png)" in headline and "runs `sweep-e058028-*`" in headline
+    assert "](../docs/figures/throughput_vs_concurrency.png)" in page.read_text()  # the same figure from docs/
+    assert headline.count("|") == 5 * 8 and len(headline) < 2_000  # one table: its head, rule and three rows
     made, checked_in = _generated_pages(tmp_path / "results"), _generated_pages(repo / "docs" / "results")
     assert set(made) == {p.file for p in report.results_pages([])} == set(checked_in)  # every kind has results
     assert made == checked_in
@@ -974,7 +984,8 @@ def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_pat
     assert sorted(re.findall(r"\]\(results/([\w.-]+)\)", index)) == sorted(made)
     assert len(index.strip().split("\n")) == len(made)  # one line per page
     assert "- [Throughput](results/throughput.md): single runs" in index
-    step_runs = [f for f in (repo / "benchmarks" / "results").glob("*.json") if json.loads(f.read_text()).get("kind") == "step_times"]
+    step_runs = [f for f in (repo / "benchmarks" / "results" / "step_times").glob("*.json")
+                 if json.loads(f.read_text()).get("kind") == "step_times"]
     assert re.search(r"\[Step times\]\(results/step-times\.md\):.*; (\d+) runs\.", index).group(1) == str(len(step_runs))
     assert "sampled-3dc3540-7000" in made["throughput.md"] and "sweep-85d9722" not in made["throughput.md"]
     assert "| pillar | 256 | 512 | 39247 | 1.72x | 1.72x | 2.06x |" in made["throughput.md"]  # the headline
@@ -997,10 +1008,18 @@ def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_pat
     assert "| pillar:budget_ratio=0.1 | 1 | 4 | 549 | - | - |" in summary
     for section in ("### Kernel launch sweep", "### Draft policies in the CPU reference", "### Run-to-run spread"):
         assert section in summary
+    # The pages hold every table of the summary but the runs bounded by streaming: no SUMMARY.md is checked in.
+    on_pages = {h.lstrip("#") for body in made.values() for h in re.findall(r"^#+ .*$", body, re.M)}
+    in_summary = {h.lstrip("#") for h in re.findall(r"^#{3,} .*$", summary, re.M)}
+    assert in_summary - on_pages == {" Throughput, run h100-e2aee79-2k"}  # stream interval 1
     page.write_text("no markers\n")
     with pytest.raises(SystemExit, match="results:begin"):
         report.main(["--results-dir", str(repo / "benchmarks" / "results"), "--out", str(tmp_path / "S.md"),
                      "--no-plots", "--readme", str(page)])  # fmt: skip
+    front.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="headline:begin"):
+        report.main(["--results-dir", str(repo / "benchmarks" / "results"), "--out", str(tmp_path / "S.md"),
+                     "--no-plots", "--front-page", str(front)])  # fmt: skip
 
 
 def test_report_writes_one_page_per_kind_and_keeps_the_hand_written_text(tmp_path: Path) -> None:
@@ -1009,15 +1028,18 @@ def test_report_writes_one_page_per_kind_and_keeps_the_hand_written_text(tmp_pat
     src = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     results = tmp_path / "results_in"
     results.mkdir()
-    for name in ("throughput_sampled-8f4fce1-7000_stock.json", "throughput_sampled-8f4fce1-7000_pillar.json",
-                 "lossless_k8_split.json", "steps_smollm2_h100_sampled_8f4fce1.json"):
-        shutil.copy(src / name, results / name)
+    for name in ("throughput/throughput_sampled-8f4fce1-7000_stock.json",
+                 "throughput/throughput_sampled-8f4fce1-7000_pillar.json", "lossless/lossless_k8_split.json",
+                 "step_times/steps_smollm2_h100_sampled_8f4fce1.json"):
+        shutil.copy(src / name, results / Path(name).name)
     pages = tmp_path / "docs" / "results"
     pages.mkdir(parents=True)
     head = "# Results\n\nHand-written reading, [history](results/history.md).\n\n"
+    middle = "\n\nThe tables:\n\n"
     tail = "\n\n## A reading\n\nMore hand-written text.\n"
     readme = tmp_path / "docs" / "results.md"
-    readme.write_text(head + report.README_BEGIN + "\nold tables\n" + report.README_END + tail)
+    readme.write_text(head + report.HEADLINE_BEGIN + "\nold headline\n" + report.HEADLINE_END + middle
+                      + report.README_BEGIN + "\nold tables\n" + report.README_END + tail)  # fmt: skip
     note = report.PAGE_NOTE.format(readme="results.md")
     (pages / "history.md").write_text("# History\n\nkept as is\n")
     (pages / "kernels.md").write_text(note + "\n\nan old generated page\n")
@@ -1025,15 +1047,21 @@ def test_report_writes_one_page_per_kind_and_keeps_the_hand_written_text(tmp_pat
     argv = ["--results-dir", str(results), "--out", str(tmp_path / "S.md"), "--no-plots", "--readme", str(readme)]
     assert report.main(argv) == 0
     text = readme.read_text()
-    assert text.startswith(head + report.README_BEGIN + "\n") and text.endswith(report.README_END + tail)
-    assert "old tables" not in text
+    assert text.startswith(head + report.HEADLINE_BEGIN + "\n") and text.endswith(report.README_END + tail)
+    assert report.HEADLINE_END + middle + report.README_BEGIN in text
+    assert "old tables" not in text and "old headline" not in text
+    # These files hold no run with every stock backend beside PILLAR: the headline says so, the figure is missing.
+    assert text.split(report.HEADLINE_BEGIN)[1].split(report.HEADLINE_END)[0] == (
+        "\n\nNo run holds a sampled two-wave point with `pillar` and every stock backend (stock, stock-flashinfer) "
+        "yet.\n\n")  # fmt: skip
     written = {"throughput.md", "acceptance-and-lossless.md", "step-times.md"}
     assert {f.name for f in pages.iterdir()} == written | {"history.md", "throughput-sweep.md"}  # kernels.md removed
     assert (pages / "history.md").read_text() == "# History\n\nkept as is\n"
     index = text.split(report.README_BEGIN)[1].split(report.README_END)[0].strip().split("\n")
     links = [re.fullmatch(r"- \[[^]]+\]\(results/([\w.-]+)\): .+; .+\.", line) for line in index]
     assert all(links) and [m.group(1) for m in links] == ["throughput.md", "acceptance-and-lossless.md", "step-times.md"]
-    assert index[0].endswith("; 1 run.") and index[1].endswith("; 1 lossless run, 0 acceptance runs, 0 exactness runs.")
+    assert index[0].endswith("; 1 run.") and index[1].endswith(
+        "; 1 lossless run, 0 acceptance runs, 0 exactness runs, 0 policy_sim runs.")
     for name in written:
         first, rest = (pages / name).read_text().split("\n", 1)
         assert first == note and "`python -m benchmarks.report --readme docs/results.md`" in first
@@ -1058,8 +1086,8 @@ def test_flashinfer_per_head_pages_attend_exactly_the_sparse_kernels_positions()
     import torch
     from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
 
-    from benchmarks.kernels_baselines import per_head_pages
-    from benchmarks.kernels_setup import TAIL
+    from tools.kernels_baselines import per_head_pages
+    from tools.kernels_setup import TAIL
 
     gen = torch.Generator().manual_seed(0)
     bs, h_kv, group, d, seq_len, cnt = 3, 3, 3, 16, 80, 7
@@ -1180,8 +1208,8 @@ def test_mixed_prefix_tables_pair_uniform_and_mixed_runs():
 
 
 def test_policy_host_times_the_workers_own_round_choice(tmp_path):
-    """benchmarks.policy_host drives the worker's RoundPlanner on stand-ins: it must follow the worker."""
-    from benchmarks import policy_host
+    """tools.policy_host drives the worker's RoundPlanner on stand-ins: it must follow the worker."""
+    from tools import policy_host
     from sglang_sparsespec.patches.round_plan import PATH_LOG_EVERY
 
     out = tmp_path / "host.json"
@@ -1208,7 +1236,7 @@ def test_the_mixed_round_bound_hides_the_verify_pass_above_a_decode_forward() ->
 def test_mixed_lengths_keep_the_uniform_batch_mean_and_pool() -> None:
     """kernels_bench compares a mixed batch with a uniform one of the same mean on one KV pool of bs x L
     slots: the mixed lengths must spread widely, average L and fit that pool."""
-    from benchmarks.kernels_setup import mixed_lengths
+    from tools.kernels_setup import mixed_lengths
 
     for bs, seq_len in ((256, 7000), (64, 4096), (1, 4096)):
         lens = mixed_lengths(bs, seq_len)
@@ -1220,7 +1248,7 @@ def test_mixed_lengths_keep_the_uniform_batch_mean_and_pool() -> None:
 
 
 def test_mixed_gemm_groups_and_projection(tmp_path: Path) -> None:
-    from benchmarks.mixed_gemm import RowWork, groups, project
+    from tools.mixed_gemm import RowWork, groups, project
 
     tiny = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 4, "vocab_size": 50}  # fmt: skip

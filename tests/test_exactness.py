@@ -1,4 +1,4 @@
-"""The statistics and arguments of benchmarks.exactness (the GPU run itself needs servers)."""
+"""The statistics and arguments of benchmarks.checks.exactness (the GPU run itself needs servers)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks import exactness, exactness_contexts, exactness_stats as stats
+from benchmarks.checks import exactness, exactness_contexts, exactness_stats as stats
 
 
 def _draw(rng: random.Random, weights: list[float], n: int) -> Counter:

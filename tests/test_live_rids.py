@@ -28,7 +28,7 @@ from conftest import SMOLLM2_CONFIG  # noqa: E402
 from sglang_sparsespec.patches import live_rids  # noqa: E402
 from sglang_sparsespec.rids import RidBook, abort_matches  # noqa: E402
 
-from benchmarks.bad_inputs import GENERATE, TEXT  # noqa: E402
+from benchmarks.checks.bad_inputs import GENERATE, TEXT  # noqa: E402
 
 VICTIM = "7f3c9e0d1a2b4c5d6e7f8091a2b3c4d5"  # another client's uuid-hex rid that starts with "7f"
 

@@ -186,7 +186,7 @@ def test_ranks_retire_restores_only_when_every_ranks_copy_completed():
 
 
 def test_benchmark_judges_the_pool_at_idle():
-    from benchmarks.offload import leak_free
+    from benchmarks.checks.offload import leak_free
 
     clean = {"alive": True, "leak_logged": False, "parked_now": 0, "host_tokens_free": 64, "host_tokens": 64}
     assert leak_free(clean) and leak_free({"alive": True, "leak_logged": False})  # no offloader: SGLang's check only

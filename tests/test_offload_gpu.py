@@ -110,7 +110,7 @@ def references(prompts, tmp_path_factory):
 @pytest.mark.parametrize("config", ["stock", "pillar-k4"])
 @pytest.mark.parametrize("radix", [False, True])
 def test_no_corruption_under_2x_oversubscription_with_aborts(config, radix, prompts, references, tmp_path):
-    from benchmarks.lossless import compare_outputs
+    from benchmarks.checks.lossless import compare_outputs
 
     ref = references(radix)
     demand = sum(len(p) + MAX_NEW for p in prompts) + ABORTED * 6000
@@ -167,7 +167,7 @@ def shared_reference(shared_prompts, tmp_path_factory) -> list:
 
 @pytest.mark.parametrize("config", ["stock", "pillar-k4"])
 def test_radix_shared_prefixes_and_chunked_prefill_under_parking(config, shared_prompts, shared_reference, tmp_path):
-    from benchmarks.lossless import compare_outputs
+    from benchmarks.checks.lossless import compare_outputs
 
     chunked, ref = CHUNKED, shared_reference
     # Half of what the requests in flight at once hold at their longest (the shared prefix counted once).

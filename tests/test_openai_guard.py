@@ -1,4 +1,4 @@
-"""patches/openai_guard.py and benchmarks/schema_fuzz.py on their own (SGLang's app: test_request_guard.py)."""
+"""patches/openai_guard.py and benchmarks/checks/schema_fuzz.py on their own (SGLang's app: test_request_guard.py)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from sglang_sparsespec.patches.openai_guard import (
 )
 from sglang_sparsespec.patches.request_guard import check_client_rids, check_top_logprobs
 
-from benchmarks.bad_inputs import CHAT, COMPLETIONS, GENERATE, fuzz_inputs
-from benchmarks.schema_fuzz import NON_OBJECT_BODIES, SchemaFuzzer, fuzz_body
+from benchmarks.checks.bad_inputs import CHAT, COMPLETIONS, GENERATE, fuzz_inputs
+from benchmarks.checks.schema_fuzz import NON_OBJECT_BODIES, SchemaFuzzer, fuzz_body
 
 
 class _Req(BaseModel):

@@ -3,7 +3,7 @@
 pyproject lists the packages by hand (package-dir maps the top-level patches/ and kernels/ into
 ``sglang_sparsespec``), and the tests import from the checkout, where a missing entry goes
 unnoticed: ``sglang_sparsespec.offload`` was left out of the list, so an installed plugin failed to
-import outside a checkout (seen on the H100: benchmarks/results/gpu_tests_h100_installed_import_a7ca47c.log).
+import outside a checkout (seen on the H100: benchmarks/results/gpu_tests/gpu_tests_h100_installed_import_a7ca47c.log).
 """
 
 from __future__ import annotations

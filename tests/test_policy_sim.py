@@ -1,11 +1,11 @@
-"""benchmarks.policy_sim on a tiny random Llama: lossless, exact with a full budget, sparse otherwise."""
+"""tools.policy_sim on a tiny random Llama: lossless, exact with a full budget, sparse otherwise."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from benchmarks.policy_sim import (
+from tools.policy_sim import (
     SimResult,
     first_divergence_from_greedy,
     register_attention,
@@ -83,7 +83,7 @@ def test_per_segment_statistics():
 
 
 def test_fp16_scores_round_like_the_gpu_and_ties_go_to_the_lower_position() -> None:
-    from benchmarks.policy_sim import _next_plan
+    from tools.policy_sim import _next_plan
 
     # One layer, one KV head, 5 candidate positions below the window (tail_start 5); keep 2. Positions 3
     # and 4 differ by less than fp16 resolves at 1e-6 (subnormal there): fp32 keeps 4, fp16 ties keep 3.

@@ -1,7 +1,7 @@
-"""benchmarks/reliability.py against a fake loopback server (an http.server script).
+"""benchmarks/checks/reliability.py against a fake loopback server (an http.server script).
 
 The fake answers each hand-list bad input with the status the plugin gives it (it reads the list
-from benchmarks/bad_inputs.py), any other malformed body with 400, and serves well-formed native
+from benchmarks/checks/bad_inputs.py), any other malformed body with 400, and serves well-formed native
 /generate requests (streamed or not) at a few ms per token, so that client timeouts and closed
 streams abort real in-flight requests. FAKE_DIE_ON=<name> makes it exit on that bad input,
 FAKE_LEAK=<n> reports n KV tokens still in use when idle, FAKE_PROBE_MARGIN=<nats> changes the
@@ -21,15 +21,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import reliability, server
-from benchmarks.bad_inputs import hand_list
+from benchmarks import server
+from benchmarks.checks import reliability
+from benchmarks.checks.bad_inputs import hand_list
 
 VOCAB, CONTEXT = 300, 2048
 FAKE = textwrap.dedent(
     r"""
     import json, os, sys, threading, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    from benchmarks.bad_inputs import hand_list
+    from benchmarks.checks.bad_inputs import hand_list
 
     argv = sys.argv[1:]
     port = int(argv[argv.index("--port") + 1])

@@ -20,7 +20,7 @@ from conftest import SMOLLM2_CONFIG  # noqa: E402
 from sglang_sparsespec.limits import LIMIT_KNOBS, RequestLimits, request_limits  # noqa: E402
 from sglang_sparsespec.stop_regex import nested_repetition  # noqa: E402
 
-from benchmarks.bad_inputs import CHAT, GENERATE, TEXT  # noqa: E402
+from benchmarks.checks.bad_inputs import CHAT, GENERATE, TEXT  # noqa: E402
 
 MSGS = [{"role": "user", "content": "w1 w2"}]
 

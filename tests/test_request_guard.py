@@ -28,7 +28,7 @@ from sglang_sparsespec.patches.request_guard import (
     check_token_ids,
 )
 
-from benchmarks.bad_inputs import GENERATE, HUGE_ID, Probe, fuzz_inputs, hand_list
+from benchmarks.checks.bad_inputs import GENERATE, HUGE_ID, Probe, fuzz_inputs, hand_list
 
 VOCAB = SMOLLM2_CONFIG["vocab_size"]
 CONTEXT = SMOLLM2_CONFIG["max_position_embeddings"]
@@ -291,7 +291,7 @@ def test_stock_sglang_passes_these_to_its_scheduler(model_dir, tmp_path):
         f"sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]!r}\n"
         "from pathlib import Path\n"
         "from boundary import make_boundary\n"
-        "from benchmarks.bad_inputs import hand_list\n"
+        "from benchmarks.checks.bad_inputs import hand_list\n"
         f"b = make_boundary(Path({str(model_dir)!r}))\n"
         f"probes = {{p.name: p for p in hand_list({VOCAB}, {CONTEXT})}}\n"
         "out = {}\n"

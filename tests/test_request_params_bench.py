@@ -1,8 +1,8 @@
-"""benchmarks/request_params.py's verdicts, on canned /generate replies (no server)."""
+"""benchmarks/checks/request_params.py's verdicts, on canned /generate replies (no server)."""
 
 from __future__ import annotations
 
-from benchmarks import request_params as rp
+from benchmarks.checks import request_params as rp
 
 REF = [5, 6, 7, 8, 9, 10, 11, 12]
 

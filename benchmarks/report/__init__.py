@@ -1,7 +1,7 @@
 """Merge result JSONs into markdown tables (and PNG plots when matplotlib is installed).
 
     python -m benchmarks.report [--results-dir benchmarks/results] [--out SUMMARY.md] [--readme docs/results.md]
-                                [--figure PNG] [--no-plots]
+                                [--front-page README.md] [--figure PNG] [--no-plots]
 
 With matplotlib installed it also draws the headline figure (output tok/s against concurrency, stock and
 PILLAR, from the sampled sweep with the most shared points): from the checked-in results into
@@ -9,15 +9,19 @@ docs/figures/throughput_vs_concurrency.png, from any other results dir beside it
 go a plot per throughput run and workload and, per step_times run with ideal rows, its phases against their
 ideal (ideal_<file>.png); SUMMARY.md links each.
 
---readme docs/results.md also writes one page of tables per result kind into docs/results/ and their
-index between the page's results markers; the text around the markers is left as is.
+--readme docs/results.md also writes one page of tables per result kind into docs/results/, their index
+between the page's results markers and the headline (``headline``: the best sampled point against the best stock
+backend, the files and command behind it, the figure) between its headline markers; --front-page README.md
+writes the same headline between the README's. The text around the markers is left as is. Together the pages
+hold every table of SUMMARY.md but the runs bounded by per-token streaming, so the checked-in results keep no
+SUMMARY.md (it is written on demand, and for every other results dir).
 
 Ratios compare a config with the ``stock`` config of the same run id (one GPU),
 the same workload and the same concurrency; across runs the hardware state differs
 (clocks, neighbours), so no cross-run ratio is ever printed.
 
 One module per part: ``common`` (loading, cells, ratios), ``serving`` (throughput, plain rounds, spread,
-offload, plots), ``figure`` (the headline figure), ``correctness`` (lossless, acceptance, exactness, the CPU reference), ``steps`` (kernels,
+offload, plots), ``headline`` (the headline point and block), ``figure`` (the headline figure), ``correctness`` (lossless, acceptance, exactness, the CPU reference), ``steps`` (kernels,
 step times), ``steps_plot`` (step times against their ideal, drawn) and ``pages`` (the summary and the docs pages).
 """
 
@@ -27,18 +31,21 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from .common import DEFAULT_RESULTS, describe_workload, load_results, stream_interval
+from .common import DEFAULT_RESULTS, REPEATS_DIR, describe_workload, load_results
 from .correctness import lossless_markdown
 from .figure import CHECKED_IN_FIGURE, FIGURE_NAME, plot_headline
-from .pages import PAGE_NOTE, README_BEGIN, README_END, results_pages, summary_markdown, write_results_pages
-from .serving import REPEATS_DIR, plain_vs_stock_markdown, plot_throughput, throughput_rows, throughput_table
+from .headline import HEADLINE_BEGIN, HEADLINE_END, headline_markdown
+from .pages import (
+    PAGE_NOTE, README_BEGIN, README_END, results_pages, summary_markdown, write_front_page, write_results_pages,
+)
+from .serving import plain_vs_stock_markdown, plot_throughput, throughput_rows, throughput_table
 from .steps import tune_table
 from .steps_plot import plot_ideal
 
 __all__ = [
-    "DEFAULT_RESULTS", "PAGE_NOTE", "README_BEGIN", "README_END", "describe_workload", "load_results",
-    "lossless_markdown", "main", "plain_vs_stock_markdown", "results_pages", "stream_interval", "summary_markdown",
-    "throughput_rows", "throughput_table", "tune_table",
+    "DEFAULT_RESULTS", "HEADLINE_BEGIN", "HEADLINE_END", "PAGE_NOTE", "README_BEGIN", "README_END", "describe_workload",
+    "headline_markdown", "load_results", "lossless_markdown", "main", "plain_vs_stock_markdown", "results_pages",
+    "summary_markdown", "throughput_rows", "throughput_table", "tune_table",
 ]  # fmt: skip
 
 
@@ -52,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"the checked-in results, <results-dir>/{FIGURE_NAME} for others)")
     p.add_argument("--readme", type=Path, default=None,
                    help="also write the table pages into this file's folder of its name (docs/results.md -> "
-                        "docs/results/) and their index into its generated block")
+                        "docs/results/), their index and the headline into its generated blocks")
+    p.add_argument("--front-page", type=Path, default=None,
+                   help="also write the headline into this file's headline block (README.md, at the repository root)")
     args = p.parse_args(argv)
     if not args.results_dir.is_dir():
         p.error(f"results dir not found: {args.results_dir}")
@@ -76,5 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.readme is not None:
         pages = write_results_pages(args.readme, docs, repeats)
         print(f"rewrote the results index of {args.readme} and {len(pages)} pages in {args.readme.with_suffix('')}")
+    if args.front_page is not None:
+        write_front_page(args.front_page, docs)
+        print(f"rewrote the headline of {args.front_page}")
     return 0
 

@@ -9,7 +9,10 @@ from typing import Any
 
 
 
-DEFAULT_RESULTS = Path(__file__).resolve().parents[1] / "results"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+DEFAULT_RESULTS = REPO_ROOT / "benchmarks" / "results"
 
 
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
@@ -28,10 +31,23 @@ def result_kind(doc: Any) -> str | None:
     return doc.get("kind")
 
 
+# Second runs of commands whose first run is among the results, read apart for the run-to-run spread.
+REPEATS_DIR = "repeats"
+
+
+def result_files(results_dir: Path) -> list[Path]:
+    """The JSON files of ``results_dir`` and of its folders one level down (the checked-in results keep one
+    folder per kind), by file name; ``REPEATS_DIR`` apart, and nothing deeper (kept probes)."""
+    root = Path(results_dir)
+    found = [*root.glob("*.json"), *(p for p in root.glob("*/*.json") if p.parent.name != REPEATS_DIR)]
+    return sorted(found, key=lambda p: (p.name, str(p)))
+
+
 def load_results(results_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Result documents (the ``REPORTED_KINDS``) in ``results_dir``, plus notes about skipped files."""
+    """Result documents (the ``REPORTED_KINDS``) among ``result_files(results_dir)``, plus notes about skipped
+    files."""
     docs, notes = [], []
-    for path in sorted(Path(results_dir).glob("*.json")):
+    for path in result_files(results_dir):
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
@@ -40,7 +56,7 @@ def load_results(results_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
         kind = result_kind(doc)
         if kind in REPORTED_KINDS:
             doc["kind"] = kind
-            doc["_file"] = path.name
+            doc["_file"], doc["_path"] = path.name, str(path)
             docs.append(doc)
         else:
             notes.append(f"skipped {path.name}: not a benchmark result")
@@ -68,6 +84,23 @@ def workload_key(doc: dict[str, Any]) -> tuple[Any, ...]:
             w.get("request_rate", "inf"))  # fmt: skip
 
 
+def model_name(doc: dict[str, Any]) -> str | None:
+    """The served model's folder name, from the launch command a run recorded (a resumed run keeps the
+    command of the run that measured it)."""
+    servers = [doc.get("server") or {}] + [(r.get("measured") or {}).get("server") or {} for r in doc.get("runs", [])]
+    for server in servers:
+        command = server.get("command") or []
+        if "--model-path" in command:
+            return Path(command[command.index("--model-path") + 1]).name
+    return None
+
+
+def sampled(workload: tuple[Any, ...]) -> bool:
+    """A ``workload_key`` of sampled requests (temperature and top-p recorded) that all arrive at once."""
+    _, _, _, temperature, top_p, rate = workload
+    return bool(temperature) and top_p is not None and rate == "inf"
+
+
 def _seconds(ms: Any) -> float | None:
     return ms / 1000 if isinstance(ms, (int, float)) else None
 
@@ -77,12 +110,6 @@ def describe_workload(key: tuple[Any, ...]) -> str:
     nucleus = "" if top_p is None else f", top-p {top_p:g}"  # runs before --top-p existed did not record it
     arrivals = "" if rate == "inf" else f", Poisson arrivals at {rate:g} requests/s"
     return f"AIME24+AMC23 chat prompts, {out_len} output tokens (ignore_eos), temperature {temp}{nucleus}{arrivals}"
-
-
-def stream_interval(flags: Sequence[str]) -> int:
-    """The server's --stream-interval (SGLang's default is 1)."""
-    flags = list(flags)
-    return int(flags[flags.index("--stream-interval") + 1]) if "--stream-interval" in flags else 1
 
 
 def commits_text(rows: Sequence[dict[str, Any]]) -> str:

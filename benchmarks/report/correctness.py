@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.lossless import NEAR_TIE_NATS
 from .common import fmt, markdown_table
 
 
@@ -68,10 +67,13 @@ def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
                 d["meta"]["run_id"], s["num_steps"], a["temperature"], a["max_new_tokens"], a.get("num_requests", "-"),
                 fmt(a.get("accept_length_overall"), ".3f"), fmt(a.get("accept_length_mean"), ".3f"), a["status"],
             ])  # fmt: skip
+    # The thresholds the files were judged by, as each recorded it (the check's NEAR_TIE_NATS when it ran).
+    ties = sorted({d["identity"]["near_tie_nats"] for d in docs if (d.get("identity") or {}).get("near_tie_nats")})
     return (
         "### Losslessness (greedy token ids vs stock)\n\n"
         "A divergence is a *near tie* when stock's own top-2 log-probability gap at that token was at most "
-        f"{NEAR_TIE_NATS} nats (bf16 rounding of the k+1-token verify kernel can flip it); unexplained "
+        f"{' / '.join(f'{t:g} nats' for t in ties) or 'the threshold its file records'} (bf16 rounding of the "
+        "k+1-token verify kernel can flip it); unexplained "
         "early divergences fail the run. A `repeat` row is the same PILLAR server answering the same requests "
         "again (reused request rows and KV slots), judged like the first pass. Controls are other speculative "
         "configs through the same check.\n\n"
@@ -158,7 +160,7 @@ SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "b
 
 
 def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
-    """CPU reference rounds (benchmarks/policy_sim.py): accept length per policy and knobs."""
+    """CPU reference rounds (tools/policy_sim.py): accept length per policy and knobs."""
     rows = []
     for d in sorted((d for d in docs if d.get("kind") == "policy_sim"), key=lambda d: d["_file"]):
         s = d["settings"]

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .common import commits_text
+from .common import REPO_ROOT, commits_text, model_name, sampled
 from .serving import throughput_rows
 
 FIGURE_NAME = "throughput_vs_concurrency.png"
 
 # The checked-in figure the README shows; drawn from the checked-in results only (other results dirs get
 # theirs beside their SUMMARY.md, so a scratch run never overwrites it).
-CHECKED_IN_FIGURE = Path(__file__).resolve().parents[2] / "docs" / "figures" / FIGURE_NAME
+CHECKED_IN_FIGURE = REPO_ROOT / "docs" / "figures" / FIGURE_NAME
 
 SWEEP_ID = re.compile(r"^(sweep-.+)-(\d+)$")  # benchmarks.sweep names its runs sweep-<tag>-<output len>
 
@@ -60,22 +60,6 @@ class Headline:
         return f"{usual} wave{'' if usual == 1 else 's'}" + (f" ({others})" if others else "")
 
 
-def _model_name(doc: dict[str, Any]) -> str | None:
-    """The served model's folder name, from the launch command a run recorded (a resumed run keeps the
-    command of the run that measured it)."""
-    servers = [doc.get("server") or {}] + [(r.get("measured") or {}).get("server") or {} for r in doc.get("runs", [])]
-    for server in servers:
-        command = server.get("command") or []
-        if "--model-path" in command:
-            return Path(command[command.index("--model-path") + 1]).name
-    return None
-
-
-def _sampled(workload: tuple[Any, ...]) -> bool:
-    _, _, _, temperature, top_p, rate = workload
-    return bool(temperature) and top_p is not None and rate == "inf"
-
-
 def choose_headline(docs: Sequence[dict[str, Any]]) -> Headline | None:
     """The sampled sweep with the most points where stock and PILLAR both ran ok (ties: the latest), or None."""
     models: dict[str, str] = {}
@@ -83,12 +67,12 @@ def choose_headline(docs: Sequence[dict[str, Any]]) -> Headline | None:
     for d in (d for d in docs if d.get("kind") == "throughput"):
         run_id = d["meta"]["run_id"]
         dates[run_id] = max(dates.get(run_id, ""), str(d["meta"].get("date_utc", "")))
-        if name := _model_name(d):
+        if name := model_name(d):
             models.setdefault(run_id, name)
     by_tag: dict[str, list[dict[str, Any]]] = {}
     for r in throughput_rows(docs):
         m = SWEEP_ID.match(str(r["run_id"]))
-        if (m and r["tok_s"] and r["config"] in ("stock", "pillar") and _sampled(r["workload"])
+        if (m and r["tok_s"] and r["config"] in ("stock", "pillar") and sampled(r["workload"])
                 and r["stream_interval"] > 1 and int(m.group(2)) == r["workload"][1]):  # fmt: skip
             by_tag.setdefault(m.group(1), []).append(r)
     best: tuple[tuple[int, str], Headline] | None = None

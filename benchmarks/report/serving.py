@@ -6,8 +6,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.configs import stream_interval
 from benchmarks.schedule import full_batch_rate, wave_context, wave_pace_ms
-from .common import _config_rank, _gb, _pct, _ratio, _seconds, commits_text, describe_workload, fmt, markdown_table, stream_interval, workload_key
+from .common import (
+    _config_rank, _gb, _pct, _ratio, _seconds, commits_text, describe_workload, fmt, markdown_table, workload_key,
+)
 
 
 def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -180,7 +183,7 @@ def plain_vs_stock_markdown(docs: Sequence[dict[str, Any]]) -> str:
 
 
 def offload_markdown(docs: Sequence[dict[str, Any]]) -> str:
-    """One table per ``benchmarks.offload`` file: each run's out tok/s against the pressured stock run of the
+    """One table per ``benchmarks.checks.offload`` file: each run's out tok/s against the pressured stock run of the
     same file, retractions, parks and bytes moved, and its outputs' verdict against the unpressured reference."""
     parts = []
     for d in sorted((d for d in docs if d.get("kind") == "offload"), key=lambda d: d["meta"]["run_id"]):
@@ -244,9 +247,6 @@ def plot_throughput(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
     return paths
-
-
-REPEATS_DIR = "repeats"
 
 
 def repeats_markdown(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, Any]]) -> str:

@@ -29,12 +29,9 @@ def verify_kernel_table(d: dict[str, Any]) -> str:
 
 
 def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
-    """Kernel microbenchmarks: sparse draft attention vs full decode, score-capture and selection cost."""
+    """Kernel microbenchmarks: sparse draft attention vs full decode, score-capture and selection cost; then the
+    launch sweeps."""
     parts = []
-    for d in (d for d in docs if d.get("kind") == "kernels" and "tune" in d):
-        parts.append(f"### Kernel launch sweep ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}; "
-                     f"microseconds per layer; the fastest launch per kernel and point:\n\n" + tune_table(d["tune"])
-                     + mixed_tune_table(d["tune"]) + "\n")  # fmt: skip
     for d in (d for d in docs if d.get("kind") == "kernels" and "tune" not in d):
         head = f"{d['device']}; commit {str(d['git_commit'])[:12]}; {d['config']['timing']}; microseconds per layer."
         dec = [[r["shape"], r["bs"], r["seq_len"], r["selected"] + r["tail"], fmt(r["sparse_us"], ".1f"),
@@ -58,6 +55,10 @@ def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
         )
         if d.get("mixed_lengths"):
             parts.append(mixed_lengths_table(d))
+    for d in (d for d in docs if d.get("kind") == "kernels" and "tune" in d):
+        parts.append(f"### Kernel launch sweep ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}; "
+                     f"microseconds per layer; the fastest launch per kernel and point:\n\n" + tune_table(d["tune"])
+                     + mixed_tune_table(d["tune"]) + "\n")  # fmt: skip
     return "\n".join(parts)
 
 
@@ -272,7 +273,7 @@ MIXED_PROJ_HEADERS = ("steps file", "L", "B", "round ms", "mixed round ms", "cha
 
 
 def _mixed_gemm_markdown(docs: Sequence[dict[str, Any]]) -> str:
-    """benchmarks.mixed_gemm runs: the row-wise work of a split round against the mixed-phase round's, and each
+    """tools.mixed_gemm runs: the row-wise work of a split round against the mixed-phase round's, and each
     measured round of the named step-times file projected to the mixed one."""
     parts = []
     for d in sorted((d for d in docs if d.get("kind") == "mixed_gemm"), key=lambda d: (d["model"], d["date_utc"])):
@@ -286,7 +287,7 @@ def _mixed_gemm_markdown(docs: Sequence[dict[str, Any]]) -> str:
     if not parts:
         return ""
     return ("#### Mixed-phase round: the row-wise work it changes\n\n"
-            "`benchmarks.mixed_gemm`: G(R) = a forward's weight GEMMs, norms, activation and LM head over R rows "
+            "`tools.mixed_gemm`: G(R) = a forward's weight GEMMs, norms, activation and LM head over R rows "
             "(attention left out: both rounds do the same attention work); split = k G(B) + G(B (k + 1)), mixed = "
             "the sum over the k + 1 phase groups of G(B + k n_g); mixed round = a measured round - (split - mixed).\n\n"
             + "\n\n".join(parts) + "\n")

@@ -1,6 +1,6 @@
 """Reliability run against one live server: load with client aborts, every bad input, idle, probes.
 
-    python -m benchmarks.reliability --model M --data-dir D --out F.json [--config pillar] \\
+    python -m benchmarks.checks.reliability --model M --data-dir D --out F.json [--config pillar] \\
         [--requests 1000] [--aborts 200] [--fuzz 300] [--concurrency 128] [--time-budget 560]
 
 One server (radix cache on, chunked prefill on with ``--chunked-prefill-size``, metrics on), then:
@@ -10,14 +10,14 @@ One server (radix cache on, chunked prefill on with ``--chunked-prefill-size``, 
    ``max_new_tokens`` log-uniform in [8, ``--max-new-tokens``], temperature 0 / 0.6 / 1.0, top-p
    1 / 0.95 / 0.8, 40 % streamed; ``--aborts`` of them dropped by the client (streams closed after
    a few events, non-streamed ones given a timeout shorter than their generation);
-3. every input of ``benchmarks/bad_inputs.py``'s hand list and ``--fuzz`` bodies of its fuzzer over
+3. every input of ``benchmarks/checks/bad_inputs.py``'s hand list and ``--fuzz`` bodies of its fuzzer over
    the server's ``/openapi.json``, each judged against the status it must get (those sent while other
-   requests run, ``benchmarks/live_probes.py``, also by how the running requests end);
+   requests run, ``benchmarks/checks/live_probes.py``, also by how the running requests end);
 4. idle: ``/v1/loads`` until no request runs or waits, then ``--settle`` seconds in which SGLang's own
    idle check runs (it raises in the scheduler on a KV or request-slot leak); a leak is a server that
    died, a leak message in its log, or KV tokens still in use (``num_used_tokens`` > 0: the radix
    cache's evictable tokens count as free);
-5. the greedy probe again: identical, or diverging only at a near tie as ``benchmarks.lossless``
+5. the greedy probe again: identical, or diverging only at a near tie as ``benchmarks.checks.lossless``
    judges it (the first probe's top-2 margin at the divergence <= NEAR_TIE_NATS).
 
 Writes F.json (kind "reliability", rewritten after every phase; ``metrics``: the speculative series
@@ -42,11 +42,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bad_inputs import Probe, effective_status, fuzz_inputs, hand_list
+from benchmarks.checks.bad_inputs import Probe, effective_status, fuzz_inputs, hand_list
 from benchmarks.client import parse_generate_reply
 from benchmarks.configs import file_stem, parse_env, resolve_config
-from benchmarks.live_probes import send_live_probe
-from benchmarks.lossless import compare_outputs
+from benchmarks.checks.live_probes import send_live_probe
+from benchmarks.checks.lossless import compare_outputs
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import STOP_RESERVE_S, Server, ServerError, http_json, install_signal_handlers, log_tail

@@ -1,7 +1,7 @@
 """Run PILLAR's per-layer kernels eagerly at one shape point, a few times each, for Nsight Compute.
 
     ncu --clock-control none --set detailed -k regex:'_sparse_decode_stage1|_verify_stage1|_draft_sample' \\
-        --launch-skip 2 --launch-count 3 -o F python -m benchmarks.kernels_probe --shape qwen3-1.7b --bs 64 --len 4096
+        --launch-skip 2 --launch-count 3 -o F python -m tools.kernels_probe --shape qwen3-1.7b --bs 64 --len 4096
 
 The draft step's sparse attention (5 % budget + tail, default launch), the verify attention (k + 1 rows over
 the prefix, default launch) and draft sampling over a [bs, V] logits row; each runs ``--repeats`` times, so ncu's
@@ -17,7 +17,7 @@ from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_samp
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
-from benchmarks.kernels_setup import DEVICE, SHAPES, TAIL, VERIFY_ROWS, draft_selection, make_pool
+from tools.kernels_setup import DEVICE, SHAPES, TAIL, VERIFY_ROWS, draft_selection, make_pool
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Host time of PILLAR's per-round speculation policy, on the CPU (no GPU, no server).
 
-    python3 -m benchmarks.policy_host --out benchmarks/results/policy_host_<machine>_<commit>.json
+    python3 -m tools.policy_host --out benchmarks/results/policy/policy_host_<machine>_<commit>.json
 
 Under SGLang's overlap scheduler the scheduler thread prepares round i+1 while the GPU runs round i;
 whatever the policy costs on that thread is GPU idle time once the host is the slower side. This

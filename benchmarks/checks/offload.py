@@ -1,6 +1,6 @@
 """Offload-aware KV pool under oversubscription: throughput, retractions, identity.
 
-    python -m benchmarks.offload --model M --data-dir D --out benchmarks/results/offload_<device>.json \\
+    python -m benchmarks.checks.offload --model M --data-dir D --out benchmarks/results/offload/offload_<device>.json \\
         [--num-prompts 64] [--max-new-tokens 7000] [--oversubscription 1.5] [--host-gb 16] [--radix-cache] \\
         [--runs reference,stock,...] [--resume DIR]
 
@@ -10,7 +10,7 @@ demand / oversubscription tokens (``--max-total-tokens``): stock (SGLang's retra
 ``--enable-hierarchical-cache``, stock + offload (plain decoding) and PILLAR + offload. Each
 pressured run records output tok/s, retractions (SGLang's "Retract requests" log lines), the
 offload counters from /server_info (parks, restores, bytes each way), and token identity against
-the reference as benchmarks.lossless judges it. ``ratio_vs_stock`` = PILLAR+offload tok/s over
+the reference as benchmarks.checks.lossless judges it. ``ratio_vs_stock`` = PILLAR+offload tok/s over
 stock's. Writes the JSON (with the summary so far) after every run, a .log next to it, and the
 reference's outputs (token ids and top-2 margins, gzipped) as ``<out>_reference_outputs.json.gz``.
 
@@ -33,8 +33,8 @@ from typing import Any
 
 from benchmarks.client import GenOutput, generate_all
 from benchmarks.configs import resolve_config, with_radix_cache
-from benchmarks.lossless import compare_outputs, verdict
-from benchmarks.meta import new_run_id, run_metadata
+from benchmarks.checks.lossless import compare_outputs, verdict
+from benchmarks.meta import new_run_id, provenance, run_metadata
 from benchmarks.runlog import RunLog, write_json
 from benchmarks.server import (
     Server,
@@ -44,7 +44,6 @@ from benchmarks.server import (
     scheduler_state,
     start_recorded,
 )
-from benchmarks.throughput import PROVENANCE_KEYS
 from benchmarks.workload import build_prompts, load_tokenizer
 
 RETRACT_LINE = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
@@ -120,7 +119,7 @@ def resumable_runs(
             continue
         if name == "reference" and not reference_path(earlier).is_file():
             continue
-        kept[name] = {**r, "measured": r.get("measured") or {k: old["meta"].get(k) for k in PROVENANCE_KEYS}}
+        kept[name] = {**r, "measured": r.get("measured") or provenance(old["meta"])}
     return kept, "" if kept else f"{earlier.name}: no ok run with the same flags"
 
 
@@ -240,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--runs", default=",".join(RUN_NAMES), help=f"comma list of runs, of {', '.join(RUN_NAMES)}")
     ap.add_argument("--resume", type=Path, default=None, metavar="DIR",
-                    help="keep the ok runs of the same-named JSON in DIR (e.g. benchmarks/results) and run the rest")  # fmt: skip
+                    help="keep the ok runs of the same-named JSON in DIR (e.g. benchmarks/results/offload) and run the rest")  # fmt: skip
     ap.add_argument("--startup-timeout", type=float, default=900)
     ap.add_argument("--timeout", type=float, default=3600)
     args = ap.parse_args(argv)
@@ -282,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         elif outputs is not None and reference is not None:
             ident = compare_outputs(reference, outputs, early=64)
             rec["identity"] = {k: v for k, v in ident.items() if k != "requests"}
-            # benchmarks.lossless's verdict: divergences only where stock itself was at a near tie.
+            # benchmarks.checks.lossless's verdict: divergences only where stock itself was at a near tie.
             rec["outputs_identical"] = verdict(True, [ident], True) == "PASS"
             rec["token_identical"] = ident["identical"]
         elif outputs is not None:

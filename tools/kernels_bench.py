@@ -1,6 +1,6 @@
 """GPU microbenchmark of the PillarAttn kernels (one layer, one step).
 
-    python -m benchmarks.kernels_bench --out benchmarks/results/kernels_h100.json
+    python -m tools.kernels_bench --out benchmarks/results/kernels/kernels_h100.json
 
 (a) sparse decode attention at a 5 % budget + a 16-token tail vs full-context decode with SGLang's
     Triton kernel and FlashInfer (if importable), plus SGLang's kernel on a head-shared index list of
@@ -41,8 +41,8 @@ from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.topk_select import topk_select
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
-from benchmarks.kernels_baselines import flashinfer_decode, flashinfer_head_sparse, sglang_decode, sglang_verify_attention
-from benchmarks.kernels_setup import (
+from tools.kernels_baselines import flashinfer_decode, flashinfer_head_sparse, sglang_decode, sglang_verify_attention
+from tools.kernels_setup import (
     BUDGET_RATIO,
     DEVICE,
     SGLANG_MAX_KV_SPLITS,
@@ -60,7 +60,7 @@ from benchmarks.kernels_setup import (
     request_table,
     timed_or_note,
 )
-from benchmarks.kernels_tune import TUNE_POINTS, tune
+from tools.kernels_tune import TUNE_POINTS, tune
 from benchmarks.meta import device_name, git_commit, package_version
 
 

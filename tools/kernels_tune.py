@@ -11,8 +11,8 @@ from sglang_sparsespec.kernels.score_capture import score_capture
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
-from benchmarks.kernels_baselines import sglang_decode
-from benchmarks.kernels_setup import (
+from tools.kernels_baselines import sglang_decode
+from tools.kernels_setup import (
     DEVICE,
     TAIL,
     VERIFY_ROWS,

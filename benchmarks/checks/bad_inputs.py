@@ -4,7 +4,7 @@ Every entry is a ``Probe``: a route, a JSON body and the HTTP status the plugin 
 (``expect``; None for fuzzed bodies, which may happen to be valid: any status below 500 is right).
 A streamed native ``/generate`` request is answered 200 before SGLang validates it, so its error
 comes as the first SSE event; ``effective_status`` reads that event's ``code``. A probe with ``live``
-requests is sent while those run (``benchmarks/live_probes.py``): a second request under a live rid,
+requests is sent while those run (``benchmarks/checks/live_probes.py``): a second request under a live rid,
 an abort whose rid is a prefix of another live one; each live request must then end as its own
 client expects (``aborts``: the rids the probe itself ends).
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from sglang_sparsespec.limits import RequestLimits
 
-from benchmarks.schema_fuzz import (
+from benchmarks.checks.schema_fuzz import (
     EDGE_INTS,
     EDGE_NUMBERS,
     EDGE_STRINGS,

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from benchmarks.bad_inputs import GENERATE, Probe
+from benchmarks.checks.bad_inputs import GENERATE, Probe
 
 Send = Callable[[str, Probe, float], "tuple[int | None, str]"]
 

@@ -1,6 +1,6 @@
 """Sampled exactness on the GPU: PILLAR's output distribution vs stock SGLang's own sampler, by chi-square.
 
-    python -m benchmarks.exactness --model M --out F.json [--data-dir D | --prompts short] \\
+    python -m benchmarks.checks.exactness --model M --out F.json [--data-dir D | --prompts short] \\
         [--temperature 0.6 --top-p 0.95 --top-k 20 --min-p 0] [--frequency-penalty 0.5 --presence-penalty 0.3 \\
         --repetition-penalty 1.1 --min-new-tokens 4 --stop-at-eos] [--new-tokens 4] [--contexts 1] \\
         [--samples 100000] [--candidate pillar] [--reference stock] [--resume OLD.json]
@@ -23,7 +23,7 @@ within a few tokens, so with ``--stop-at-eos`` the output lengths (min_new_token
 ``--new-tokens`` tokens (radix cache on: the prefill is shared) under one sampling setting (the flags
 above, SGLang's names). Token 1 comes from the prefill; tokens 2.. from PILLAR's verify rounds.
 
-Statistics per context (``benchmarks.exactness_stats``): token 1; each position j >= 2 as the pair
+Statistics per context (``benchmarks.checks.exactness_stats``): token 1; each position j >= 2 as the pair
 (token j-1, token j), an output that already stopped counting as END; the output length; the
 repeat count. Each is a two-sample chi-square test of homogeneity against the
 reference (cells expected below 5 pooled, df = cells - 1), judged at ``--alpha`` / (number of tests).
@@ -63,8 +63,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.configs import add_server_options, parse_env, resolve_config
-from benchmarks.exactness_contexts import SHORT_QUESTIONS, data_contexts, short_contexts
-from benchmarks.exactness_stats import counters, homogeneity, parity, parity_line, tally, total_variation, verdict
+from benchmarks.checks.exactness_contexts import SHORT_QUESTIONS, data_contexts, short_contexts
+from benchmarks.checks.exactness_stats import (
+    counters, homogeneity, parity, parity_line, tally, total_variation, verdict,
+)
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import Server, begin, http_json, start_recorded

@@ -1,6 +1,6 @@
 """The sampled round's acceptance phase vs the FlashInfer / sgl_kernel path, side by side (GPU only).
 
-    python -m benchmarks.sampling_bench --out benchmarks/results/accept_<device>_<commit>.json \\
+    python -m tools.sampling_bench --out benchmarks/results/kernels/kernels_accept_<device>_<commit>.json \\
         --vocab 151936 --batches 64 256
 
 For each batch of requests x (k + 1) verify rows x vocab (fp32 logits holding bf16 values, as SGLang

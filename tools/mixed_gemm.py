@@ -1,7 +1,7 @@
 """What a mixed-phase round would save: the row-wise work of a round, timed on the GPU.
 
-    python -m benchmarks.mixed_gemm --out benchmarks/results/mixed_gemm_h100.json \
-        --steps benchmarks/results/steps_qwen3-8b_h100.json
+    python -m tools.mixed_gemm --out benchmarks/results/mixed_gemm/mixed_gemm_h100.json \
+        --steps benchmarks/results/step_times/steps_qwen3-8b_h100.json
 
 A split round of k drafts is k forwards of B rows (one token per request, sparse attention) and one
 verify forward of B (k + 1) rows. The mixed-phase round of the design card staggers the requests over
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.kernels_setup import bench_us
+from tools.kernels_setup import bench_us
 from benchmarks.meta import device_name, git_commit, package_version
 from benchmarks.step_analysis import stock_step_ms
 from benchmarks.step_times import SHAPES as QWEN3_SHAPES

@@ -1,6 +1,6 @@
 """CPU reference of PILLAR's greedy rounds in plain Hugging Face attention (no SGLang, no GPU).
 
-    python -m benchmarks.policy_sim --model M --data-dir D [--prompt-index 1] [--max-new-tokens 1500] \\
+    python -m tools.policy_sim --model M --data-dir D [--prompt-index 1] [--max-new-tokens 1500] \\
         [--policies pillar,coarse,streaming] [--recent-window 64] [--min-budget 128] [--out F.json] \\
         [--select-every 4] [--score-rows all|last] [--check-lossless]
 

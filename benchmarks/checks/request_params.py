@@ -1,7 +1,7 @@
 """End-to-end checks of the sampling parameters PILLAR serves with one token per round, against
 two running servers (a stock one and a PILLAR one, same model and flags otherwise):
 
-    python -m benchmarks.request_params --stock http://127.0.0.1:30001 --pillar http://127.0.0.1:30000 \\
+    python -m benchmarks.checks.request_params --stock http://127.0.0.1:30001 --pillar http://127.0.0.1:30000 \\
         --out F.json [--seeded]
 
 Both servers need ``--enable-custom-logit-processor``; with ``--seeded`` both run with
@@ -12,7 +12,7 @@ Both servers need ``--enable-custom-logit-processor``; with ``--seeded`` both ru
 - ``penalties``: greedy requests with frequency / presence / repetition penalty and min_new_tokens:
   PILLAR's output ids equal stock's, or first differ where stock's own top-2 log-probability gap was a
   near tie (<= 0.25 nats, the rounding of a (k+1)-row verify against a one-row decode; as
-  ``benchmarks.lossless``). min_new_tokens outputs must be at least that long on both.
+  ``benchmarks.checks.lossless``). min_new_tokens outputs must be at least that long on both.
 - ``stop_then_length``: a stop token that stock's greedy answer reaches at position 4, with
   max_new_tokens 3 further: both servers stop at it with finish reason "stop".
 - ``seed`` (``--seeded``): the same seeded request twice on PILLAR, one at a time: identical outputs.
@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .client import parse_generate_reply
-from .lossless import NEAR_TIE_NATS
-from .server import http_json
+from benchmarks.checks.lossless import NEAR_TIE_NATS
+from benchmarks.client import parse_generate_reply
+from benchmarks.server import http_json
 
 PROMPTS = [
     "The history of the printing press begins",

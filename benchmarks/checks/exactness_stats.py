@@ -1,4 +1,4 @@
-"""The statistics of benchmarks.exactness: what one cell of sampled outputs is reduced to, the two-sample
+"""The statistics of benchmarks.checks.exactness: what one cell of sampled outputs is reduced to, the two-sample
 chi-square test of homogeneity over it, the run's verdict, and the candidate's parity with the controls.
 
 A cell is one server's answers to many copies of one context. Outputs may end early (a stop token), so

@@ -1,6 +1,6 @@
 """OpenAI-compatible endpoints of a server config, streaming and not.
 
-    python -m benchmarks.api_smoke --model M --out F.json [--config pillar] [--time-budget 300]
+    python -m benchmarks.checks.api_smoke --model M --out F.json [--config pillar] [--time-budget 300]
 
 Starts one server and, greedily on one chat prompt, checks that
 

@@ -1,6 +1,6 @@
 """Losslessness and acceptance check: stock SGLang vs PILLAR on the same greedy requests.
 
-    python -m benchmarks.lossless --model M --data-dir D --out F.json \\
+    python -m benchmarks.checks.lossless --model M --data-dir D --out F.json \\
         [--num-prompts 32] [--max-new-tokens 1024] [--num-steps 8] \\
         [--accept-temps 0,0.6 --accept-max-new-tokens 2048] [--temperature T] \\
         [--attention-backend flashinfer] [--radix-cache] [--chunked-prefill-size C] \\

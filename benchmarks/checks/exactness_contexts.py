@@ -1,4 +1,4 @@
-"""The contexts of benchmarks.exactness: the fixed set of token sequences every server continues.
+"""The contexts of benchmarks.checks.exactness: the fixed set of token sequences every server continues.
 
 ``--prompts data``: an AIME/AMC prompt plus the reference server's greedy continuation, cut in its second half
 where the greedy token led its runner-up by the least (``most_uncertain_cut``); the reference's radix cache is

@@ -11,7 +11,7 @@ import torch
 import triton
 from sglang_sparsespec.kernels._common import num_sms
 
-from benchmarks.kernels_setup import DEVICE, SGLANG_MAX_KV_SPLITS, TAIL, VERIFY_ROWS, Shape
+from tools.kernels_setup import DEVICE, SGLANG_MAX_KV_SPLITS, TAIL, VERIFY_ROWS, Shape
 
 
 def sglang_decode(shape: Shape, q, k, v, kv_indptr, kv_indices, seq_lens) -> Callable[[], object] | str:

@@ -204,7 +204,7 @@ def sparse_decode_fwd(
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
     work: a work list from ``draft_work.plan_work`` over this batch's plan (then num_kv_splits is unused).
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
-    H100 sweep, benchmarks/results/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
+    H100 sweep, benchmarks/results/kernels/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
     prefetch: load the next tile's position -> slot chain before this tile's K/V (speed only).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:

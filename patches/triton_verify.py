@@ -6,7 +6,7 @@ For a TARGET_VERIFY forward on a backend that PILLAR marked (``attach_verify``),
 1. attention: ``kernels/verify_attention.py`` (split-KV over the prefix, the whole GQA group and
    all k + 1 rows in one tile) when the call is a case it serves exactly, else SGLang's own
    kernel. SGLang's extend kernel walks the prefix once per query head and 64-row block, which
-   leaves long-context verify steps far below memory bandwidth (benchmarks/results/kernels_*.json).
+   leaves long-context verify steps far below memory bandwidth (benchmarks/results/kernels/kernels_*.json).
    PILLAR's verify is always a topk=1 chain, whose tree mask is the causal mask the split kernel
    applies, so the custom mask SGLang passes can be ignored;
 2. score capture (policies that select from verify scores): the attention writes each row's LSE

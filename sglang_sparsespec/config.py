@@ -132,7 +132,7 @@ class PillarConfig:
     # E2E p99 65.0 -> 54.7 s, p10 25.9 -> 28.8 s); this spends the larger budget on the tail alone.
     boost_ratio: float = 0.0
     min_budget: int = 128
-    # Measured on SmolLM2-135M, 4096 tokens (benchmarks/results/acceptance_h100_*.json): a
+    # Measured on SmolLM2-135M, 4096 tokens (benchmarks/results/acceptance/acceptance_h100_*.json): a
     # 64-token tail beats 16 (accept 6.02/6.82 vs 4.78/5.54 at T=0/0.6) and 128 (5.33/4.39,
     # which leaves no budget for the selection, sinks included, below 2.5K tokens).
     recent_window: int = 64
@@ -184,7 +184,7 @@ class PillarConfig:
     offload_host_gb: float = 0.0
     # Full-length rounds as split phases or mixed-phase iterations (rounds/mixed.py). Mixed is not the
     # default until a same-run A/B on the GPU says it pays: its measured ceiling is -5% of a Qwen3-8B
-    # round at batch 64 and ~0 on SmolLM2 (benchmarks.mixed_gemm).
+    # round at batch 64 and ~0 on SmolLM2 (tools.mixed_gemm).
     batch_phases: BatchPhases = BatchPhases.SPLIT
 
     def __post_init__(self) -> None:

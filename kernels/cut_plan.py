@@ -278,57 +278,76 @@ class VocabPasses:
             torch.full((n,), -1, **i32),
         )  # fmt: skip
 
-    def top_list(self, logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                 min_p: torch.Tensor | None, repeats: int, chunk: int, block_v: int, target: bool,
-                 num_warps: int = 4) -> None:  # fmt: skip
+    def top_list(self, rows: PassRows, target: bool) -> None:
         """Statistics, level 1's histogram, the top list's plan and its gather (``target``: rows with no
         filter are marked NOFILTER and skipped; rows whose bin 0 overflows the list are PENDING)."""
-        n, vocab = logits.shape
-        grid = (n, self.stats.shape[1])
-        args = (vocab, logits.stride(0), repeats, grid[1])
-        kw = {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": chunk, "BLOCK_V": block_v, "num_warps": num_warps}
-        params = (top_k, top_p, top_p if min_p is None else min_p)
-        nch, cap = self.offsets.shape[1], self.list_ids.shape[1]
-        _stats_kernel[grid](logits, temperature, self.stats, *args, **kw)
-        _hist_kernel[grid](logits, temperature, *params, self.stats, self.plan_i, self.plan_f, self.hist,
-                           self.above_cnt, self.above_mass, *args, NB_C=NB, DEPTH_C=DEPTH, NCH=nch, FIRST=True,
-                           MIN_P=min_p is not None, SKIP_UNFILTERED=target, **kw)  # fmt: skip
-        _top_plan_kernel[(n,)](self.hist, self.stats, temperature, *params, self.plan_i, self.plan_f, self.path,
-                               self.list_n, self.offsets, vocab, repeats, grid[1], cap, GREEDY_EPS_C=GREEDY_EPS,
-                               NB_C=NB, DEPTH_C=DEPTH, NCH=nch, MIN_P=min_p is not None, TARGET=target)  # fmt: skip
-        self._gather(logits, temperature, repeats, chunk, block_v, 1, num_warps)
+        n, vocab = rows.logits.shape
+        _stats_kernel[self._grid(rows)](rows.logits, rows.temperature, self.stats, *self._args(rows), **rows.launch)
+        self._hist(rows, first=True, skip_unfiltered=target)
+        _top_plan_kernel[(n,)](self.hist, self.stats, rows.temperature, *rows.params, self.plan_i, self.plan_f,
+                               self.path, self.list_n, self.offsets, vocab, rows.repeats, self.stats.shape[1],
+                               self.list_ids.shape[1], GREEDY_EPS_C=GREEDY_EPS, NB_C=NB, DEPTH_C=DEPTH,
+                               NCH=self.offsets.shape[1], MIN_P=rows.min_p is not None, TARGET=target)  # fmt: skip
+        self._gather(rows, stage=1)
 
-    def bracket(self, logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                min_p: torch.Tensor | None, repeats: int, rank_rule: bool, chunk: int, block_v: int, levels: int,
-                num_warps: int = 4) -> None:  # fmt: skip
+    def bracket(self, rows: PassRows, rank_rule: bool, levels: int) -> None:
         """The bracket stage of the PENDING rows: ``levels`` plans (the first on level 1's histogram, each
         later one after its own histogram), then the gather of the WINDOW rows' lists."""
-        n, vocab = logits.shape
-        grid = (n, self.stats.shape[1])
-        args = (vocab, logits.stride(0), repeats, grid[1])
-        kw = {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": chunk, "BLOCK_V": block_v, "num_warps": num_warps}
-        params = (top_k, top_p, top_p if min_p is None else min_p)
-        nch, cap = self.offsets.shape[1], self.list_ids.shape[1]
+        n, vocab = rows.logits.shape
         for level in range(levels):
             if level:
-                _hist_kernel[grid](logits, temperature, *params, self.stats, self.plan_i, self.plan_f, self.hist,
-                                   self.above_cnt, self.above_mass, *args, NB_C=NB, DEPTH_C=DEPTH, NCH=nch,
-                                   FIRST=False, MIN_P=min_p is not None, SKIP_UNFILTERED=False, **kw)  # fmt: skip
+                self._hist(rows, first=False, skip_unfiltered=False)
             _bracket_plan_kernel[(n,)](
-                self.hist, self.above_cnt, self.above_mass, self.stats, temperature, *params, self.plan_i,
-                self.plan_f, self.path, self.list_n, self.offsets, vocab, repeats, grid[1], cap,
-                GREEDY_EPS_C=GREEDY_EPS, NB_C=NB, DEPTH_C=DEPTH, NCH=nch, FIRST=level == 0, LAST=level == levels - 1,
-                RANK=rank_rule, MIN_P=min_p is not None,
+                self.hist, self.above_cnt, self.above_mass, self.stats, rows.temperature, *rows.params, self.plan_i,
+                self.plan_f, self.path, self.list_n, self.offsets, vocab, rows.repeats, self.stats.shape[1],
+                self.list_ids.shape[1], GREEDY_EPS_C=GREEDY_EPS, NB_C=NB, DEPTH_C=DEPTH, NCH=self.offsets.shape[1],
+                FIRST=level == 0, LAST=level == levels - 1, RANK=rank_rule, MIN_P=rows.min_p is not None,
             )  # fmt: skip
-        self._gather(logits, temperature, repeats, chunk, block_v, 2, num_warps)
+        self._gather(rows, stage=2)
 
-    def _gather(self, logits: torch.Tensor, temperature: torch.Tensor, repeats: int, chunk: int, block_v: int,
-                stage: int, num_warps: int) -> None:  # fmt: skip
-        n, vocab = logits.shape
-        n_chunks = self.stats.shape[1]
-        _gather_kernel[(n, n_chunks)](
-            logits, temperature, self.stats, self.plan_i, self.plan_f, self.path, self.offsets, self.list_ids,
-            self.list_z, self.above_mass, self.range_z, vocab, logits.stride(0), repeats, n_chunks,
-            self.list_ids.shape[1], GREEDY_EPS_C=GREEDY_EPS, NB_C=NB, NCH=self.offsets.shape[1], CHUNK_C=chunk,
-            BLOCK_V=block_v, STAGE=stage, num_warps=num_warps,
+    def _grid(self, rows: PassRows) -> tuple[int, int]:
+        return rows.logits.shape[0], self.stats.shape[1]
+
+    def _args(self, rows: PassRows) -> tuple[int, int, int, int]:
+        """(V, row stride, repeats, chunks): what every vocabulary-parallel kernel takes after its tensors."""
+        return rows.logits.shape[1], rows.logits.stride(0), rows.repeats, self.stats.shape[1]
+
+    def _hist(self, rows: PassRows, first: bool, skip_unfiltered: bool) -> None:
+        _hist_kernel[self._grid(rows)](
+            rows.logits, rows.temperature, *rows.params, self.stats, self.plan_i, self.plan_f, self.hist, self.above_cnt,
+            self.above_mass, *self._args(rows), NB_C=NB, DEPTH_C=DEPTH, NCH=self.offsets.shape[1], FIRST=first,
+            MIN_P=rows.min_p is not None, SKIP_UNFILTERED=skip_unfiltered, **rows.launch,
         )  # fmt: skip
+
+    def _gather(self, rows: PassRows, stage: int) -> None:
+        _gather_kernel[self._grid(rows)](
+            rows.logits, rows.temperature, self.stats, self.plan_i, self.plan_f, self.path, self.offsets, self.list_ids,
+            self.list_z, self.above_mass, self.range_z, *self._args(rows), self.list_ids.shape[1], NB_C=NB,
+            NCH=self.offsets.shape[1], STAGE=stage, **rows.launch,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PassRows:
+    """What the vocabulary-parallel passes read: logits [n, V] (last dim contiguous), their requests' sampling
+    parameters (temperature, top_p [n / repeats] float; top_k [n / repeats] int; min_p likewise or None),
+    and the launch parameters: tokens per program (``chunk``, a multiple of ``block_v``), tile, warps."""
+
+    logits: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor | None
+    repeats: int
+    chunk: int
+    block_v: int
+    num_warps: int
+
+    @property
+    def params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(top_k, top_p, min_p) as the kernels take them: top_p stands in for an absent min_p (never read)."""
+        return self.top_k, self.top_p, self.top_p if self.min_p is None else self.min_p
+
+    @property
+    def launch(self) -> dict[str, object]:
+        return {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": self.chunk, "BLOCK_V": self.block_v, "num_warps": self.num_warps}

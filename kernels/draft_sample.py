@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .cut_plan import VocabPasses
+from .cut_plan import PassRows, VocabPasses
 from .logit_bins import CHUNK, DEPTH, GREEDY_EPS, NB, row_stats
 
 
@@ -149,7 +149,7 @@ def draft_sample_fwd(
     vocab, dev = x.logits.shape[1], x.logits.device
     n_chunks = triton.cdiv(vocab, chunk)
     passes = VocabPasses.allocate(n, n_chunks, c, dev)
-    passes.top_list(x.logits, x.temperature, x.top_k, x.top_p, None, 1, chunk, block_v, False, num_warps)
+    passes.top_list(PassRows(x.logits, x.temperature, x.top_k, x.top_p, None, 1, chunk, block_v, num_warps), target=False)
     _draft_select_kernel[(n,)](
         x.temperature, x.top_p, x.top_k, x.min_p, x.noise, passes.stats, passes.list_ids, passes.list_z, passes.list_n, token,
         cand_ids, cand_q, q_tok, vocab, n_chunks, x.noise.stride(0), cand_ids.stride(0), cand_q.stride(0),

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .cut_plan import VocabPasses
+from .cut_plan import PassRows, VocabPasses
 from .logit_bins import (
     BIG,
     CHUNK,
@@ -318,12 +318,13 @@ def target_filter_fwd(
     desc = torch.empty((n, 4), dtype=torch.float32, device=dev)
     passes = VocabPasses.allocate(n, n_chunks, list_cap, dev)
     if n:
-        passes.top_list(logits, temperature, top_k, top_p, min_p, repeats, chunk, block_v, True, num_warps)
-        common = (logits, temperature, top_k, top_p, top_p if min_p is None else min_p, passes.stats, passes.plan_i,
-                  passes.plan_f, passes.path, passes.list_n, passes.list_ids, passes.list_z)  # fmt: skip
+        rows = PassRows(logits, temperature, top_k, top_p, min_p, repeats, chunk, block_v, num_warps)
+        passes.top_list(rows, target=True)
+        common = (logits, temperature, *rows.params, passes.stats, passes.plan_i, passes.plan_f, passes.path,
+                  passes.list_n, passes.list_ids, passes.list_z)  # fmt: skip
         flags = {"GREEDY_EPS_C": GREEDY_EPS, "NCH": nch, "BLOCK_V": block_v, "RANK": rank_rule, "MIN_P": min_p is not None}
         _select_top_kernel[(n,)](*common, desc, vocab, logits.stride(0), repeats, n_chunks, list_cap, **flags)
-        passes.bracket(logits, temperature, top_k, top_p, min_p, repeats, rank_rule, chunk, block_v, levels, num_warps)
+        passes.bracket(rows, rank_rule, levels)
         _select_kernel[(n,)](*common, passes.offsets, passes.above_mass, passes.range_z, desc, vocab,
                              logits.stride(0), repeats, n_chunks, list_cap, NB_C=NB, CHUNK_C=chunk, **flags)  # fmt: skip
     return TargetRows(logits, temperature, repeats, desc, passes.list_ids, passes.list_n, passes.path)

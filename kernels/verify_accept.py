@@ -77,16 +77,24 @@ def _draw_list(base_l, Ids, n_items, vocab, inv_t, m, z_star, scale, tie_end, id
     drawn = -1
     last = -1
     for start in range(0, n_items, BLOCK_L):
-        live = start + offs < n_items
-        idx = tl.load(Ids + start + offs, mask=live, other=vocab)
-        p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
-        r = tl.where(has_residual, p - _overlap(idx, p, ids_q, q, sub), p)
-        c = cum + tl.cumsum(r, axis=0)
-        first = tl.min(tl.where((c > target) & (r > 0.0), idx, vocab), axis=0)
-        drawn = tl.where((drawn < 0) & (first < vocab), first, drawn)
-        last = tl.maximum(last, tl.max(tl.where(r > 0.0, idx, -1), axis=0))
-        cum += tl.sum(r, axis=0)
+        idx = tl.load(Ids + start + offs, mask=start + offs < n_items, other=vocab)
+        cum, drawn, last = _scan_step(base_l, idx, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, has_residual,
+                                      target, cum, drawn, last)  # fmt: skip
     return tl.where(drawn < 0, last, drawn)
+
+
+@triton.jit
+def _scan_step(base_l, idx, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, has_residual, target, cum, drawn,
+               last):  # fmt: skip
+    """One tile of the inverse-CDF scan in id order: (mass so far, first id past the target or -1, last id with
+    mass or -1) -> the same after the tokens idx [N] (ascending; ids >= vocab: none)."""
+    p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
+    r = tl.where(has_residual, p - _overlap(idx, p, ids_q, q, sub), p)
+    c = cum + tl.cumsum(r, axis=0)
+    first = tl.min(tl.where((c > target) & (r > 0.0), idx, vocab), axis=0)
+    drawn = tl.where((drawn < 0) & (first < vocab), first, drawn)
+    last = tl.maximum(last, tl.max(tl.where(r > 0.0, idx, -1), axis=0))
+    return cum + tl.sum(r, axis=0), drawn, last
 
 
 @triton.jit
@@ -196,14 +204,8 @@ def _draw_pick_kernel(
         drawn = -1
         last = -1
         for s0 in range(0, CHUNK_C, BLOCK_S):
-            idx = ch * CHUNK_C + s0 + offs
-            p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
-            r = tl.where(has_residual, p - _overlap(idx, p, ids_q, q, sub), p)
-            c = cum + tl.cumsum(r, axis=0)
-            first = tl.min(tl.where((c > target) & (r > 0.0), idx, vocab), axis=0)
-            drawn = tl.where((drawn < 0) & (first < vocab), first, drawn)
-            last = tl.maximum(last, tl.max(tl.where(r > 0.0, idx, -1), axis=0))
-            cum += tl.sum(r, axis=0)
+            cum, drawn, last = _scan_step(base_l, ch * CHUNK_C + s0 + offs, vocab, inv_t, m, z_star, scale, tie_end,
+                                          ids_q, q, sub, has_residual, target, cum, drawn, last)  # fmt: skip
         tl.store(Emitted + b * stride_eb + n_acc, tl.where(drawn < 0, last, drawn).to(tl.int64))
 
 

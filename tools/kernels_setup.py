@@ -30,10 +30,8 @@ class Shape:
 SHAPES = (Shape("qwen3-8b", 32, 8, 128, 36), Shape("qwen3-1.7b", 16, 8, 128, 28), Shape("smollm2-135m", 9, 3, 64, 30))
 
 
-def bench_us(fn: Callable[[], object]) -> float:
-    """Median GPU time of `fn` replayed from a CUDA graph, L2 flushed before each replay."""
-    fn()  # compile / plan outside the capture
-    torch.cuda.synchronize()
+def captured(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph, after a call on a side stream (compiles and plans outside the capture)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -42,6 +40,14 @@ def bench_us(fn: Callable[[], object]) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return graph
+
+
+def bench_us(fn: Callable[[], object]) -> float:
+    """Median GPU time of `fn` replayed from a CUDA graph, L2 flushed before each replay."""
+    fn()  # compile / plan outside the capture
+    torch.cuda.synchronize()
+    graph = captured(fn)
     ms = triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median")
     del graph
     return ms * 1e3

@@ -43,6 +43,7 @@ from sglang_sparsespec.kernels.target_filter import LIST_CAP, target_filter_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
 from benchmarks.meta import new_run_id, run_metadata
+from tools.kernels_setup import captured
 
 # Launch parameters of the vocabulary-parallel passes: (tokens per program, tile, warps).
 TUNE_GRID = [(chunk, block_v, warps) for chunk in (4096, 8192, 16384) for block_v in (512, 1024, 2048) for warps in (4, 8)
@@ -61,15 +62,7 @@ CASES = {
 
 def graph_ms(fn, reps: int = 20) -> float:
     """Mean time of ``fn`` replayed from a CUDA graph (captured after a warm-up on a side stream)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return mean_ms(graph.replay, reps)
+    return mean_ms(captured(fn).replay, reps)
 
 
 def mean_ms(fn, reps: int = 20) -> float:

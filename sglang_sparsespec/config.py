@@ -61,17 +61,6 @@ class VerifyKernel(str, Enum):
     SGLANG = "sglang"
 
 
-class DraftGrid(str, Enum):
-    """How the draft kernel spreads a step's attention over GPU programs."""
-
-    # One program per (request, KV head, split) with one split count for the batch: a request's
-    # programs are its plan / splits long, so a long plan (dense, boosted) sets each layer's time.
-    STATIC = "static"
-    # A work list per step: programs of about equal length whatever the plan lengths (kernels/draft_work.py).
-    # Slower on the H100 at 256 x 7000: 1.62x stock against STATIC's 1.65-1.74x (e058028).
-    PLANNED = "planned"
-
-
 class PlainPath(str, Enum):
     """How a plain-decoding round (adaptive draft count 0) runs its one forward. PillarConfig resolves
     AUTO, so a built config holds VERIFY or DECODE."""
@@ -120,17 +109,12 @@ def _parse_steps(raw: str, num_steps: int) -> tuple[int, ...]:
 class PillarConfig:
     """Knobs of one PILLAR server.
 
-    Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``boost_ratio`` 0 or in
-    ``(budget_ratio, 1]`` with adaptive speculation on; ``min_budget >= 1``;
+    Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``min_budget >= 1``;
     ``recent_window >= 0``; ``sink_tokens >= 0``; ``select_every >= 1``.
     """
 
     num_steps: int = 8
     budget_ratio: float = 0.05
-    # The budget ratio of the poor drafters (adaptive/dense.py, "boosted plans"); 0 = everyone drafts at
-    # budget_ratio. A global 10% lifted the tail but slowed the good drafters (sampled-c4a7753-h200-7000:
-    # E2E p99 65.0 -> 54.7 s, p10 25.9 -> 28.8 s); this spends the larger budget on the tail alone.
-    boost_ratio: float = 0.0
     min_budget: int = 128
     # Measured on SmolLM2-135M, 4096 tokens (benchmarks/results/acceptance/acceptance_h100_*.json): a
     # 64-token tail beats 16 (accept 6.02/6.82 vs 4.78/5.54 at T=0/0.6) and 128 (5.33/4.39,
@@ -171,7 +155,6 @@ class PillarConfig:
     floor_quantile: float = 0.1
     # ... and only if it promises this much more throughput than plain decoding (SpeculationPolicy).
     spec_premium: float = 0.15
-    draft_grid: DraftGrid = DraftGrid.STATIC
     # Plain-decoding rounds: the decode path since its same-run A/B (plain-c4a7753-h200-2048: 1.04x
     # stock at 64 x 2048 against the verify path's 0.99x, lossless PASS; docs/results.md).
     plain_path: PlainPath = PlainPath.AUTO
@@ -202,14 +185,6 @@ class PillarConfig:
             raise ValueError(f"{ENV_PREFIX}SPEC_PREMIUM must be a finite number >= 0, got {self.spec_premium}")
         if not 0.0 < self.budget_ratio <= 1.0:
             raise ValueError(f"{ENV_PREFIX}BUDGET_RATIO must be in (0, 1], got {self.budget_ratio}")
-        if self.boost_ratio != 0.0 and not self.budget_ratio < self.boost_ratio <= 1.0:
-            raise ValueError(
-                f"{ENV_PREFIX}BOOST_RATIO must be 0 (off) or in ({self.budget_ratio}, 1] "
-                f"(above {ENV_PREFIX}BUDGET_RATIO), got {self.boost_ratio}"
-            )
-        if self.boost_ratio != 0.0 and not self.adaptive:
-            # The per-request acceptance that picks the boosted requests is kept by adaptive speculation.
-            raise ValueError(f"{ENV_PREFIX}BOOST_RATIO needs adaptive speculation ({ENV_PREFIX}ADAPTIVE_STEPS not 'off')")
         if self.min_budget < 1:
             raise ValueError(f"{ENV_PREFIX}MIN_BUDGET must be >= 1, got {self.min_budget}")
         if self.select_every < 1:
@@ -222,23 +197,15 @@ class PillarConfig:
             raise ValueError(f"{ENV_PREFIX}OFFLOAD_HOST_GB must be a finite number >= 0, got {self.offload_host_gb}")
         if not self.cost_cache.strip():
             raise ValueError(f"{ENV_PREFIX}COST_CACHE must be 'auto', 'off' or a file path")
-        if self.draft_grid is DraftGrid.PLANNED and self.policy is SelectionPolicy.ORACLE:
-            # The oracle picks each query's positions inside the step; its counts are not known to plan from.
-            raise ValueError(f"{ENV_PREFIX}DRAFT_GRID=planned does not combine with {ENV_PREFIX}POLICY=oracle")
         if self.plain_path is PlainPath.AUTO:
             oracle = self.policy is SelectionPolicy.ORACLE
             object.__setattr__(self, "plain_path", PlainPath.VERIFY if oracle else PlainPath.DECODE)
         elif self.plain_path is PlainPath.DECODE and self.policy is SelectionPolicy.ORACLE:
             # The oracle's draft backend selects from each query itself; it has no whole-prefix step.
             raise ValueError(f"{ENV_PREFIX}PLAIN_PATH=decode does not combine with {ENV_PREFIX}POLICY=oracle")
-        if self.batch_phases is BatchPhases.MIXED and (
-            self.policy is SelectionPolicy.ORACLE or self.draft_grid is DraftGrid.PLANNED
-        ):
-            # Both analysis modes plan each draft step from a batch of draft rows only.
-            raise ValueError(
-                f"{ENV_PREFIX}BATCH_PHASES=mixed does not combine with {ENV_PREFIX}POLICY=oracle or "
-                f"{ENV_PREFIX}DRAFT_GRID=planned"
-            )
+        if self.batch_phases is BatchPhases.MIXED and self.policy is SelectionPolicy.ORACLE:
+            # The oracle selects inside each draft step from a batch of draft rows only.
+            raise ValueError(f"{ENV_PREFIX}BATCH_PHASES=mixed does not combine with {ENV_PREFIX}POLICY=oracle")
         if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
             raise ValueError(
                 f"{ENV_PREFIX}RECENT_WINDOW, {ENV_PREFIX}SINK_TOKENS and {ENV_PREFIX}STEP_TIMING must be >= 0"
@@ -257,21 +224,13 @@ class PillarConfig:
     def mixed(self) -> bool:
         return self.batch_phases is BatchPhases.MIXED
 
-    @property
-    def boosts(self) -> bool:
-        """Whether poor drafters get the larger budget ``boost_ratio``."""
-        return self.boost_ratio > 0.0
-
-    def budget(self, context_len: int, ratio: float | None = None) -> int:
-        """Draft KV budget B(L) = max(min_budget, ceil(ratio * L)), never above L; ``ratio``
-        defaults to ``budget_ratio``."""
-        ratio = self.budget_ratio if ratio is None else ratio
-        return min(context_len, max(self.min_budget, math.ceil(ratio * context_len)))
+    def budget(self, context_len: int) -> int:
+        """Draft KV budget B(L) = max(min_budget, ceil(ratio * L)), never above L."""
+        return min(context_len, max(self.min_budget, math.ceil(self.budget_ratio * context_len)))
 
     def max_budget(self, max_context_len: int) -> int:
-        """Largest budget any request can reach, boosted ones included; sizes the static
-        selection buffers."""
-        return self.budget(max_context_len, max(self.budget_ratio, self.boost_ratio))
+        """Largest budget any request can reach; sizes the static selection buffers."""
+        return self.budget(max_context_len)
 
     @classmethod
     def from_env(cls, num_steps: int, env: Mapping[str, str] | None = None) -> PillarConfig:
@@ -331,8 +290,6 @@ class Knob:
 # with what it does and its unit in one line: the launch flag's --help text.
 KNOBS: tuple[Knob, ...] = (
     Knob("BUDGET_RATIO", "budget_ratio", "draft KV budget per request, as a fraction (0, 1] of its context length"),
-    Knob("BOOST_RATIO", "boost_ratio", "draft KV budget of the poorly accepting requests, as a fraction of the "
-         "context above --pillar-budget-ratio (needs adaptive speculation); 0 = off"),
     Knob("MIN_BUDGET", "min_budget", "floor of the draft KV budget, in tokens"),
     Knob("RECENT_WINDOW", "recent_window", "latest verified tokens every draft step attends, in tokens"),
     Knob("SINK_TOKENS", "sink_tokens", "first tokens (attention sinks) the streaming policy and a request's "
@@ -358,8 +315,6 @@ KNOBS: tuple[Knob, ...] = (
          "expected tokens decodes at least as fast as under plain decoding; 0 = off"),
     Knob("SPEC_PREMIUM", "spec_premium", "speculate only if the round promises this much more throughput "
          "than plain decoding, as a fraction (0.15 = 15%)"),
-    Knob("DRAFT_GRID", "draft_grid", "GPU grid of the draft attention: static = one split count per batch, "
-         "planned = a work list of equal-length programs per step"),
     Knob("PLAIN_PATH", "plain_path", "how plain-decoding rounds run: decode = a DECODE forward and SGLang's "
          "sampler, verify = the width-1 verify graph, auto = decode (oracle policy: verify)"),
     Knob("COST_CACHE", "cost_cache", "where measured round costs persist across restarts: auto = a file per "

@@ -4,7 +4,8 @@ The knobs SGLang already has keep their SGLang flags (``--speculative-num-steps`
 PILLAR-only knobs (``KNOBS``) are launch flags ``--pillar-<name>`` that the plugin adds to
 SGLang's parser, with the variables ``SPARSESPEC_<NAME>`` as the fallback; the launcher turns the
 flags it was given into those variables, which every scheduler process inherits, so each process
-resolves the same ``PillarConfig`` (``patches/server_args_flags.py``).
+resolves the same ``PillarConfig`` (``patches/server_args_flags.py``). Each knob is described once,
+in ``KNOBS``: the flag's --help and the README's knob table (``knob_table.py``) are made from it.
 """
 
 from __future__ import annotations
@@ -101,13 +102,16 @@ def _parse_steps(raw: str, num_steps: int) -> tuple[int, ...]:
     except ValueError:
         raise ValueError(f"{ENV_PREFIX}ADAPTIVE_STEPS={raw!r}: give 'auto', 'off' or draft counts like 0,2,4") from None
     if any(not 0 <= s <= num_steps for s in steps):
-        raise ValueError(f"{ENV_PREFIX}ADAPTIVE_STEPS={raw!r}: every count must be in 0..{num_steps} (--speculative-num-steps)")
+        raise ValueError(
+            f"{ENV_PREFIX}ADAPTIVE_STEPS={raw!r}: every count must be in 0..{num_steps} (--speculative-num-steps)"
+        )
     return tuple(sorted(steps | {num_steps}))
 
 
 @dataclass(frozen=True)
 class PillarConfig:
-    """Knobs of one PILLAR server.
+    """Knobs of one PILLAR server. Every field but ``num_steps`` (``--speculative-num-steps``) is a knob,
+    described once, by its ``Knob`` in ``KNOBS``.
 
     Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``min_budget >= 1``;
     ``recent_window >= 0``; ``sink_tokens >= 0``; ``select_every >= 1``.
@@ -116,58 +120,21 @@ class PillarConfig:
     num_steps: int = 8
     budget_ratio: float = 0.05
     min_budget: int = 128
-    # Measured on SmolLM2-135M, 4096 tokens (benchmarks/results/acceptance/acceptance_h100_*.json): a
-    # 64-token tail beats 16 (accept 6.02/6.82 vs 4.78/5.54 at T=0/0.6) and 128 (5.33/4.39,
-    # which leaves no budget for the selection, sinks included, below 2.5K tokens).
     recent_window: int = 64
     sink_tokens: int = 4
     policy: SelectionPolicy = SelectionPolicy.PILLAR
-    # > 0: log the mean GPU time of the draft, verify and select phases every this many
-    # rounds (one host sync each time); for step-time breakdowns, off in serving.
     timing_every: int = 0
     verify_kernel: VerifyKernel = VerifyKernel.SPLIT
-    # Re-select every N-th verify (pillar/coarse); the verify passes in between skip the score
-    # capture, and their plans keep the last selection while the recent tail grows. Measured on the
-    # H100 (benchmarks/results): capture + selection is 20-35% of a Qwen3-1.7B verify step at N = 1
-    # and 6-13% at N = 4. N = 8: the SmolLM2 256 x 2K verify 9.35 -> 8.99 ms (1.27-1.29x stock's step
-    # instead of 1.34x), 256 x 7000 sampled two waves 1.76x against 1.72x stock (accept 4.78 vs 4.69;
-    # sel8b-af052b7-7000) and 1.77x against 1.74x (sel8-32ab36a-7000); the CPU policy_sim accept length
-    # on AIME24 prompts 1-3 at 4096 tokens 6.93/5.89/6.35 vs 6.63/5.56/6.06.
     select_every: int = 8
-    # Which verify rows score the prefix. CPU reference (policy_sim, AIME24 prompts 1-3, fp32, select
-    # every verify): 4096 tokens 6.62/5.89/6.56 (all) vs 7.39/5.80/6.46 (last); 1500 tokens
-    # 7.65/7.08/7.81 vs 7.86/7.77/7.57. One prompt gains 10-12%, the others move by -3..+3%: the
-    # default stays the paper's until the GPU acceptance run says otherwise.
     score_rows: ScoreRows = ScoreRows.ALL
-    # Sampled drafts: the proposal's support, at most C of the most probable tokens of each draft
-    # step. The verify is exact for any C; C only trades acceptance (the target mass outside them can
-    # never be drafted) for record size (k x C x 12 bytes per request).
     draft_candidates: int = 64
-    # Adaptive speculation (adaptive/policy.py): the draft counts a round may run besides num_steps,
-    # 0 = plain decoding, as a comma list; "auto" = AUTO_STEPS below num_steps; "off" = always num_steps.
     adaptive_steps: str = "auto"
-    # Analysis only: every round runs this draft count (one of the candidates; 0 = plain decoding) while
-    # the policy still prices its cells, so a step-time run can time one path alone; -1 = the policy's.
     force_steps: int = -1
-    # Adaptive speculation speculates only if the batch's request at this quantile of expected tokens
-    # decodes at least as fast as under plain decoding (adaptive/policy.py, SpeculationPolicy); 0 = the
-    # throughput choice alone.
     floor_quantile: float = 0.1
-    # ... and only if it promises this much more throughput than plain decoding (SpeculationPolicy).
     spec_premium: float = 0.15
-    # Plain-decoding rounds: the decode path since its same-run A/B (plain-c4a7753-h200-2048: 1.04x
-    # stock at 64 x 2048 against the verify path's 0.99x, lossless PASS; docs/results.md).
     plain_path: PlainPath = PlainPath.AUTO
-    # Where adaptive speculation keeps the round costs it measured, so a restarted server of the same
-    # setup starts priced (adaptive/cost_cache.py): "auto" = a file per setup under $SPARSESPEC_CACHE/costs
-    # (default ~/.cache/sglang_sparsespec), "off", or a file path.
     cost_cache: str = "auto"
-    # Pinned host memory (GB) for parking running requests' KV instead of retracting them when the
-    # GPU pool runs out (patches/offload.py, docs/offload.md); 0 = off. Applies to stock decoding too.
     offload_host_gb: float = 0.0
-    # Full-length rounds as split phases or mixed-phase iterations (rounds/mixed.py). Mixed is not the
-    # default until a same-run A/B on the GPU says it pays: its measured ceiling is -5% of a Qwen3-8B
-    # round at batch 64 and ~0 on SmolLM2 (tools.mixed_gemm).
     batch_phases: BatchPhases = BatchPhases.SPLIT
 
     def __post_init__(self) -> None:
@@ -250,7 +217,7 @@ class Knob:
 
     name: str  # upper case, e.g. BUDGET_RATIO
     field: str
-    help: str  # what it does and its unit, one line: the launch flag's --help text
+    help: str  # what it does and its unit, one line: the flag's --help text (for KNOBS, the README's row too)
 
     @property
     def env(self) -> str:
@@ -286,43 +253,46 @@ class Knob:
             raise ValueError(f"{self.env}={raw!r} is not a valid {self.kind.__name__}") from None
 
 
-# Every knob PillarConfig.from_env reads (all fields but num_steps, which is --speculative-num-steps), each
-# with what it does and its unit in one line: the launch flag's --help text.
+# Every knob PillarConfig.from_env reads (all fields but num_steps, which is --speculative-num-steps): the one
+# description of each, which the launch flag's --help prints and the README's knob table shows
+# (``python -m sglang_sparsespec.knob_table README.md`` rewrites that table).
 KNOBS: tuple[Knob, ...] = (
     Knob("BUDGET_RATIO", "budget_ratio", "draft KV budget per request, as a fraction (0, 1] of its context length"),
     Knob("MIN_BUDGET", "min_budget", "floor of the draft KV budget, in tokens"),
     Knob("RECENT_WINDOW", "recent_window", "latest verified tokens every draft step attends, in tokens"),
-    Knob("SINK_TOKENS", "sink_tokens", "first tokens (attention sinks) the streaming policy and a request's "
+    Knob("SINK_TOKENS", "sink_tokens", "attention sinks: first tokens that streaming plans and a request's "
          "first round attend, in tokens"),
-    Knob("POLICY", "policy", "KV positions a draft step attends: pillar = top-K per layer and KV head by the "
-         "last verify's attention, coarse = one set per request, streaming = sinks + window, oracle = analysis"),
-    Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of the draft, verify, accept and select phases "
-         "every N rounds (one host sync each), in rounds; 0 = off"),
-    Knob("VERIFY_KERNEL", "verify_kernel", "verify attention kernel: split = kernels/verify_attention.py, "
-         "sglang = SGLang's Triton extend kernel (for A/B runs)"),
+    Knob("POLICY", "policy", "KV positions a draft step attends: pillar = top-K per layer and KV head by "
+         "verify attention, coarse = one set per request, streaming = sinks + recent window, oracle = exact "
+         "top-K per draft query (analysis)"),
     Knob("SELECT_EVERY", "select_every", "re-select the draft KV positions every N-th verify pass "
-         "(pillar/coarse), in verify passes; the passes between skip the score capture"),
+         "(pillar/coarse), in verify passes"),
     Knob("SCORE_ROWS", "score_rows", "verify rows whose attention mass scores the prefix: all = the k + 1 "
-         "rows averaged, last = the last row only"),
+         "rows averaged, last = the last row"),
+    Knob("VERIFY_KERNEL", "verify_kernel", "verify attention kernel: split = PILLAR's split-KV kernel, "
+         "sglang = SGLang's extend kernel (for A/B runs)"),
     Knob("DRAFT_CANDIDATES", "draft_candidates", "sampled drafts: the most probable tokens a draft step's "
          f"proposal keeps, in tokens (1-{MAX_DRAFT_CANDIDATES}); exact for any value"),
-    Knob("ADAPTIVE_STEPS", "adaptive_steps", "draft counts (tokens per round) a round may run besides "
-         f"--speculative-num-steps: auto = {','.join(map(str, AUTO_STEPS))}, a comma list (0 = plain decoding), "
-         "or off"),
+    Knob("ADAPTIVE_STEPS", "adaptive_steps", "draft counts a round may choose besides --speculative-num-steps "
+         f"(by expected tokens per ms): auto = {','.join(map(str, AUTO_STEPS))}, a comma list (0 = plain "
+         "decoding), or off"),
     Knob("FORCE_STEPS", "force_steps", "analysis: every round runs this draft count, in tokens per round "
-         "(one of the adaptive counts; 0 = plain decoding); -1 = the adaptive policy's choice"),
+         "(0 = plain decoding); -1 = the adaptive policy's choice"),
     Knob("FLOOR_QUANTILE", "floor_quantile", "speculate only if the request at this quantile [0, 1) of "
-         "expected tokens decodes at least as fast as under plain decoding; 0 = off"),
+         "expected tokens decodes at least as fast as plainly; 0 = off"),
     Knob("SPEC_PREMIUM", "spec_premium", "speculate only if the round promises this much more throughput "
          "than plain decoding, as a fraction (0.15 = 15%)"),
-    Knob("PLAIN_PATH", "plain_path", "how plain-decoding rounds run: decode = a DECODE forward and SGLang's "
-         "sampler, verify = the width-1 verify graph, auto = decode (oracle policy: verify)"),
-    Knob("COST_CACHE", "cost_cache", "where measured round costs persist across restarts: auto = a file per "
-         f"setup under ${CACHE_ENV}/costs, off, or a file path"),
-    Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host memory for parking running requests' KV instead "
-         "of retracting them, in GB (stock decoding too); 0 = off"),
-    Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards "
-         "then one verify, mixed = each forward carries one group's verify and the others' draft step"),
+    Knob("PLAIN_PATH", "plain_path", "how plain-decoding rounds run: decode = a DECODE forward sampled by "
+         "SGLang, verify = the width-1 verify graph, auto = decode (oracle policy: verify)"),
+    Knob("COST_CACHE", "cost_cache", "where measured round costs persist: auto = a file per setup under "
+         f"${CACHE_ENV}/costs, off, or a file path"),
+    Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards, "
+         "then one verify; mixed = one group's verify and the others' draft step in each forward (slower on "
+         "the H100)"),
+    Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
+         "retracting them (stock decoding too); 0 = off"),
+    Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "
+         "sync each), in rounds; 0 = off"),
 )  # fmt: skip
 
 

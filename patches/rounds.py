@@ -1,7 +1,7 @@
 """Every forward the PILLAR worker runs: a prefill, or one decode round, read top-down from ``decode``.
 
-A decode round (``Rounds.decode``) is planned (``RoundPlanner.shape``: its draft count, dense drafters and
-boosted selections), run as one of four kinds, and ended in one place (``_end``):
+A decode round (``Rounds.decode``) is planned (``RoundPlanner.shape``: its draft count and dense drafters),
+run as one of four kinds, and ended in one place (``_end``):
 
 * ``SPECULATIVE``: k sparse draft steps of the target model (``PillarDraftRunner``, one CUDA graph
   replayed k times), then SGLang's topk=1 EAGLE verify of the k + 1 tokens (TARGET_VERIFY graph,
@@ -146,7 +146,7 @@ class Rounds:
 
     def _kind(self, batch, shape: RoundShape) -> RoundKind:
         if self.mixed is not None:
-            full = shape.steps == self.cfg.num_steps and shape.dense is None and shape.boost is None
+            full = shape.steps == self.cfg.num_steps and shape.dense is None
             if full and not batch.forward_mode.is_idle() and mixed_serves(batch):
                 return RoundKind.MIXED
         if shape.steps > 0:
@@ -170,16 +170,13 @@ class Rounds:
 
     # ---- the four kinds: each returns (SGLang's batch result, each request's next pending token [bs]) --
     def _speculative(self, batch, shape: RoundShape, grammar_barrier):
-        steps, dense, boost, counts = shape
+        steps, dense, counts = shape
         draft_input = batch.spec_info
         bs = batch.seq_lens.shape[0]
         verify_lens = batch.seq_lens
         self.clock.start(bs)
         if dense is not None:
             dense = host_rows(dense, torch.int32, self.device)
-        ratio = None
-        if boost is not None:  # the budget ratio of each request's next selection
-            ratio = host_rows([self.cfg.boost_ratio if b else self.cfg.budget_ratio for b in boost], torch.float64, self.device)
         drafts = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
@@ -205,7 +202,7 @@ class Rounds:
         self.clock.accepted()
         # Before the round's end publishes: the selection must read this round's seq_lens before the
         # schedule stream reuses them.
-        self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens, ratio)
+        self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens)
         return result, result.next_draft_input.bonus_tokens
 
     def _mixed(self, batch):

@@ -22,7 +22,6 @@ from sglang_sparsespec.adaptive.cost_cache import CostFile
 from sglang_sparsespec.adaptive.dense import DenseChooser
 from sglang_sparsespec.adaptive.policy import SpeculationPolicy
 from sglang_sparsespec.config import (
-    DraftGrid,
     PillarConfig,
     PlainPath,
     ScoreRows,
@@ -146,14 +145,9 @@ class PillarWorker(BaseSpecWorker):
             h_kv, dev = backend.num_kv_head, torch.device(self.device)
             kv_bytes = mc.num_hidden_layers * h_kv * mc.head_dim * 2 * self.model_runner.kv_cache_dtype.itemsize
             # The draft kernel's own split rule (sparse_decode_fwd's default), so the policy prices
-            # a dense request's programs as the kernel will cut them; the planned grid spreads a long
-            # plan over more programs instead (its pool's limit is left to the measured round times).
-            splits = None
-            if self.cfg.draft_grid is DraftGrid.STATIC:
-                splits = lambda bs: default_num_splits(bs * h_kv, dev)  # noqa: E731
-            dense = DenseChooser(
-                self.cfg.budget, kv_bytes, mc.num_hidden_layers, splits, self.cfg.num_steps, self.cfg.boosts
-            )
+            # a dense request's programs as the kernel will cut them.
+            splits = lambda bs: default_num_splits(bs * h_kv, dev)  # noqa: E731
+            dense = DenseChooser(self.cfg.budget, kv_bytes, mc.num_hidden_layers, splits)
             self.planner.set_dense(dense)
 
     def _capture_bs(self) -> list[int]:

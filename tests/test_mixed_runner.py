@@ -34,7 +34,7 @@ PROMPTS = [[(5 * i + j) % V for j in range(4 + 3 * i)] for i in range(5)]
 
 
 class FakeBackend:
-    def __init__(self, model_runner, state, inputs, oracle, planned=False, plain=False):
+    def __init__(self, model_runner, state, inputs, oracle, plain=False):
         self.inputs = inputs
         self.segments = None
 
@@ -80,7 +80,7 @@ class FakeSelector:
     def __init__(self) -> None:
         self.calls: list[tuple[list[int], list[int], list[int]]] = []
 
-    def after_verify(self, rows, before, after, ratio=None) -> None:
+    def after_verify(self, rows, before, after) -> None:
         self.calls.append((rows.tolist(), before.tolist(), after.tolist()))
 
 

@@ -35,14 +35,12 @@ class AdaptiveRound(NamedTuple):
 
 class RoundShape(NamedTuple):
     """How one decode round runs: ``steps`` drafts per request (0 = plain decoding); ``dense`` [bs]
-    1 where a request drafts over its whole prefix; ``boost`` [bs] True where the request's next
-    selection takes the boosted budget (adaptive/dense.py). None = nobody. ``drafts`` [bs] each request's
+    1 where a request drafts over its whole prefix (None = nobody). ``drafts`` [bs] each request's
     own draft count where some draft fewer than ``steps`` (``patches/request_rounds.counts_for``; None:
     every request drafts ``steps``)."""
 
     steps: int
     dense: list[bool] | None = None
-    boost: list[bool] | None = None
     drafts: list[int] | None = None
 
 

@@ -65,7 +65,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def table(results: dict[str, list[dict[str, Any]]]) -> str:
     """Markdown: one row per (config, temperature) pass."""
-    lines = ["| config | T | accept len | accept rate by draft position (>= j accepted) | status |", "|---|---|---|---|---|"]
+    lines = [
+        "| config | T | accept len | accept rate by draft position (>= j accepted) | status |",
+        "|---|---|---|---|---|",
+    ]
     for name, passes in results.items():
         for p in passes:
             al = p.get("accept_length_overall")
@@ -89,12 +92,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_json(args.out, doc)
     tokenizer = load_tokenizer(args.model)
     prompts = build_prompts(tokenizer, args.data_dir, args.num_prompts, args.datasets)
-    log.line(f"acceptance run {args.run_id} on {doc['meta']['device']}: {len(prompts)} prompts, "
-             f"{sum(len(p.input_ids) for p in prompts)} prompt tokens; server logs in {args.server_log_dir}")  # fmt: skip
+    log.line(
+        f"acceptance run {args.run_id} on {doc['meta']['device']}: {len(prompts)} prompts, "
+        f"{sum(len(p.input_ids) for p in prompts)} prompt tokens; server logs in {args.server_log_dir}"
+    )
     all_ok = True
     for name in args.configs:
         passes = [PassResult(name, t, args.max_new_tokens, ignore_eos=True) for t in args.temps]
-        doc["servers"][name] = run_passes(resolve_config(name, args.extra_server_args), passes, prompts, args, deadline, log)
+        doc["servers"][name] = run_passes(
+            resolve_config(name, args.extra_server_args), passes, prompts, args, deadline, log
+        )
         doc["results"][name] = [p.summary() for p in passes]
         for s in doc["results"][name]:
             s.pop("accept_length_per_request", None)  # the pooled numbers are what this run compares

@@ -125,9 +125,12 @@ class BenchDriver:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--module", self.module],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )  # fmt: skip
+            )
         self.import_s = None
         self._buf = b""
 

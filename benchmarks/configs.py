@@ -28,14 +28,20 @@ from sglang_sparsespec.config import ENV_PREFIX, KNOBS, PillarConfig
 # (results/throughput/throughput_h100-e2aee79-2k.log), i.e. the HTTP path, not decoding, was measured.
 # TPOT and TTFT (the first token still streams at once) are unaffected; ITL becomes per chunk.
 COMMON_FLAGS: tuple[str, ...] = (
-    "--page-size", "1",
-    "--mem-fraction-static", "0.85",
-    "--context-length", "8192",
-    "--max-running-requests", "256",
-    "--cuda-graph-max-bs-decode", "256",
+    "--page-size",
+    "1",
+    "--mem-fraction-static",
+    "0.85",
+    "--context-length",
+    "8192",
+    "--max-running-requests",
+    "256",
+    "--cuda-graph-max-bs-decode",
+    "256",
     "--disable-radix-cache",
-    "--stream-interval", "8",
-)  # fmt: skip
+    "--stream-interval",
+    "8",
+)
 
 DEFAULT_PILLAR_STEPS = 8
 NGRAM_DRAFT_TOKENS = 8
@@ -43,13 +49,25 @@ NGRAM_DRAFT_TOKENS = 8
 _FIXED: dict[str, tuple[str, ...]] = {
     "stock": ("--attention-backend", "triton"),
     "stock-flashinfer": ("--attention-backend", "flashinfer"),
-    "ngram": ("--attention-backend", "triton", "--speculative-algorithm", "NGRAM",
-              "--speculative-num-draft-tokens", str(NGRAM_DRAFT_TOKENS)),
-}  # fmt: skip
+    "ngram": (
+        "--attention-backend",
+        "triton",
+        "--speculative-algorithm",
+        "NGRAM",
+        "--speculative-num-draft-tokens",
+        str(NGRAM_DRAFT_TOKENS),
+    ),
+}
 _PILLAR_NAME = re.compile(r"pillar(?:-k(\d+))?(?:-(coarse|streaming|oracle))?(-flashinfer)?")
 _KNOB = re.compile(r"([a-z_]+)=(.+)")
-KNOWN_CONFIGS = (*_FIXED, "pillar", "pillar-k<N>", "pillar[-k<N>]-{coarse,streaming,oracle}",
-                 "<any pillar config>-flashinfer", "<pillar config>:<knob>=<value>[:...]")  # fmt: skip
+KNOWN_CONFIGS = (
+    *_FIXED,
+    "pillar",
+    "pillar-k<N>",
+    "pillar[-k<N>]-{coarse,streaming,oracle}",
+    "<any pillar config>-flashinfer",
+    "<pillar config>:<knob>=<value>[:...]",
+)
 CONFIGS_HELP = f"comma-separated config names: {', '.join(KNOWN_CONFIGS)} (knobs: see benchmarks/README.md)"
 
 
@@ -134,10 +152,13 @@ def _pillar(name: str, m: re.Match[str], knobs: Sequence[str]) -> tuple[tuple[st
     if steps < 1:
         raise ValueError(f"config {name!r}: PILLAR needs at least 1 draft step")
     method = (
-        "--attention-backend", "flashinfer" if m.group(3) else "triton",
-        "--speculative-algorithm", "PILLAR",
-        "--speculative-num-steps", str(steps),
-    )  # fmt: skip
+        "--attention-backend",
+        "flashinfer" if m.group(3) else "triton",
+        "--speculative-algorithm",
+        "PILLAR",
+        "--speculative-num-steps",
+        str(steps),
+    )
     env = {f"{ENV_PREFIX}POLICY": m.group(2)} if m.group(2) else {}
     for knob in knobs:
         key, value = _knob(name, knob)
@@ -183,7 +204,9 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
 
 def add_server_options(p: argparse.ArgumentParser, time_budget_s: float = 560.0) -> None:
     """The options of every entry point that starts servers (each keeps its own budget default)."""
-    p.add_argument("--extra-server-args", default="", help='flags for every server; use the = form: --extra-server-args="--x 1"')
+    p.add_argument(
+        "--extra-server-args", default="", help='flags for every server; use the = form: --extra-server-args="--x 1"'
+    )
     p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
     p.add_argument("--startup-timeout", type=float, default=400.0)
     p.add_argument("--time-budget", type=float, default=time_budget_s, help="seconds for the whole invocation")

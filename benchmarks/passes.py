@@ -112,9 +112,15 @@ def parse_pass_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 def prompt_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings of a result that every pass of its prompts shares (lossless and acceptance record them)."""
-    return {"model": args.model, "datasets": list(args.datasets), "num_prompts": args.num_prompts,
-            "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency or args.num_prompts,
-            "extra_server_args": list(args.extra_server_args), "env": args.env}  # fmt: skip
+    return {
+        "model": args.model,
+        "datasets": list(args.datasets),
+        "num_prompts": args.num_prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "concurrency": args.concurrency or args.num_prompts,
+        "extra_server_args": list(args.extra_server_args),
+        "env": args.env,
+    }
 
 
 def run_passes(
@@ -127,8 +133,14 @@ def run_passes(
 ) -> dict[str, Any]:
     """Start one server, run ``passes`` in order (filling them in), stop it; returns the server record."""
     name, env = config.name, config.environment(args.env)
-    record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "startup_s": None, "error": None,
-                              "pillar_config": config.pillar_config(args.env)}  # fmt: skip
+    record: dict[str, Any] = {
+        "flags": list(config.flags),
+        "env": env,
+        "status": "skipped",
+        "startup_s": None,
+        "error": None,
+        "pillar_config": config.pillar_config(args.env),
+    }
     if not deadline.allows(MIN_START_S):
         log.line(f"{name}: skipped, {deadline.remaining():.0f} s of budget left")
         for p in passes:
@@ -139,7 +151,9 @@ def run_passes(
     record["command"] = server.argv
     with server:
         log.line(f"{name}: starting server: {shlex.join(server.argv[1:])}")
-        if not start_recorded(server, name, record, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log):
+        if not start_recorded(
+            server, name, record, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log
+        ):
             for p in passes:
                 p.status, p.error = "failed", "server failed to start"
             return record
@@ -154,11 +168,13 @@ def run_passes(
             t0 = time.monotonic()
             try:
                 p.outputs = generate_all(
-                    server, [q.input_ids for q in prompts], sampling,
+                    server,
+                    [q.input_ids for q in prompts],
+                    sampling,
                     concurrency=args.concurrency or len(prompts),
                     timeout_s=deadline.remaining() - STOP_RESERVE_S,
                     top2=p.top2,
-                )  # fmt: skip
+                )
                 p.status, p.wall_s = "ok", time.monotonic() - t0
                 acc = acceptance_summary(p.outputs, p.wall_s)
                 al = acc["accept_length_overall"]

@@ -48,8 +48,13 @@ class RunClock:
             for r in doc["runs"]:
                 m = r.get("metrics") or {}
                 if r["status"] == "ok" and m.get("duration"):
-                    clock.record_run(doc["config"]["name"], r["concurrency"], doc["workload"]["output_len"],
-                                     m["total_output_tokens"], m["duration"])  # fmt: skip
+                    clock.record_run(
+                        doc["config"]["name"],
+                        r["concurrency"],
+                        doc["workload"]["output_len"],
+                        m["total_output_tokens"],
+                        m["duration"],
+                    )
         return clock
 
     def rate(self, config: str, concurrency: int, output_len: int) -> float | None:

@@ -74,8 +74,11 @@ def wave_pace_ms(
     for first in range(0, len(e2e_s), concurrency):
         wave = [
             (e2e - ttft) * 1000.0 / (n - 1)
-            for e2e, ttft, n in zip(e2e_s[first : first + concurrency], ttft_s[first : first + concurrency],
-                                    output_len[first : first + concurrency])  # fmt: skip
+            for e2e, ttft, n in zip(
+                e2e_s[first : first + concurrency],
+                ttft_s[first : first + concurrency],
+                output_len[first : first + concurrency],
+            )
             if n > 1
         ]
         if wave:

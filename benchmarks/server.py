@@ -46,9 +46,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def launch_command(model: str, flags: Sequence[str], host: str, port: int) -> list[str]:
     return [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", model, "--host", host, "--port", str(port), *flags,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *flags,
+    ]
 
 
 def log_tail(path: Path, max_lines: int = 60, max_bytes: int = 64_000) -> str:
@@ -182,10 +190,13 @@ class Server:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
-                start_new_session=True, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         _LIVE.add(self)
         try:
             while True:
@@ -194,9 +205,7 @@ class Server:
                     self.startup_s = time.monotonic() - t0
                     return self.startup_s
                 if time.monotonic() - t0 > timeout_s:
-                    raise ServerError(
-                        f"server not healthy after {timeout_s:.0f} s\n{log_tail(self.log_path)}"
-                    )
+                    raise ServerError(f"server not healthy after {timeout_s:.0f} s\n{log_tail(self.log_path)}")
                 time.sleep(poll_s)
         except BaseException:
             self.stop()

@@ -14,14 +14,31 @@ from benchmarks.server import Server, decode_intervals, http_json, scheduler_sta
 from sglang_sparsespec.adaptive.policy import cell_key, cell_label
 
 METRIC_KEYS = (
-    "completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-    "input_throughput", "output_throughput", "total_throughput",
-    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-    "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
-    "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
-    "mean_e2e_latency_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms",
-    "concurrency", "max_concurrent_requests", "max_output_tokens_per_s", "accept_length",
-)  # fmt: skip
+    "completed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "mean_e2e_latency_ms",
+    "median_e2e_latency_ms",
+    "p99_e2e_latency_ms",
+    "concurrency",
+    "max_concurrent_requests",
+    "max_output_tokens_per_s",
+    "accept_length",
+)
 
 
 @dataclass(frozen=True)
@@ -42,14 +59,37 @@ def bench_argv(
 ) -> list[str]:
     """bench_serving's command-line arguments for one run (what follows ``python -m sglang.bench_serving``)."""
     return [
-        "--backend", "sglang", "--base-url", base_url, "--model", model, "--tokenizer", model,
-        "--dataset-name", "custom", "--dataset-path", str(workload.dataset_files[num_prompts]),
-        "--sharegpt-output-len", str(workload.output_len),
-        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
-        "--temperature", str(workload.temperature), "--top-p", str(workload.top_p), "--seed", "1",
-        "--request-rate", str(workload.request_rate),
-        "--output-file", str(output_file), "--disable-tqdm", "--output-details",
-    ]  # fmt: skip
+        "--backend",
+        "sglang",
+        "--base-url",
+        base_url,
+        "--model",
+        model,
+        "--tokenizer",
+        model,
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(workload.dataset_files[num_prompts]),
+        "--sharegpt-output-len",
+        str(workload.output_len),
+        "--num-prompts",
+        str(num_prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--temperature",
+        str(workload.temperature),
+        "--top-p",
+        str(workload.top_p),
+        "--seed",
+        "1",
+        "--request-rate",
+        str(workload.request_rate),
+        "--output-file",
+        str(output_file),
+        "--disable-tqdm",
+        "--output-details",
+    ]
 
 
 def read_bench_result(path: Path) -> dict[str, Any]:
@@ -79,8 +119,11 @@ def per_request(result: dict[str, Any]) -> dict[str, list[float]] | None:
         return None
     ttft = [float(t or 0.0) for t in result["ttfts"]]
     e2e = [t + sum(itl or ()) for t, itl in zip(ttft, result["itls"])]
-    return {"ttft_s": [round(t, 3) for t in ttft], "e2e_s": [round(t, 3) for t in e2e],
-            "output_len": [int(n or 0) for n in result["output_lens"]]}  # fmt: skip
+    return {
+        "ttft_s": [round(t, 3) for t in ttft],
+        "e2e_s": [round(t, 3) for t in e2e],
+        "output_len": [int(n or 0) for n in result["output_lens"]],
+    }
 
 
 def reset_spec_counters(server: Server) -> bool:

@@ -30,9 +30,17 @@ def projections(servers: dict[str, dict[str, Any]], accept: float | None) -> lis
             if "round_ms" in r and key in stock:
                 step = stock[key]
                 mixed = mixed_round_bound(r, step)
-                out.append({"config": name, "context": key[0], "batch": key[1], "accept_assumed": accept,
-                            "projected_speedup": accept * step / r["round_ms"], "mixed_round_ms": mixed,
-                            "projected_speedup_mixed": accept * step / mixed})  # fmt: skip
+                out.append(
+                    {
+                        "config": name,
+                        "context": key[0],
+                        "batch": key[1],
+                        "accept_assumed": accept,
+                        "projected_speedup": accept * step / r["round_ms"],
+                        "mixed_round_ms": mixed,
+                        "projected_speedup_mixed": accept * step / mixed,
+                    }
+                )
     return out
 
 
@@ -59,9 +67,17 @@ def capture_overhead(servers: dict[str, dict[str, Any]]) -> list[dict[str, Any]]
             if t is None or "verify_ms" not in r:
                 continue
             capture, select = r["verify_ms"] - t["verify_ms"], r["select_ms"]
-            out.append({"config": name, "twin": twin, "context": r["context"], "batch": r["batch"],
-                        "capture_ms": capture, "select_ms": select,
-                        "capture_select_frac_of_verify": (capture + select) / (r["verify_ms"] + select)})  # fmt: skip
+            out.append(
+                {
+                    "config": name,
+                    "twin": twin,
+                    "context": r["context"],
+                    "batch": r["batch"],
+                    "capture_ms": capture,
+                    "select_ms": select,
+                    "capture_select_frac_of_verify": (capture + select) / (r["verify_ms"] + select),
+                }
+            )
     return out
 
 
@@ -75,8 +91,11 @@ def streaming_twin(rec: dict[str, Any], servers: dict[str, dict[str, Any]]) -> s
     ignored = {f"{ENV_PREFIX}POLICY", f"{ENV_PREFIX}SELECT_EVERY"}
     rest = {k: v for k, v in rec["env"].items() if k not in ignored}
     for name, other in servers.items():
-        if (other["flags"] == rec["flags"] and recorded_policy(other) is SelectionPolicy.STREAMING
-                and {k: v for k, v in other["env"].items() if k not in ignored} == rest):  # fmt: skip
+        if (
+            other["flags"] == rec["flags"]
+            and recorded_policy(other) is SelectionPolicy.STREAMING
+            and {k: v for k, v in other["env"].items() if k not in ignored} == rest
+        ):
             return name
     return None
 
@@ -86,6 +105,7 @@ def recorded_policy(rec: dict[str, Any]) -> SelectionPolicy | None:
     pc = rec.get("pillar_config")
     return None if pc is None else SelectionPolicy(pc["policy"])
 
+
 # Peak HBM bandwidth by device name (TB/s, vendor figures), for the ideal phase times.
 HBM_TBPS = {"H100": 3.35, "H200": 4.8}
 
@@ -93,8 +113,12 @@ HBM_TBPS = {"H100": 3.35, "H200": 4.8}
 def model_shape(config: dict[str, Any]) -> dict[str, int]:
     """What the ideal needs of a HF config.json: layers, KV heads, head dim, vocabulary."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return {"layers": config["num_hidden_layers"], "kv_heads": config.get("num_key_value_heads") or
-            config["num_attention_heads"], "head_dim": head_dim, "vocab": config["vocab_size"]}  # fmt: skip
+    return {
+        "layers": config["num_hidden_layers"],
+        "kv_heads": config.get("num_key_value_heads") or config["num_attention_heads"],
+        "head_dim": head_dim,
+        "vocab": config["vocab_size"],
+    }
 
 
 def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -107,8 +131,11 @@ def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
     the scores once per select_every rounds; gap = 0. Empty without the model shape or a known device."""
     model, meta = doc["settings"].get("model"), doc["meta"]
     bw = next((tbps * 1e12 for name, tbps in HBM_TBPS.items() if name in str(meta.get("device"))), None)
-    stock = {(r["context"], r["batch"]): step for r in doc["servers"].get("stock", {}).get("rows", [])
-             if (step := stock_step_ms(r))}  # fmt: skip
+    stock = {
+        (r["context"], r["batch"]): step
+        for r in doc["servers"].get("stock", {}).get("rows", [])
+        if (step := stock_step_ms(r))
+    }
     if model is None or bw is None or not stock:
         return []
     kv_tok = 2 * model["layers"] * model["kv_heads"] * model["head_dim"] * 2
@@ -121,22 +148,32 @@ def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for (length, batch), step in sorted(stock.items()):
         low = min(c for c, b in stock if b == batch)
         fixed = stock[(low, batch)] - kv_ms(batch, low + half)
-        row = {"config": "stock", "context": length, "batch": batch, "fixed_ms": fixed,
-               "phases": {"step": (step, fixed + kv_ms(batch, length + half))}}  # fmt: skip
+        row = {
+            "config": "stock",
+            "context": length,
+            "batch": batch,
+            "fixed_ms": fixed,
+            "phases": {"step": (step, fixed + kv_ms(batch, length + half))},
+        }
         out.append(row)
         for name, rec in doc["servers"].items():
             pc = rec.get("pillar_config")
-            r = next((r for r in rec["rows"] if (r["context"], r["batch"]) == (length, batch) and "round_ms" in r), None)
+            r = next(
+                (r for r in rec["rows"] if (r["context"], r["batch"]) == (length, batch) and "round_ms" in r), None
+            )
             if pc is None or r is None:
                 continue
             k, every, c = pc["num_steps"], pc["select_every"], length + half
             # The budget's own knobs only: a record also holds the knobs of its day, retired ones included.
             budget = PillarConfig(budget_ratio=pc["budget_ratio"], min_budget=pc["min_budget"]).budget(int(c))
             draft_tokens = budget + pc["recent_window"] + k
-            ideal = {"draft": k * (fixed + kv_ms(batch, draft_tokens)),
-                     "verify": fixed + kv_ms(batch, c) * (1 + 0.5 / every),
-                     "accept": 1e3 * (k + 1) * batch * model["vocab"] * 4 / bw,
-                     "select": 1e3 * model["layers"] * model["kv_heads"] * batch * c * 2 / bw / every, "gap": 0.0}  # fmt: skip
+            ideal = {
+                "draft": k * (fixed + kv_ms(batch, draft_tokens)),
+                "verify": fixed + kv_ms(batch, c) * (1 + 0.5 / every),
+                "accept": 1e3 * (k + 1) * batch * model["vocab"] * 4 / bw,
+                "select": 1e3 * model["layers"] * model["kv_heads"] * batch * c * 2 / bw / every,
+                "gap": 0.0,
+            }
             phases = {p: (r[f"{p}_ms"], ideal[p]) for p in (*PHASES, GAP)}
             phases["round"] = (r["round_ms"] + r[f"{GAP}_ms"], sum(ideal.values()))
             out.append({"config": name, "context": length, "batch": batch, "fixed_ms": fixed, "phases": phases})

@@ -24,15 +24,9 @@ ran at >= 90% of the requested batch.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
-import random
-import statistics
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,41 +35,53 @@ from benchmarks.client import generate_all
 from benchmarks.configs import CONFIGS_HELP, ServerConfig, add_server_options, file_stem, parse_env, resolve_config
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
-from benchmarks.server import MIN_START_S, STOP_RESERVE_S, Server, begin, decode_intervals, http_json, start_recorded
+from benchmarks.server import MIN_START_S, STOP_RESERVE_S, Server, begin, start_recorded
 from benchmarks.step_analysis import capture_overhead, model_shape, projections
-from benchmarks.trace_summary import load_trace, summarize
+from benchmarks.step_point import kv_pool_tokens, measure_point, pool_skip_reason, random_prompts, sampling
 from sglang_sparsespec.config import ENV_PREFIX
-from sglang_sparsespec.rounds.timing import GAP, PHASES, parse_reports
 
 # Shapes of the public Qwen3 configs (no weights are read: --load-format dummy).
 _QWEN3_COMMON = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128, "hidden_act": "silu",
-    "attention_bias": False, "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645,
-}  # fmt: skip
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3-1.7b": {**_QWEN3_COMMON, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
-                   "num_attention_heads": 16, "num_key_value_heads": 8, "tie_word_embeddings": True},
-    "qwen3-8b": {**_QWEN3_COMMON, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-                 "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
-}  # fmt: skip
+    "qwen3-1.7b": {
+        **_QWEN3_COMMON,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-8b": {
+        **_QWEN3_COMMON,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+    },
+}
 TIMING_EVERY = 10
-# KV slots per request beyond prompt + output: room for the draft tokens a speculative round
-# allocates past the committed ones, so a point that fits never runs at the pool's very edge.
-KV_SLACK = 16
 
 
 def write_model_folder(shape: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(SHAPES[shape], indent=1))
     return folder
-
-
-def random_prompts(n: int, length: int, seed: int, vocab_size: int) -> list[list[int]]:
-    """Token ids in [1000, min(100000, vocab_size)): past the special tokens, inside the embedding table
-    (SmolLM2's has 49152 rows, Qwen3's 151936)."""
-    rng = random.Random(seed)
-    return [[rng.randrange(1000, min(100000, vocab_size)) for _ in range(length)] for _ in range(n)]
 
 
 DEFAULT_CONTEXTS = (1024, 4096, 16384, 32768)
@@ -91,22 +97,37 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", required=True, help=f"one of {', '.join(SHAPES)}, or a folder with a config.json")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--contexts", default=None,
-                   help=f"default: those of {DEFAULT_CONTEXTS} that fit the shape's max_position_embeddings")
+    p.add_argument(
+        "--contexts",
+        default=None,
+        help=f"default: those of {DEFAULT_CONTEXTS} that fit the shape's max_position_embeddings",
+    )
     p.add_argument("--batches", default="16,64")
     p.add_argument("--configs", default="stock,pillar,pillar-streaming", help=CONFIGS_HELP)
     # M2 = 288: with long prompts the chunked prefills interleave with decode steps, so the full batch decodes
     # together only after the last admission; at M2 = 160 SGLang logged no full-batch interval at 256 x 4K / 7K.
     p.add_argument("--decode-tokens", default="32,288", help="M1,M2: the two output lengths per point")
-    p.add_argument("--accept", type=float, default=None, help="accept length measured on a real model, for the projection")
+    p.add_argument(
+        "--accept", type=float, default=None, help="accept length measured on a real model, for the projection"
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="sampling of every request (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--profile-steps", type=int, default=0,
-                   help="N > 0: after each point, profile N scheduler steps of a third pass (GPU kernels; row 'profile')")
-    p.add_argument("--profile-host", action="store_true",
-                   help="profile the CPU too: GPU work submissions and host operators per step (slows the host)")
-    p.add_argument("--profile-stack", action="store_true",
-                   help="with --profile-host: Python stacks too, naming the code that calls the host operators (slower)")
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="N > 0: after each point, profile N scheduler steps of a third pass (GPU kernels; row 'profile')",
+    )
+    p.add_argument(
+        "--profile-host",
+        action="store_true",
+        help="profile the CPU too: GPU work submissions and host operators per step (slows the host)",
+    )
+    p.add_argument(
+        "--profile-stack",
+        action="store_true",
+        help="with --profile-host: Python stacks too, naming the code that calls the host operators (slower)",
+    )
     add_server_options(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--work-dir", type=Path, default=None)
@@ -142,8 +163,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.contexts = fits if args.contexts is None else args.contexts
     too_long = [n for n in args.contexts if context_length(n, args.m_max) > max_pos]
     if not args.contexts or too_long or min(args.contexts) < 1:
-        p.error(f"--contexts {args.contexts}: each must be >= 1 and leave {args.m_max} + 64 tokens inside the shape's "
-                f"{max_pos} positions (contexts that fit among the defaults: {fits})")
+        p.error(
+            f"--contexts {args.contexts}: each must be >= 1 and leave {args.m_max} + 64 tokens inside the shape's "
+            f"{max_pos} positions (contexts that fit among the defaults: {fits})"
+        )
     args.extra_server_args = tuple(args.extra_server_args.split())
     names = [c for c in args.configs.split(",") if c]
     if len(set(names)) != len(names):
@@ -169,114 +192,17 @@ def server_flags(args: argparse.Namespace) -> tuple[str, ...]:
     """Flags of every server on top of its config's: weights, contexts and batches of this run."""
     ctx = context_length(max(args.contexts), args.m_max)
     weights = () if real_weights(args.shape) else ("--load-format", "dummy")
-    return (*weights, "--skip-tokenizer-init", "--context-length", str(ctx),
-            "--max-running-requests", str(max(args.batches)), "--cuda-graph-max-bs-decode", str(max(args.batches)),
-            *args.extra_server_args)  # fmt: skip
-
-
-def kv_pool_tokens(server: Server) -> int | None:
-    """Tokens the server's KV pool holds. SGLang 0.5.17's /server_info merges in the scheduler's start-up
-    info (Scheduler.get_init_info), whose ``max_total_num_tokens`` is the pool size; None if unreadable."""
-    try:
-        info = http_json(server.base_url + "/server_info", timeout=30)
-    except (OSError, ValueError):
-        return None
-    pool = info.get("max_total_num_tokens") if isinstance(info, dict) else None
-    return pool if isinstance(pool, int) else None
-
-
-def pool_skip_reason(length: int, batch: int, pool: int | None, args: argparse.Namespace) -> str | None:
-    """Why (L, B) cannot run as one batch: requests that do not fit the KV pool would queue."""
-    need = batch * (length + args.m_max + KV_SLACK)
-    if pool is None or need <= pool:
-        return None
-    return f"KV pool: {batch} x ({length} + {args.m_max} + {KV_SLACK}) = {need} tokens > {pool}"
-
-
-def sampling(args: argparse.Namespace, tokens: int) -> dict[str, Any]:
-    """Sampling parameters of every request of the run: ``tokens`` output tokens, no early stop."""
-    return {"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": tokens, "ignore_eos": True}
-
-
-def measure_point(server: Server, length: int, batch: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Walls of the M1 and M2 passes and the PILLAR timing reports logged during the M2 pass."""
-    prompts = random_prompts(batch, length, seed=length * 1000 + batch, vocab_size=args.vocab_size)
-    # An unmeasured M1 pass first, so that one-time costs of a server's first long prefill cannot land in the
-    # M1 wall alone (stock at 256 x 2K, the first point of 388e953's server: 4.0 ms per step against 6.7 ms of
-    # kernel time; a staggered admission, see --decode-tokens, is the other suspect).
-    generate_all(server, prompts, sampling(args, args.m1), concurrency=batch, timeout_s=240)
-    walls = {}
-    for m in (args.m1, args.m2):
-        offset = server.log_path.stat().st_size if server.log_path.exists() else 0
-        t0 = time.monotonic()
-        outs = generate_all(server, prompts, sampling(args, m), concurrency=batch, timeout_s=240)
-        walls[m] = time.monotonic() - t0
-        if any(o.completion_tokens != m for o in outs):
-            raise RuntimeError(f"expected {m} tokens per request at L={length}, B={batch}")
-    # offset is the log size before the M2 pass: its reports are the ones that count.
-    with open(server.log_path, "rb") as f:
-        f.seek(offset)
-        log = f.read().decode("utf-8", "replace")
-    reports = parse_reports(log)
-    row: dict[str, Any] = {"context": length, "batch": batch, "wall_m1_s": walls[args.m1], "wall_m2_s": walls[args.m2]}
-    row["step_ms"] = 1000 * (walls[args.m2] - walls[args.m1]) / (args.m2 - args.m1)
-    # SGLang's own decode log of the M2 pass (its full-batch intervals): the served time per step
-    # (stock) or per output token (PILLAR), free of the prefill that the wall difference must cancel
-    # (at 256 x 2K the wall difference gave 4.0 and 8.1 ms on two runs of one commit's stock server).
-    if served := [ms for running, _, ms in decode_intervals(log) if running == batch]:
-        row["log_step_ms"], row["log_intervals"] = statistics.median(served), len(served)
-    # Rounds at the full batch only: ramp-up and drain rounds run smaller batches.
-    full = [r for r in reports if r.batch >= 0.9 * batch]
-    if full:
-        n = sum(r.rounds for r in full)
-        for p in (*PHASES, GAP):
-            row[f"{p}_ms"] = sum(r.ms[p] * r.rounds for r in full) / n
-        row["round_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
-        row["timed_rounds"] = n
-    if args.profile_steps:
-        try:  # the point's times stand without it
-            row["profile"] = profile_pass(server, prompts, args, delay_s=1.2 * walls[args.m1])
-        except (OSError, TimeoutError, ValueError, RuntimeError) as e:
-            row["profile_error"] = f"{type(e).__name__}: {e}"
-    return row
-
-
-def profile_pass(server: Server, prompts: list[list[int]], args: argparse.Namespace, delay_s: float) -> dict[str, Any]:
-    """Kernel time of ``args.profile_steps`` scheduler steps (rounds) in the middle of a decode pass.
-
-    The profile starts ``delay_s`` into the pass (past the prefill and the M1 tokens) and the pass
-    decodes 10 tokens per profiled step more than M2, so even rounds of 9 tokens stay in decode."""
-    out_dir = Path(tempfile.mkdtemp(prefix="profile-", dir=args.work_dir))
-    activities = ["CPU", "GPU"] if args.profile_host else ["GPU"]
-    request = {"output_dir": str(out_dir), "num_steps": args.profile_steps, "activities": activities,
-               "with_stack": args.profile_stack, "record_shapes": False}  # fmt: skip
-    pool = cf.ThreadPoolExecutor(max_workers=1)
-    try:
-        tokens = args.m_max
-        done = pool.submit(generate_all, server, prompts, sampling(args, tokens), concurrency=len(prompts), timeout_s=240)
-        time.sleep(delay_s)
-        try:  # a profile whose window outlasted the last pass stops at the next step: end it first
-            urllib.request.urlopen(server.base_url + "/stop_profile", timeout=120).close()
-        except urllib.error.HTTPError:
-            pass  # none in progress
-        post = urllib.request.Request(server.base_url + "/start_profile", data=json.dumps(request).encode(),
-                                      headers={"Content-Type": "application/json"})  # fmt: skip
-        try:
-            urllib.request.urlopen(post, timeout=120).close()  # the reply is plain text
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(f"/start_profile: HTTP {e.code}: {e.read()[:300]!r}") from None
-        done.result()
-    finally:
-        pool.shutdown(wait=True)
-    # The scheduler writes the trace after the last profiled step; a file still being written fails to load.
-    end = time.monotonic() + 60
-    while True:
-        try:
-            return summarize(load_trace(next(out_dir.glob("*.trace.json*"))), args.profile_steps)
-        except (StopIteration, OSError, EOFError, ValueError) as e:
-            if time.monotonic() > end:
-                raise TimeoutError(f"no usable trace in {out_dir} 60 s after the profiled pass: {e!r}") from None
-            time.sleep(1.0)
+    return (
+        *weights,
+        "--skip-tokenizer-init",
+        "--context-length",
+        str(ctx),
+        "--max-running-requests",
+        str(max(args.batches)),
+        "--cuda-graph-max-bs-decode",
+        str(max(args.batches)),
+        *args.extra_server_args,
+    )
 
 
 def run_config(
@@ -284,17 +210,28 @@ def run_config(
 ) -> dict[str, Any]:
     name = config.name
     # A fixed draft count: the breakdown is of a k-step round (adaptive rounds would mix in plain ones).
-    timing = {f"{ENV_PREFIX}STEP_TIMING": str(TIMING_EVERY), f"{ENV_PREFIX}ADAPTIVE_STEPS": "off"} if config.speculative else {}
+    timing = (
+        {f"{ENV_PREFIX}STEP_TIMING": str(TIMING_EVERY), f"{ENV_PREFIX}ADAPTIVE_STEPS": "off"}
+        if config.speculative
+        else {}
+    )
     env = config.environment({**timing, **args.env})
-    record: dict[str, Any] = {"flags": list(config.flags), "env": env, "status": "skipped", "rows": [],
-                              "pillar_config": config.pillar_config({**timing, **args.env})}  # fmt: skip
+    record: dict[str, Any] = {
+        "flags": list(config.flags),
+        "env": env,
+        "status": "skipped",
+        "rows": [],
+        "pillar_config": config.pillar_config({**timing, **args.env}),
+    }
     if not deadline.allows(MIN_START_S + STOP_RESERVE_S):
         record["error"] = f"time budget ({deadline.remaining():.0f} s left)"
         log.line(f"{name}: SKIPPED ({record['error']})")
         return record
     server = Server.sglang(str(model), config.flags, log_path=args.work_dir / f"{file_stem(name)}.server.log", env=env)
     with server:
-        if not start_recorded(server, name, record, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log):
+        if not start_recorded(
+            server, name, record, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log
+        ):
             return record
         # One short batch first: the first requests a fresh server serves pay one-time costs (lazy
         # initialisation, first graph replays) that would otherwise land in the first point's M1 pass.
@@ -320,8 +257,11 @@ def run_config(
                         record["rows"].append(row)
                         break
                 record["rows"].append(row)
-                log.line(f"{name} L={length} B={batch}: " + ", ".join(
-                    f"{k}={v:.3f}" for k, v in row.items() if k.endswith("_ms")) + (f" ERROR {row['error']}" if "error" in row else ""))  # fmt: skip
+                log.line(
+                    f"{name} L={length} B={batch}: "
+                    + ", ".join(f"{k}={v:.3f}" for k, v in row.items() if k.endswith("_ms"))
+                    + (f" ERROR {row['error']}" if "error" in row else "")
+                )
     return record
 
 
@@ -329,15 +269,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     deadline, log = begin(args.time_budget, args.out.with_suffix(".log"))
     model = Path(args.shape) if args.shape not in SHAPES else write_model_folder(args.shape, args.work_dir / args.shape)
-    doc: dict[str, Any] = {"kind": "step_times", "schema": 1, "meta": run_metadata(args.run_id),
-                           "settings": {"shape": args.shape, "contexts": args.contexts, "batches": args.batches,
-                                        "decode_tokens": [args.m1, args.m2], "accept_assumed": args.accept,
-                                        "temperature": args.temperature, "top_p": args.top_p,
-                                        "profile_host": args.profile_host, "profile_stack": args.profile_stack,
-                                        "env": args.env,
-                                        "model": model_shape(json.loads((model / "config.json").read_text())),
-                                        "weights": "real" if real_weights(args.shape) else "dummy (random): times only"},
-                           "servers": {}, "projection": [], "capture_overhead": []}  # fmt: skip
+    doc: dict[str, Any] = {
+        "kind": "step_times",
+        "schema": 1,
+        "meta": run_metadata(args.run_id),
+        "settings": {
+            "shape": args.shape,
+            "contexts": args.contexts,
+            "batches": args.batches,
+            "decode_tokens": [args.m1, args.m2],
+            "accept_assumed": args.accept,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "profile_host": args.profile_host,
+            "profile_stack": args.profile_stack,
+            "env": args.env,
+            "model": model_shape(json.loads((model / "config.json").read_text())),
+            "weights": "real" if real_weights(args.shape) else "dummy (random): times only",
+        },
+        "servers": {},
+        "projection": [],
+        "capture_overhead": [],
+    }
     write_json(args.out, doc)
     for config in args.configs:
         doc["servers"][config.name] = run_config(config, model, args, deadline, log)
@@ -345,7 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["capture_overhead"] = capture_overhead(doc["servers"])
         write_json(args.out, doc)
     # A server skipped for the time budget is listed, not a failure (as in throughput).
-    ok = all(r["status"] in ("ok", "skipped") and not any("error" in x for x in r["rows"]) for r in doc["servers"].values())
+    ok = all(
+        r["status"] in ("ok", "skipped") and not any("error" in x for x in r["rows"]) for r in doc["servers"].values()
+    )
     log.line(f"wrote {args.out}")
     return 0 if ok else 1
 

@@ -49,12 +49,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="server environment (repeatable)")
-    p.add_argument("--resume", type=Path, nargs="?", const=True, default=None, metavar="DIR",
-                   help="keep the ok runs of same-named result files (in --out, or DIR) and run the rest")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="DIR",
+        help="keep the ok runs of same-named result files (in --out, or DIR) and run the rest",
+    )
     p.add_argument("--time-budget", type=float, default=None, help="seconds; runs that no longer fit are skipped")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--gpus", default=None, help="comma list of GPU indices: output lengths run in parallel, one "
-                                                "group per GPU (each comparison stays on one GPU)")
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="comma list of GPU indices: output lengths run in parallel, one "
+        "group per GPU (each comparison stays on one GPU)",
+    )
     args = p.parse_args(argv)
     args.gpu_list = [g.strip() for g in args.gpus.split(",")] if args.gpus else []
     if not all(g.isdigit() for g in args.gpu_list) or len(set(args.gpu_list)) != len(args.gpu_list):
@@ -69,10 +80,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def throughput_argv(args: argparse.Namespace, model: str, output_len: str | None = None) -> list[str]:
     """The benchmarks.throughput command line of the whole sweep (or of the lengths ``output_len``)."""
-    argv = ["--model", model, "--data-dir", str(args.data_dir), "--out", str(args.out),
-            "--configs", args.configs, "--output-len", output_len or args.output_len, "--concurrency", args.concurrency,
-            "--waves", str(args.waves), "--temperature", str(args.temperature), "--top-p", str(args.top_p),
-            "--run-id", f"sweep-{args.tag}-{{output_len}}", "--time-budget", str(args.time_budget or NO_BUDGET_S)]  # fmt: skip
+    argv = [
+        "--model",
+        model,
+        "--data-dir",
+        str(args.data_dir),
+        "--out",
+        str(args.out),
+        "--configs",
+        args.configs,
+        "--output-len",
+        output_len or args.output_len,
+        "--concurrency",
+        args.concurrency,
+        "--waves",
+        str(args.waves),
+        "--temperature",
+        str(args.temperature),
+        "--top-p",
+        str(args.top_p),
+        "--run-id",
+        f"sweep-{args.tag}-{{output_len}}",
+        "--time-budget",
+        str(args.time_budget or NO_BUDGET_S),
+    ]
     argv += [f"--env={item}" for item in args.env]
     if args.resume is not None:
         argv += ["--resume", str(args.resume)]
@@ -100,8 +131,12 @@ def run_on_gpus(args: argparse.Namespace, model: str) -> int:
     lens = [n for n in args.output_len.split(",") if n]
     groups = [(gpu, ",".join(lens[i :: len(args.gpu_list)])) for i, gpu in enumerate(args.gpu_list) if i < len(lens)]
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_gpu_child, args=(gpu, throughput_argv(args, model, group), args.out / f"sweep_gpu{gpu}.log"))
-             for gpu, group in groups]  # fmt: skip
+    procs = [
+        ctx.Process(
+            target=_gpu_child, args=(gpu, throughput_argv(args, model, group), args.out / f"sweep_gpu{gpu}.log")
+        )
+        for gpu, group in groups
+    ]
     for proc in procs:
         proc.start()
     for proc in procs:

@@ -41,10 +41,17 @@ class Segment:
     def init_runs(self, concurrencies: Sequence[int], num_prompts: dict[int, int]) -> list[dict[str, Any]]:
         """Fill ``doc["runs"]`` in concurrency order; returns the records still to run."""
         self.doc["runs"] = [
-            self.kept.get(c) or {"concurrency": c, "num_prompts": num_prompts[c], "status": "skipped", "error": None,
-                                 "wall_s": None, "metrics": None}
+            self.kept.get(c)
+            or {
+                "concurrency": c,
+                "num_prompts": num_prompts[c],
+                "status": "skipped",
+                "error": None,
+                "wall_s": None,
+                "metrics": None,
+            }
             for c in concurrencies
-        ]  # fmt: skip
+        ]
         return [r for r in self.doc["runs"] if "measured" not in r]
 
 
@@ -72,8 +79,12 @@ def run_config(
     rewritten after each of its runs."""
     args, deadline, clock, log, driver = inv.args, inv.deadline, inv.clock, inv.log, inv.driver
     all_runs = [(seg, r) for seg in segments for r in seg.init_runs(concurrencies, num_prompts)]
-    srv: dict[str, Any] = {"status": "pending", "startup_s": None, "error": None,
-                           "output_lens": [seg.workload.output_len for seg in segments]}  # fmt: skip
+    srv: dict[str, Any] = {
+        "status": "pending",
+        "startup_s": None,
+        "error": None,
+        "output_lens": [seg.workload.output_len for seg in segments],
+    }
     for seg in segments:
         seg.doc["server"] = srv
 
@@ -97,14 +108,18 @@ def run_config(
         write_all()
         return
     server = Server.sglang(
-        args.model, config.flags, log_path=args.work_dir / f"{file_stem(config.name)}.server.log",
+        args.model,
+        config.flags,
+        log_path=args.work_dir / f"{file_stem(config.name)}.server.log",
         env=config.environment(args.env),
     )
     srv["command"] = server.argv
     with server:
         log.line(f"{config.name}: starting server")
         driver.start()  # imports bench_serving while the server boots
-        if not start_recorded(server, config.name, srv, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log):
+        if not start_recorded(
+            server, config.name, srv, min(args.startup_timeout, deadline.remaining() - STOP_RESERVE_S), log
+        ):
             for _, r in all_runs:
                 r.update(status="failed", error="server failed to start")
             write_all()
@@ -130,8 +145,10 @@ def run_one(config: ServerConfig, seg: Segment, r: dict[str, Any], server: Serve
     expected_s = clock.guess_s(config.name, c, out_len, n)
     if not deadline.allows(STOP_RESERVE_S + expected_s):
         r["error"] = "time budget"
-        log.line(f"{name} c={c}: SKIPPED (time budget: about {expected_s:.0f} s needed, "
-                 f"{deadline.remaining() - STOP_RESERVE_S:.0f} s left)")  # fmt: skip
+        log.line(
+            f"{name} c={c}: SKIPPED (time budget: about {expected_s:.0f} s needed, "
+            f"{deadline.remaining() - STOP_RESERVE_S:.0f} s left)"
+        )
         return
     if config.speculative and not reset_spec_counters(server):
         r["accept_length_note"] = "counter reset failed: accept length is cumulative since server start"

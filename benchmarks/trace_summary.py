@@ -131,4 +131,7 @@ def host_callers(frames: list[dict[str, Any]], ops: list[dict[str, Any]], steps:
             entry[0] += -neg_end - start
             entry[1] += 1
     top = sorted(counts.items(), key=lambda kv: -kv[1][1])[:TOP_CALLERS]
-    return [{"caller": c, "op": op, "calls_per_step": n / steps, "ms_per_step": d / (1000.0 * steps)} for (c, op), (d, n) in top]
+    return [
+        {"caller": c, "op": op, "calls_per_step": n / steps, "ms_per_step": d / (1000.0 * steps)}
+        for (c, op), (d, n) in top
+    ]

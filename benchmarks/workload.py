@@ -109,12 +109,19 @@ def with_shared_prefix(
         question = prompts[0]
         body = long_prompt_tokens - len(prefix) - len(question.input_ids)
         if body < 1:
-            raise ValueError(f"a {long_prompt_tokens}-token long prompt leaves no room after the {len(prefix)}-token "
-                             f"prefix and the {len(question.input_ids)}-token question")  # fmt: skip
+            raise ValueError(
+                f"a {long_prompt_tokens}-token long prompt leaves no room after the {len(prefix)}-token "
+                f"prefix and the {len(question.input_ids)}-token question"
+            )
         # The problems in reverse order, so the body is not the prefix's text again.
         filler = filler_ids(tokenizer, problems[::-1], body)
-        out.append(Prompt(source=f"long:{long_prompt_tokens}", text=tokenizer.decode(prefix + filler) + question.text,
-                          input_ids=prefix + filler + question.input_ids))  # fmt: skip
+        out.append(
+            Prompt(
+                source=f"long:{long_prompt_tokens}",
+                text=tokenizer.decode(prefix + filler) + question.text,
+                input_ids=prefix + filler + question.input_ids,
+            )
+        )
     return out
 
 
@@ -134,4 +141,9 @@ def write_bench_serving_file(path: Path, prompts: Sequence[Prompt]) -> None:
 
 def prompt_token_stats(prompts: Sequence[Prompt]) -> dict[str, float]:
     lens = [len(p.input_ids) for p in prompts]
-    return {"min": min(lens), "mean": sum(lens) / len(lens), "max": max(lens), "unique": len({p.source for p in prompts})}
+    return {
+        "min": min(lens),
+        "mean": sum(lens) / len(lens),
+        "max": max(lens),
+        "unique": len({p.source for p in prompts}),
+    }

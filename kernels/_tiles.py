@@ -13,9 +13,7 @@ import triton.language as tl
 
 
 @triton.jit
-def mean_prefix_chunk(
-    kv_indptr, prefix_len, PAR_SPLITS: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr
-):
+def mean_prefix_chunk(kv_indptr, prefix_len, PAR_SPLITS: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     """Prefix positions per split for a request of ``prefix_len`` in a batch of tl.num_programs(0) requests
     whose prefixes kv_indptr delimits: BLOCK_N-aligned chunks of the batch's mean prefix / PAR_SPLITS, larger
     only where the request would need more than NUM_SPLITS of them. A batch of mixed contexts then runs
@@ -28,7 +26,9 @@ def mean_prefix_chunk(
 
 
 @triton.jit
-def load_kv_tile(K_Buffer, V_Buffer, slot, valid, kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d):
+def load_kv_tile(
+    K_Buffer, V_Buffer, slot, valid, kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d
+):
     """K as [D, N] (ready for q @ k) and V as [N, D] of the cache slots `slot` [N] of one KV head; masked-out
     entries (`valid` [N] False) read as 0."""
     k = tl.load(

@@ -1,13 +1,13 @@
 """Per-row planning between the vocabulary-parallel passes of ``logit_bins``: which tokens a row's list holds.
 
-Top list (``_top_plan_kernel``, after level 1's histogram): the top run of bins holding at most
+Top list (``top_plan_kernel``, after level 1's histogram): the top run of bins holding at most
 ``list_cap`` tokens. The draft sampler samples from it; the target filter's first select decides
 every row whose cut provably lies inside it (exact sums over the list: the first token under the list
 is cut when the list holds top_k tokens or top_p of the mass, or lies below the min-p floor). When
 bin 0 alone holds more, the list is its first ``list_cap`` tokens in id order (the draft's candidates;
 the target moves on to the bracket stage).
 
-Bracket (``_bracket_plan_kernel``, the rows whose cut lies below their top list, or whose bin 0 was
+Bracket (``bracket_plan_kernel``, the rows whose cut lies below their top list, or whose bin 0 was
 too full): a filter keeps a token by the count and mass above it (flashinfer: #{z > z_x} < top_k and
 mass{z > z_x} < top_p; pytorch: rank < top_k and the mass ranked ahead <= top_p; both with the
 min-p floor p >= min_p x p_max, and flashinfer's min-p batches judging top-p on the top-k
@@ -27,27 +27,17 @@ and the sums' rounding; the decisions that matter are made on exact sums by the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
 from .logit_bins import (
     BIG,
-    DEPTH,
     FULL,
-    GREEDY_EPS,
-    NB,
     NOFILTER,
     PENDING,
     PLAN_F,
     PLAN_I,
-    STATS,
     WINDOW,
-    _gather_kernel,
-    _hist_kernel,
-    _stats_kernel,
     first_resolution,
     pow2_exponent,
     row_params,
@@ -95,11 +85,33 @@ def _store_range(PlanI, PlanF, row, base, lo, hi, first, cnt_off, r):
 
 
 @triton.jit
-def _top_plan_kernel(Hist, Stats, Temperature, Top_k, Top_p, Min_p, PlanI, PlanF, Path, ListN, Offsets, vocab,
-                     repeats, n_chunks, list_cap, GREEDY_EPS_C: tl.constexpr, NB_C: tl.constexpr,
-                     DEPTH_C: tl.constexpr, NCH: tl.constexpr, MIN_P: tl.constexpr, TARGET: tl.constexpr):  # fmt: skip
+def top_plan_kernel(
+    Hist,
+    Stats,
+    Temperature,
+    Top_k,
+    Top_p,
+    Min_p,
+    PlanI,
+    PlanF,
+    Path,
+    ListN,
+    Offsets,
+    vocab,
+    repeats,
+    n_chunks,
+    list_cap,
+    GREEDY_EPS_C: tl.constexpr,
+    NB_C: tl.constexpr,
+    DEPTH_C: tl.constexpr,
+    NCH: tl.constexpr,
+    MIN_P: tl.constexpr,
+    TARGET: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
-    inv_t, k_eff, p_lim, min_p = row_params(Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P)
+    inv_t, k_eff, p_lim, min_p = row_params(
+        Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P
+    )
     unfiltered = (k_eff >= vocab) & (p_lim == float("inf")) & (min_p <= 0.0)
     if not TARGET:
         unfiltered = unfiltered & False  # the draft samples every row from its list
@@ -124,8 +136,14 @@ def _top_plan_kernel(Hist, Stats, Temperature, Top_k, Top_p, Min_p, PlanI, PlanF
             # deeper, and gathering the list would only be read again). Flashinfer's min-p rows judge
             # top-p on the top-k mass and min-p rows have a floor: they keep the list.
             if not MIN_P:
-                u_list = tl.sum(tl.where(real & (bins <= hi), tot.to(tl.float32) * tl.exp(-bins.to(tl.float32) / r),
-                                         0.0), axis=0) * inv_s * (1.0 + _SLACK)  # fmt: skip
+                u_list = (
+                    tl.sum(
+                        tl.where(real & (bins <= hi), tot.to(tl.float32) * tl.exp(-bins.to(tl.float32) / r), 0.0),
+                        axis=0,
+                    )
+                    * inv_s
+                    * (1.0 + _SLACK)
+                )
                 complete = complete & ((n_list >= k_eff) | (u_list >= p_lim))
             tl.store(PlanI + row * PLAN_I + 2, 0)
             tl.store(PlanI + row * PLAN_I + 8, 0)
@@ -138,10 +156,33 @@ def _top_plan_kernel(Hist, Stats, Temperature, Top_k, Top_p, Min_p, PlanI, PlanF
 
 
 @triton.jit
-def _bracket_plan_kernel(Hist, AboveCnt, AboveMass, Stats, Temperature, Top_k, Top_p, Min_p, PlanI, PlanF, Path,
-                         ListN, Offsets, vocab, repeats, n_chunks, list_cap,
-                         GREEDY_EPS_C: tl.constexpr, NB_C: tl.constexpr, DEPTH_C: tl.constexpr, NCH: tl.constexpr,
-                         FIRST: tl.constexpr, LAST: tl.constexpr, RANK: tl.constexpr, MIN_P: tl.constexpr):  # fmt: skip
+def bracket_plan_kernel(
+    Hist,
+    AboveCnt,
+    AboveMass,
+    Stats,
+    Temperature,
+    Top_k,
+    Top_p,
+    Min_p,
+    PlanI,
+    PlanF,
+    Path,
+    ListN,
+    Offsets,
+    vocab,
+    repeats,
+    n_chunks,
+    list_cap,
+    GREEDY_EPS_C: tl.constexpr,
+    NB_C: tl.constexpr,
+    DEPTH_C: tl.constexpr,
+    NCH: tl.constexpr,
+    FIRST: tl.constexpr,
+    LAST: tl.constexpr,
+    RANK: tl.constexpr,
+    MIN_P: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     plan = PlanI + row * PLAN_I
     if FIRST:  # level 1's histogram, from the bin under the top list
@@ -149,8 +190,9 @@ def _bracket_plan_kernel(Hist, AboveCnt, AboveMass, Stats, Temperature, Top_k, T
     else:
         active = tl.load(plan + 1) > 0
     if active:
-        inv_t, k_eff, p_lim, min_p = row_params(Temperature, Top_k, Top_p, Min_p, row // repeats, vocab,
-                                                GREEDY_EPS_C, MIN_P)  # fmt: skip
+        inv_t, k_eff, p_lim, min_p = row_params(
+            Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P
+        )
         m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
         chs = tl.arange(0, NCH)
         bins = tl.arange(0, NB_C)
@@ -242,112 +284,3 @@ def _bracket_plan_kernel(Hist, AboveCnt, AboveMass, Stats, Temperature, Top_k, T
             # included, and the tokens above a later level's bins.
             rng = tl.where(everything, (bins <= j_hi) & (bins < w), in_rng)
             _chunk_offsets(Hist, Offsets, row, n_chunks, rng, tl.where(everything, above_c, 0), NB_C, NCH)
-
-
-@dataclass
-class VocabPasses:
-    """Scratch and launches of the vocabulary-parallel passes over n rows of n_chunks chunks (NCH: n_chunks
-    rounded up to a power of two). stats [n, n_chunks, STATS] f32; hist [n, n_chunks, NB] i32; above_cnt,
-    above_mass, offsets [n, NCH]; range_z [n, NCH, 2] f32; plan_i [n, PLAN_I] i32, plan_f [n, PLAN_F] f32
-    (slots: ``logit_bins.PLAN_I``); list_z [n, L] f32 beside the caller's list ids [n, L] int32, list_n and
-    path [n] int32 (``logit_bins.RowPath``)."""
-
-    stats: torch.Tensor
-    hist: torch.Tensor
-    above_cnt: torch.Tensor
-    above_mass: torch.Tensor
-    offsets: torch.Tensor
-    range_z: torch.Tensor
-    plan_i: torch.Tensor
-    plan_f: torch.Tensor
-    list_z: torch.Tensor
-    list_ids: torch.Tensor
-    list_n: torch.Tensor
-    path: torch.Tensor
-
-    @classmethod
-    def allocate(cls, n: int, n_chunks: int, list_cap: int, dev: torch.device) -> VocabPasses:
-        nch = triton.next_power_of_2(n_chunks)
-        i32 = {"dtype": torch.int32, "device": dev}
-        f32 = {"dtype": torch.float32, "device": dev}
-        return cls(
-            torch.empty((n, n_chunks, STATS), **f32), torch.empty((n, n_chunks, NB), **i32),
-            torch.zeros((n, nch), **i32), torch.zeros((n, nch), **f32), torch.zeros((n, nch), **i32),
-            torch.empty((n, nch, 2), **f32), torch.zeros((n, int(PLAN_I)), **i32), torch.zeros((n, int(PLAN_F)), **f32),
-            torch.empty((n, list_cap), **f32), torch.zeros((n, list_cap), **i32), torch.zeros(n, **i32),
-            torch.full((n,), -1, **i32),
-        )  # fmt: skip
-
-    def top_list(self, rows: PassRows, target: bool) -> None:
-        """Statistics, level 1's histogram, the top list's plan and its gather (``target``: rows with no
-        filter are marked NOFILTER and skipped; rows whose bin 0 overflows the list are PENDING)."""
-        n, vocab = rows.logits.shape
-        _stats_kernel[self._grid(rows)](rows.logits, rows.temperature, self.stats, *self._args(rows), **rows.launch)
-        self._hist(rows, first=True, skip_unfiltered=target)
-        _top_plan_kernel[(n,)](self.hist, self.stats, rows.temperature, *rows.params, self.plan_i, self.plan_f,
-                               self.path, self.list_n, self.offsets, vocab, rows.repeats, self.stats.shape[1],
-                               self.list_ids.shape[1], GREEDY_EPS_C=GREEDY_EPS, NB_C=NB, DEPTH_C=DEPTH,
-                               NCH=self.offsets.shape[1], MIN_P=rows.min_p is not None, TARGET=target)  # fmt: skip
-        self._gather(rows, stage=1)
-
-    def bracket(self, rows: PassRows, rank_rule: bool, levels: int) -> None:
-        """The bracket stage of the PENDING rows: ``levels`` plans (the first on level 1's histogram, each
-        later one after its own histogram), then the gather of the WINDOW rows' lists."""
-        n, vocab = rows.logits.shape
-        for level in range(levels):
-            if level:
-                self._hist(rows, first=False, skip_unfiltered=False)
-            _bracket_plan_kernel[(n,)](
-                self.hist, self.above_cnt, self.above_mass, self.stats, rows.temperature, *rows.params, self.plan_i,
-                self.plan_f, self.path, self.list_n, self.offsets, vocab, rows.repeats, self.stats.shape[1],
-                self.list_ids.shape[1], GREEDY_EPS_C=GREEDY_EPS, NB_C=NB, DEPTH_C=DEPTH, NCH=self.offsets.shape[1],
-                FIRST=level == 0, LAST=level == levels - 1, RANK=rank_rule, MIN_P=rows.min_p is not None,
-            )  # fmt: skip
-        self._gather(rows, stage=2)
-
-    def _grid(self, rows: PassRows) -> tuple[int, int]:
-        return rows.logits.shape[0], self.stats.shape[1]
-
-    def _args(self, rows: PassRows) -> tuple[int, int, int, int]:
-        """(V, row stride, repeats, chunks): what every vocabulary-parallel kernel takes after its tensors."""
-        return rows.logits.shape[1], rows.logits.stride(0), rows.repeats, self.stats.shape[1]
-
-    def _hist(self, rows: PassRows, first: bool, skip_unfiltered: bool) -> None:
-        _hist_kernel[self._grid(rows)](
-            rows.logits, rows.temperature, *rows.params, self.stats, self.plan_i, self.plan_f, self.hist, self.above_cnt,
-            self.above_mass, *self._args(rows), NB_C=NB, DEPTH_C=DEPTH, NCH=self.offsets.shape[1], FIRST=first,
-            MIN_P=rows.min_p is not None, SKIP_UNFILTERED=skip_unfiltered, **rows.launch,
-        )  # fmt: skip
-
-    def _gather(self, rows: PassRows, stage: int) -> None:
-        _gather_kernel[self._grid(rows)](
-            rows.logits, rows.temperature, self.stats, self.plan_i, self.plan_f, self.path, self.offsets, self.list_ids,
-            self.list_z, self.above_mass, self.range_z, *self._args(rows), self.list_ids.shape[1], NB_C=NB,
-            NCH=self.offsets.shape[1], STAGE=stage, **rows.launch,
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class PassRows:
-    """What the vocabulary-parallel passes read: logits [n, V] (last dim contiguous), their requests' sampling
-    parameters (temperature, top_p [n / repeats] float; top_k [n / repeats] int; min_p likewise or None),
-    and the launch parameters: tokens per program (``chunk``, a multiple of ``block_v``), tile, warps."""
-
-    logits: torch.Tensor
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    min_p: torch.Tensor | None
-    repeats: int
-    chunk: int
-    block_v: int
-    num_warps: int
-
-    @property
-    def params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(top_k, top_p, min_p) as the kernels take them: top_p stands in for an absent min_p (never read)."""
-        return self.top_k, self.top_p, self.top_p if self.min_p is None else self.min_p
-
-    @property
-    def launch(self) -> dict[str, object]:
-        return {"GREEDY_EPS_C": GREEDY_EPS, "CHUNK_C": self.chunk, "BLOCK_V": self.block_v, "num_warps": self.num_warps}

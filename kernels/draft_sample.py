@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .cut_plan import PassRows, VocabPasses
 from .logit_bins import CHUNK, DEPTH, GREEDY_EPS, NB, row_stats
+from .vocab_passes import PassRows, VocabPasses
 
 
 @triton.jit
@@ -50,10 +50,29 @@ def candidate_ranks(zc, p, valid, offs_c):
 
 @triton.jit
 def _draft_select_kernel(
-    Temperature, Top_p, Top_k, Min_p, Noise, Stats, ListIds, ListZ, ListN, Token, Cand_ids, Cand_q, Q_tok,
-    vocab, n_chunks, stride_n, stride_ci, stride_q,
-    GREEDY_EPS_C: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr, NCH: tl.constexpr,
-):  # fmt: skip
+    Temperature,
+    Top_p,
+    Top_k,
+    Min_p,
+    Noise,
+    Stats,
+    ListIds,
+    ListZ,
+    ListN,
+    Token,
+    Cand_ids,
+    Cand_q,
+    Q_tok,
+    vocab,
+    n_chunks,
+    stride_n,
+    stride_ci,
+    stride_q,
+    GREEDY_EPS_C: tl.constexpr,
+    C: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    NCH: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     temp = tl.load(Temperature + row).to(tl.float32)
     top_k = tl.load(Top_k + row).to(tl.int32)
@@ -149,12 +168,33 @@ def draft_sample_fwd(
     vocab, dev = x.logits.shape[1], x.logits.device
     n_chunks = triton.cdiv(vocab, chunk)
     passes = VocabPasses.allocate(n, n_chunks, c, dev)
-    passes.top_list(PassRows(x.logits, x.temperature, x.top_k, x.top_p, None, 1, chunk, block_v, num_warps), target=False)
+    passes.top_list(
+        PassRows(x.logits, x.temperature, x.top_k, x.top_p, None, 1, chunk, block_v, num_warps), target=False
+    )
     _draft_select_kernel[(n,)](
-        x.temperature, x.top_p, x.top_k, x.min_p, x.noise, passes.stats, passes.list_ids, passes.list_z, passes.list_n, token,
-        cand_ids, cand_q, q_tok, vocab, n_chunks, x.noise.stride(0), cand_ids.stride(0), cand_q.stride(0),
-        GREEDY_EPS_C=GREEDY_EPS, C=c, BLOCK_C=triton.next_power_of_2(c), NCH=triton.next_power_of_2(n_chunks),
-    )  # fmt: skip
+        x.temperature,
+        x.top_p,
+        x.top_k,
+        x.min_p,
+        x.noise,
+        passes.stats,
+        passes.list_ids,
+        passes.list_z,
+        passes.list_n,
+        token,
+        cand_ids,
+        cand_q,
+        q_tok,
+        vocab,
+        n_chunks,
+        x.noise.stride(0),
+        cand_ids.stride(0),
+        cand_q.stride(0),
+        GREEDY_EPS_C=GREEDY_EPS,
+        C=c,
+        BLOCK_C=triton.next_power_of_2(c),
+        NCH=triton.next_power_of_2(n_chunks),
+    )
 
 
 def first_resolution_ref(depth: torch.Tensor) -> torch.Tensor:
@@ -182,7 +222,9 @@ def draft_sample_ref(x: DraftSampleInputs) -> tuple[torch.Tensor, torch.Tensor, 
     r = first_resolution_ref(m - zmin)
     bins = torch.minimum(((m[:, None] - z) * r[:, None]).clamp(max=1.0e9).to(torch.int32), torch.tensor(NB - 2))
     bins = torch.where(finite, bins, NB - 1)
-    counts = torch.zeros((n, NB), dtype=torch.int64, device=dev).scatter_add_(1, bins.long(), torch.ones_like(bins, dtype=torch.int64))
+    counts = torch.zeros((n, NB), dtype=torch.int64, device=dev).scatter_add_(
+        1, bins.long(), torch.ones_like(bins, dtype=torch.int64)
+    )
     c_le = counts[:, : NB - 1].cumsum(dim=1)
     over = c_le > c
     hi = torch.where(over.any(dim=1), over.int().argmax(dim=1) - 1, NB - 2).clamp(min=0)

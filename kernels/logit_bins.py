@@ -16,7 +16,8 @@ power-of-two R, so floor(d R S) // S == floor(d R) and a token's bin at every le
 bin at the levels before. Every pass computes d and its bin with the same instructions, so all passes
 agree bit for bit on which tokens a bin holds.
 
-Passes (``stats``, ``histogram``, ``gather``); the per-row planning between them is ``cut_plan``:
+Passes (``stats``, ``histogram``, ``gather``); the per-row planning between them is ``cut_plan``, their
+launches ``vocab_passes``:
     stats: per chunk the max, sum of exp(z - max), finite count, finite min and first argmax of z;
     histogram: per chunk the counts of one level's bins, and (past level 1) the exact count and
         mass of the row's tokens above that level's bins;
@@ -59,7 +60,9 @@ class RowPath(IntEnum):
 
 
 # The kernels' copies (Triton reads module globals only as constexpr).
-PENDING, FULL, WINDOW, BIG = (tl.constexpr(int(p)) for p in (RowPath.PENDING, RowPath.FULL, RowPath.WINDOW, RowPath.BIG))
+PENDING, FULL, WINDOW, BIG = (
+    tl.constexpr(int(p)) for p in (RowPath.PENDING, RowPath.FULL, RowPath.WINDOW, RowPath.BIG)
+)
 NOFILTER, TIE, VOCAB = (tl.constexpr(int(p)) for p in (RowPath.NOFILTER, RowPath.TIE, RowPath.VOCAB))
 
 
@@ -140,8 +143,18 @@ def level_bin(z, m, r, base, w, FIRST: tl.constexpr):
 
 
 @triton.jit
-def _stats_kernel(Logits, Temperature, Stats, vocab, stride_l, repeats, n_chunks,
-                  GREEDY_EPS_C: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+def _stats_kernel(
+    Logits,
+    Temperature,
+    Stats,
+    vocab,
+    stride_l,
+    repeats,
+    n_chunks,
+    GREEDY_EPS_C: tl.constexpr,
+    CHUNK_C: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
     inv_t = inv_temperature(Temperature, row // repeats, GREEDY_EPS_C)
     base_l = Logits + row * stride_l
@@ -171,10 +184,32 @@ def _stats_kernel(Logits, Temperature, Stats, vocab, stride_l, repeats, n_chunks
 
 
 @triton.jit
-def _hist_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, PlanI, PlanF, Hist, AboveCnt, AboveMass, vocab,
-                 stride_l, repeats, n_chunks, GREEDY_EPS_C: tl.constexpr, NB_C: tl.constexpr, DEPTH_C: tl.constexpr,
-                 NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr, FIRST: tl.constexpr,
-                 MIN_P: tl.constexpr, SKIP_UNFILTERED: tl.constexpr):  # fmt: skip
+def _hist_kernel(
+    Logits,
+    Temperature,
+    Top_k,
+    Top_p,
+    Min_p,
+    Stats,
+    PlanI,
+    PlanF,
+    Hist,
+    AboveCnt,
+    AboveMass,
+    vocab,
+    stride_l,
+    repeats,
+    n_chunks,
+    GREEDY_EPS_C: tl.constexpr,
+    NB_C: tl.constexpr,
+    DEPTH_C: tl.constexpr,
+    NCH: tl.constexpr,
+    CHUNK_C: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    FIRST: tl.constexpr,
+    MIN_P: tl.constexpr,
+    SKIP_UNFILTERED: tl.constexpr,
+):
     """One level's bin counts of a chunk (tokens outside the level: not counted) and, past level 1,
     the chunk's exact count and mass exp(z - m) of the tokens above the level's first bin. Level 1 skips
     rows with no filter when SKIP_UNFILTERED (the target filter: nothing to cut)."""
@@ -182,8 +217,9 @@ def _hist_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, PlanI, PlanF, 
     if FIRST:
         w = tl.full([], NB_C - 1, tl.int32)
         if SKIP_UNFILTERED:
-            inv_t, k_eff, p_lim, min_p = row_params(Temperature, Top_k, Top_p, Min_p, row // repeats, vocab,
-                                                    GREEDY_EPS_C, MIN_P)  # fmt: skip
+            inv_t, k_eff, p_lim, min_p = row_params(
+                Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P
+            )
             w = tl.where((k_eff >= vocab) & (p_lim == float("inf")) & (min_p <= 0.0), 0, w)
     else:
         w = tl.load(PlanI + row * PLAN_I + 1)
@@ -219,9 +255,30 @@ def _hist_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, PlanI, PlanF, 
 
 
 @triton.jit
-def _gather_kernel(Logits, Temperature, Stats, PlanI, PlanF, Path, Offsets, ListIds, ListZ, AboveMass, RangeZ,
-                   vocab, stride_l, repeats, n_chunks, list_cap, GREEDY_EPS_C: tl.constexpr, NB_C: tl.constexpr,
-                   NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr, STAGE: tl.constexpr):  # fmt: skip
+def _gather_kernel(
+    Logits,
+    Temperature,
+    Stats,
+    PlanI,
+    PlanF,
+    Path,
+    Offsets,
+    ListIds,
+    ListZ,
+    AboveMass,
+    RangeZ,
+    vocab,
+    stride_l,
+    repeats,
+    n_chunks,
+    list_cap,
+    GREEDY_EPS_C: tl.constexpr,
+    NB_C: tl.constexpr,
+    NCH: tl.constexpr,
+    CHUNK_C: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    STAGE: tl.constexpr,
+):
     """A chunk's tokens in its row's range [lo, hi] (level bins; lo very negative: everything above too),
     written in id order from the chunk's offset (BIG rows, too many to list, write none); the exact mass
     exp(z - m) above the range and the range's min and max z. Stage 1 gathers the top lists (FULL rows),

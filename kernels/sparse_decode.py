@@ -126,18 +126,36 @@ def _sparse_decode_stage1(
                     sel_base, req_row, start_n + BLOCK_N, split_end, cnt, tail_start, seq_len, BLOCK_N
                 )
                 k, v = load_kv_tile(
-                    K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
+                    K_Buffer,
+                    V_Buffer,
+                    slot,
+                    valid,
+                    cur_kv_head,
+                    stride_kbs,
+                    stride_kh,
+                    stride_vbs,
+                    stride_vh,
+                    offs_d,
                     mask_d,
-                )  # fmt: skip
+                )
                 e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
                 slot, valid = n_slot, n_valid
         else:
             for start_n in range(split_start, split_end, BLOCK_N):
                 slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, BLOCK_N)
                 k, v = load_kv_tile(
-                    K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
+                    K_Buffer,
+                    V_Buffer,
+                    slot,
+                    valid,
+                    cur_kv_head,
+                    stride_kbs,
+                    stride_kh,
+                    stride_vbs,
+                    stride_vh,
+                    offs_d,
                     mask_d,
-                )  # fmt: skip
+                )
                 # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
                 e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
 
@@ -145,7 +163,9 @@ def _sparse_decode_stage1(
     # split, Mid_O is the output itself and there is no stage 2 (see sparse_decode_fwd).
     part, lse = finish_partial(e_max, e_sum, acc)
     mid = cur_b * stride_mb + cur_heads * stride_mh + split * stride_ms
-    tl.store(Mid_O + mid[:, None] + offs_d[None, :], part.to(Mid_O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(
+        Mid_O + mid[:, None] + offs_d[None, :], part.to(Mid_O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :]
+    )
     if NUM_SPLITS > 1:
         tl.store(Mid_lse + cur_b * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
 

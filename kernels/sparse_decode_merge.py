@@ -71,4 +71,3 @@ def merge_split_partials(mid_o: torch.Tensor, mid_lse: torch.Tensor, o: torch.Te
         num_warps=4,
     )
     return o
-

@@ -53,8 +53,22 @@ def _item(base_l, Ids, Zs, pos, n_items, vocab, inv_t, LIST: tl.constexpr):
 
 
 @triton.jit
-def above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, t, cnt_off, mass_off,
-          STRICT: tl.constexpr, LIST: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+def above(
+    base_l,
+    Ids,
+    Zs,
+    n_items,
+    vocab,
+    inv_t,
+    m,
+    inv_s,
+    t,
+    cnt_off,
+    mass_off,
+    STRICT: tl.constexpr,
+    LIST: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """(#tokens with z > t (STRICT) or z >= t, their probability mass), the offsets included (t <= top)."""
     offs = tl.arange(0, BLOCK_V)
     cnt = 0
@@ -71,16 +85,45 @@ def above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, t, cnt_off, mass_off
 
 
 @triton.jit
-def _value_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, lim, p_lim, top, cnt_off, mass_off,
-               LIST: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+def _value_cut(
+    base_l,
+    Ids,
+    Zs,
+    n_items,
+    vocab,
+    inv_t,
+    m,
+    inv_s,
+    lim,
+    p_lim,
+    top,
+    cnt_off,
+    mass_off,
+    LIST: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """The least t with #{z > t} < lim and mass{z > t} < p_lim (the flashinfer rule: a token x is kept iff
     t holds at z_x, so the kept set is {z >= t}). Bisection on the key; hi = top holds (the caller checks)."""
     lo = _to_key(tl.full([], -float("inf"), tl.float32)).to(tl.int64) - 1
     hi = _to_key(top).to(tl.int64)
     for _ in range(33):
         mid = lo + ((hi - lo) >> 1)
-        cnt, mass = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, _from_key(mid.to(tl.int32)), cnt_off,
-                          mass_off, True, LIST, BLOCK_V)  # fmt: skip
+        cnt, mass = above(
+            base_l,
+            Ids,
+            Zs,
+            n_items,
+            vocab,
+            inv_t,
+            m,
+            inv_s,
+            _from_key(mid.to(tl.int32)),
+            cnt_off,
+            mass_off,
+            True,
+            LIST,
+            BLOCK_V,
+        )
         # Once hi - lo == 1, mid == lo (a NaN key below -inf): nothing moves.
         ok = (cnt < lim) & (mass < p_lim)
         open_ = hi - lo > 1
@@ -90,16 +133,45 @@ def _value_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, lim, p_lim, top
 
 
 @triton.jit
-def _rank_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, lim, p_lim, top, cnt_off, mass_off,
-              LIST: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+def _rank_cut(
+    base_l,
+    Ids,
+    Zs,
+    n_items,
+    vocab,
+    inv_t,
+    m,
+    inv_s,
+    lim,
+    p_lim,
+    top,
+    cnt_off,
+    mass_off,
+    LIST: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """The z of the last kept rank, rank r kept iff r < lim and the mass ahead of it <= p_lim (the pytorch
     rule): the largest t whose tokens z >= t reach lim or carry more than p_lim (above top: the caller)."""
     lo = _to_key(tl.full([], -float("inf"), tl.float32)).to(tl.int64)  # z >= -inf: every token, always true
     hi = _to_key(top).to(tl.int64) + 1
     for _ in range(32):
         mid = lo + ((hi - lo) >> 1)
-        cnt, mass = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, _from_key(mid.to(tl.int32)), cnt_off,
-                          mass_off, False, LIST, BLOCK_V)  # fmt: skip
+        cnt, mass = above(
+            base_l,
+            Ids,
+            Zs,
+            n_items,
+            vocab,
+            inv_t,
+            m,
+            inv_s,
+            _from_key(mid.to(tl.int32)),
+            cnt_off,
+            mass_off,
+            False,
+            LIST,
+            BLOCK_V,
+        )
         ok = (cnt >= lim) | (mass > p_lim)
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid)
@@ -107,13 +179,31 @@ def _rank_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, lim, p_lim, top,
 
 
 @triton.jit
-def _rank_ties(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, lim, p_lim, cnt_off, mass_off,
-               LIST: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+def _rank_ties(
+    base_l,
+    Ids,
+    Zs,
+    n_items,
+    vocab,
+    inv_t,
+    m,
+    inv_s,
+    z_star,
+    lim,
+    p_lim,
+    cnt_off,
+    mass_off,
+    LIST: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """(tie_end, kept mass) of the rank prefix ending at value z*: ranks G .. G+E-1 hold z* (lower ids
     first); tie j is kept iff G + j < lim and the mass ahead of it, M_gt + j * p(z*), <= p_lim."""
-    n_gt, mass_gt = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, cnt_off, mass_off, True, LIST, BLOCK_V)
-    n_ge, mass_ge = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, cnt_off, mass_off, False, LIST,
-                          BLOCK_V)  # fmt: skip
+    n_gt, mass_gt = above(
+        base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, cnt_off, mass_off, True, LIST, BLOCK_V
+    )
+    n_ge, mass_ge = above(
+        base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, cnt_off, mass_off, False, LIST, BLOCK_V
+    )
     n_eq = n_ge - n_gt
     v = tl.exp(z_star - m) * inv_s
     by_p = tl.where(v > 0.0, tl.floor((p_lim - mass_gt) / v) + 1.0, n_eq.to(tl.float32))
@@ -132,20 +222,41 @@ def _rank_ties(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, lim, p_
 
 
 @triton.jit
-def wide_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, k_eff, p_lim, floor, top, cnt_off, mass_off,
-             RANK: tl.constexpr, MIN_P: tl.constexpr, LIST: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+def wide_cut(
+    base_l,
+    Ids,
+    Zs,
+    n_items,
+    vocab,
+    inv_t,
+    m,
+    inv_s,
+    k_eff,
+    p_lim,
+    floor,
+    top,
+    cnt_off,
+    mass_off,
+    RANK: tl.constexpr,
+    MIN_P: tl.constexpr,
+    LIST: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """(z*, tie_end, kept mass) of a row under its backend's rule (see target_filter). Over a list: the
     kept set ends inside it or just above it (then z* = next_up(top): only the offsets' tokens)."""
     if RANK:
         lim = k_eff
         if MIN_P:
-            n_min, mass_min = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, floor, cnt_off, mass_off, False,
-                                    LIST, BLOCK_V)  # fmt: skip
+            n_min, mass_min = above(
+                base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, floor, cnt_off, mass_off, False, LIST, BLOCK_V
+            )
             lim = tl.minimum(lim, tl.maximum(n_min, 1))
-        z_star = _rank_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, lim, p_lim, top, cnt_off, mass_off, LIST,
-                           BLOCK_V)  # fmt: skip
-        tie_end, mass = _rank_ties(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, lim, p_lim, cnt_off,
-                                   mass_off, LIST, BLOCK_V)  # fmt: skip
+        z_star = _rank_cut(
+            base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, lim, p_lim, top, cnt_off, mass_off, LIST, BLOCK_V
+        )
+        tie_end, mass = _rank_ties(
+            base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, lim, p_lim, cnt_off, mass_off, LIST, BLOCK_V
+        )
         # The last kept rank lies above the list: the offsets' tokens alone are kept.
         above_only = (cnt_off >= lim) | (mass_off > p_lim)
     else:
@@ -153,22 +264,40 @@ def wide_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, k_eff, p_lim, flo
         if MIN_P:
             # top-p is judged on the top-k renormalised row: mass ahead < top_p x (top-k mass).
             if (p_lim < float("inf")) & (k_eff < vocab):
-                z_k = _value_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, k_eff, float("inf"), top, cnt_off,
-                                 mass_off, LIST, BLOCK_V)  # fmt: skip
+                z_k = _value_cut(
+                    base_l,
+                    Ids,
+                    Zs,
+                    n_items,
+                    vocab,
+                    inv_t,
+                    m,
+                    inv_s,
+                    k_eff,
+                    float("inf"),
+                    top,
+                    cnt_off,
+                    mass_off,
+                    LIST,
+                    BLOCK_V,
+                )
                 z_k = tl.where(cnt_off < k_eff, z_k, next_up(top))
-                n_k, mass_k = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_k, cnt_off, mass_off, False,
-                                    LIST, BLOCK_V)  # fmt: skip
+                n_k, mass_k = above(
+                    base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_k, cnt_off, mass_off, False, LIST, BLOCK_V
+                )
                 lim_p = p_lim * mass_k
-        z_star = _value_cut(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, k_eff, lim_p, top, cnt_off, mass_off,
-                            LIST, BLOCK_V)  # fmt: skip
+        z_star = _value_cut(
+            base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, k_eff, lim_p, top, cnt_off, mass_off, LIST, BLOCK_V
+        )
         above_only = (cnt_off >= k_eff) | (mass_off >= lim_p)
         if MIN_P:
             z_star = tl.maximum(z_star, floor)
             above_only |= top < floor
         # Kept: z >= z*, every tie; z > z* or (z == z* and any id) says the same.
         tie_end = vocab
-        n_kept, mass = above(base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, cnt_off, mass_off, False, LIST,
-                             BLOCK_V)  # fmt: skip
+        n_kept, mass = above(
+            base_l, Ids, Zs, n_items, vocab, inv_t, m, inv_s, z_star, cnt_off, mass_off, False, LIST, BLOCK_V
+        )
     z_star = tl.where(above_only, next_up(top), z_star)
     tie_end = tl.where(above_only, vocab, tie_end)
     mass = tl.where(above_only, mass_off, mass)

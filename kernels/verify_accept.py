@@ -6,7 +6,7 @@ max(0, p - q) at the first rejection (or from p after the last draft). The targe
 so the accept test reads k logits. The draw reads the row's kept tokens: from the row's list when it
 holds every kept token (peaked rows: a few hundred tokens at most), else vocabulary-parallel (one
 program per (request, chunk) sums the chunk's residual mass, then one per request picks the chunk and
-scans it). ``sampling/rejection.rejection_sample`` is the reference.
+scans it: ``residual_draw``). ``sampling/rejection.rejection_sample`` is the reference.
 
 Semantics are the reference's: draft j is accepted iff coin_j * q_tok_j < p_j(token_j) and j <
 num_drafts (one count for the batch, or each request's own from a [bs] tensor the kernel reads on
@@ -24,42 +24,14 @@ import triton
 import triton.language as tl
 
 from .logit_bins import CHUNK, FULL, GREEDY_EPS, inv_temperature, load_z
+from .residual_draw import draft_record, draw_mass_kernel, draw_pick_kernel, num_drafts_at, record_overlap, scan_step
 from .target_filter import TargetRows, kept_p, load_desc
 
 
 @triton.jit
-def _record(Rec_ids, Rec_q, b, n_acc, num_drafts, stride_cb, stride_cj, stride_db, stride_dj,
-            K: tl.constexpr, RC: tl.constexpr, BLOCK_RC: tl.constexpr):  # fmt: skip
-    """(ids [BLOCK_RC], q, live) of the record to subtract: the rejected draft's (none past the last draft)."""
-    offs_r = tl.arange(0, BLOCK_RC)
-    j = tl.minimum(n_acc, K - 1)
-    sub = (offs_r < RC) & (n_acc < num_drafts)
-    ids_q = tl.load(Rec_ids + b * stride_cb + j * stride_cj + offs_r, mask=sub, other=-1)
-    q = tl.load(Rec_q + b * stride_db + j * stride_dj + offs_r, mask=sub, other=0.0)
-    return ids_q, q, sub
-
-
-@triton.jit
-def _overlap(idx, p, ids_q, q, sub):
-    """min(p, q) at tokens idx [N] whose id the record lists (0 elsewhere). Only slots with q > 0 count
-    (unused slots repeat ids)."""
-    q_at = tl.sum(tl.where((idx[:, None] == ids_q[None, :]) & sub[None, :], q[None, :], 0.0), axis=1)
-    return tl.minimum(p, q_at)
-
-
-@triton.jit
-def _num_drafts(Num_drafts, b, stride_n, PER_ROW: tl.constexpr):
-    # PER_ROW: Num_drafts points at each request's count; else it is the batch's count itself.
-    if PER_ROW:
-        count = tl.load(Num_drafts + b * stride_n)
-    else:
-        count = Num_drafts
-    return count
-
-
-@triton.jit
-def _draw_list(base_l, Ids, n_items, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, target_u,
-               BLOCK_L: tl.constexpr):  # fmt: skip
+def _draw_list(
+    base_l, Ids, n_items, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, target_u, BLOCK_L: tl.constexpr
+):
     """The residual draw over a row's list (ascending ids) holding every kept token."""
     offs = tl.arange(0, BLOCK_L)
     total_p = 0.0
@@ -69,7 +41,7 @@ def _draw_list(base_l, Ids, n_items, vocab, inv_t, m, z_star, scale, tie_end, id
         idx = tl.load(Ids + start + offs, mask=live, other=vocab)
         p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
         total_p += tl.sum(p, axis=0)
-        total_r += tl.sum(p - _overlap(idx, p, ids_q, q, sub), axis=0)
+        total_r += tl.sum(p - record_overlap(idx, p, ids_q, q, sub), axis=0)
     # Rounding can leave no residual mass only when p == q; p itself is then exact.
     has_residual = total_r > 0.0
     target = target_u * tl.where(has_residual, total_r, total_p)
@@ -78,35 +50,55 @@ def _draw_list(base_l, Ids, n_items, vocab, inv_t, m, z_star, scale, tie_end, id
     last = -1
     for start in range(0, n_items, BLOCK_L):
         idx = tl.load(Ids + start + offs, mask=start + offs < n_items, other=vocab)
-        cum, drawn, last = _scan_step(base_l, idx, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, has_residual,
-                                      target, cum, drawn, last)  # fmt: skip
+        cum, drawn, last = scan_step(
+            base_l, idx, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, has_residual, target, cum, drawn, last
+        )
     return tl.where(drawn < 0, last, drawn)
 
 
 @triton.jit
-def _scan_step(base_l, idx, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, has_residual, target, cum, drawn,
-               last):  # fmt: skip
-    """One tile of the inverse-CDF scan in id order: (mass so far, first id past the target or -1, last id with
-    mass or -1) -> the same after the tokens idx [N] (ascending; ids >= vocab: none)."""
-    p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
-    r = tl.where(has_residual, p - _overlap(idx, p, ids_q, q, sub), p)
-    c = cum + tl.cumsum(r, axis=0)
-    first = tl.min(tl.where((c > target) & (r > 0.0), idx, vocab), axis=0)
-    drawn = tl.where((drawn < 0) & (first < vocab), first, drawn)
-    last = tl.maximum(last, tl.max(tl.where(r > 0.0, idx, -1), axis=0))
-    return cum + tl.sum(r, axis=0), drawn, last
-
-
-@triton.jit
 def _accept_kernel(
-    Logits, Temperature, Desc, Path, ListIds, ListN, Tokens, Rec_ids, Rec_q, Q_tok, Coins, Final_coins, Emitted,
-    Num_accepted, Pending, vocab, stride_l, list_cap, Num_drafts, stride_n, stride_tb, stride_cb, stride_cj,
-    stride_db, stride_dj, stride_qb, stride_qj, stride_ob, stride_oj, stride_fc, stride_eb,
-    GREEDY_EPS_C: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, RC: tl.constexpr,
-    BLOCK_RC: tl.constexpr, BLOCK_L: tl.constexpr, PER_ROW: tl.constexpr,
-):  # fmt: skip
+    Logits,
+    Temperature,
+    Desc,
+    Path,
+    ListIds,
+    ListN,
+    Tokens,
+    Rec_ids,
+    Rec_q,
+    Q_tok,
+    Coins,
+    Final_coins,
+    Emitted,
+    Num_accepted,
+    Pending,
+    vocab,
+    stride_l,
+    list_cap,
+    Num_drafts,
+    stride_n,
+    stride_tb,
+    stride_cb,
+    stride_cj,
+    stride_db,
+    stride_dj,
+    stride_qb,
+    stride_qj,
+    stride_ob,
+    stride_oj,
+    stride_fc,
+    stride_eb,
+    GREEDY_EPS_C: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    RC: tl.constexpr,
+    BLOCK_RC: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    PER_ROW: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
-    num_drafts = _num_drafts(Num_drafts, b, stride_n, PER_ROW)
+    num_drafts = num_drafts_at(Num_drafts, b, stride_n, PER_ROW)
     inv_t = inv_temperature(Temperature, b, GREEDY_EPS_C)
     offs_k = tl.arange(0, BLOCK_K)
     in_k = offs_k < K
@@ -116,19 +108,40 @@ def _accept_kernel(
     coin = tl.load(Coins + b * stride_ob + offs_k * stride_oj, mask=in_k, other=1.0)
     z_tok = tl.load(Logits + rows * stride_l + tok, mask=in_k, other=-float("inf")).to(tl.float32) * inv_t
     d = Desc + rows * 4
-    p_tok = kept_p(z_tok, tok, tl.load(d, mask=in_k, other=0.0), tl.load(d + 1, mask=in_k, other=0.0),
-                   tl.load(d + 2, mask=in_k, other=0.0), tl.load(d + 3, mask=in_k, other=0.0).to(tl.int32))  # fmt: skip
+    p_tok = kept_p(
+        z_tok,
+        tok,
+        tl.load(d, mask=in_k, other=0.0),
+        tl.load(d + 1, mask=in_k, other=0.0),
+        tl.load(d + 2, mask=in_k, other=0.0),
+        tl.load(d + 3, mask=in_k, other=0.0).to(tl.int32),
+    )
     ok = (coin * q_tok < p_tok) & (offs_k < num_drafts)
     n_acc = tl.min(tl.where(in_k & ~ok, offs_k, K), axis=0)
     row = b * (K + 1) + n_acc
     drawn = tl.full([], -1, tl.int64)
     if tl.load(Path + row) == FULL:
-        ids_q, q, sub = _record(Rec_ids, Rec_q, b, n_acc, num_drafts, stride_cb, stride_cj, stride_db, stride_dj, K,
-                                RC, BLOCK_RC)  # fmt: skip
+        ids_q, q, sub = draft_record(
+            Rec_ids, Rec_q, b, n_acc, num_drafts, stride_cb, stride_cj, stride_db, stride_dj, K, RC, BLOCK_RC
+        )
         m, z_star, scale, tie_end = load_desc(Desc, row)
         target_u = tl.load(Final_coins + b * stride_fc).to(tl.float32)
-        drawn = _draw_list(Logits + row * stride_l, ListIds + row * list_cap, tl.load(ListN + row), vocab, inv_t, m,
-                           z_star, scale, tie_end, ids_q, q, sub, target_u, BLOCK_L).to(tl.int64)  # fmt: skip
+        drawn = _draw_list(
+            Logits + row * stride_l,
+            ListIds + row * list_cap,
+            tl.load(ListN + row),
+            vocab,
+            inv_t,
+            m,
+            z_star,
+            scale,
+            tie_end,
+            ids_q,
+            q,
+            sub,
+            target_u,
+            BLOCK_L,
+        ).to(tl.int64)
         tl.store(Pending + b, -1)
     else:
         tl.store(Pending + b, row)  # the vocabulary-parallel draw fills slot n_acc
@@ -137,76 +150,6 @@ def _accept_kernel(
     out = tl.where(offs_e < n_acc, draft, tl.where(offs_e == n_acc, drawn, -1))
     tl.store(Emitted + b * stride_eb + offs_e, out, mask=offs_e <= K)
     tl.store(Num_accepted + b, n_acc.to(tl.int64))
-
-
-@triton.jit
-def _draw_mass_kernel(
-    Logits, Temperature, Desc, Pending, Num_accepted, Rec_ids, Rec_q, ChunkMass, vocab, stride_l, n_chunks,
-    Num_drafts, stride_n, stride_cb, stride_cj, stride_db, stride_dj,
-    GREEDY_EPS_C: tl.constexpr, K: tl.constexpr, RC: tl.constexpr, BLOCK_RC: tl.constexpr,
-    CHUNK_C: tl.constexpr, BLOCK_S: tl.constexpr, PER_ROW: tl.constexpr,
-):  # fmt: skip
-    """Per (request, chunk) of a pending draw: the chunk's residual mass, summed token by token (as the
-    reference: a residual that cancels exactly sums to exactly 0), and its p mass."""
-    b, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    row = tl.load(Pending + b)
-    if row >= 0:
-        inv_t = inv_temperature(Temperature, b, GREEDY_EPS_C)
-        m, z_star, scale, tie_end = load_desc(Desc, row)
-        base_l = Logits + row * stride_l
-        num_drafts = _num_drafts(Num_drafts, b, stride_n, PER_ROW)
-        ids_q, q, sub = _record(Rec_ids, Rec_q, b, tl.load(Num_accepted + b), num_drafts, stride_cb, stride_cj,
-                                stride_db, stride_dj, K, RC, BLOCK_RC)  # fmt: skip
-        offs = tl.arange(0, BLOCK_S)
-        mass = 0.0
-        res = 0.0
-        for s0 in range(0, CHUNK_C, BLOCK_S):
-            idx = ch * CHUNK_C + s0 + offs
-            p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
-            mass += tl.sum(p, axis=0)
-            res += tl.sum(p - _overlap(idx, p, ids_q, q, sub), axis=0)
-        tl.store(ChunkMass + (b * n_chunks + ch) * 2, res)
-        tl.store(ChunkMass + (b * n_chunks + ch) * 2 + 1, mass)
-
-
-@triton.jit
-def _draw_pick_kernel(
-    Logits, Temperature, Desc, Pending, Num_accepted, Rec_ids, Rec_q, Final_coins, ChunkMass, Emitted, vocab,
-    stride_l, n_chunks, Num_drafts, stride_n, stride_cb, stride_cj, stride_db, stride_dj, stride_fc, stride_eb,
-    GREEDY_EPS_C: tl.constexpr, K: tl.constexpr, RC: tl.constexpr, BLOCK_RC: tl.constexpr, NCH: tl.constexpr,
-    CHUNK_C: tl.constexpr, BLOCK_S: tl.constexpr, PER_ROW: tl.constexpr,
-):  # fmt: skip
-    """Per request with a pending draw: the chunk where the cumulative mass passes the coin, then the token."""
-    b = tl.program_id(0).to(tl.int64)
-    row = tl.load(Pending + b)
-    if row >= 0:
-        chs = tl.arange(0, NCH)
-        live = chs < n_chunks
-        res_c = tl.load(ChunkMass + (b * n_chunks + chs) * 2, mask=live, other=0.0)
-        p_c = tl.load(ChunkMass + (b * n_chunks + chs) * 2 + 1, mask=live, other=0.0)
-        # Rounding can leave no residual mass only when p == q; p itself is then exact.
-        has_residual = tl.sum(res_c, axis=0) > 0.0
-        mass_c = tl.where(has_residual, res_c, p_c)
-        target = tl.load(Final_coins + b * stride_fc).to(tl.float32) * tl.sum(mass_c, axis=0)
-        cum_c = tl.cumsum(mass_c, axis=0)
-        pos = live & (mass_c > 0.0)
-        first_c = tl.min(tl.where(pos & (cum_c > target), chs, NCH), axis=0)
-        ch = tl.where(first_c < NCH, first_c, tl.max(tl.where(pos, chs, 0), axis=0))
-        cum = tl.sum(tl.where(chs == ch, cum_c - mass_c, 0.0), axis=0)
-        target = tl.where(first_c < NCH, target, float("inf"))  # rounding left none: the last id with mass
-        inv_t = inv_temperature(Temperature, b, GREEDY_EPS_C)
-        m, z_star, scale, tie_end = load_desc(Desc, row)
-        base_l = Logits + row * stride_l
-        n_acc = tl.load(Num_accepted + b)
-        ids_q, q, sub = _record(Rec_ids, Rec_q, b, n_acc, _num_drafts(Num_drafts, b, stride_n, PER_ROW), stride_cb,
-                                stride_cj, stride_db, stride_dj, K, RC, BLOCK_RC)  # fmt: skip
-        offs = tl.arange(0, BLOCK_S)
-        drawn = -1
-        last = -1
-        for s0 in range(0, CHUNK_C, BLOCK_S):
-            cum, drawn, last = _scan_step(base_l, ch * CHUNK_C + s0 + offs, vocab, inv_t, m, z_star, scale, tie_end,
-                                          ids_q, q, sub, has_residual, target, cum, drawn, last)  # fmt: skip
-        tl.store(Emitted + b * stride_eb + n_acc, tl.where(drawn < 0, last, drawn).to(tl.int64))
 
 
 def rejection_fwd(
@@ -233,16 +176,20 @@ def rejection_fwd(
     rc = cand_ids.shape[-1]
     n, vocab = target.logits.shape
     if n != bs * (k + 1) or target.repeats != k + 1 or cand_ids.shape != (bs, k, rc) or cand_q.shape != (bs, k, rc):
-        raise ValueError(f"record shapes {tuple(tokens.shape)}, {tuple(cand_ids.shape)} do not match {n} target rows "
-                         f"at repeats {target.repeats}")  # fmt: skip
+        raise ValueError(
+            f"record shapes {tuple(tokens.shape)}, {tuple(cand_ids.shape)} do not match {n} target rows "
+            f"at repeats {target.repeats}"
+        )
     if k < 1 or any(t.stride(-1) != 1 for t in (target.logits, tokens, cand_ids, cand_q)):
         raise ValueError("rejection_fwd needs k >= 1 and contiguous last dimensions")
     if chunk % block_v:
         raise ValueError(f"chunk {chunk} must be a multiple of block_v {block_v}")
     per_row = isinstance(num_drafts, torch.Tensor)
     if per_row and (num_drafts.shape != (bs,) or num_drafts.dtype not in (torch.int32, torch.int64)):
-        raise ValueError(f"per-request num_drafts must be a [{bs}] int32 / int64 tensor, got "
-                         f"{tuple(num_drafts.shape)} {num_drafts.dtype}")  # fmt: skip
+        raise ValueError(
+            f"per-request num_drafts must be a [{bs}] int32 / int64 tensor, got "
+            f"{tuple(num_drafts.shape)} {num_drafts.dtype}"
+        )
     dev = tokens.device
     emitted = torch.empty((bs, k + 1), dtype=torch.int64, device=dev)
     num_accepted = torch.empty(bs, dtype=torch.int64, device=dev)
@@ -256,18 +203,70 @@ def rejection_fwd(
     common = {"GREEDY_EPS_C": GREEDY_EPS, "K": k, "RC": rc, "BLOCK_RC": triton.next_power_of_2(rc), "PER_ROW": per_row}
     lg = (target.logits, target.temperature, target.desc)
     _accept_kernel[(bs,)](
-        *lg, target.path, target.list_ids, target.list_n, tokens, cand_ids, cand_q, q_tok, coins, final_coins,
-        emitted, num_accepted, pending, vocab, target.logits.stride(0), target.list_ids.shape[1], *drafts,
-        tokens.stride(0), *record, q_tok.stride(0), q_tok.stride(1), coins.stride(0), coins.stride(1),
-        final_coins.stride(0), emitted.stride(0), BLOCK_K=triton.next_power_of_2(k), BLOCK_L=min(64, block_v), **common,
-    )  # fmt: skip
-    _draw_mass_kernel[(bs, n_chunks)](
-        *lg, pending, num_accepted, cand_ids, cand_q, chunk_mass, vocab, target.logits.stride(0), n_chunks, *drafts,
-        *record, CHUNK_C=chunk, BLOCK_S=min(64, block_v), **common,
-    )  # fmt: skip
-    _draw_pick_kernel[(bs,)](
-        *lg, pending, num_accepted, cand_ids, cand_q, final_coins, chunk_mass, emitted, vocab, target.logits.stride(0),
-        n_chunks, *drafts, *record, final_coins.stride(0), emitted.stride(0), NCH=triton.next_power_of_2(n_chunks),
-        CHUNK_C=chunk, BLOCK_S=min(64, block_v), **common,
-    )  # fmt: skip
+        *lg,
+        target.path,
+        target.list_ids,
+        target.list_n,
+        tokens,
+        cand_ids,
+        cand_q,
+        q_tok,
+        coins,
+        final_coins,
+        emitted,
+        num_accepted,
+        pending,
+        vocab,
+        target.logits.stride(0),
+        target.list_ids.shape[1],
+        *drafts,
+        tokens.stride(0),
+        *record,
+        q_tok.stride(0),
+        q_tok.stride(1),
+        coins.stride(0),
+        coins.stride(1),
+        final_coins.stride(0),
+        emitted.stride(0),
+        BLOCK_K=triton.next_power_of_2(k),
+        BLOCK_L=min(64, block_v),
+        **common,
+    )
+    draw_mass_kernel[(bs, n_chunks)](
+        *lg,
+        pending,
+        num_accepted,
+        cand_ids,
+        cand_q,
+        chunk_mass,
+        vocab,
+        target.logits.stride(0),
+        n_chunks,
+        *drafts,
+        *record,
+        CHUNK_C=chunk,
+        BLOCK_S=min(64, block_v),
+        **common,
+    )
+    draw_pick_kernel[(bs,)](
+        *lg,
+        pending,
+        num_accepted,
+        cand_ids,
+        cand_q,
+        final_coins,
+        chunk_mass,
+        emitted,
+        vocab,
+        target.logits.stride(0),
+        n_chunks,
+        *drafts,
+        *record,
+        final_coins.stride(0),
+        emitted.stride(0),
+        NCH=triton.next_power_of_2(n_chunks),
+        CHUNK_C=chunk,
+        BLOCK_S=min(64, block_v),
+        **common,
+    )
     return emitted, num_accepted

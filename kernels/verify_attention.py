@@ -114,7 +114,17 @@ def _verify_stage1(
                 valid = offs_n < hi
                 slot = tl.load(kv_indices + kv_start + offs_n, mask=valid, other=0).to(tl.int64)
                 k, v = load_kv_tile(
-                    K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d, mask_d
+                    K_Buffer,
+                    V_Buffer,
+                    slot,
+                    valid,
+                    cur_kv_head,
+                    stride_kbs,
+                    stride_kh,
+                    stride_vbs,
+                    stride_vh,
+                    offs_d,
+                    mask_d,
                 )
                 e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
         else:
@@ -180,8 +190,9 @@ def _verify_stage2(
     offs_s = tl.arange(0, BLOCK_S)
     mask_hs = mask_h[:, None] & (offs_s < NUM_PARTS)[None, :]
     offs_d = tl.arange(0, BLOCK_D)
-    lse = tl.load(Mid_lse + tok * stride_lt + offs_h[:, None] * stride_lh + offs_s[None, :], mask=mask_hs,
-                  other=-float("inf"))  # fmt: skip
+    lse = tl.load(
+        Mid_lse + tok * stride_lt + offs_h[:, None] * stride_lh + offs_s[None, :], mask=mask_hs, other=-float("inf")
+    )
     part_ptr = Mid_O + tok * stride_mt + offs_h[:, None, None] * stride_mh + offs_s[None, :, None] * stride_ms
     part_mask = (mask_hs & (lse > -float("inf")))[:, :, None] & (offs_d < D)[None, None, :]
     parts = tl.load(part_ptr + offs_d[None, None, :], mask=part_mask, other=0.0)
@@ -190,8 +201,9 @@ def _verify_stage2(
     denom = tl.sum(w, 1)
     o = tl.sum(w[:, :, None] * parts, 1) / tl.where(denom > 0, denom, 1.0)[:, None]
     out_mask = mask_h[:, None] & (offs_d < D)[None, :]
-    tl.store(Out + tok * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :], o.to(Out.dtype.element_ty),
-             mask=out_mask)  # fmt: skip
+    tl.store(
+        Out + tok * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :], o.to(Out.dtype.element_ty), mask=out_mask
+    )
     if HAS_LSE:
         tl.store(Lse + tok * stride_st + offs_h * stride_sh, m + tl.log(denom), mask=mask_h)
 

@@ -67,7 +67,12 @@ def main() -> None:
     logits = torch.empty(n, vocab)
     temp, top_p, min_p = torch.ones(bs), torch.ones(bs), torch.zeros(bs)
     top_k = torch.ones(bs, dtype=torch.int32)
-    tokens, q_tok, coins, final = torch.zeros(bs, k, dtype=torch.int64), torch.ones(bs, k), torch.ones(bs, k), torch.ones(bs)
+    tokens, q_tok, coins, final = (
+        torch.zeros(bs, k, dtype=torch.int64),
+        torch.ones(bs, k),
+        torch.ones(bs, k),
+        torch.ones(bs),
+    )
     ids, q = torch.zeros(bs, k, c, dtype=torch.int64), torch.ones(bs, k, c)
     for rank_rule in (False, True):
         for mp in (None, min_p):
@@ -76,8 +81,13 @@ def main() -> None:
     rows.dense()
     for drafts in (k, torch.full((bs,), k, dtype=torch.int64)):
         rejection_fwd(rows, tokens, ids, q, q_tok, drafts, coins, final)
-    draft_sample_fwd(DraftSampleInputs(logits[:bs], temp, top_p, top_k, min_p, torch.ones(bs, c)), tokens[:, 0],
-                     ids[:, 0], q[:, 0], q_tok[:, 0])  # fmt: skip
+    draft_sample_fwd(
+        DraftSampleInputs(logits[:bs], temp, top_p, top_k, min_p, torch.ones(bs, c)),
+        tokens[:, 0],
+        ids[:, 0],
+        q[:, 0],
+        q_tok[:, 0],
+    )
     print("rejection_fwd, draft_sample_fwd, dense: ok")
     for h_q, h_kv, d in ((16, 8, 128), (32, 8, 128), (9, 3, 64)):
         slots, ctx = bs * 64, 64
@@ -89,22 +99,40 @@ def main() -> None:
         sel = torch.zeros(bs, h_kv, 32, dtype=torch.int32)
         cnt = torch.zeros(bs, dtype=torch.int32)
         for splits in (1, 2):
-            sparse_decode_fwd(q1, kb, kb, torch.empty_like(q1), req_to_token, rpi, sel, cnt, lens - 8, lens, d**-0.5,
-                              num_kv_splits=splits)  # fmt: skip
+            sparse_decode_fwd(
+                q1,
+                kb,
+                kb,
+                torch.empty_like(q1),
+                req_to_token,
+                rpi,
+                sel,
+                cnt,
+                lens - 8,
+                lens,
+                d**-0.5,
+                num_kv_splits=splits,
+            )
         qv = torch.empty(n, h_q, d, dtype=torch.bfloat16)
         kv_ext = torch.empty(n, h_kv, d, dtype=torch.bfloat16)
         qo = torch.arange(bs + 1, dtype=torch.int32) * (k + 1)
         kv_indptr = torch.arange(bs + 1, dtype=torch.int32) * ctx
         kv_indices = torch.zeros(bs * ctx, dtype=torch.int64)
         lse = torch.empty(n, h_q)
-        verify_attention_fwd(qv, kv_ext, kv_ext, torch.empty_like(qv), kb, kb, qo, kv_indptr, kv_indices, k + 1, d**-0.5,
-                             lse=lse)  # fmt: skip
+        verify_attention_fwd(
+            qv, kv_ext, kv_ext, torch.empty_like(qv), kb, kb, qo, kv_indptr, kv_indices, k + 1, d**-0.5, lse=lse
+        )
         scores = torch.empty(h_kv, bs * ctx, dtype=torch.float16)
         score_capture(qv, kb, lse, qo, kv_indptr, kv_indices, scores, d**-0.5)
         print(f"attention kernels h_q={h_q} h_kv={h_kv} d={d}: ok")
-    topk_select(torch.empty(8, bs * 64), torch.arange(bs, dtype=torch.int32) * 64, torch.full((bs,), 64, dtype=torch.int32),
-                torch.full((bs,), 16, dtype=torch.int32), torch.empty(bs, 8, 16, dtype=torch.int32),
-                torch.empty(bs, dtype=torch.int32))  # fmt: skip
+    topk_select(
+        torch.empty(8, bs * 64),
+        torch.arange(bs, dtype=torch.int32) * 64,
+        torch.full((bs,), 64, dtype=torch.int32),
+        torch.full((bs,), 16, dtype=torch.int32),
+        torch.empty(bs, 8, 16, dtype=torch.int32),
+        torch.empty(bs, dtype=torch.int32),
+    )
     print(f"compiled {len(compiled)} launches of {len(set(compiled))} kernels for sm_90")
 
 

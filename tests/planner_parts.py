@@ -20,5 +20,9 @@ class DoneEvent:
 def plain_sampling() -> SimpleNamespace:
     """A batch's sampling info without penalties, min_new_tokens or custom processors, as the overlap
     scheduler hands it to the worker (orchestrator dropped, no penalty rows)."""
-    return SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
-                           acc_scaling_penalties=None, penalizer_orchestrator=None)  # fmt: skip
+    return SimpleNamespace(
+        has_custom_logit_processor=False,
+        acc_additive_penalties=None,
+        acc_scaling_penalties=None,
+        penalizer_orchestrator=None,
+    )

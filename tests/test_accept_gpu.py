@@ -76,10 +76,16 @@ def test_target_rows_are_what_stock_samples(case, backend):
     temp, top_k, top_p, min_p = case
     logits = _tied_logits(CASES.index(case))
     one = torch.ones(ROWS, device="cuda")
-    rows = SamplingRows(one * temp, one * top_p, torch.full((ROWS,), top_k, dtype=torch.int32, device="cuda"),
-                        None if min_p is None else one * min_p, backend)  # fmt: skip
-    ours = target_filter_fwd(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p, 1,
-                             backend is SamplingBackend.PYTORCH).dense()  # fmt: skip
+    rows = SamplingRows(
+        one * temp,
+        one * top_p,
+        torch.full((ROWS,), top_k, dtype=torch.int32, device="cuda"),
+        None if min_p is None else one * min_p,
+        backend,
+    )
+    ours = target_filter_fwd(
+        logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p, 1, backend is SamplingBackend.PYTORCH
+    ).dense()
     ref = target_probs(logits, rows)
     assert torch.equal(ours > 0, ref > 0)
     torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
@@ -90,15 +96,19 @@ def test_target_rows_are_what_stock_samples(case, backend):
         support = want > 0
         p_row = probs[r].cpu()
         tied = int((p_row == p_row[support].min()).sum())
-        print(f"{case} {backend.value} row {r}: keeps {int(support.sum())} ({tied} tokens at the cut value), stock "
-              f"drew {int((counts > 0).sum())} ids, outside the support: {int(counts[~support].sum())}")  # fmt: skip
+        print(
+            f"{case} {backend.value} row {r}: keeps {int(support.sum())} ({tied} tokens at the cut value), stock "
+            f"drew {int((counts > 0).sum())} ids, outside the support: {int(counts[~support].sum())}"
+        )
         assert counts[~support].sum() == 0, (r, int(counts[~support].sum()))
         stat, df = _chi2(counts, want * DRAWS)
         # A one-token support (greedy under the pytorch rule) leaves no degree of freedom: the support
         # check above is then the whole test.
         assert df == 0 or _p_value(stat, df) > 1e-4, (r, stat, df)
         if top_k == 1:  # the three tied maxima: all of them under flashinfer, the first under pytorch
-            assert support.nonzero().view(-1).tolist() == ([100] if backend is SamplingBackend.PYTORCH else [100, 101, 102])
+            assert support.nonzero().view(-1).tolist() == (
+                [100] if backend is SamplingBackend.PYTORCH else [100, 101, 102]
+            )
 
 
 @pytest.mark.parametrize("rank_rule", [False, True])

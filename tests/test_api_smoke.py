@@ -62,8 +62,12 @@ def bad_server() -> Iterator[str]:
 def test_all_checks_pass_on_consistent_server(good_server: str) -> None:
     checks = run_checks(good_server, "default", "prompt", timeout=10)
     assert [c["name"] for c in checks] == [
-        "chat non-stream", "chat stream", "completions non-stream", "completions stream", "native /generate agrees",
-    ]  # fmt: skip
+        "chat non-stream",
+        "chat stream",
+        "completions non-stream",
+        "completions stream",
+        "native /generate agrees",
+    ]
     assert all(c["ok"] for c in checks), checks
 
 
@@ -71,7 +75,9 @@ def test_stream_and_native_mismatches_fail(bad_server: str) -> None:
     checks = {c["name"]: c for c in run_checks(bad_server, "default", "prompt", timeout=10)}
     assert checks["chat non-stream"]["ok"] and checks["completions non-stream"]["ok"]
     assert not checks["chat stream"]["ok"] and not checks["completions stream"]["ok"]
-    assert not checks["native /generate agrees"]["ok"] and "something else" in checks["native /generate agrees"]["detail"]
+    assert (
+        not checks["native /generate agrees"]["ok"] and "something else" in checks["native /generate agrees"]["detail"]
+    )
 
 
 def test_unreachable_server_fails_every_check() -> None:

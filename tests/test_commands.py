@@ -21,7 +21,9 @@ RAW_RESULTS = REPO / "benchmarks" / "results"  # measurement logs, as they were 
 def sources() -> list[Path]:
     found = []
     for root, dirs, files in os.walk(REPO):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("node_modules", "site-packages", "__pycache__")]
+        dirs[:] = [
+            d for d in dirs if not d.startswith(".") and d not in ("node_modules", "site-packages", "__pycache__")
+        ]
         if Path(root).is_relative_to(RAW_RESULTS):
             continue
         found += [Path(root) / f for f in files if f.endswith((".md", ".py", ".sh"))]
@@ -51,8 +53,10 @@ def runs_as_command(module: str) -> bool:
 
 
 def test_the_scanner_reads_commands_and_skips_comments() -> None:
-    text = ("run `python -m benchmarks.sweep --data-dir D` or python3 -m tools.<name>\n"
-            "# python3 -m benchmarks.gone (kept for the record)\n    python -m sglang.launch_server\n")
+    text = (
+        "run `python -m benchmarks.sweep --data-dir D` or python3 -m tools.<name>\n"
+        "# python3 -m benchmarks.gone (kept for the record)\n    python -m sglang.launch_server\n"
+    )
     assert commands(text) == ["benchmarks.sweep", "tools"]
     assert runs_as_command("benchmarks.sweep") and runs_as_command("benchmarks.report")
     assert not runs_as_command("benchmarks.gone") and not runs_as_command("benchmarks.configs")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from sglang_sparsespec.metrics import PillarMetrics
@@ -46,8 +45,14 @@ def test_a_restored_table_prices_its_cells_without_probing_them_again():
     mine.observe([RoundSample(key, 0, 0.0, 9.0, None)] * PROBE_ROUNDS)
     mine.table.restore(cells)
     assert mine.round_ms(key, 0) == pytest.approx(9.0)
-    for bad in ({"x": {"plain": 1.0}}, {"8,3": {"plain": "fast"}}, {"8,3": {"verify": 1.0}}, {"8,3": {"plain": -1}},
-                {"0,3": {"plain": 1.0}}, {"8,3": {"plain": 1.0, "draft": {"two": 1.0}}}):  # fmt: skip
+    for bad in (
+        {"x": {"plain": 1.0}},
+        {"8,3": {"plain": "fast"}},
+        {"8,3": {"verify": 1.0}},
+        {"8,3": {"plain": -1}},
+        {"0,3": {"plain": 1.0}},
+        {"8,3": {"plain": 1.0, "draft": {"two": 1.0}}},
+    ):
         with pytest.raises(ValueError, match="malformed cost cells"):
             SpeculationPolicy((0, 8)).table.restore(bad)
 

@@ -133,7 +133,9 @@ def test_round_planner_hands_the_dense_set_to_the_draft_runner():
     planner = RoundPlanner(cfg, PillarMetrics(8), RoundClock(DoneEvent), policy=policy, agreement=RoundAgreement(None))
     planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
     reqs = [_Req(2000) for _ in range(4)]
-    batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=plain_sampling())
+    batch = SimpleNamespace(
+        reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=plain_sampling()
+    )
     key = policy.choose(4, 2000)[1]
     policy.choose(4, 2000)
     policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8.0, 2.0, 0.2)] * PROBE_ROUNDS)

@@ -57,14 +57,22 @@ def next_token(tok: int, pos: int, row: int) -> int:
 def make_runner(capture_bs: list[int], plain_decode: bool = False, seeded: bool = False) -> dr.PillarDraftRunner:
     req_to_token = torch.arange(8 * 64, dtype=torch.int32, device=DEVICE).view(8, 64) + 1000
     mr = SimpleNamespace(
-        device=DEVICE, model=FakeModel(), model_config=SimpleNamespace(vocab_size=V), spec_algorithm=None,
+        device=DEVICE,
+        model=FakeModel(),
+        model_config=SimpleNamespace(vocab_size=V),
+        spec_algorithm=None,
         req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
         server_args=SimpleNamespace(enable_cudagraph_gc=False),
-    )  # fmt: skip
+    )
     state = PlanState.allocate(8, 2, 3, True, 16, torch.device(DEVICE))
     return dr.PillarDraftRunner(
-        mr, PillarConfig(num_steps=K, draft_candidates=4), state, max_bs=8, capture_bs=capture_bs,
-        plain_decode=plain_decode, seeded=seeded,
+        mr,
+        PillarConfig(num_steps=K, draft_candidates=4),
+        state,
+        max_bs=8,
+        capture_bs=capture_bs,
+        plain_decode=plain_decode,
+        seeded=seeded,
     )
 
 
@@ -76,10 +84,13 @@ def runner(monkeypatch) -> dr.PillarDraftRunner:
 
 def sampling(greedy: bool, seeds: list[int] | None = None) -> SimpleNamespace:
     return SimpleNamespace(
-        is_all_greedy=greedy, temperatures=torch.full((BS, 1), 0.6, device=DEVICE),
-        top_ps=torch.full((BS,), 0.95, device=DEVICE), top_ks=torch.full((BS,), 4, dtype=torch.int32, device=DEVICE),
-        min_ps=None, sampling_seed=None if seeds is None else torch.tensor(seeds, device=DEVICE),
-    )  # fmt: skip
+        is_all_greedy=greedy,
+        temperatures=torch.full((BS, 1), 0.6, device=DEVICE),
+        top_ps=torch.full((BS,), 0.95, device=DEVICE),
+        top_ks=torch.full((BS,), 4, dtype=torch.int32, device=DEVICE),
+        min_ps=None,
+        sampling_seed=None if seeds is None else torch.tensor(seeds, device=DEVICE),
+    )
 
 
 def test_steps_replay_one_body_and_each_round_starts_afresh(runner: dr.PillarDraftRunner) -> None:
@@ -224,8 +235,10 @@ def test_seeded_requests_draft_the_same_tokens_on_every_run(monkeypatch) -> None
     again, q_again = seeded_round(make_runner([], seeded=True), [11, 12, 13], global_seed=1)
     assert torch.equal(tokens, again) and torch.equal(q, q_again)
     # The draws are the request's own: other seeds, or another round start, draft differently.
-    draws = {seeded_round(runner, seeds, 0, lens)[0].flatten().tolist().__repr__()
-             for seeds, lens in [([11, 12, 13], (4, 9, 30)), ([21, 22, 23], (4, 9, 30)), ([11, 12, 13], (5, 10, 31))]}
+    draws = {
+        seeded_round(runner, seeds, 0, lens)[0].flatten().tolist().__repr__()
+        for seeds, lens in [([11, 12, 13], (4, 9, 30)), ([21, 22, 23], (4, 9, 30)), ([11, 12, 13], (5, 10, 31))]
+    }
     assert len(draws) == 3
     # Control: without seeding the same round depends on the default generator.
     unseeded = make_runner([])

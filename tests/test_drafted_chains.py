@@ -79,8 +79,13 @@ class Rule:
     def rows(self, s: torch.Tensor) -> SamplingRows:
         """SamplingRows for requests of parameter sets ``s`` [n]."""
         p = self.params[s]
-        return SamplingRows(p[:, 0].float(), p[:, 1].float(), p[:, 2].to(torch.int32),
-                            p[:, 3].float() if self.min_p else None, self.backend)  # fmt: skip
+        return SamplingRows(
+            p[:, 0].float(),
+            p[:, 1].float(),
+            p[:, 2].to(torch.int32),
+            p[:, 3].float() if self.min_p else None,
+            self.backend,
+        )
 
     def table_rows(self) -> tuple[torch.Tensor, SamplingRows]:
         """The [S * 2 * V, V] target logits of every (set, parity, previous token) and their parameters."""
@@ -111,8 +116,12 @@ def _stock_law(rule: Rule, logits: torch.Tensor) -> torch.Tensor:
             law = torch.stack([stock_flashinfer_row(p, int(top_k), top_p, mp) for p in probs])
         else:
             n = rows.shape[0]
-            law = stock_pytorch_rows(probs, torch.full((n,), int(top_k)), torch.full((n,), top_p),
-                                     None if mp is None else torch.full((n,), mp))  # fmt: skip
+            law = stock_pytorch_rows(
+                probs,
+                torch.full((n,), int(top_k)),
+                torch.full((n,), top_p),
+                None if mp is None else torch.full((n,), mp),
+            )
         out[s] = law.double()
     return out.view(rule.sets, 2, V, V)
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.checks import exactness, exactness_contexts, exactness_stats as stats
+from benchmarks.checks import exactness, exactness_contexts, exactness_plan, exactness_stats as stats
 
 
 def _draw(rng: random.Random, weights: list[float], n: int) -> Counter:
@@ -47,11 +47,20 @@ def test_parse_args_takes_one_sampling_setting_against_a_reference_without_specu
     base = ["--model", "m", "--data-dir", str(tmp_path), "--out", str(tmp_path / "e.json")]
     args = exactness.parse_args(base + ["--temperature", "0.6", "--top-p", "0.95", "--top-k", "20"])
     assert (args.reference, args.candidate, args.controls, args.mem_fraction_static) == ("stock", "pillar", [], 0.4)
-    assert exactness.sampling_params(args) == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
-        "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0,
-        "max_new_tokens": 4, "ignore_eos": True}  # fmt: skip
-    assert exactness.power_checks(args) == [("hot", "token 2")]
-    assert exactness.statistics(args) == ["token 1", "token 2", "token 3", "token 4", "length", "repeats"]
+    assert exactness_plan.sampling_params(args) == {
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 20,
+        "min_p": 0.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "min_new_tokens": 0,
+        "max_new_tokens": 4,
+        "ignore_eos": True,
+    }
+    assert exactness_plan.power_checks(args) == [("hot", "token 2")]
+    assert exactness_plan.statistics(args) == ["token 1", "token 2", "token 3", "token 4", "length", "repeats"]
     three = exactness.parse_args(base + ["--controls", "stock-flashinfer", "--candidate", "pillar:adaptive_steps=off"])
     assert three.mem_fraction_static == pytest.approx(0.267)
     # Started one after another, each server is sized on what the ones before left free (SGLang's rule: a server
@@ -64,15 +73,28 @@ def test_parse_args_takes_one_sampling_setting_against_a_reference_without_specu
         assert held == pytest.approx(0.267, abs=1e-3)
         free -= held
     pen = exactness.parse_args(base + ["--presence-penalty", "0.3", "--min-new-tokens", "2", "--stop-at-eos"])
-    assert exactness.power_checks(pen) == [("hot", "token 2"), ("plain", "repeats"), ("plain", "length")]
-    assert exactness.part_params(pen, "plain")["presence_penalty"] == 0.0 and exactness.part_params(pen, "plain")["min_new_tokens"] == 0
-    assert exactness.part_params(pen, "hot")["temperature"] == pytest.approx(1.3)
-    assert [(p, c) for p, c, _ in exactness.cell_plan(pen)] == [("main", 0), ("hot", 0), ("plain", 0)]
+    assert exactness_plan.power_checks(pen) == [("hot", "token 2"), ("plain", "repeats"), ("plain", "length")]
+    assert (
+        exactness_plan.part_params(pen, "plain")["presence_penalty"] == 0.0
+        and exactness_plan.part_params(pen, "plain")["min_new_tokens"] == 0
+    )
+    assert exactness_plan.part_params(pen, "hot")["temperature"] == pytest.approx(1.3)
+    assert [(p, c) for p, c, _ in exactness_plan.cell_plan(pen)] == [("main", 0), ("hot", 0), ("plain", 0)]
     # A PILLAR reference shares the candidate's target filter and verify: refused, as is any bad setting.
-    for bad in (["--reference", "pillar:budget_ratio=1", "--candidate", "pillar"], ["--temperature", "0"],
-                ["--new-tokens", "1"], ["--candidate", "eagle"], ["--controls", "x"], ["--controls", "stock"],
-                ["--min-p", "1"], ["--frequency-penalty", "3"], ["--min-new-tokens", "1"], ["--prompts", "data"],
-                ["--mem-fraction-static", "0.5"], ["--samples", "1"]):  # fmt: skip
+    for bad in (
+        ["--reference", "pillar:budget_ratio=1", "--candidate", "pillar"],
+        ["--temperature", "0"],
+        ["--new-tokens", "1"],
+        ["--candidate", "eagle"],
+        ["--controls", "x"],
+        ["--controls", "stock"],
+        ["--min-p", "1"],
+        ["--frequency-penalty", "3"],
+        ["--min-new-tokens", "1"],
+        ["--prompts", "data"],
+        ["--mem-fraction-static", "0.5"],
+        ["--samples", "1"],
+    ):
         argv = [a for a in base if a not in ("--data-dir", str(tmp_path))] if bad == ["--prompts", "data"] else base
         with pytest.raises(SystemExit):
             exactness.parse_args(argv + bad)
@@ -114,36 +136,62 @@ def test_tallies_pad_stopped_outputs_and_round_trip_through_json():
 
 def test_the_cut_finds_the_closest_call():
     # output_top_logprobs rows: [[logprob, id, text], ...]; index 3 is the nearest tie at or after lo = 2
-    rows = [[[-0.1, 7, None], [-0.2, 8, None]], [[-0.1, 7, None], [-3.0, 8, None]], [[-0.5, 7, None], [-2.0, 9, None]],
-            [[-0.6, 7, None], [-0.9, 9, None]], [[-0.01, 7, None]]]  # fmt: skip
+    rows = [
+        [[-0.1, 7, None], [-0.2, 8, None]],
+        [[-0.1, 7, None], [-3.0, 8, None]],
+        [[-0.5, 7, None], [-2.0, 9, None]],
+        [[-0.6, 7, None], [-0.9, 9, None]],
+        [[-0.01, 7, None]],
+    ]
     assert exactness_contexts.most_uncertain_cut(rows, 2) == (3, pytest.approx(0.3))
     with pytest.raises(ValueError, match="no output position"):
         exactness_contexts.most_uncertain_cut(rows, 5)
 
 
 def _test(config: str, statistic: str, p_value: float, tv: float) -> dict:
-    return {"config": config, "context": 0, "statistic": statistic, "stat": 9.0, "df": 3, "p_value": p_value,
-            "total_variation": tv}  # fmt: skip
+    return {
+        "config": config,
+        "context": 0,
+        "statistic": statistic,
+        "stat": 9.0,
+        "df": 3,
+        "p_value": p_value,
+        "total_variation": tv,
+    }
 
 
 def test_parity_sets_each_control_beside_the_candidate():
-    tests = [_test("pillar", "token 1", 0.5, 0.004), _test("pillar", "token 3", 1e-9, 0.009),
-             _test("ngram", "token 1", 0.6, 0.002), _test("ngram", "token 3", 1e-20, 0.024),
-             _test("stock-flashinfer", "token 1", 0.7, 0.001), _test("stock-flashinfer", "token 3", 0.2, 0.003)]  # fmt: skip
+    tests = [
+        _test("pillar", "token 1", 0.5, 0.004),
+        _test("pillar", "token 3", 1e-9, 0.009),
+        _test("ngram", "token 1", 0.6, 0.002),
+        _test("ngram", "token 3", 1e-20, 0.024),
+        _test("stock-flashinfer", "token 1", 0.7, 0.001),
+        _test("stock-flashinfer", "token 3", 0.2, 0.003),
+    ]
     p = stats.parity(tests, "pillar", ["ngram", "stock-flashinfer"], 1e-4)
     assert p["verdict"] == "WITHIN" and [r["statistic"] for r in p["rows"]] == ["token 1", "token 3"]
     # Token 1 passes, so its TV above both controls' is no deviation; token 3 rejects within ngram's.
     first, third = p["rows"]
     assert first["within"] and not first["rejects"] and third["within"] and third["rejects"]
     assert third["candidate"] == {"stat": 9.0, "df": 3, "p_value": 1e-9, "total_variation": 0.009}
-    assert third["controls"]["ngram"]["total_variation"] == 0.024 and third["controls"]["stock-flashinfer"]["p_value"] == 0.2
-    assert stats.parity_line(p) == ("parity: pillar WITHIN the controls' deviation at every statistic it rejects: "
-                                    "ctx 0 token 3: TV 0.0090 (ngram 0.0240, stock-flashinfer 0.0030)")  # fmt: skip
+    assert (
+        third["controls"]["ngram"]["total_variation"] == 0.024
+        and third["controls"]["stock-flashinfer"]["p_value"] == 0.2
+    )
+    assert stats.parity_line(p) == (
+        "parity: pillar WITHIN the controls' deviation at every statistic it rejects: "
+        "ctx 0 token 3: TV 0.0090 (ngram 0.0240, stock-flashinfer 0.0030)"
+    )
     worse = [*tests[:1], _test("pillar", "token 3", 1e-12, 0.031), *tests[2:]]
     beyond = stats.parity(worse, "pillar", ["ngram", "stock-flashinfer"], 1e-4)
     assert beyond["verdict"] == "BEYOND" and not beyond["rows"][1]["within"]
-    assert stats.parity_line(beyond).startswith("parity: pillar BEYOND the controls' deviation at ctx 0 token 3: TV 0.0310")
+    assert stats.parity_line(beyond).startswith(
+        "parity: pillar BEYOND the controls' deviation at ctx 0 token 3: TV 0.0310"
+    )
     assert stats.parity(tests, "pillar", [], 1e-4)["verdict"] == "NO_CONTROLS"
     assert stats.parity(tests[:4], "pillar", ["ngram", "stock-flashinfer"], 1e-4)["verdict"] == "INCOMPLETE"
     assert stats.parity(tests[2:], "pillar", ["ngram"], 1e-4)["verdict"] == "INCOMPLETE"  # no candidate cell yet
-    assert "(it rejects no statistic)" in stats.parity_line(stats.parity(tests[:1] + tests[2:3], "pillar", ["ngram"], 1e-4))
+    assert "(it rejects no statistic)" in stats.parity_line(
+        stats.parity(tests[:1] + tests[2:3], "pillar", ["ngram"], 1e-4)
+    )

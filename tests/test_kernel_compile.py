@@ -16,8 +16,14 @@ from pathlib import Path
 def test_every_kernel_compiles_for_sm90() -> None:
     script = Path(__file__).with_name("kernel_compile.py")
     env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900,
-                          cwd=Path(__file__).parent.parent)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=Path(__file__).parent.parent,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "for sm_90" in done.stdout.splitlines()[-1], out[-2000:]

@@ -39,7 +39,9 @@ def published_server_args(llama_config_dir):
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
-    args = ServerArgs(model_path=str(llama_config_dir), attention_backend="triton", skip_tokenizer_init=True, device="cpu")
+    args = ServerArgs(
+        model_path=str(llama_config_dir), attention_backend="triton", skip_tokenizer_init=True, device="cpu"
+    )
     runtime_context.publish(args, role="test")
     yield
     runtime_context.reset_context()
@@ -59,11 +61,16 @@ def _sched(waiting=(), running=(), grammar=()):
 
     sent: list = []
     sched = SimpleNamespace(
-        chunked_req=None, waiting_queue=[_req(r) for r in waiting], enable_hicache_storage=False,
-        disaggregation_mode=DisaggregationMode.NULL, dllm_config=None, ps=SimpleNamespace(pp_size=1),
-        running_batch=SimpleNamespace(reqs=[_req(r) for r in running]), last_batch=None,
+        chunked_req=None,
+        waiting_queue=[_req(r) for r in waiting],
+        enable_hicache_storage=False,
+        disaggregation_mode=DisaggregationMode.NULL,
+        dllm_config=None,
+        ps=SimpleNamespace(pp_size=1),
+        running_batch=SimpleNamespace(reqs=[_req(r) for r in running]),
+        last_batch=None,
         ipc_channels=SimpleNamespace(send_to_tokenizer=SimpleNamespace(send_output=lambda msg, req: sent.append(msg))),
-    )  # fmt: skip
+    )
     manager = SimpleNamespace(grammar_queue=[_req(r) for r in grammar])
     manager.abort_requests = types.MethodType(GrammarManager.abort_requests, manager)
     sched.grammar_manager, sched.sent = manager, sent
@@ -103,10 +110,20 @@ def _tokenized(rid: str, ipc: str | None = None):
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     return TokenizedGenerateReqInput(
-        rid=rid, http_worker_ipc=ipc, input_text=TEXT, input_ids=array("q", [5, 6, 7]), input_embeds=None,
-        mm_inputs=None, token_type_ids=None, sampling_params=SamplingParams(max_new_tokens=8), return_logprob=False,
-        logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False,
-    )  # fmt: skip
+        rid=rid,
+        http_worker_ipc=ipc,
+        input_text=TEXT,
+        input_ids=array("q", [5, 6, 7]),
+        input_embeds=None,
+        mm_inputs=None,
+        token_type_ids=None,
+        sampling_params=SamplingParams(max_new_tokens=8),
+        return_logprob=False,
+        logprob_start_len=-1,
+        top_logprobs_num=0,
+        token_ids_logprob=None,
+        stream=False,
+    )
 
 
 def _accepted_by_sglang(sched, recv):

@@ -70,8 +70,13 @@ def test_rounds_are_matched_with_their_accept_counts_in_launch_order():
     assert m.rounds_by_steps == {4: 1, 0: 1, 2: 1}
     assert (m.drafts, m.draft_tokens, m.accepted_tokens) == (5, 16, 10)
     assert m.accepted_per_pos == [4, 4, 1, 1] and sum(m.accepted_per_pos) == m.accepted_tokens
-    assert sink.calls == [("round", 4), ("round", 0), ("round", 2),
-                          ("drafts", 3, 12, 6, [2, 2, 1, 1]), ("drafts", 2, 4, 4, [2, 2])]  # fmt: skip
+    assert sink.calls == [
+        ("round", 4),
+        ("round", 0),
+        ("round", 2),
+        ("drafts", 3, 12, 6, [2, 2, 1, 1]),
+        ("drafts", 2, 4, 4, [2, 2]),
+    ]
     s = m.summary()
     assert s["rounds_by_steps"] == {"0": 1, "2": 1, "4": 1} and s["acceptance_rate"] == 10 / 16
 
@@ -183,9 +188,23 @@ def test_the_scheduler_builds_its_metrics_reporter_after_the_worker():
 def test_metrics_reach_prometheus_on_gpu(tmp_path):
     from benchmarks.server import Server, http_json, scheduler_state
 
-    flags = ["--attention-backend", "triton", "--page-size", "1", "--speculative-algorithm", "PILLAR",
-             "--speculative-num-steps", "8", "--enable-metrics", "--decode-log-interval", "1",
-             "--context-length", "4096", "--mem-fraction-static", "0.6"]  # fmt: skip
+    flags = [
+        "--attention-backend",
+        "triton",
+        "--page-size",
+        "1",
+        "--speculative-algorithm",
+        "PILLAR",
+        "--speculative-num-steps",
+        "8",
+        "--enable-metrics",
+        "--decode-log-interval",
+        "1",
+        "--context-length",
+        "4096",
+        "--mem-fraction-static",
+        "0.6",
+    ]
     model = os.environ["SPARSESPEC_TEST_MODEL"]
     with Server.sglang(model, flags, log_path=tmp_path / "server.log") as srv:
         srv.start(timeout_s=400)

@@ -58,14 +58,22 @@ def _serve(config, extra, radix, env, log, prompts, abort_rids=(), top2=False, c
                 http_json(url + "/abort_request", {"rid": rid}, timeout=30)
                 time.sleep(0.5)
 
-        victims = [{"input_ids": p, "sampling_params": {"max_new_tokens": 6000, "ignore_eos": True,
-                    "temperature": 0.0}, "rid": rid} for p, rid in zip(prompts, abort_rids)]  # fmt: skip
+        victims = [
+            {
+                "input_ids": p,
+                "sampling_params": {"max_new_tokens": 6000, "ignore_eos": True, "temperature": 0.0},
+                "rid": rid,
+            }
+            for p, rid in zip(prompts, abort_rids)
+        ]
         threads = [threading.Thread(target=lambda b=b: _post(url, b)) for b in victims]
         threads.append(threading.Thread(target=abort_later))
         for t in threads:
             t.start()
         sampling = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
-        outs = generate_all(server, prompts, sampling, concurrency=concurrency or len(prompts), timeout_s=1800, top2=top2)
+        outs = generate_all(
+            server, prompts, sampling, concurrency=concurrency or len(prompts), timeout_s=1800, top2=top2
+        )
         stop.set()
         for t in threads:
             t.join(timeout=120)
@@ -110,7 +118,7 @@ def references(prompts, tmp_path_factory):
 @pytest.mark.parametrize("config", ["stock", "pillar-k4"])
 @pytest.mark.parametrize("radix", [False, True])
 def test_no_corruption_under_2x_oversubscription_with_aborts(config, radix, prompts, references, tmp_path):
-    from benchmarks.checks.lossless import compare_outputs
+    from benchmarks.checks.identity import compare_outputs
 
     ref = references(radix)
     demand = sum(len(p) + MAX_NEW for p in prompts) + ABORTED * 6000
@@ -127,12 +135,12 @@ def test_no_corruption_under_2x_oversubscription_with_aborts(config, radix, prom
     assert not bad, _divergences(bad)
 
 
-
 def _divergences(bad: list[dict]) -> str:
     """Where each bad request left the reference and how sure stock was there: a margin near the
     near-tie bound reads as rounding, a wide one as wrong KV."""
     keys = ("index", "first_divergence", "reference_margin", "reference_window", "candidate_window")
     return "; ".join(str({k: r.get(k) for k in keys}) for r in bad[:3])
+
 
 SHARED_N, SHARED_CONCURRENCY, CHUNK = 48, 16, 256
 
@@ -145,7 +153,9 @@ def shared_prompts() -> list[list[int]]:
     from benchmarks.workload import load_tokenizer
 
     tok = load_tokenizer(MODEL)
-    system = tok.encode(" ".join(f"Rule {i}: answer questions about the number {i} at length and with care." for i in range(48)))
+    system = tok.encode(
+        " ".join(f"Rule {i}: answer questions about the number {i} at length and with care." for i in range(48))
+    )
     assert len(system) > CHUNK
     prompts = []
     for i in range(SHARED_N):
@@ -167,7 +177,7 @@ def shared_reference(shared_prompts, tmp_path_factory) -> list:
 
 @pytest.mark.parametrize("config", ["stock", "pillar-k4"])
 def test_radix_shared_prefixes_and_chunked_prefill_under_parking(config, shared_prompts, shared_reference, tmp_path):
-    from benchmarks.checks.lossless import compare_outputs
+    from benchmarks.checks.identity import compare_outputs
 
     chunked, ref = CHUNKED, shared_reference
     # Half of what the requests in flight at once hold at their longest (the shared prefix counted once).
@@ -175,8 +185,15 @@ def test_radix_shared_prefixes_and_chunked_prefill_under_parking(config, shared_
     longest = sorted((len(p) - shared for p in shared_prompts), reverse=True)[:SHARED_CONCURRENCY]
     pool = (shared + sum(longest) + SHARED_CONCURRENCY * MAX_NEW) // 2
     env = {"SPARSESPEC_OFFLOAD_HOST_GB": "4"}
-    outs, state, log = _serve(config, (*chunked, "--max-total-tokens", str(pool)), True, env, tmp_path / "offload.log",
-                              shared_prompts, concurrency=SHARED_CONCURRENCY)  # fmt: skip
+    outs, state, log = _serve(
+        config,
+        (*chunked, "--max-total-tokens", str(pool)),
+        True,
+        env,
+        tmp_path / "offload.log",
+        shared_prompts,
+        concurrency=SHARED_CONCURRENCY,
+    )
     assert "Retract requests" not in log
     assert state["offload"]["parks"] > 0 and state["offload"]["restores"] > 0, state.get("offload")
     assert state["offload"]["parked_now"] == 0  # and nothing leaked on host at idle:

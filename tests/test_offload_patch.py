@@ -15,7 +15,7 @@ from sglang.srt.plugins import load_plugins
 load_plugins()
 
 from sglang.srt.server_args import ServerArgs
-from sglang_sparsespec.patches import offload, offload_capacity
+from sglang_sparsespec.patches import offload
 from test_offload import Fence, HostSlots
 
 from sglang_sparsespec.offload import Where
@@ -115,14 +115,26 @@ class Batch:
 
 
 def _req(rid, idx, length, protected, remaining):
-    sp = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
-                         max_new_tokens=remaining)  # fmt: skip
+    sp = SimpleNamespace(
+        frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0, max_new_tokens=remaining
+    )
     return SimpleNamespace(
-        rid=rid, req_pool_idx=idx, cache_protected_len=protected, kv=SimpleNamespace(kv_allocated_len=length),
-        kv_committed_len=length, sampling_params=sp, output_ids=[], to_finish=None, finished_reason=None,
-        grammar=None, custom_logit_processor=None, multimodal_inputs=None, return_hidden_states=False,
-        inflight_middle_chunks=0, finished=lambda: False,
-    )  # fmt: skip
+        rid=rid,
+        req_pool_idx=idx,
+        cache_protected_len=protected,
+        kv=SimpleNamespace(kv_allocated_len=length),
+        kv_committed_len=length,
+        sampling_params=sp,
+        output_ids=[],
+        to_finish=None,
+        finished_reason=None,
+        grammar=None,
+        custom_logit_processor=None,
+        multimodal_inputs=None,
+        return_hidden_states=False,
+        inflight_middle_chunks=0,
+        finished=lambda: False,
+    )
 
 
 @pytest.fixture
@@ -137,9 +149,15 @@ def world(monkeypatch):
         pool.req_to_token[r.req_pool_idx, : len(slots)] = slots.to(torch.int32)
         mover.kv[slots] = (100 * r.req_pool_idx + torch.arange(len(slots))).float()[:, None].expand(-1, H)
     released = []
-    sched = SimpleNamespace(token_to_kv_pool_allocator=allocator, req_to_token_pool=pool, tree_cache="tree", chunked_req=None,
-                            ipc_channels=SimpleNamespace(send_to_tokenizer=SimpleNamespace(
-                                send_output=lambda msg, req: released.append(("abort", req.rid)))))  # fmt: skip
+    sched = SimpleNamespace(
+        token_to_kv_pool_allocator=allocator,
+        req_to_token_pool=pool,
+        tree_cache="tree",
+        chunked_req=None,
+        ipc_channels=SimpleNamespace(
+            send_to_tokenizer=SimpleNamespace(send_output=lambda msg, req: released.append(("abort", req.rid)))
+        ),
+    )
     off = offload.KVOffloader(sched, mover, decode_reserve=1)
     monkeypatch.setattr(offload, "_ACTIVE", off)
     monkeypatch.setattr(off, "_batch_of", lambda rows: Batch([r.req for r in rows], pool, allocator))
@@ -150,8 +168,16 @@ def world(monkeypatch):
         allocator.free(row[req.cache_protected_len : req.kv_committed_len].to(torch.int64))
         released.append(("release", req.rid, req.kv_committed_len))
 
-    return SimpleNamespace(allocator=allocator, mover=mover, pool=pool, reqs=reqs, off=off, batch=Batch(reqs, pool, allocator),
-                           released=released, original_release=original_release)  # fmt: skip
+    return SimpleNamespace(
+        allocator=allocator,
+        mover=mover,
+        pool=pool,
+        reqs=reqs,
+        off=off,
+        batch=Batch(reqs, pool, allocator),
+        released=released,
+        original_release=original_release,
+    )
 
 
 def _kv_of(w, req):
@@ -245,138 +271,22 @@ def test_offloader_takes_the_pool_from_the_model_runner_when_the_pools_exist(mon
     monkeypatch.setattr(offload_hooks, "offload_refusal", lambda server_args: None)
     agree = lambda counts: counts  # noqa: E731  (the TP group's MIN all-reduce)
     monkeypatch.setattr(offload_hooks, "min_over_tp_group", lambda: agree)
-    monkeypatch.setattr(offload_hooks, "CudaKVMover", lambda pool, gb, stream_of: built.append((pool, gb)) or Mover(8, 8))
+    monkeypatch.setattr(
+        offload_hooks, "CudaKVMover", lambda pool, gb, stream_of: built.append((pool, gb)) or Mover(8, 8)
+    )
     monkeypatch.setattr(offload, "_ACTIVE", None)
     allocator = SimpleNamespace(get_kvcache=lambda: "device-kv-pool")
-    sched = SimpleNamespace(server_args=None, spec_algorithm=SimpleNamespace(is_none=lambda: True),
-                            tp_worker=SimpleNamespace(model_runner=SimpleNamespace(token_to_kv_pool_allocator=allocator)))  # fmt: skip
+    sched = SimpleNamespace(
+        server_args=None,
+        spec_algorithm=SimpleNamespace(is_none=lambda: True),
+        tp_worker=SimpleNamespace(model_runner=SimpleNamespace(token_to_kv_pool_allocator=allocator)),
+    )
     assert offload_hooks.create_offloader("result", sched) == "result"
     assert built == [("device-kv-pool", 2.0)] and sched.pillar_offload is offload._ACTIVE
     assert sched.pillar_offload.ledger.agree is agree
 
 
 # -- admission: PrefillAdder.add_one_req counts the host budget (the registered hook) ------------
-class Tree:
-    """The radix tree surface PrefillAdder reads; ``disable`` routes ignore_eos requests to the exact simulation."""
-
-    def __init__(self, disable):
-        self.disable = disable
-
-    def evictable_size(self):
-        return 0
-
-    def supports_mamba(self):
-        return False
-
-    def is_tree_cache(self):
-        return False
-
-    def inc_lock_ref(self, node):
-        return None
-
-    def dec_lock_ref(self, node, params=None):
-        return None
-
-
-class AdderReq(SimpleNamespace):
-    """The Req surface PrefillAdder.add_one_req reads and writes."""
-
-    def needs_host_load_back(self):
-        return False
-
-    def set_extend_range(self, start, end):
-        self.extend_range = SimpleNamespace(start=start, end=end, length=end - start)
-
-
-def _adder_req(rid, prompt, max_new, generated=0, ignore_eos=True, **unparkable):
-    out = list(range(generated))
-    sampling = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
-    sampling.update((k, unparkable.pop(k)) for k in list(unparkable) if k in sampling)
-    # What parkable() reads (a request in the waiting queue: not finished, nothing in flight).
-    state = {"to_finish": None, "grammar": None, "custom_logit_processor": None, "multimodal_inputs": None,
-             "return_hidden_states": False, "inflight_middle_chunks": 0, "finished": lambda: False, **unparkable}
-    return AdderReq(
-        rid=rid, origin_input_ids=list(range(prompt)), output_ids=out,
-        full_untruncated_fill_ids=list(range(prompt)) + out, prefix_indices=[],
-        sampling_params=SimpleNamespace(ignore_eos=ignore_eos, max_new_tokens=max_new, **sampling),
-        retracted_stain=False, mamba_pool_idx=None, host_hit_length=0, last_node=None, **state,
-    )  # fmt: skip
-
-
-@pytest.fixture
-def admission(monkeypatch):
-    """A real PrefillAdder over a 1000-token pool whose 4 running requests will grow 400 tokens each."""
-    from sglang.srt.managers import schedule_policy
-
-    monkeypatch.setattr(schedule_policy, "is_dsa_prefill_cp_in_seq_split", lambda: False)
-    monkeypatch.setattr(schedule_policy, "is_prefill_context_parallel_enabled", lambda: False)
-    running = SimpleNamespace(reqs=[_adder_req(f"r{i}", 100, 500, generated=100) for i in range(4)],
-                              batch_size=lambda: 4)  # fmt: skip
-
-    def make(free=1000, radix=False, host=None, chunk=None):
-        monkeypatch.setattr(offload, "_ACTIVE", None)
-        if host is not None:
-            mover = Mover(8, host)
-            off = offload.KVOffloader(SimpleNamespace(), mover, decode_reserve=1)
-            monkeypatch.setattr(offload, "_ACTIVE", off)
-        return schedule_policy.PrefillAdder(1, Tree(disable=not radix), Allocator(free), running, 0.7, 16384, chunk)
-
-    return SimpleNamespace(make=make, AddReqResult=schedule_policy.AddReqResult)
-
-
-# The exact ignore_eos simulation (radix off); the new_token_ratio estimate (radix on, or not ignore_eos).
-@pytest.mark.parametrize("radix,ignore_eos", [(False, True), (True, True), (False, False)])
-def test_admission_counts_free_host_tokens_only_with_an_offloader(admission, radix, ignore_eos):
-    ok, no = admission.AddReqResult.CONTINUE, admission.AddReqResult.NO_TOKEN
-    # Running demand 4 x 400 (exact) or 4 x 280 (ratio 0.7) exceeds 1000 free tokens: stock queues the request.
-    adder = admission.make(radix=radix)
-    assert adder.add_one_req(_adder_req("new", 100, 500, ignore_eos=ignore_eos), False, None) == no and not adder.can_run_list
-    # With an offloader, the demand fits GPU + host free tokens: admitted, and the lent slack is returned.
-    adder = admission.make(radix=radix, host=10_000)
-    before = (adder.rem_total_token_offset, adder.cur_rem_token_offset)
-    assert adder.add_one_req(_adder_req("new", 100, 500, ignore_eos=ignore_eos), False, None) == ok
-    assert [r.rid for r in adder.can_run_list] == ["new"]
-    assert (adder.rem_total_token_offset, adder.cur_rem_token_offset) == (before[0] + 100 + 500 + 1, before[1] + 101)
-    # Host full (or too small for the overshoot): SGLang's own rule.
-    adder = admission.make(radix=radix, host=300)
-    assert adder.add_one_req(_adder_req("new", 100, 500, ignore_eos=ignore_eos), False, None) == no
-
-
-@pytest.mark.parametrize(
-    "unparkable",
-    [{"frequency_penalty": 0.5}, {"repetition_penalty": 1.1}, {"min_new_tokens": 4}, {"grammar": object()},
-     {"custom_logit_processor": "serialized"}, {"return_hidden_states": True}],
-)  # fmt: skip
-def test_admission_lends_the_host_budget_only_to_requests_that_can_be_parked(admission, unparkable):
-    """A request the pool can never park would be retracted and recomputed when the GPU runs out, where
-    SGLang's own admission queues it: it is admitted by SGLang's rule alone."""
-    adder = admission.make(host=10_000)
-    req = _adder_req("new", 100, 500, **unparkable)
-    assert adder.add_one_req(req, False, None) == admission.AddReqResult.NO_TOKEN and not adder.can_run_list
-    adder = admission.make(host=10_000)  # the same request without what keeps it from being parked
-    assert adder.add_one_req(_adder_req("new", 100, 500), False, None) == admission.AddReqResult.CONTINUE
-
-
-def test_admission_slack_excludes_parked_growth_and_never_funds_the_prefill(admission):
-    no = admission.AddReqResult.NO_TOKEN
-    adder = admission.make(host=10_000)
-    # A parked request that will still grow 9,900 tokens leaves too little host for the new demand.
-    parked = _adder_req("parked", 100, 10_000, generated=100)
-    offload._ACTIVE.rows[id(parked)] = SimpleNamespace(req=parked)
-    assert offload_capacity.admission_slack(offload._ACTIVE, 6) == 10_000 - 9_900 - 6
-    assert adder.add_one_req(_adder_req("new", 100, 500), False, None) == no
-    adder = admission.make(host=10_000)  # the same without the parked request: admitted
-    assert adder.add_one_req(_adder_req("new", 100, 500), False, None) == admission.AddReqResult.CONTINUE
-    # The prefill itself (100 tokens + a page) must fit the GPU now, whatever the host holds.
-    for free, admitted in ((100, False), (101, True)):
-        adder = admission.make(free=free, host=10_000)
-        adder.add_one_req(_adder_req("new", 100, 500), False, None)
-        assert bool(adder.can_run_list) is admitted
-    # A prompt that would be chunked needs GPU memory later that parking does not make: SGLang's rule.
-    for chunk, admitted in ((99, False), (100, True)):
-        adder = admission.make(host=10_000, chunk=chunk)
-        adder.add_one_req(_adder_req("new", 100, 500), False, None)
-        assert bool(adder.can_run_list) is admitted
 
 
 def test_restored_batch_merges_and_filters_with_sglang_batches(monkeypatch):
@@ -390,17 +300,27 @@ def test_restored_batch_merges_and_filters_with_sglang_batches(monkeypatch):
     sampling = SimpleNamespace(merge_batch=lambda other: None, filter_batch=lambda *a, **k: None)
     monkeypatch.setattr(SamplingBatchInfo, "from_schedule_batch", classmethod(lambda cls, b, vocab: sampling))
     sched = SimpleNamespace(
-        req_to_token_pool=SimpleNamespace(device="cpu"), token_to_kv_pool_allocator=None, tree_cache=None,
-        model_config=SimpleNamespace(vocab_size=32, is_encoder_decoder=False), enable_overlap=True,
+        req_to_token_pool=SimpleNamespace(device="cpu"),
+        token_to_kv_pool_allocator=None,
+        tree_cache=None,
+        model_config=SimpleNamespace(vocab_size=32, is_encoder_decoder=False),
+        enable_overlap=True,
         spec_algorithm=SpeculativeAlgorithm.NONE,
-    )  # fmt: skip
+    )
     off = offload.KVOffloader.__new__(offload.KVOffloader)
     off.scheduler = sched
 
     def batch(rid: str, idx: int, n: int) -> ScheduleBatch:
-        req = SimpleNamespace(rid=rid, req_pool_idx=idx, return_logprob=False, grammar=None, is_prefill_only=False,
-                              multimodal_inputs=None, return_hidden_states_mode=CaptureHiddenMode.NULL,
-                              finished=lambda: False)  # fmt: skip
+        req = SimpleNamespace(
+            rid=rid,
+            req_pool_idx=idx,
+            return_logprob=False,
+            grammar=None,
+            is_prefill_only=False,
+            multimodal_inputs=None,
+            return_hidden_states_mode=CaptureHiddenMode.NULL,
+            finished=lambda: False,
+        )
         n_t = torch.tensor([n])
         return off._batch_of([offload._Row(req=req, seq_len=n_t, seq_len_cpu=n_t, orig_seq_len=n_t, spec_info=None)])
 

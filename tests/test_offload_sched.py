@@ -5,7 +5,6 @@ scheduler stand-in. Copies are deferred until their fence completes, as on a sid
 
 from __future__ import annotations
 
-import threading
 from array import array
 from collections import deque
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ pytest.importorskip("sglang")
 from test_offload_patch import Batch, Mover  # noqa: E402  (also loads the plugin's hooks)
 
 from sglang_sparsespec.offload import Where  # noqa: E402
-from sglang_sparsespec.patches import offload, offload_capacity  # noqa: E402
+from sglang_sparsespec.patches import offload  # noqa: E402
 
 POOL = 36  # device KV slots
 
@@ -56,8 +55,12 @@ class Sched:
         self.server_args = SimpleNamespace(disaggregation_mode="null")
         self.hisparse_coordinator = self.draft_worker = None
         self.enable_hisparse = self.enable_hierarchical_cache = False
-        self.metrics_reporter = SimpleNamespace(reset_metrics=lambda: None, is_stats_logging_rank=False,
-                                                last_gen_throughput=0.0, current_scheduler_metrics_enabled=False)  # fmt: skip
+        self.metrics_reporter = SimpleNamespace(
+            reset_metrics=lambda: None,
+            is_stats_logging_rank=False,
+            last_gen_throughput=0.0,
+            current_scheduler_metrics_enabled=False,
+        )
         self.kv_events_publisher = SimpleNamespace(publish_kv_events=lambda: None)
         self.ipc_channels = SimpleNamespace(send_to_tokenizer=SimpleNamespace(send_output=lambda msg, req: None))
 
@@ -76,7 +79,9 @@ def make_world(agree=None):
 
     pool = ReqToTokenPool(4, 64, "cpu", False)
     allocator = TokenToKVPoolAllocator(POOL, torch.float32, "cpu", None, False)
-    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=1))
+    tree = RadixCache(
+        CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=1)
+    )
     sched = Sched(pool, allocator, tree)
     mover = Mover(POOL, 64)
     off = offload.KVOffloader(sched, mover, decode_reserve=1, **({} if agree is None else {"agree": agree}))
@@ -182,7 +187,9 @@ def test_without_a_pending_prefill_the_furthest_request_is_parked(pending):
     decode(w, new, 3)
     if pending is not None:
         mode = ForwardMode.DECODE if pending == "decode" else ForwardMode.MIXED
-        w.sched.result_queue.append((SimpleNamespace(forward_mode=mode, reqs=[old, new], decoding_reqs=[old, new]), None))
+        w.sched.result_queue.append(
+            (SimpleNamespace(forward_mode=mode, reqs=[old, new], decoding_reqs=[old, new]), None)
+        )
     batch = Batch([old, new], w.pool, w.allocator)
     w.off.park_if_needed(batch)
     assert batch.reqs == [old] and w.off.ledger.record(id(new)).tokens == 3
@@ -267,74 +274,6 @@ def test_pause_with_retract_retracts_parked_requests_and_frees_their_host_slots(
     assert w.tree.protected_size() == 0
 
 
-class MinGroup:
-    """A MIN all-reduce between threads standing for TP ranks (the CPU group's all_reduce)."""
-
-    def __init__(self, ranks: int):
-        self.barrier, self.vals = threading.Barrier(ranks, timeout=30), {}
-
-    def member(self, rank: int):
-        def agree(counts: list[int]) -> list[int]:
-            self.vals[rank] = counts
-            self.barrier.wait()
-            out = [min(v[i] for v in self.vals.values()) for i in range(len(counts))]
-            self.barrier.wait()
-            return out
-
-        return agree
-
-
-def _on_ranks(fns):
-    out, errors = [None] * len(fns), []
-
-    def run(i):
-        try:
-            out[i] = fns[i]()
-        except BaseException as e:  # surfaced below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return out
-
-
-def _ranks_with_a_late_restore_copy(group: MinGroup | None):
-    """Two ranks that parked and then restored 'old'; rank 0's copy has completed, rank 1's has not."""
-    worlds = [make_world(None if group is None else group.member(r)) for r in range(2)]
-    for w in worlds:
-        w.old, new = full_pool(w)
-        process_prefill_result(w, new)
-        w.off.park_if_needed(Batch([w.old, new], w.pool, w.allocator))  # 'old' parked on both ranks
-        finish(w, new)
-    running = [w.off.before_schedule(Batch([], w.pool, w.allocator)) for w in worlds]  # no copy pending: no collective
-    assert [[r.rid for r in b.reqs] for b in running] == [["old"], ["old"]]
-    assert all(w.off.ledger.where(id(w.old)) is Where.RESTORING for w in worlds)
-    worlds[0].mover.fences[-1].complete()
-    return worlds, running
-
-
-def _decisions(w, batch):
-    w.off.before_schedule(batch)
-    return w.off.ledger.where(id(w.old)), w.off.ledger.host_free(), offload_capacity.admission_slack(w.off, 3)
-
-
-def test_tp_ranks_decide_from_the_same_ledger_when_one_ranks_copy_is_late():
-    """The restore retires on neither rank until its copy completed on both, so park candidates, free
-    host slots and admission slack agree (each rank alone would read 64 against 45 free host slots)."""
-    alone = [_decisions(w, b) for w, b in zip(*_ranks_with_a_late_restore_copy(None))]
-    assert alone[0] != alone[1]  # the divergence the agreement removes
-    worlds, running = _ranks_with_a_late_restore_copy(MinGroup(2))
-    first = _on_ranks([lambda w=w, b=b: _decisions(w, b) for w, b in zip(worlds, running)])
-    assert first[0] == first[1] == (Where.RESTORING, 45, 45 - 3)
-    worlds[1].mover.fences[-1].complete()
-    second = _on_ranks([lambda w=w, b=b: _decisions(w, b) for w, b in zip(worlds, running)])
-    assert second[0] == second[1] == (None, 64, 64 - 3)
-
-
 class RaisingMover(Mover):
     def to_host(self, dev, host):
         raise RuntimeError("copy failed")
@@ -375,22 +314,43 @@ def _load_inquirer(sched, used: int):
     from sglang.srt.managers.scheduler_components.load_inquirer import SchedulerLoadInquirer
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    stats = SimpleNamespace(spec_accept_rate=0.0, kv_transfer_speed_gb_s=0.0, kv_transfer_latency_ms=0.0,
-                            num_grammar_queue_reqs=0, num_paused_reqs=0, num_retracted_reqs=0, gen_throughput=0.0,
-                            cache_hit_rate=0.0, utilization=0.0)  # fmt: skip
+    stats = SimpleNamespace(
+        spec_accept_rate=0.0,
+        kv_transfer_speed_gb_s=0.0,
+        kv_transfer_latency_ms=0.0,
+        num_grammar_queue_reqs=0,
+        num_paused_reqs=0,
+        num_retracted_reqs=0,
+        gen_throughput=0.0,
+        cache_hit_rate=0.0,
+        utilization=0.0,
+    )
     observer = SimpleNamespace(get_pool_stats=lambda: SimpleNamespace(get_kv_token_stats=lambda: (used, used / POOL)))
     nothing = lambda: None  # noqa: E731
     return SchedulerLoadInquirer(
-        disaggregation_mode=DisaggregationMode.NULL, ps=SimpleNamespace(dp_rank=0), server_args=None,
-        max_total_num_tokens=POOL, max_running_requests=4, pool_stats_observer=observer, tp_worker=None,
-        token_to_kv_pool_allocator=None, spec_algorithm=SpeculativeAlgorithm.NONE,
-        get_running_batch=lambda: sched.running_batch, get_waiting_queue=lambda: sched.waiting_queue,
-        get_stats=lambda: stats, get_chunked_req=nothing, get_disagg_prefill_bootstrap_queue=nothing,
-        get_disagg_prefill_inflight_queue=nothing, get_disagg_decode_prealloc_queue=nothing,
-        get_disagg_decode_transfer_queue=nothing, get_spec_total_num_accept_tokens=lambda: 0,
-        get_spec_total_num_forward_ct=lambda: 0, get_total_prefill_uncached_tokens=lambda: 0,
-        get_total_prefill_busy_us=lambda: 0, get_decode_moment_totals=lambda: (0, 0.0, 0.0),
-    )  # fmt: skip
+        disaggregation_mode=DisaggregationMode.NULL,
+        ps=SimpleNamespace(dp_rank=0),
+        server_args=None,
+        max_total_num_tokens=POOL,
+        max_running_requests=4,
+        pool_stats_observer=observer,
+        tp_worker=None,
+        token_to_kv_pool_allocator=None,
+        spec_algorithm=SpeculativeAlgorithm.NONE,
+        get_running_batch=lambda: sched.running_batch,
+        get_waiting_queue=lambda: sched.waiting_queue,
+        get_stats=lambda: stats,
+        get_chunked_req=nothing,
+        get_disagg_prefill_bootstrap_queue=nothing,
+        get_disagg_prefill_inflight_queue=nothing,
+        get_disagg_decode_prealloc_queue=nothing,
+        get_disagg_decode_transfer_queue=nothing,
+        get_spec_total_num_accept_tokens=lambda: 0,
+        get_spec_total_num_forward_ct=lambda: 0,
+        get_total_prefill_uncached_tokens=lambda: 0,
+        get_total_prefill_busy_us=lambda: 0,
+        get_decode_moment_totals=lambda: (0, 0.0, 0.0),
+    )
 
 
 def test_load_reports_count_parked_requests_as_running(monkeypatch):

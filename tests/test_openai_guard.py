@@ -22,7 +22,8 @@ from sglang_sparsespec.patches.openai_guard import (
 )
 from sglang_sparsespec.patches.request_guard import check_client_rids, check_top_logprobs
 
-from benchmarks.checks.bad_inputs import CHAT, COMPLETIONS, GENERATE, fuzz_inputs
+from benchmarks.checks.bad_inputs import CHAT, COMPLETIONS, GENERATE
+from benchmarks.checks.fuzz_probes import fuzz_inputs
 from benchmarks.checks.schema_fuzz import NON_OBJECT_BODIES, SchemaFuzzer, fuzz_body
 
 
@@ -155,8 +156,15 @@ def test_schema_fuzzer_builds_valid_bodies_and_breaks_nested_fields(chat_schema)
     again = [fuzz_body(SchemaFuzzer(chat_schema, random.Random(i)), chat_schema, base) for i in range(300)]
     assert bodies == again  # seeded
     assert any(b in NON_OBJECT_BODIES for b in bodies)
-    nested = [b for b in bodies if isinstance(b, dict) and isinstance(b.get("messages"), list) and b["messages"]
-              and isinstance(b["messages"][0], dict) and b["messages"][0].get("content") != "hi"]
+    nested = [
+        b
+        for b in bodies
+        if isinstance(b, dict)
+        and isinstance(b.get("messages"), list)
+        and b["messages"]
+        and isinstance(b["messages"][0], dict)
+        and b["messages"][0].get("content") != "hi"
+    ]
     assert len(nested) >= 10  # mutations reach inside the messages, not only top-level fields
 
 

@@ -54,7 +54,9 @@ def test_the_wheel_installs_a_plugin_that_loads_outside_the_checkout(tmp_path: P
     for name in ("sglang_sparsespec", "patches", "kernels"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)], check=True)
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)], check=True
+    )
     (wheel,) = (tmp_path / "dist").glob("sglang_sparsespec-*.whl")
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], check=True)

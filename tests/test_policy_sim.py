@@ -19,8 +19,15 @@ def tiny_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     cfg._attn_implementation = register_attention()
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -33,13 +40,18 @@ PROMPT = list(range(3, 43))
 
 @pytest.mark.parametrize(
     "policy, select_every, score_rows",
-    [(SelectionPolicy.PILLAR, 1, ScoreRows.ALL), (SelectionPolicy.COARSE, 1, ScoreRows.ALL),
-     (SelectionPolicy.STREAMING, 1, ScoreRows.ALL), (SelectionPolicy.PILLAR, 3, ScoreRows.ALL),
-     (SelectionPolicy.PILLAR, 1, ScoreRows.LAST)],
-)  # fmt: skip
+    [
+        (SelectionPolicy.PILLAR, 1, ScoreRows.ALL),
+        (SelectionPolicy.COARSE, 1, ScoreRows.ALL),
+        (SelectionPolicy.STREAMING, 1, ScoreRows.ALL),
+        (SelectionPolicy.PILLAR, 3, ScoreRows.ALL),
+        (SelectionPolicy.PILLAR, 1, ScoreRows.LAST),
+    ],
+)
 def test_outputs_equal_plain_greedy(tiny_model, policy, select_every, score_rows):
-    cfg = PillarConfig(num_steps=4, min_budget=8, recent_window=4, policy=policy, select_every=select_every,
-                       score_rows=score_rows)  # fmt: skip
+    cfg = PillarConfig(
+        num_steps=4, min_budget=8, recent_window=4, policy=policy, select_every=select_every, score_rows=score_rows
+    )
     res = simulate(tiny_model, PROMPT, 48, cfg)
     assert len(res.output_ids) == 48 and sum(res.accepts) >= 48
     assert all(1 <= a <= cfg.num_steps + 1 for a in res.accepts)
@@ -74,7 +86,9 @@ def test_oracle_is_refused(tiny_model):
 
 
 def test_per_segment_statistics():
-    res = SimResult("pillar", output_ids=[1, 2, 3, 4] * 3 + list(range(10, 22)), accepts=[5, 5, 2, 1, 3, 4, 4], wall_s=0.0)
+    res = SimResult(
+        "pillar", output_ids=[1, 2, 3, 4] * 3 + list(range(10, 22)), accepts=[5, 5, 2, 1, 3, 4, 4], wall_s=0.0
+    )
     # Rounds start at output tokens 0, 5, 10, 12, 13, 16, 20: slices of 10 hold 2, 4 and 1 of them.
     assert res.accept_by_segment(10) == [5.0, (2 + 1 + 3 + 4) / 4, 4.0]
     # A 4-token loop has 4 distinct 4-grams out of 9; fresh tokens have all distinct ones.

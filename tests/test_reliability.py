@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import server
-from benchmarks.checks import reliability
+from benchmarks.checks import load_phase, reliability
 from benchmarks.checks.bad_inputs import hand_list
 
 VOCAB, CONTEXT = 300, 2048
@@ -65,7 +65,10 @@ FAKE = textwrap.dedent(
                         "num_used_tokens": 0 if active[0] else int(os.environ.get("FAKE_LEAK", "0"))}
                 return self.reply(200, {"loads": [load]})
             if self.path == "/metrics":
-                text = 'sglang:pillar_num_drafts_total{tp_rank="0"} 7.0\nsglang:pillar_draft_seconds_bucket{le="0.1"} 1.0\n'
+                text = (
+                    'sglang:pillar_num_drafts_total{tp_rank="0"} 7.0\n'
+                    'sglang:pillar_draft_seconds_bucket{le="0.1"} 1.0\n'
+                )
                 self.send_response(200)
                 self.end_headers()
                 return self.wfile.write(text.encode())
@@ -107,7 +110,8 @@ FAKE = textwrap.dedent(
                 active[0] += 1
             try:
                 # Like a sampled SmolLM2 answer, a request that does not ignore EOS ends early.
-                self.generate(body, ids, sp["max_new_tokens"] if sp.get("ignore_eos") else min(sp["max_new_tokens"], 16))
+                n = sp["max_new_tokens"] if sp.get("ignore_eos") else min(sp["max_new_tokens"], 16)
+                self.generate(body, ids, n)
             except OSError:
                 pass  # the client left: the request is aborted
             finally:
@@ -193,15 +197,33 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = str(Path(__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", repo)
     monkeypatch.setattr(
-        server, "launch_command",
+        server,
+        "launch_command",
         lambda model, flags, host, port: [sys.executable, str(script), "--host", host, "--port", str(port), *flags],
-    )  # fmt: skip
+    )
 
 
 def run(tmp_path: Path, model_dir: Path, data_dir: Path, *extra: str) -> dict:
     out = tmp_path / "reliability_test.json"
-    argv = ["--model", str(model_dir), "--data-dir", str(data_dir), "--out", str(out), "--max-new-tokens", "1200",
-            "--concurrency", "8", "--fuzz", "24", "--settle", "0.2", "--time-budget", "300", *extra]  # fmt: skip
+    argv = [
+        "--model",
+        str(model_dir),
+        "--data-dir",
+        str(data_dir),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "1200",
+        "--concurrency",
+        "8",
+        "--fuzz",
+        "24",
+        "--settle",
+        "0.2",
+        "--time-budget",
+        "300",
+        *extra,
+    ]
     code = reliability.main(argv)
     doc = json.loads(out.read_text())
     assert (code == 0) == (doc["verdict"] == "PASS")
@@ -210,8 +232,8 @@ def run(tmp_path: Path, model_dir: Path, data_dir: Path, *extra: str) -> dict:
 
 def test_plan_load_mixes_lengths_settings_and_aborts():
     prompts = [[1, 2, 3], [4, 5]]
-    plan = reliability.plan_load(prompts, 400, 80, 3000, seed=1)
-    assert plan == reliability.plan_load(prompts, 400, 80, 3000, seed=1)
+    plan = load_phase.plan_load(prompts, 400, 80, 3000, seed=1)
+    assert plan == load_phase.plan_load(prompts, 400, 80, 3000, seed=1)
     dropped = [r for r in plan if r.abort_after is not None]
     assert len(dropped) == 80 and all(r.max_new_tokens >= 1000 for r in dropped)
     assert all(1 <= r.abort_after <= 4 for r in dropped if r.stream)
@@ -224,7 +246,7 @@ def test_plan_load_mixes_lengths_settings_and_aborts():
     assert {r.temperature for r in plan} == {0.0, 0.6, 1.0} and {r.top_p for r in plan} == {1.0, 0.95, 0.8}
     assert {len(r.input_ids) % 5 for r in plan} != {0}  # prompts of 1-8 concatenated prompts
     with pytest.raises(ValueError, match="aborts"):
-        reliability.plan_load(prompts, 4, 5, 100, seed=0)
+        load_phase.plan_load(prompts, 4, 5, 100, seed=0)
 
 
 def test_run_passes_and_records_every_field(tmp_path, model_dir, data_dir, fake):

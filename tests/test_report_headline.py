@@ -40,7 +40,9 @@ def test_the_headline_command_measures_the_same_point_again(tmp_path: Path) -> N
     assert argv[:3] == ["python", "-m", "benchmarks.throughput"]
     subs = {"M": str(tmp_path), "D": str(tmp_path), "OUT": str(tmp_path / "out")}
     args = throughput.parse_args([subs.get(a, a) for a in argv[3:]])
-    docs = {d["config"]["name"]: d for d in DOCS if d.get("kind") == "throughput" and d["meta"]["run_id"] == args.run_id}
+    docs = {
+        d["config"]["name"]: d for d in DOCS if d.get("kind") == "throughput" and d["meta"]["run_id"] == args.run_id
+    }
     assert [c.name for c in args.server_configs] == [r["config"] for r in rows]
     for config in args.server_configs:
         recorded = docs[config.name]
@@ -49,8 +51,11 @@ def test_the_headline_command_measures_the_same_point_again(tmp_path: Path) -> N
         run = next(r for r in recorded["runs"] if r["concurrency"] == rows[-1]["concurrency"])
         assert throughput.default_num_prompts(run["concurrency"], args.waves) == run["num_prompts"]
         workload = recorded["workload"]
-        assert (args.output_lens, args.temperature, args.top_p) == ([workload["output_len"]], workload["temperature"],
-                                                                    workload["top_p"])  # fmt: skip
+        assert (args.output_lens, args.temperature, args.top_p) == (
+            [workload["output_len"]],
+            workload["temperature"],
+            workload["top_p"],
+        )
 
 
 def test_braced_paths() -> None:
@@ -62,7 +67,9 @@ def test_the_checked_in_results_keep_one_folder_per_kind() -> None:
     """benchmarks/results holds folders only; the report reads their JSON one level down and the repeats apart,
     and the throughput harness still seeds its time guesses from them."""
     top = sorted(p.name for p in DEFAULT_RESULTS.iterdir())
-    assert all((DEFAULT_RESULTS / name).is_dir() for name in top), [n for n in top if not (DEFAULT_RESULTS / n).is_dir()]
+    assert all((DEFAULT_RESULTS / name).is_dir() for name in top), [
+        n for n in top if not (DEFAULT_RESULTS / n).is_dir()
+    ]
     kinds = {(p.parent.name, json.loads(p.read_text()).get("kind")) for p in result_files(DEFAULT_RESULTS)}
     assert {("throughput", "throughput"), ("step_times", "step_times"), ("lossless", "lossless")} <= kinds
     assert all(folder != REPEATS_DIR for folder, _ in kinds)

@@ -46,7 +46,18 @@ def test_nested_repetition_is_found(pattern):
 
 @pytest.mark.parametrize(
     "pattern",
-    [r"\n\s*\n", r"Answer:\s*\d+", r"\d+(\.\d+)?$", ".*x", "a+b+", "(ab){2,5}", "(?:ab)+", "(a|b)+", "(a++)+", "(?>a+)+"],
+    [
+        r"\n\s*\n",
+        r"Answer:\s*\d+",
+        r"\d+(\.\d+)?$",
+        ".*x",
+        "a+b+",
+        "(ab){2,5}",
+        "(?:ab)+",
+        "(a|b)+",
+        "(a++)+",
+        "(?>a+)+",
+    ],
 )
 def test_patterns_without_nested_repetition_pass(pattern):
     assert not nested_repetition(pattern)
@@ -99,7 +110,11 @@ def test_prompts_times_n_is_refused_before_sglang_expands_the_batch():
 
 @pytest.mark.parametrize(
     ("stop_regex", "window"),
-    [(r"\n\s*\n", RequestLimits().stop_regex_window), (["x", ".*END"], RequestLimits().stop_regex_window), (r"\d{3}", 3)],
+    [
+        (r"\n\s*\n", RequestLimits().stop_regex_window),
+        (["x", ".*END"], RequestLimits().stop_regex_window),
+        (r"\d{3}", 3),
+    ],
 )
 def test_a_stop_regex_is_searched_in_the_latest_window_of_the_output(boundary, stop_regex, window):
     """SGLang sizes the text a stop_regex is searched in from the pattern's longest match: 2^30 for any
@@ -121,4 +136,3 @@ def test_a_client_chat_template_is_refused_unless_the_server_allows_it(boundary,
     assert boundary.post(CHAT, body)[0] == 200
     (req,) = boundary.scheduler.received
     assert list(req.input_ids) == [7, 8, 13]  # "w1 w2 w7": the client's template, not the server's
-

@@ -28,7 +28,8 @@ from sglang_sparsespec.patches.request_guard import (
     check_token_ids,
 )
 
-from benchmarks.checks.bad_inputs import GENERATE, HUGE_ID, Probe, fuzz_inputs, hand_list
+from benchmarks.checks.bad_inputs import GENERATE, HUGE_ID, Probe, hand_list
+from benchmarks.checks.fuzz_probes import fuzz_inputs
 
 VOCAB = SMOLLM2_CONFIG["vocab_size"]
 CONTEXT = SMOLLM2_CONFIG["max_position_embeddings"]
@@ -92,7 +93,8 @@ MESSAGES = {
     "(--pillar-max-token-ids-logprob)",
     "n_times_prompts": "prompts x n (9 x 128) is 1152, above this server's cap of 1024 (--pillar-max-fanout)",
     "n_times_prompts_completions": "(--pillar-max-fanout)",
-    "stop_strings_over_cap": "stop and stop_regex entries is 33, above this server's cap of 32 (--pillar-max-stop-strings)",
+    "stop_strings_over_cap": "stop and stop_regex entries is 33, above this server's cap of 32 "
+    "(--pillar-max-stop-strings)",
     "logit_bias_over_cap": "logit_bias entries is 301, above this server's cap of 300 (--pillar-max-logit-bias)",
     "ollama_generate_seed": "sampling_params has no parameter 'seed'",
     "ollama_generate_top_k_overflow": "top_k must be -1",
@@ -202,7 +204,12 @@ def test_parallel_sample_count_is_bounded(n):
 
 
 @pytest.mark.parametrize(
-    "body", [{"text": "a", "sampling_params": {"n": 1e300}}, {"sampling_params": {"max_new_tokens": 4}}, {"text": ["a", "b"], "rid": ["x", "x"]}]
+    "body",
+    [
+        {"text": "a", "sampling_params": {"n": 1e300}},
+        {"sampling_params": {"max_new_tokens": 4}},
+        {"text": ["a", "b"], "rid": ["x", "x"]},
+    ],
 )
 def test_a_request_rejected_while_normalising_can_still_be_aborted(body, monkeypatch):
     """A streamed request's disconnect-abort task reads is_single; a request rejected before SGLang set

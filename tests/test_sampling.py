@@ -1,11 +1,12 @@
 """Tests for the sampling pipeline of a sampled PILLAR round, end to end on toy models.
 
 The draft sampler over C candidates (``kernels/draft_sample.py``: its torch reference here, the
-kernel against it in test_kernels.py) and exact rejection sampling against the compact draft
+kernel against it in test_sampling_kernels.py) and exact rejection sampling against the compact draft
 record: a chi-square test that every emitted token follows the target, with negative controls
 that must fail it. On a GPU the verify is the path that ships (``kernels/target_filter.py`` and
 ``kernels/verify_accept.py``); under the interpreter the references (``sampling/target.target_probs``,
-``sampling/rejection.rejection_sample``), which the kernels match token for token in test_kernels.py.
+``sampling/rejection.rejection_sample``), which the kernels match token for token in
+test_sampling_kernels.py.
 Stock's filters themselves: test_stock_filters.py.
 """
 
@@ -48,7 +49,7 @@ def _draft(logits: torch.Tensor, rows: SamplingRows, c: int, gen: torch.Generato
     noise = torch.empty((n, c), device=logits.device).exponential_(generator=gen)
     min_p = rows.min_p if rows.min_p is not None else torch.zeros_like(rows.top_p)
     x = DraftSampleInputs(logits, rows.temperature, rows.top_p, rows.top_k, min_p, noise)
-    if INTERPRET:  # the compiled kernel is checked against this reference in test_kernels.py
+    if INTERPRET:  # the compiled kernel is checked against this reference in test_sampling_kernels.py
         return draft_sample_ref(x)
     token = torch.empty(n, dtype=torch.int64, device=logits.device)
     cand_ids = torch.empty((n, c), dtype=torch.int64, device=logits.device)
@@ -58,7 +59,9 @@ def _draft(logits: torch.Tensor, rows: SamplingRows, c: int, gen: torch.Generato
     return token, cand_ids, cand_q, q_tok
 
 
-def _verify(target_p: torch.Tensor | TargetRows, record: DraftRecord, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _verify(
+    target_p: torch.Tensor | TargetRows, record: DraftRecord, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rejection sampling with fresh coins, plus its bookkeeping checks (accepted tokens are drafts):
     the reference on dense rows, the GPU kernel on ``target_filter_fwd``'s rows."""
     bs, k = record.tokens.shape
@@ -114,7 +117,7 @@ def _markov_round(n: int, seed: int, tamper: str | None = None, num_drafts: int 
         contexts.append(prev)
     ctx = torch.stack(contexts, dim=1)  # [n, K+1]: the token before each output position
     t_rows = t_logits[torch.arange(K + 1, device=DEVICE)[None, :], ctx].reshape(-1, V)
-    if INTERPRET:  # the kernels are checked against the references, token for token, in test_kernels.py
+    if INTERPRET:  # the kernels are checked against the references, token for token, in test_sampling_kernels.py
         target_p = target_probs(t_rows, rows, repeats=K + 1).view(n, K + 1, V)
     else:  # the path that ships; lists of 5 < V tokens, so both the top list and the brackets occur
         target_p = target_filter_fwd(t_rows, rows.temperature, rows.top_k, rows.top_p, rows.min_p, K + 1, list_cap=5)
@@ -262,7 +265,9 @@ def test_verify_of_one_hot_rows_accepts_longest_matching_prefix(seed):
     bs, k, vocab = 48, 3, 8
     # Half the rows greedy by temperature, half as SGLang encodes greedy (top_k 1): one-hot p and q.
     rows = _rows([0.0, 1.0] * (bs // 2), [0.9] * bs, [7, 1] * (bs // 2), device=DEVICE)
-    draft_rows = _rows(*(r.repeat_interleave(k).tolist() for r in (rows.temperature, rows.top_p, rows.top_k)), device=DEVICE)
+    draft_rows = _rows(
+        *(r.repeat_interleave(k).tolist() for r in (rows.temperature, rows.top_p, rows.top_k)), device=DEVICE
+    )
     t_logits = torch.randn(bs * (k + 1), vocab, generator=gen, device=DEVICE)
     # Drafts are the target argmax unless noise flips them, so all run lengths occur.
     d_logits = t_logits.view(bs, k + 1, vocab)[:, :k].reshape(bs * k, vocab)
@@ -353,7 +358,9 @@ def test_sampler_warmup_calls_each_flashinfer_entry_as_sglang_does():
     from sglang_sparsespec.patches.sampler_warmup import TOP_K_ALL, build_sampling_kernels, warm_sampling
 
     calls = []
-    warm_sampling(lambda *a, **kw: calls.append(("top_k_top_p", a, kw)), lambda *a: calls.append(("min_p", a, {})), 7, "cpu")
+    warm_sampling(
+        lambda *a, **kw: calls.append(("top_k_top_p", a, kw)), lambda *a: calls.append(("min_p", a, {})), 7, "cpu"
+    )
     (name1, (probs, top_ks, top_ps), kw), (name2, (_, min_ps), _) = calls
     assert (name1, name2, kw) == ("top_k_top_p", "min_p", {"filter_apply_order": "joint"})
     assert probs.shape == (1, 7) and probs.dtype == torch.float32 and float(probs.sum()) == pytest.approx(1.0)

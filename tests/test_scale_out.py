@@ -21,8 +21,13 @@ from sglang_sparsespec.adaptive.cost_cache import CostFile  # noqa: E402
 
 
 def _args(model_dir: Path, **overrides) -> ServerArgs:
-    base = dict(model_path=str(model_dir), attention_backend="triton", speculative_algorithm="pillar",
-                skip_tokenizer_init=True, device="cpu")  # fmt: skip
+    base = dict(
+        model_path=str(model_dir),
+        attention_backend="triton",
+        speculative_algorithm="pillar",
+        skip_tokenizer_init=True,
+        device="cpu",
+    )
     return ServerArgs(**{**base, **overrides})
 
 
@@ -37,8 +42,11 @@ def _args(model_dir: Path, **overrides) -> ServerArgs:
 def test_data_parallel_replicas_and_multi_node_tensor_parallelism_launch(llama_config_dir, overrides):
     sa = _args(llama_config_dir, **overrides)
     assert sa.speculative_num_draft_tokens == 9 and "pillar" in sa.warmups.split(",")
-    assert (sa.dp_size, sa.tp_size, sa.nnodes) == (overrides.get("dp_size", 1), overrides.get("tp_size", 1),
-                                                   overrides.get("nnodes", 1))  # fmt: skip
+    assert (sa.dp_size, sa.tp_size, sa.nnodes) == (
+        overrides.get("dp_size", 1),
+        overrides.get("tp_size", 1),
+        overrides.get("nnodes", 1),
+    )
 
 
 @pytest.mark.parametrize(

@@ -120,8 +120,9 @@ def test_select_every_keeps_plans_and_skips_capture_in_between():
     cfg = PillarConfig(num_steps=4, budget_ratio=0.3, min_budget=6, recent_window=2, select_every=2)
     layers, h_kv, kmax = 2, 3, 12
     gen, rpi, verify, new = _verify_batch(cfg, 3)
-    sink = VerifyScoreSink(layers, h_kv, h_kv * 2, int(verify.sum()) + 5, max_q_rows=64, per_layer=True,
-                           device=torch.device(DEVICE))  # fmt: skip
+    sink = VerifyScoreSink(
+        layers, h_kv, h_kv * 2, int(verify.sum()) + 5, max_q_rows=64, per_layer=True, device=torch.device(DEVICE)
+    )
     sink.mass.copy_(torch.rand(sink.mass.shape, generator=gen).half())
     state = _state(per_head=True, layers=layers, h_kv=h_kv, kmax=kmax)
     selector = make_selector(cfg, state, sink)

@@ -50,16 +50,21 @@ def test_a_nested_phase_counts_once_in_the_inner_phase() -> None:
 
 
 def test_the_line_lists_the_phases_that_ran_in_order() -> None:
-    pillar = {st.WARMUP: 5.2, st.WEIGHTS: 12.3, st.KV_POOL: 1.1, st.TARGET_GRAPHS: 20.2, st.DRAFT_GRAPHS: 10.1,
-              st.KERNELS: 3.0}  # fmt: skip
+    pillar = {
+        st.WARMUP: 5.2,
+        st.WEIGHTS: 12.3,
+        st.KV_POOL: 1.1,
+        st.TARGET_GRAPHS: 20.2,
+        st.DRAFT_GRAPHS: 10.1,
+        st.KERNELS: 3.0,
+    }
     assert st.format_line("PILLAR", pillar, 56.0) == (
         "PILLAR start-up: weights 12.3 s, KV pool 1.1 s, target graphs 20.2 s, draft graphs 10.1 s, "
         "kernels 3.0 s, warm-up 5.2 s, other 4.1 s, total 56.0 s"
     )
     stock = {st.WEIGHTS: 12.0, st.KV_POOL: 1.0, st.TARGET_GRAPHS: 20.0, st.WARMUP: 1.0}
     assert st.format_line(st.server_label(None), stock, 40.0) == (
-        "Stock start-up: weights 12.0 s, KV pool 1.0 s, target graphs 20.0 s, warm-up 1.0 s, other 6.0 s, "
-        "total 40.0 s"
+        "Stock start-up: weights 12.0 s, KV pool 1.0 s, target graphs 20.0 s, warm-up 1.0 s, other 6.0 s, total 40.0 s"
     )
     assert st.server_label("pillar") == "PILLAR"
 
@@ -85,7 +90,9 @@ def _scheduler_rank(monkeypatch: pytest.MonkeyPatch, weights: float, graphs: flo
     sampler_warmup.build_sampling_kernels("flashinfer", 16, "cpu")
     assert st.SCHEDULER_CLOCK.seconds == {st.KERNELS: 0.0}
     assert (worker.build_sampling_kernels, worker.build_slot_kernels) == (
-        sampler_warmup.build_sampling_kernels, slot_warmup.build_slot_kernels)
+        sampler_warmup.build_sampling_kernels,
+        slot_warmup.build_slot_kernels,
+    )
     assert slot_warmup.build_slot_kernels.__wrapped__ is not None
     st.time_weights(clock.spend, weights)  # ModelRunner.load_model's wrapper
     st.time_kv_pool(lambda: (clock.spend(1.0), st.time_kernels(clock.spend, 0.5)))  # slot kernels inside
@@ -101,27 +108,41 @@ def _scheduler_rank(monkeypatch: pytest.MonkeyPatch, weights: float, graphs: flo
     return sched.startup_time
 
 
-def test_scheduler_phases_ride_sglangs_startup_report_to_the_server_line(monkeypatch: pytest.MonkeyPatch,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_scheduler_phases_ride_sglangs_startup_report_to_the_server_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from sglang.srt.entrypoints import http_server, warmup
     from sglang.srt.observability.startup_time import build_engine_startup_time
 
     rank0 = _scheduler_rank(monkeypatch, weights=10.0, graphs=20.0, draft=8.0)
-    assert rank0[st.STARTUP_KEY] == {st.WEIGHTS: 10.0, st.KV_POOL: 1.0, st.KERNELS: 2.5, st.TARGET_GRAPHS: 20.0,
-                                     st.DRAFT_GRAPHS: 8.0}  # fmt: skip
+    assert rank0[st.STARTUP_KEY] == {
+        st.WEIGHTS: 10.0,
+        st.KV_POOL: 1.0,
+        st.KERNELS: 2.5,
+        st.TARGET_GRAPHS: 20.0,
+        st.DRAFT_GRAPHS: 8.0,
+    }
     rank1 = _scheduler_rank(monkeypatch, weights=12.0, graphs=19.0, draft=9.0)
     # SGLang's engine-level aggregation (the DP controller uses the same function) keeps the plugin's phases,
     # each at its slowest rank.
     engine = build_engine_startup_time([rank0, rank1], tokenizer_e2e=1.0)
     assert engine["load_weight"] == 12.0
-    assert engine[st.STARTUP_KEY] == {st.WEIGHTS: 12.0, st.KV_POOL: 1.0, st.KERNELS: 2.5, st.TARGET_GRAPHS: 20.0,
-                                      st.DRAFT_GRAPHS: 9.0}  # fmt: skip
+    assert engine[st.STARTUP_KEY] == {
+        st.WEIGHTS: 12.0,
+        st.KV_POOL: 1.0,
+        st.KERNELS: 2.5,
+        st.TARGET_GRAPHS: 20.0,
+        st.DRAFT_GRAPHS: 9.0,
+    }
 
     # The HTTP process: custom warm-ups, then SGLang's warm-up request, then the line.
     clock = FakeClock()
     monkeypatch.setattr(st, "SERVER_CLOCK", st.PhaseClock(clock))
-    monkeypatch.setattr(http_server, "_global_state", SimpleNamespace(tokenizer_manager=SimpleNamespace(
-        startup_time=engine, server_status=None)))  # fmt: skip
+    monkeypatch.setattr(
+        http_server,
+        "_global_state",
+        SimpleNamespace(tokenizer_manager=SimpleNamespace(startup_time=engine, server_status=None)),
+    )
     monkeypatch.setattr(st, "_process_start", lambda: time.time() - 60.0)
 
     async def fake_warmup(disaggregation_mode: str, tokenizer_manager: object) -> None:
@@ -130,36 +151,51 @@ def test_scheduler_phases_ride_sglangs_startup_report_to_the_server_line(monkeyp
     monkeypatch.setitem(warmup._warmup_registry, "timeline_test", fake_warmup)
     asyncio.run(warmup.execute_warmups("null", ["timeline_test"], None))
     server_args = SimpleNamespace(
-        checkpoint_engine_wait_weights_before_ready=False, is_ep_scale_joiner=False, skip_server_warmup=False,
-        delete_ckpt_after_loading=False, debug_tensor_dump_input_file=None, speculative_algorithm="PILLAR",
-    )  # fmt: skip
+        checkpoint_engine_wait_weights_before_ready=False,
+        is_ep_scale_joiner=False,
+        skip_server_warmup=False,
+        delete_ckpt_after_loading=False,
+        debug_tensor_dump_input_file=None,
+        speculative_algorithm="PILLAR",
+    )
     with caplog.at_level(logging.INFO, logger=st.logger.name):
         http_server._wait_and_warmup(server_args, execute_warmup_func=lambda sa: (clock.spend(1.5), True)[1])
     lines = [r.getMessage() for r in caplog.records if "start-up:" in r.getMessage()]
     assert len(lines) == 1
-    assert lines[0].startswith("PILLAR start-up: weights 12.0 s, KV pool 1.0 s, target graphs 20.0 s, "
-                               "draft graphs 9.0 s, kernels 2.5 s, warm-up 5.5 s, other 10.0 s, total 60.0 s")
+    assert lines[0].startswith(
+        "PILLAR start-up: weights 12.0 s, KV pool 1.0 s, target graphs 20.0 s, "
+        "draft graphs 9.0 s, kernels 2.5 s, warm-up 5.5 s, other 10.0 s, total 60.0 s"
+    )
 
 
-def test_a_stock_server_logs_its_line_without_pillar_phases(monkeypatch: pytest.MonkeyPatch,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_a_stock_server_logs_its_line_without_pillar_phases(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from sglang.srt.entrypoints import http_server
 
     clock = FakeClock()
     monkeypatch.setattr(st, "SERVER_CLOCK", st.PhaseClock(clock))
     stock = {"load_weight": 3.0, st.STARTUP_KEY: {st.WEIGHTS: 3.0, st.KV_POOL: 0.5, st.TARGET_GRAPHS: 30.0}}
-    monkeypatch.setattr(http_server, "_global_state", SimpleNamespace(tokenizer_manager=SimpleNamespace(
-        startup_time=stock, server_status=None)))  # fmt: skip
+    monkeypatch.setattr(
+        http_server,
+        "_global_state",
+        SimpleNamespace(tokenizer_manager=SimpleNamespace(startup_time=stock, server_status=None)),
+    )
     monkeypatch.setattr(st, "_process_start", lambda: time.time() - 40.0)
     server_args = SimpleNamespace(
-        checkpoint_engine_wait_weights_before_ready=False, is_ep_scale_joiner=False, skip_server_warmup=False,
-        delete_ckpt_after_loading=False, debug_tensor_dump_input_file=None, speculative_algorithm=None,
-    )  # fmt: skip
+        checkpoint_engine_wait_weights_before_ready=False,
+        is_ep_scale_joiner=False,
+        skip_server_warmup=False,
+        delete_ckpt_after_loading=False,
+        debug_tensor_dump_input_file=None,
+        speculative_algorithm=None,
+    )
     with caplog.at_level(logging.INFO, logger=st.logger.name):
         http_server._wait_and_warmup(server_args, execute_warmup_func=lambda sa: (clock.spend(2.0), True)[1])
     line = next(r.getMessage() for r in caplog.records if "start-up:" in r.getMessage())
-    assert line.startswith("Stock start-up: weights 3.0 s, KV pool 0.5 s, target graphs 30.0 s, warm-up 2.0 s, "
-                           "other 4.5 s, total 40.0 s")
+    assert line.startswith(
+        "Stock start-up: weights 3.0 s, KV pool 0.5 s, target graphs 30.0 s, warm-up 2.0 s, other 4.5 s, total 40.0 s"
+    )
     assert "draft graphs" not in line and "kernels" not in line
 
 
@@ -167,8 +203,13 @@ def test_a_report_merged_without_the_plugin_falls_back_to_sglangs_own_phases() -
     # Under --dp-size N SGLang's DP-controller process merges the replicas' reports without the plugin.
     from sglang.srt.observability.startup_time import aggregate_scheduler_startup_times
 
-    rank = {"load_weight": 4.0, "kv_cache_allocation": 0.5, "scheduler_e2e": 30.0,
-            "cuda_graph": {"prefill": 20.0, "decode": 3.0}, st.STARTUP_KEY: {st.WEIGHTS: 4.0}}  # fmt: skip
+    rank = {
+        "load_weight": 4.0,
+        "kv_cache_allocation": 0.5,
+        "scheduler_e2e": 30.0,
+        "cuda_graph": {"prefill": 20.0, "decode": 3.0},
+        st.STARTUP_KEY: {st.WEIGHTS: 4.0},
+    }
     merged = aggregate_scheduler_startup_times.__wrapped__([rank, rank])  # SGLang's own, unhooked
     assert st.STARTUP_KEY not in merged
     assert st.phases_from_report(merged) == {st.WEIGHTS: 4.0, st.KV_POOL: 0.5, st.TARGET_GRAPHS: 23.0}

@@ -34,8 +34,16 @@ def _run(logits, temps, top_ks, top_ps, min_ps=None, repeats=1, backend=Sampling
         backend=backend,
     )
     logits = logits.to(DEVICE)
-    out = target_filter_fwd(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p, repeats,
-                            backend is SamplingBackend.PYTORCH, **(LAUNCH | launch))  # fmt: skip
+    out = target_filter_fwd(
+        logits,
+        rows.temperature,
+        rows.top_k,
+        rows.top_p,
+        rows.min_p,
+        repeats,
+        backend is SamplingBackend.PYTORCH,
+        **(LAUNCH | launch),
+    )
     return out, target_probs(logits, rows, repeats)
 
 
@@ -187,8 +195,14 @@ def _random_case(rng: random.Random, gen: torch.Generator, kind: str, n: int, vo
         logits[:, rng.randrange(vocab)] += rng.choice([0.0, 1.0])
     elif kind == "zipf":
         rank = torch.arange(1, vocab + 1).float().log()
-        logits = torch.stack([(-rng.uniform(0.5, 2.0) * rank + torch.randn(vocab, generator=gen) * 0.3)[
-            torch.randperm(vocab, generator=gen)] for _ in range(n)])  # fmt: skip
+        logits = torch.stack(
+            [
+                (-rng.uniform(0.5, 2.0) * rank + torch.randn(vocab, generator=gen) * 0.3)[
+                    torch.randperm(vocab, generator=gen)
+                ]
+                for _ in range(n)
+            ]
+        )
     else:
         logits = torch.randn(n, vocab, generator=gen) * 2
         logits[:, : vocab // 3] = -torch.inf
@@ -207,6 +221,16 @@ def test_random_rows_match_target_probs(seed):
         top_ps = [rng.choice([1.0, 0.99, 0.95, 0.9, 0.5, 0.2]) for _ in range(n)]
         min_ps = None if rng.random() < 0.5 else [rng.choice([0.0, 0.001, 0.05, 0.3]) for _ in range(n)]
         chunk, block_v = rng.choice([(64, 32), (128, 64), (256, 64)])
-        out, ref = _run(_random_case(rng, gen, kind, n, vocab), temps, top_ks, top_ps, min_ps, 1,
-                        rng.choice(BACKENDS), list_cap=rng.choice([16, 48, 128]), chunk=chunk, block_v=block_v)  # fmt: skip
+        out, ref = _run(
+            _random_case(rng, gen, kind, n, vocab),
+            temps,
+            top_ks,
+            top_ps,
+            min_ps,
+            1,
+            rng.choice(BACKENDS),
+            list_cap=rng.choice([16, 48, 128]),
+            chunk=chunk,
+            block_v=block_v,
+        )
         _assert_same(out, ref)

@@ -12,7 +12,7 @@ from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.topk_select import topk_select
 from sglang_sparsespec.patches.draft_runner import PillarDraftRunner
 from sglang_sparsespec.patches.tp_agree import RoundAgreement
-from test_kernels import D, _indptr, _kv_pool, _verify_lse
+from kernel_cases import D, indptr, kv_pool, verify_lse
 from triton_env import DEVICE
 
 from sglang_sparsespec.selection.scores import VerifyScoreSink
@@ -54,12 +54,12 @@ def test_per_rank_selection_and_draft_attention_equal_the_tp1_slices(tp):
     torch.manual_seed(5)
     prefix_lens, qo_lens, kmax, splits = [30, 12], [3, 3], 8, 2
     total, num_slots = sum(prefix_lens), 64
-    k_buffer, v_buffer = _kv_pool(num_slots, H_KV)
+    k_buffer, v_buffer = kv_pool(num_slots, H_KV)
     kv_indices = (torch.randperm(num_slots - 1, generator=gen)[:total] + 1).to(torch.int32).to(DEVICE)
-    qo_indptr, kv_indptr = _indptr(qo_lens), _indptr(prefix_lens)
+    qo_indptr, kv_indptr = indptr(qo_lens), indptr(prefix_lens)
     q = torch.randn(sum(qo_lens), H_Q, D, device=DEVICE).to(torch.bfloat16)
     k_ext = torch.randn(sum(qo_lens), H_KV, D, device=DEVICE).to(torch.bfloat16)
-    lse = _verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, D**-0.5)
+    lse = verify_lse(q, k_buffer, qo_indptr, kv_indptr, kv_indices, k_ext, D**-0.5)
     req_to_token = torch.zeros(2, 40, dtype=torch.int32, device=DEVICE)
     for b in range(2):
         req_to_token[b, : prefix_lens[b]] = kv_indices[kv_indptr[b] : kv_indptr[b + 1]]
@@ -77,8 +77,9 @@ def test_per_rank_selection_and_draft_attention_equal_the_tp1_slices(tp):
         cnt = torch.empty(2, dtype=torch.int32, device=DEVICE)
         topk_select(scores, kv_indptr[:-1], cand, budget, sel, cnt)
         o = torch.empty_like(qd)
-        sparse_decode_fwd(qd, k_buffer, v_buffer, o, req_to_token, rpi, sel, cnt, tail_start, seq_lens, D**-0.5,
-                          num_kv_splits=splits)
+        sparse_decode_fwd(
+            qd, k_buffer, v_buffer, o, req_to_token, rpi, sel, cnt, tail_start, seq_lens, D**-0.5, num_kv_splits=splits
+        )
         return scores, sel, cnt, o
 
     full = run(q, k_buffer, v_buffer, lse, qd)

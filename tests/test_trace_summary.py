@@ -19,11 +19,15 @@ def test_busy_time_counts_overlaps_once():
 
 
 def test_summary_per_step(tmp_path):
-    trace = {"traceEvents": [
-        _kernel("attn", 0, 100), _kernel("gemm", 100, 50), _kernel("attn", 400, 100),
-        _kernel("copy", 520, 30, cat="gpu_memcpy"),
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # host events: not GPU time
-    ]}  # fmt: skip
+    trace = {
+        "traceEvents": [
+            _kernel("attn", 0, 100),
+            _kernel("gemm", 100, 50),
+            _kernel("attn", 400, 100),
+            _kernel("copy", 520, 30, cat="gpu_memcpy"),
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # host events: not GPU time
+        ]
+    }
     path = tmp_path / "t.trace.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump(trace, f)
@@ -41,14 +45,20 @@ def test_no_gpu_events_is_an_error():
 
 
 def test_host_events_give_submissions_and_top_operators():
-    trace = {"traceEvents": [
-        _kernel("attn", 0, 100), _kernel("gemm", 100, 50),
-        _kernel("cudaLaunchKernel", 0, 3, cat="cuda_runtime"), _kernel("cudaLaunchKernel", 10, 3, cat="cuda_runtime"),
-        _kernel("cudaGraphLaunch", 20, 5, cat="cuda_runtime"), _kernel("cudaMemcpyAsync", 30, 2, cat="cuda_runtime"),
-        _kernel("cudaStreamSynchronize", 40, 9, cat="cuda_runtime"),  # a wait, not a submission
-        _kernel("aten::mm", 0, 40, cat="cpu_op"), _kernel("aten::mm", 50, 20, cat="cpu_op"),
-        _kernel("aten::add", 80, 10, cat="cpu_op"),
-    ]}  # fmt: skip
+    trace = {
+        "traceEvents": [
+            _kernel("attn", 0, 100),
+            _kernel("gemm", 100, 50),
+            _kernel("cudaLaunchKernel", 0, 3, cat="cuda_runtime"),
+            _kernel("cudaLaunchKernel", 10, 3, cat="cuda_runtime"),
+            _kernel("cudaGraphLaunch", 20, 5, cat="cuda_runtime"),
+            _kernel("cudaMemcpyAsync", 30, 2, cat="cuda_runtime"),
+            _kernel("cudaStreamSynchronize", 40, 9, cat="cuda_runtime"),  # a wait, not a submission
+            _kernel("aten::mm", 0, 40, cat="cpu_op"),
+            _kernel("aten::mm", 50, 20, cat="cpu_op"),
+            _kernel("aten::add", 80, 10, cat="cpu_op"),
+        ]
+    }
     s = summarize(trace, steps=2)
     assert s["submits_per_step"] == 2.0 and s["graph_launches_per_step"] == 0.5
     assert s["host_ops"][0] == {"name": "aten::mm", "ms_per_step": pytest.approx(0.03), "calls_per_step": 1.0}
@@ -64,16 +74,28 @@ def test_python_frames_name_each_operator_s_caller():
     def op(name: str, ts: float, dur: float, tid: int = 1) -> dict:
         return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
 
-    trace = {"traceEvents": [
-        _kernel("attn", 0, 10),
-        frame("scheduler.py(10): step", 0, 100), frame("worker.py(5): loop", 10, 50),
-        frame("torch/_tensor.py(1): __int__", 20, 10),  # library plumbing: the loop is the caller
-        op("aten::item", 22, 4), op("aten::item", 40, 2), op("aten::item", 40, 2, tid=2),  # tid 2: no frame
-        op("aten::mm", 70, 20),  # after the loop closed: the step's own call
-    ]}  # fmt: skip
+    trace = {
+        "traceEvents": [
+            _kernel("attn", 0, 10),
+            frame("scheduler.py(10): step", 0, 100),
+            frame("worker.py(5): loop", 10, 50),
+            frame("torch/_tensor.py(1): __int__", 20, 10),  # library plumbing: the loop is the caller
+            op("aten::item", 22, 4),
+            op("aten::item", 40, 2),
+            op("aten::item", 40, 2, tid=2),  # tid 2: no frame
+            op("aten::mm", 70, 20),  # after the loop closed: the step's own call
+        ]
+    }
     callers = summarize(trace, steps=1)["host_callers"]
-    assert callers[0] == {"caller": "worker.py(5): loop", "op": "aten::item", "calls_per_step": 2.0,
-                          "ms_per_step": pytest.approx(0.006)}  # fmt: skip
-    assert {(c["caller"], c["op"]) for c in callers[1:]} == {("?", "aten::item"), ("scheduler.py(10): step", "aten::mm")}
+    assert callers[0] == {
+        "caller": "worker.py(5): loop",
+        "op": "aten::item",
+        "calls_per_step": 2.0,
+        "ms_per_step": pytest.approx(0.006),
+    }
+    assert {(c["caller"], c["op"]) for c in callers[1:]} == {
+        ("?", "aten::item"),
+        ("scheduler.py(10): step", "aten::mm"),
+    }
     # Without Python frames there is no caller table.
     assert "host_callers" not in summarize({"traceEvents": [_kernel("attn", 0, 10), op("aten::mm", 0, 5)]}, steps=1)

@@ -63,10 +63,32 @@ def _forward(backend, verify: bool, sliding_window_size: int = -1, seed: int = 0
 
     def original(be, q_, k_, v_, layer, forward_batch):
         # TritonAttnBackend.forward_extend's call (chain mask omitted: topk=1 verify is causal).
-        be.extend_attention_fwd(q_, k_, v_, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, None, True,
-                                None, N_EXT, 1.0, 1.0, D**-0.5, logit_cap=0.0,
-                                sliding_window_size=sliding_window_size, sinks=None, window_kv_offsets=None,
-                                xai_temperature_len=-1, page_size=1, score_mod=None, aux_tensors=None)  # fmt: skip
+        be.extend_attention_fwd(
+            q_,
+            k_,
+            v_,
+            o,
+            k_buffer,
+            v_buffer,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            None,
+            True,
+            None,
+            N_EXT,
+            1.0,
+            1.0,
+            D**-0.5,
+            logit_cap=0.0,
+            sliding_window_size=sliding_window_size,
+            sinks=None,
+            window_kv_offsets=None,
+            xai_temperature_len=-1,
+            page_size=1,
+            score_mod=None,
+            aux_tensors=None,
+        )
         return o
 
     mode = SimpleNamespace(is_target_verify=lambda: verify)
@@ -121,9 +143,16 @@ def test_scores_captured_with_either_kernel_and_agree():
     masses = {}
     for split in (True, False):
         for last_row_only in (False, True):
-            sink = VerifyScoreSink(num_layers=2, num_kv_heads=H_KV, num_q_heads=H_KV * GROUP, cap=sum(PREFIX) + 4,
-                                   max_q_rows=len(PREFIX) * N_EXT, per_layer=True, device=torch.device(DEVICE),
-                                   last_row_only=last_row_only)  # fmt: skip
+            sink = VerifyScoreSink(
+                num_layers=2,
+                num_kv_heads=H_KV,
+                num_q_heads=H_KV * GROUP,
+                cap=sum(PREFIX) + 4,
+                max_q_rows=len(PREFIX) * N_EXT,
+                per_layer=True,
+                device=torch.device(DEVICE),
+                last_row_only=last_row_only,
+            )
             backend = _Backend(VerifyHooks(sink, split_kernel=split))
             _forward(backend, verify=True, seed=3)
             # The split kernel writes the LSE itself; SGLang's kernel is asked for it.

@@ -50,8 +50,9 @@ def test_batch_sizes_reject_a_cap_below_one():
 def test_plan_covers_every_size_and_sampling_shape_with_distinct_in_vocab_prompts():
     vocab = 49152
     plan = warmup_plan(16, vocab)
-    assert [(b.size, {k: v for k, v in b.sampling.items() if k not in ("max_new_tokens", "ignore_eos")})
-            for b in plan[:-1]] == [(s, shape) for s in batch_sizes(16) for shape in SAMPLING_SHAPES]  # fmt: skip
+    assert [
+        (b.size, {k: v for k, v in b.sampling.items() if k not in ("max_new_tokens", "ignore_eos")}) for b in plan[:-1]
+    ] == [(s, shape) for s in batch_sizes(16) for shape in SAMPLING_SHAPES]
     rids = [r for b in plan for r in b.rids]
     assert len(rids) == len(set(rids)) and all(r.startswith(WARMUP_RID_PREFIX) for r in rids)
     # The last batch replays the cap's greedy prompts: each prefill then extends a cached prefix.
@@ -76,7 +77,6 @@ def test_sampling_shapes_are_valid_sglang_params_and_take_each_verify_path():
         params = SamplingParams(**shape)
         params.normalize(None)
         params.verify(49152)
-        req = type("R", (), {"sampling_params": params})()
         greedy = params.temperature == 0 or params.top_k == 1
         kinds.add(("greedy",) if greedy else ("sampled", params.top_k <= 64, params.min_p > 0))
     assert kinds == {("greedy",), ("sampled", False, False), ("sampled", True, False), ("sampled", True, True)}
@@ -149,7 +149,10 @@ def test_planner_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
     cfg = PillarConfig.from_env(8)
     planner = RoundPlanner(cfg, PillarMetrics(8), NoClock(), policy=SpeculationPolicy(cfg.step_candidates))
     planner.set_dense(DenseChooser(lambda n: min(n, 128), 23040, 30, lambda bs: 22))
-    planner._choose = lambda batch, single: (RoundShape(4), None)  # the adaptive path, stubbed: only warm-up is under test
+    planner._choose = lambda batch, single: (
+        RoundShape(4),
+        None,
+    )  # the adaptive path, stubbed: only warm-up is under test
     plain = plain_sampling()
     warm = SimpleNamespace(reqs=[_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)], sampling_info=plain)
     shapes = [planner.shape(warm) for _ in range(8)]
@@ -249,13 +252,30 @@ def test_no_kernel_compiles_while_serving_after_the_warmup(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.server import Server, http_json
 
-    flags = ["--attention-backend", "triton", "--page-size", "1", "--speculative-algorithm", "PILLAR",
-             "--speculative-num-steps", "8", "--context-length", "4096", "--max-running-requests", "128",
-             "--mem-fraction-static", "0.6"]  # fmt: skip
+    flags = [
+        "--attention-backend",
+        "triton",
+        "--page-size",
+        "1",
+        "--speculative-algorithm",
+        "PILLAR",
+        "--speculative-num-steps",
+        "8",
+        "--context-length",
+        "4096",
+        "--max-running-requests",
+        "128",
+        "--mem-fraction-static",
+        "0.6",
+    ]
     with Server.sglang(os.environ["SPARSESPEC_TEST_MODEL"], flags, log_path=tmp_path / "server.log") as srv:
         srv.start(timeout_s=600)
         before = _compiled_kernels()
-        params = ({"temperature": 0.0}, {"temperature": 0.6, "top_p": 0.95}, {"temperature": 0.6, "top_p": 0.95, "top_k": 20})
+        params = (
+            {"temperature": 0.0},
+            {"temperature": 0.6, "top_p": 0.95},
+            {"temperature": 0.6, "top_p": 0.95, "top_k": 20},
+        )
         for size in (3, 24, 100):
             for sp in params:
                 body = lambda i: {  # noqa: E731

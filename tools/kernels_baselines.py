@@ -28,15 +28,24 @@ def sglang_decode(shape: Shape, q, k, v, kv_indptr, kv_indices, seq_lens) -> Cal
     sms = num_sms(q.device)
     # The split heuristic SGLang's Triton backend runs each step (triton_backend.get_num_kv_splits).
     get_num_kv_splits_triton[(1,)](
-        splits, seq_lens, bs, 1, shape.h_q, shape.h_kv, SGLANG_MAX_KV_SPLITS, sms,
+        splits,
+        seq_lens,
+        bs,
+        1,
+        shape.h_q,
+        shape.h_kv,
+        SGLANG_MAX_KV_SPLITS,
+        sms,
         MAX_NUM_SEQ=max(256, triton.next_power_of_2(bs)),
-    )  # fmt: skip
+    )
     return lambda: decode_attention_fwd(
         q, k, v, o, kv_indptr, kv_indices, logits, lse, splits, SGLANG_MAX_KV_SPLITS, shape.d**-0.5, 1.0, 1.0
     )
 
 
-def sglang_verify_attention(shape: Shape, q, k_ext, v_ext, k, v, qo_indptr, kv_indptr, kv_indices, lse) -> Callable[[], object] | str:
+def sglang_verify_attention(
+    shape: Shape, q, k_ext, v_ext, k, v, qo_indptr, kv_indptr, kv_indices, lse
+) -> Callable[[], object] | str:
     """One layer of the verify pass on SGLang's kernel: extend attention of k + 1 causal rows over the prefix."""
     try:
         from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
@@ -46,9 +55,24 @@ def sglang_verify_attention(shape: Shape, q, k_ext, v_ext, k, v, qo_indptr, kv_i
 
     def run() -> torch.Tensor:
         extend_attention_fwd(
-            q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, None, True, None, VERIFY_ROWS,
-            1.0, 1.0, shape.d**-0.5, lse_extend=lse,
-        )  # fmt: skip
+            q,
+            k_ext,
+            v_ext,
+            o,
+            k,
+            v,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            None,
+            True,
+            None,
+            VERIFY_ROWS,
+            1.0,
+            1.0,
+            shape.d**-0.5,
+            lse_extend=lse,
+        )
         return o
 
     return run
@@ -67,9 +91,16 @@ def flashinfer_decode(shape: Shape, q, k, v, kv_indptr, kv_indices) -> Callable[
         try:
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores)
             wrapper.plan(
-                kv_indptr, kv_indices.to(torch.int32), last_page_len, shape.h_q, shape.h_kv, shape.d, 1,
-                q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
-            )  # fmt: skip
+                kv_indptr,
+                kv_indices.to(torch.int32),
+                last_page_len,
+                shape.h_q,
+                shape.h_kv,
+                shape.d,
+                1,
+                q_data_type=torch.bfloat16,
+                kv_data_type=torch.bfloat16,
+            )
             cache = (k.unsqueeze(1), v.unsqueeze(1))  # [slots, page_size=1, H_kv, D]
             wrapper.run(q, cache)
             return lambda: wrapper.run(q, cache)

@@ -97,8 +97,9 @@ def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
     qo_one = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32)
     k_one = torch.randn(bs, shape.h_kv, shape.d, device=DEVICE, dtype=torch.bfloat16)
     v_one, o_one = torch.randn_like(k_one), torch.empty_like(q)
-    row["plain_verify_us"] = bench_us(lambda: verify_attention_fwd(
-        q, k_one, v_one, o_one, k, v, qo_one, full_indptr, full_indices, 1, shape.d**-0.5))  # fmt: skip
+    row["plain_verify_us"] = bench_us(
+        lambda: verify_attention_fwd(q, k_one, v_one, o_one, k, v, qo_one, full_indptr, full_indices, 1, shape.d**-0.5)
+    )
     if isinstance(row["sglang_full_us"], float):
         row["plain_verify_vs_sglang_decode"] = row["plain_verify_us"] / row["sglang_full_us"]
     fi_sparse = flashinfer_head_sparse(shape, q, k, v, req_to_token, sel, cnt, tail_start)
@@ -130,8 +131,9 @@ def bench_score_capture(shape: Shape, bs: int, seq_len: int) -> dict:
     v_ext = torch.randn_like(k_ext)
     o = torch.empty_like(q)
     row["split_verify_attn_us"] = bench_us(
-        lambda: verify_attention_fwd(q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS,
-                                     shape.d**-0.5, lse=verify_lse)  # fmt: skip
+        lambda: verify_attention_fwd(
+            q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS, shape.d**-0.5, lse=verify_lse
+        )
     )
     prefix_bytes = bs * shape.h_kv * seq_len * (2 * shape.d * k.element_size() + 8)
     row["split_verify_GBps"] = prefix_bytes / row["split_verify_attn_us"] / 1e3
@@ -145,8 +147,9 @@ def bench_score_capture(shape: Shape, bs: int, seq_len: int) -> dict:
         row["split_verify_speedup"] = row["verify_attn_us"] / row["split_verify_attn_us"]
         # The compiled split kernel against SGLang's at full size (the CPU tests cover small sizes only).
         sglang_o = baseline()
-        verify_attention_fwd(q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS,
-                             shape.d**-0.5, lse=verify_lse)  # fmt: skip
+        verify_attention_fwd(
+            q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS, shape.d**-0.5, lse=verify_lse
+        )
         row["split_vs_sglang_max_abs_diff_out"] = (o.float() - sglang_o.float()).abs().max().item()
         row["split_vs_sglang_max_abs_diff_lse"] = (verify_lse - sglang_lse).abs().max().item()
     return row
@@ -171,12 +174,18 @@ def bench_mixed(shape: Shape, bs: int, seq_len: int) -> dict:
         name = "verify" if rows > 1 else "plain_verify"
         for kind, per_req in (("uniform", uniform), ("mixed", lens)):
             kv_indptr, kv_indices = prefix_index(per_req, req_to_token)
-            row[f"{name}_{kind}_us"] = bench_us(lambda ip=kv_indptr, ix=kv_indices: verify_attention_fwd(
-                q, k_ext, v_ext, o, k, v, qo_indptr, ip, ix, rows, shape.d**-0.5, lse=lse))  # fmt: skip
+            row[f"{name}_{kind}_us"] = bench_us(
+                lambda ip=kv_indptr, ix=kv_indices: verify_attention_fwd(
+                    q, k_ext, v_ext, o, k, v, qo_indptr, ip, ix, rows, shape.d**-0.5, lse=lse
+                )
+            )
             if rows > 1:  # the verify's score capture, over the same prefixes
                 scores = torch.empty(shape.h_kv, bs * seq_len, device=DEVICE, dtype=torch.float16)
-                row[f"capture_{kind}_us"] = bench_us(lambda ip=kv_indptr, ix=kv_indices: score_capture(
-                    q, k, lse, qo_indptr, ip, ix, scores, shape.d**-0.5))  # fmt: skip
+                row[f"capture_{kind}_us"] = bench_us(
+                    lambda ip=kv_indptr, ix=kv_indices: score_capture(
+                        q, k, lse, qo_indptr, ip, ix, scores, shape.d**-0.5
+                    )
+                )
             else:
                 seq_lens = torch.tensor(per_req, device=DEVICE, dtype=torch.int64)
                 decode = sglang_decode(shape, q, k, v, kv_indptr, kv_indices, seq_lens)
@@ -203,8 +212,9 @@ def bench_mixed_draft(shape: Shape, k, v, req_to_token, uniform: list[int], lens
         sel_cnt = torch.tensor(counts, dtype=torch.int32, device=DEVICE)
         seq_lens = torch.tensor(per_req, dtype=torch.int64, device=DEVICE)
         tail_start, table = seq_lens - TAIL, request_table(per_req, req_to_token)
-        row[f"draft_static_{kind}_us"] = bench_us(lambda: sparse_decode_fwd(
-            q, k, v, o, table, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5))  # fmt: skip
+        row[f"draft_static_{kind}_us"] = bench_us(
+            lambda: sparse_decode_fwd(q, k, v, o, table, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5)
+        )
     row["draft_static_mixed_over_uniform"] = row["draft_static_mixed_us"] / row["draft_static_uniform_us"]
     return row
 
@@ -250,15 +260,30 @@ def markdown(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON result path")
-    parser.add_argument("--batches", type=int, nargs="+", default=None, help="default 1 4 16 64 128; with --tune: "
-                        "tune at every (batch, len) instead of TUNE_POINTS")
+    parser.add_argument(
+        "--batches",
+        type=int,
+        nargs="+",
+        default=None,
+        help="default 1 4 16 64 128; with --tune: tune at every (batch, len) instead of TUNE_POINTS",
+    )
     parser.add_argument("--lens", type=int, nargs="+", default=None, help="default 4096 16384 32768")
-    parser.add_argument("--sections", nargs="+", default=None, choices=["sparse_decode", "score_capture", "selection",
-                        "mixed_lengths"], help="run only these sections (default: all)")  # fmt: skip
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        default=None,
+        choices=["sparse_decode", "score_capture", "selection", "mixed_lengths"],
+        help="run only these sections (default: all)",
+    )
     parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES], choices=[s.name for s in SHAPES])
-    parser.add_argument("--tune", nargs="+", choices=["verify", "sparse", "dense", "mixed"], default=None,
-                        help="instead: sweep these kernels' launch parameters at TUNE_POINTS (verify: + capture; "
-                        "mixed: the verify's and the capture's split count on mixed and uniform prefixes)")
+    parser.add_argument(
+        "--tune",
+        nargs="+",
+        choices=["verify", "sparse", "dense", "mixed"],
+        default=None,
+        help="instead: sweep these kernels' launch parameters at TUNE_POINTS (verify: + capture; "
+        "mixed: the verify's and the capture's split count on mixed and uniform prefixes)",
+    )
     args = parser.parse_args()
     explicit = args.batches is not None or args.lens is not None
     args.batches, args.lens = args.batches or [1, 4, 16, 64, 128], args.lens or [4096, 16384, 32768]
@@ -278,9 +303,13 @@ def main() -> None:
         "sglang": package_version("sglang"),
         "flashinfer": package_version("flashinfer-python") or package_version("flashinfer"),
         "config": dict(
-            budget_ratio=BUDGET_RATIO, tail=TAIL, verify_rows=VERIFY_ROWS, sglang_max_kv_splits=SGLANG_MAX_KV_SPLITS,
-            shapes=[asdict(s) for s in SHAPES if s.name in args.shapes], timing="CUDA graph replay, L2 flushed, median",
-        ),  # fmt: skip
+            budget_ratio=BUDGET_RATIO,
+            tail=TAIL,
+            verify_rows=VERIFY_ROWS,
+            sglang_max_kv_splits=SGLANG_MAX_KV_SPLITS,
+            shapes=[asdict(s) for s in SHAPES if s.name in args.shapes],
+            timing="CUDA graph replay, L2 flushed, median",
+        ),
         "complete": False,
         **sections,
     }
@@ -292,18 +321,32 @@ def main() -> None:
             sections["tune"] += rows
             result["wall_s"] = time.time() - started
             args.out.write_text(json.dumps(result, indent=1))
-            for kernel in ("verify", "capture", "sparse", "dense", "verify_uniform", "verify_mixed", "capture_uniform",
-                           "capture_mixed"):
+            for kernel in (
+                "verify",
+                "capture",
+                "sparse",
+                "dense",
+                "verify_uniform",
+                "verify_mixed",
+                "capture_uniform",
+                "capture_mixed",
+            ):
                 best = sorted((r for r in rows if r["kernel"] == kernel), key=lambda r: r["us"])[:3]
                 if not best:
                     continue
-                print(f"{shape.name} bs={bs} L={seq_len} sglang_decode={rows[0]['us']}: {kernel} best", best, flush=True)
+                print(
+                    f"{shape.name} bs={bs} L={seq_len} sglang_decode={rows[0]['us']}: {kernel} best", best, flush=True
+                )
             torch.cuda.empty_cache()
     for shape in (s for s in SHAPES if s.name in args.shapes and not args.tune):
         for seq_len in args.lens:
             for bs in args.batches:
-                for name, bench in (("sparse_decode", bench_decode), ("score_capture", bench_score_capture),
-                                    ("selection", bench_selection), ("mixed_lengths", bench_mixed)):  # fmt: skip
+                for name, bench in (
+                    ("sparse_decode", bench_decode),
+                    ("score_capture", bench_score_capture),
+                    ("selection", bench_selection),
+                    ("mixed_lengths", bench_mixed),
+                ):
                     if args.sections is None or name in args.sections:
                         sections[name].append(bench(shape, bs, seq_len))
                 if sections["score_capture"] and sections["selection"]:

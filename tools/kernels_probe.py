@@ -36,21 +36,36 @@ def main() -> None:
     sel, sel_cnt, _, _ = draft_selection(shape, bs, seq_len, k.element_size())
     q = torch.randn(bs * VERIFY_ROWS, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
     o = torch.empty_like(q)
-    k_ext, v_ext = (torch.randn(bs * VERIFY_ROWS, shape.h_kv, shape.d, device=DEVICE, dtype=torch.bfloat16) for _ in "kv")
+    k_ext, v_ext = (
+        torch.randn(bs * VERIFY_ROWS, shape.h_kv, shape.d, device=DEVICE, dtype=torch.bfloat16) for _ in "kv"
+    )
     lse = torch.empty(bs * VERIFY_ROWS, shape.h_q, device=DEVICE)
     qo_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * VERIFY_ROWS
     kv_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * seq_len
     kv_indices = req_to_token.flatten().to(torch.int64)
     logits = torch.randn(bs, args.vocab, device=DEVICE) * 3
     rows = torch.ones(bs, device=DEVICE)
-    sample = DraftSampleInputs(logits, rows * 0.6, rows * 0.95, torch.zeros(bs, dtype=torch.int64, device=DEVICE),
-                               rows * 0.0, torch.empty(bs, 64, device=DEVICE).exponential_())  # fmt: skip
-    outs = (torch.empty(bs, dtype=torch.int64, device=DEVICE), torch.empty(bs, 64, dtype=torch.int64, device=DEVICE),
-            torch.empty(bs, 64, device=DEVICE), torch.empty(bs, device=DEVICE))  # fmt: skip
+    sample = DraftSampleInputs(
+        logits,
+        rows * 0.6,
+        rows * 0.95,
+        torch.zeros(bs, dtype=torch.int64, device=DEVICE),
+        rows * 0.0,
+        torch.empty(bs, 64, device=DEVICE).exponential_(),
+    )
+    outs = (
+        torch.empty(bs, dtype=torch.int64, device=DEVICE),
+        torch.empty(bs, 64, dtype=torch.int64, device=DEVICE),
+        torch.empty(bs, 64, device=DEVICE),
+        torch.empty(bs, device=DEVICE),
+    )
     for _ in range(args.repeats):
-        sparse_decode_fwd(q[:bs], k, v, o[:bs], req_to_token, rpi, sel, sel_cnt, seq_lens - TAIL, seq_lens, shape.d**-0.5)
-        verify_attention_fwd(q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS, shape.d**-0.5,
-                             lse=lse)  # fmt: skip
+        sparse_decode_fwd(
+            q[:bs], k, v, o[:bs], req_to_token, rpi, sel, sel_cnt, seq_lens - TAIL, seq_lens, shape.d**-0.5
+        )
+        verify_attention_fwd(
+            q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS, shape.d**-0.5, lse=lse
+        )
         draft_sample_fwd(sample, *outs)
     torch.cuda.synchronize()
     print(f"ran {args.repeats} x 3 kernels at {shape.name} bs={bs} L={seq_len}")

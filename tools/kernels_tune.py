@@ -24,8 +24,11 @@ from tools.kernels_setup import (
     timed_or_note,
 )
 
-TUNE_POINTS = {"smollm2-135m": ((256, 7000), (256, 2048), (64, 4096), (16, 7000), (256, 4096)),
-               "qwen3-8b": ((64, 4096), (16, 16384)), "qwen3-1.7b": ((64, 4096),)}  # fmt: skip
+TUNE_POINTS = {
+    "smollm2-135m": ((256, 7000), (256, 2048), (64, 4096), (16, 7000), (256, 4096)),
+    "qwen3-8b": ((64, 4096), (16, 16384)),
+    "qwen3-1.7b": ((64, 4096),),
+}
 
 
 def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
@@ -36,7 +39,10 @@ def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
     k, v, req_to_token = make_pool(shape, bs, seq_len)
     tokens = bs * VERIFY_ROWS
     q = torch.randn(tokens, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
-    k_ext, lse = torch.randn(tokens, shape.h_kv, shape.d, device=DEVICE, dtype=torch.bfloat16), torch.empty(tokens, shape.h_q, device=DEVICE)
+    k_ext, lse = (
+        torch.randn(tokens, shape.h_kv, shape.d, device=DEVICE, dtype=torch.bfloat16),
+        torch.empty(tokens, shape.h_q, device=DEVICE),
+    )
     v_ext, o = torch.randn_like(k_ext), torch.empty_like(q)
     qo_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * VERIFY_ROWS
     kv_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * seq_len
@@ -51,12 +57,44 @@ def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
         for block_n in (32, 64, 128):
             for warps in (4, 8):
                 for stages in (2, 3, 4):
-                    us = bench_us(lambda: verify_attention_fwd(
-                        q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS, shape.d**-0.5, lse=lse,
-                        num_kv_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages))  # fmt: skip
-                    rows.append(dict(base, kernel="verify", splits=splits, block_n=block_n, warps=warps, stages=stages, us=us))
-                us = bench_us(lambda: score_capture(q, k, lse, qo_indptr, kv_indptr, kv_indices, out, shape.d**-0.5,
-                                                    num_splits=splits, block_n=block_n, num_warps=warps))  # fmt: skip
+                    us = bench_us(
+                        lambda: verify_attention_fwd(
+                            q,
+                            k_ext,
+                            v_ext,
+                            o,
+                            k,
+                            v,
+                            qo_indptr,
+                            kv_indptr,
+                            kv_indices,
+                            VERIFY_ROWS,
+                            shape.d**-0.5,
+                            lse=lse,
+                            num_kv_splits=splits,
+                            block_n=block_n,
+                            num_warps=warps,
+                            num_stages=stages,
+                        )
+                    )
+                    rows.append(
+                        dict(base, kernel="verify", splits=splits, block_n=block_n, warps=warps, stages=stages, us=us)
+                    )
+                us = bench_us(
+                    lambda: score_capture(
+                        q,
+                        k,
+                        lse,
+                        qo_indptr,
+                        kv_indptr,
+                        kv_indices,
+                        out,
+                        shape.d**-0.5,
+                        num_splits=splits,
+                        block_n=block_n,
+                        num_warps=warps,
+                    )
+                )
                 rows.append(dict(base, kernel="capture", splits=splits, block_n=block_n, warps=warps, us=us))
     if "mixed" in kernels:
         rows += tune_mixed(shape, bs, seq_len, q, k_ext, v_ext, o, lse, k, v, req_to_token, qo_indptr, out)
@@ -71,7 +109,9 @@ def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
     return rows
 
 
-def tune_mixed(shape: Shape, bs: int, seq_len: int, q, k_ext, v_ext, o, lse, k, v, req_to_token, qo_indptr, out) -> list[dict]:
+def tune_mixed(
+    shape: Shape, bs: int, seq_len: int, q, k_ext, v_ext, o, lse, k, v, req_to_token, qo_indptr, out
+) -> list[dict]:
     """The verify and its score capture on mixed prefixes (``mixed_lengths``) and on the uniform batch of the same
     mean, over the split count of a request at the mean and the per-request cap (``mean_prefix_chunk``; default
     tiles; cap = splits is a grid without balancing): which grid keeps the mixed batch at the uniform one's cost."""
@@ -80,13 +120,31 @@ def tune_mixed(shape: Shape, bs: int, seq_len: int, q, k_ext, v_ext, o, lse, k, 
     for kind, per_req in (("uniform", [seq_len] * bs), ("mixed", mixed_lengths(bs, seq_len))):
         kv_indptr, kv_indices = prefix_index(per_req, req_to_token)
         for splits, cap in grids:
-            us = bench_us(lambda: verify_attention_fwd(
-                q, k_ext, v_ext, o, k, v, qo_indptr, kv_indptr, kv_indices, VERIFY_ROWS, shape.d**-0.5, lse=lse,
-                num_kv_splits=splits, max_kv_splits=cap))  # fmt: skip
+            us = bench_us(
+                lambda: verify_attention_fwd(
+                    q,
+                    k_ext,
+                    v_ext,
+                    o,
+                    k,
+                    v,
+                    qo_indptr,
+                    kv_indptr,
+                    kv_indices,
+                    VERIFY_ROWS,
+                    shape.d**-0.5,
+                    lse=lse,
+                    num_kv_splits=splits,
+                    max_kv_splits=cap,
+                )
+            )
             base = dict(shape=shape.name, bs=bs, seq_len=seq_len, splits=splits, cap=cap)
             rows.append(dict(base, kernel=f"verify_{kind}", us=us))
-            us = bench_us(lambda: score_capture(q, k, lse, qo_indptr, kv_indptr, kv_indices, out, shape.d**-0.5,
-                                                num_splits=splits, max_splits=cap))  # fmt: skip
+            us = bench_us(
+                lambda: score_capture(
+                    q, k, lse, qo_indptr, kv_indptr, kv_indices, out, shape.d**-0.5, num_splits=splits, max_splits=cap
+                )
+            )
             rows.append(dict(base, kernel=f"capture_{kind}", us=us))
     return rows
 
@@ -96,15 +154,52 @@ def tune_sparse(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_
     sel, sel_cnt, cnt, gathered = draft_selection(shape, bs, seq_len, k.element_size())
     rpi, o = torch.arange(bs, device=DEVICE), torch.empty_like(q)
     rows = []
-    grid = [(s, n, w, st, pf) for s in (1, 2, 4) for n in (32, 64, 128) for w in (4, 8) for st in (2, 3, 4)
-            for pf in (False, True)]  # fmt: skip
+    grid = [
+        (s, n, w, st, pf)
+        for s in (1, 2, 4)
+        for n in (32, 64, 128)
+        for w in (4, 8)
+        for st in (2, 3, 4)
+        for pf in (False, True)
+    ]
     for splits, block_n, warps, stages, prefetch in grid:
-        us = bench_us(lambda: sparse_decode_fwd(
-            q, k, v, o, req_to_token, rpi, sel, sel_cnt, seq_lens - TAIL, seq_lens, shape.d**-0.5,
-            num_kv_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages, prefetch=prefetch))  # fmt: skip
-        rows.append(dict(shape=shape.name, bs=bs, seq_len=seq_len, kernel="sparse", selected=cnt, splits=splits,
-                         block_n=block_n, warps=warps, stages=stages, prefetch=prefetch, us=us, GBps=gathered / us / 1e3,
-                         vs_sglang_decode=us / stock if isinstance(stock, float) else None))  # fmt: skip
+        us = bench_us(
+            lambda: sparse_decode_fwd(
+                q,
+                k,
+                v,
+                o,
+                req_to_token,
+                rpi,
+                sel,
+                sel_cnt,
+                seq_lens - TAIL,
+                seq_lens,
+                shape.d**-0.5,
+                num_kv_splits=splits,
+                block_n=block_n,
+                num_warps=warps,
+                num_stages=stages,
+                prefetch=prefetch,
+            )
+        )
+        rows.append(
+            dict(
+                shape=shape.name,
+                bs=bs,
+                seq_len=seq_len,
+                kernel="sparse",
+                selected=cnt,
+                splits=splits,
+                block_n=block_n,
+                warps=warps,
+                stages=stages,
+                prefetch=prefetch,
+                us=us,
+                GBps=gathered / us / 1e3,
+                vs_sglang_decode=us / stock if isinstance(stock, float) else None,
+            )
+        )
     return rows
 
 
@@ -119,10 +214,36 @@ def tune_dense(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_l
     for splits in (1, 2, 3, 4, 6, 8, 12, 16):
         for block_n in (32, 64):
             for stages in (2, 3):
-                us = bench_us(lambda: sparse_decode_fwd(
-                    q, k, v, o, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5,
-                    num_kv_splits=splits, block_n=block_n, num_stages=stages))  # fmt: skip
-                rows.append(dict(shape=shape.name, bs=bs, seq_len=seq_len, kernel="dense", splits=splits,
-                                 default_splits=default_num_splits(bs * shape.h_kv, q.device), block_n=block_n,
-                                 warps=4, stages=stages, us=us))  # fmt: skip
+                us = bench_us(
+                    lambda: sparse_decode_fwd(
+                        q,
+                        k,
+                        v,
+                        o,
+                        req_to_token,
+                        rpi,
+                        sel,
+                        sel_cnt,
+                        tail_start,
+                        seq_lens,
+                        shape.d**-0.5,
+                        num_kv_splits=splits,
+                        block_n=block_n,
+                        num_stages=stages,
+                    )
+                )
+                rows.append(
+                    dict(
+                        shape=shape.name,
+                        bs=bs,
+                        seq_len=seq_len,
+                        kernel="dense",
+                        splits=splits,
+                        default_splits=default_num_splits(bs * shape.h_kv, q.device),
+                        block_n=block_n,
+                        warps=4,
+                        stages=stages,
+                        us=us,
+                    )
+                )
     return rows

@@ -36,10 +36,20 @@ from benchmarks.meta import device_name, git_commit, package_version
 from benchmarks.step_analysis import stock_step_ms
 from benchmarks.step_times import SHAPES as QWEN3_SHAPES
 
-SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
-           "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152}  # fmt: skip
-MODELS: dict[str, dict[str, Any]] = {"qwen3-8b": QWEN3_SHAPES["qwen3-8b"], "qwen3-1.7b": QWEN3_SHAPES["qwen3-1.7b"],
-                                     "smollm2-135m": SMOLLM2}  # fmt: skip
+SMOLLM2 = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+}
+MODELS: dict[str, dict[str, Any]] = {
+    "qwen3-8b": QWEN3_SHAPES["qwen3-8b"],
+    "qwen3-1.7b": QWEN3_SHAPES["qwen3-1.7b"],
+    "smollm2-135m": SMOLLM2,
+}
 DEFAULT_BATCHES = {"qwen3-8b": (16, 64), "qwen3-1.7b": (16, 64), "smollm2-135m": (64, 256)}
 
 
@@ -55,8 +65,10 @@ class RowWork:
         def weight(rows: int, cols: int) -> torch.Tensor:
             return torch.randn(rows, cols, **w) * cols**-0.5
 
-        self.layers = [(weight((hq + 2 * hkv) * d, h), weight(h, hq * d), weight(2 * i, h), weight(h, i))
-                       for _ in range(cfg["num_hidden_layers"])]  # fmt: skip
+        self.layers = [
+            (weight((hq + 2 * hkv) * d, h), weight(h, hq * d), weight(2 * i, h), weight(h, i))
+            for _ in range(cfg["num_hidden_layers"])
+        ]
         self.lm_head = weight(cfg["vocab_size"], h)
         self.q_cols, self.h = hq * d, h
         self.x = torch.randn(max_rows, h, **w)
@@ -85,9 +97,18 @@ def measure(model: str, batch: int, k: int, work: RowWork, cache: dict[int, floa
     draft, verify = g_ms(batch), g_ms(batch * (k + 1))
     mixed_forwards = [g_ms(batch + k * n) for n in groups(batch, k)]
     split, mixed = k * draft + verify, sum(mixed_forwards)
-    return {"model": model, "batch": batch, "k": k, "draft_forward_ms": draft, "verify_forward_ms": verify,
-            "mixed_forward_rows": [batch + k * n for n in groups(batch, k)], "mixed_forward_ms": mixed_forwards,
-            "today_ms": split, "mixed_ms": mixed, "saving_ms": split - mixed}  # fmt: skip
+    return {
+        "model": model,
+        "batch": batch,
+        "k": k,
+        "draft_forward_ms": draft,
+        "verify_forward_ms": verify,
+        "mixed_forward_rows": [batch + k * n for n in groups(batch, k)],
+        "mixed_forward_ms": mixed_forwards,
+        "today_ms": split,
+        "mixed_ms": mixed,
+        "saving_ms": split - mixed,
+    }
 
 
 def project(rows: list[dict[str, Any]], steps_path: Path) -> list[dict[str, Any]]:
@@ -102,9 +123,17 @@ def project(rows: list[dict[str, Any]], steps_path: Path) -> list[dict[str, Any]
                 continue
             mixed = r["round_ms"] - saving[r["batch"]]
             step = stock.get((r["context"], r["batch"]))
-            out.append({"server": name, "context": r["context"], "batch": r["batch"], "round_ms": r["round_ms"],
-                        "mixed_round_ms": mixed, "change": mixed / r["round_ms"] - 1,
-                        "verify_minus_stock_step_ms": r["verify_ms"] - step if step else None})  # fmt: skip
+            out.append(
+                {
+                    "server": name,
+                    "context": r["context"],
+                    "batch": r["batch"],
+                    "round_ms": r["round_ms"],
+                    "mixed_round_ms": mixed,
+                    "change": mixed / r["round_ms"] - 1,
+                    "verify_minus_stock_step_ms": r["verify_ms"] - step if step else None,
+                }
+            )
     return out
 
 
@@ -122,20 +151,34 @@ def main(argv: list[str] | None = None) -> int:
     work = RowWork(MODELS[args.model], max(batches) * (args.k + 1))
     cache: dict[int, float] = {}
     rows = [measure(args.model, b, args.k, work, cache) for b in batches]
-    result = {"kind": "mixed_gemm", "device": device_name(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "git_commit": git_commit(), "torch": torch.__version__, "sglang": package_version("sglang"),
-              "model": args.model, "k": args.k, "weights": "random bf16: times only",
-              "timing": "CUDA graph replay, L2 flushed, median", "rows": rows,
-              "projection": project(rows, args.steps) if args.steps else [],
-              "steps_file": args.steps.name if args.steps else None}  # fmt: skip
+    result = {
+        "kind": "mixed_gemm",
+        "device": device_name(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git_commit": git_commit(),
+        "torch": torch.__version__,
+        "sglang": package_version("sglang"),
+        "model": args.model,
+        "k": args.k,
+        "weights": "random bf16: times only",
+        "timing": "CUDA graph replay, L2 flushed, median",
+        "rows": rows,
+        "projection": project(rows, args.steps) if args.steps else [],
+        "steps_file": args.steps.name if args.steps else None,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     for r in rows:
-        print(f"{args.model} B={r['batch']} k={r['k']}: G(B)={r['draft_forward_ms']:.2f} G(B(k+1))={r['verify_forward_ms']:.2f} "
-              f"split {r['today_ms']:.1f} ms, mixed {r['mixed_ms']:.1f} ms, saving {r['saving_ms']:.1f} ms")  # fmt: skip
+        print(
+            f"{args.model} B={r['batch']} k={r['k']}: G(B)={r['draft_forward_ms']:.2f} "
+            f"G(B(k+1))={r['verify_forward_ms']:.2f} split {r['today_ms']:.1f} ms, mixed {r['mixed_ms']:.1f} ms, "
+            f"saving {r['saving_ms']:.1f} ms"
+        )
     for r in result["projection"]:
-        print(f"  {r['server']} L={r['context']} B={r['batch']}: round {r['round_ms']:.1f} -> {r['mixed_round_ms']:.1f} ms "
-              f"({100 * r['change']:+.1f}%)")  # fmt: skip
+        print(
+            f"  {r['server']} L={r['context']} B={r['batch']}: "
+            f"round {r['round_ms']:.1f} -> {r['mixed_round_ms']:.1f} ms ({100 * r['change']:+.1f}%)"
+        )
     print(f"wrote {args.out}")
     return 0
 

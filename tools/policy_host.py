@@ -57,12 +57,17 @@ def stand_in_planner(bs: int, context: int, rng: random.Random) -> tuple[RoundPl
     or processors: the batch-level check answers for its requests)."""
     cfg = PillarConfig()
     policy = SpeculationPolicy(cfg.step_candidates, floor_quantile=cfg.floor_quantile, premium=cfg.spec_premium)
-    planner = RoundPlanner(cfg, PillarMetrics(cfg.num_steps), RoundClock(_Event), policy=policy,
-                           agreement=RoundAgreement(None))  # fmt: skip
+    planner = RoundPlanner(
+        cfg, PillarMetrics(cfg.num_steps), RoundClock(_Event), policy=policy, agreement=RoundAgreement(None)
+    )
     planner.set_dense(DenseChooser(cfg.budget, KV_BYTES, LAYERS, lambda b: max(1, SPLIT_PROGRAMS // (3 * b))))
     reqs = [_Req(context + rng.randrange(512)) for _ in range(bs)]
-    sampling = SimpleNamespace(has_custom_logit_processor=False, acc_additive_penalties=None,
-                               acc_scaling_penalties=None, penalizer_orchestrator=None)  # fmt: skip
+    sampling = SimpleNamespace(
+        has_custom_logit_processor=False,
+        acc_additive_penalties=None,
+        acc_scaling_penalties=None,
+        penalizer_orchestrator=None,
+    )
     batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=sampling)
     key = policy.choose(bs, context)[1]
     for k, draft_ms, rest_ms in ((0, 0.0, 3.0), (2, 2.0, 10.0), (4, 4.0, 10.0), (8, 8.0, 10.0)):
@@ -89,8 +94,13 @@ def time_rounds(bs: int, context: int, rounds: int, seed: int = 0) -> dict[str, 
         planner.completed(counts)
         complete_s += time.perf_counter() - t2
         choose_s += t1 - t0
-    return {"bs": bs, "context": context, "choose_us": 1e6 * choose_s / rounds, "complete_us": 1e6 * complete_s / rounds,
-            "rounds_by_k": {str(k): n for k, n in sorted(planner.metrics.rounds_by_steps.items())}}  # fmt: skip
+    return {
+        "bs": bs,
+        "context": context,
+        "choose_us": 1e6 * choose_s / rounds,
+        "complete_us": 1e6 * complete_s / rounds,
+        "rounds_by_k": {str(k): n for k, n in sorted(planner.metrics.rounds_by_steps.items())},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,8 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for bs in args.batches:
         rows.append(time_rounds(bs, args.context, args.rounds))
-        print(f"bs {bs:4d}: choose {rows[-1]['choose_us']:7.1f} us, complete {rows[-1]['complete_us']:7.1f} us per round")
-    doc = {"kind": "policy_host", "schema": 1, "meta": run_metadata(new_run_id()), "settings": vars(args) | {"out": str(args.out)}, "rows": rows}
+        print(
+            f"bs {bs:4d}: choose {rows[-1]['choose_us']:7.1f} us, complete {rows[-1]['complete_us']:7.1f} us per round"
+        )
+    doc = {
+        "kind": "policy_host",
+        "schema": 1,
+        "meta": run_metadata(new_run_id()),
+        "settings": vars(args) | {"out": str(args.out)},
+        "rows": rows,
+    }
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 

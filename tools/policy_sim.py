@@ -130,7 +130,11 @@ def _keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: in
 
 
 def _next_plan(
-    cfg: PillarConfig, scores: torch.Tensor | None, window: tuple[int, int] | None, v: int, kmax: int,
+    cfg: PillarConfig,
+    scores: torch.Tensor | None,
+    window: tuple[int, int] | None,
+    v: int,
+    kmax: int,
     score_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, int]:
     """(selected positions, tail_start) for the next round: the streaming seed before the first verify
@@ -219,14 +223,20 @@ def simulate(
 def first_divergence_from_greedy(model, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> int | None:
     """Index where ``output_ids`` leaves plain greedy decoding of the same model (None: identical)."""
     with torch.no_grad():
-        ref = model.generate(torch.tensor([list(prompt_ids)]), max_new_tokens=len(output_ids), do_sample=False,
-                             min_new_tokens=len(output_ids))[0, len(prompt_ids) :].tolist()  # fmt: skip
+        ref = model.generate(
+            torch.tensor([list(prompt_ids)]),
+            max_new_tokens=len(output_ids),
+            do_sample=False,
+            min_new_tokens=len(output_ids),
+        )[0, len(prompt_ids) :].tolist()
     return next((i for i, (a, b) in enumerate(zip(ref, output_ids)) if a != b), None)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="HF model folder (e.g. from python -m sglang_sparsespec.models.smollm2)")
+    p.add_argument(
+        "--model", required=True, help="HF model folder (e.g. from python -m sglang_sparsespec.models.smollm2)"
+    )
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--dataset", default="aime24")
     p.add_argument("--prompt-index", type=int, default=1)
@@ -239,11 +249,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--recent-window", type=int, default=defaults.recent_window)
     p.add_argument("--sink-tokens", type=int, default=defaults.sink_tokens)
     p.add_argument("--select-every", type=int, default=defaults.select_every, help="re-select every N rounds")
-    p.add_argument("--score-rows", choices=[r.value for r in ScoreRows], default=defaults.score_rows.value,
-                   help="verify rows that score the prefix")  # fmt: skip
+    p.add_argument(
+        "--score-rows",
+        choices=[r.value for r in ScoreRows],
+        default=defaults.score_rows.value,
+        help="verify rows that score the prefix",
+    )
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--score-dtype", default="float32", choices=("float32", "float16"),
-                   help="storage of pillar's per-layer scores before top-K (the GPU worker: float16)")
+    p.add_argument(
+        "--score-dtype",
+        default="float32",
+        choices=("float32", "float16"),
+        help="storage of pillar's per-layer scores before top-K (the GPU worker: float16)",
+    )
     p.add_argument("--check-lossless", action="store_true", help="compare every output with plain greedy decoding")
     p.add_argument("--out", type=Path, default=None, help="JSON result path")
     args = p.parse_args(argv)
@@ -267,27 +285,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(
         args.model, dtype=getattr(torch, args.dtype), attn_implementation=register_attention()
     ).eval()
-    doc: dict[str, Any] = {"kind": "policy_sim", "meta": run_metadata(new_run_id()), "settings": {**vars(args), "data_dir": str(args.data_dir),
-                           "out": None, "policies": [p.value for p in args.policies], "source": prompt.source},
-                           "results": {}}  # fmt: skip
+    doc: dict[str, Any] = {
+        "kind": "policy_sim",
+        "meta": run_metadata(new_run_id()),
+        "settings": {
+            **vars(args),
+            "data_dir": str(args.data_dir),
+            "out": None,
+            "policies": [p.value for p in args.policies],
+            "source": prompt.source,
+        },
+        "results": {},
+    }
     ok = True
     for policy in args.policies:
-        cfg = PillarConfig(num_steps=args.num_steps, budget_ratio=args.budget_ratio, min_budget=args.min_budget,
-                           recent_window=args.recent_window, sink_tokens=args.sink_tokens, policy=policy,
-                           select_every=args.select_every, score_rows=ScoreRows(args.score_rows))  # fmt: skip
+        cfg = PillarConfig(
+            num_steps=args.num_steps,
+            budget_ratio=args.budget_ratio,
+            min_budget=args.min_budget,
+            recent_window=args.recent_window,
+            sink_tokens=args.sink_tokens,
+            policy=policy,
+            select_every=args.select_every,
+            score_rows=ScoreRows(args.score_rows),
+        )
         res = simulate(model, prompt.input_ids, args.max_new_tokens, cfg, getattr(torch, args.score_dtype))
-        rec: dict[str, Any] = {"accept_length": res.accept_length, "rounds": len(res.accepts), "wall_s": res.wall_s,
-                               "mean_draft_set": res.mean_draft_set,
-                               "segment_tokens": SEGMENT, "accept_length_by_segment": res.accept_by_segment(SEGMENT),
-                               "distinct_4grams_by_segment": res.distinct_ngrams_by_segment(SEGMENT)}  # fmt: skip
+        rec: dict[str, Any] = {
+            "accept_length": res.accept_length,
+            "rounds": len(res.accepts),
+            "wall_s": res.wall_s,
+            "mean_draft_set": res.mean_draft_set,
+            "segment_tokens": SEGMENT,
+            "accept_length_by_segment": res.accept_by_segment(SEGMENT),
+            "distinct_4grams_by_segment": res.distinct_ngrams_by_segment(SEGMENT),
+        }
         if args.check_lossless:
             rec["first_divergence_from_greedy"] = first_divergence_from_greedy(model, prompt.input_ids, res.output_ids)
             ok &= rec["first_divergence_from_greedy"] is None
         doc["results"][policy.value] = rec
-        print(f"{prompt.source} {policy.value}: accept length {res.accept_length:.3f} over {len(res.accepts)} rounds,"
-              f" draft set {res.mean_draft_set:.1f} positions"
-              f" ({res.wall_s:.0f} s)" + (f", divergence from greedy: {rec['first_divergence_from_greedy']}"
-                                         if args.check_lossless else ""), flush=True)  # fmt: skip
+        print(
+            f"{prompt.source} {policy.value}: accept length {res.accept_length:.3f} over {len(res.accepts)} rounds,"
+            f" draft set {res.mean_draft_set:.1f} positions"
+            f" ({res.wall_s:.0f} s)"
+            + (f", divergence from greedy: {rec['first_divergence_from_greedy']}" if args.check_lossless else ""),
+            flush=True,
+        )
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1))
     return 0 if ok else 1

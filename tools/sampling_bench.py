@@ -46,8 +46,13 @@ from benchmarks.meta import new_run_id, run_metadata
 from tools.kernels_setup import captured
 
 # Launch parameters of the vocabulary-parallel passes: (tokens per program, tile, warps).
-TUNE_GRID = [(chunk, block_v, warps) for chunk in (4096, 8192, 16384) for block_v in (512, 1024, 2048) for warps in (4, 8)
-             if chunk >= block_v]  # fmt: skip
+TUNE_GRID = [
+    (chunk, block_v, warps)
+    for chunk in (4096, 8192, 16384)
+    for block_v in (512, 1024, 2048)
+    for warps in (4, 8)
+    if chunk >= block_v
+]
 TOP_K_OFF = 1 << 30  # what SGLang's sampling_info.top_ks holds for "no top-k" (TOP_K_ALL)
 # case: (top_k, top_p, min_p or None); greedy rows are top_k 1 at temperature 1.
 CASES = {
@@ -108,8 +113,12 @@ def case_inputs(case: str, bs: int, k: int, vocab: int, c: int, dev: str = "cuda
     logits = rows.to(torch.bfloat16).float()
     top_k, top_p, min_p = CASES[case]
     temp = torch.full((bs,), 1.0 if top_k == 1 else 0.6, device=dev)
-    params = (temp, torch.full((bs,), top_k, dtype=torch.int32, device=dev), torch.full((bs,), top_p, device=dev),
-              None if min_p is None else torch.full((bs,), min_p, device=dev))  # fmt: skip
+    params = (
+        temp,
+        torch.full((bs,), top_k, dtype=torch.int32, device=dev),
+        torch.full((bs,), top_p, device=dev),
+        None if min_p is None else torch.full((bs,), min_p, device=dev),
+    )
     ids = torch.stack([torch.randperm(vocab, device=dev)[:c] for _ in range(bs * k)]).view(bs, k, c)
     q = torch.softmax(torch.randn(bs, k, c, device=dev), -1)
     record = (ids[:, :, 0].contiguous(), ids, q, q[:, :, 0].contiguous())
@@ -163,9 +172,16 @@ def draft_timed(bs: int, vocab: int, c: int, tune: bool) -> dict[str, float]:
     temp, top_p = torch.full((bs,), 0.6, device=dev), torch.full((bs,), 0.95, device=dev)
     top_k, min_p = torch.full((bs,), -1, device=dev, dtype=torch.int32), torch.zeros(bs, device=dev)
     x = DraftSampleInputs(logits, temp, top_p, top_k, min_p, torch.empty(bs, c, device=dev).exponential_())
-    outs = (torch.empty(bs, dtype=torch.int64, device=dev), torch.empty(bs, c, dtype=torch.int64, device=dev),
-            torch.empty(bs, c, device=dev), torch.empty(bs, device=dev))  # fmt: skip
-    timed = {"draft_sample_fwd": lambda: draft_sample_fwd(x, *outs), "torch_topk": lambda: torch.topk(logits, c, dim=-1)}
+    outs = (
+        torch.empty(bs, dtype=torch.int64, device=dev),
+        torch.empty(bs, c, dtype=torch.int64, device=dev),
+        torch.empty(bs, c, device=dev),
+        torch.empty(bs, device=dev),
+    )
+    timed = {
+        "draft_sample_fwd": lambda: draft_sample_fwd(x, *outs),
+        "torch_topk": lambda: torch.topk(logits, c, dim=-1),
+    }
     out = {name: round(mean_ms(fn), 4) for name, fn in timed.items()}
     graphed = {"draft_sample_graph": lambda: draft_sample_fwd(x, *outs)}
     for chunk, bv, warps in TUNE_GRID if tune else ():
@@ -182,8 +198,11 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--record-candidates", type=int, default=64, help="C of the draft records")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--tune", action="store_true",
-                        help="also the accept phase and the draft sampler at every chunk x tile x warps of TUNE_GRID")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="also the accept phase and the draft sampler at every chunk x tile x warps of TUNE_GRID",
+    )
     a = parser.parse_args()
     ms: dict[str, dict] = {}
     for bs in a.batches:
@@ -191,9 +210,15 @@ def main() -> None:
             ms[f"{bs}x{a.k + 1}x{a.vocab}/{case}"] = row = measure(case, bs, a.k, a.vocab, a.record_candidates, a.tune)
             print(f"{bs}x{a.k + 1}x{a.vocab} {case}: {row}", flush=True)
         ms[f"{bs}x{a.vocab}/draft_step"] = draft_timed(bs, a.vocab, a.record_candidates, a.tune)
-    settings = {"vocab": a.vocab, "batches": a.batches, "k": a.k, "record_candidates": a.record_candidates,
-                "list_cap": LIST_CAP, "cases": {c: CASES[c] for c in a.cases},
-                "unit": "ms per call, mean of 20 after one warm-up (eager; *_graph: CUDA graph replays); paths: share of rows"}  # fmt: skip
+    settings = {
+        "vocab": a.vocab,
+        "batches": a.batches,
+        "k": a.k,
+        "record_candidates": a.record_candidates,
+        "list_cap": LIST_CAP,
+        "cases": {c: CASES[c] for c in a.cases},
+        "unit": "ms per call, mean of 20 after one warm-up (eager; *_graph: CUDA graph replays); paths: share of rows",
+    }
     out = {"kind": "accept_phase", "meta": run_metadata(new_run_id()), "settings": settings, "ms": ms}
     a.out.write_text(json.dumps(out, indent=1))
 

@@ -67,7 +67,12 @@ def streamed_text(events: Iterator[dict[str, Any]], chat: bool) -> str:
 
 def run_checks(base_url: str, model: str, prompt_text: str, timeout: float) -> list[dict[str, Any]]:
     """Every check as {"name", "ok", "detail"}; a failing request becomes a failed check."""
-    chat_body = {"model": model, "messages": [{"role": "user", "content": QUESTION}], "temperature": 0, "max_tokens": MAX_TOKENS}
+    chat_body = {
+        "model": model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS,
+    }
     comp_body = {"model": model, "prompt": prompt_text, "temperature": 0, "max_tokens": MAX_TOKENS}
     answers: dict[str, str] = {}
     checks: list[dict[str, Any]] = []
@@ -136,7 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kind": "api_smoke",
         "schema": 1,
         "meta": run_metadata(new_run_id()),
-        "config": {"name": cfg.name, "flags": list(cfg.flags), "env": env, "pillar_config": cfg.pillar_config(args.env)},
+        "config": {
+            "name": cfg.name,
+            "flags": list(cfg.flags),
+            "env": env,
+            "pillar_config": cfg.pillar_config(args.env),
+        },
         "server": {"status": "skipped"},
         "checks": [],
         "all_ok": False,
@@ -154,8 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         doc["server"] = {"status": "ok", "startup_s": startup}
         tok = load_tokenizer(args.model)
-        prompt_text = tok.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True)
-        doc["checks"] = run_checks(server.base_url, "default", prompt_text, timeout=max(30.0, deadline.remaining() - 20))
+        prompt_text = tok.apply_chat_template(
+            [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
+        )
+        doc["checks"] = run_checks(
+            server.base_url, "default", prompt_text, timeout=max(30.0, deadline.remaining() - 20)
+        )
         log.block("server log tail", log_tail(server.log_path, 30))
     for c in doc["checks"]:
         log.line(f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}")

@@ -1,4 +1,4 @@
-"""Malformed and unusual requests for the reliability run: a hand list and a schema-driven fuzzer.
+"""Malformed and unusual requests for the reliability run: the hand list (the fuzzer is ``fuzz_probes``).
 
 Every entry is a ``Probe``: a route, a JSON body and the HTTP status the plugin must answer with
 (``expect``; None for fuzzed bodies, which may happen to be valid: any status below 500 is right).
@@ -7,48 +7,21 @@ comes as the first SSE event; ``effective_status`` reads that event's ``code``. 
 requests is sent while those run (``benchmarks/checks/live_probes.py``): a second request under a live rid,
 an abort whose rid is a prefix of another live one; each live request must then end as its own
 client expects (``aborts``: the rids the probe itself ends).
-
-The fuzzer is seeded and uses only the standard library: it reads the request schemas from the
-server's own OpenAPI document (``/openapi.json``, SGLang's pydantic request models rendered as JSON
-Schema). For ``/generate`` it takes a small valid body and sets one to three properties (also
-sampling parameters, a free-form object in the schema) to values of the declared type at its edges,
-or of a wrong type; for the OpenAI chat and completions routes ``schema_fuzz`` builds valid bodies
-with random optional fields and breaks them anywhere in the tree (messages, content parts, response
-formats, tools), or sends a non-object body.
 """
 
 from __future__ import annotations
 
 import json
-import random
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sglang_sparsespec.limits import RequestLimits
 
-from benchmarks.checks.schema_fuzz import (
-    EDGE_INTS,
-    EDGE_NUMBERS,
-    EDGE_STRINGS,
-    WRONG_TYPES,
-    SchemaFuzzer,
-    fuzz_body,
-    request_schema,
-)
 
 GENERATE, COMPLETIONS, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
-ROUTES = (GENERATE, COMPLETIONS, CHAT)  # the fuzzed routes
 OLLAMA_GENERATE, ABORT = "/api/generate", "/abort_request"
 TEXT = "Count from one to five."
 HUGE_ID = 1_000_000_000
-# SGLang's own sampling parameter names (SamplingParams, docs/basic_usage/sampling_params.mdx).
-SAMPLING_KEYS = (
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,8 +80,12 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
         gen("batch_one_bad_sampling", text=[TEXT, TEXT], sampling_params=[{"max_new_tokens": 8}, {"temperature": -1}]),
         gen("batch_sampling_list_short", text=[TEXT, TEXT, TEXT], sampling_params=[{"max_new_tokens": 8}]),
         Probe("context_overflow", GENERATE, {"input_ids": [5] * (context_len + 16)}, 400),
-        Probe("context_plus_new_overflow", GENERATE,
-              {"input_ids": [5] * (context_len - 64), "sampling_params": {"max_new_tokens": 1024}}, 400),
+        Probe(
+            "context_plus_new_overflow",
+            GENERATE,
+            {"input_ids": [5] * (context_len - 64), "sampling_params": {"max_new_tokens": 1024}},
+            400,
+        ),
         sp("max_new_tokens_negative", max_new_tokens=-1),
         sp("max_new_tokens_huge", max_new_tokens=10**9),
         sp("max_new_tokens_float", max_new_tokens=10.5),
@@ -146,59 +123,117 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
         Probe("stream_oov_token_id", GENERATE, {"input_ids": [HUGE_ID], "stream": True}, 400),
         Probe("completions_empty_prompt", COMPLETIONS, {"model": "default", "prompt": ""}, 400),
         Probe("completions_oov_ids", COMPLETIONS, {"model": "default", "prompt": [HUGE_ID, 5]}, 400),
-        Probe("completions_max_tokens_negative", COMPLETIONS, {"model": "default", "prompt": TEXT, "max_tokens": -1}, 400),
-        Probe("completions_logprobs_huge", COMPLETIONS, {"model": "default", "prompt": TEXT, "logprobs": vocab_size + 1}, 400),
+        Probe(
+            "completions_max_tokens_negative", COMPLETIONS, {"model": "default", "prompt": TEXT, "max_tokens": -1}, 400
+        ),
+        Probe(
+            "completions_logprobs_huge",
+            COMPLETIONS,
+            {"model": "default", "prompt": TEXT, "logprobs": vocab_size + 1},
+            400,
+        ),
         Probe("completions_top_k_overflow", COMPLETIONS, {"model": "default", "prompt": TEXT, "top_k": 2**40}, 400),
         Probe("completions_batch_one_oov", COMPLETIONS, {"model": "default", "prompt": [ids, [HUGE_ID]]}, 400),
         Probe("completions_stream_oov", COMPLETIONS, {"model": "default", "prompt": [HUGE_ID], "stream": True}, 400),
         Probe("chat_empty_messages", CHAT, {"model": "default", "messages": []}, 400),
-        Probe("chat_top_logprobs_huge", CHAT,
-              {"model": "default", "messages": msgs, "logprobs": True, "top_logprobs": vocab_size + 1}, 400),
+        Probe(
+            "chat_top_logprobs_huge",
+            CHAT,
+            {"model": "default", "messages": msgs, "logprobs": True, "top_logprobs": vocab_size + 1},
+            400,
+        ),
         Probe("chat_temperature_string", CHAT, {"model": "default", "messages": msgs, "temperature": "hot"}, 400),
-        Probe("chat_stop_token_ids_oov", CHAT,
-              {"model": "default", "messages": msgs, "stop_token_ids": [HUGE_ID], "min_tokens": 2}, 400),
-        Probe("chat_stream_top_k_overflow", CHAT, {"model": "default", "messages": msgs, "top_k": 2**40, "stream": True}, 400),
+        Probe(
+            "chat_stop_token_ids_oov",
+            CHAT,
+            {"model": "default", "messages": msgs, "stop_token_ids": [HUGE_ID], "min_tokens": 2},
+            400,
+        ),
+        Probe(
+            "chat_stream_top_k_overflow",
+            CHAT,
+            {"model": "default", "messages": msgs, "top_k": 2**40, "stream": True},
+            400,
+        ),
         Probe("chat_body_not_object", CHAT, [1, 2], 400),
         Probe("chat_body_string", CHAT, "hello", 400),
         Probe("chat_body_null", CHAT, None, 400),
         Probe("completions_body_not_object", COMPLETIONS, [1, 2], 400),
-        Probe("chat_response_format_string", CHAT, {"model": "default", "messages": msgs, "response_format": "json"}, 400),
-        Probe("chat_response_format_list", CHAT, {"model": "default", "messages": msgs, "response_format": ["json"]}, 400),
-        Probe("chat_json_schema_not_object", CHAT,
-              {"model": "default", "messages": msgs, "response_format": {"type": "json_schema", "schema": "x"}}, 400),
-        Probe("chat_json_schema_properties_string", CHAT,
-              {"model": "default", "messages": msgs,
-               "response_format": {"type": "json_schema", "schema": {"properties": "strict"}}}, 400),
-        Probe("chat_continue_lone_assistant", CHAT,
-              {"model": "default", "messages": [{"role": "assistant", "content": TEXT}], "continue_final_message": True}, 400),
+        Probe(
+            "chat_response_format_string", CHAT, {"model": "default", "messages": msgs, "response_format": "json"}, 400
+        ),
+        Probe(
+            "chat_response_format_list", CHAT, {"model": "default", "messages": msgs, "response_format": ["json"]}, 400
+        ),
+        Probe(
+            "chat_json_schema_not_object",
+            CHAT,
+            {"model": "default", "messages": msgs, "response_format": {"type": "json_schema", "schema": "x"}},
+            400,
+        ),
+        Probe(
+            "chat_json_schema_properties_string",
+            CHAT,
+            {
+                "model": "default",
+                "messages": msgs,
+                "response_format": {"type": "json_schema", "schema": {"properties": "strict"}},
+            },
+            400,
+        ),
+        Probe(
+            "chat_continue_lone_assistant",
+            CHAT,
+            {"model": "default", "messages": [{"role": "assistant", "content": TEXT}], "continue_final_message": True},
+            400,
+        ),
         Probe("chat_messages_not_list", CHAT, {"model": "default", "messages": TEXT}, 400),
         Probe("chat_message_not_object", CHAT, {"model": "default", "messages": [1]}, 400),
         Probe("chat_tools_string", CHAT, {"model": "default", "messages": msgs, "tools": "x"}, 400),
-        Probe("chat_logit_bias_string_value", CHAT, {"model": "default", "messages": msgs, "logit_bias": {"5": "x"}}, 400),
+        Probe(
+            "chat_logit_bias_string_value", CHAT, {"model": "default", "messages": msgs, "logit_bias": {"5": "x"}}, 400
+        ),
         Probe("chat_stop_int", CHAT, {"model": "default", "messages": msgs, "stop": 5}, 400),
         Probe("chat_n_string", CHAT, {"model": "default", "messages": msgs, "n": "two"}, 400),
         Probe("chat_rid_warmup_prefix", CHAT, {"model": "default", "messages": msgs, "rid": "__pillar_warmup__7"}, 400),
         Probe("completions_empty_prompt_list", COMPLETIONS, {"model": "default", "prompt": []}, 400),
         Probe("batch_one_bad_completions_empty_text", COMPLETIONS, {"model": "default", "prompt": [TEXT, ""]}, 400),
-        Probe("completions_max_tokens_string", COMPLETIONS, {"model": "default", "prompt": TEXT, "max_tokens": "eight"}, 400),
+        Probe(
+            "completions_max_tokens_string",
+            COMPLETIONS,
+            {"model": "default", "prompt": TEXT, "max_tokens": "eight"},
+            400,
+        ),
         gen("top_logprobs_num_list", return_logprob=True, top_logprobs_num=[]),
         gen("rid_warmup_prefix", rid="__pillar_warmup__1"),
         gen("batch_rid_warmup_prefix", text=[TEXT, TEXT], rid=["a", "__pillar_warmup__2"]),
-        Probe("completions_cache_salt_list", COMPLETIONS, {"model": "default", "prompt": TEXT, "cache_salt": ["a"]}, 400),
+        Probe(
+            "completions_cache_salt_list", COMPLETIONS, {"model": "default", "prompt": TEXT, "cache_salt": ["a"]}, 400
+        ),
         Probe("extra_key_list", GENERATE, {"text": TEXT, "extra_key": ["a", "b"]}, 400),
-    ]  # fmt: skip
+    ]
     bad += _costs_and_templates(msgs, sp, gen) + _ollama() + _live()
     unusual_but_valid = [
         sp("stop_never_matches", 200, stop=["\u2603 never \u2603"], max_new_tokens=16),
         sp("n_two", 200, n=2),
         gen("logprobs_top5", 200, sampling_params={"max_new_tokens": 8}, return_logprob=True, top_logprobs_num=5),
         gen("batch_all_good", 200, text=[TEXT, TEXT], sampling_params={"max_new_tokens": 8}),
-        Probe("completions_logprobs", COMPLETIONS, {"model": "default", "prompt": TEXT, "max_tokens": 8, "logprobs": 3}, 200),
+        Probe(
+            "completions_logprobs",
+            COMPLETIONS,
+            {"model": "default", "prompt": TEXT, "max_tokens": 8, "logprobs": 3},
+            200,
+        ),
         Probe("chat_n_two", CHAT, {"model": "default", "messages": msgs, "max_tokens": 8, "n": 2}, 200),
         sp("stop_regex_unbounded", 200, stop_regex=r"\n\s*\n"),
-        gen("top_logprobs_at_cap", 200, sampling_params={"max_new_tokens": 8}, return_logprob=True,
-            top_logprobs_num=RequestLimits().max_top_logprobs),
-    ]  # fmt: skip
+        gen(
+            "top_logprobs_at_cap",
+            200,
+            sampling_params={"max_new_tokens": 8},
+            return_logprob=True,
+            top_logprobs_num=RequestLimits().max_top_logprobs,
+        ),
+    ]
     return bad + unusual_but_valid
 
 
@@ -226,15 +261,23 @@ def _costs_and_templates(msgs: list[dict[str, Any]], sp: Any, gen: Any) -> list[
         sp("stop_regex_nested_alternatives", stop_regex=["x", "(a|aa)+$"]),
         chat("chat_stop_regex_backtracking", stop_regex=r"(\d*)*x"),
         gen("top_logprobs_over_cap", return_logprob=True, top_logprobs_num=over),
-        Probe("top_logprobs_completions_over_cap", COMPLETIONS, {"model": "default", "prompt": TEXT, "logprobs": over}, 400),
+        Probe(
+            "top_logprobs_completions_over_cap",
+            COMPLETIONS,
+            {"model": "default", "prompt": TEXT, "logprobs": over},
+            400,
+        ),
         chat("top_logprobs_chat_over_cap", logprobs=True, top_logprobs=over),
-        gen("token_ids_logprob_over_cap", return_logprob=True,
-            token_ids_logprob=list(range(1, caps.max_token_ids_logprob + 2))),
+        gen(
+            "token_ids_logprob_over_cap",
+            return_logprob=True,
+            token_ids_logprob=list(range(1, caps.max_token_ids_logprob + 2)),
+        ),
         gen("n_times_prompts", text=prompts, sampling_params={"max_new_tokens": 8, "n": 128}),
         Probe("n_times_prompts_completions", COMPLETIONS, {"model": "default", "prompt": prompts, "n": 128}, 400),
         sp("stop_strings_over_cap", stop=[f"stop{i}" for i in range(caps.max_stop_strings + 1)]),
         sp("logit_bias_over_cap", logit_bias={str(i): 0.5 for i in range(caps.max_logit_bias + 1)}),
-    ]  # fmt: skip
+    ]
 
 
 def _ollama() -> list[Probe]:
@@ -257,100 +300,21 @@ def _live() -> list[Probe]:
     that is a prefix of another live rid (SGLang's scheduler matches aborts by prefix)."""
 
     def running(rid: str) -> dict[str, Any]:
-        return {"rid": rid, "text": TEXT, "stream": True, "sampling_params": {"max_new_tokens": 512, "ignore_eos": True}}
+        return {
+            "rid": rid,
+            "text": TEXT,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 512, "ignore_eos": True},
+        }
 
     victim = "7f3c9e0d1a2b4c5d6e7f8091a2b3c4d5"
     return [
-        Probe("duplicate_rid", GENERATE, {"rid": "dup-rid-1", "text": TEXT, "sampling_params": {"max_new_tokens": 8}},
-              400, live=(running("dup-rid-1"),)),
+        Probe(
+            "duplicate_rid",
+            GENERATE,
+            {"rid": "dup-rid-1", "text": TEXT, "sampling_params": {"max_new_tokens": 8}},
+            400,
+            live=(running("dup-rid-1"),),
+        ),
         Probe("abort_prefix", ABORT, {"rid": "7f"}, 200, live=(running(victim), running("7f")), aborts=("7f",)),
-    ]  # fmt: skip
-
-
-def _request_schema(openapi: dict[str, Any], path: str) -> dict[str, Any]:
-    schema = openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    return _resolve(openapi, schema)
-
-
-def _resolve(openapi: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
-    ref = schema.get("$ref")
-    if ref is None:
-        return schema
-    node: Any = openapi
-    for part in ref.lstrip("#/").split("/"):
-        node = node[part]
-    return node
-
-
-def _types(openapi: dict[str, Any], schema: dict[str, Any]) -> list[str]:
-    schema = _resolve(openapi, schema)
-    if "type" in schema:
-        return [schema["type"]] if isinstance(schema["type"], str) else list(schema["type"])
-    return [t for option in schema.get("anyOf", []) + schema.get("oneOf", []) for t in _types(openapi, option)]
-
-
-def _edge_value(rng: random.Random, kind: str, vocab_size: int) -> Any:
-    # The schema fuzzer's edge values, and one token id past this model's vocabulary.
-    ints, strings = [*EDGE_INTS, vocab_size + 1], EDGE_STRINGS
-    if kind == "integer":
-        return rng.choice(ints)
-    if kind == "number":
-        return rng.choice(EDGE_NUMBERS + EDGE_INTS[:4])
-    if kind == "string":
-        return rng.choice(strings)
-    if kind == "boolean":
-        return rng.choice([True, False])
-    if kind == "array":
-        return rng.choice([[], [rng.choice(ints)], [rng.choice(strings)] * 3, [[HUGE_ID]], [[]]])
-    if kind == "object":
-        return rng.choice([{}, {"x": 1}, {"n": 2**40}, {"max_new_tokens": -1}])
-    return None
-
-
-def _base_body(path: str) -> dict[str, Any]:
-    if path == GENERATE:
-        return {"text": TEXT, "sampling_params": {"max_new_tokens": 8}}
-    if path == COMPLETIONS:
-        return {"model": "default", "prompt": TEXT, "max_tokens": 8}
-    return {"model": "default", "messages": [{"role": "user", "content": TEXT}], "max_tokens": 8}
-
-
-def fuzz_inputs(
-    openapi: dict[str, Any], seed: int, count: int, vocab_size: int, routes: Sequence[str] = ROUTES
-) -> list[Probe]:
-    """``count`` mutated bodies spread over ``routes``; the same seed and schema give the same bodies.
-
-    ``/generate``: one to three properties (or sampling parameters, a free-form object in the schema)
-    set to edge or wrong-typed values. The OpenAI routes: ``schema_fuzz.SchemaFuzzer`` over the
-    routes' request models, nested fields (messages, content parts, response formats, tools) included.
-    """
-    rng = random.Random(seed)
-    fuzzer = SchemaFuzzer(openapi, rng)
-    props = {GENERATE: _request_schema(openapi, GENERATE).get("properties", {})} if GENERATE in routes else {}
-    out = []
-    for i in range(count):
-        path = routes[i % len(routes)]
-        if path != GENERATE:
-            body = fuzz_body(fuzzer, request_schema(openapi, path), _base_body(path))
-            out.append(Probe(f"fuzz_{i:04d}", path, body, None))
-            continue
-        body = _base_body(path)
-        for _ in range(rng.randint(1, 3)):
-            if isinstance(body.get("sampling_params"), dict) and rng.random() < 0.4:
-                key = rng.choice(SAMPLING_KEYS)
-                body["sampling_params"] = {
-                    **body["sampling_params"],
-                    key: _mutation(rng, ["number", "integer"], vocab_size),
-                }
-                continue
-            name = rng.choice(sorted(props[path]))
-            body[name] = _mutation(rng, _types(openapi, props[path][name]), vocab_size)
-        out.append(Probe(f"fuzz_{i:04d}", path, body, None))
-    return out
-
-
-def _mutation(rng: random.Random, declared: list[str], vocab_size: int) -> Any:
-    """Half the time an edge value of a declared type, else a value of any (likely wrong) type."""
-    if declared and rng.random() < 0.5:
-        return _edge_value(rng, rng.choice(declared), vocab_size)
-    return rng.choice(WRONG_TYPES)
+    ]

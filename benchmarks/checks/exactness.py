@@ -42,11 +42,12 @@ NO_POWER: the reference at 1.3x the temperature (token 2) and, for a setting wit
 min_new_tokens, the reference without them (repeat counts for penalties, lengths for min_new_tokens:
 if dropping them cannot be seen, neither can a wrong implementation of them).
 
-The JSON keeps the device, date, commit, every server's flags, environment and launch command, the
-sampling parameters sent, each cell's tallies (all the tests need), each test's total variation and the
-cells that add most to its statistic, each cell group's seconds; it is rewritten after every group. A group is started only if its earlier time fits ``--time-budget``, so a
-10-minute command ends with whole cells; ``--resume OLD.json`` (the same question) keeps OLD's contexts
-and cells and samples only the missing ones. Writes F.json and F.log; exit 0 on PASS, 1 otherwise.
+The JSON keeps the device, date, commit, every server's flags, environment and launch command, the sampling
+parameters sent, each cell's tallies (all the tests need), each test's total variation and the cells that add most
+to its statistic, each cell group's seconds; it is rewritten after every group. A group is started only if its
+earlier time fits ``--time-budget``, so a 10-minute command ends with whole cells; ``--resume OLD.json`` (the same
+question) keeps OLD's contexts and cells and samples only the missing ones. Writes F.json and F.log; exit 0 on PASS,
+1 otherwise.
 """
 
 from __future__ import annotations
@@ -64,9 +65,16 @@ from typing import Any
 
 from benchmarks.configs import add_server_options, parse_env, resolve_config
 from benchmarks.checks.exactness_contexts import SHORT_QUESTIONS, data_contexts, short_contexts
-from benchmarks.checks.exactness_stats import (
-    counters, homogeneity, parity, parity_line, tally, total_variation, verdict,
+from benchmarks.checks.exactness_plan import (
+    PENALTIES,
+    SAMPLING,
+    cell_key,
+    cell_plan,
+    judge,
+    part_params,
+    sampling_params,
 )
+from benchmarks.checks.exactness_stats import parity_line, tally
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import Server, begin, http_json, start_recorded
@@ -76,20 +84,18 @@ BATCH = 1024  # copies of a context per /generate call
 # /generate calls each server holds at once: with two, one call's replies are read while the next is
 # scheduled (one at a time left the tokenizer, scheduler and detokenizer idling in turn).
 IN_FLIGHT = 2
-CONTROL_SCALE = 1.3  # the hot control's temperature, relative to the setting's
-# The sampling parameters a run sets (SGLang's names), their type and their neutral value.
-SAMPLING = {"temperature": (float, 1.0), "top_p": (float, 1.0), "top_k": (int, -1), "min_p": (float, 0.0),
-            "frequency_penalty": (float, 0.0), "presence_penalty": (float, 0.0), "repetition_penalty": (float, 1.0),
-            "min_new_tokens": (int, 0)}  # fmt: skip
-PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--prompts", choices=("data", "short"), default="data", help="contexts: AIME/AMC cut, or short questions")
-    p.add_argument("--data-dir", type=Path, default=None, help="folder with aime24.jsonl / amc23.jsonl (--prompts data)")
+    p.add_argument(
+        "--prompts", choices=("data", "short"), default="data", help="contexts: AIME/AMC cut, or short questions"
+    )
+    p.add_argument(
+        "--data-dir", type=Path, default=None, help="folder with aime24.jsonl / amc23.jsonl (--prompts data)"
+    )
     p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS))
     p.add_argument("--contexts", type=int, default=1)
     p.add_argument("--context-tokens", type=int, default=1500)
@@ -101,11 +107,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--alpha", type=float, default=1e-3)
     p.add_argument("--reference", default="stock", help="a config without speculation: stock's own sampler")
     p.add_argument("--candidate", default="pillar", help="the config judged against the reference")
-    p.add_argument("--controls", default="", help="more configs compared with the reference (not judged), e.g. stock-flashinfer")
-    p.add_argument("--mem-fraction-static", type=float, default=None, help="each server's share of the GPU (default 0.8 / servers)")
+    p.add_argument(
+        "--controls", default="", help="more configs compared with the reference (not judged), e.g. stock-flashinfer"
+    )
+    p.add_argument(
+        "--mem-fraction-static", type=float, default=None, help="each server's share of the GPU (default 0.8 / servers)"
+    )
     add_server_options(p)
     p.add_argument("--run-id", default=None)
-    p.add_argument("--resume", type=Path, default=None, help="an earlier run's JSON of the same question: keep its contexts and cells")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        help="an earlier run's JSON of the same question: keep its contexts and cells",
+    )
     args = p.parse_args(argv)
     try:
         args.env = parse_env(args.env)
@@ -118,14 +133,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if configs[args.reference].speculative:
         p.error(f"--reference {args.reference}: the reference samples without speculation (stock's own sampler)")
     s = {k: getattr(args, k) for k in SAMPLING}
-    if not (s["temperature"] > 0 and 0 < s["top_p"] <= 1 and (s["top_k"] == -1 or s["top_k"] >= 1) and 0 <= s["min_p"] < 1):
+    if not (
+        s["temperature"] > 0 and 0 < s["top_p"] <= 1 and (s["top_k"] == -1 or s["top_k"] >= 1) and 0 <= s["min_p"] < 1
+    ):
         p.error("--temperature > 0, --top-p in (0, 1], --top-k -1 or >= 1 and --min-p in [0, 1) are needed")
     if not (0 < s["repetition_penalty"] <= 2 and all(-2 <= s[k] <= 2 for k in PENALTIES[:2])):
         p.error("--frequency-penalty and --presence-penalty must be in [-2, 2], --repetition-penalty in (0, 2]")
     if min(args.contexts, args.context_tokens) < 1 or args.samples < 2 or args.new_tokens < 2:
         p.error("--contexts and --context-tokens must be >= 1, --samples and --new-tokens >= 2")
     if not 0 <= s["min_new_tokens"] < args.new_tokens or (s["min_new_tokens"] and not args.stop_at_eos):
-        p.error("--min-new-tokens must be below --new-tokens and needs --stop-at-eos (it only holds back the stop token)")
+        p.error(
+            "--min-new-tokens must be below --new-tokens and needs --stop-at-eos (it only holds back the stop token)"
+        )
     if args.prompts == "data" and args.data_dir is None:
         p.error("--prompts data needs --data-dir")
     if args.prompts == "short" and args.contexts > len(SHORT_QUESTIONS):
@@ -149,47 +168,6 @@ def launch_fractions(share: float, n: int) -> list[float]:
     return [round(share / (1 - i * share), 3) for i in range(n)]
 
 
-def sampling_params(args: argparse.Namespace) -> dict[str, Any]:
-    """What every sample of the setting sends (all of SAMPLING, neutral ones too, so the JSON says each)."""
-    return {k: getattr(args, k) for k in SAMPLING} | {"max_new_tokens": args.new_tokens, "ignore_eos": not args.stop_at_eos}
-
-
-def power_checks(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(control part, statistic) pairs that must reject: the hot reference on token 2; without the penalties,
-    the repeat counts (penalties set) and the lengths (min_new_tokens set)."""
-    checks = [("hot", "token 2")]
-    if any(getattr(args, k) != SAMPLING[k][1] for k in PENALTIES):
-        checks.append(("plain", "repeats"))
-    if args.min_new_tokens:
-        checks.append(("plain", "length"))
-    return checks
-
-
-def part_params(args: argparse.Namespace, part: str) -> dict[str, Any]:
-    params = sampling_params(args)
-    if part == "hot":
-        params["temperature"] *= CONTROL_SCALE
-    elif part == "plain":
-        params |= {k: SAMPLING[k][1] for k in (*PENALTIES, "min_new_tokens")}
-    return params
-
-
-def statistics(args: argparse.Namespace) -> list[str]:
-    """The tests per context. The length is tested with ignore_eos too: one length on both servers is no test
-    (df 0), an output longer than max_new_tokens on one of them is a rejection."""
-    return [f"token {j}" for j in range(1, args.new_tokens + 1)] + ["length", "repeats"]
-
-
-def cell_key(name: str, part: str, ci: int) -> str:
-    return f"{name} | {part} | context {ci}"
-
-
-def cell_plan(args: argparse.Namespace) -> list[tuple[str, int, list[str]]]:
-    """(part, context, configs) groups in sampling order: every context's main cells, then the controls."""
-    plan = [("main", ci, [args.reference, args.candidate, *args.controls]) for ci in range(args.contexts)]
-    return plan + [(part, 0, [args.reference]) for part in dict.fromkeys(part for part, _ in power_checks(args))]
-
-
 def sample(server: Server, context: list[int], n: int, params: dict[str, Any], deadline: Deadline) -> list[list[int]]:
     """n sampled continuations of one context, BATCH requests per call and IN_FLIGHT calls at a time."""
 
@@ -205,36 +183,19 @@ def sample(server: Server, context: list[int], n: int, params: dict[str, Any], d
     return out
 
 
-def judge(doc: dict[str, Any], args: argparse.Namespace) -> None:
-    """Recompute every test whose two cells exist, the power checks and the verdict (after each group)."""
-    counts, ref, stats = doc["counts"], args.reference, statistics(args)
-    setting = {"temperature": args.temperature, "top_p": args.top_p}  # the results report's columns
-    doc["tests"] = []
-    for name in (args.candidate, *args.controls):
-        for ci in range(args.contexts):
-            a, b = counts.get(cell_key(ref, "main", ci)), counts.get(cell_key(name, "main", ci))
-            if a is None or b is None:
-                continue
-            ca, cb = counters(a), counters(b)
-            for stat in stats:
-                doc["tests"].append({"config": name, **setting, "context": ci, "statistic": stat, "position": stat,
-                                     "total_variation": total_variation(ca[stat], cb[stat]),
-                                     **homogeneity(ca[stat], cb[stat])})  # fmt: skip
-    base = counts.get(cell_key(ref, "main", 0))
-    doc["power"] = {}
-    for part, stat in power_checks(args):
-        other = counts.get(cell_key(ref, part, 0))
-        doc["power"][f"{part}: {stat}"] = None if base is None or other is None else \
-            {"statistic": stat, "params": part_params(args, part), **homogeneity(counters(base)[stat], counters(other)[stat])}
-    doc["control"] = doc["power"]["hot: token 2"]  # the results report's control column
-    judged = [t for t in doc["tests"] if t["config"] == args.candidate]
-    doc["verdict"], doc["bonferroni_threshold"] = verdict(judged, args.contexts * len(stats), list(doc["power"].values()), args.alpha)
-    doc["parity"] = parity(doc["tests"], args.candidate, args.controls, args.alpha / (args.contexts * len(stats)))
-
-
 # The settings two runs must share for one to resume the other.
-QUESTION = ("model", "prompts", "datasets", "contexts", "context_tokens", "new_tokens", "stop_at_eos", "reference",
-            "candidate", *SAMPLING)  # fmt: skip
+QUESTION = (
+    "model",
+    "prompts",
+    "datasets",
+    "contexts",
+    "context_tokens",
+    "new_tokens",
+    "stop_at_eos",
+    "reference",
+    "candidate",
+    *SAMPLING,
+)
 
 
 def resumed(path: Path | None, doc: dict[str, Any]) -> None:
@@ -257,11 +218,18 @@ def server_for(name: str, args: argparse.Namespace, fraction: float, log_dir: Pa
     flags = [f for f in config.flags if f != "--disable-radix-cache"]
     env = config.environment(args.env)
     server = Server.sglang(args.model, flags, log_path=log_dir / f"{name}.log", env=env)
-    return server, {"flags": flags, "env": env, "argv": server.argv, "pillar_config": config.pillar_config(args.env),
-                    "gpu_share": args.mem_fraction_static}  # fmt: skip
+    return server, {
+        "flags": flags,
+        "env": env,
+        "argv": server.argv,
+        "pillar_config": config.pillar_config(args.env),
+        "gpu_share": args.mem_fraction_static,
+    }
 
 
-def run_groups(servers: dict[str, Server], args: argparse.Namespace, doc: dict[str, Any], deadline: Deadline, log: RunLog) -> None:
+def run_groups(
+    servers: dict[str, Server], args: argparse.Namespace, doc: dict[str, Any], deadline: Deadline, log: RunLog
+) -> None:
     """Sample every missing cell, each group's servers at once; a group starts only if its earlier time fits."""
     for part, ci, names in cell_plan(args):
         names = [n for n in names if cell_key(n, part, ci) not in doc["counts"]]
@@ -275,7 +243,9 @@ def run_groups(servers: dict[str, Server], args: argparse.Namespace, doc: dict[s
         n = args.samples if part == "main" else args.samples // 2  # a control only has to show the test can reject
         params, t0 = part_params(args, part), time.monotonic()
         with ThreadPoolExecutor(len(names)) as pool:
-            outs = list(pool.map(lambda name: sample(servers[name], doc["contexts"][ci]["ids"], n, params, deadline), names))
+            outs = list(
+                pool.map(lambda name: sample(servers[name], doc["contexts"][ci]["ids"], n, params, deadline), names)
+            )
         for name, outputs in zip(names, outs):
             doc["counts"][cell_key(name, part, ci)] = tally(outputs, args.new_tokens)
         doc["seconds"][group] = time.monotonic() - t0
@@ -290,19 +260,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="sparsespec-exact-"))
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "data_dir", "resume")}
     doc: dict[str, Any] = {
-        "kind": "exactness", "schema": 4, "meta": run_metadata(args.run_id),
+        "kind": "exactness",
+        "schema": 4,
+        "meta": run_metadata(args.run_id),
         "settings": settings | {"batch": BATCH, "in_flight": IN_FLIGHT, "sampling_params": sampling_params(args)},
-        "servers": {}, "contexts": [], "counts": {}, "seconds": {}, "tests": [], "power": {}, "verdict": "INCOMPLETE",
-    }  # fmt: skip
+        "servers": {},
+        "contexts": [],
+        "counts": {},
+        "seconds": {},
+        "tests": [],
+        "power": {},
+        "verdict": "INCOMPLETE",
+    }
     resumed(args.resume, doc)
     if not doc["contexts"] and args.prompts == "short":
         doc["contexts"] = short_contexts(args)
-    todo = list(dict.fromkeys(n for part, ci, names in cell_plan(args) for n in names if cell_key(n, part, ci) not in doc["counts"]))
+    todo = list(
+        dict.fromkeys(
+            n for part, ci, names in cell_plan(args) for n in names if cell_key(n, part, ci) not in doc["counts"]
+        )
+    )
     if not doc["contexts"] and args.reference not in todo:
         todo.insert(0, args.reference)
     # The servers start one after another: their startup times add up (one not yet timed counts as the slowest).
     starts = {n: r["startup_s"] for n, r in doc["servers"].items() if r.get("startup_s")}
-    need = sum(starts.get(n, max(starts.values(), default=0.0)) for n in todo) + min(doc["seconds"].values(), default=0.0)
+    need = sum(starts.get(n, max(starts.values(), default=0.0)) for n in todo) + min(
+        doc["seconds"].values(), default=0.0
+    )
     if todo and not deadline.allows(need):
         log.line(f"{', '.join(todo)}: SKIPPED (time budget: {deadline.remaining():.0f} s left, ~{need:.0f} s needed)")
         todo = []
@@ -326,8 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     judge(doc, args)
     write_json(args.out, doc)
     for t in doc["tests"]:
-        log.line(f"{t['config']} ctx {t['context']} {t['statistic']}: chi2 {t['stat']:.1f} df {t['df']} p {t['p_value']:.4g} "
-                 f"TV {t['total_variation']:.4f}")  # fmt: skip
+        log.line(
+            f"{t['config']} ctx {t['context']} {t['statistic']}: chi2 {t['stat']:.1f} df {t['df']} "
+            f"p {t['p_value']:.4g} TV {t['total_variation']:.4f}"
+        )
     for name, c in doc["power"].items():
         log.line(f"power check ({args.reference} vs {name}): " + ("missing" if c is None else f"p {c['p_value']:.3g}"))
     log.line(f"verdict {doc['verdict']}; {parity_line(doc['parity'])}")

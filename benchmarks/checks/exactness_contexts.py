@@ -50,7 +50,11 @@ def flush_radix_cache(server: Server, timeout: float, tries: int = 20) -> None:
 def most_uncertain_cut(top_logprobs: Sequence[Sequence[Sequence[Any]]], lo: int) -> tuple[int, float]:
     """The output index p >= lo whose greedy token had the smallest lead over the runner-up (natural log), and
     that lead. The context is cut before it, so token 1 is drawn where the model hesitates most."""
-    gaps = [(float(t[0][0]) - float(t[1][0]) if t and len(t) > 1 else float("inf"), i) for i, t in enumerate(top_logprobs) if i >= lo]
+    gaps = [
+        (float(t[0][0]) - float(t[1][0]) if t and len(t) > 1 else float("inf"), i)
+        for i, t in enumerate(top_logprobs)
+        if i >= lo
+    ]
     if not gaps:
         raise ValueError(f"no output position at or after {lo} to cut at")
     gap, p = min(gaps)
@@ -61,7 +65,9 @@ def short_contexts(args: argparse.Namespace) -> list[dict[str, Any]]:
     tokenizer = load_tokenizer(args.model)
     out = []
     for i, question in enumerate(SHORT_QUESTIONS[: args.contexts]):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
         ids = list(tokenizer.encode(text, add_special_tokens=False))
         out.append({"source": f"short:{i}", "question": question, "tokens": len(ids), "ids": ids})
     return out

@@ -64,7 +64,13 @@ def homogeneity(a: Counter, b: Counter, min_expected: float = 5.0) -> dict[str, 
     stat, df = sum(terms), len(cells) - 1
     order = sorted(range(len(kept)), key=lambda i: -terms[i])[:3]
     largest = [[list(kept[i]) if isinstance(kept[i], tuple) else kept[i], *cells[i]] for i in order]
-    return {"stat": stat, "df": df, "p_value": chi2_sf(stat, df) if df > 0 else 1.0, "cells": len(cells), "largest": largest}
+    return {
+        "stat": stat,
+        "df": df,
+        "p_value": chi2_sf(stat, df) if df > 0 else 1.0,
+        "cells": len(cells),
+        "largest": largest,
+    }
 
 
 def total_variation(a: Counter, b: Counter) -> float:
@@ -96,10 +102,13 @@ def tally(outputs: Sequence[Sequence[int]], new_tokens: int) -> dict[str, Any]:
     category, seen on one server only, fails the length test."""
     first = Counter(o[0] if o else END for o in outputs)
     pairs = [pair_counts(outputs, j, new_tokens) for j in range(1, new_tokens)]
-    return {"n": len(outputs), "first": [[t, c] for t, c in first.items()],
-            "pairs": [[[a, b, c] for (a, b), c in pc.items()] for pc in pairs],
-            "lengths": [[k, c] for k, c in Counter(map(len, outputs)).items()],
-            "repeats": [[k, c] for k, c in Counter(map(repeats, outputs)).items()]}  # fmt: skip
+    return {
+        "n": len(outputs),
+        "first": [[t, c] for t, c in first.items()],
+        "pairs": [[[a, b, c] for (a, b), c in pc.items()] for pc in pairs],
+        "lengths": [[k, c] for k, c in Counter(map(len, outputs)).items()],
+        "repeats": [[k, c] for k, c in Counter(map(repeats, outputs)).items()],
+    }
 
 
 def counters(cell: dict[str, Any]) -> dict[str, Counter]:
@@ -138,7 +147,9 @@ def _summary(test: dict[str, Any]) -> dict[str, Any]:
     return {k: test[k] for k in ("stat", "df", "p_value", "total_variation")}
 
 
-def parity(tests: Sequence[dict[str, Any]], candidate: str, controls: Sequence[str], threshold: float) -> dict[str, Any]:
+def parity(
+    tests: Sequence[dict[str, Any]], candidate: str, controls: Sequence[str], threshold: float
+) -> dict[str, Any]:
     """The candidate's deviation from the reference beside each control's, per (context, statistic).
 
     A control is another server judged against the same reference (e.g. SGLang's own speculation, or stock
@@ -155,9 +166,16 @@ def parity(tests: Sequence[dict[str, Any]], candidate: str, controls: Sequence[s
         missing = not controls or any(o is None for o in others.values())
         widest = max((o["total_variation"] for o in others.values() if o is not None), default=0.0)
         within = None if missing else (not rejects or t["total_variation"] <= widest)
-        rows.append({"context": t["context"], "statistic": t["statistic"], "candidate": _summary(t), "rejects": rejects,
-                     "controls": {c: None if o is None else _summary(o) for c, o in others.items()},
-                     "within": within})  # fmt: skip
+        rows.append(
+            {
+                "context": t["context"],
+                "statistic": t["statistic"],
+                "candidate": _summary(t),
+                "rejects": rejects,
+                "controls": {c: None if o is None else _summary(o) for c, o in others.items()},
+                "within": within,
+            }
+        )
     if not controls:
         result = "NO_CONTROLS"
     elif not rows or any(r["within"] is None for r in rows):
@@ -178,9 +196,10 @@ def parity_line(p: dict[str, Any]) -> str:
     shown = [r for r in p["rows"] if r["rejects"] and (verdict == "WITHIN" or not r["within"])]
     cells = "; ".join(
         f"ctx {r['context']} {r['statistic']}: TV {r['candidate']['total_variation']:.4f} ("
-        + ", ".join(f"{c} {s['total_variation']:.4f}" for c, s in r["controls"].items()) + ")"
+        + ", ".join(f"{c} {s['total_variation']:.4f}" for c, s in r["controls"].items())
+        + ")"
         for r in shown
-    )  # fmt: skip
+    )
     if verdict == "BEYOND":
         return f"parity: {name} BEYOND the controls' deviation at {cells}"
     if not shown:

@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.client import GenOutput
+from benchmarks.checks.identity import NEAR_TIE_NATS, classify_divergences, compare_outputs
 from benchmarks.configs import ServerConfig, add_server_options, flag_value, resolve_config, with_radix_cache
 from benchmarks.meta import git_commit, run_metadata
 from benchmarks.passes import PassResult, parse_pass_options, prompt_settings, run_passes
@@ -52,107 +51,12 @@ from benchmarks.runlog import write_json
 from benchmarks.server import begin
 from benchmarks.workload import (
     DEFAULT_DATASETS,
-    Prompt,
     build_prompts,
     load_problems,
     load_tokenizer,
     prompt_token_stats,
     with_shared_prefix,
 )
-
-# A divergence is explained by rounding when stock's top-2 log-probability gap at that position
-# was at most this: a few bf16 ulps of a logit of 10-30 (ulp 0.0625-0.125). Whether the candidate
-# took the listed runner-up is recorded but not required: bf16 logits often tie exactly (gap 0),
-# and among tied tokens the top-logprob list need not be in argmax's order.
-NEAR_TIE_NATS = 0.25
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first differing token; the shorter length if one is a strict prefix; None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def compare_outputs(
-    reference: Sequence[GenOutput],
-    candidate: Sequence[GenOutput],
-    early: int,
-    prompts: Sequence[Prompt] | None = None,
-    decode: Any = None,
-) -> dict[str, Any]:
-    """Token identity of ``candidate`` against ``reference`` (same prompt order).
-
-    Divergences before ``early`` tokens are listed in ``early_divergences``. For each
-    diverged request a window of ids around the divergence is kept (and its text when
-    ``decode`` is given) so the JSON shows what went wrong without carrying every token.
-    """
-    if len(reference) != len(candidate):
-        raise ValueError(f"cannot compare {len(reference)} reference outputs with {len(candidate)} candidates")
-    requests = []
-    for i, (ref, cand) in enumerate(zip(reference, candidate)):
-        div = first_divergence(ref.output_ids, cand.output_ids)
-        rec: dict[str, Any] = {
-            "index": i,
-            "source": prompts[i].source if prompts else None,
-            "prompt_len": len(prompts[i].input_ids) if prompts else None,
-            "reference_len": len(ref.output_ids),
-            "candidate_len": len(cand.output_ids),
-            "identical": div is None,
-            "first_divergence": div,
-            "reference_finish": ref.finish_reason,
-            "candidate_finish": cand.finish_reason,
-            "accept_length": cand.accept_length,
-        }
-        if div is not None and ref.margin is not None and div < len(ref.output_ids) and div < len(cand.output_ids):
-            rec["reference_margin"] = round(ref.margin[div], 5)
-            rec["candidate_is_runner_up"] = cand.output_ids[div] == ref.runner_up[div]
-        if div is not None:
-            lo, hi = max(0, div - 4), div + 8
-            rec["reference_window"] = ref.output_ids[lo:hi]
-            rec["candidate_window"] = cand.output_ids[lo:hi]
-            if decode is not None:
-                rec["reference_text"] = decode(ref.output_ids[lo:hi])
-                rec["candidate_text"] = decode(cand.output_ids[lo:hi])
-        requests.append(rec)
-    divs = [r["first_divergence"] for r in requests if r["first_divergence"] is not None]
-    n_identical = sum(r["identical"] for r in requests)
-    margins = [m for ref in reference if ref.margin for m in ref.margin]
-    ident = {
-        "num_requests": len(requests),
-        "identical": n_identical,
-        "fraction_identical": n_identical / len(requests) if requests else None,
-        "early_threshold": early,
-        "early_divergences": [r["index"] for r in requests if r["first_divergence"] is not None and r["first_divergence"] < early],
-        "first_divergence_min": min(divs) if divs else None,
-        "first_divergence_median": statistics.median(divs) if divs else None,
-        # Scale of stock's own top-2 margins, to compare the divergence margins against.
-        "reference_margin_median": statistics.median(margins) if margins else None,
-        "reference_margin_frac_near_tie": sum(m <= NEAR_TIE_NATS for m in margins) / len(margins) if margins else None,
-        "requests": requests,
-    }
-    classify_divergences(ident)
-    return ident
-
-
-def classify_divergences(ident: dict[str, Any]) -> None:
-    """(Re)classify each divergence of an identity record as a near-tie or not, in place.
-
-    Needs ``reference_margin`` on the diverged requests (stock pass with top-2 log-probs);
-    without it every early divergence counts as unexplained.
-    """
-    requests, early = ident["requests"], ident["early_threshold"]
-    for r in requests:
-        if "reference_margin" in r:
-            r["near_tie"] = r["reference_margin"] <= NEAR_TIE_NATS
-    has_margins = any("reference_margin" in r for r in requests)
-    ident["near_tie_nats"] = NEAR_TIE_NATS
-    ident["divergences_near_tie"] = sum(bool(r.get("near_tie")) for r in requests) if has_margins else None
-    ident["unexplained_early_divergences"] = [
-        r["index"] for r in requests
-        if r["first_divergence"] is not None and r["first_divergence"] < early and not r.get("near_tie")
-    ]  # fmt: skip
 
 
 def verdict(identity_mode: bool, identities: Sequence[dict[str, Any] | None], main_ok: bool) -> str:
@@ -183,19 +87,45 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=0, help="requests in flight (0 = all at once)")
     p.add_argument("--early-divergence", type=int, default=64)
     p.add_argument("--no-stock-repeat", action="store_true", help="skip the stock determinism pass")
-    p.add_argument("--candidate-repeats", type=int, default=0, metavar="N",
-                   help="PILLAR answers the greedy requests N more times on the same server, each judged against stock")
-    p.add_argument("--rejudge", type=Path, default=None, metavar="F.json",
-                   help="only re-classify the divergences of a finished run with this version's rule and rewrite F.json")
+    p.add_argument(
+        "--candidate-repeats",
+        type=int,
+        default=0,
+        metavar="N",
+        help="PILLAR answers the greedy requests N more times on the same server, each judged against stock",
+    )
+    p.add_argument(
+        "--rejudge",
+        type=Path,
+        default=None,
+        metavar="F.json",
+        help="only re-classify the divergences of a finished run with this version's rule and rewrite F.json",
+    )
     p.add_argument("--controls", default="", help="more configs to check against stock, e.g. ngram,pillar-streaming")
-    p.add_argument("--attention-backend", choices=("triton", "flashinfer"), default="triton",
-                   help="stock and PILLAR both with this backend (flashinfer: stock-flashinfer vs pillar-k<k>-flashinfer)")
+    p.add_argument(
+        "--attention-backend",
+        choices=("triton", "flashinfer"),
+        default="triton",
+        help="stock and PILLAR both with this backend (flashinfer: stock-flashinfer vs pillar-k<k>-flashinfer)",
+    )
     p.add_argument("--radix-cache", action="store_true", help="keep SGLang's radix cache on (the configs turn it off)")
-    p.add_argument("--chunked-prefill-size", type=int, default=None, metavar="C", help="SGLang's prefill chunk, every server")
-    p.add_argument("--shared-prefix-tokens", type=int, default=0, metavar="N",
-                   help="the same N-token block (problem text, tokenized once) before every prompt")
-    p.add_argument("--long-prompt-tokens", type=int, default=0, metavar="L",
-                   help="one extra request of L prompt tokens: the shared prefix, other problems' text, a question")
+    p.add_argument(
+        "--chunked-prefill-size", type=int, default=None, metavar="C", help="SGLang's prefill chunk, every server"
+    )
+    p.add_argument(
+        "--shared-prefix-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the same N-token block (problem text, tokenized once) before every prompt",
+    )
+    p.add_argument(
+        "--long-prompt-tokens",
+        type=int,
+        default=0,
+        metavar="L",
+        help="one extra request of L prompt tokens: the shared prefix, other problems' text, a question",
+    )
     add_server_options(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--server-log-dir", type=Path, default=None, help="full server logs (default: a temp dir)")
@@ -210,10 +140,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--candidate-repeats must be >= 0")
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
-    if min(args.shared_prefix_tokens, args.long_prompt_tokens) < 0 or (args.chunked_prefill_size is not None and args.chunked_prefill_size < 1):
+    if min(args.shared_prefix_tokens, args.long_prompt_tokens) < 0 or (
+        args.chunked_prefill_size is not None and args.chunked_prefill_size < 1
+    ):
         p.error("--shared-prefix-tokens and --long-prompt-tokens must be >= 0, --chunked-prefill-size >= 1")
-    if args.long_prompt_tokens and args.chunked_prefill_size and \
-            args.long_prompt_tokens - args.shared_prefix_tokens <= args.chunked_prefill_size:
+    if (
+        args.long_prompt_tokens
+        and args.chunked_prefill_size
+        and args.long_prompt_tokens - args.shared_prefix_tokens <= args.chunked_prefill_size
+    ):
         # With the prefix cached only the rest is prefilled; it must still take more than one chunk.
         p.error("--long-prompt-tokens minus --shared-prefix-tokens must exceed --chunked-prefill-size")
     try:
@@ -315,7 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if identity_mode:
         # The first stock pass is the reference and carries top-2 log-probabilities, so every
         # divergence can be classified; the repeat measures stock's own run-to-run noise.
-        stock_passes = [PassResult("stock", 0.0, args.max_new_tokens, top2=i == 0) for i in range(1 if args.no_stock_repeat else 2)]
+        stock_passes = [
+            PassResult("stock", 0.0, args.max_new_tokens, top2=i == 0) for i in range(1 if args.no_stock_repeat else 2)
+        ]
         doc["servers"]["stock"] = run_passes(stock, stock_passes, prompts, args, deadline, log)
         if len(stock_passes) == 2 and all(p.status == "ok" for p in stock_passes):
             rep = compare_outputs(stock_passes[0].outputs, stock_passes[1].outputs, args.early_divergence)
@@ -329,7 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def identity(name: str, candidate: PassResult) -> dict[str, Any] | None:
         if not (identity_mode and stock_ok and candidate.status == "ok"):
             return None
-        ident = compare_outputs(stock_passes[0].outputs, candidate.outputs, args.early_divergence, prompts, tokenizer.decode)
+        ident = compare_outputs(
+            stock_passes[0].outputs, candidate.outputs, args.early_divergence, prompts, tokenizer.decode
+        )
         log.line(
             f"identity {name} vs stock: {ident['identical']}/{ident['num_requests']} token-identical; "
             f"early (<{args.early_divergence}) divergences: {ident['early_divergences'] or 'none'}; "
@@ -366,7 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_json(args.out, doc)
     for a in doc["acceptance"]:
         al = a.get("accept_length_overall")
-        log.line(f"acceptance T={a['temperature']} max_new={a['max_new_tokens']}: {a['status']}" + (f", {al:.3f}" if al else ""))
+        log.line(
+            f"acceptance T={a['temperature']} max_new={a['max_new_tokens']}: {a['status']}"
+            + (f", {al:.3f}" if al else "")
+        )
     log.line(f"LOSSLESS VERDICT: {doc['verdict']} (all passes ok: {doc['all_passes_ok']}) -> {args.out}")
     return 0 if doc["verdict"] in ("PASS", "OK") and doc["all_passes_ok"] else 1
 

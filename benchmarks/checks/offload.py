@@ -33,7 +33,8 @@ from typing import Any
 
 from benchmarks.client import GenOutput, generate_all
 from benchmarks.configs import resolve_config, with_radix_cache
-from benchmarks.checks.lossless import compare_outputs, verdict
+from benchmarks.checks.identity import compare_outputs
+from benchmarks.checks.lossless import verdict
 from benchmarks.meta import new_run_id, provenance, run_metadata
 from benchmarks.runlog import RunLog, write_json
 from benchmarks.server import (
@@ -135,8 +136,14 @@ def one_run(name, config, extra, env, prompts, args, log: RunLog) -> dict[str, A
         t0 = time.monotonic()
         try:
             # The reference carries top-2 log-probabilities so divergences are judged as lossless does.
-            rec["outputs"] = generate_all(server, [p.input_ids for p in prompts], sampling, concurrency=len(prompts),
-                                          timeout_s=args.timeout, top2=name == "reference")  # fmt: skip
+            rec["outputs"] = generate_all(
+                server,
+                [p.input_ids for p in prompts],
+                sampling,
+                concurrency=len(prompts),
+                timeout_s=args.timeout,
+                top2=name == "reference",
+            )
         except (ServerError, TimeoutError, OSError, ValueError) as e:  # recorded, not a crash
             rec.update(status="failed", error=f"{type(e).__name__}: {e}")
             log.line(f"{name}: failed: {rec['error']}")
@@ -145,17 +152,24 @@ def one_run(name, config, extra, env, prompts, args, log: RunLog) -> dict[str, A
         info = http_json(server.base_url + "/server_info", timeout=30)
         state = scheduler_state(info)
         tokens = sum(len(o.output_ids) for o in rec["outputs"])
-        rec.update(wall_s=round(wall, 2), output_tokens=tokens, output_tok_s=round(tokens / wall, 1),
-                   completed=sum(o.finish_reason == "length" for o in rec["outputs"]),
-                   offload=state.get("offload"), max_total_num_tokens=info.get("max_total_num_tokens"))  # fmt: skip
+        rec.update(
+            wall_s=round(wall, 2),
+            output_tokens=tokens,
+            output_tok_s=round(tokens / wall, 1),
+            completed=sum(o.finish_reason == "length" for o in rec["outputs"]),
+            offload=state.get("offload"),
+            max_total_num_tokens=info.get("max_total_num_tokens"),
+        )
         rec["idle"] = idle_check(server)
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
     rec["idle"]["leak_logged"] = LEAK_LINE in text
     rec["leak_free_at_idle"] = leak_free(rec["idle"])
     rec["retractions"] = sum(int(n) for n in RETRACT_LINE.findall(text))
     rec["offload_fallback_logged"] = "no request can be parked" in text
-    log.line(f"{name}: {rec['output_tok_s']} tok/s, {rec['completed']}/{len(prompts)} complete, "
-             f"{rec['retractions']} retracted, leak-free at idle {rec['leak_free_at_idle']}, offload {rec['offload']}")  # fmt: skip
+    log.line(
+        f"{name}: {rec['output_tok_s']} tok/s, {rec['completed']}/{len(prompts)} complete, "
+        f"{rec['retractions']} retracted, leak-free at idle {rec['leak_free_at_idle']}, offload {rec['offload']}"
+    )
     return rec
 
 
@@ -169,8 +183,12 @@ def idle_check(server: Server) -> dict[str, Any]:
     except (ServerError, OSError, ValueError) as e:
         return {"alive": False, "error": f"{type(e).__name__}: {e}"}
     off = state.get("offload") or {}
-    return {"alive": True, "parked_now": off.get("parked_now"), "host_tokens_free": off.get("host_tokens_free"),
-            "host_tokens": off.get("host_tokens")}  # fmt: skip
+    return {
+        "alive": True,
+        "parked_now": off.get("parked_now"),
+        "host_tokens_free": off.get("host_tokens_free"),
+        "host_tokens": off.get("host_tokens"),
+    }
 
 
 def leak_free(idle: dict[str, Any]) -> bool:
@@ -232,14 +250,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=7000)
     ap.add_argument("--num-steps", type=int, default=8)
-    ap.add_argument("--oversubscription", type=float, default=1.5, help="demand / GPU pool (1.5 = half again what the pool holds)")
+    ap.add_argument(
+        "--oversubscription", type=float, default=1.5, help="demand / GPU pool (1.5 = half again what the pool holds)"
+    )
     ap.add_argument("--host-gb", type=float, default=16.0)
     ap.add_argument(
         "--radix-cache", action="store_true", help="keep the radix cache on (default: off, as COMMON_FLAGS)"
     )
     ap.add_argument("--runs", default=",".join(RUN_NAMES), help=f"comma list of runs, of {', '.join(RUN_NAMES)}")
-    ap.add_argument("--resume", type=Path, default=None, metavar="DIR",
-                    help="keep the ok runs of the same-named JSON in DIR (e.g. benchmarks/results/offload) and run the rest")  # fmt: skip
+    ap.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the ok runs of the same-named JSON in DIR (e.g. benchmarks/results/offload) and run the rest",
+    )
     ap.add_argument("--startup-timeout", type=float, default=900)
     ap.add_argument("--timeout", type=float, default=3600)
     args = ap.parse_args(argv)
@@ -255,9 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     prompts = build_prompts(load_tokenizer(args.model), args.data_dir, args.num_prompts)
     demand = sum(len(p.input_ids) + args.max_new_tokens for p in prompts)
     pool = int(demand / args.oversubscription)
-    doc: dict[str, Any] = {"kind": "offload", "schema": 1, "meta": run_metadata(new_run_id()),
-                           "settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}},
-                           "requests": len(prompts), "demand_tokens": demand, "pool_tokens": pool, "runs": {}}  # fmt: skip
+    doc: dict[str, Any] = {
+        "kind": "offload",
+        "schema": 1,
+        "meta": run_metadata(new_run_id()),
+        "settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}},
+        "requests": len(prompts),
+        "demand_tokens": demand,
+        "pool_tokens": pool,
+        "runs": {},
+    }
     log.line(f"{len(prompts)} requests, demand {demand} tokens, pool {pool} tokens")
     plan = runs(args, pool)
     reference = None
@@ -292,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     summarize(doc)
     write_json(args.out, doc)
     log.line(
-        f"ratio_vs_stock {doc['ratio_vs_stock']}, retractions {doc['retractions']}, identical {doc['outputs_identical']}, "
-        f"leak-free at idle {doc['leak_free_at_idle']}"
+        f"ratio_vs_stock {doc['ratio_vs_stock']}, retractions {doc['retractions']}, "
+        f"identical {doc['outputs_identical']}, leak-free at idle {doc['leak_free_at_idle']}"
     )
     bad = failures(doc, selected)
     for line in bad:

@@ -10,14 +10,15 @@ One server (radix cache on, chunked prefill on with ``--chunked-prefill-size``, 
    ``max_new_tokens`` log-uniform in [8, ``--max-new-tokens``], temperature 0 / 0.6 / 1.0, top-p
    1 / 0.95 / 0.8, 40 % streamed; ``--aborts`` of them dropped by the client (streams closed after
    a few events, non-streamed ones given a timeout shorter than their generation);
-3. every input of ``benchmarks/checks/bad_inputs.py``'s hand list and ``--fuzz`` bodies of its fuzzer over
-   the server's ``/openapi.json``, each judged against the status it must get (those sent while other
-   requests run, ``benchmarks/checks/live_probes.py``, also by how the running requests end);
+3. every input of ``benchmarks/checks/bad_inputs.py``'s hand list and ``--fuzz`` bodies of
+   ``benchmarks/checks/fuzz_probes.py`` over the server's ``/openapi.json``, each judged against the status
+   it must get (those sent while other requests run, ``benchmarks/checks/live_probes.py``, also by how the
+   running requests end);
 4. idle: ``/v1/loads`` until no request runs or waits, then ``--settle`` seconds in which SGLang's own
    idle check runs (it raises in the scheduler on a KV or request-slot leak); a leak is a server that
    died, a leak message in its log, or KV tokens still in use (``num_used_tokens`` > 0: the radix
    cache's evictable tokens count as free);
-5. the greedy probe again: identical, or diverging only at a near tie as ``benchmarks.checks.lossless``
+5. the greedy probe again: identical, or diverging only at a near tie as ``benchmarks.checks.identity``
    judges it (the first probe's top-2 margin at the divergence <= NEAR_TIE_NATS).
 
 Writes F.json (kind "reliability", rewritten after every phase; ``metrics``: the speculative series
@@ -27,26 +28,24 @@ of ``/metrics`` at the end) and F.log; exit code 0 = PASS.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
-import math
-import random
-import statistics
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.checks.bad_inputs import Probe, effective_status, fuzz_inputs, hand_list
+from benchmarks.checks.bad_inputs import Probe, effective_status, hand_list
+from benchmarks.checks.fuzz_probes import fuzz_inputs
 from benchmarks.client import parse_generate_reply
 from benchmarks.configs import file_stem, parse_env, resolve_config
 from benchmarks.checks.live_probes import send_live_probe
-from benchmarks.checks.lossless import compare_outputs
+from benchmarks.checks.load_phase import latency_summary, plan_load, post_json, run_load
+from benchmarks.checks.identity import compare_outputs
 from benchmarks.meta import new_run_id, run_metadata
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import STOP_RESERVE_S, Server, ServerError, http_json, install_signal_handlers, log_tail
@@ -54,7 +53,6 @@ from benchmarks.workload import build_prompts, load_tokenizer
 
 LEAK_PATTERNS = ("memory leak detected", "KV double free", "use-after-free")
 PROBE_TOKENS = 256
-AFTER_LOAD_S = 90.0  # kept back from the load phase for the bad inputs, idle and the second probe
 
 
 def model_limits(model: str, server_info: dict[str, Any]) -> tuple[int, int]:
@@ -65,137 +63,10 @@ def model_limits(model: str, server_info: dict[str, Any]) -> tuple[int, int]:
     return int(config["vocab_size"]), int(context)
 
 
-@dataclass(frozen=True)
-class LoadRequest:
-    """One request of the load phase; ``abort_after`` = SSE events read before closing (streamed) or
-    the client timeout in seconds (not streamed); None = read to the end. A planned abort ignores EOS:
-    it must still be generating when the client leaves."""
-
-    input_ids: list[int]
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    stream: bool
-    abort_after: float | None
-    ignore_eos: bool = False
-
-
-@dataclass
-class Outcome:
-    kind: str  # ok | aborted | error
-    stream: bool
-    latency_s: float
-    ttft_s: float | None = None
-    error: str | None = None
-
-
-def plan_load(prompts: Sequence[Sequence[int]], n: int, aborts: int, max_new: int, seed: int) -> list[LoadRequest]:
-    """``n`` requests; ``aborts`` of them (chosen at random) are dropped by the client.
-
-    A planned abort asks for ``max_new`` tokens with EOS ignored so that it is still generating when
-    the client leaves: a streamed one closes after 1-4 events, a non-streamed one times out after
-    0.2-1 s (the H100 run of 798cdd4 finished 50 of 200 planned aborts that asked for 1000 tokens
-    within a 0.3-2 s timeout; the run of 5653bde, asking for 3000 without ignoring EOS, 28 of 200:
-    sampled SmolLM2 answers often end within a few events).
-    """
-    if not 0 <= aborts <= n:
-        raise ValueError(f"aborts must be in [0, {n}], got {aborts}")
-    rng = random.Random(seed)
-    dropped = set(rng.sample(range(n), aborts))
-    plan = []
-    for i in range(n):
-        ids = [t for _ in range(rng.randint(1, 8)) for t in rng.choice(prompts)]
-        new = round(math.exp(rng.uniform(math.log(8), math.log(max_new))))
-        stream = rng.random() < 0.4
-        abort = None
-        if i in dropped:
-            abort = float(rng.randint(1, 4)) if stream else rng.uniform(0.2, 1.0)
-            new = max_new
-        temperature, top_p = rng.choice([0.0, 0.6, 1.0]), rng.choice([1.0, 0.95, 0.8])
-        plan.append(LoadRequest(ids, new, temperature, top_p, stream, abort, ignore_eos=abort is not None))
-    return plan
-
-
-def _post(url: str, body: Any, timeout: float):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    return urllib.request.urlopen(req, timeout=timeout)
-
-
-def run_one(base_url: str, r: LoadRequest, timeout: float) -> Outcome:
-    body = {
-        "input_ids": r.input_ids,
-        "stream": r.stream,
-        "sampling_params": {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "top_p": r.top_p,
-                            "ignore_eos": r.ignore_eos},
-    }
-    t0 = time.monotonic()
-    ttft = None
-    try:
-        if not r.stream:
-            with _post(base_url + "/generate", body, r.abort_after or timeout) as resp:
-                parse_generate_reply(json.loads(resp.read()))
-            return Outcome("ok", False, time.monotonic() - t0)
-        events = 0
-        with _post(base_url + "/generate", body, timeout) as resp:
-            for line in resp:
-                if not line.startswith(b"data:"):
-                    continue
-                if line.strip() == b"data: [DONE]":
-                    return Outcome("ok", True, time.monotonic() - t0, ttft)
-                if b'"error"' in line[:20]:
-                    raise ValueError(line.decode()[:300])
-                ttft = ttft if ttft is not None else time.monotonic() - t0
-                events += 1
-                if r.abort_after is not None and events >= r.abort_after:
-                    return Outcome("aborted", True, time.monotonic() - t0, ttft)  # closing the response drops it
-        raise ValueError("stream ended without [DONE]")
-    except (TimeoutError, urllib.error.URLError) as e:
-        if isinstance(e, urllib.error.URLError) and not isinstance(e.reason, TimeoutError):
-            return Outcome("error", r.stream, time.monotonic() - t0, ttft, f"URLError: {e.reason}"[:300])
-        kind = "aborted" if r.abort_after is not None and not r.stream else "error"
-        return Outcome(kind, r.stream, time.monotonic() - t0, ttft, None if kind == "aborted" else "timeout")
-    except (OSError, ValueError) as e:
-        return Outcome("error", r.stream, time.monotonic() - t0, ttft, f"{type(e).__name__}: {e}"[:300])
-
-
-def run_load(server: Server, plan: Sequence[LoadRequest], concurrency: int, deadline: Deadline) -> list[Outcome]:
-    """Every request with at most ``concurrency`` in flight; stops (ServerError) if the server dies,
-    and leaves the unfinished ones when only the later phases' time is left."""
-    reserve = STOP_RESERVE_S + AFTER_LOAD_S
-    timeout = max(30.0, deadline.remaining() - reserve)
-    pool = cf.ThreadPoolExecutor(max_workers=concurrency)
-    try:
-        futures = [pool.submit(run_one, server.base_url, r, timeout) for r in plan]
-        pending = set(futures)
-        while pending:
-            _, pending = cf.wait(pending, timeout=1.0)
-            server.check_alive()
-            if pending and deadline.remaining() < reserve:
-                break
-        return [f.result() for f in futures if f.done()]
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-def latency_summary(outcomes: Sequence[Outcome]) -> dict[str, Any]:
-    def pct(values: list[float]) -> dict[str, float] | None:
-        if not values:
-            return None
-        q = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
-        return {"p50": q[49], "p90": q[89], "p99": q[98], "max": max(values)}
-
-    done = [o for o in outcomes if o.kind == "ok"]
-    return {
-        "e2e_s_non_streamed": pct([o.latency_s for o in done if not o.stream]),
-        "e2e_s_streamed": pct([o.latency_s for o in done if o.stream]),
-        "ttft_s_streamed": pct([o.ttft_s for o in outcomes if o.ttft_s is not None]),
-    }
-
-
 def send_probe(base_url: str, probe: Probe, timeout: float) -> tuple[int | None, str]:
     """The effective status (None: no answer) and the first 300 characters of the reply."""
     try:
-        with _post(base_url + probe.path, probe.body, timeout) as resp:
+        with post_json(base_url + probe.path, probe.body, timeout) as resp:
             data = resp.read(1 << 20)
             return effective_status(resp.status, data), data[:300].decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
@@ -308,12 +179,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "schema": 1,
         "meta": run_metadata(new_run_id()),
         "config": {"name": cfg.name, "flags": list(args.flags), "env": cfg.environment(args.env)},
-        "settings": {k: getattr(args, k) for k in ("requests", "aborts", "max_new_tokens", "concurrency", "fuzz", "seed")},
-        "requests": 0, "aborted": 0, "load_errors": 0, "load_error_samples": [], "latencies": {},
-        "bad_inputs": {}, "bad_inputs_failed": [], "killed_by": None,
-        "idle": None, "server_alive_after": None, "leak_detected": None, "probe_consistent": None,
+        "settings": {
+            k: getattr(args, k) for k in ("requests", "aborts", "max_new_tokens", "concurrency", "fuzz", "seed")
+        },
+        "requests": 0,
+        "aborted": 0,
+        "load_errors": 0,
+        "load_error_samples": [],
+        "latencies": {},
+        "bad_inputs": {},
+        "bad_inputs_failed": [],
+        "killed_by": None,
+        "idle": None,
+        "server_alive_after": None,
+        "leak_detected": None,
+        "probe_consistent": None,
         "verdict": "INCOMPLETE",
-    }  # fmt: skip
+    }
     write_json(args.out, doc)
     tok = load_tokenizer(args.model)
     prompts = [p.input_ids for p in build_prompts(tok, args.data_dir, 16)]
@@ -347,9 +229,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     (status, reply), live = send_probe(server.base_url, probe, timeout=120), []
                 doc["bad_inputs"][probe.name] = status
                 if not probe.judge(status) or live:
-                    doc["bad_inputs_failed"].append({"name": probe.name, "path": probe.path, "status": status,
-                                                     "body": json.dumps(probe.body)[:300], "reply": reply,
-                                                     "live": live})  # fmt: skip
+                    doc["bad_inputs_failed"].append(
+                        {
+                            "name": probe.name,
+                            "path": probe.path,
+                            "status": status,
+                            "body": json.dumps(probe.body)[:300],
+                            "reply": reply,
+                            "live": live,
+                        }
+                    )
                 try:
                     server.check_alive(grace_s=0.5 if status is None else 0.0)
                 except ServerError:
@@ -380,8 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.block("server log tail", tail)
     doc["verdict"] = verdict(doc, args)
     write_json(args.out, doc)
-    log.line(f"RELIABILITY {doc['verdict']}: alive {doc['server_alive_after']}, leak {doc['leak_detected']}, "
-             f"probe consistent {doc['probe_consistent']} -> {args.out}")  # fmt: skip
+    log.line(
+        f"RELIABILITY {doc['verdict']}: alive {doc['server_alive_after']}, leak {doc['leak_detected']}, "
+        f"probe consistent {doc['probe_consistent']} -> {args.out}"
+    )
     return 0 if doc["verdict"] == "PASS" else 1
 
 

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.checks.lossless import NEAR_TIE_NATS
+from benchmarks.checks.identity import NEAR_TIE_NATS, first_divergence
 from benchmarks.client import parse_generate_reply
 from benchmarks.server import http_json
 
@@ -71,11 +71,6 @@ def check_processor(url: str) -> dict[str, Any]:
     return {"pass": ids == [FORCED] * 48, "output_ids": ids}
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    return n if n is not None or len(a) == len(b) else min(len(a), len(b))
-
-
 def check_penalties(stock: str, pillar: str) -> dict[str, Any]:
     out: dict[str, Any] = {"pass": True, "settings": {}}
     for name, params in PENALTIES.items():
@@ -89,8 +84,15 @@ def check_penalties(stock: str, pillar: str) -> dict[str, Any]:
             ok = at is None or (margin is not None and margin <= NEAR_TIE_NATS)
             if name == "min_new_tokens":
                 ok = ok and min(len(ref.output_ids), len(got.output_ids)) >= params["min_new_tokens"]
-            cases.append({"first_divergence": at, "stock_top2_gap": margin, "pass": ok,
-                          "stock_len": len(ref.output_ids), "pillar_len": len(got.output_ids)})  # fmt: skip
+            cases.append(
+                {
+                    "first_divergence": at,
+                    "stock_top2_gap": margin,
+                    "pass": ok,
+                    "stock_len": len(ref.output_ids),
+                    "pillar_len": len(got.output_ids),
+                }
+            )
             out["pass"] &= ok
         out["settings"][name] = cases
     return out

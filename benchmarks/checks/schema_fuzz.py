@@ -134,7 +134,9 @@ class SchemaFuzzer:
                 return rng.choice(({}, {"x": 1}, {"type": "x"}, {"type": "json_schema"}, {"properties": "x"}))
         return copy.deepcopy(rng.choice(WRONG_TYPES))
 
-    def _spots(self, node: Any, schema: dict[str, Any] | None, path: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    def _spots(
+        self, node: Any, schema: dict[str, Any] | None, path: tuple[Any, ...]
+    ) -> Iterator[tuple[tuple[Any, ...], Any]]:
         """(path, (this node's schema or None, its parent's schema)) for every node below the root."""
         if isinstance(node, dict):
             objs = [o for o in self.options(schema) if "properties" in o] if schema else []

@@ -20,9 +20,10 @@ Ratios compare a config with the ``stock`` config of the same run id (one GPU),
 the same workload and the same concurrency; across runs the hardware state differs
 (clocks, neighbours), so no cross-run ratio is ever printed.
 
-One module per part: ``common`` (loading, cells, ratios), ``serving`` (throughput, plain rounds, spread,
-offload, plots), ``headline`` (the headline point and block), ``figure`` (the headline figure), ``correctness`` (lossless, acceptance, exactness, the CPU reference), ``steps`` (kernels,
-step times), ``steps_plot`` (step times against their ideal, drawn) and ``pages`` (the summary and the docs pages).
+One module per part: ``common`` (loading, cells, ratios), ``serving`` (throughput, plain rounds, spread, offload,
+plots), ``headline`` (the headline point and block), ``figure`` (the headline figure), ``correctness`` (lossless,
+acceptance, exactness, the CPU reference), ``kernels`` (verify kernels, launch sweeps), ``steps`` (step times),
+``steps_plot`` (step times against their ideal, drawn) and ``pages`` (the summary and the docs pages).
 """
 
 from __future__ import annotations
@@ -36,17 +37,37 @@ from .correctness import lossless_markdown
 from .figure import CHECKED_IN_FIGURE, FIGURE_NAME, plot_headline
 from .headline import HEADLINE_BEGIN, HEADLINE_END, headline_markdown
 from .pages import (
-    PAGE_NOTE, README_BEGIN, README_END, results_pages, summary_markdown, write_front_page, write_results_pages,
+    PAGE_NOTE,
+    README_BEGIN,
+    README_END,
+    results_pages,
+    summary_markdown,
+    write_front_page,
+    write_results_pages,
 )
 from .serving import plain_vs_stock_markdown, plot_throughput, throughput_rows, throughput_table
-from .steps import tune_table
+from .kernels import tune_table
 from .steps_plot import plot_ideal
 
 __all__ = [
-    "DEFAULT_RESULTS", "HEADLINE_BEGIN", "HEADLINE_END", "PAGE_NOTE", "README_BEGIN", "README_END", "describe_workload",
-    "headline_markdown", "load_results", "lossless_markdown", "main", "plain_vs_stock_markdown", "results_pages",
-    "summary_markdown", "throughput_rows", "throughput_table", "tune_table",
-]  # fmt: skip
+    "DEFAULT_RESULTS",
+    "HEADLINE_BEGIN",
+    "HEADLINE_END",
+    "PAGE_NOTE",
+    "README_BEGIN",
+    "README_END",
+    "describe_workload",
+    "headline_markdown",
+    "load_results",
+    "lossless_markdown",
+    "main",
+    "plain_vs_stock_markdown",
+    "results_pages",
+    "summary_markdown",
+    "throughput_rows",
+    "throughput_table",
+    "tune_table",
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,14 +75,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS)
     p.add_argument("--out", type=Path, default=None, help="default: <results-dir>/SUMMARY.md")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--figure", type=Path, default=None,
-                   help=f"headline PNG (default: {CHECKED_IN_FIGURE.relative_to(CHECKED_IN_FIGURE.parents[2])} for "
-                        f"the checked-in results, <results-dir>/{FIGURE_NAME} for others)")
-    p.add_argument("--readme", type=Path, default=None,
-                   help="also write the table pages into this file's folder of its name (docs/results.md -> "
-                        "docs/results/), their index and the headline into its generated blocks")
-    p.add_argument("--front-page", type=Path, default=None,
-                   help="also write the headline into this file's headline block (README.md, at the repository root)")
+    p.add_argument(
+        "--figure",
+        type=Path,
+        default=None,
+        help=f"headline PNG (default: {CHECKED_IN_FIGURE.relative_to(CHECKED_IN_FIGURE.parents[2])} for "
+        f"the checked-in results, <results-dir>/{FIGURE_NAME} for others)",
+    )
+    p.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        help="also write the table pages into this file's folder of its name (docs/results.md -> "
+        "docs/results/), their index and the headline into its generated blocks",
+    )
+    p.add_argument(
+        "--front-page",
+        type=Path,
+        default=None,
+        help="also write the headline into this file's headline block (README.md, at the repository root)",
+    )
     args = p.parse_args(argv)
     if not args.results_dir.is_dir():
         p.error(f"results dir not found: {args.results_dir}")
@@ -75,8 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 notes.append(plots)
             else:
                 notes += [f"plot: ![{q.stem}]({q.name})" for q in plots]
-        figure = args.figure or (CHECKED_IN_FIGURE if args.results_dir.resolve() == DEFAULT_RESULTS
-                                 else args.results_dir / FIGURE_NAME)  # fmt: skip
+        figure = args.figure or (
+            CHECKED_IN_FIGURE if args.results_dir.resolve() == DEFAULT_RESULTS else args.results_dir / FIGURE_NAME
+        )
         drawn = plot_headline(docs, figure)
         print(f"wrote {drawn}" if isinstance(drawn, Path) else drawn)
     out = args.out or args.results_dir / "SUMMARY.md"
@@ -89,4 +123,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_front_page(args.front_page, docs)
         print(f"rewrote the headline of {args.front_page}")
     return 0
-

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -18,8 +17,17 @@ DEFAULT_RESULTS = REPO_ROOT / "benchmarks" / "results"
 CONFIG_ORDER = ("stock", "stock-flashinfer", "ngram", "pillar")
 
 
-REPORTED_KINDS = ("throughput", "lossless", "acceptance", "kernels", "policy_sim", "step_times", "exactness", "offload",
-                  "mixed_gemm")
+REPORTED_KINDS = (
+    "throughput",
+    "lossless",
+    "acceptance",
+    "kernels",
+    "policy_sim",
+    "step_times",
+    "exactness",
+    "offload",
+    "mixed_gemm",
+)
 
 
 def result_kind(doc: Any) -> str | None:
@@ -80,8 +88,14 @@ def _config_rank(name: str) -> tuple[int, str]:
 
 def workload_key(doc: dict[str, Any]) -> tuple[Any, ...]:
     w = doc.get("workload", {})
-    return (w.get("kind"), w.get("output_len"), w.get("input_len"), w.get("temperature"), w.get("top_p"),
-            w.get("request_rate", "inf"))  # fmt: skip
+    return (
+        w.get("kind"),
+        w.get("output_len"),
+        w.get("input_len"),
+        w.get("temperature"),
+        w.get("top_p"),
+        w.get("request_rate", "inf"),
+    )
 
 
 def model_name(doc: dict[str, Any]) -> str | None:

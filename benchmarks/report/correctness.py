@@ -9,9 +9,21 @@ from .common import fmt, markdown_table
 
 
 LOSSLESS_HEADERS = (
-    "run", "candidate", "k", "prompts", "max new", "verdict", "identical", "early div", "near-tie div",
-    "unexplained early", "max div margin", "first div min/med", "stock self-identical", "stock margin med",
-)  # fmt: skip
+    "run",
+    "candidate",
+    "k",
+    "prompts",
+    "max new",
+    "verdict",
+    "identical",
+    "early div",
+    "near-tie div",
+    "unexplained early",
+    "max div margin",
+    "first div min/med",
+    "stock self-identical",
+    "stock margin med",
+)
 
 
 ACCEPT_HEADERS = ("run", "k", "temperature", "max new", "prompts", "accept len overall", "per-request mean", "status")
@@ -35,10 +47,13 @@ def _identity_cells(ident: dict[str, Any] | None) -> list[str]:
 
 def _lossless_candidate(s: dict[str, Any]) -> str:
     """``pillar``, with what the run changed in the serving setup (earlier runs recorded none of it)."""
-    setup = [s.get("attention_backend") if s.get("attention_backend") not in (None, "triton") else "",
-             "radix" if s.get("radix_cache") else "", f"chunk {s['chunked_prefill_size']}" if s.get("chunked_prefill_size") else "",
-             f"prefix {s['shared_prefix_tokens']}" if s.get("shared_prefix_tokens") else "",
-             f"long {s['long_prompt_tokens']}" if s.get("long_prompt_tokens") else ""]  # fmt: skip
+    setup = [
+        s.get("attention_backend") if s.get("attention_backend") not in (None, "triton") else "",
+        "radix" if s.get("radix_cache") else "",
+        f"chunk {s['chunked_prefill_size']}" if s.get("chunked_prefill_size") else "",
+        f"prefix {s['shared_prefix_tokens']}" if s.get("shared_prefix_tokens") else "",
+        f"long {s['long_prompt_tokens']}" if s.get("long_prompt_tokens") else "",
+    ]
     return " ".join(["pillar", *filter(None, setup)])
 
 
@@ -54,19 +69,57 @@ def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
             fmt(ident.get("reference_margin_median"), ".2f") if ident else "-",
         ]
         head = [d["meta"]["run_id"]]
-        rows.append([*head, _lossless_candidate(s), s["num_steps"], s["num_prompts"], s["max_new_tokens"], d.get("verdict"),
-                     *_identity_cells(ident), *stock_cells])  # fmt: skip
+        rows.append(
+            [
+                *head,
+                _lossless_candidate(s),
+                s["num_steps"],
+                s["num_prompts"],
+                s["max_new_tokens"],
+                d.get("verdict"),
+                *_identity_cells(ident),
+                *stock_cells,
+            ]
+        )
         for i, rep_ident in enumerate(d.get("identity_repeats", [])):
-            rows.append([*head, f"pillar repeat {i + 1}", s["num_steps"], s["num_prompts"], s["max_new_tokens"], "-",
-                         *_identity_cells(rep_ident), *stock_cells])  # fmt: skip
+            rows.append(
+                [
+                    *head,
+                    f"pillar repeat {i + 1}",
+                    s["num_steps"],
+                    s["num_prompts"],
+                    s["max_new_tokens"],
+                    "-",
+                    *_identity_cells(rep_ident),
+                    *stock_cells,
+                ]
+            )
         for name, control in d.get("controls", {}).items():
-            rows.append([*head, name, "-", s["num_prompts"], s["max_new_tokens"], "-",
-                         *_identity_cells(control.get("identity")), *stock_cells])  # fmt: skip
+            rows.append(
+                [
+                    *head,
+                    name,
+                    "-",
+                    s["num_prompts"],
+                    s["max_new_tokens"],
+                    "-",
+                    *_identity_cells(control.get("identity")),
+                    *stock_cells,
+                ]
+            )
         for a in d.get("acceptance", []):
-            acc_rows.append([
-                d["meta"]["run_id"], s["num_steps"], a["temperature"], a["max_new_tokens"], a.get("num_requests", "-"),
-                fmt(a.get("accept_length_overall"), ".3f"), fmt(a.get("accept_length_mean"), ".3f"), a["status"],
-            ])  # fmt: skip
+            acc_rows.append(
+                [
+                    d["meta"]["run_id"],
+                    s["num_steps"],
+                    a["temperature"],
+                    a["max_new_tokens"],
+                    a.get("num_requests", "-"),
+                    fmt(a.get("accept_length_overall"), ".3f"),
+                    fmt(a.get("accept_length_mean"), ".3f"),
+                    a["status"],
+                ]
+            )
     # The thresholds the files were judged by, as each recorded it (the check's NEAR_TIE_NATS when it ran).
     ties = sorted({d["identity"]["near_tie_nats"] for d in docs if (d.get("identity") or {}).get("near_tie_nats")})
     return (
@@ -78,8 +131,10 @@ def lossless_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "again (reused request rows and KV slots), judged like the first pass. Controls are other speculative "
         "configs through the same check.\n\n"
         + markdown_table(LOSSLESS_HEADERS, rows)
-        + "\n\n### PILLAR acceptance\n\n" + markdown_table(ACCEPT_HEADERS, acc_rows) + "\n"
-    )  # fmt: skip
+        + "\n\n### PILLAR acceptance\n\n"
+        + markdown_table(ACCEPT_HEADERS, acc_rows)
+        + "\n"
+    )
 
 
 def _server_env(doc: dict[str, Any], config: str) -> dict[str, str]:
@@ -91,8 +146,17 @@ def _knobs_text(env: dict[str, str], skip: tuple[str, ...] = ()) -> str:
     return " ".join(f"{k.removeprefix('SPARSESPEC_')}={v}" for k, v in sorted(env.items()) if k not in skip)
 
 
-ACCEPTANCE_HEADERS = ("run", "config", "server env", "tail / select every", "prompts / conc", "T", "new tokens",
-                      "accept len", ">= j drafts accepted, j = 1..k")  # fmt: skip
+ACCEPTANCE_HEADERS = (
+    "run",
+    "config",
+    "server env",
+    "tail / select every",
+    "prompts / conc",
+    "T",
+    "new tokens",
+    "accept len",
+    ">= j drafts accepted, j = 1..k",
+)
 
 
 def _resolved_knobs(doc: dict[str, Any], config: str) -> str:
@@ -112,8 +176,19 @@ def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
             for a in passes:
                 rates = " ".join(f"{r:.2f}" for r in a.get("accept_rate_by_position") or []) or "-"
                 load = f"{s.get('num_prompts', '-')} / {s.get('concurrency') or s.get('num_prompts', '-')}"
-                rows.append([d["meta"]["run_id"], config, env_text, resolved, load, a["temperature"], s["max_new_tokens"],
-                             fmt(a.get("accept_length_overall"), ".2f"), rates])  # fmt: skip
+                rows.append(
+                    [
+                        d["meta"]["run_id"],
+                        config,
+                        env_text,
+                        resolved,
+                        load,
+                        a["temperature"],
+                        s["max_new_tokens"],
+                        fmt(a.get("accept_length_overall"), ".2f"),
+                        rates,
+                    ]
+                )
     if not rows:
         return ""
     return (
@@ -121,7 +196,8 @@ def acceptance_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "Same prompts and fixed-length outputs for every policy; `oracle` selects each draft query's own "
         "exact top-K (an upper bound, analysis only). Server env lists PILLAR knobs that differ from the "
         "defaults of the commit that ran; tail / select every are the values the server resolved.\n\n"
-        + markdown_table(ACCEPTANCE_HEADERS, rows) + "\n"
+        + markdown_table(ACCEPTANCE_HEADERS, rows)
+        + "\n"
     )
 
 
@@ -135,10 +211,24 @@ def exactness_markdown(docs: Sequence[dict[str, Any]]) -> str:
         reference = d["settings"].get("reference", "stock")
         for t in d["tests"]:
             judged = "-" if threshold is None else ("rejects" if t["p_value"] < threshold else "passes")
-            rows.append([d["_file"], str(d["meta"]["git_commit"])[:12], t.get("config", d["settings"]["candidate"]),
-                         reference, t["temperature"], t["top_p"], t["context"], t["position"], fmt(t["stat"], ".1f"),
-                         t["df"], f"{t['p_value']:.3g}", f"{control.get('p_value', float('nan')):.3g}", judged,
-                         d.get("verdict", "-")])  # fmt: skip
+            rows.append(
+                [
+                    d["_file"],
+                    str(d["meta"]["git_commit"])[:12],
+                    t.get("config", d["settings"]["candidate"]),
+                    reference,
+                    t["temperature"],
+                    t["top_p"],
+                    t["context"],
+                    t["position"],
+                    fmt(t["stat"], ".1f"),
+                    t["df"],
+                    f"{t['p_value']:.3g}",
+                    f"{control.get('p_value', float('nan')):.3g}",
+                    judged,
+                    d.get("verdict", "-"),
+                ]
+            )
     if not rows:
         return ""
     return (
@@ -148,15 +238,46 @@ def exactness_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "temperature (must reject); `at alpha / tests` judges each test at the run's Bonferroni threshold. Verdict "
         "NUMERICS: token 1, drawn before any PILLAR code runs, differs, so the servers' forwards round differently "
         "and the run says nothing about the speculation.\n\n"
-        + markdown_table(("file", "commit", "config", "reference", "T", "top p", "context", "token", "chi2", "df", "p",
-                          "control p", "at alpha / tests", "verdict"), rows)
+        + markdown_table(
+            (
+                "file",
+                "commit",
+                "config",
+                "reference",
+                "T",
+                "top p",
+                "context",
+                "token",
+                "chi2",
+                "df",
+                "p",
+                "control p",
+                "at alpha / tests",
+                "verdict",
+            ),
+            rows,
+        )
         + "\n"
     )
 
 
-SIM_HEADERS = ("file", "prompt", "new tokens", "recent window", "min budget", "budget ratio", "select every", "score rows",
-               "model / score dtype", "policy",
-               "accept len", "draft set", "rounds", "lossless", "accept len per 1K output tokens")  # fmt: skip
+SIM_HEADERS = (
+    "file",
+    "prompt",
+    "new tokens",
+    "recent window",
+    "min budget",
+    "budget ratio",
+    "select every",
+    "score rows",
+    "model / score dtype",
+    "policy",
+    "accept len",
+    "draft set",
+    "rounds",
+    "lossless",
+    "accept len per 1K output tokens",
+)
 
 
 def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -167,11 +288,25 @@ def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
         for policy, r in d["results"].items():
             div = r.get("first_divergence_from_greedy", "unchecked")
             lossless = "unchecked" if div == "unchecked" else ("yes" if div is None else f"diverged at {div}")
-            rows.append([d["_file"], s["source"], s["max_new_tokens"], s["recent_window"], s["min_budget"],
-                         fmt(s.get("budget_ratio")), s.get("select_every", 1), s.get("score_rows", "all"),
-                         f"{s.get('dtype', 'float32')} / {s.get('score_dtype', 'float32')}", policy, fmt(r["accept_length"], ".2f"),
-                         fmt(r.get("mean_draft_set"), ".0f"), r["rounds"], lossless,
-                         " ".join(f"{a:.1f}" for a in r.get("accept_length_by_segment", [])) or "-"])  # fmt: skip
+            rows.append(
+                [
+                    d["_file"],
+                    s["source"],
+                    s["max_new_tokens"],
+                    s["recent_window"],
+                    s["min_budget"],
+                    fmt(s.get("budget_ratio")),
+                    s.get("select_every", 1),
+                    s.get("score_rows", "all"),
+                    f"{s.get('dtype', 'float32')} / {s.get('score_dtype', 'float32')}",
+                    policy,
+                    fmt(r["accept_length"], ".2f"),
+                    fmt(r.get("mean_draft_set"), ".0f"),
+                    r["rounds"],
+                    lossless,
+                    " ".join(f"{a:.1f}" for a in r.get("accept_length_by_segment", [])) or "-",
+                ]
+            )
     if not rows:
         return ""
     return (

@@ -41,13 +41,17 @@ class Headline:
         return sorted({r["workload"][1] for r in self.rows})
 
     def series(self, output_len: int, config: str) -> list[tuple[int, float]]:
-        return sorted((r["concurrency"], r["tok_s"]) for r in self.rows
-                      if r["workload"][1] == output_len and r["config"] == config)  # fmt: skip
+        return sorted(
+            (r["concurrency"], r["tok_s"])
+            for r in self.rows
+            if r["workload"][1] == output_len and r["config"] == config
+        )
 
     def title(self) -> str:
-        return (f"{self.model} on {self.device}, {self.sampling}, {self.waves_text()}\n"
-                f"run {self.tag}, {commits_text(list(self.rows))}")  # fmt: skip
-
+        return (
+            f"{self.model} on {self.device}, {self.sampling}, {self.waves_text()}\n"
+            f"run {self.tag}, {commits_text(list(self.rows))}"
+        )
 
     def waves_text(self) -> str:
         """Requests per concurrency slot: the usual count, and the concurrencies that ran another."""
@@ -72,8 +76,14 @@ def choose_headline(docs: Sequence[dict[str, Any]]) -> Headline | None:
     by_tag: dict[str, list[dict[str, Any]]] = {}
     for r in throughput_rows(docs):
         m = SWEEP_ID.match(str(r["run_id"]))
-        if (m and r["tok_s"] and r["config"] in ("stock", "pillar") and sampled(r["workload"])
-                and r["stream_interval"] > 1 and int(m.group(2)) == r["workload"][1]):  # fmt: skip
+        if (
+            m
+            and r["tok_s"]
+            and r["config"] in ("stock", "pillar")
+            and sampled(r["workload"])
+            and r["stream_interval"] > 1
+            and int(m.group(2)) == r["workload"][1]
+        ):
             by_tag.setdefault(m.group(1), []).append(r)
     best: tuple[tuple[int, str], Headline] | None = None
     for tag, rows in by_tag.items():
@@ -85,10 +95,12 @@ def choose_headline(docs: Sequence[dict[str, Any]]) -> Headline | None:
             continue  # one point is not a curve; a sweep split over GPU kinds is not one figure
         temps = sorted({(r["workload"][3], r["workload"][4]) for r in kept})
         headline = Headline(
-            tag=tag, model=next((models[r["run_id"]] for r in kept if r["run_id"] in models), "model not recorded"),
+            tag=tag,
+            model=next((models[r["run_id"]] for r in kept if r["run_id"] in models), "model not recorded"),
             device=str(next(iter(devices))).split(",")[0],
-            sampling=", ".join(f"temperature {t:g} / top-p {p:g}" for t, p in temps), rows=kept,
-        )  # fmt: skip
+            sampling=", ".join(f"temperature {t:g} / top-p {p:g}" for t, p in temps),
+            rows=kept,
+        )
         key = (len(points), max(dates.get(r["run_id"], "") for r in kept))
         if best is None or key > best[0]:
             best = (key, headline)
@@ -112,12 +124,24 @@ def plot_headline(docs: Sequence[dict[str, Any]], path: Path) -> Path | str:
     for ax, out_len in zip(axes[0], lens):
         stock, pillar = headline.series(out_len, "stock"), headline.series(out_len, "pillar")
         ax.plot([c for c, _ in stock], [t for _, t in stock], marker="o", color="tab:gray", label="stock SGLang")
-        ax.plot([c for c, _ in pillar], [t for _, t in pillar], marker="o", color="tab:blue",
-                label="PILLAR (labels: x stock)")
+        ax.plot(
+            [c for c, _ in pillar],
+            [t for _, t in pillar],
+            marker="o",
+            color="tab:blue",
+            label="PILLAR (labels: x stock)",
+        )
         base = dict(stock)
         for c, t in pillar:
-            ax.annotate(f"{t / base[c]:.2f}x", (c, t), textcoords="offset points", xytext=(0, 7), ha="center",
-                        fontsize=8, color="tab:blue")  # fmt: skip
+            ax.annotate(
+                f"{t / base[c]:.2f}x",
+                (c, t),
+                textcoords="offset points",
+                xytext=(0, 7),
+                ha="center",
+                fontsize=8,
+                color="tab:blue",
+            )
         concs = sorted(base)
         ax.set_xscale("log", base=2)
         ax.set_xticks(concs, [str(c) for c in concs])

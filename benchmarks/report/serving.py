@@ -1,4 +1,5 @@
-"""Serving results: throughput rows and tables, the plain-round table, the run-to-run spread, the offload runs, plots."""
+"""Serving results: throughput rows and tables, the plain-round table, the run-to-run spread, the offload runs,
+plots."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ from typing import Any
 from benchmarks.configs import stream_interval
 from benchmarks.schedule import full_batch_rate, wave_context, wave_pace_ms
 from .common import (
-    _config_rank, _gb, _pct, _ratio, _seconds, commits_text, describe_workload, fmt, markdown_table, workload_key,
+    _config_rank,
+    _gb,
+    _pct,
+    _ratio,
+    _seconds,
+    commits_text,
+    describe_workload,
+    fmt,
+    markdown_table,
+    workload_key,
 )
 
 
@@ -26,21 +36,23 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         for run in doc.get("runs", []):
             m = run.get("metrics") or {}
             made = run.get("measured") or doc["meta"]  # a run resumed from an earlier command keeps its provenance
-            rows.append({
-                "run_id": doc["meta"]["run_id"],
-                "device": made.get("device"),
-                "workload": workload_key(doc),
-                "config": doc["config"]["name"],
-                "concurrency": run["concurrency"],
-                "num_prompts": run.get("num_prompts"),
-                "status": run["status"],
-                "metrics": m,
-                "tok_s": m.get("output_throughput") if run["status"] == "ok" else None,
-                "full_tok_s": _full_batch_rate(run, doc),
-                "wave_ms": _wave_pace(run, doc),
-                "commit": str(made.get("git_commit"))[:12],
-                "stream_interval": stream_interval(doc["config"].get("flags", [])),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "run_id": doc["meta"]["run_id"],
+                    "device": made.get("device"),
+                    "workload": workload_key(doc),
+                    "config": doc["config"]["name"],
+                    "concurrency": run["concurrency"],
+                    "num_prompts": run.get("num_prompts"),
+                    "status": run["status"],
+                    "metrics": m,
+                    "tok_s": m.get("output_throughput") if run["status"] == "ok" else None,
+                    "full_tok_s": _full_batch_rate(run, doc),
+                    "wave_ms": _wave_pace(run, doc),
+                    "commit": str(made.get("git_commit"))[:12],
+                    "stream_interval": stream_interval(doc["config"].get("flags", [])),
+                }
+            )
     base = {(r["run_id"], r["workload"], r["concurrency"]): r for r in rows if r["config"] == "stock" and r["tok_s"]}
     # The best stock backend of the same point (stock = Triton, stock-flashinfer, ...): what a user compares with.
     best: dict[tuple[Any, ...], float] = {}
@@ -52,7 +64,9 @@ def throughput_rows(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         b = base.get((r["run_id"], r["workload"], r["concurrency"]))
         r["ratio_vs_stock"] = _ratio(r["tok_s"], b["tok_s"]) if b else None
         r["ratio_vs_best_stock"] = _ratio(r["tok_s"], best.get((r["run_id"], r["workload"], r["concurrency"])))
-        r["e2e_vs_stock"] = _ratio(b["metrics"].get("mean_e2e_latency_ms"), r["metrics"].get("mean_e2e_latency_ms")) if b else None
+        r["e2e_vs_stock"] = (
+            _ratio(b["metrics"].get("mean_e2e_latency_ms"), r["metrics"].get("mean_e2e_latency_ms")) if b else None
+        )
         r["full_vs_stock"] = _ratio(r["full_tok_s"], b["full_tok_s"]) if b else None
     rows.sort(key=lambda r: (r["run_id"], str(r["workload"]), _config_rank(r["config"]), r["concurrency"]))
     return rows
@@ -90,33 +104,69 @@ def wave_pace_lines(rows: Sequence[dict[str, Any]]) -> str:
     """One line per run of two waves or more: its TPOT by wave, with the batch's mean context (output tokens)
     the wave's requests decoded beside. A round costs more as contexts grow, so a wave that saw a younger
     batch (the first, under speculation) is faster for that alone; the last wave's pace includes the drain."""
-    lines = [f"- {r['config']} c={r['concurrency']}: " + " / ".join(f"{ms:.2f} ({ctx:,.0f})" for ms, ctx in r["wave_ms"])
-             for r in rows if r.get("wave_ms")]  # fmt: skip
-    return ("Mean TPOT ms by wave (requests in start order; in brackets the batch's mean context in output tokens "
-            "that the wave decoded beside):\n\n" + "\n".join(lines) + "\n" if lines else "")  # fmt: skip
+    lines = [
+        f"- {r['config']} c={r['concurrency']}: " + " / ".join(f"{ms:.2f} ({ctx:,.0f})" for ms, ctx in r["wave_ms"])
+        for r in rows
+        if r.get("wave_ms")
+    ]
+    return (
+        "Mean TPOT ms by wave (requests in start order; in brackets the batch's mean context in output tokens "
+        "that the wave decoded beside):\n\n" + "\n".join(lines) + "\n"
+        if lines
+        else ""
+    )
 
 
 THROUGHPUT_HEADERS = (
-    "config", "conc", "reqs", "out tok/s", "vs stock", "vs best stock", "E2E vs stock", "full-batch tok/s",
-    "full-batch vs stock", "TPOT med ms", "TPOT p99 ms",
-    "ITL med ms", "ITL p99 ms", "TTFT med ms", "TTFT mean ms", "E2E mean s", "E2E p99 s", "busy", "accept len", "status",
-)  # fmt: skip
+    "config",
+    "conc",
+    "reqs",
+    "out tok/s",
+    "vs stock",
+    "vs best stock",
+    "E2E vs stock",
+    "full-batch tok/s",
+    "full-batch vs stock",
+    "TPOT med ms",
+    "TPOT p99 ms",
+    "ITL med ms",
+    "ITL p99 ms",
+    "TTFT med ms",
+    "TTFT mean ms",
+    "E2E mean s",
+    "E2E p99 s",
+    "busy",
+    "accept len",
+    "status",
+)
 
 
 def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
     def cells(r: dict[str, Any]) -> list[str]:
         m = r["metrics"]
         return [
-            r["config"], r["concurrency"], fmt(r["num_prompts"], "d"), fmt(r["tok_s"], ".0f"),
-            fmt(r["ratio_vs_stock"], ".2f", "x"), fmt(r["ratio_vs_best_stock"], ".2f", "x"), fmt(r["e2e_vs_stock"], ".2f", "x"),
-            fmt(r["full_tok_s"], ".0f"), fmt(r["full_vs_stock"], ".2f", "x"), fmt(m.get("median_tpot_ms")), fmt(m.get("p99_tpot_ms")),
-            fmt(m.get("median_itl_ms")), fmt(m.get("p99_itl_ms")), fmt(m.get("median_ttft_ms"), ".1f"),
+            r["config"],
+            r["concurrency"],
+            fmt(r["num_prompts"], "d"),
+            fmt(r["tok_s"], ".0f"),
+            fmt(r["ratio_vs_stock"], ".2f", "x"),
+            fmt(r["ratio_vs_best_stock"], ".2f", "x"),
+            fmt(r["e2e_vs_stock"], ".2f", "x"),
+            fmt(r["full_tok_s"], ".0f"),
+            fmt(r["full_vs_stock"], ".2f", "x"),
+            fmt(m.get("median_tpot_ms")),
+            fmt(m.get("p99_tpot_ms")),
+            fmt(m.get("median_itl_ms")),
+            fmt(m.get("p99_itl_ms")),
+            fmt(m.get("median_ttft_ms"), ".1f"),
             fmt(m.get("mean_ttft_ms"), ".0f"),  # a mean far above the median: some requests waited (a stall)
-            fmt(_seconds(m.get("mean_e2e_latency_ms")), ".1f"), fmt(_seconds(m.get("p99_e2e_latency_ms")), ".1f"),
+            fmt(_seconds(m.get("mean_e2e_latency_ms")), ".1f"),
+            fmt(_seconds(m.get("p99_e2e_latency_ms")), ".1f"),
             # Mean requests in flight over the concurrency: below 100%, slots sat idle (a drain, slow admissions).
             fmt(_pct(_ratio(m.get("concurrency"), r["concurrency"])), ".0f", "%"),
-            fmt(m.get("accept_length")), r["status"],
-        ]  # fmt: skip
+            fmt(m.get("accept_length")),
+            r["status"],
+        ]
 
     return markdown_table(THROUGHPUT_HEADERS, (cells(r) for r in rows))
 
@@ -160,8 +210,11 @@ def plain_vs_stock_markdown(docs: Sequence[dict[str, Any]]) -> str:
     policy chooses it, PILLAR is slower than stock by that much. Cells stock logged fewer than 3 clean
     intervals of are left out."""
     runs = [(d, r) for d in docs if d.get("kind") == "throughput" for r in d.get("runs", [])]
-    stock = {(d["meta"]["run_id"], workload_key(d), r["concurrency"]): r["decode_step_ms"]
-             for d, r in runs if d["config"]["name"] == "stock" and r.get("decode_step_ms")}  # fmt: skip
+    stock = {
+        (d["meta"]["run_id"], workload_key(d), r["concurrency"]): r["decode_step_ms"]
+        for d, r in runs
+        if d["config"]["name"] == "stock" and r.get("decode_step_ms")
+    }
     rows = []
     for d, r in runs:
         steps = stock.get((d["meta"]["run_id"], workload_key(d), r["concurrency"]))
@@ -171,15 +224,33 @@ def plain_vs_stock_markdown(docs: Sequence[dict[str, Any]]) -> str:
             if step["lines"] < 3 or c.get("plain") is None:
                 continue
             plain = c["plain"] + (c.get("gap") or 0.0)
-            rows.append([d["meta"]["run_id"], d["config"]["name"], r["concurrency"], cell, step["lines"],
-                         f"{step['ms']:.2f}", f"{plain:.2f}", f"{plain / step['ms']:.2f}x"])  # fmt: skip
+            rows.append(
+                [
+                    d["meta"]["run_id"],
+                    d["config"]["name"],
+                    r["concurrency"],
+                    cell,
+                    step["lines"],
+                    f"{step['ms']:.2f}",
+                    f"{plain:.2f}",
+                    f"{plain / step['ms']:.2f}x",
+                ]
+            )
     if not rows:
         return ""
-    head = ("### Plain rounds against stock's decode step\n\nms per step: stock from its own log lines (running "
-            "requests / tok/s over 40 steps, median), PILLAR's plain round (k = 0) from its CUDA events plus the "
-            "gap before it. Above 1.00x, plain decoding costs more than stock's step.\n")  # fmt: skip
-    return head + "\n" + markdown_table(["run", "config", "conc", "cell", "stock intervals", "stock ms",
-                                         "plain ms", "plain / stock"], rows) + "\n"  # fmt: skip
+    head = (
+        "### Plain rounds against stock's decode step\n\nms per step: stock from its own log lines (running "
+        "requests / tok/s over 40 steps, median), PILLAR's plain round (k = 0) from its CUDA events plus the "
+        "gap before it. Above 1.00x, plain decoding costs more than stock's step.\n"
+    )
+    return (
+        head
+        + "\n"
+        + markdown_table(
+            ["run", "config", "conc", "cell", "stock intervals", "stock ms", "plain ms", "plain / stock"], rows
+        )
+        + "\n"
+    )
 
 
 def offload_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -195,18 +266,45 @@ def offload_markdown(docs: Sequence[dict[str, Any]]) -> str:
             verdict = {True: "PASS", False: "FAIL"}.get(r.get("outputs_identical"), "-")
             if r.get("token_identical") is not None:
                 verdict += f" ({r['token_identical']}/{d['requests']} identical)"
-            rows.append([name, r.get("status"), fmt(r.get("output_tok_s"), ".0f"), fmt(_ratio(r.get("output_tok_s"), stock), ".2f", "x"),
-                         r.get("retractions", "-"), f"{moved['parks']} / {moved['restores']}" if moved else "-",
-                         _gb(moved.get("bytes_to_host")), _gb(moved.get("bytes_to_device")), verdict])  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    r.get("status"),
+                    fmt(r.get("output_tok_s"), ".0f"),
+                    fmt(_ratio(r.get("output_tok_s"), stock), ".2f", "x"),
+                    r.get("retractions", "-"),
+                    f"{moved['parks']} / {moved['restores']}" if moved else "-",
+                    _gb(moved.get("bytes_to_host")),
+                    _gb(moved.get("bytes_to_device")),
+                    verdict,
+                ]
+            )
         m = d["meta"]
         parts.append(
             f"### Offload {d['_file']}\n\n{m['device']}; commit {m['git_commit']}; run {m['run_id']}. {d['requests']} "
-            f"requests x {d['settings']['max_new_tokens']} tokens, demand {d['demand_tokens']} tokens over a GPU pool of "
+            f"requests x {d['settings']['max_new_tokens']} tokens, demand {d['demand_tokens']} tokens "
+            "over a GPU pool of "
             f"{d['pool_tokens']} (oversubscription {d['settings']['oversubscription']}), {d['settings']['host_gb']} GB "
             f"host, radix cache {'on' if d['settings'].get('radix_cache') else 'off'}. `ratio_vs_stock` "
-            f"{fmt(d.get('ratio_vs_stock'), '.3f')}, `ratio_vs_stock_hicache` {fmt(d.get('ratio_vs_stock_hicache'), '.3f')}."
-            "\n\n" + markdown_table(["run", "status", "out tok/s", "vs stock", "retractions", "parks / restores",
-                                      "to host", "to device", "outputs vs reference"], rows) + "\n")  # fmt: skip
+            f"{fmt(d.get('ratio_vs_stock'), '.3f')}, "
+            f"`ratio_vs_stock_hicache` {fmt(d.get('ratio_vs_stock_hicache'), '.3f')}."
+            "\n\n"
+            + markdown_table(
+                [
+                    "run",
+                    "status",
+                    "out tok/s",
+                    "vs stock",
+                    "retractions",
+                    "parks / restores",
+                    "to host",
+                    "to device",
+                    "outputs vs reference",
+                ],
+                rows,
+            )
+            + "\n"
+        )
     return ("## Offload\n\n" + "\n".join(parts)) if parts else ""
 
 
@@ -227,7 +325,9 @@ def plot_throughput(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]
     for (run_id, wkey), rows in groups.items():
         fig, (ax_t, ax_a) = plt.subplots(1, 2, figsize=(11, 4))
         for config in sorted({r["config"] for r in rows}, key=_config_rank):
-            pts = sorted((r["concurrency"], r["tok_s"], r["metrics"].get("accept_length")) for r in rows if r["config"] == config)
+            pts = sorted(
+                (r["concurrency"], r["tok_s"], r["metrics"].get("accept_length")) for r in rows if r["config"] == config
+            )
             (line,) = ax_t.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config)
             acc = [(c, a) for c, _, a in pts if a]
             if acc:
@@ -267,12 +367,29 @@ def repeats_markdown(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str,
                 continue
             a, b = r["metrics"]["output_throughput"], other["metrics"]["output_throughput"]
             spread.append(abs(b / a - 1))
-            rows.append([main["config"]["name"], main["workload"]["output_len"], r["concurrency"], f"{a:.0f}",
-                         f"{b:.0f}", f"{(b / a - 1) * 100:+.1f}%", f"{r['wall_s']:.0f}"])  # fmt: skip
+            rows.append(
+                [
+                    main["config"]["name"],
+                    main["workload"]["output_len"],
+                    r["concurrency"],
+                    f"{a:.0f}",
+                    f"{b:.0f}",
+                    f"{(b / a - 1) * 100:+.1f}%",
+                    f"{r['wall_s']:.0f}",
+                ]
+            )
     if not rows:
         return ""
-    head = (f"### Run-to-run spread\n\nThe same command run twice on one machine ({len(rows)} pairs): the output "
-            f"tok/s moved by {min(spread) * 100:.1f}-{max(spread) * 100:.1f}% (median "
-            f"{sorted(spread)[len(spread) // 2] * 100:.1f}%). Ratios closer to 1 than that are not differences.\n")
-    return head + "\n" + markdown_table(["config", "output len", "conc", "repeats/ tok/s", "results/ tok/s",
-                                         "change", "repeats/ wall s"], rows) + "\n"  # fmt: skip
+    head = (
+        f"### Run-to-run spread\n\nThe same command run twice on one machine ({len(rows)} pairs): the output "
+        f"tok/s moved by {min(spread) * 100:.1f}-{max(spread) * 100:.1f}% (median "
+        f"{sorted(spread)[len(spread) // 2] * 100:.1f}%). Ratios closer to 1 than that are not differences.\n"
+    )
+    return (
+        head
+        + "\n"
+        + markdown_table(
+            ["config", "output len", "conc", "repeats/ tok/s", "results/ tok/s", "change", "repeats/ wall s"], rows
+        )
+        + "\n"
+    )

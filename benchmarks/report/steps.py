@@ -1,4 +1,4 @@
-"""Kernel and step-time results: verify kernels, launch sweeps, per-phase round times, their ideal and projections."""
+"""Step-time results: per-phase round times, their ideal, the capture overhead, profiled steps and projections."""
 
 from __future__ import annotations
 
@@ -10,118 +10,18 @@ from .common import _num, _pct, _ratio, fmt, markdown_table
 from .steps_plot import OVER_IDEAL, PHASE_ORDER
 
 
-def verify_kernel_table(d: dict[str, Any]) -> str:
-    """Verify attention of a kernels_bench file: SGLang's extend kernel vs the split kernel, plus what PILLAR adds."""
-    rows = [[r["shape"], r["bs"], r["seq_len"], fmt(_num(r.get("verify_attn_us")), ".1f"),
-             fmt(_num(r.get("split_verify_attn_us")), ".1f"), fmt(_num(r.get("split_verify_GBps")), ".0f"),
-             fmt(_ratio(r.get("verify_attn_us"), r.get("split_verify_attn_us")), ".1f", "x"), fmt(r["fp16_out_us"], ".1f"),
-             fmt(_pct(r.get("capture_plus_select_frac_of_split_verify")), ".0f", "%"),
-             fmt(_pct(r.get("capture_plus_select_frac_of_verify_attn")), ".0f", "%")]
-            for r in d["score_capture"]]  # fmt: skip
-    return (
-        "Verify attention (k+1 = 9 causal rows per request over the prefix, LSE on), microseconds per layer: "
-        "SGLang's Triton extend kernel vs PILLAR's split-KV kernel (GB/s = prefix K/V/index bytes / time), and "
-        "what PILLAR adds per verify layer (fp16 score capture + the per-layer share of one all-layer top-K) "
-        "relative to each:\n\n"
-        + markdown_table(("shape", "bs", "L", "SGLang verify us", "split verify us", "split GB/s", "speedup",
-                          "capture us", "capture + select / split", "capture + select / SGLang"), rows)
-    )  # fmt: skip
-
-
-def kernels_markdown(docs: Sequence[dict[str, Any]]) -> str:
-    """Kernel microbenchmarks: sparse draft attention vs full decode, score-capture and selection cost; then the
-    launch sweeps."""
-    parts = []
-    for d in (d for d in docs if d.get("kind") == "kernels" and "tune" not in d):
-        head = f"{d['device']}; commit {str(d['git_commit'])[:12]}; {d['config']['timing']}; microseconds per layer."
-        dec = [[r["shape"], r["bs"], r["seq_len"], r["selected"] + r["tail"], fmt(r["sparse_us"], ".1f"),
-                fmt(r["sparse_GBps"], ".0f"), fmt(_num(r.get("sglang_full_us")), ".1f"),
-                fmt(_num(r.get("flashinfer_full_us")), ".1f"), fmt(_ratio(r.get("sglang_full_us"), r["sparse_us"]), ".1f", "x"),
-                fmt(_ratio(r.get("flashinfer_full_us"), r["sparse_us"]), ".1f", "x")]
-               for r in d["sparse_decode"]]  # fmt: skip
-        sel = [[r["shape"], r["bs"], r["seq_len"], r["k"], fmt(r["all_layers_launch_us"], ".0f"),
-                fmt(r["all_layers_per_layer_fp16_bn4096_us"], ".1f"), fmt(r["torch_topk_sort_per_layer_us"], ".1f")]
-               for r in d["selection"]]  # fmt: skip
-        parts.append(
-            f"### Kernels ({d['_file']})\n\n{head}\n\n"
-            "Sparse draft attention (5% budget + 16-token tail, per-KV-head lists) vs full-context decode:\n\n"
-            + markdown_table(("shape", "bs", "L", "attended", "sparse us", "sparse GB/s", "SGLang triton full us",
-                              "FlashInfer full us", "vs triton", "vs FlashInfer"), dec)
-            + "\n\n" + verify_kernel_table(d)
-            + "\n\nTop-K selection over all (layer, KV head) rows, fp32 scores in one launch; fp16 per layer; "
-            "torch.topk + sort per layer for reference:\n\n"
-            + markdown_table(("shape", "bs", "L", "K", "all layers us (fp32)", "per layer us (fp16)", "torch per layer us"), sel)
-            + "\n"
-        )
-        if d.get("mixed_lengths"):
-            parts.append(mixed_lengths_table(d))
-    for d in (d for d in docs if d.get("kind") == "kernels" and "tune" in d):
-        parts.append(f"### Kernel launch sweep ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}; "
-                     f"microseconds per layer; the fastest launch per kernel and point:\n\n" + tune_table(d["tune"])
-                     + mixed_tune_table(d["tune"]) + "\n")  # fmt: skip
-    return "\n".join(parts)
-
-
-def _launch(r: dict[str, Any]) -> str:
-    """A tune row's launch parameters: a work-list launch's chunk and pool, else splits and tile."""
-    if "chunk" in r:
-        return f"chunk {r['chunk']}, {r['programs_per_request']} programs / request"
-    if "cap" in r:
-        return f"splits {r['splits']}, cap {r['cap']}"
-    return f"splits {r['splits']}, tile {r['block_n']}, {r['warps']} warps" + (f", {r['stages']} stages" if "stages" in r else "")
-
-
-def tune_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Per (kernel, shape, batch, L) of a ``kernels_bench --tune`` run: its fastest launch, next to SGLang's
-    decode kernel on the same pool (one query row per request, the same prefix)."""
-    best: dict[tuple[Any, ...], dict[str, Any]] = {}
-    stock = {(r["shape"], r["bs"], r["seq_len"]): r["us"] for r in rows if r["kernel"] == "sglang_decode"}
-    for r in rows:
-        key = (r["kernel"], r["shape"], r["bs"], r["seq_len"])
-        if r["kernel"] != "sglang_decode" and (key not in best or r["us"] < best[key]["us"]):
-            best[key] = r
-    cells = [[*key, _launch(r), fmt(r["us"], ".1f"), fmt(_num(stock.get(key[1:])), ".1f"), fmt(r.get("GBps"), ".0f")]
-             for key, r in best.items()]  # fmt: skip
-    return markdown_table(("kernel", "shape", "bs", "L", "fastest launch", "us", "SGLang decode us", "GB/s"), cells)
-
-
-def mixed_lengths_table(d: dict[str, Any]) -> str:
-    """``kernels_bench`` section (d): each kernel on mixed prefixes against a uniform batch of the same mean; empty
-    for runs without it."""
-    rows = d.get("mixed_lengths") or []
-    if not rows:
-        return ""
-    kernels = ("verify", "capture", "plain_verify", "draft_static", "draft_planned", "sglang_decode")
-    cells = [[r["shape"], r["bs"], r["seq_len"], f"{r['mixed_min']}-{r['mixed_max']}",
-              *(f"{fmt(_num(r.get(f'{k}_uniform_us')), '.1f')} / {fmt(_num(r.get(f'{k}_mixed_us')), '.1f')}" for k in kernels),
-              *(fmt(_ratio(r.get(f"{k}_mixed_us"), r.get(f"{k}_uniform_us")), ".2f", "x") for k in kernels)]
-             for r in rows]  # fmt: skip
-    return (f"### Mixed prefix lengths ({d['_file']})\n\n{d['device']}; commit {str(d['git_commit'])[:12]}; us per layer, "
-            "uniform / mixed (same mean), and mixed / uniform:\n\n"
-            + markdown_table(("shape", "bs", "L", "mixed range", *(f"{k} us" for k in kernels), *(f"{k} ratio" for k in kernels)),
-                             cells) + "\n")  # fmt: skip
-
-
-def mixed_tune_table(rows: Sequence[dict[str, Any]]) -> str:
-    """``kernels_bench --tune mixed``: per point and (splits, cap) grid, the verify and the capture on uniform and
-    on mixed prefixes of the same mean; empty for other sweeps."""
-    cells: dict[tuple[Any, ...], dict[str, float]] = {}
-    for r in rows:
-        if "cap" in r:
-            cells.setdefault((r["shape"], r["bs"], r["seq_len"], r["splits"], r["cap"]), {})[r["kernel"]] = r["us"]
-    if not cells:
-        return ""
-    kinds = ("verify_uniform", "verify_mixed", "capture_uniform", "capture_mixed")
-    table = [[*key, *(fmt(_num(v.get(k)), ".1f") for k in kinds), fmt(_ratio(v.get("verify_mixed"), v.get("verify_uniform")), ".2f", "x")]
-             for key, v in sorted(cells.items())]  # fmt: skip
-    return ("\n\nSplit grids on mixed prefixes (spread over L/8 .. 2L - L/8, mean L) against uniform ones, us per layer "
-            "(splits = a request at the mean's; cap = per request):\n\n"
-            + markdown_table(("shape", "bs", "L", "splits", "cap", "verify uniform", "verify mixed", "capture uniform",
-                              "capture mixed", "verify mixed / uniform"), table))  # fmt: skip
-
-
-STEP_HEADERS = ("config", "L", "B", "stock decode step ms", "draft ms / round", "draft ms / step", "verify ms",
-                "verify / stock step", "select ms", "round ms")  # fmt: skip
+STEP_HEADERS = (
+    "config",
+    "L",
+    "B",
+    "stock decode step ms",
+    "draft ms / round",
+    "draft ms / step",
+    "verify ms",
+    "verify / stock step",
+    "select ms",
+    "round ms",
+)
 
 
 CAPTURE_HEADERS = ("config", "L", "B", "capture ms", "select ms", "share of verify step")
@@ -134,7 +34,10 @@ def _num_steps(flags: Sequence[str]) -> int | None:
 
 def _step_rows(d: dict[str, Any]) -> list[list[str]]:
     """One row per measured (config, L, B) with PILLAR phase times, stock's decode step at the same point."""
-    stock = {(r["context"], r["batch"]): step_analysis.stock_step_ms(r) for r in d["servers"].get("stock", {}).get("rows", [])}
+    stock = {
+        (r["context"], r["batch"]): step_analysis.stock_step_ms(r)
+        for r in d["servers"].get("stock", {}).get("rows", [])
+    }
     # Recomputed rather than read from the file, so runs recorded before a projection existed show it too.
     projected = step_analysis.projections(d["servers"], d["settings"].get("accept_assumed"))
     proj = {(p["config"], p["context"], p["batch"]): p for p in projected}
@@ -144,28 +47,43 @@ def _step_rows(d: dict[str, Any]) -> list[list[str]]:
         k = _num_steps(rec["flags"])
         for r in (r for r in rec["rows"] if "round_ms" in r):
             point = (r["context"], r["batch"])
-            rows.append([name, *point, fmt(stock.get(point), ".3f"), fmt(r["draft_ms"], ".3f"),
-                         fmt(r["draft_ms"] / k if k else None, ".3f"), fmt(r["verify_ms"], ".3f"),
-                         # The bar for the verify pass: <= 1.3x a decode step at the same batch and context
-                         fmt(_ratio(r["verify_ms"], step) if (step := stock.get(point)) else None, ".2f", "x"),
-                         fmt(r["select_ms"], ".3f"), fmt(r["round_ms"], ".3f")]
-                        + (_projected(proj.get((name, *point))) if with_proj else []))  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    *point,
+                    fmt(stock.get(point), ".3f"),
+                    fmt(r["draft_ms"], ".3f"),
+                    fmt(r["draft_ms"] / k if k else None, ".3f"),
+                    fmt(r["verify_ms"], ".3f"),
+                    # The bar for the verify pass: <= 1.3x a decode step at the same batch and context
+                    fmt(_ratio(r["verify_ms"], step) if (step := stock.get(point)) else None, ".2f", "x"),
+                    fmt(r["select_ms"], ".3f"),
+                    fmt(r["round_ms"], ".3f"),
+                ]
+                + (_projected(proj.get((name, *point))) if with_proj else [])
+            )
     return rows
 
 
 def _projected(p: dict[str, Any] | None) -> list[str]:
     """The projection cells of a row: speedup, mixed-phase round's best case and its speedup."""
     p = p or {}
-    return [fmt(p.get("projected_speedup"), ".2f", "x"), fmt(p.get("mixed_round_ms"), ".3f"),
-            fmt(p.get("projected_speedup_mixed"), ".2f", "x")]  # fmt: skip
+    return [
+        fmt(p.get("projected_speedup"), ".2f", "x"),
+        fmt(p.get("mixed_round_ms"), ".3f"),
+        fmt(p.get("projected_speedup_mixed"), ".2f", "x"),
+    ]
 
 
 def _not_measured(d: dict[str, Any]) -> list[str]:
     """Servers that did not run and points skipped or failed, with the recorded reason."""
     out = [f"{name}: server {rec['status']}" for name, rec in d["servers"].items() if rec["status"] != "ok"]
     for name, rec in d["servers"].items():
-        out += [f"{name} L={r['context']} B={r['batch']}: {r.get('skipped') or r.get('error')}"
-                for r in rec["rows"] if "skipped" in r or "error" in r]  # fmt: skip
+        out += [
+            f"{name} L={r['context']} B={r['batch']}: {r.get('skipped') or r.get('error')}"
+            for r in rec["rows"]
+            if "skipped" in r or "error" in r
+        ]
     return out
 
 
@@ -182,7 +100,11 @@ def sibling_capture(d: dict[str, Any], docs: Sequence[dict[str, Any]]) -> list[d
     for o in docs:
         if o is not d and o.get("kind") == "step_times" and _step_setup(o) == _step_setup(d):
             merged.update({f"{name} ({o['_file']})": rec for name, rec in o["servers"].items()})
-    return [c for c in step_analysis.capture_overhead(merged) if c["config"] in d["servers"] and c["twin"] not in d["servers"]]
+    return [
+        c
+        for c in step_analysis.capture_overhead(merged)
+        if c["config"] in d["servers"] and c["twin"] not in d["servers"]
+    ]
 
 
 def _ideal_table(d: dict[str, Any]) -> str:
@@ -190,12 +112,19 @@ def _ideal_table(d: dict[str, Any]) -> str:
     rows = step_analysis.ideal_breakdown(d)  # derived from the rows (a stored "ideal" in older files is ignored)
     if not rows:
         return ""
-    cells = [[r["config"], r["context"], r["batch"], fmt(r["fixed_ms"], ".2f")]
-             + [(f"{m:.2f} / {i:.2f}" + (" **!**" if i and m > OVER_IDEAL * i else "")) if (m, i) != (None, None) else "-"
-                for m, i in (r["phases"].get(p, (None, None)) for p in PHASE_ORDER)] for r in rows]  # fmt: skip
-    return ("\n\nMeasured / ideal ms per round (`step_analysis.ideal_breakdown`: bytes / peak HBM bandwidth, plus a fixed "
-            f"per-forward cost for the forward phases; **!** = over {OVER_IDEAL:g}x):\n\n"
-            + markdown_table(("config", "L", "B", "fixed ms", *PHASE_ORDER), cells))
+    cells = [
+        [r["config"], r["context"], r["batch"], fmt(r["fixed_ms"], ".2f")]
+        + [
+            (f"{m:.2f} / {i:.2f}" + (" **!**" if i and m > OVER_IDEAL * i else "")) if (m, i) != (None, None) else "-"
+            for m, i in (r["phases"].get(p, (None, None)) for p in PHASE_ORDER)
+        ]
+        for r in rows
+    ]
+    return (
+        "\n\nMeasured / ideal ms per round (`step_analysis.ideal_breakdown`: bytes / peak HBM bandwidth, plus a fixed "
+        f"per-forward cost for the forward phases; **!** = over {OVER_IDEAL:g}x):\n\n"
+        + markdown_table(("config", "L", "B", "fixed ms", *PHASE_ORDER), cells)
+    )
 
 
 def _profile_table(d: dict[str, Any]) -> str:
@@ -208,22 +137,52 @@ def _profile_table(d: dict[str, Any]) -> str:
             if not prof:
                 continue
             top = prof["kernels"][0] if prof.get("kernels") else None
-            rows.append([name, r["context"], r["batch"], fmt(prof["window_ms_per_step"], ".2f"),
-                         fmt(prof["busy_ms_per_step"], ".2f"), fmt(prof["idle_ms_per_step"], ".2f"),
-                         fmt(_num(prof.get("submits_per_step")), ".0f"), fmt(_num(prof.get("graph_launches_per_step")), ".1f"),
-                         f"{top['name'][:40]} ({top['ms_per_step']:.2f} ms)" if top else "-"])  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    r["context"],
+                    r["batch"],
+                    fmt(prof["window_ms_per_step"], ".2f"),
+                    fmt(prof["busy_ms_per_step"], ".2f"),
+                    fmt(prof["idle_ms_per_step"], ".2f"),
+                    fmt(_num(prof.get("submits_per_step")), ".0f"),
+                    fmt(_num(prof.get("graph_launches_per_step")), ".1f"),
+                    f"{top['name'][:40]} ({top['ms_per_step']:.2f} ms)" if top else "-",
+                ]
+            )
     if not rows:
         return ""
-    callers = [f"- {name} L={r['context']} B={r['batch']}: "
-               + "; ".join(f"{c['caller']} -> {c['op']} x{c['calls_per_step']:.0f}" for c in r["profile"]["host_callers"][:3])
-               for name, srv in d["servers"].items() for r in srv.get("rows", [])
-               if (r.get("profile") or {}).get("host_callers")]  # fmt: skip
-    callers_text = ("\n\nMost host operator calls per step by caller (`--profile-stack`):\n\n" + "\n".join(callers)
-                    if callers else "")  # fmt: skip
-    return ("\n\nProfiled steps (scheduler steps of a third pass; idle = window - busy: time the GPU waited for the "
-            "host; submissions = kernel / graph launches and async copies the host issued, with `--profile-host`):\n\n"
-            + markdown_table(("config", "L", "B", "window ms / step", "GPU busy ms", "GPU idle ms", "submissions / step",
-                              "graph launches / step", "top kernel"), rows) + callers_text)  # fmt: skip
+    callers = [
+        f"- {name} L={r['context']} B={r['batch']}: "
+        + "; ".join(f"{c['caller']} -> {c['op']} x{c['calls_per_step']:.0f}" for c in r["profile"]["host_callers"][:3])
+        for name, srv in d["servers"].items()
+        for r in srv.get("rows", [])
+        if (r.get("profile") or {}).get("host_callers")
+    ]
+    callers_text = (
+        "\n\nMost host operator calls per step by caller (`--profile-stack`):\n\n" + "\n".join(callers)
+        if callers
+        else ""
+    )
+    return (
+        "\n\nProfiled steps (scheduler steps of a third pass; idle = window - busy: time the GPU waited for the "
+        "host; submissions = kernel / graph launches and async copies the host issued, with `--profile-host`):\n\n"
+        + markdown_table(
+            (
+                "config",
+                "L",
+                "B",
+                "window ms / step",
+                "GPU busy ms",
+                "GPU idle ms",
+                "submissions / step",
+                "graph launches / step",
+                "top kernel",
+            ),
+            rows,
+        )
+        + callers_text
+    )
 
 
 def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -232,22 +191,47 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
     for d in sorted((d for d in docs if d.get("kind") == "step_times"), key=lambda d: d["meta"]["run_id"]):
         meta, s = d["meta"], d["settings"]
         accept = s.get("accept_assumed")
-        headers = STEP_HEADERS + ((f"projected speedup (accept {accept:g})", "mixed round ms (best case)",
-                                   "projected speedup, mixed (best case)") if accept is not None else ())  # fmt: skip
-        cap = [[c["config"] if c["twin"] in d["servers"] else f"{c['config']} (twin: {c['twin']})", c["context"],
-                c["batch"], fmt(c["capture_ms"], ".3f"), fmt(c["select_ms"], ".3f"),
-                fmt(_pct(c["capture_select_frac_of_verify"]), ".0f", "%")]
-               for c in [*d.get("capture_overhead", []), *sibling_capture(d, docs)]]  # fmt: skip
+        headers = STEP_HEADERS + (
+            (
+                f"projected speedup (accept {accept:g})",
+                "mixed round ms (best case)",
+                "projected speedup, mixed (best case)",
+            )
+            if accept is not None
+            else ()
+        )
+        cap = [
+            [
+                c["config"] if c["twin"] in d["servers"] else f"{c['config']} (twin: {c['twin']})",
+                c["context"],
+                c["batch"],
+                fmt(c["capture_ms"], ".3f"),
+                fmt(c["select_ms"], ".3f"),
+                fmt(_pct(c["capture_select_frac_of_verify"]), ".0f", "%"),
+            ]
+            for c in [*d.get("capture_overhead", []), *sibling_capture(d, docs)]
+        ]
         missing = "".join(f"\n- not measured: {n}" for n in _not_measured(d))
         ideal = _ideal_table(d)
         m1, m2 = s["decode_tokens"]
         parts.append(
             f"#### Step times, run {meta['run_id']} ({d['_file']})\n\n{meta.get('device')}; commit "
             f"{str(meta.get('git_commit'))[:12]}; shape {s['shape']}; M1/M2 = {m1}/{m2} output tokens; "
-            f"weights {s.get('weights', 'dummy (random): times only')}; temperature {s.get('temperature', 0):g}, top-p {s.get('top_p', 1):g}.\n\n" + markdown_table(headers, _step_rows(d)) + "\n" + missing
-            + ("\n\nScore capture (verify minus the streaming twin's verify) and selection, per round:\n\n"
-               + markdown_table(CAPTURE_HEADERS, cap) if cap else "") + ideal + _profile_table(d) + "\n"
-        )  # fmt: skip
+            f"weights {s.get('weights', 'dummy (random): times only')}; "
+            f"temperature {s.get('temperature', 0):g}, top-p {s.get('top_p', 1):g}.\n\n"
+            + markdown_table(headers, _step_rows(d))
+            + "\n"
+            + missing
+            + (
+                "\n\nScore capture (verify minus the streaming twin's verify) and selection, per round:\n\n"
+                + markdown_table(CAPTURE_HEADERS, cap)
+                if cap
+                else ""
+            )
+            + ideal
+            + _profile_table(d)
+            + "\n"
+        )
     if mixed := _mixed_gemm_markdown(docs):
         parts.append(mixed)
     if not parts:
@@ -277,17 +261,42 @@ def _mixed_gemm_markdown(docs: Sequence[dict[str, Any]]) -> str:
     measured round of the named step-times file projected to the mixed one."""
     parts = []
     for d in sorted((d for d in docs if d.get("kind") == "mixed_gemm"), key=lambda d: (d["model"], d["date_utc"])):
-        rows = [[r["model"], r["batch"], r["k"], *(fmt(r[k], ".2f") for k in ("draft_forward_ms", "verify_forward_ms",
-                 "today_ms", "mixed_ms", "saving_ms"))] for r in d["rows"]]  # fmt: skip
-        proj = [[d["steps_file"], p["context"], p["batch"], fmt(p["round_ms"], ".1f"), fmt(p["mixed_round_ms"], ".1f"),
-                 fmt(_pct(p["change"]), "+.1f", "%")] for p in d["projection"] if p["server"] == "pillar"]  # fmt: skip
-        parts.append(f"{d['device']}; commit {str(d['git_commit'])[:12]}; {d['weights']} ({d['_file']}).\n\n"
-                     + markdown_table(MIXED_HEADERS, rows)
-                     + ("\n\n" + markdown_table(MIXED_PROJ_HEADERS, proj) if proj else ""))  # fmt: skip
+        rows = [
+            [
+                r["model"],
+                r["batch"],
+                r["k"],
+                *(
+                    fmt(r[k], ".2f")
+                    for k in ("draft_forward_ms", "verify_forward_ms", "today_ms", "mixed_ms", "saving_ms")
+                ),
+            ]
+            for r in d["rows"]
+        ]
+        proj = [
+            [
+                d["steps_file"],
+                p["context"],
+                p["batch"],
+                fmt(p["round_ms"], ".1f"),
+                fmt(p["mixed_round_ms"], ".1f"),
+                fmt(_pct(p["change"]), "+.1f", "%"),
+            ]
+            for p in d["projection"]
+            if p["server"] == "pillar"
+        ]
+        parts.append(
+            f"{d['device']}; commit {str(d['git_commit'])[:12]}; {d['weights']} ({d['_file']}).\n\n"
+            + markdown_table(MIXED_HEADERS, rows)
+            + ("\n\n" + markdown_table(MIXED_PROJ_HEADERS, proj) if proj else "")
+        )
     if not parts:
         return ""
-    return ("#### Mixed-phase round: the row-wise work it changes\n\n"
-            "`tools.mixed_gemm`: G(R) = a forward's weight GEMMs, norms, activation and LM head over R rows "
-            "(attention left out: both rounds do the same attention work); split = k G(B) + G(B (k + 1)), mixed = "
-            "the sum over the k + 1 phase groups of G(B + k n_g); mixed round = a measured round - (split - mixed).\n\n"
-            + "\n\n".join(parts) + "\n")
+    return (
+        "#### Mixed-phase round: the row-wise work it changes\n\n"
+        "`tools.mixed_gemm`: G(R) = a forward's weight GEMMs, norms, activation and LM head over R rows "
+        "(attention left out: both rounds do the same attention work); split = k G(B) + G(B (k + 1)), mixed = "
+        "the sum over the k + 1 phase groups of G(B + k n_g); mixed round = a measured round - (split - mixed).\n\n"
+        + "\n\n".join(parts)
+        + "\n"
+    )

@@ -70,8 +70,13 @@ def ideal_panels(rows: Sequence[dict[str, Any]]) -> list[IdealPanel]:
         points.setdefault((r["batch"], r["context"]), []).append(r)
     panels = []
     for (batch, context), here in sorted(points.items()):
-        bars = [IdealBar(p, r["config"], m, i) for p in PHASE_ORDER for r in here
-                for m, i in [r["phases"].get(p, (None, None))] if m is not None and i is not None]  # fmt: skip
+        bars = [
+            IdealBar(p, r["config"], m, i)
+            for p in PHASE_ORDER
+            for r in here
+            for m, i in [r["phases"].get(p, (None, None))]
+            if m is not None and i is not None
+        ]
         panels.append(IdealPanel(context, batch, here[0]["fixed_ms"], tuple(bars)))
     return panels
 
@@ -94,12 +99,14 @@ def _title(d: dict[str, Any]) -> str:
     device = str(meta.get("device")).split(",")[0]
     tbps = next((v for name, v in step_analysis.HBM_TBPS.items() if name in device), None)
     m1, m2 = s["decode_tokens"]
-    return (f"{Path(str(s['shape'])).name} ({model['layers']} layers, {model['kv_heads']} KV heads x "
-            f"{model['head_dim']}, vocab {model['vocab']}) on {device}, commit {str(meta.get('git_commit'))[:12]}\n"
-            f"run {meta['run_id']} ({d['_file']}), M1/M2 = {m1}/{m2} output tokens\n"
-            f"measured (solid) vs ideal (hatched) ms per round (stock: per decode step); ideal = bytes / "
-            f"{tbps:g} TB/s peak HBM + a fixed per-forward cost (stock's step at the batch's smallest L less its KV "
-            f"read: that step is 1.00x by construction); labels: measured / ideal, red past {OVER_IDEAL:g}x")
+    return (
+        f"{Path(str(s['shape'])).name} ({model['layers']} layers, {model['kv_heads']} KV heads x "
+        f"{model['head_dim']}, vocab {model['vocab']}) on {device}, commit {str(meta.get('git_commit'))[:12]}\n"
+        f"run {meta['run_id']} ({d['_file']}), M1/M2 = {m1}/{m2} output tokens\n"
+        f"measured (solid) vs ideal (hatched) ms per round (stock: per decode step); ideal = bytes / "
+        f"{tbps:g} TB/s peak HBM + a fixed per-forward cost (stock's step at the batch's smallest L less its KV "
+        f"read: that step is 1.00x by construction); labels: measured / ideal, red past {OVER_IDEAL:g}x"
+    )
 
 
 def _draw(plt: Any, patch: Any, d: dict[str, Any], panels: list[IdealPanel], path: Path) -> None:
@@ -121,8 +128,15 @@ def _draw(plt: Any, patch: Any, d: dict[str, Any], panels: list[IdealPanel], pat
             panel = by_point.get((batch, context))
             if panel is None:
                 ax.set_axis_off()
-                ax.text(0.5, 0.5, f"L = {context}, B = {batch}\nnot measured", ha="center", va="center",
-                        transform=ax.transAxes, color="gray")  # fmt: skip
+                ax.text(
+                    0.5,
+                    0.5,
+                    f"L = {context}, B = {batch}\nnot measured",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                    color="gray",
+                )
                 continue
             x, ticks = 0.0, []
             for phase, bars in panel.groups():
@@ -130,8 +144,17 @@ def _draw(plt: Any, patch: Any, d: dict[str, Any], panels: list[IdealPanel], pat
                 for b in bars:
                     ax.bar(x, b.measured_ms, width=1.0, color=color[b.config], edgecolor=color[b.config])
                     ax.bar(x + 1, b.ideal_ms, width=1.0, color="white", hatch="///", edgecolor=color[b.config])
-                    ax.text(x, b.measured_ms + 0.01 * top, b.label(), rotation=90, ha="center", va="bottom",
-                            fontsize=7, color="red" if b.over else "black", fontweight="bold" if b.over else "normal")
+                    ax.text(
+                        x,
+                        b.measured_ms + 0.01 * top,
+                        b.label(),
+                        rotation=90,
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                        color="red" if b.over else "black",
+                        fontweight="bold" if b.over else "normal",
+                    )
                     x += 2
                 ticks.append(((start + x - 1) / 2, phase))
                 x += 0.8  # space between phases
@@ -155,9 +178,13 @@ def plot_ideal(docs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path] | st
     """One PNG per step_times run with ideal rows beyond the calibration (``informative``), into ``out_dir``;
     a note when matplotlib is missing. Nothing to draw is no note: runs without the model shape or a known
     device have no ideal."""
-    runs = [(d, panels) for d in sorted((d for d in docs if d.get("kind") == "step_times"),
-                                        key=lambda d: (d["meta"]["run_id"], d["_file"]))
-            if (panels := ideal_panels(step_analysis.ideal_breakdown(d))) and informative(panels)]  # fmt: skip
+    runs = [
+        (d, panels)
+        for d in sorted(
+            (d for d in docs if d.get("kind") == "step_times"), key=lambda d: (d["meta"]["run_id"], d["_file"])
+        )
+        if (panels := ideal_panels(step_analysis.ideal_breakdown(d))) and informative(panels)
+    ]
     if not runs:
         return []
     try:

@@ -1,0 +1,112 @@
+"""The sparse decode kernel vs its reference: ragged per-head selections with tails, split counts, prefetch,
+dense rows (full attention) and softcap.
+
+Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py); with CUDA it runs compiled.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
+from triton_env import DEVICE
+
+from kernel_cases import POISON, D, kv_pool
+
+
+def _make_decode_case(group, specs, kmax, h_kv=2, max_ctx=160):
+    """specs: per request (seq_len, tail_start, cnt, n_beyond_tail), n_beyond_tail of the selected
+    positions placed at or after tail_start (the kernel must drop them: the tail already has them)."""
+    bs = len(specs)
+    num_slots = sum(s[0] for s in specs) + 8
+    k_buffer, v_buffer = kv_pool(num_slots, h_kv)
+    pool_reqs = bs + 3
+    req_to_token = torch.zeros(pool_reqs, max_ctx, dtype=torch.int32, device=DEVICE)
+    req_pool_indices = torch.randperm(pool_reqs, device=DEVICE)[:bs]
+    free = (torch.randperm(num_slots - 1, device=DEVICE) + 1).to(torch.int32)
+    n_sel_rows = bs + 2
+    sel_rows = torch.randperm(n_sel_rows, device=DEVICE)[:bs]
+    sel_pos = torch.full((n_sel_rows, h_kv, kmax), -1, dtype=torch.int32, device=DEVICE)
+    sel_cnt = torch.full((n_sel_rows,), POISON, dtype=torch.int32, device=DEVICE)
+    used = 0
+    for b, (seq_len, tail_start, cnt, beyond) in enumerate(specs):
+        req_to_token[req_pool_indices[b], :seq_len] = free[used : used + seq_len]
+        used += seq_len
+        row = sel_rows[b]
+        sel_cnt[row] = cnt
+        for h in range(h_kv):
+            inside = torch.randperm(tail_start, device=DEVICE)[: cnt - beyond]
+            outside = torch.randint(tail_start, max(seq_len, tail_start + 1), (beyond,), device=DEVICE).unique()
+            pos = torch.cat([inside, outside]).sort().values
+            sel_pos[row, h, : pos.numel()] = pos.to(torch.int32)
+    q = torch.randn(bs, h_kv * group, D, device=DEVICE).to(torch.bfloat16)
+    ints = lambda i: torch.tensor([s[i] for s in specs], dtype=torch.int64, device=DEVICE)  # noqa: E731
+    return dict(
+        q=q,
+        k_buffer=k_buffer,
+        v_buffer=v_buffer,
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        sel_pos=sel_pos,
+        sel_cnt=sel_cnt,
+        tail_start=ints(1),
+        seq_lens=ints(0),
+        sm_scale=D**-0.5,
+        sel_rows=sel_rows,
+    )
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("num_kv_splits", [1, 3])  # 1: stage 1 writes the output, no merge launch
+@pytest.mark.parametrize("group", [1, 3])
+def test_sparse_decode_ragged(group, num_kv_splits, prefetch):
+    torch.manual_seed(40 + group)
+    kmax = 48
+    specs = [
+        (150, 90, 40, 3),  # 100 entries over 2 splits; a few selections fall in the tail: not counted twice
+        (40, 33, 0, 0),  # budget 0: tail only
+        (1, 0, 0, 0),  # L = 1: only the current token
+        (70, 60, 48, 0),  # full budget (cnt == Kmax)
+        (25, 25, 5, 0),  # empty tail: selections only
+        (30, 30, 0, 0),  # nothing to attend to: zero output
+    ]
+    case = _make_decode_case(group, specs, kmax)
+    o = torch.full_like(case["q"], float("nan"))
+    expected = o.clone()
+    sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, prefetch=prefetch, block_n=16, **case)
+    sparse_decode_ref(o=expected, **case)
+    assert not o.isnan().any()
+    assert (o[5] == 0).all()
+    torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_sparse_decode_dense_row_is_full_attention():
+    """tail_start = 0 (a request drafting densely): its selections are ignored, whatever the count,
+    and the output is plain attention over the whole prefix."""
+    torch.manual_seed(45)
+    group, h_kv = 3, 2
+    case = _make_decode_case(group, [(120, 0, 20, 20), (64, 40, 10, 0)], kmax=24, h_kv=h_kv)
+    o = torch.full_like(case["q"], float("nan"))
+    sparse_decode_fwd(o=o, num_kv_splits=2, **case)
+    slots = case["req_to_token"][case["req_pool_indices"][0], :120].long()
+    k, v = case["k_buffer"][slots].float(), case["v_buffer"][slots].float()  # [120, H_kv, D]
+    q = case["q"][0].float().view(h_kv, group, D)
+    p = torch.softmax(torch.einsum("hgd,nhd->hgn", q, k) * case["sm_scale"], dim=-1)
+    full = torch.einsum("hgn,nhd->hgd", p, v).reshape(h_kv * group, D)
+    torch.testing.assert_close(o[0].float(), full, rtol=2e-2, atol=2e-2)
+    expected = torch.full_like(o, float("nan"))
+    sparse_decode_ref(o=expected, **case)
+    torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_sparse_decode_softcap_default_rows_and_splits():
+    torch.manual_seed(50)
+    case = _make_decode_case(2, [(70, 60, 16, 0), (9, 4, 4, 0)], kmax=16)
+    case["sel_pos"], case["sel_cnt"] = case["sel_pos"][case["sel_rows"]], case["sel_cnt"][case["sel_rows"]]
+    case["sel_rows"] = None
+    case["logit_cap"] = 2.0
+    o = torch.full_like(case["q"], float("nan"))
+    expected = o.clone()
+    sparse_decode_fwd(o=o, **case)
+    sparse_decode_ref(o=expected, **case)
+    torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)

@@ -137,12 +137,13 @@ class PillarDraftBackend(TritonAttnBackend):
             )
             self.oracle_cnt = torch.empty(max_bs, dtype=torch.int32, device=model_runner.device)
 
-    def plan(self, bs: int, whole_prefix: bool) -> None:
+    def plan(self, bs: int, whole_prefix: bool, segments: SegmentMeta | None = None) -> None:
         """Before a step's forward, what every layer's attention shares: for the plain step
         (``whole_prefix``), SGLang's decode metadata over the step's seq_lens; for a draft step under
         the planned grid, its work list from the step's inputs (tail starts, seq_lens) and the plans'
-        counts."""
+        counts; ``segments``: the verify segments after ``bs`` draft rows of a mixed-phase forward."""
         self.whole_prefix = whole_prefix
+        self.segments = segments
         inputs = self.inputs
         if whole_prefix:
             if self.whole is None:

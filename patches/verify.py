@@ -40,11 +40,10 @@ from .verify_input import PillarVerifyInput
 
 @dataclass
 class Pools:
-    """What a verify reads besides the batch: the target worker, its KV pools and plan stream."""
+    """What a verify reads besides the batch: the target worker, its request-to-slot pool and plan stream."""
 
     target_worker: Any
     req_to_token_pool: Any
-    token_to_kv_pool_allocator: Any
     plan_stream: Any
     plan_stream_ctx: Any
 

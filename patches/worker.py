@@ -187,13 +187,7 @@ class PillarWorker(BaseSpecWorker):
             if capture_bs:
                 self.mixed.capture()
         plain = self._build_plain_pass() if 0 in self.cfg.step_candidates else None
-        pools = Pools(
-            self._target_worker,
-            self.req_to_token_pool,
-            self.token_to_kv_pool_allocator,
-            self.plan_stream,
-            self.plan_stream_ctx,
-        )
+        pools = Pools(self._target_worker, self.req_to_token_pool, self.plan_stream, self.plan_stream_ctx)
         self.rounds = Rounds(
             self.cfg, pools, self.planner, self.clock, self.metrics, self.selector, self.draft_runner, self.mixed,
             plain, self.max_bs, self.device,

@@ -134,7 +134,7 @@ def round_parts(monkeypatch):
     req_to_token = torch.arange(8 * POOL_LEN, dtype=torch.int32).view(8, POOL_LEN) * 7 + 1000  # distinct slots
     target, selector = Target(), SimpleNamespace(calls=[])
     selector.after_verify = lambda *a: selector.calls.append(a)
-    pools = Pools(target, SimpleNamespace(req_to_token=req_to_token), None, None, contextlib.nullcontext())
+    pools = Pools(target, SimpleNamespace(req_to_token=req_to_token), None, contextlib.nullcontext())
     planner = SimpleNamespace(shape=lambda batch: RoundShape(K, num_drafts=NUM_DRAFTS))
     clock = Clock()
     rounds = Rounds(PillarConfig.from_env(K), pools, planner, clock, PillarMetrics(K), selector, DraftRunner(),

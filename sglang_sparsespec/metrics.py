@@ -107,7 +107,7 @@ class PillarMetrics:
         for j, n in enumerate(per_pos):
             self.accepted_per_pos[j] += n
         if self.sink is not None:
-            self.sink.drafts_verified(len(accepted), drafted, total, per_pos)
+            self.sink.drafts_verified(len(accepted), draft_tokens, total, per_pos)
 
     def rounds_timed(self, samples: Iterable[RoundSample]) -> None:
         for s in samples:

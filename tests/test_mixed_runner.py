@@ -37,8 +37,8 @@ class FakeBackend:
         self.inputs = inputs
         self.segments = None
 
-    def plan(self, bs: int, whole_prefix: bool) -> None:
-        pass
+    def plan(self, bs: int, whole_prefix: bool, segments=None) -> None:
+        self.segments = segments  # as PillarDraftBackend.plan: a step's segments are planned with it
 
 
 class FakeModel:

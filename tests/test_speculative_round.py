@@ -181,6 +181,6 @@ def test_a_speculative_round_accepts_each_request_within_its_own_draft_count(rou
     assert result.extra_keep_alive_refs == [fb] and not result.can_run_cuda_graph
 
     # The selection read the round's lengths before and after; the clock marked every phase in order.
-    ((rpi, before, after, ratio),) = selector.calls
-    assert rpi.tolist() == RPI and before.tolist() == SEQ and after is result.new_seq_lens and ratio is None
+    ((rpi, before, after),) = selector.calls
+    assert rpi.tolist() == RPI and before.tolist() == SEQ and after is result.new_seq_lens
     assert clock.marks == ["start", "drafted", "verified", "accepted", "end"]

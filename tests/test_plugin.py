@@ -320,6 +320,12 @@ def test_sampling_backends_the_verify_cannot_reproduce_fail_with_one_line(llama_
         assert _args(llama_config_dir, device="cuda", sampling_backend=served).sampling_backend == served
 
 
+def test_the_default_sampling_backend_launches(llama_config_dir):
+    # On a GPU device the backend is unset while the speculative algorithm validates (SGLang settles it to
+    # flashinfer or pytorch afterwards): a launch without --sampling-backend must pass.
+    assert _args(llama_config_dir, device="cuda").sampling_backend in ("flashinfer", "pytorch")
+
+
 def test_rl_on_policy_target_fails_with_one_line(llama_config_dir):
     # Stock samples temperature-only batches from a bf16 log-softmax under this flag; the verify's law is fp32.
     with pytest.raises(ValueError) as err:

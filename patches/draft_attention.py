@@ -125,10 +125,12 @@ class PillarDraftBackend(TritonAttnBackend):
             )
             self.oracle_cnt = torch.empty(max_bs, dtype=torch.int32, device=model_runner.device)
 
-    def plan(self, bs: int, whole_prefix: bool) -> None:
+    def plan(self, bs: int, whole_prefix: bool, segments: SegmentMeta | None = None) -> None:
         """Before a step's forward, what every layer's attention shares: for the plain step
-        (``whole_prefix``), SGLang's decode metadata over the step's seq_lens; a draft step shares nothing."""
+        (``whole_prefix``), SGLang's decode metadata over the step's seq_lens; a draft step shares nothing;
+        ``segments``: the verify segments after ``bs`` draft rows of a mixed-phase forward."""
         self.whole_prefix = whole_prefix
+        self.segments = segments
         if not whole_prefix:
             return
         if self.whole is None:

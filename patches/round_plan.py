@@ -10,7 +10,7 @@ that matches launched rounds with SGLang's late accept counts.
    (``adaptive/dense.py``) says which requests draft over their whole prefix; a batch in which nobody
    may draft (``request_rounds``) runs a plain round instead; the TP ranks agree on one shape
    (``tp_agree``);
-3. which requests draft fewer than the round (``request_rounds.counts_for``: none in most batches);
+3. which requests draft fewer than the round (``request_rounds.num_drafts_for``: none in most batches);
    the round joins the launch queue (``rounds/launch.py``) with what its readers need of it.
 
 ``completed`` takes SGLang's accept counts (``on_verify_complete_cpu``, a round or two late under the
@@ -35,7 +35,7 @@ from sglang_sparsespec.rounds.clock import NoClock, RoundClock
 from sglang_sparsespec.rounds.launch import AdaptiveRound, LaunchedRounds, RoundShape
 from sglang_sparsespec.rounds.warmup import is_warmup, warmup_steps
 
-from .request_rounds import counts_for, single_token_rows
+from .request_rounds import num_drafts_for, single_token_rows
 from .tp_agree import RoundAgreement
 
 logger = logging.getLogger(__name__)
@@ -116,12 +116,12 @@ class RoundPlanner:
         if is_warmup(batch.reqs):
             self.warmup_rounds += 1
             steps = warmup_steps(self.cfg.step_candidates, self.warmup_rounds - 1)
-            return RoundShape(steps, drafts=counts_for(single, steps))
+            return RoundShape(steps, num_drafts=num_drafts_for(single, steps))
         shape, launch = self._choose(batch, single)
-        drafts = counts_for(single, shape.steps)
-        self.rounds.launched(shape.steps, len(batch.reqs), launch, drafts)
+        num_drafts = num_drafts_for(single, shape.steps)
+        self.rounds.launched(shape.steps, len(batch.reqs), launch, num_drafts)
         self.metrics.launched(shape.steps, len(batch.reqs))
-        return shape._replace(drafts=drafts)
+        return shape._replace(num_drafts=num_drafts)
 
     def _choose(self, batch, single: list[bool] | None) -> tuple[RoundShape, AdaptiveRound | None]:
         """The draft count and dense requests of a round that is not warm-up, and

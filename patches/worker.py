@@ -38,11 +38,12 @@ from sglang_sparsespec.selection.state import PlanState
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner
 from .round_plan import RoundPlanner, seeded_config, setup_identity
-from .rounds import PlainState, Pools, Rounds
+from .rounds import Rounds
 from .sampler_warmup import build_sampling_kernels
 from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
 from .triton_verify import VerifyHooks, attach_verify, new_verify_backend, verify_backend
+from .verify import Pools, VerifyPass
 
 logger = logging.getLogger(__name__)
 
@@ -179,20 +180,14 @@ class PillarWorker(BaseSpecWorker):
             self.mixed = MixedRunner(self.draft_runner, self.state, self.selector, self.sink, scratch)
             if capture_bs:
                 self.mixed.capture()
-        plain = self._build_plain_state() if 0 in self.cfg.step_candidates else None
-        pools = Pools(
-            self._target_worker,
-            self.req_to_token_pool,
-            self.token_to_kv_pool_allocator,
-            self.plan_stream,
-            self.plan_stream_ctx,
-        )
+        plain = self._build_plain_pass() if 0 in self.cfg.step_candidates else None
+        pools = Pools(self._target_worker, self.req_to_token_pool, self.plan_stream, self.plan_stream_ctx)
         self.rounds = Rounds(
             self.cfg, pools, self.planner, self.clock, self.metrics, self.selector, self.draft_runner, self.mixed,
             plain, self.max_bs, self.device,
         )  # fmt: skip
 
-    def _build_plain_state(self) -> PlainState:
+    def _build_plain_pass(self) -> VerifyPass:
         # As SGLang builds EAGLE's per-step-count states: the backend and the graph runner read the
         # verify width from the spec config at construction, so it is overridden around them.
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
@@ -215,7 +210,7 @@ class PillarWorker(BaseSpecWorker):
         finally:
             get_context().override("sparsespec.plain_restore", **widths)
         logger.info("PILLAR plain-decoding graphs (verify width 1) captured")
-        return PlainState(backend, runner)
+        return VerifyPass(backend, runner, own=False)
 
 
     # ---- per step --------------------------------------------------------------------

@@ -115,7 +115,7 @@ def test_requests_that_draft_nothing_teach_no_reader_and_are_credited_no_drafts(
     penalized.penalizer_orchestrator = SimpleNamespace(is_required=True)  # the scheduler's own batch
     batch = SimpleNamespace(reqs=[a, b, c], forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=penalized)
     planner.agreement.next = (4, None)
-    assert planner.shape(batch).drafts == [4, 0, 4]
+    assert planner.shape(batch).num_drafts == [4, 0, 4]
     complete([4, 0, 4])
     acc, chooser, metrics = planner.policy.acceptance, planner.dense, planner.metrics
     assert acc.alpha == pytest.approx(0.999) and b not in chooser._acc  # 8 hits, no miss (capped) and chooser._acc[a].hits == 4

@@ -214,8 +214,8 @@ class DenseChooser:
         (``rounds/launch.py``): each sparse drafter's own acceptance, and the dense drafters' shared one."""
         launch: AdaptiveRound = matched.payload
         flags = launch.dense if launch.dense is not None else repeat(False)
-        drafted = matched.drafted if matched.drafted is not None else repeat(matched.k)
-        for r, dense, a, n in zip(launch.reqs, flags, matched.accepted, drafted):
+        num_drafts = matched.num_drafts if matched.num_drafts is not None else repeat(matched.k)
+        for r, dense, a, n in zip(launch.reqs, flags, matched.accepted, num_drafts):
             if n == 0:  # drafted nothing (per-token sampling state): no acceptance to learn
                 continue
             if dense:

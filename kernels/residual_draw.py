@@ -33,20 +33,31 @@ def draft_record(
     RC: tl.constexpr,
     BLOCK_RC: tl.constexpr,
 ):
-    """(ids [BLOCK_RC], q, live) of the record to subtract: the rejected draft's (none past the last draft)."""
+    """(ids [BLOCK_RC], q, live, ids row, q row) of the record to subtract: the rejected draft's (none past the
+    last draft); the rows' pointers serve ``record_overlap``'s pass per slot."""
     offs_r = tl.arange(0, BLOCK_RC)
     j = tl.minimum(n_acc, K - 1)
     sub = (offs_r < RC) & (n_acc < num_drafts)
-    ids_q = tl.load(Rec_ids + b * stride_cb + j * stride_cj + offs_r, mask=sub, other=-1)
-    q = tl.load(Rec_q + b * stride_db + j * stride_dj + offs_r, mask=sub, other=0.0)
-    return ids_q, q, sub
+    ids_row = Rec_ids + b * stride_cb + j * stride_cj
+    q_row = Rec_q + b * stride_db + j * stride_dj
+    ids_q = tl.load(ids_row + offs_r, mask=sub, other=-1)
+    q = tl.load(q_row + offs_r, mask=sub, other=0.0)
+    return ids_q, q, sub, ids_row, q_row
 
 
 @triton.jit
-def record_overlap(idx, p, ids_q, q, sub):
-    """min(p, q) at tokens idx [N] whose id the record lists (0 elsewhere). Only slots with q > 0 count
-    (unused slots repeat ids)."""
-    q_at = tl.sum(tl.where((idx[:, None] == ids_q[None, :]) & sub[None, :], q[None, :], 0.0), axis=1)
+def record_overlap(idx, p, ids_q, q, sub, ids_row, q_row, RC: tl.constexpr):
+    """min(p, q) at tokens idx [N] whose id the record (``draft_record``) lists, 0 elsewhere. Only slots with
+    q > 0 count (unused slots repeat ids with q = 0). A tile that holds none of the listed ids (most tiles of a
+    vocabulary-wide scan) compares nothing; one that does takes a pass per slot, so a tile of any width needs
+    registers for [N] values only (an [N, slots] comparison held the scans to 64-token tiles)."""
+    lo = tl.min(idx, axis=0)
+    hi = tl.max(idx, axis=0)
+    hit = tl.sum((sub & (q > 0.0) & (ids_q >= lo) & (ids_q <= hi)).to(tl.int32), axis=0)
+    q_at = tl.zeros_like(p)
+    if hit > 0:
+        for j in range(RC):
+            q_at += tl.where(idx == tl.load(ids_row + j), tl.load(q_row + j).to(tl.float32), 0.0)
     return tl.minimum(p, q_at)
 
 
@@ -62,12 +73,30 @@ def num_drafts_at(Num_drafts, b, stride_n, PER_ROW: tl.constexpr):
 
 @triton.jit
 def scan_step(
-    base_l, idx, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, has_residual, target, cum, drawn, last
+    base_l,
+    idx,
+    vocab,
+    inv_t,
+    m,
+    z_star,
+    scale,
+    tie_end,
+    ids_q,
+    q,
+    sub,
+    ids_row,
+    q_row,
+    has_residual,
+    target,
+    cum,
+    drawn,
+    last,
+    RC: tl.constexpr,
 ):
     """One tile of the inverse-CDF scan in id order: (mass so far, first id past the target or -1, last id with
     mass or -1) -> the same after the tokens idx [N] (ascending; ids >= vocab: none)."""
     p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
-    r = tl.where(has_residual, p - record_overlap(idx, p, ids_q, q, sub), p)
+    r = tl.where(has_residual, p - record_overlap(idx, p, ids_q, q, sub, ids_row, q_row, RC), p)
     c = cum + tl.cumsum(r, axis=0)
     first = tl.min(tl.where((c > target) & (r > 0.0), idx, vocab), axis=0)
     drawn = tl.where((drawn < 0) & (first < vocab), first, drawn)
@@ -111,7 +140,7 @@ def draw_mass_kernel(
         m, z_star, scale, tie_end = load_desc(Desc, row)
         base_l = Logits + row * stride_l
         num_drafts = num_drafts_at(Num_drafts, b, stride_n, PER_ROW)
-        ids_q, q, sub = draft_record(
+        ids_q, q, sub, ids_row, q_row = draft_record(
             Rec_ids,
             Rec_q,
             b,
@@ -132,7 +161,7 @@ def draw_mass_kernel(
             idx = ch * CHUNK_C + s0 + offs
             p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
             mass += tl.sum(p, axis=0)
-            res += tl.sum(p - record_overlap(idx, p, ids_q, q, sub), axis=0)
+            res += tl.sum(p - record_overlap(idx, p, ids_q, q, sub, ids_row, q_row, RC), axis=0)
         tl.store(ChunkMass + (b * n_chunks + ch) * 2, res)
         tl.store(ChunkMass + (b * n_chunks + ch) * 2 + 1, mass)
 
@@ -191,7 +220,7 @@ def draw_pick_kernel(
         m, z_star, scale, tie_end = load_desc(Desc, row)
         base_l = Logits + row * stride_l
         n_acc = tl.load(Num_accepted + b)
-        ids_q, q, sub = draft_record(
+        ids_q, q, sub, ids_row, q_row = draft_record(
             Rec_ids,
             Rec_q,
             b,
@@ -221,10 +250,13 @@ def draw_pick_kernel(
                 ids_q,
                 q,
                 sub,
+                ids_row,
+                q_row,
                 has_residual,
                 target,
                 cum,
                 drawn,
                 last,
+                RC,
             )
         tl.store(Emitted + b * stride_eb + n_acc, tl.where(drawn < 0, last, drawn).to(tl.int64))

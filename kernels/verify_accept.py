@@ -30,7 +30,23 @@ from .target_filter import TargetRows, kept_p, load_desc
 
 @triton.jit
 def _draw_list(
-    base_l, Ids, n_items, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, target_u, BLOCK_L: tl.constexpr
+    base_l,
+    Ids,
+    n_items,
+    vocab,
+    inv_t,
+    m,
+    z_star,
+    scale,
+    tie_end,
+    ids_q,
+    q,
+    sub,
+    ids_row,
+    q_row,
+    target_u,
+    RC: tl.constexpr,
+    BLOCK_L: tl.constexpr,
 ):
     """The residual draw over a row's list (ascending ids) holding every kept token."""
     offs = tl.arange(0, BLOCK_L)
@@ -41,7 +57,7 @@ def _draw_list(
         idx = tl.load(Ids + start + offs, mask=live, other=vocab)
         p = kept_p(load_z(base_l, idx, vocab, inv_t), idx, m, z_star, scale, tie_end)
         total_p += tl.sum(p, axis=0)
-        total_r += tl.sum(p - record_overlap(idx, p, ids_q, q, sub), axis=0)
+        total_r += tl.sum(p - record_overlap(idx, p, ids_q, q, sub, ids_row, q_row, RC), axis=0)
     # Rounding can leave no residual mass only when p == q; p itself is then exact.
     has_residual = total_r > 0.0
     target = target_u * tl.where(has_residual, total_r, total_p)
@@ -51,7 +67,25 @@ def _draw_list(
     for start in range(0, n_items, BLOCK_L):
         idx = tl.load(Ids + start + offs, mask=start + offs < n_items, other=vocab)
         cum, drawn, last = scan_step(
-            base_l, idx, vocab, inv_t, m, z_star, scale, tie_end, ids_q, q, sub, has_residual, target, cum, drawn, last
+            base_l,
+            idx,
+            vocab,
+            inv_t,
+            m,
+            z_star,
+            scale,
+            tie_end,
+            ids_q,
+            q,
+            sub,
+            ids_row,
+            q_row,
+            has_residual,
+            target,
+            cum,
+            drawn,
+            last,
+            RC,
         )
     return tl.where(drawn < 0, last, drawn)
 
@@ -121,7 +155,7 @@ def _accept_kernel(
     row = b * (K + 1) + n_acc
     drawn = tl.full([], -1, tl.int64)
     if tl.load(Path + row) == FULL:
-        ids_q, q, sub = draft_record(
+        ids_q, q, sub, ids_row, q_row = draft_record(
             Rec_ids, Rec_q, b, n_acc, num_drafts, stride_cb, stride_cj, stride_db, stride_dj, K, RC, BLOCK_RC
         )
         m, z_star, scale, tie_end = load_desc(Desc, row)
@@ -139,7 +173,10 @@ def _accept_kernel(
             ids_q,
             q,
             sub,
+            ids_row,
+            q_row,
             target_u,
+            RC,
             BLOCK_L,
         ).to(tl.int64)
         tl.store(Pending + b, -1)
@@ -245,7 +282,7 @@ def rejection_fwd(
         *drafts,
         *record,
         CHUNK_C=chunk,
-        BLOCK_S=min(64, block_v),
+        BLOCK_S=block_v,
         **common,
     )
     draw_pick_kernel[(bs,)](
@@ -266,7 +303,7 @@ def rejection_fwd(
         emitted.stride(0),
         NCH=triton.next_power_of_2(n_chunks),
         CHUNK_C=chunk,
-        BLOCK_S=min(64, block_v),
+        BLOCK_S=block_v,
         **common,
     )
     return emitted, num_accepted

@@ -102,7 +102,9 @@ def sample_drafts(
     if noise is None:
         noise = torch.empty((n, c), dtype=torch.float32, device=logits.device).exponential_()
     tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
-    draft_sample_fwd(DraftSampleInputs(logits, temperature, top_p, top_k, min_p, noise), tokens, cand_ids, cand_q, q_tok)
+    draft_sample_fwd(
+        DraftSampleInputs(logits, temperature, top_p, top_k, min_p, noise), tokens, cand_ids, cand_q, q_tok
+    )
     return tokens
 
 
@@ -159,7 +161,9 @@ class PillarDraftRunner:
             # Plain-decoding rounds as DECODE forwards (PlainPath.DECODE): the step's logits, copied out of
             # its graph for SGLang's sampler ([max_bs, V] fp32; only when that path is on).
             self.plain_logits = (
-                torch.zeros((max_bs, model_runner.model_config.vocab_size), dtype=torch.float32) if plain_decode else None
+                torch.zeros((max_bs, model_runner.model_config.vocab_size), dtype=torch.float32)
+                if plain_decode
+                else None
             )
         # A private backend: draft attention never touches the target backend's metadata,
         # which the verify graph was captured with.
@@ -220,9 +224,16 @@ class PillarDraftRunner:
             columns = self.noise_columns.index_select(0, self.step).view(-1)
             noise = seeded_noise(self.seed[:bs], self.seq_lens[:bs], columns)
         return sample_drafts(
-            logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs],
-            self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs], noise,
-        )  # fmt: skip
+            logits,
+            self.temperature[:bs],
+            self.top_p[:bs],
+            self.top_k[:bs],
+            self.min_p[:bs],
+            self.step_ids[:bs],
+            self.step_q[:bs],
+            self.step_q_tok[:bs],
+            noise,
+        )
 
     # ---- capture / run -------------------------------------------------------------
     def capture(self) -> None:
@@ -233,7 +244,9 @@ class PillarDraftRunner:
                     greedy = kind is Kind.GREEDY
                     self.graphs.capture((bs, kind), lambda: self._step(bs, greedy), lambda: self._prepare(bs))
                 if plain:
-                    self.graphs.capture((bs, Kind.PLAIN), lambda: self._plain_step(bs), lambda: self._load_padding(0, bs))
+                    self.graphs.capture(
+                        (bs, Kind.PLAIN), lambda: self._plain_step(bs), lambda: self._load_padding(0, bs)
+                    )
 
     def _prepare(self, bs: int) -> None:
         """A capture's inputs: all padding, at step 0."""

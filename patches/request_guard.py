@@ -51,9 +51,17 @@ FP32_MAX = 3.4028234663852886e38
 INTERNAL_FIELDS = frozenset({"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len", "is_normalized"})
 # GenerateReqInput attributes that __getitem__ indexes per prompt and that a client may send as lists.
 PER_PROMPT_LISTS = (
-    "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob",
-    "return_sampling_mask", "custom_logit_processor", "lora_path", "video_data", "audio_data",
-)  # fmt: skip
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "return_sampling_mask",
+    "custom_logit_processor",
+    "lora_path",
+    "video_data",
+    "audio_data",
+)
 # Fields of the tokenized message that SGLang pickles (wrap_pickle_fields) instead of typing them.
 PICKLED_FIELDS = ("mm_inputs", "mm_data_mooncake", "time_stats")
 _PROMPT = "_sparsespec_prompt"  # (index, batch size) stamped on a batch member by GenerateReqInput.__getitem__
@@ -170,7 +178,9 @@ def check_client_rids(rid: Any) -> None:
 
     for r in rid if isinstance(rid, list) else [rid]:
         if isinstance(r, str) and r.startswith(WARMUP_RID_PREFIX):
-            raise ValueError(f"rid {r!r}: ids starting with {WARMUP_RID_PREFIX!r} are reserved for the server's warm-up")
+            raise ValueError(
+                f"rid {r!r}: ids starting with {WARMUP_RID_PREFIX!r} are reserved for the server's warm-up"
+            )
 
 
 def check_top_logprobs(top_logprobs_num: Any, vocab_size: int) -> None:

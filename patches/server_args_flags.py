@@ -3,11 +3,11 @@ launch flags.
 
 ``python -m sglang.launch_server --help`` lists ``--pillar-<knob>`` for every knob of
 ``sglang_sparsespec.config.KNOBS`` and every cap of ``sglang_sparsespec.limits.LIMIT_KNOBS`` (which
-serve stock decoding too), with the knob's own description (``Knob.help``). A flag that was given wins over the ``SPARSESPEC_<KNOB>``
-variable: the launcher writes it into its own environment before ServerArgs validates (so a
-bad value fails there, in one line), and every scheduler process it spawns inherits that
-environment and resolves the same PillarConfig. ServerArgs itself gets no new field, so the
-argument set SGLang pickles to its processes is unchanged.
+serve stock decoding too), with the knob's own description (``Knob.help``). A flag that was given
+wins over the ``SPARSESPEC_<KNOB>`` variable: the launcher writes it into its own environment before
+ServerArgs validates (so a bad value fails there, in one line), and every scheduler process it
+spawns inherits that environment and resolves the same PillarConfig. ServerArgs itself gets no new
+field, so the argument set SGLang pickles to its processes is unchanged.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ The worker reports, on the host only (no GPU synchronisation):
 
 Counted as vLLM counts speculative decoding: a *draft* is one request's drafts in one round (plain
 rounds have none), *draft tokens* the drafted tokens, *accepted tokens* the accepted drafted tokens
-(the bonus token not included; a request that drafted nothing in a round is not a draft), and accepted per position j the drafts whose first j+1 tokens were
-all accepted. ``sink`` (optional) receives the same increments; ``patches/metrics.py`` supplies a
-Prometheus one.
+(the bonus token not included; a request that drafted nothing in a round is not a draft), and
+accepted per position j the drafts whose first j+1 tokens were all accepted. ``sink`` (optional)
+receives the same increments; ``patches/metrics.py`` supplies a Prometheus one.
 """
 
 from __future__ import annotations

@@ -104,21 +104,26 @@ def test_requests_that_draft_nothing_teach_no_reader_and_are_credited_no_drafts(
 
     planner, _, complete = _planner(adaptive=True)
     a, b, c = _Req("a"), _Req("b"), _Req("c")
-    b.sampling_params = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.2,
-                                        min_new_tokens=0)  # fmt: skip
+    b.sampling_params = SimpleNamespace(
+        frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.2, min_new_tokens=0
+    )
     for r in (a, c):
-        r.sampling_params = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0,
-                                            min_new_tokens=0)  # fmt: skip
+        r.sampling_params = SimpleNamespace(
+            frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0
+        )
     for r in (a, b, c):
         r.output_ids, r.retraction_count, r.custom_logit_processor = [1], 0, None
     penalized = plain_sampling()
     penalized.penalizer_orchestrator = SimpleNamespace(is_required=True)  # the scheduler's own batch
-    batch = SimpleNamespace(reqs=[a, b, c], forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=penalized)
+    batch = SimpleNamespace(
+        reqs=[a, b, c], forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=penalized
+    )
     planner.agreement.next = (4, None)
     assert planner.shape(batch).num_drafts == [4, 0, 4]
     complete([4, 0, 4])
     acc, chooser, metrics = planner.policy.acceptance, planner.dense, planner.metrics
-    assert acc.alpha == pytest.approx(0.999) and b not in chooser._acc  # 8 hits, no miss (capped) and chooser._acc[a].hits == 4
+    # 8 hits, no miss (capped) and chooser._acc[a].hits == 4
+    assert acc.alpha == pytest.approx(0.999) and b not in chooser._acc
     assert (metrics.drafts, metrics.draft_tokens, metrics.accepted_tokens) == (2, 8, 8)
     assert metrics.accepted_per_pos == [2, 2, 2, 2]
     for r in (a, b, c):

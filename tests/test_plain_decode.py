@@ -18,9 +18,14 @@ from sglang_sparsespec.rounds.launch import RoundShape
 
 
 def sampling_info(**over) -> SimpleNamespace:
-    base = dict(penalizer_orchestrator=SimpleNamespace(is_required=False), acc_additive_penalties=None,
-                acc_scaling_penalties=None, logit_bias=None, has_custom_logit_processor=False,
-                return_sampling_masks=None)  # fmt: skip
+    base = dict(
+        penalizer_orchestrator=SimpleNamespace(is_required=False),
+        acc_additive_penalties=None,
+        acc_scaling_penalties=None,
+        logit_bias=None,
+        has_custom_logit_processor=False,
+        return_sampling_masks=None,
+    )
     return SimpleNamespace(**(base | over))
 
 
@@ -32,12 +37,17 @@ def batch(si=None, **over) -> SimpleNamespace:
 def test_decode_path_serves_only_what_the_sampler_alone_gives():
     assert decode_path_serves(batch())
     assert decode_path_serves(batch(sampling_info(penalizer_orchestrator=None, return_sampling_masks=[False])))
-    for b in (batch(return_logprob=True), batch(return_hidden_states=True), batch(has_grammar=True),
-              batch(sampling_info(penalizer_orchestrator=SimpleNamespace(is_required=True))),
-              batch(sampling_info(acc_additive_penalties=torch.zeros(1))),
-              batch(sampling_info(acc_scaling_penalties=torch.ones(1))),
-              batch(sampling_info(logit_bias=torch.zeros(1))), batch(sampling_info(has_custom_logit_processor=True)),
-              batch(sampling_info(return_sampling_masks=[False, True]))):  # fmt: skip
+    for b in (
+        batch(return_logprob=True),
+        batch(return_hidden_states=True),
+        batch(has_grammar=True),
+        batch(sampling_info(penalizer_orchestrator=SimpleNamespace(is_required=True))),
+        batch(sampling_info(acc_additive_penalties=torch.zeros(1))),
+        batch(sampling_info(acc_scaling_penalties=torch.ones(1))),
+        batch(sampling_info(logit_bias=torch.zeros(1))),
+        batch(sampling_info(has_custom_logit_processor=True)),
+        batch(sampling_info(return_sampling_masks=[False, True])),
+    ):
         assert not decode_path_serves(b)
 
 
@@ -76,11 +86,28 @@ def test_a_plain_round_on_the_decode_path_hands_the_scheduler_one_sampled_token_
     clock.start_plain, clock.end = lambda: clock.calls.append("start_plain"), lambda: clock.calls.append("end")
     metrics = PillarMetrics(8)
     planner = SimpleNamespace(shape=lambda b: RoundShape(0))  # this round: plain
-    target = SimpleNamespace(model_runner=SimpleNamespace(sampler=sampler, attn_backend=None, decode_cuda_graph_runner=None))
-    rounds = Rounds(PillarConfig.from_env(8), Pools(target, None, None, None), planner, clock, metrics,
-                    selector=None, draft_runner=Runner(logits), mixed=None, plain=None, max_bs=4, device="cpu")  # fmt: skip
-    b = batch(req_pool_indices=torch.tensor([3, 4]), seq_lens=torch.tensor([10, 20]), reqs=[SimpleNamespace(rid="a")],
-              spec_info=SimpleNamespace(bonus_tokens=torch.tensor([7, 8], dtype=torch.int32)))  # fmt: skip
+    target = SimpleNamespace(
+        model_runner=SimpleNamespace(sampler=sampler, attn_backend=None, decode_cuda_graph_runner=None)
+    )
+    rounds = Rounds(
+        PillarConfig.from_env(8),
+        Pools(target, None, None, None),
+        planner,
+        clock,
+        metrics,
+        selector=None,
+        draft_runner=Runner(logits),
+        mixed=None,
+        plain=None,
+        max_bs=4,
+        device="cpu",
+    )
+    b = batch(
+        req_pool_indices=torch.tensor([3, 4]),
+        seq_lens=torch.tensor([10, 20]),
+        reqs=[SimpleNamespace(rid="a")],
+        spec_info=SimpleNamespace(bonus_tokens=torch.tensor([7, 8], dtype=torch.int32)),
+    )
     published = []
     result = rounds.decode(b, published.append, None)
     rpi, seq_lens, tokens = rounds.draft_runner.calls[0]

@@ -29,6 +29,11 @@ from sglang_sparsespec.config import cache_root
 SCHEMA = 1
 
 
+def _canonical(identity: Any) -> str:
+    """The identity as JSON with sorted keys: equal setups give equal text whatever their key order."""
+    return json.dumps(identity, sort_keys=True, default=str)
+
+
 @dataclass(frozen=True)
 class CostFile:
     """``path``: the JSON file; ``identity``: the setup it belongs to (JSON-ready values)."""
@@ -45,7 +50,7 @@ class CostFile:
             return None
         if setting != "auto":
             return cls(Path(setting).expanduser(), ident)
-        digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(_canonical(ident).encode()).hexdigest()[:16]
         gpu = "".join(ch if ch.isalnum() else "-" for ch in str(ident.get("gpu", "gpu")))[:40]
         return cls((root or cache_root()) / "costs" / f"{gpu}-{digest}.json", ident)
 
@@ -57,7 +62,7 @@ class CostFile:
             return None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             return None
-        if json.dumps(doc.get("identity"), sort_keys=True, default=str) != json.dumps(self.identity, sort_keys=True, default=str):
+        if _canonical(doc.get("identity")) != _canonical(self.identity):
             return None
         cells = doc.get("cells")
         return cells if isinstance(cells, dict) else None
@@ -66,5 +71,7 @@ class CostFile:
         """Write atomically (a reader never sees half a file); OSError when the folder is not writable."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"schema": SCHEMA, "identity": self.identity, "cells": dict(cells)}, indent=1), encoding="utf-8")
+        tmp.write_text(
+            json.dumps({"schema": SCHEMA, "identity": self.identity, "cells": dict(cells)}, indent=1), encoding="utf-8"
+        )
         os.replace(tmp, self.path)

@@ -70,9 +70,10 @@ class CostCell:
     """Measured milliseconds of one (batch bucket, context bucket): plain = a k = 0 round;
     draft[k] = the draft phase of a round of k drafts; verify = the rest of a k >= 1 round; mixed = a
     whole mixed-phase iteration (rounds/mixed.py: drafts and verifies share its forwards, so it has no
-    phases to split); gap = stream idle time before a round that followed another decode round. Bookkeeping: rounds chosen
-    here, the round each mode (0, or SPECULATE for every k >= 1) last ran, and the last non-probe
-    choice (for the hysteresis) and the round it was priced at. Every cost is a ``RobustCost``."""
+    phases to split); gap = stream idle time before a round that followed another decode round.
+    Bookkeeping: rounds chosen here, the round each mode (0, or SPECULATE for every k >= 1) last ran,
+    and the last non-probe choice (for the hysteresis) and the round it was priced at. Every cost is a
+    ``RobustCost``."""
 
     plain: RobustCost = field(default_factory=RobustCost)
     verify: RobustCost = field(default_factory=RobustCost)
@@ -165,8 +166,8 @@ class CostTable:
 
     def restore(self, cells: dict[str, Any]) -> int:
         """Take an export's cells as starting costs; each priced mode counts as probed at round 0, so it is
-        re-probed on the usual schedule (``RobustCost.prime``). Cells measured here already are kept. Returns the cells taken;
-        ValueError on a malformed entry (nothing is taken then)."""
+        re-probed on the usual schedule (``RobustCost.prime``). Cells measured here already are kept.
+        Returns the cells taken; ValueError on a malformed entry (nothing is taken then)."""
         taken: dict[tuple[int, int], CostCell] = {}
         try:
             for label, entry in cells.items():
@@ -194,7 +195,9 @@ class CostTable:
         c = self.cells.get(key)
         if c is None:
             bs, ctx = key
-            near = [k for k, cell in self.cells.items() if k[0] == bs and abs(k[1] - ctx) <= SEED_SPAN and cell.last_probe]
+            near = [
+                k for k, cell in self.cells.items() if k[0] == bs and abs(k[1] - ctx) <= SEED_SPAN and cell.last_probe
+            ]
             if near:
                 c = self.cells[min(near, key=lambda k: (abs(k[1] - ctx), k[1]))].seeded()
             else:

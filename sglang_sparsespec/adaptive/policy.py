@@ -11,11 +11,12 @@ maximises the expected emitted tokens per GPU millisecond:
 where ``a`` is the per-draft acceptance probability (geometric model, estimated from the accept
 counts SGLang already copies to the host, ``adaptive/acceptance.py``), and the costs are measured on
 this server (``adaptive/costs.py``: CUDA events per round, robust per-phase estimates in cells keyed by
-the batch-size bucket and the context-length bucket, blind to warm-up and one-off spikes). ``draft(k)`` is the draft phase measured at k drafts, or, until a
-round of k ran in the cell, the nearest measured count's scaled by k (the phase has a small fixed
-part, so the cell keeps one figure per k). ``verify`` covers the verify pass, acceptance and
-selection, whose cost does not depend on k because the verify graph has one width (k_max + 1; a
-round with fewer drafts caps their acceptance, see ``DraftRecord.num_drafts``).
+the batch-size bucket and the context-length bucket, blind to warm-up and one-off spikes).
+``draft(k)`` is the draft phase measured at k drafts, or, until a round of k ran in the cell, the
+nearest measured count's scaled by k (the phase has a small fixed part, so the cell keeps one figure
+per k). ``verify`` covers the verify pass, acceptance and selection, whose cost does not depend on k
+because the verify graph has one width (k_max + 1; a round with fewer drafts caps their acceptance,
+see ``DraftRecord.num_drafts``).
 
 Calibration. The expected tokens are estimates, and the rounds that run are the ones whose
 estimates looked best; so the tracker keeps, per draft count, the ratio of the tokens the rounds
@@ -69,9 +70,20 @@ from .dense import BatchView, DensePlan, expected_tokens, floor_tokens, plan_den
 
 # The policy's building blocks, importable from here as from their own modules.
 __all__ = [
-    "PROBE_ROUNDS", "AcceptanceTracker", "Choice", "CostCell", "CostTable", "RobustCost", "RoundSample",
-    "SpeculationPolicy", "batch_bucket", "cell_key", "cell_label", "context_bucket", "expected_tokens",
-]  # fmt: skip
+    "PROBE_ROUNDS",
+    "AcceptanceTracker",
+    "Choice",
+    "CostCell",
+    "CostTable",
+    "RobustCost",
+    "RoundSample",
+    "SpeculationPolicy",
+    "batch_bucket",
+    "cell_key",
+    "cell_label",
+    "context_bucket",
+    "expected_tokens",
+]
 
 
 class _Priced(NamedTuple):
@@ -197,8 +209,10 @@ class SpeculationPolicy:
             if view is not None and len(view.alpha):
                 plan = plan_dense(view, k, ms)
                 # The floor's request keeps its plain speed: floor tokens per plan.ms >= 1 per plain ms.
-                ok = plain is None or not self.floor_quantile or (
-                    cal * floor_tokens(plan, self.floor_quantile) * plain >= plan.ms
+                ok = (
+                    plain is None
+                    or not self.floor_quantile
+                    or (cal * floor_tokens(plan, self.floor_quantile) * plain >= plan.ms)
                 )
                 out[k] = _Priced(cal * plan.tokens / len(view.alpha) / plan.ms, plan, ok)
             else:
@@ -238,9 +252,10 @@ class SpeculationPolicy:
         # the speculative mode at the fewest drafts (see the module docstring).
         modes = [m for m in (0, SPECULATE) if m != 0 or 0 in self.candidates]
         unpriced = [
-            m for m in modes
+            m
+            for m in modes
             if self.round_ms(key, self.k_max if m == SPECULATE else 0) is None and c.probes.get(m, 0) < PROBE_ROUNDS
-        ]  # fmt: skip
+        ]
         if unpriced:
             return self.k_max if unpriced[0] == SPECULATE else 0
         stalest = min(modes, key=lambda m: c.last_probe.get(m, 0))

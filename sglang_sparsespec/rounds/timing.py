@@ -52,7 +52,9 @@ def format_report(r: PhaseReport) -> str:
     return f"{REPORT_PREFIX} rounds={r.rounds} batch={r.batch:.2f} {phases}"
 
 
-_LINE = re.compile(re.escape(REPORT_PREFIX) + r" rounds=(\d+) batch=([\d.]+) " + " ".join(rf"{p}_ms=([\d.]+)" for p in _REPORTED))
+_LINE = re.compile(
+    re.escape(REPORT_PREFIX) + r" rounds=(\d+) batch=([\d.]+) " + " ".join(rf"{p}_ms=([\d.]+)" for p in _REPORTED)
+)
 
 
 def parse_reports(text: str) -> list[PhaseReport]:

@@ -14,10 +14,11 @@ the mean TTFT was 264 ms against stock's 398 and PILLAR 1.10x stock FlashInfer; 
 the machine's first start, 6 s on the next.
 
 The plan: for each batch size (powers of two up to the running-request cap, and the cap) and each
-sampling shape (greedy; top-p only; top-k + top-p; min-p, the target filter's other variant), one batch of that many requests with short distinct prompts;
-the cap's greedy prompts once more (prefills past a cached prefix); then one batch of the cap whose
-prompts together outgrow the prefill chunk, so that a request is
-prefilled in two chunks (attention over a cached prefix) as a first wave of long prompts is.
+sampling shape (greedy; top-p only; top-k + top-p; min-p, the target filter's other variant), one
+batch of that many requests with short distinct prompts; the cap's greedy prompts once more (prefills
+past a cached prefix); then one batch of the cap whose prompts together outgrow the prefill chunk, so
+that a request is prefilled in two chunks (attention over a cached prefix) as a first wave of long
+prompts is.
 Warm-up rounds cycle through the draft counts (``warmup_steps``) so every count's kernels build, and
 teach nothing: the adaptive policy, its clock and the metrics never see them (``is_warmup``).
 
@@ -58,8 +59,9 @@ SAMPLING_SHAPES: tuple[dict[str, Any], ...] = (
 @dataclass(frozen=True)
 class WarmupBatch:
     """One batch sent as a single request of ``size`` prompts: ``input_ids`` [size][prompt tokens]
-    (PROMPT_TOKENS, more in the chunked batch), ``rids`` [size] (each starts with WARMUP_RID_PREFIX), ``sampling`` SGLang sampling params shared by
-    every prompt (ignore_eos, so each request runs NEW_TOKENS tokens)."""
+    (PROMPT_TOKENS, more in the chunked batch), ``rids`` [size] (each starts with WARMUP_RID_PREFIX),
+    ``sampling`` SGLang sampling params shared by every prompt (ignore_eos, so each request runs
+    NEW_TOKENS tokens)."""
 
     size: int
     sampling: dict[str, Any]

@@ -22,7 +22,9 @@ from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
 
-def greedy_accept(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_accept(
+    target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy verify: target [S, k + 1] the target's argmax per row, drafts [S, k], num_drafts [S]
     (columns past it are stale). Returns (emitted [S, k + 1]: the accepted drafts, the target's
     token after them, then -1; num_accepted [S] int64)."""

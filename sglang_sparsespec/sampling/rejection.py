@@ -25,8 +25,9 @@ class DraftRecord:
     """What the verify needs of k sampled drafts per request, without vocabulary-wide rows.
 
     tokens [bs, k] int64: the drafts; cand_ids [bs, k, C] int64: the support of each draft's
-    proposal q_j (distinct where q_j > 0; slots with q_j = 0 may repeat ids); cand_q [bs, k, C] float32: q_j on them (0 where filtered out,
-    rows sum to 1); q_tok [bs, k] float32: q_j(tokens[:, j]), > 0.
+    proposal q_j (distinct where q_j > 0; slots with q_j = 0 may repeat ids); cand_q [bs, k, C]
+    float32: q_j on them (0 where filtered out, rows sum to 1); q_tok [bs, k] float32:
+    q_j(tokens[:, j]), > 0.
     num_drafts: how many of the k columns were drafted this round: None (all k), one int in 0..k
     for the whole batch, or a [bs] int64 / int32 tensor on the drafts' device with each request's
     own count, every value in 0..k (not checked here: reading the values would sync with the
@@ -74,7 +75,9 @@ def rejection_sample(
     bs, k1, _ = target_p.shape
     k = k1 - 1
     if record.tokens.shape != (bs, k) or tuple(coins.shape) != (bs, k) or tuple(final_coins.shape) != (bs,):
-        raise ValueError(f"drafts and coins must be [{bs}, {k}] and final_coins [{bs}] for target_p {tuple(target_p.shape)}")
+        raise ValueError(
+            f"drafts and coins must be [{bs}, {k}] and final_coins [{bs}] for target_p {tuple(target_p.shape)}"
+        )
     dev = target_p.device
     n = record.num_drafts
     # One path for both forms: a batch-wide count is every request's count.

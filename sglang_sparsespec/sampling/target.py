@@ -87,7 +87,9 @@ def _greater(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n_gt = torch.searchsorted(neg, neg, right=False)  # the first sorted slot of x's value
     ahead = sorted_p.cumsum(dim=-1) - sorted_p
     mass_gt = ahead.gather(1, n_gt)
-    back = torch.empty_like(order).scatter_(1, order, torch.arange(probs.shape[-1], device=probs.device).expand_as(order))
+    back = torch.empty_like(order).scatter_(
+        1, order, torch.arange(probs.shape[-1], device=probs.device).expand_as(order)
+    )
     return n_gt.gather(1, back), mass_gt.gather(1, back)
 
 
@@ -123,9 +125,7 @@ def target_probs(logits: torch.Tensor, rows: SamplingRows, repeats: int = 1) -> 
     if logits.dim() != 2:
         raise ValueError(f"logits must be [n, V], got shape {tuple(logits.shape)}")
     if repeats < 1 or logits.shape[0] != rows.batch_size * repeats:
-        raise ValueError(
-            f"logits has {logits.shape[0]} rows, expected batch {rows.batch_size} x repeats {repeats}"
-        )
+        raise ValueError(f"logits has {logits.shape[0]} rows, expected batch {rows.batch_size} x repeats {repeats}")
     vocab = logits.shape[-1]
     temp = per_position(rows.temperature, repeats)
     top_k = per_position(rows.top_k, repeats).to(torch.int64)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
-from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input, run_eagle_verify
+from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_sparsespec.config import PillarConfig
@@ -38,6 +38,7 @@ from sglang_sparsespec.rounds.warmup import is_warmup
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.selection.selectors import Selector
 
+from .contacts import run_eagle_verify
 from .decode_graphs import host_rows
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves

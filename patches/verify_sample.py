@@ -98,19 +98,21 @@ def _process_logits(logits: torch.Tensor, verify_input, sampling_info, grammar_m
         sanitize_nan_logits(logits, "verify: custom logit processor")
 
 
-def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_mask=None):
+def pillar_eagle_sample(original, verify_input, batch, logits_output, grammar_mask=None, *later, **later_kw):
+    # later / later_kw: the parameters later releases added (0.5.20 uno_target_max_top_k, 0.5.22 the
+    # watermark state, which PILLAR refuses at launch), passed through to stock's own sample.
     if not isinstance(verify_input, PillarVerifyInput):
-        return original(verify_input, batch, logits_output, grammar_mask)
+        return original(verify_input, batch, logits_output, grammar_mask, *later, **later_kw)
     if verify_input.on_logits is not None:
         verify_input.on_logits()
     if batch.forward_mode.is_idle():
-        return original(verify_input, batch, logits_output, grammar_mask)
+        return original(verify_input, batch, logits_output, grammar_mask, *later, **later_kw)
     sampling_info = batch.sampling_info
     record, counts = verify_input.record, verify_input.num_drafts
     greedy = sampling_info.is_all_greedy
     per_request = counts is not None or sampling_info.has_custom_logit_processor
     if (not per_request if greedy else record is None):
-        return original(verify_input, batch, logits_output, grammar_mask)
+        return original(verify_input, batch, logits_output, grammar_mask, *later, **later_kw)
     from sglang.srt.speculative.eagle_utils import _verify_coins
 
     logits = logits_output.next_token_logits

@@ -17,10 +17,13 @@ from .versions import for_release, releases, since
 # ---- create_flashinfer_kv_indices_triton: moved to kernels/ops/attention in 0.5.23 --------------------
 # Its call is unchanged: ENTRY_PAGE_SIZE (0.5.19), TOKEN_BLOCK_PARALLEL (0.5.20) and token_mapping (0.5.22)
 # default to the token-granular one-program-per-request kernel the draft and mixed passes launch.
-KV_INDICES_MODULE = for_release(
-    {"0.5.17": "sglang.kernels.ops.kvcache.kv_indices", "0.5.23": "sglang.kernels.ops.attention.kv_indices"}
-)
-create_flashinfer_kv_indices_triton = importlib.import_module(KV_INDICES_MODULE).create_flashinfer_kv_indices_triton
+KV_INDICES_MODULES = {
+    "0.5.17": "sglang.kernels.ops.kvcache.kv_indices",
+    "0.5.23": "sglang.kernels.ops.attention.kv_indices",
+}
+create_flashinfer_kv_indices_triton = importlib.import_module(
+    for_release(KV_INDICES_MODULES)
+).create_flashinfer_kv_indices_triton
 
 
 # ---- ServerArgs: resolved apart from construction (0.5.19), read through views (0.5.19, 0.5.20) -------
@@ -28,8 +31,8 @@ create_flashinfer_kv_indices_triton = importlib.import_module(KV_INDICES_MODULE)
 # and left the resolved values in its fields. From 0.5.19 construction keeps the caller's input and
 # ``resolve_once`` resolves (the launcher, and every process that publishes the record); the fields keep
 # the input, what resolution decided is declared beside them, and ``resolved_view`` reads both. From
-# 0.5.20 a registered validator gets a stand-in whose writes become those declarations.
-RESOLVES_ON = for_release({"0.5.17": "__post_init__", "0.5.19": "resolve_once"})
+# 0.5.20 a registered validator gets a stand-in whose writes become those declarations. The validation
+# hooks are listed once per entry point, with their releases (hooks_boundary.py, hooks_offload.py).
 
 
 def resolve(server_args):

@@ -162,9 +162,9 @@ def unsupported_neighbour(sa: ServerArgs) -> str | None:
 def validate_server_args(sa: ServerArgs) -> None:
     """Reject what PILLAR cannot run and fill the spec shape fields SGLang reads.
 
-    Runs in the launching process while SGLang resolves ServerArgs (``contacts.RESOLVES_ON``; from 0.5.20
-    on a stand-in whose writes SGLang declares as the resolved values); scheduler processes receive the
-    already-validated, pickled ServerArgs.
+    Runs in the launching process while SGLang resolves ServerArgs (in ``__post_init__``, from 0.5.19 in
+    ``resolve_once``; from 0.5.20 on a stand-in whose writes SGLang declares as the resolved values);
+    scheduler processes receive the already-validated, pickled ServerArgs.
     """
 
     def reject(msg: str) -> None:

@@ -15,20 +15,41 @@ from sglang.srt.plugins import load_plugins
 load_plugins()
 
 from sglang.srt.server_args import ServerArgs
-from sglang_sparsespec.patches import offload, offload_capacity
+from sglang_sparsespec.patches import offload, offload_capacity, versions
+from sglang_sparsespec.patches.contacts import OFFLOAD_RELEASES, resolve
 from test_offload import Fence, HostSlots
 
 from sglang_sparsespec.offload import Where
 
 H = 4  # values per token (all layers, K and V) in the fake pool
+# The tests that run the pool inside SGLang's own scheduler, admission or cache code: on the releases it
+# serves (contacts.OFFLOAD_RELEASES); elsewhere the flag is refused at launch (the test below).
+SERVED = pytest.mark.skipif(
+    versions.INSTALLED not in OFFLOAD_RELEASES,
+    reason=f"the offload pool serves SGLang {OFFLOAD_RELEASES[0]}-{OFFLOAD_RELEASES[-1]}; refused on this release",
+)
 
 
 def _args(model_dir, **overrides) -> ServerArgs:
     base = {"model_path": str(model_dir), "attention_backend": "triton", "skip_tokenizer_init": True, "device": "cpu"}
     base.update(overrides)
-    return ServerArgs(**base)
+    return resolve(ServerArgs(**base))
 
 
+def test_flag_refused_at_launch_on_the_releases_the_pool_does_not_serve(llama_config_dir, monkeypatch):
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "4")
+    if versions.INSTALLED in OFFLOAD_RELEASES:
+        _args(llama_config_dir)
+        return
+    for overrides in ({}, {"speculative_algorithm": "pillar"}):
+        with pytest.raises(ValueError, match="--pillar-offload-host-gb serves SGLang 0.5.17 through 0.5.20") as err:
+            _args(llama_config_dir, **overrides)
+        assert "\n" not in str(err.value)
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "0")
+    _args(llama_config_dir)  # off: nothing to refuse
+
+
+@SERVED
 def test_flag_validated_at_launch_for_stock_and_pillar(llama_config_dir, monkeypatch):
     monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "4")
     _args(llama_config_dir)  # stock decoding, radix cache on
@@ -325,6 +346,7 @@ def admission(monkeypatch):
 
 
 # The exact ignore_eos simulation (radix off); the new_token_ratio estimate (radix on, or not ignore_eos).
+@SERVED
 @pytest.mark.parametrize("radix,ignore_eos", [(False, True), (True, True), (False, False)])
 def test_admission_counts_free_host_tokens_only_with_an_offloader(admission, radix, ignore_eos):
     ok, no = admission.AddReqResult.CONTINUE, admission.AddReqResult.NO_TOKEN
@@ -342,6 +364,7 @@ def test_admission_counts_free_host_tokens_only_with_an_offloader(admission, rad
     assert adder.add_one_req(_adder_req("new", 100, 500, ignore_eos=ignore_eos), False, None) == no
 
 
+@SERVED
 @pytest.mark.parametrize(
     "unparkable",
     [{"frequency_penalty": 0.5}, {"repetition_penalty": 1.1}, {"min_new_tokens": 4}, {"grammar": object()},
@@ -357,6 +380,7 @@ def test_admission_lends_the_host_budget_only_to_requests_that_can_be_parked(adm
     assert adder.add_one_req(_adder_req("new", 100, 500), False, None) == admission.AddReqResult.CONTINUE
 
 
+@SERVED
 def test_admission_slack_excludes_parked_growth_and_never_funds_the_prefill(admission):
     no = admission.AddReqResult.NO_TOKEN
     adder = admission.make(host=10_000)

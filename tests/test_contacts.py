@@ -1,0 +1,214 @@
+"""patches/contacts.py: each adapter on the releases it spans.
+
+Two kinds of check per adapter. Against the installed SGLang, for real (the suite's 0.5.17 pass runs
+the 0.5.17 branch, its 0.5.23 pass the other). Against every supported release, through the signature
+table surveyed from the wheels: the release an adapter switches at is where the recorded parameters
+change, and the adapter called as of a release (``versions.INSTALLED`` set to it) fits a stand-in with
+exactly that release's recorded parameter list.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang.srt.plugins import load_plugins  # noqa: E402
+
+load_plugins()
+
+from sglang_sparsespec.patches import HOOKS, contacts, versions  # noqa: E402
+from sglang_sparsespec.patches.signatures import recorded  # noqa: E402
+from sglang_sparsespec.patches.versions import SUPPORTED, for_release, since  # noqa: E402
+
+ENDS = (SUPPORTED[0], SUPPORTED[-1])
+
+
+def stand_in(symbol: str, release: str):
+    """A function with ``symbol``'s recorded parameter list in ``release`` that returns its arguments."""
+    params = recorded(symbol, release)
+    assert params is not None, (symbol, release)
+    scope: dict = {}
+    exec(f"def {symbol.rpartition('.')[2]}{params}:\n    return dict(locals())", scope)  # noqa: S102
+    return scope[symbol.rpartition(".")[2]]
+
+
+@pytest.fixture(params=ENDS)
+def release(request, monkeypatch) -> str:
+    """The adapters called as of each end of the range."""
+    monkeypatch.setattr(versions, "INSTALLED", request.param)
+    return request.param
+
+
+def changes_at(symbol: str, parameter: str) -> list[str]:
+    """The supported releases whose recorded ``symbol`` takes ``parameter``."""
+    return [r for r in SUPPORTED if parameter in (recorded(symbol, r) or "")]
+
+
+# ---- create_flashinfer_kv_indices_triton --------------------------------------------------------------
+def test_the_kv_indices_kernel_is_imported_from_where_each_release_has_it():
+    for r in SUPPORTED:
+        module = for_release(contacts.KV_INDICES_MODULES, r)
+        assert recorded(f"{module}.create_flashinfer_kv_indices_triton", r) is not None, r
+    installed = importlib.import_module(for_release(contacts.KV_INDICES_MODULES))
+    assert contacts.create_flashinfer_kv_indices_triton is installed.create_flashinfer_kv_indices_triton
+
+
+def test_the_kv_indices_kernel_gathers_as_the_draft_pass_calls_it():
+    import torch
+    from triton_env import DEVICE
+
+    req_to_token = torch.arange(40, dtype=torch.int32, device=DEVICE).view(4, 10)
+    pool = torch.tensor([2, 0], dtype=torch.int64, device=DEVICE)
+    lens = torch.tensor([3, 2], dtype=torch.int32, device=DEVICE)
+    indptr = torch.tensor([0, 3, 5], dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(5, dtype=torch.int32, device=DEVICE)
+    contacts.create_flashinfer_kv_indices_triton[(2,)](req_to_token, pool, lens, indptr, None, out, 10)
+    assert out.tolist() == [20, 21, 22, 0, 1]
+
+
+# ---- ServerArgs: resolution, resolved values, attention backends ----------------------------------------
+def test_resolution_moves_to_resolve_once_where_the_validation_hooks_follow_it():
+    assert [r for r in SUPPORTED if recorded("sglang.srt.server_args.ServerArgs.resolve_once", r)] == [
+        r for r in SUPPORTED if since("0.5.19", r)
+    ]
+    validators = {}
+    for hook in HOOKS:
+        if hook.target.rpartition(".")[2] in ("__post_init__", "resolve_once"):
+            validators.setdefault(hook.fn, []).extend((r, hook.target) for r in hook.versions)
+    assert len(validators) == 2  # the request caps and the offload flag
+    for entries in validators.values():  # each applied once per release, on the entry point resolving there
+        assert sorted(r for r, _ in entries) == sorted(SUPPORTED)
+        assert all(t.endswith("resolve_once") == since("0.5.19", r) for r, t in entries)
+
+
+def test_resolve_and_resolved_as_of_each_end(release, monkeypatch):
+    calls = []
+    sa = SimpleNamespace(resolve_once=lambda: calls.append("resolve_once"), page_size=None, _resolved_overrides=[])
+    assert contacts.resolve(sa) is sa
+    assert calls == (["resolve_once"] if release != SUPPORTED[0] else [])
+    if release == SUPPORTED[0]:
+        assert contacts.resolved(sa) is sa
+    elif importlib.util.find_spec("sglang.srt.arg_groups.model_override_base") is not None:  # the view needs that release's SGLang
+        sa._resolved_overrides.append(("handler", {"page_size": 1}))
+        assert contacts.resolved(sa).page_size == 1 and sa.page_size is None
+
+
+def test_attention_backends_moved_off_server_args_in_0_5_19(release):
+    moved = [r for r in SUPPORTED if recorded("sglang.srt.arg_groups.model_override_base.attention_backends_of", r)]
+    kept = [r for r in SUPPORTED if recorded("sglang.srt.server_args.ServerArgs.get_attention_backends", r)]
+    assert moved == [r for r in SUPPORTED if since("0.5.19", r)] and kept == [r for r in SUPPORTED if r not in moved]
+    sa = SimpleNamespace(attention_backend="flashinfer", prefill_attention_backend=None,
+                         decode_attention_backend="triton", get_attention_backends=lambda: ("flashinfer", "triton"))  # fmt: skip
+    if release == SUPPORTED[0] or importlib.util.find_spec("sglang.srt.arg_groups.model_override_base") is not None:
+        assert contacts.attention_backends(sa) == ("flashinfer", "triton")
+
+
+def test_dp_attention_as_of_each_end(release):
+    assert contacts.dp_attention(SimpleNamespace(enable_dp_attention=True, attn_dp_size=1))
+    off = SimpleNamespace(enable_dp_attention=False, attn_dp_size=2)
+    assert contacts.dp_attention(off) is (release == SUPPORTED[-1])  # --attn-dp-size is 0.5.22's flag
+
+
+# ---- server_args parameters dropped in 0.5.18 ---------------------------------------------------------
+DROPPED_SERVER_ARGS = (
+    "sglang.srt.managers.utils.compute_num_reserved_tokens",
+    "sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode",
+    "sglang.srt.speculative.spec_info.create_dummy_verify_input",
+)
+
+
+@pytest.mark.parametrize("symbol", DROPPED_SERVER_ARGS)
+def test_server_args_parameters_end_at_0_5_17(symbol):
+    assert changes_at(symbol, "server_args") == ["0.5.17"]
+
+
+def test_the_call_server_args_come_from_the_call_or_the_published_config(monkeypatch):
+    sa = SimpleNamespace(speculative_algorithm="PILLAR")
+    monkeypatch.setattr(contacts, "resolved", lambda s: s)
+    assert contacts.call_server_args((sa,), {}) is sa and contacts.call_server_args((), {"server_args": sa}) is sa
+    monkeypatch.setattr("sglang.srt.runtime_context.get_server_args", lambda: sa)
+    assert contacts.call_server_args((), {}) is sa
+
+
+@pytest.mark.parametrize("end", ENDS)
+def test_the_dummy_verify_input_hook_reads_each_release_by_name(end):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_sparsespec.patches.cuda_graph import warmup_dummy_verify_input
+
+    stock = stand_in("sglang.srt.speculative.spec_info.create_dummy_verify_input", end)
+    given = {"spec_algorithm": SpeculativeAlgorithm.from_string("EAGLE"), "server_args": object(),
+             "custom_mask": "mask", "num_tokens_per_req": 5, "is_draft_worker": False}  # fmt: skip
+    names = list(inspect.signature(stock).parameters)
+    args = [given[n] for n in names]
+    assert warmup_dummy_verify_input(stock, *args) == dict(zip(names, args))  # stock's, passed through
+    args[0] = SpeculativeAlgorithm.from_string("PILLAR")
+    dummy = warmup_dummy_verify_input(stock, *args)
+    assert (dummy.spec_steps, dummy.draft_token_num, dummy.topk, dummy.custom_mask) == (4, 5, 1, "mask")
+
+
+# ---- run_eagle_verify and retract_all: keywords dropped ------------------------------------------------
+def test_run_eagle_verify_takes_num_steps_up_to_0_5_17_only(release, monkeypatch):
+    symbol = "sglang.srt.speculative.eagle_worker_common.run_eagle_verify"
+    assert changes_at(symbol, "num_steps") == ["0.5.17"]
+    stock = stand_in(symbol, release)
+    monkeypatch.setattr("sglang.srt.speculative.eagle_worker_common.run_eagle_verify", stock)
+    kwargs = {n: n for n, p in inspect.signature(stock).parameters.items() if n not in ("batch", "num_steps")}
+    got = contacts.run_eagle_verify("batch", num_steps=3, **kwargs)
+    assert got.get("num_steps") == (3 if release == SUPPORTED[0] else None) and got["batch"] == "batch"
+
+
+def test_retract_all_takes_server_args_up_to_0_5_18_only(release, monkeypatch):
+    symbol = "sglang.srt.managers.schedule_batch.retract_all"
+    assert changes_at(symbol, "server_args") == ["0.5.17", "0.5.18"]
+    stock, calls = stand_in(symbol, release), []
+    monkeypatch.setattr(
+        "sglang.srt.managers.schedule_batch.retract_all", lambda **kw: calls.append(stock(**kw))
+    )
+    contacts.retract_all(server_args="sa", **{n: n for n in inspect.signature(stock).parameters if n != "server_args"})
+    assert ("server_args" in calls[0]) is (release == SUPPORTED[0])
+
+
+# ---- what SGLang calls PILLAR with ---------------------------------------------------------------------
+def test_the_worker_takes_the_keywords_every_release_builds_a_worker_with():
+    from sglang_sparsespec.patches.worker import PillarWorker
+
+    for r in SUPPORTED:  # ps is passed up to 0.5.20
+        params = stand_in("sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.__init__", r)
+        names = [n for n in inspect.signature(params).parameters if n != "self"]
+        inspect.signature(PillarWorker).bind(**{n: None for n in names})
+
+
+@pytest.mark.parametrize("end", ENDS)
+def test_stock_sample_gets_each_release_s_later_arguments(end):
+    from sglang_sparsespec.patches.verify_sample import pillar_eagle_sample
+
+    stock = stand_in("sglang.srt.speculative.eagle_utils.eagle_sample", end)
+    params = inspect.signature(stock).parameters
+    later = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD][4:]
+    keywords = {n: n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    got = pillar_eagle_sample(stock, "not PILLAR's", "batch", "logits", None, *later, **keywords)
+    assert got == {"verify_input": "not PILLAR's", "batch": "batch", "logits_output": "logits",
+                   "grammar_mask": None, **{n: n for n in later}, **keywords}  # fmt: skip
+
+
+# ---- the offload pool's releases ------------------------------------------------------------------------
+def test_offload_serves_its_releases_and_is_refused_on_the_rest(release):
+    from sglang_sparsespec.patches.offload_kv import offload_refusal
+
+    sa = SimpleNamespace(speculative_algorithm="PILLAR", page_size=1, enable_hierarchical_cache=False,
+                         enable_dp_attention=False, pp_size=1, tp_size=1, disaggregation_mode="null")  # fmt: skip
+    refusal = offload_refusal(sa)
+    if release in contacts.OFFLOAD_RELEASES:
+        assert refusal is None
+    else:
+        assert refusal.startswith("--pillar-offload-host-gb serves SGLang 0.5.17 through 0.5.20") and "\n" not in refusal
+    for hook in HOOKS:
+        if hook.fn.__module__.endswith("offload_hooks") and hook.fn.__name__ != "validate_offload_flag":
+            assert hook.versions == contacts.OFFLOAD_RELEASES

@@ -130,7 +130,9 @@ def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
             if pc is None or r is None:
                 continue
             k, every, c = pc["num_steps"], pc["select_every"], length + half
-            draft_tokens = PillarConfig(**pc).budget(int(c)) + pc["recent_window"] + k
+            # The budget's own knobs only: a record also holds the knobs of its day, retired ones included.
+            budget = PillarConfig(budget_ratio=pc["budget_ratio"], min_budget=pc["min_budget"]).budget(int(c))
+            draft_tokens = budget + pc["recent_window"] + k
             ideal = {"draft": k * (fixed + kv_ms(batch, draft_tokens)),
                      "verify": fixed + kv_ms(batch, c) * (1 + 0.5 / every),
                      "accept": 1e3 * (k + 1) * batch * model["vocab"] * 4 / bw,

@@ -175,7 +175,7 @@ def _hist_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, PlanI, PlanF, 
                  stride_l, repeats, n_chunks, GREEDY_EPS_C: tl.constexpr, NB_C: tl.constexpr, DEPTH_C: tl.constexpr,
                  NCH: tl.constexpr, CHUNK_C: tl.constexpr, BLOCK_V: tl.constexpr, FIRST: tl.constexpr,
                  MIN_P: tl.constexpr, SKIP_UNFILTERED: tl.constexpr):  # fmt: skip
-    """One level's bin counts of a chunk (bin NB - 1: tokens outside the level, ignored) and, past level 1,
+    """One level's bin counts of a chunk (tokens outside the level: not counted) and, past level 1,
     the chunk's exact count and mass exp(z - m) of the tokens above the level's first bin. Level 1 skips
     rows with no filter when SKIP_UNFILTERED (the target filter: nothing to cut)."""
     row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -206,7 +206,8 @@ def _hist_kernel(Logits, Temperature, Top_k, Top_p, Min_p, Stats, PlanI, PlanF, 
             finite = z > -float("inf")
             j = level_bin(z, m, r, base, w, FIRST)
             inside = finite & (j >= 0) & (j < w)
-            hist += tl.histogram(tl.where(inside, j, NB_C - 1), NB_C)
+            # Masked: the tokens outside the level (most of them, past level 1) add no atomics to one bin.
+            hist += tl.histogram(tl.where(inside, j, 0), NB_C, mask=inside)
             if not FIRST:
                 above = finite & (j < 0)
                 n_above += tl.sum(above.to(tl.int32), axis=0)
@@ -255,12 +256,13 @@ def _gather_kernel(Logits, Temperature, Stats, PlanI, PlanF, Path, Offsets, List
                 mass_above += tl.sum(tl.where(finite & (j < lo), tl.exp(z - m), 0.0), axis=0)
                 z_lo = tl.minimum(z_lo, tl.min(tl.where(take, z, float("inf")), axis=0))
                 z_hi = tl.maximum(z_hi, tl.max(tl.where(take, z, -float("inf")), axis=0))
-            if path != BIG:
+            n_take = tl.sum(take.to(tl.int32), axis=0)
+            if (path != BIG) & (n_take > 0):  # most tiles of a short list take nothing: no scan for them
                 slot = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
                 take = take & (slot < list_cap)
                 tl.store(ListIds + row * list_cap + slot, idx, mask=take)
                 tl.store(ListZ + row * list_cap + slot, z, mask=take)
-                filled += tl.sum(take.to(tl.int32), axis=0)
+            filled += n_take
         if STAGE == 2:
             tl.store(AboveMass + row * NCH + ch, mass_above)
             tl.store(RangeZ + (row * NCH + ch) * 2, z_lo)

@@ -14,11 +14,6 @@ partial output and its LSE; stage 2 (``sparse_decode_merge.py``) merges the spli
 boundaries come from the device lengths, the grid only from static sizes, so launches are
 CUDA-graph safe. bf16/fp16 inputs, fp32 accumulation, natural-log softmax, optional tanh logit
 soft-cap. An empty attention set yields a zero output row.
-
-With a work list (``draft_work.plan_work``) the programs follow the plan lengths instead: a static
-pool of P programs per KV head, each given one request and one chunk of its plan, so a long plan (a
-dense or boosted request) is spread over several programs instead of one long one that every layer
-waits for; stage 2 merges each request's programs.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
 from ._tiles import attend_tile, finish_partial, load_kv_tile
-from .draft_work import DraftWork
-from .sparse_decode_merge import merge_split_partials, merge_work_partials
+from .sparse_decode_merge import merge_split_partials
 
 
 @triton.jit
@@ -58,9 +52,6 @@ def _sparse_decode_stage1(
     Sel_rows,
     Tail_start,
     Seq_lens,
-    Prog_req,
-    Prog_start,
-    Prog_end,
     Mid_O,
     Mid_lse,
     sm_scale,
@@ -87,19 +78,11 @@ def _sparse_decode_stage1(
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     HAS_SEL_ROWS: tl.constexpr,
-    WORKLIST: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
+    cur_b = tl.program_id(0).to(tl.int64)
     cur_kv_head = tl.program_id(1)
-    if WORKLIST:  # program p of the pool: its request and plan range from the work list
-        cur_p = tl.program_id(0).to(tl.int64)
-        cur_b = tl.load(Prog_req + cur_p).to(tl.int64)
-        row = cur_p
-        split = 0
-    else:
-        cur_b = tl.program_id(0).to(tl.int64)
-        row = cur_b
-        split = tl.program_id(2)
+    split = tl.program_id(2)
 
     if HAS_SEL_ROWS:
         sel_row = tl.load(Sel_rows + cur_b).to(tl.int64)
@@ -116,13 +99,9 @@ def _sparse_decode_stage1(
     total = cnt + tl.maximum(seq_len - tail_start, 0)
 
     # Virtual index j < cnt is the j-th selected position, j >= cnt is tail position tail_start + j - cnt.
-    if WORKLIST:
-        split_start = tl.load(Prog_start + cur_p).to(tl.int32)
-        split_end = tl.minimum(tl.load(Prog_end + cur_p).to(tl.int32), total)
-    else:
-        chunk = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        split_start = split * chunk
-        split_end = tl.minimum(split_start + chunk, total)
+    chunk = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_start = split * chunk
+    split_end = tl.minimum(split_start + chunk, total)
 
     offs_h = tl.arange(0, BLOCK_H)
     mask_h = offs_h < GROUP
@@ -163,13 +142,12 @@ def _sparse_decode_stage1(
                 e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
 
     # Every split writes (an empty one: lse = -inf, zeros) so stage 2 needs no length logic. With one
-    # split, Mid_O is the output itself and there is no stage 2 (see sparse_decode_fwd). A work-list
-    # program writes its own row p (an idle one too: no request's merge reads it).
+    # split, Mid_O is the output itself and there is no stage 2 (see sparse_decode_fwd).
     part, lse = finish_partial(e_max, e_sum, acc)
-    mid = row * stride_mb + cur_heads * stride_mh + split * stride_ms
+    mid = cur_b * stride_mb + cur_heads * stride_mh + split * stride_ms
     tl.store(Mid_O + mid[:, None] + offs_d[None, :], part.to(Mid_O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
-    if NUM_SPLITS > 1 or WORKLIST:
-        tl.store(Mid_lse + row * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
+    if NUM_SPLITS > 1:
+        tl.store(Mid_lse + cur_b * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
 
 
 def sparse_decode_fwd(
@@ -190,7 +168,6 @@ def sparse_decode_fwd(
     block_n: int = 32,
     num_warps: int = 4,
     num_stages: int = 3,
-    work: DraftWork | None = None,
     prefetch: bool = False,
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
@@ -202,7 +179,6 @@ def sparse_decode_fwd(
     request b in sel_pos/sel_cnt (e.g. req_pool_indices), default b.
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
-    work: a work list from ``draft_work.plan_work`` over this batch's plan (then num_kv_splits is unused).
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
     H100 sweep, benchmarks/results/kernels/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
     prefetch: load the next tile's position -> slot chain before this tile's K/V (speed only).
@@ -233,27 +209,17 @@ def sparse_decode_fwd(
     elif sel_pos.shape[0] < bs:
         raise ValueError(f"sel_pos has {sel_pos.shape[0]} rows for a batch of {bs}")
     group = h_q // h_kv
-    if work is not None:
-        num_kv_splits = 1
-        if work.req_first.shape[0] != bs:
-            raise ValueError(f"the work list was planned for {work.req_first.shape[0]} requests, the batch has {bs}")
-    elif num_kv_splits is None:
+    if num_kv_splits is None:
         num_kv_splits = default_num_splits(bs * h_kv, q.device)
     block_d = triton.next_power_of_2(d)
-    if work is not None:
-        programs = work.prog_req.shape[0]
-        mid_o = torch.empty((programs, h_q, 1, d), dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty((programs, h_q, 1), dtype=torch.float32, device=q.device)
-    elif num_kv_splits == 1:
+    if num_kv_splits == 1:
         # A full batch already fills the GPU with one split per (request, KV head): stage 1 writes
         # the output, and the merge launch (one per layer and draft step) is skipped.
         mid_o, mid_lse = o.unsqueeze(2), o
     else:
         mid_o = torch.empty((bs, h_q, num_kv_splits, d), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((bs, h_q, num_kv_splits), dtype=torch.float32, device=q.device)
-    grid = (work.prog_req.shape[0], h_kv, 1) if work is not None else (bs, h_kv, num_kv_splits)
-    prog = (work.prog_req, work.prog_start, work.prog_end) if work is not None else (seq_lens, seq_lens, seq_lens)
-    _sparse_decode_stage1[grid](
+    _sparse_decode_stage1[(bs, h_kv, num_kv_splits)](
         q,
         k_buffer,
         v_buffer,
@@ -264,7 +230,6 @@ def sparse_decode_fwd(
         sel_rows,
         tail_start,
         seq_lens,
-        *prog,
         mid_o,
         mid_lse,
         sm_scale,
@@ -291,13 +256,10 @@ def sparse_decode_fwd(
         NUM_SPLITS=num_kv_splits,
         LOGIT_CAP=logit_cap,
         HAS_SEL_ROWS=sel_rows is not None,
-        WORKLIST=work is not None,
         PREFETCH=prefetch,
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    if work is not None:
-        return merge_work_partials(mid_o, mid_lse, work, o)
     if num_kv_splits == 1:
         return o
     return merge_split_partials(mid_o, mid_lse, o)

@@ -1,8 +1,7 @@
 """Stage 2 of the sparse decode attention (``sparse_decode.py``): merge the partial outputs of stage 1.
 
-Stage 1 writes each program's normalized partial output and its natural-log LSE, per query head: with a
-static split grid, request b's splits are Mid_O[b, :, s]; with a work list, request b's programs are the
-rows ``req_first[b] .. req_first[b] + req_count[b] - 1``. The merge writes each request's output row.
+Stage 1 writes each program's normalized partial output and its natural-log LSE, per query head: request
+b's splits are Mid_O[b, :, s]. The merge writes each request's output row.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import triton
 import triton.language as tl
 
 from ._tiles import merge_splits
-from .draft_work import DraftWork
 
 
 @triton.jit
@@ -49,43 +47,6 @@ def _sparse_decode_stage2(
     tl.store(Out + cur_b * stride_ob + cur_head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
 
 
-@triton.jit
-def _sparse_decode_merge_work(
-    Mid_O,
-    Mid_lse,
-    Req_first,
-    Req_count,
-    Out,
-    stride_mp,
-    stride_mh,
-    stride_lp,
-    stride_lh,
-    stride_ob,
-    stride_oh,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    """Stage 2 of a work-list launch: request b's programs are rows first_b .. first_b + count_b - 1."""
-    cur_b = tl.program_id(0).to(tl.int64)
-    cur_head = tl.program_id(1)
-    first = tl.load(Req_first + cur_b).to(tl.int64)
-    count = tl.load(Req_count + cur_b)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < count
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    rows = first + offs_s
-    lse = tl.load(Mid_lse + rows * stride_lp + cur_head * stride_lh, mask=mask_s, other=-float("inf"))
-    parts = tl.load(
-        Mid_O + rows[:, None] * stride_mp + cur_head * stride_mh + offs_d[None, :],
-        mask=mask_s[:, None] & mask_d[None, :],
-        other=0.0,
-    )
-    o, _ = merge_splits(lse, parts)
-    tl.store(Out + cur_b * stride_ob + cur_head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
-
-
 def merge_split_partials(mid_o: torch.Tensor, mid_lse: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     """Merge a static split grid into ``o``; returns ``o``.
 
@@ -111,28 +72,3 @@ def merge_split_partials(mid_o: torch.Tensor, mid_lse: torch.Tensor, o: torch.Te
     )
     return o
 
-
-def merge_work_partials(mid_o: torch.Tensor, mid_lse: torch.Tensor, work: DraftWork, o: torch.Tensor) -> torch.Tensor:
-    """Merge a work-list launch into ``o``; returns ``o``.
-
-    mid_o: [P, H_q, 1, D] fp32, one row per program of ``work``; mid_lse: [P, H_q, 1] fp32; o: [bs, H_q, D].
-    """
-    bs, h_q, d = o.shape
-    _sparse_decode_merge_work[(bs, h_q)](
-        mid_o,
-        mid_lse,
-        work.req_first,
-        work.req_count,
-        o,
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-        o.stride(0),
-        o.stride(1),
-        D=d,
-        BLOCK_D=triton.next_power_of_2(d),
-        BLOCK_S=triton.next_power_of_2(work.max_chunks),
-        num_warps=4,
-    )
-    return o

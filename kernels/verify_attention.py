@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits, splits_cap
-from ._tiles import attend_tile, finish_partial, load_kv_tile, mean_prefix_chunk, merge_splits
+from ._tiles import attend_tile, finish_partial, load_kv_tile, mean_prefix_chunk
 
 
 @triton.jit
@@ -160,32 +160,40 @@ def _verify_stage2(
     stride_oh,
     stride_st,
     stride_sh,
+    H_Q: tl.constexpr,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_HH: tl.constexpr,
     NUM_PARTS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     HAS_LSE: tl.constexpr,
 ):
+    # A program merges BLOCK_HH heads of one verify row: a program per (row, head) was thousands of
+    # programs each reading a few hundred floats, paced by scheduling rather than by bandwidth.
     cur_b = tl.program_id(0)
-    head = tl.program_id(1)
-    row = tl.program_id(2)
+    row = tl.program_id(1)
     qo_start = tl.load(qo_indptr + cur_b).to(tl.int64)
     owned = row < tl.load(qo_indptr + cur_b + 1) - qo_start
     tok = qo_start + row
+    offs_h = tl.program_id(2) * BLOCK_HH + tl.arange(0, BLOCK_HH)
+    mask_h = (offs_h < H_Q) & owned
     offs_s = tl.arange(0, BLOCK_S)
-    mask_s = (offs_s < NUM_PARTS) & owned
+    mask_hs = mask_h[:, None] & (offs_s < NUM_PARTS)[None, :]
     offs_d = tl.arange(0, BLOCK_D)
-    mask_d = (offs_d < D) & owned
-    lse = tl.load(Mid_lse + tok * stride_lt + head * stride_lh + offs_s, mask=mask_s, other=-float("inf"))
-    parts = tl.load(
-        Mid_O + tok * stride_mt + head * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :],
-        mask=(mask_s & (lse > -float("inf")))[:, None] & mask_d[None, :],
-        other=0.0,
-    )
-    o, total_lse = merge_splits(lse, parts)
-    tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
+    lse = tl.load(Mid_lse + tok * stride_lt + offs_h[:, None] * stride_lh + offs_s[None, :], mask=mask_hs,
+                  other=-float("inf"))  # fmt: skip
+    part_ptr = Mid_O + tok * stride_mt + offs_h[:, None, None] * stride_mh + offs_s[None, :, None] * stride_ms
+    part_mask = (mask_hs & (lse > -float("inf")))[:, :, None] & (offs_d < D)[None, None, :]
+    parts = tl.load(part_ptr + offs_d[None, None, :], mask=part_mask, other=0.0)
+    m = tl.maximum(tl.max(lse, 1), -1e20)  # merge_splits, per head
+    w = tl.exp(lse - m[:, None])
+    denom = tl.sum(w, 1)
+    o = tl.sum(w[:, :, None] * parts, 1) / tl.where(denom > 0, denom, 1.0)[:, None]
+    out_mask = mask_h[:, None] & (offs_d < D)[None, :]
+    tl.store(Out + tok * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :], o.to(Out.dtype.element_ty),
+             mask=out_mask)  # fmt: skip
     if HAS_LSE:
-        tl.store(Lse + tok * stride_st + head * stride_sh, total_lse, mask=owned)
+        tl.store(Lse + tok * stride_st + offs_h * stride_sh, m + tl.log(denom), mask=mask_h)
 
 
 def verify_attention_fwd(
@@ -303,7 +311,8 @@ def verify_attention_fwd(
     )
     # Stage 1 wrote partials only for the rows requests own (i < min(n_b, max_extend)), and
     # stage 2 visits exactly those, so every other row of o / lse is left untouched.
-    _verify_stage2[(bs, h_q, max_extend)](
+    block_hh = min(triton.next_power_of_2(h_q), 16)
+    _verify_stage2[(bs, max_extend, triton.cdiv(h_q, block_hh))](
         mid_o,
         mid_lse,
         o,
@@ -318,8 +327,10 @@ def verify_attention_fwd(
         o.stride(1),
         lse.stride(0) if lse is not None else 0,
         lse.stride(1) if lse is not None else 0,
+        H_Q=h_q,
         D=d,
         BLOCK_D=block_d,
+        BLOCK_HH=block_hh,
         NUM_PARTS=parts,
         BLOCK_S=triton.next_power_of_2(parts),
         HAS_LSE=lse is not None,

@@ -6,19 +6,22 @@ against, one list per feature (``PILLAR_HOOKS`` here, ``hooks_boundary``, ``hook
 ``HookRegistry`` and registers the PILLAR algorithm through ``SpeculativeAlgorithm.register``. Where
 SGLang changed between the releases, ``contacts`` holds one adapter per changed contact; ``signatures``
 compares the installed SGLang with what was surveyed per release, at launch (docs/versions.md).
-Besides the hooked symbols, these modules use SGLang code directly: ``worker`` (BaseSpecWorker, the plan stream, the decode graph batch sizes, and for plain rounds a
-second DecodeCudaGraphRunner built under a spec-config override), ``rounds`` (EAGLE's chain verify helpers
-and EAGLEWorkerV2's one-token verify input; on the decode path, ModelRunner.sampler (Sampler.forward's
-signature) on the step's logits wrapped in LogitsProcessorOutput, a GenerationBatchResult built as
-run_eagle_verify builds it), ``verify_input`` (EagleVerifyInput, extended), ``request_rounds`` (Req's
+Besides the hooked symbols, these modules use SGLang code directly: ``worker`` (BaseSpecWorker, the
+plan stream, the decode graph batch sizes, and for plain rounds a second DecodeCudaGraphRunner built under a spec-config override), ``rounds`` (EAGLE's chain verify input
+builder; on the decode path, ModelRunner.sampler (Sampler.forward's signature) on the step's logits wrapped
+in LogitsProcessorOutput, a GenerationBatchResult as SGLang's verify builds it), ``verify`` (SGLang's verify
+steps for a topk=1 chain: the slot kernel, ForwardBatch, the graph runner's can_run_graph / load_batch /
+execute, the forward context, the target worker's verify forward, grammar masks, the bonus-token kernel,
+spec logprobs, GenerationBatchResult), ``verify_input`` (EagleVerifyInput, extended, with its acceptance:
+eagle_sample's logit processing, its verify coins and, for plain greedy batches, eagle_sample itself; the
+server's sampling backend; the Sampler's apply_custom_logit_processor), ``request_rounds`` (Req's
 sampling parameters, output ids, retraction count and processor, which say which requests take one token per
 round, and ScheduleBatch / SamplingBatchInfo fields that say which batches the sampler alone serves),
 ``finish_check`` (Req's stop-token sets, vocabulary size and output ids, and the runtime context's server
 args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward context, graph capture mode and the
 capture-time gc freeze, for both runners' DECODE forwards and graphs), ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_attention`` (a TritonAttnBackend subclass for the
 draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
-create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``verify_sample`` (eagle_sample's logit processing and verify coins, the
-server's sampling backend, the Sampler's apply_custom_logit_processor), ``spec_algo`` (ModelConfig, to refuse unsupported attention and mrope at launch),
+create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``spec_algo`` (ModelConfig, to refuse unsupported attention and mrope at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the
 Triton backend that serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard``
 (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a
@@ -52,7 +55,6 @@ from . import (
     server_info,
     spec_alloc,
     triton_verify,
-    verify_sample,
 )
 from .hook import Hook
 from .hooks_boundary import BOUNDARY_HOOKS
@@ -126,7 +128,8 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "AROUND",
         triton_verify.pillar_verify,
         "PILLAR's verify runs the split-KV verify kernel (SGLang's extend kernel is far below bandwidth), "
-        "and PillarAttn selection reads its attention probabilities (logits + LSE)",
+        "and PillarAttn selection reads its attention probabilities (logits + LSE); SGLang's graph runner "
+        "captures the TARGET_VERIFY graphs these kernels run in at start-up, before any PILLAR round",
     ),
     Hook(
         "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept",
@@ -148,13 +151,6 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "AFTER",
         client_parity.proposed_drafts_in_meta_info,
         "meta_info's spec_accept_rate assumes speculative_num_draft_tokens - 1 drafts per round",
-    ),
-    Hook(
-        "sglang.srt.speculative.eagle_utils.eagle_sample",
-        "AROUND",
-        verify_sample.pillar_eagle_sample,
-        "PILLAR drafts record their proposal on C candidates, not as full-vocabulary rows; its sampled "
-        "verify accepts against that record (run_eagle_verify imports eagle_sample by name)",
     ),
     Hook(
         "sglang.srt.managers.schedule_batch.Req.update_finish_state",

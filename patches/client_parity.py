@@ -18,7 +18,7 @@ token per step. Three places assume it:
   tokenizer manager takes every round as ``speculative_num_draft_tokens - 1`` drafts, which adaptive
   speculation (rounds of 0, 2, 4 or 8 drafts) does not run. ``count_proposed_drafts`` adds each
   round's draft count (``PillarMetrics.last_completed_steps``, or each request's own where some drafted
-  fewer: ``last_completed_drafts``) to every request it served; the
+  fewer: ``last_completed_num_drafts``) to every request it served; the
   count travels to the tokenizer manager in the output message's ``spec_num_cap_tokens`` entry (the
   ragged-verify cap length of EAGLE, which PILLAR rounds never set), and
   ``proposed_drafts_in_meta_info`` prices the rate with it.
@@ -89,10 +89,10 @@ def count_proposed_drafts(result, processor, spec_result, batch, *args, **kwargs
     steps = getattr(metrics, "last_completed_steps", None)
     if steps is None:
         return result
-    drafts = metrics.last_completed_drafts  # per request where some drafted fewer (per-token sampling state)
-    if drafts is None or len(drafts) != len(batch.reqs):
-        drafts = [steps] * len(batch.reqs)
-    for req, n in zip(batch.reqs, drafts):
+    num_drafts = metrics.last_completed_num_drafts  # per request where some drafted fewer (per-token sampling state)
+    if num_drafts is None or len(num_drafts) != len(batch.reqs):
+        num_drafts = [steps] * len(batch.reqs)
+    for req, n in zip(batch.reqs, num_drafts):
         if not (req.is_retracted or req.finished()):
             setattr(req, PROPOSED, getattr(req, PROPOSED, 0) + n)
     return result

@@ -88,13 +88,15 @@ def arguments(original: Callable, args: tuple, kwargs: dict[str, Any]) -> dict[s
     return bound.arguments
 
 
-# ---- run_eagle_verify: num_steps dropped in 0.5.18 (the chain is num_draft_tokens long) ------------------
-def run_eagle_verify(batch, *, num_steps: int, **kwargs):
-    from sglang.srt.speculative.eagle_worker_common import run_eagle_verify as stock
+# ---- the verify's logprobs: compute_spec_v2_logprobs became compute_spec_logprobs in 0.5.18 ------------------
+# The chain's width comes from accept_index [bs, k + 1] there instead of num_steps.
+def compute_spec_logprobs(batch, logits_output, predict, accept_index, num_steps: int) -> None:
+    from sglang.srt.layers import logprob_processor
 
     if not since("0.5.18"):
-        kwargs["num_steps"] = num_steps
-    return stock(batch, **kwargs)
+        logprob_processor.compute_spec_v2_logprobs(batch, logits_output, predict, accept_index, num_steps)
+    else:
+        logprob_processor.compute_spec_logprobs(batch, logits_output, predict, accept_index=accept_index)
 
 
 # ---- retract_all: server_args dropped in 0.5.19 ---------------------------------------------------------

@@ -24,7 +24,6 @@ from sglang.srt.layers.attention.triton_backend import (
     TritonAttnBackend,
     logit_capping_mod,
 )
-from sglang_sparsespec.kernels.draft_work import DraftWork, plan_work
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
@@ -33,14 +32,6 @@ from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.state import PlanState
 
 from .contacts import create_flashinfer_kv_indices_triton
-
-
-# The planned grid (SPARSESPEC_DRAFT_GRID=planned): a draft step's pool holds 2 programs per request
-# and KV head, in chunks about a normal plan long (5% of 7K plus the tail is ~430 positions), so most
-# requests take one and a long plan spreads over the spare half. First guesses, for `kernels_bench
-# --tune dense` and the A/B to set.
-DRAFT_CHUNK, DRAFT_PROGRAMS_PER_REQUEST = 512, 2
-MAX_CHUNKS = 16  # programs one request may take (stage 2 merges them in one tile)
 
 
 @dataclass
@@ -104,7 +95,6 @@ class PillarDraftBackend(TritonAttnBackend):
         state: PlanState,
         inputs: DraftStepInputs,
         oracle: bool,
-        planned: bool = False,
         plain: bool = False,
     ):
         super().__init__(model_runner)
@@ -112,8 +102,6 @@ class PillarDraftBackend(TritonAttnBackend):
         self.inputs = inputs
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.oracle = oracle
-        self.planned = planned
-        self.work: DraftWork | None = None  # the current step's work list (planned grid)
         self.whole_prefix = False  # the current step is the plain step
         self.segments: SegmentMeta | None = None  # the current step is a mixed-phase forward
         self.whole: WholePrefixMeta | None = None
@@ -138,37 +126,24 @@ class PillarDraftBackend(TritonAttnBackend):
             )
             self.oracle_cnt = torch.empty(max_bs, dtype=torch.int32, device=model_runner.device)
 
-    def plan(self, bs: int, whole_prefix: bool) -> None:
+    def plan(self, bs: int, whole_prefix: bool, segments: SegmentMeta | None = None) -> None:
         """Before a step's forward, what every layer's attention shares: for the plain step
-        (``whole_prefix``), SGLang's decode metadata over the step's seq_lens; for a draft step under
-        the planned grid, its work list from the step's inputs (tail starts, seq_lens) and the plans'
-        counts."""
+        (``whole_prefix``), SGLang's decode metadata over the step's seq_lens; a draft step shares nothing;
+        ``segments``: the verify segments after ``bs`` draft rows of a mixed-phase forward."""
         self.whole_prefix = whole_prefix
+        self.segments = segments
+        if not whole_prefix:
+            return
+        if self.whole is None:
+            raise RuntimeError("PillarDraftBackend built without the plain step's metadata (plain=False)")
         inputs = self.inputs
-        if whole_prefix:
-            if self.whole is None:
-                raise RuntimeError("PillarDraftBackend built without the plain step's metadata (plain=False)")
-            rpi, seq_lens, meta = inputs.req_pool_indices[:bs], inputs.seq_lens[:bs], self.whole
-            kv_indptr = meta.kv_indptr[: bs + 1]
-            kv_indptr[1:] = torch.cumsum(seq_lens, dim=0)
-            create_flashinfer_kv_indices_triton[(bs,)](
-                self.req_to_token, rpi, seq_lens, kv_indptr, None, meta.kv_indices, self.req_to_token.stride(0)
-            )
-            self.get_num_kv_splits(meta.num_kv_splits[:bs], seq_lens)
-            return
-        if not self.planned:
-            return
-        chunk, per_request = DRAFT_CHUNK, DRAFT_PROGRAMS_PER_REQUEST
-        self.work = plan_work(
-            self.state.sel_cnt,
-            inputs.req_pool_indices[:bs],
-            inputs.tail_start[:bs],
-            inputs.seq_lens[:bs],
-            self.state.kmax,
-            per_request * bs,
-            chunk,
-            MAX_CHUNKS,
+        rpi, seq_lens, meta = inputs.req_pool_indices[:bs], inputs.seq_lens[:bs], self.whole
+        kv_indptr = meta.kv_indptr[: bs + 1]
+        kv_indptr[1:] = torch.cumsum(seq_lens, dim=0)
+        create_flashinfer_kv_indices_triton[(bs,)](
+            self.req_to_token, rpi, seq_lens, kv_indptr, None, meta.kv_indices, self.req_to_token.stride(0)
         )
+        self.get_num_kv_splits(meta.num_kv_splits[:bs], seq_lens)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
@@ -235,7 +210,6 @@ class PillarDraftBackend(TritonAttnBackend):
             layer.scaling,
             logit_cap=logit_cap,
             sel_rows=sel_rows,
-            work=self.work,  # None unless the grid is planned
         )
 
     def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):

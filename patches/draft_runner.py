@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 
-from sglang_sparsespec.config import DraftGrid, PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord
 
@@ -168,7 +168,6 @@ class PillarDraftRunner:
             state,
             self.inputs,
             oracle=cfg.policy is SelectionPolicy.ORACLE,
-            planned=cfg.draft_grid is DraftGrid.PLANNED,
             plain=plain_decode,
         )
         # One draft step per (batch-size bucket, GREEDY / SAMPLED): all-greedy batches draft by argmax

@@ -5,7 +5,7 @@ backend: a row per request that drafts (its plan, ``kernels/sparse_decode.py``),
 group's verify segments of k + 1 rows (full prefix, ``kernels/verify_attention.py``, scores captured
 for the selection); then, in the same CUDA graph, the drafts are sampled (``kernels/draft_sample.py``)
 and the group's drafts accepted: greedily, or by exact rejection sampling against the target
-distribution stock decoding samples from (``verify_sample.stock_accept``, the split round's, whatever
+distribution stock decoding samples from (``sampling/accept.stock_accept``, the split round's, whatever
 filters the batch uses). One graph per (batch-size bucket, greedy or sampled: ``decode_graphs.Kind``)
 is replayed k + 1 times; the step index and every input live in device buffers the body advances.
 After each forward the selector sees the group's verify, as after a split round's verify.
@@ -29,10 +29,10 @@ from sglang_sparsespec.rounds.mixed import (
     ChainTracker,
     Record,
     RowInputs,
-    greedy_accept,
     mixed_step,
     segments_per_forward,
 )
+from sglang_sparsespec.sampling.accept import greedy_accept, stock_accept
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.sampling.target import SamplingRows
 
@@ -41,6 +41,7 @@ from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward, host_
 from .draft_attention import SegmentMeta
 from .draft_runner import PillarDraftRunner, sample_drafts
 from .request_rounds import decode_path_serves
+from .verify_input import sampling_backend
 
 
 def mixed_serves(batch) -> bool:
@@ -129,13 +130,9 @@ class MixedRunner:
         inputs.seq_lens[:bs] = rows.positions[:bs] + 1
         # Per forward: a group's verify re-selects its plans in the middle of the iteration.
         inputs.tail_start[:bs] = self.state.tail_start[rpi]
-        self.backend.plan(bs, False)
-        self.backend.segments = self._segments(rows, bs, segments)
-        try:
-            decode_rows = DecodeRows(rows.tokens, rows.positions, rows.rpi, rows.positions + 1)
-            return decode_forward(self.mr, self.backend, decode_rows)
-        finally:
-            self.backend.segments = None
+        self.backend.plan(bs, False, self._segments(rows, bs, segments))
+        decode_rows = DecodeRows(rows.tokens, rows.positions, rows.rpi, rows.positions + 1)
+        return decode_forward(self.mr, self.backend, decode_rows)
 
     def _accept(self, logits: torch.Tensor, rows: RowInputs, kind: Kind) -> tuple[torch.Tensor, torch.Tensor]:
         buf, seg, k = self.buf, rows.seg, self.k
@@ -145,8 +142,6 @@ class MixedRunner:
             return greedy_accept(logits.argmax(dim=-1).view(-1, k + 1), drafts, num_drafts)
         # The split round's acceptance (mixed batches have no min-p): one filter for both runners, and one
         # graph for every sampled batch (top-k, top-p and temperature are per-row tensors).
-        from .verify_sample import sampling_backend, stock_accept
-
         params = (self.temperature, self.top_p, self.top_k)
         sampling = SamplingRows(*(t.index_select(0, seg) for t in params), None, sampling_backend())
         record = DraftRecord(

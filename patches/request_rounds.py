@@ -7,8 +7,8 @@ reads each request's last output token when the round is prepared) and the verif
 penalty row to all k + 1 rows; a custom logit processor sees the request as it was before the round.
 Row 0 of a round is the only row whose state is the one stock decoding samples that token with. So
 a request with such state takes exactly one token per round, row 0's (``single_token``): it drafts
-nothing (``counts_for``), its penalty state then advances one token per round as in stock
-decoding, and the verify applies its processor to row 0 alone (``verify_sample``). The rest of its
+nothing (``num_drafts_for``), its penalty state then advances one token per round as in stock
+decoding, and the verify applies its processor to row 0 alone (``verify_input``). The rest of its
 batch keeps drafting.
 
 min_new_tokens needs this only while the penalizer can still mask the stop tokens: its count is the
@@ -52,7 +52,7 @@ def single_token_rows(batch) -> list[bool] | None:
     return rows if any(rows) else None
 
 
-def counts_for(single: list[bool] | None, steps: int) -> list[int] | None:
+def num_drafts_for(single: list[bool] | None, steps: int) -> list[int] | None:
     """Each request's draft count in a round of ``steps`` drafts, from ``single_token_rows``: 0 for the
     requests that take one token per round, ``steps`` for the others; None when every request drafts
     ``steps`` (a plain round takes one token from everyone anyway)."""

@@ -7,10 +7,10 @@ that matches launched rounds with SGLang's late accept counts.
    count's kernels build; nothing learns from it and nothing counts it;
 2. otherwise, with adaptive speculation on, the policy (``adaptive/policy.py``) prices each draft count
    from the round times the clock measured and the acceptance it learned, and the dense chooser
-   (``adaptive/dense.py``) says which requests draft over their whole prefix and which buy boosted
-   plans; a batch in which nobody may draft (``request_rounds``) runs a plain round instead; the TP
-   ranks agree on one shape (``tp_agree``);
-3. which requests draft fewer than the round (``request_rounds.counts_for``: none in most batches);
+   (``adaptive/dense.py``) says which requests draft over their whole prefix; a batch in which nobody
+   may draft (``request_rounds``) runs a plain round instead; the TP ranks agree on one shape
+   (``tp_agree``);
+3. which requests draft fewer than the round (``request_rounds.num_drafts_for``: none in most batches);
    the round joins the launch queue (``rounds/launch.py``) with what its readers need of it.
 
 ``completed`` takes SGLang's accept counts (``on_verify_complete_cpu``, a round or two late under the
@@ -35,7 +35,7 @@ from sglang_sparsespec.rounds.clock import NoClock, RoundClock
 from sglang_sparsespec.rounds.launch import AdaptiveRound, LaunchedRounds, RoundShape
 from sglang_sparsespec.rounds.warmup import is_warmup, warmup_steps
 
-from .request_rounds import counts_for, single_token_rows
+from .request_rounds import num_drafts_for, single_token_rows
 from .tp_agree import RoundAgreement
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def seeded_config(cfg: PillarConfig, server_args) -> PillarConfig:
     if not (server_args.enable_deterministic_inference and cfg.adaptive):
         return cfg
     logger.info("PILLAR: deterministic inference runs every round with %d drafts", cfg.num_steps)
-    return replace(cfg, adaptive_steps="off", force_steps=-1, boost_ratio=0.0)
+    return replace(cfg, adaptive_steps="off", force_steps=-1)
 
 
 def setup_identity(cfg: PillarConfig, server_args, model_runner) -> dict[str, Any]:
@@ -116,15 +116,15 @@ class RoundPlanner:
         if is_warmup(batch.reqs):
             self.warmup_rounds += 1
             steps = warmup_steps(self.cfg.step_candidates, self.warmup_rounds - 1)
-            return RoundShape(steps, drafts=counts_for(single, steps))
+            return RoundShape(steps, num_drafts=num_drafts_for(single, steps))
         shape, launch = self._choose(batch, single)
-        drafts = counts_for(single, shape.steps)
-        self.rounds.launched(shape.steps, len(batch.reqs), launch, drafts)
+        num_drafts = num_drafts_for(single, shape.steps)
+        self.rounds.launched(shape.steps, len(batch.reqs), launch, num_drafts)
         self.metrics.launched(shape.steps, len(batch.reqs))
-        return shape._replace(drafts=drafts)
+        return shape._replace(num_drafts=num_drafts)
 
     def _choose(self, batch, single: list[bool] | None) -> tuple[RoundShape, AdaptiveRound | None]:
-        """The draft count, dense requests and boosted selections of a round that is not warm-up, and
+        """The draft count and dense requests of a round that is not warm-up, and
         what the adaptive readers keep of it until its counts arrive (None: adaptive speculation off).
         ``single``: the batch's ``single_token_rows``."""
         if self.policy is None or batch.forward_mode.is_idle():
@@ -134,9 +134,6 @@ class RoundPlanner:
         self.metrics.rounds_timed(samples)
         reqs = batch.reqs
         alpha = self.policy.acceptance.alpha
-        # Boosts change only how many positions a selection buys, not the round's shape: each TP rank
-        # may decide its own (they see the same accept counts) without a hang.
-        boost = self.dense.boost(reqs, alpha)
         mean_len = sum(r.seqlen for r in reqs) / max(len(reqs), 1)
         choice = self.policy.choose(len(reqs), mean_len, lambda: self.dense.view(reqs, alpha))
         steps, key, dense = choice.steps, choice.key, choice.dense
@@ -147,14 +144,14 @@ class RoundPlanner:
         steps, dense = self.agreement.agree(steps, dense, len(reqs))  # TP ranks must run one round shape
         # The calibration compares a round with what it was chosen for: only a round that ran as chosen.
         expected = choice.expected if (steps, dense) == (choice.steps, choice.dense) else None
-        self.dense.launched(steps, dense, boost)
+        self.dense.launched(steps, dense)
         launch = AdaptiveRound(list(reqs), None if dense is None else list(dense), expected)
         self.clock.announce(key, steps)
         rounds = sum(self.metrics.rounds_by_steps.values()) + 1  # this round is counted at launch
         if rounds % PATH_LOG_EVERY == 0:
             logger.info("PILLAR adaptive: %s", self.summary())
             self.save_costs()
-        return RoundShape(steps, dense if dense is not None and any(dense) else None, boost), launch
+        return RoundShape(steps, dense if dense is not None and any(dense) else None), launch
 
     def completed(self, num_correct_drafts_per_req: list[int]) -> None:
         """SGLang's accept counts of the oldest launched round, now on the host."""
@@ -177,8 +174,6 @@ class RoundPlanner:
             out["mixed_rounds"] = self.metrics.mixed_rounds
         if self.policy is not None:
             out.update(self.policy.summary(), dense_request_rounds=self.dense.dense_request_rounds)
-            if self.cfg.boosts:
-                out["boosted_request_rounds"] = self.dense.boosted_request_rounds
         return out
 
     def restore_costs(self) -> None:

@@ -1,16 +1,16 @@
 """Every forward the PILLAR worker runs: a prefill, or one decode round, read top-down from ``decode``.
 
-A decode round (``Rounds.decode``) is planned (``RoundPlanner.shape``: its draft count, dense drafters and
-boosted selections), run as one of four kinds, and ended in one place (``_end``):
+A decode round (``Rounds.decode``) is planned (``RoundPlanner.shape``: its draft count and dense drafters),
+run as one of four kinds, and ended in one place (``_end``):
 
 * ``SPECULATIVE``: k sparse draft steps of the target model (``PillarDraftRunner``, one CUDA graph
-  replayed k times), then SGLang's topk=1 EAGLE verify of the k + 1 tokens (TARGET_VERIFY graph,
-  full attention, score capture) whose acceptance runs in ``verify_sample`` from the round's
-  ``PillarVerifyInput``, then the selector writes each request's next plan;
+  replayed k times), then the verify of the k + 1 tokens (``verify.forward``: TARGET_VERIFY graph,
+  full attention, score capture), accepted by the round's ``PillarVerifyInput.accept`` and booked by
+  ``verify.result``, then the selector writes each request's next plan;
 * ``MIXED`` (``--pillar-batch-phases mixed``): a mixed-phase iteration, k + 1 forwards in which every
   request drafts or verifies (``rounds/mixed.py``, ``MixedRunner``);
 * ``PLAIN`` (k = 0): one forward of the pending token through a second TARGET_VERIFY graph of width 1,
-  SGLang's own shape for EAGLE's zero-step rounds, on its own attention backend swapped in for the round;
+  SGLang's own shape for EAGLE's zero-step rounds, on its own attention backend (``VerifyPass``);
 * ``PLAIN_DECODE`` (k = 0 under SPARSESPEC_PLAIN_PATH=decode, for the batches SGLang's sampler serves
   alone): a DECODE forward of the pending token over the whole prefix, sampled by SGLang's sampler.
 
@@ -20,15 +20,12 @@ Everything stays on the GPU without a host synchronisation, so the overlap sched
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 import torch
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
 from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
-from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.metrics import PillarMetrics
@@ -38,12 +35,13 @@ from sglang_sparsespec.rounds.warmup import is_warmup
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.selection.selectors import Selector
 
-from .contacts import run_eagle_verify
+from . import verify
 from .decode_graphs import host_rows
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves
 from .request_rounds import decode_path_serves
 from .round_plan import RoundPlanner
+from .verify import Pools, VerifyPass
 from .verify_input import PillarVerifyInput
 
 
@@ -52,25 +50,6 @@ class RoundKind(Enum):
     MIXED = "mixed"
     PLAIN = "plain"
     PLAIN_DECODE = "plain_decode"
-
-
-@dataclass
-class PlainState:
-    """The width-1 verify used by plain rounds: its own backend and graph runner (None without CUDA graphs)."""
-
-    attn_backend: Any
-    graph_runner: Any
-
-
-@dataclass
-class Pools:
-    """What SGLang's verify reads besides the batch: the target worker, its KV pools and plan stream."""
-
-    target_worker: Any
-    req_to_token_pool: Any
-    token_to_kv_pool_allocator: Any
-    plan_stream: Any
-    plan_stream_ctx: Any
 
 
 class Rounds:
@@ -86,17 +65,17 @@ class Rounds:
         selector: Selector,
         draft_runner: PillarDraftRunner,
         mixed: MixedRunner | None,
-        plain: PlainState | None,
+        plain: VerifyPass | None,
         max_bs: int,
         device: str,
     ) -> None:
         self.cfg, self.pools, self.planner, self.clock, self.metrics = cfg, pools, planner, clock, metrics
         self.selector, self.draft_runner, self.mixed, self.plain = selector, draft_runner, mixed, plain
-        # EAGLEWorkerV2._build_trivial_verify_input (the plain round's verify input) is called on this
-        # object and reads exactly these three fields.
-        self._target_worker = pools.target_worker
         self.device = device
-        self.topk = 1
+        mr = pools.target_worker.model_runner
+        # The speculative rounds' verify: the target's own backend and TARGET_VERIFY graphs of width k + 1
+        # (plain rounds verify on ``plain``, width 1).
+        self.full = VerifyPass(mr.attn_backend, mr.decode_cuda_graph_runner, own=True)
         k, k_idx = cfg.num_steps, torch.arange(cfg.num_steps, dtype=torch.long, device=device)
         # The chain's tree (topk=1: each draft's parent is the one before it), for every request row.
         self._chain_parents = (k_idx - 1).repeat(max_bs, 1)  # [max_bs, k]
@@ -147,7 +126,7 @@ class Rounds:
 
     def _kind(self, batch, shape: RoundShape) -> RoundKind:
         if self.mixed is not None:
-            full = shape.steps == self.cfg.num_steps and shape.dense is None and shape.boost is None
+            full = shape.steps == self.cfg.num_steps and shape.dense is None
             if full and not batch.forward_mode.is_idle() and mixed_serves(batch):
                 return RoundKind.MIXED
         if shape.steps > 0:
@@ -171,26 +150,23 @@ class Rounds:
 
     # ---- the four kinds: each returns (SGLang's batch result, each request's next pending token [bs]) --
     def _speculative(self, batch, shape: RoundShape, grammar_barrier):
-        steps, dense, boost, counts = shape
+        steps, dense, num_drafts = shape
         draft_input = batch.spec_info
         bs = batch.seq_lens.shape[0]
         verify_lens = batch.seq_lens
         self.clock.start(bs)
         if dense is not None:
             dense = host_rows(dense, torch.int32, self.device)
-        ratio = None
-        if boost is not None:  # the budget ratio of each request's next selection
-            ratio = host_rows([self.cfg.boost_ratio if b else self.cfg.budget_ratio for b in boost], torch.float64, self.device)
-        drafts = self.draft_runner.run(
+        chain = self.draft_runner.run(
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
         self.clock.drafted()
-        chain = build_eagle_verify_input(
+        verify_input = build_eagle_verify_input(
             batch,
             draft_input,
             self._chain_parents[:bs],
             self._chain_scores_index[:bs],
-            drafts.tokens,
+            chain.tokens,
             None,  # the draft record below replaces full-vocabulary draft distributions
             target_worker=self.pools.target_worker,
             topk=1,
@@ -199,15 +175,17 @@ class Rounds:
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,
         )
-        # Requests with per-token sampling state take row 0 only (``RoundShape.drafts``).
-        counts = None if counts is None else host_rows(counts, torch.int32, self.device)
-        batch.spec_info = PillarVerifyInput.extend(chain, drafts.record, counts, self.clock.verify_callback)
-        result = self._verify(batch, grammar_barrier, self.num_steps)
+        # Requests with per-token sampling state take row 0 only (``RoundShape.num_drafts``).
+        num_drafts = None if num_drafts is None else host_rows(num_drafts, torch.int32, self.device)
+        batch.spec_info = PillarVerifyInput.extend(verify_input, chain.record, num_drafts)
+        fwd = verify.forward(batch, self.pools, self.full, grammar_barrier)
+        self.clock.verified()
+        result, bonus = self._accept(batch, fwd, self.num_steps)
         self.clock.accepted()
         # Before the round's end publishes: the selection must read this round's seq_lens before the
         # schedule stream reuses them.
-        self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens, ratio)
-        return result, result.next_draft_input.bonus_tokens
+        self.selector.after_verify(batch.req_pool_indices, verify_lens, result.new_seq_lens)
+        return result, bonus
 
     def _mixed(self, batch):
         """k + 1 forwards, each request verified once; timed whole (the verify shares the draft forwards)."""
@@ -228,20 +206,11 @@ class Rounds:
 
     def _plain(self, batch, grammar_barrier):
         """One token per request from the target's full forward (no drafts, plans unchanged: their
-        recent tail grows by the new token)."""
+        recent tail grows by the new token), verified on the plain rounds' own width-1 pass."""
         self.clock.start_plain()
-        mr = self.pools.target_worker.model_runner
-        saved = mr.attn_backend, mr.decode_cuda_graph_runner
-        mr.attn_backend, mr.decode_cuda_graph_runner = self.plain.attn_backend, self.plain.graph_runner
-        try:
-            # SGLang's one-token verify input rooted at the pending (bonus) token, as EAGLE builds it for
-            # its zero-step rounds, under the backend swapped in above.
-            record = None if batch.sampling_info.is_all_greedy else self._no_drafts(batch.seq_lens.shape[0])
-            batch.spec_info = PillarVerifyInput.extend(EAGLEWorkerV2._build_trivial_verify_input(self, batch), record)
-            result = self._verify(batch, grammar_barrier, 0)
-        finally:
-            mr.attn_backend, mr.decode_cuda_graph_runner = saved
-        return result, result.next_draft_input.bonus_tokens
+        record = None if batch.sampling_info.is_all_greedy else self._no_drafts(batch.seq_lens.shape[0])
+        batch.spec_info = PillarVerifyInput.plain(batch, self.plain.attn_backend, record, self.device)
+        return self._accept(batch, verify.forward(batch, self.pools, self.plain, grammar_barrier), 0)
 
     def _plain_decode(self, batch):
         """A plain round as stock decodes: one DECODE forward of the pending tokens over every request's
@@ -270,24 +239,12 @@ class Rounds:
         return result, tokens
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _verify(self, batch, grammar_barrier, num_steps: int):
-        """SGLang's topk=1 EAGLE verify of a chain of ``num_steps`` + 1 tokens per request."""
-        p = self.pools
-        return run_eagle_verify(
-            batch,
-            target_worker=p.target_worker,
-            req_to_token_pool=p.req_to_token_pool,
-            token_to_kv_pool_allocator=p.token_to_kv_pool_allocator,
-            plan_stream=p.plan_stream,
-            plan_stream_ctx=p.plan_stream_ctx,
-            topk=1,
-            num_steps=num_steps,
-            num_draft_tokens=num_steps + 1,
-            device=self.device,
-            metadata_ready_pre_pad=False,
-            finalize_tree_path=True,
-            grammar_barrier=grammar_barrier,
-        )
+    @staticmethod
+    def _accept(batch, fwd: verify.VerifyForward, num_steps: int):
+        """The verify input's acceptance of a verify forward of ``num_steps`` + 1 tokens per request,
+        and its result."""
+        predict, accept_lens, accept_index = batch.spec_info.accept(batch, fwd.logits_output, fwd.grammar_mask)
+        return verify.result(batch, fwd, predict, accept_lens, accept_index, num_steps)
 
     def _no_drafts(self, bs: int) -> DraftRecord:
         # Zero drafts: every row's token comes from the target distribution itself.

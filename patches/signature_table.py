@@ -33,6 +33,13 @@ SIGNATURES: dict[str, dict[str, str | None]] = {
     "sglang.kernels.ops.sampling.murmur_hash.murmur_hash32": {
         "0.5.17": "(seed, positions, col_indices)",
     },
+    "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform": {
+        "0.5.17": "(req_pool_indices, req_to_token, start_offset, out_cache_loc, pool_len, draft_token_num)",
+        "0.5.23": "(req_pool_indices, req_to_token, start_offset, out_cache_loc, pool_len, draft_token_num, full_v2p, swa_v2p, full_out, swa_out, PAGE_SIZE, num_v_pages, num_swa_pages, positions_out, anchor_src, anchor_out, anchor_stride)",
+    },
+    "sglang.kernels.ops.speculative.eagle.fill_bonus_tokens": {
+        "0.5.17": "(accept_tokens, accept_lens, bonus_tokens_ptr, accept_stride)",
+    },
     "sglang.srt.arg_groups.model_override_base.attention_backends_of": {
         "0.5.19": "(cfg)",
     },
@@ -69,6 +76,9 @@ SIGNATURES: dict[str, dict[str, str | None]] = {
     "sglang.srt.entrypoints.warmup.execute_warmups": {
         "0.5.17": "(disaggregation_mode, warmup_names, tokenizer_manager)",
     },
+    "sglang.srt.layers.attention.base_attn_backend.AttentionBackend.update_verify_buffers_to_fill_after_draft": {
+        "0.5.17": "(self, spec_info, cuda_graph_bs)",
+    },
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__": {
         "0.5.17": "(self, model_runner, skip_prefill, kv_indptr_buf)",
         "0.5.22": "(self, model_runner, skip_prefill, kv_indptr_buf, *, dllm_fa4)",
@@ -80,11 +90,28 @@ SIGNATURES: dict[str, dict[str, str | None]] = {
         "0.5.17": "(self, num_kv_splits, seq_lens)",
         "0.5.23": "(self, num_kv_splits, seq_lens, uneven_batch)",
     },
+    "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata": {
+        "0.5.17": "(self, forward_batch)",
+    },
     "sglang.srt.layers.dp_attention.set_dp_buffer_len": {
         "0.5.17": "(global_dp_buffer_len, local_dp_buffer_len, dp_max_padding, global_num_tokens, global_num_tokens_gpu)",
     },
     "sglang.srt.layers.dp_attention.set_is_extend_in_batch": {
         "0.5.17": "(is_extend_in_batch)",
+    },
+    "sglang.srt.layers.logits_processor.LogitsProcessorOutput": {
+        "0.5.17": "(next_token_logits, hidden_states, next_token_logprobs, next_token_top_logprobs_val, next_token_top_logprobs_idx, next_token_token_ids_logprobs_val, next_token_token_ids_logprobs_idx, next_token_sampling_mask_idx, next_token_sampling_logprobs, input_token_logprobs, input_top_logprobs_val, input_top_logprobs_idx, input_token_ids_logprobs_val, input_token_ids_logprobs_idx, full_logits, customized_info, mm_input_embeds)",
+        "0.5.19": "(next_token_logits, hidden_states, next_token_logprobs, next_token_top_logprobs_val, next_token_top_logprobs_idx, next_token_token_ids_logprobs_val, next_token_token_ids_logprobs_idx, next_token_sampling_mask_idx, next_token_sampling_logprobs, input_token_logprobs, input_top_logprobs_val, input_top_logprobs_idx, input_token_ids_logprobs_val, input_token_ids_logprobs_idx, full_logits, beam, customized_info, mm_input_embeds, auxiliary_device_output)",
+        "0.5.20": "(next_token_logits, hidden_states, next_token_logprobs, next_token_top_logprobs_val, next_token_top_logprobs_idx, next_token_token_ids_logprobs_val, next_token_token_ids_logprobs_idx, sampling_mask_output, next_token_sampling_mask_idx, next_token_sampling_logprobs, next_token_sampling_mask_status, input_token_logprobs, input_top_logprobs_val, input_top_logprobs_idx, input_token_ids_logprobs_val, input_token_ids_logprobs_idx, full_logits, beam, customized_info, mm_input_embeds, auxiliary_device_output)",
+        "0.5.21": "(next_token_logits, hidden_states, hidden_states_token_indices, next_token_logprobs, next_token_top_logprobs_val, next_token_top_logprobs_idx, next_token_token_ids_logprobs_val, next_token_token_ids_logprobs_idx, sampling_mask_output, next_token_sampling_mask_idx, next_token_sampling_logprobs, next_token_sampling_mask_status, input_token_logprobs, input_top_logprobs_val, input_top_logprobs_idx, input_token_ids_logprobs_val, input_token_ids_logprobs_idx, input_logprobs_copy_done, full_logits, beam, customized_info, mm_input_embeds, auxiliary_device_output)",
+        "0.5.23": "(next_token_logits, hidden_states, hidden_states_token_indices, last_hidden_states, next_token_logprobs, next_token_top_logprobs_val, next_token_top_logprobs_idx, next_token_token_ids_logprobs_val, next_token_token_ids_logprobs_idx, sampling_mask_output, next_token_sampling_mask_idx, next_token_sampling_logprobs, next_token_sampling_mask_status, input_token_logprobs, input_top_logprobs_val, input_top_logprobs_idx, input_token_ids_logprobs_val, input_token_ids_logprobs_idx, input_logprobs_copy_done, full_logits, beam, customized_info, mm_input_embeds, auxiliary_device_output)",
+    },
+    "sglang.srt.layers.logprob_processor.compute_spec_logprobs": {
+        "0.5.18": "(batch, logits_output, predict, *, accept_index, chain_stride)",
+    },
+    "sglang.srt.layers.logprob_processor.compute_spec_v2_logprobs": {
+        "0.5.17": "(batch, logits_output, predict, accept_index, speculative_num_steps)",
+        "0.5.18": None,
     },
     "sglang.srt.layers.sampler.Sampler.forward": {
         "0.5.17": "(self, logits_output, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions)",
@@ -181,6 +208,18 @@ SIGNATURES: dict[str, dict[str, str | None]] = {
     "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request": {
         "0.5.17": "(self, obj, request)",
     },
+    "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": {
+        "0.5.17": "(self, batch, forward_batch, pp_proxy_tensors, is_verify, skip_attn_backend_init, *, capture_hidden_mode)",
+        "0.5.22": "(self, batch, forward_batch, pp_proxy_tensors, is_verify, skip_attn_backend_init, *, capture_hidden_mode, return_kv_loc_plan)",
+    },
+    "sglang.srt.managers.utils.GenerationBatchResult": {
+        "0.5.17": "(logits_output, pp_hidden_states_proxy_tensors, next_token_ids, num_correct_drafts, num_correct_drafts_per_req_cpu, num_block_accept_tokens, num_cap_tokens, accept_length_per_req_cpu, dllm_algo_state, can_run_cuda_graph, skipped_output_comm, extend_input_len_per_req, extend_logprob_start_len_per_req, copy_done, delay_sample_func, future_indices, speculative_num_draft_tokens, grammar_advanced, grammar_retained_tokens, accept_lens, block_accept_lens, cap_lens, new_seq_lens, next_draft_input, extra_keep_alive_refs, routed_experts_output, indexer_topk_output, expert_distribution_metrics, fpm_start_event, fpm_end_event)",
+        "0.5.19": "(logits_output, pp_hidden_states_proxy_tensors, next_token_ids, num_correct_drafts, num_correct_drafts_per_req_cpu, num_block_accept_tokens, num_cap_tokens, accept_length_per_req_cpu, dllm_algo_state, can_run_cuda_graph, skipped_output_comm, extend_input_len_per_req, extend_logprob_start_len_per_req, copy_done, delay_sample_func, future_indices, speculative_num_draft_tokens, grammar_advanced, grammar_retained_tokens, accept_lens, block_accept_lens, cap_lens, new_seq_lens, next_draft_input, extra_keep_alive_refs, routed_experts_output, indexer_topk_output, expert_distribution_metrics, fpm_start_event, fpm_end_event, auxiliary_host_output)",
+        "0.5.20": "(logits_output, pp_hidden_states_proxy_tensors, next_token_ids, num_correct_drafts, num_correct_drafts_per_req_cpu, num_block_accept_tokens, num_cap_tokens, accept_length_per_req_cpu, dllm_algo_state, can_run_cuda_graph, skipped_output_comm, extend_input_len_per_req, extend_logprob_start_len_per_req, copy_done, delay_sample_func, future_indices, speculative_num_draft_tokens, speculative_output_stride, num_non_draft_tokens_per_req, grammar_advanced, grammar_retained_tokens, accept_lens, block_accept_lens, cap_lens, new_seq_lens, next_draft_input, extra_keep_alive_refs, routed_experts_output, indexer_topk_output, expert_distribution_metrics, fpm_start_event, fpm_end_event, auxiliary_host_output)",
+        "0.5.21": "(logits_output, pp_hidden_states_proxy_tensors, next_token_ids, num_correct_drafts, num_correct_drafts_per_req_cpu, num_block_accept_tokens, num_cap_tokens, accept_length_per_req_cpu, dllm_algo_state, can_run_cuda_graph, skipped_output_comm, extend_input_len_per_req, extend_logprob_start_len_per_req, copy_done, delay_sample_func, future_indices, speculative_num_draft_tokens, speculative_output_stride, num_non_draft_tokens_per_req, grammar_advanced, grammar_retained_tokens, accept_lens, block_accept_lens, cap_lens, new_seq_lens, next_draft_input, next_verify_chain, next_verify_parent_list, next_verify_top_scores_index, spec_verify_out_cache_loc, accept_index, extra_keep_alive_refs, routed_experts_output, indexer_topk_output, expert_distribution_metrics, fpm_start_event, fpm_end_event, auxiliary_host_output)",
+        "0.5.22": "(logits_output, pp_hidden_states_proxy_tensors, next_token_ids, num_correct_drafts, num_correct_drafts_per_req_cpu, num_block_accept_tokens, num_cap_tokens, accept_length_per_req_cpu, dllm_algo_state, can_run_cuda_graph, skipped_output_comm, extend_input_len_per_req, extend_logprob_start_len_per_req, copy_done, delay_sample_func, future_indices, speculative_num_draft_tokens, speculative_output_stride, num_non_draft_tokens_per_req, grammar_advanced, grammar_retained_tokens, accept_lens, block_accept_lens, cap_lens, new_seq_lens, next_draft_input, next_verify_chain, next_verify_parent_list, next_verify_top_scores_index, spec_verify_out_cache_loc, kv_loc_plan, accept_index, prepared_draft_extend_inputs, extra_keep_alive_refs, routed_experts_output, indexer_topk_output, expert_distribution_metrics, fpm_start_event, fpm_end_event, auxiliary_host_output)",
+        "0.5.23": "(logits_output, pp_hidden_states_proxy_tensors, next_token_ids, num_correct_drafts, num_correct_drafts_per_req_cpu, num_block_accept_tokens, num_cap_tokens, accept_length_per_req_cpu, dllm_algo_state, can_run_cuda_graph, skipped_output_comm, extend_input_len_per_req, extend_logprob_start_len_per_req, copy_done, delay_sample_func, future_indices, speculative_num_draft_tokens, speculative_output_stride, num_non_draft_tokens_per_req, grammar_advanced, grammar_retained_tokens, accept_lens, block_accept_lens, cap_lens, new_seq_lens, next_draft_input, next_verify_chain, next_verify_parent_list, next_verify_top_scores_index, spec_verify_out_cache_loc, kv_loc_plan, accept_index, prepared_draft_extend_inputs, extra_keep_alive_refs, routed_experts_output, indexer_topk_output, expert_distribution_metrics, fpm_timing, fpm_scheduled_requests, auxiliary_host_output)",
+    },
     "sglang.srt.managers.utils.compute_num_reserved_tokens": {
         "0.5.17": "(server_args)",
         "0.5.18": "()",
@@ -206,6 +245,13 @@ SIGNATURES: dict[str, dict[str, str | None]] = {
         "0.5.17": "(device_pool)",
         "0.5.23": "(buffer_info)",
     },
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": {
+        "0.5.17": "(cls, batch, model_runner, *, capture_hidden_mode, return_hidden_states_before_norm)",
+        "0.5.22": "(cls, batch, model_runner, *, capture_hidden_mode, return_hidden_states_before_norm, extend_position_info, spec_mrope_positions, kv_loc_plan, write_cols)",
+    },
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.mark_forward_metadata_ready": {
+        "0.5.17": "(self, replan_equivalent)",
+    },
     "sglang.srt.model_executor.model_runner.ModelRunner.load_model": {
         "0.5.17": "(self)",
     },
@@ -216,8 +262,17 @@ SIGNATURES: dict[str, dict[str, str | None]] = {
         "0.5.17": "(self, model_runner, *, attn_backend, speculative_num_steps, speculative_num_draft_tokens)",
         "0.5.20": "(self, model_runner, *, attn_backend, speculative_num_steps, speculative_num_draft_tokens, record_nolora_graph)",
     },
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph": {
+        "0.5.17": "(self, forward_batch)",
+    },
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.execute": {
+        "0.5.17": "(self, forward_batch, pp_proxy_tensors)",
+    },
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info": {
         "0.5.17": "(self, num_tokens)",
+    },
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.load_batch": {
+        "0.5.17": "(self, forward_batch, pp_proxy_tensors)",
     },
     "sglang.srt.model_executor.runner.get_batch_sizes_to_capture": {
         "0.5.17": "(model_runner, captured_req_width)",
@@ -260,6 +315,10 @@ SIGNATURES: dict[str, dict[str, str | None]] = {
     "sglang.srt.speculative.base_spec_worker.BaseSpecWorker.on_verify_complete_cpu": {
         "0.5.17": "(self, num_correct_drafts_per_req, batch_size)",
     },
+    "sglang.srt.speculative.eagle_info.EagleVerifyInput": {
+        "0.5.17": "(draft_token, custom_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling, retrieve_cum_len, spec_steps, topk, draft_token_num, capture_hidden_mode, seq_lens_sum, seq_lens_cpu, draft_probs, num_tokens_per_req)",
+        "0.5.22": "(draft_token, custom_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling, retrieve_cum_len, spec_steps, topk, draft_token_num, capture_hidden_mode, seq_lens_sum, seq_lens_cpu, draft_probs, prepared_out_cache_loc, prepared_mrope_positions, kv_loc_plan, num_tokens_per_req)",
+    },
     "sglang.srt.speculative.eagle_utils._verify_coins": {
         "0.5.17": "(*, sampling_info, seq_lens, draft_token_num, candidates, device)",
     },
@@ -277,18 +336,9 @@ SIGNATURES: dict[str, dict[str, str | None]] = {
     "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input": {
         "0.5.17": "(batch, draft_input, parent_list, top_scores_index, draft_tokens, draft_probs, *, target_worker, topk, num_steps, num_draft_tokens, tree_mask_mode, device)",
     },
-    "sglang.srt.speculative.eagle_worker_common.run_eagle_verify": {
-        "0.5.17": "(batch, *, target_worker, req_to_token_pool, token_to_kv_pool_allocator, plan_stream, plan_stream_ctx, topk, num_steps, num_draft_tokens, device, metadata_ready_pre_pad, finalize_tree_path, grammar_barrier)",
-        "0.5.18": "(batch, *, target_worker, req_to_token_pool, token_to_kv_pool_allocator, plan_stream, plan_stream_ctx, topk, num_draft_tokens, device, metadata_ready_pre_pad, finalize_tree_path, grammar_barrier)",
-        "0.5.20": "(batch, *, target_worker, req_to_token_pool, token_to_kv_pool_allocator, plan_stream, plan_stream_ctx, topk, num_draft_tokens, device, metadata_ready_pre_pad, finalize_tree_path, grammar_barrier, uno_target_max_top_k)",
-        "0.5.21": "(batch, *, target_worker, req_to_token_pool, token_to_kv_pool_allocator, plan_stream, plan_stream_ctx, topk, num_draft_tokens, device, metadata_ready_pre_pad, finalize_tree_path, pp_proxy_tensors, grammar_barrier, uno_target_max_top_k)",
-    },
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.__init__": {
         "0.5.17": "(self, server_args, gpu_id, ps, nccl_port, target_worker)",
         "0.5.21": "(self, server_args, gpu_id, nccl_port, target_worker)",
-    },
-    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._build_trivial_verify_input": {
-        "0.5.17": "(self, batch)",
     },
     "sglang.srt.speculative.spec_info.create_dummy_verify_input": {
         "0.5.17": "(spec_algorithm, server_args, custom_mask, num_tokens_per_req, is_draft_worker)",
@@ -297,8 +347,29 @@ SIGNATURES: dict[str, dict[str, str | None]] = {
     "sglang.srt.speculative.spec_registry.register_algorithm": {
         "0.5.17": "(name, *, supports_overlap, validate_server_args, spec_class)",
     },
+    "sglang.srt.speculative.spec_utils.GrammarTree.from_device": {
+        "0.5.17": "(cls, retrieve_next_token, retrieve_next_sibling, draft_token)",
+    },
+    "sglang.srt.speculative.spec_utils.build_grammar_vocab_mask": {
+        "0.5.17": "(*, reqs, tree, sampling_info, device, barrier)",
+    },
     "sglang.srt.speculative.spec_utils.get_plan_stream": {
         "0.5.17": "(device)",
+    },
+    "sglang.srt.speculative.spec_utils.record_stream_each": {
+        "0.5.17": "(tensors, stream)",
+    },
+    "sglang.srt.speculative.spec_utils.record_stream_for_v2_verify": {
+        "0.5.17": "(batch, verify_input, fwd_stream)",
+    },
+    "sglang.srt.utils.async_probe.maybe_detect_inf": {
+        "0.5.17": "(tensor, msg)",
+    },
+    "sglang.srt.utils.async_probe.maybe_detect_nan": {
+        "0.5.17": "(tensor, msg)",
+    },
+    "sglang.srt.utils.async_probe.maybe_detect_oob": {
+        "0.5.17": "(indices, low, high, msg)",
     },
     "sglang.srt.utils.async_probe.sanitize_nan_logits": {
         "0.5.17": "(logits, msg)",

@@ -121,8 +121,8 @@ def unsupported_sampling(sa: ServerArgs) -> str | None:
     ``register_sampler_backend``) has a law of its own. ``--rl-on-policy-target`` makes stock sample a
     temperature-only batch from the bf16 log-softmax of bf16 logits / T and return those log-probabilities
     to match a trainer; the verify samples from the fp32 softmax, and SGLang's speculative log-probabilities
-    are fp32 too. SGLang settles the backend before this runs (deterministic inference, which the flag turns on,
-    forces pytorch unless ascend was asked for).
+    are fp32 too. SGLang settles an unset backend only after this runs (deterministic inference, which the flag
+    turns on, forces pytorch unless ascend was asked for).
     """
     target = getattr(sa, "rl_on_policy_target", None)
     if target is not None:
@@ -132,7 +132,9 @@ def unsupported_sampling(sa: ServerArgs) -> str | None:
             "rollouts without speculation"
         )
     supported = [b.value for b in SamplingBackend]
-    if sa.sampling_backend not in supported:
+    # None: SGLang settles the default after this check (flashinfer where installed, else pytorch; pytorch
+    # under deterministic inference), and PILLAR reproduces both.
+    if sa.sampling_backend is not None and sa.sampling_backend not in supported:
         return (
             f"its verify reproduces the {' or '.join(supported)} sampler only; --sampling-backend "
             f"{sa.sampling_backend} is not supported"

@@ -22,7 +22,6 @@ from sglang_sparsespec.adaptive.cost_cache import CostFile
 from sglang_sparsespec.adaptive.dense import DenseChooser
 from sglang_sparsespec.adaptive.policy import SpeculationPolicy
 from sglang_sparsespec.config import (
-    DraftGrid,
     PillarConfig,
     PlainPath,
     ScoreRows,
@@ -40,11 +39,12 @@ from .contacts import resolved
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner
 from .round_plan import RoundPlanner, seeded_config, setup_identity
-from .rounds import PlainState, Pools, Rounds
+from .rounds import Rounds
 from .sampler_warmup import build_sampling_kernels
 from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
 from .triton_verify import VerifyHooks, attach_verify, new_verify_backend, verify_backend
+from .verify import Pools, VerifyPass
 
 logger = logging.getLogger(__name__)
 
@@ -147,14 +147,9 @@ class PillarWorker(BaseSpecWorker):
             h_kv, dev = backend.num_kv_head, torch.device(self.device)
             kv_bytes = mc.num_hidden_layers * h_kv * mc.head_dim * 2 * self.model_runner.kv_cache_dtype.itemsize
             # The draft kernel's own split rule (sparse_decode_fwd's default), so the policy prices
-            # a dense request's programs as the kernel will cut them; the planned grid spreads a long
-            # plan over more programs instead (its pool's limit is left to the measured round times).
-            splits = None
-            if self.cfg.draft_grid is DraftGrid.STATIC:
-                splits = lambda bs: default_num_splits(bs * h_kv, dev)  # noqa: E731
-            dense = DenseChooser(
-                self.cfg.budget, kv_bytes, mc.num_hidden_layers, splits, self.cfg.num_steps, self.cfg.boosts
-            )
+            # a dense request's programs as the kernel will cut them.
+            splits = lambda bs: default_num_splits(bs * h_kv, dev)  # noqa: E731
+            dense = DenseChooser(self.cfg.budget, kv_bytes, mc.num_hidden_layers, splits)
             self.planner.set_dense(dense)
 
     def _capture_bs(self) -> list[int]:
@@ -186,20 +181,14 @@ class PillarWorker(BaseSpecWorker):
             self.mixed = MixedRunner(self.draft_runner, self.state, self.selector, self.sink, scratch)
             if capture_bs:
                 self.mixed.capture()
-        plain = self._build_plain_state() if 0 in self.cfg.step_candidates else None
-        pools = Pools(
-            self._target_worker,
-            self.req_to_token_pool,
-            self.token_to_kv_pool_allocator,
-            self.plan_stream,
-            self.plan_stream_ctx,
-        )
+        plain = self._build_plain_pass() if 0 in self.cfg.step_candidates else None
+        pools = Pools(self._target_worker, self.req_to_token_pool, self.plan_stream, self.plan_stream_ctx)
         self.rounds = Rounds(
             self.cfg, pools, self.planner, self.clock, self.metrics, self.selector, self.draft_runner, self.mixed,
             plain, self.max_bs, self.device,
         )  # fmt: skip
 
-    def _build_plain_state(self) -> PlainState:
+    def _build_plain_pass(self) -> VerifyPass:
         # As SGLang builds EAGLE's per-step-count states: the backend and the graph runner read the
         # verify width from the spec config at construction, so it is overridden around them.
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
@@ -222,7 +211,7 @@ class PillarWorker(BaseSpecWorker):
         finally:
             get_context().override("sparsespec.plain_restore", **widths)
         logger.info("PILLAR plain-decoding graphs (verify width 1) captured")
-        return PlainState(backend, runner)
+        return VerifyPass(backend, runner, own=False)
 
 
     # ---- per step --------------------------------------------------------------------

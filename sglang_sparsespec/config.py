@@ -4,7 +4,8 @@ The knobs SGLang already has keep their SGLang flags (``--speculative-num-steps`
 PILLAR-only knobs (``KNOBS``) are launch flags ``--pillar-<name>`` that the plugin adds to
 SGLang's parser, with the variables ``SPARSESPEC_<NAME>`` as the fallback; the launcher turns the
 flags it was given into those variables, which every scheduler process inherits, so each process
-resolves the same ``PillarConfig`` (``patches/server_args_flags.py``).
+resolves the same ``PillarConfig`` (``patches/server_args_flags.py``). Each knob is described once,
+in ``KNOBS``: the flag's --help and the README's knob table (``knob_table.py``) are made from it.
 """
 
 from __future__ import annotations
@@ -61,17 +62,6 @@ class VerifyKernel(str, Enum):
     SGLANG = "sglang"
 
 
-class DraftGrid(str, Enum):
-    """How the draft kernel spreads a step's attention over GPU programs."""
-
-    # One program per (request, KV head, split) with one split count for the batch: a request's
-    # programs are its plan / splits long, so a long plan (dense, boosted) sets each layer's time.
-    STATIC = "static"
-    # A work list per step: programs of about equal length whatever the plan lengths (kernels/draft_work.py).
-    # Slower on the H100 at 256 x 7000: 1.62x stock against STATIC's 1.65-1.74x (e058028).
-    PLANNED = "planned"
-
-
 class PlainPath(str, Enum):
     """How a plain-decoding round (adaptive draft count 0) runs its one forward. PillarConfig resolves
     AUTO, so a built config holds VERIFY or DECODE."""
@@ -112,79 +102,39 @@ def _parse_steps(raw: str, num_steps: int) -> tuple[int, ...]:
     except ValueError:
         raise ValueError(f"{ENV_PREFIX}ADAPTIVE_STEPS={raw!r}: give 'auto', 'off' or draft counts like 0,2,4") from None
     if any(not 0 <= s <= num_steps for s in steps):
-        raise ValueError(f"{ENV_PREFIX}ADAPTIVE_STEPS={raw!r}: every count must be in 0..{num_steps} (--speculative-num-steps)")
+        raise ValueError(
+            f"{ENV_PREFIX}ADAPTIVE_STEPS={raw!r}: every count must be in 0..{num_steps} (--speculative-num-steps)"
+        )
     return tuple(sorted(steps | {num_steps}))
 
 
 @dataclass(frozen=True)
 class PillarConfig:
-    """Knobs of one PILLAR server.
+    """Knobs of one PILLAR server. Every field but ``num_steps`` (``--speculative-num-steps``) is a knob,
+    described once, by its ``Knob`` in ``KNOBS``.
 
-    Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``boost_ratio`` 0 or in
-    ``(budget_ratio, 1]`` with adaptive speculation on; ``min_budget >= 1``;
+    Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``min_budget >= 1``;
     ``recent_window >= 0``; ``sink_tokens >= 0``; ``select_every >= 1``.
     """
 
     num_steps: int = 8
     budget_ratio: float = 0.05
-    # The budget ratio of the poor drafters (adaptive/dense.py, "boosted plans"); 0 = everyone drafts at
-    # budget_ratio. A global 10% lifted the tail but slowed the good drafters (sampled-c4a7753-h200-7000:
-    # E2E p99 65.0 -> 54.7 s, p10 25.9 -> 28.8 s); this spends the larger budget on the tail alone.
-    boost_ratio: float = 0.0
     min_budget: int = 128
-    # Measured on SmolLM2-135M, 4096 tokens (benchmarks/results/acceptance/acceptance_h100_*.json): a
-    # 64-token tail beats 16 (accept 6.02/6.82 vs 4.78/5.54 at T=0/0.6) and 128 (5.33/4.39,
-    # which leaves no budget for the selection, sinks included, below 2.5K tokens).
     recent_window: int = 64
     sink_tokens: int = 4
     policy: SelectionPolicy = SelectionPolicy.PILLAR
-    # > 0: log the mean GPU time of the draft, verify and select phases every this many
-    # rounds (one host sync each time); for step-time breakdowns, off in serving.
     timing_every: int = 0
     verify_kernel: VerifyKernel = VerifyKernel.SPLIT
-    # Re-select every N-th verify (pillar/coarse); the verify passes in between skip the score
-    # capture, and their plans keep the last selection while the recent tail grows. Measured on the
-    # H100 (benchmarks/results): capture + selection is 20-35% of a Qwen3-1.7B verify step at N = 1
-    # and 6-13% at N = 4. N = 8: the SmolLM2 256 x 2K verify 9.35 -> 8.99 ms (1.27-1.29x stock's step
-    # instead of 1.34x), 256 x 7000 sampled two waves 1.76x against 1.72x stock (accept 4.78 vs 4.69;
-    # sel8b-af052b7-7000) and 1.77x against 1.74x (sel8-32ab36a-7000); the CPU policy_sim accept length
-    # on AIME24 prompts 1-3 at 4096 tokens 6.93/5.89/6.35 vs 6.63/5.56/6.06.
     select_every: int = 8
-    # Which verify rows score the prefix. CPU reference (policy_sim, AIME24 prompts 1-3, fp32, select
-    # every verify): 4096 tokens 6.62/5.89/6.56 (all) vs 7.39/5.80/6.46 (last); 1500 tokens
-    # 7.65/7.08/7.81 vs 7.86/7.77/7.57. One prompt gains 10-12%, the others move by -3..+3%: the
-    # default stays the paper's until the GPU acceptance run says otherwise.
     score_rows: ScoreRows = ScoreRows.ALL
-    # Sampled drafts: the proposal's support, at most C of the most probable tokens of each draft
-    # step. The verify is exact for any C; C only trades acceptance (the target mass outside them can
-    # never be drafted) for record size (k x C x 12 bytes per request).
     draft_candidates: int = 64
-    # Adaptive speculation (adaptive/policy.py): the draft counts a round may run besides num_steps,
-    # 0 = plain decoding, as a comma list; "auto" = AUTO_STEPS below num_steps; "off" = always num_steps.
     adaptive_steps: str = "auto"
-    # Analysis only: every round runs this draft count (one of the candidates; 0 = plain decoding) while
-    # the policy still prices its cells, so a step-time run can time one path alone; -1 = the policy's.
     force_steps: int = -1
-    # Adaptive speculation speculates only if the batch's request at this quantile of expected tokens
-    # decodes at least as fast as under plain decoding (adaptive/policy.py, SpeculationPolicy); 0 = the
-    # throughput choice alone.
     floor_quantile: float = 0.1
-    # ... and only if it promises this much more throughput than plain decoding (SpeculationPolicy).
     spec_premium: float = 0.15
-    draft_grid: DraftGrid = DraftGrid.STATIC
-    # Plain-decoding rounds: the decode path since its same-run A/B (plain-c4a7753-h200-2048: 1.04x
-    # stock at 64 x 2048 against the verify path's 0.99x, lossless PASS; docs/results.md).
     plain_path: PlainPath = PlainPath.AUTO
-    # Where adaptive speculation keeps the round costs it measured, so a restarted server of the same
-    # setup starts priced (adaptive/cost_cache.py): "auto" = a file per setup under $SPARSESPEC_CACHE/costs
-    # (default ~/.cache/sglang_sparsespec), "off", or a file path.
     cost_cache: str = "auto"
-    # Pinned host memory (GB) for parking running requests' KV instead of retracting them when the
-    # GPU pool runs out (patches/offload.py, docs/offload.md); 0 = off. Applies to stock decoding too.
     offload_host_gb: float = 0.0
-    # Full-length rounds as split phases or mixed-phase iterations (rounds/mixed.py). Mixed is not the
-    # default until a same-run A/B on the GPU says it pays: its measured ceiling is -5% of a Qwen3-8B
-    # round at batch 64 and ~0 on SmolLM2 (tools.mixed_gemm).
     batch_phases: BatchPhases = BatchPhases.SPLIT
 
     def __post_init__(self) -> None:
@@ -202,14 +152,6 @@ class PillarConfig:
             raise ValueError(f"{ENV_PREFIX}SPEC_PREMIUM must be a finite number >= 0, got {self.spec_premium}")
         if not 0.0 < self.budget_ratio <= 1.0:
             raise ValueError(f"{ENV_PREFIX}BUDGET_RATIO must be in (0, 1], got {self.budget_ratio}")
-        if self.boost_ratio != 0.0 and not self.budget_ratio < self.boost_ratio <= 1.0:
-            raise ValueError(
-                f"{ENV_PREFIX}BOOST_RATIO must be 0 (off) or in ({self.budget_ratio}, 1] "
-                f"(above {ENV_PREFIX}BUDGET_RATIO), got {self.boost_ratio}"
-            )
-        if self.boost_ratio != 0.0 and not self.adaptive:
-            # The per-request acceptance that picks the boosted requests is kept by adaptive speculation.
-            raise ValueError(f"{ENV_PREFIX}BOOST_RATIO needs adaptive speculation ({ENV_PREFIX}ADAPTIVE_STEPS not 'off')")
         if self.min_budget < 1:
             raise ValueError(f"{ENV_PREFIX}MIN_BUDGET must be >= 1, got {self.min_budget}")
         if self.select_every < 1:
@@ -222,23 +164,15 @@ class PillarConfig:
             raise ValueError(f"{ENV_PREFIX}OFFLOAD_HOST_GB must be a finite number >= 0, got {self.offload_host_gb}")
         if not self.cost_cache.strip():
             raise ValueError(f"{ENV_PREFIX}COST_CACHE must be 'auto', 'off' or a file path")
-        if self.draft_grid is DraftGrid.PLANNED and self.policy is SelectionPolicy.ORACLE:
-            # The oracle picks each query's positions inside the step; its counts are not known to plan from.
-            raise ValueError(f"{ENV_PREFIX}DRAFT_GRID=planned does not combine with {ENV_PREFIX}POLICY=oracle")
         if self.plain_path is PlainPath.AUTO:
             oracle = self.policy is SelectionPolicy.ORACLE
             object.__setattr__(self, "plain_path", PlainPath.VERIFY if oracle else PlainPath.DECODE)
         elif self.plain_path is PlainPath.DECODE and self.policy is SelectionPolicy.ORACLE:
             # The oracle's draft backend selects from each query itself; it has no whole-prefix step.
             raise ValueError(f"{ENV_PREFIX}PLAIN_PATH=decode does not combine with {ENV_PREFIX}POLICY=oracle")
-        if self.batch_phases is BatchPhases.MIXED and (
-            self.policy is SelectionPolicy.ORACLE or self.draft_grid is DraftGrid.PLANNED
-        ):
-            # Both analysis modes plan each draft step from a batch of draft rows only.
-            raise ValueError(
-                f"{ENV_PREFIX}BATCH_PHASES=mixed does not combine with {ENV_PREFIX}POLICY=oracle or "
-                f"{ENV_PREFIX}DRAFT_GRID=planned"
-            )
+        if self.batch_phases is BatchPhases.MIXED and self.policy is SelectionPolicy.ORACLE:
+            # The oracle selects inside each draft step from a batch of draft rows only.
+            raise ValueError(f"{ENV_PREFIX}BATCH_PHASES=mixed does not combine with {ENV_PREFIX}POLICY=oracle")
         if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
             raise ValueError(
                 f"{ENV_PREFIX}RECENT_WINDOW, {ENV_PREFIX}SINK_TOKENS and {ENV_PREFIX}STEP_TIMING must be >= 0"
@@ -257,21 +191,13 @@ class PillarConfig:
     def mixed(self) -> bool:
         return self.batch_phases is BatchPhases.MIXED
 
-    @property
-    def boosts(self) -> bool:
-        """Whether poor drafters get the larger budget ``boost_ratio``."""
-        return self.boost_ratio > 0.0
-
-    def budget(self, context_len: int, ratio: float | None = None) -> int:
-        """Draft KV budget B(L) = max(min_budget, ceil(ratio * L)), never above L; ``ratio``
-        defaults to ``budget_ratio``."""
-        ratio = self.budget_ratio if ratio is None else ratio
-        return min(context_len, max(self.min_budget, math.ceil(ratio * context_len)))
+    def budget(self, context_len: int) -> int:
+        """Draft KV budget B(L) = max(min_budget, ceil(ratio * L)), never above L."""
+        return min(context_len, max(self.min_budget, math.ceil(self.budget_ratio * context_len)))
 
     def max_budget(self, max_context_len: int) -> int:
-        """Largest budget any request can reach, boosted ones included; sizes the static
-        selection buffers."""
-        return self.budget(max_context_len, max(self.budget_ratio, self.boost_ratio))
+        """Largest budget any request can reach; sizes the static selection buffers."""
+        return self.budget(max_context_len)
 
     @classmethod
     def from_env(cls, num_steps: int, env: Mapping[str, str] | None = None) -> PillarConfig:
@@ -291,7 +217,7 @@ class Knob:
 
     name: str  # upper case, e.g. BUDGET_RATIO
     field: str
-    help: str  # what it does and its unit, one line: the launch flag's --help text
+    help: str  # what it does and its unit, one line: the flag's --help text (for KNOBS, the README's row too)
 
     @property
     def env(self) -> str:
@@ -327,47 +253,46 @@ class Knob:
             raise ValueError(f"{self.env}={raw!r} is not a valid {self.kind.__name__}") from None
 
 
-# Every knob PillarConfig.from_env reads (all fields but num_steps, which is --speculative-num-steps), each
-# with what it does and its unit in one line: the launch flag's --help text.
+# Every knob PillarConfig.from_env reads (all fields but num_steps, which is --speculative-num-steps): the one
+# description of each, which the launch flag's --help prints and the README's knob table shows
+# (``python -m sglang_sparsespec.knob_table README.md`` rewrites that table).
 KNOBS: tuple[Knob, ...] = (
     Knob("BUDGET_RATIO", "budget_ratio", "draft KV budget per request, as a fraction (0, 1] of its context length"),
-    Knob("BOOST_RATIO", "boost_ratio", "draft KV budget of the poorly accepting requests, as a fraction of the "
-         "context above --pillar-budget-ratio (needs adaptive speculation); 0 = off"),
     Knob("MIN_BUDGET", "min_budget", "floor of the draft KV budget, in tokens"),
     Knob("RECENT_WINDOW", "recent_window", "latest verified tokens every draft step attends, in tokens"),
-    Knob("SINK_TOKENS", "sink_tokens", "first tokens (attention sinks) the streaming policy and a request's "
+    Knob("SINK_TOKENS", "sink_tokens", "attention sinks: first tokens that streaming plans and a request's "
          "first round attend, in tokens"),
-    Knob("POLICY", "policy", "KV positions a draft step attends: pillar = top-K per layer and KV head by the "
-         "last verify's attention, coarse = one set per request, streaming = sinks + window, oracle = analysis"),
-    Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of the draft, verify, accept and select phases "
-         "every N rounds (one host sync each), in rounds; 0 = off"),
-    Knob("VERIFY_KERNEL", "verify_kernel", "verify attention kernel: split = kernels/verify_attention.py, "
-         "sglang = SGLang's Triton extend kernel (for A/B runs)"),
+    Knob("POLICY", "policy", "KV positions a draft step attends: pillar = top-K per layer and KV head by "
+         "verify attention, coarse = one set per request, streaming = sinks + recent window, oracle = exact "
+         "top-K per draft query (analysis)"),
     Knob("SELECT_EVERY", "select_every", "re-select the draft KV positions every N-th verify pass "
-         "(pillar/coarse), in verify passes; the passes between skip the score capture"),
+         "(pillar/coarse), in verify passes"),
     Knob("SCORE_ROWS", "score_rows", "verify rows whose attention mass scores the prefix: all = the k + 1 "
-         "rows averaged, last = the last row only"),
+         "rows averaged, last = the last row"),
+    Knob("VERIFY_KERNEL", "verify_kernel", "verify attention kernel: split = PILLAR's split-KV kernel, "
+         "sglang = SGLang's extend kernel (for A/B runs)"),
     Knob("DRAFT_CANDIDATES", "draft_candidates", "sampled drafts: the most probable tokens a draft step's "
          f"proposal keeps, in tokens (1-{MAX_DRAFT_CANDIDATES}); exact for any value"),
-    Knob("ADAPTIVE_STEPS", "adaptive_steps", "draft counts (tokens per round) a round may run besides "
-         f"--speculative-num-steps: auto = {','.join(map(str, AUTO_STEPS))}, a comma list (0 = plain decoding), "
-         "or off"),
+    Knob("ADAPTIVE_STEPS", "adaptive_steps", "draft counts a round may choose besides --speculative-num-steps "
+         f"(by expected tokens per ms): auto = {','.join(map(str, AUTO_STEPS))}, a comma list (0 = plain "
+         "decoding), or off"),
     Knob("FORCE_STEPS", "force_steps", "analysis: every round runs this draft count, in tokens per round "
-         "(one of the adaptive counts; 0 = plain decoding); -1 = the adaptive policy's choice"),
+         "(0 = plain decoding); -1 = the adaptive policy's choice"),
     Knob("FLOOR_QUANTILE", "floor_quantile", "speculate only if the request at this quantile [0, 1) of "
-         "expected tokens decodes at least as fast as under plain decoding; 0 = off"),
+         "expected tokens decodes at least as fast as plainly; 0 = off"),
     Knob("SPEC_PREMIUM", "spec_premium", "speculate only if the round promises this much more throughput "
          "than plain decoding, as a fraction (0.15 = 15%)"),
-    Knob("DRAFT_GRID", "draft_grid", "GPU grid of the draft attention: static = one split count per batch, "
-         "planned = a work list of equal-length programs per step"),
-    Knob("PLAIN_PATH", "plain_path", "how plain-decoding rounds run: decode = a DECODE forward and SGLang's "
-         "sampler, verify = the width-1 verify graph, auto = decode (oracle policy: verify)"),
-    Knob("COST_CACHE", "cost_cache", "where measured round costs persist across restarts: auto = a file per "
-         f"setup under ${CACHE_ENV}/costs, off, or a file path"),
-    Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host memory for parking running requests' KV instead "
-         "of retracting them, in GB (stock decoding too); 0 = off"),
-    Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards "
-         "then one verify, mixed = each forward carries one group's verify and the others' draft step"),
+    Knob("PLAIN_PATH", "plain_path", "how plain-decoding rounds run: decode = a DECODE forward sampled by "
+         "SGLang, verify = the width-1 verify graph, auto = decode (oracle policy: verify)"),
+    Knob("COST_CACHE", "cost_cache", "where measured round costs persist: auto = a file per setup under "
+         f"${CACHE_ENV}/costs, off, or a file path"),
+    Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards, "
+         "then one verify; mixed = one group's verify and the others' draft step in each forward (slower on "
+         "the H100)"),
+    Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
+         "retracting them (stock decoding too); 0 = off"),
+    Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "
+         "sync each), in rounds; 0 = off"),
 )  # fmt: skip
 
 

@@ -66,7 +66,7 @@ class PillarMetrics:
     # The draft count of the round ``completed`` last matched (None: it matched none or had no drafts), which SGLang's
     # result processing credits to each request it served (patches/client_parity.py).
     last_completed_steps: int | None = None
-    last_completed_drafts: list[int] | None = None  # that round's per-request draft counts (None: all k)
+    last_completed_num_drafts: list[int] | None = None  # that round's per-request draft counts (None: all k)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -84,12 +84,12 @@ class PillarMetrics:
 
     def completed(self, matched: Matched | None) -> None:
         self.last_completed_steps = None if matched is None else matched.k
-        self.last_completed_drafts = None if matched is None else matched.drafted
+        self.last_completed_num_drafts = None if matched is None else matched.num_drafts
         if matched is None:
             return
         steps, accepted = matched.k, matched.accepted
-        if matched.drafted is not None:  # requests that drafted nothing verified no draft
-            accepted = [a for a, d in zip(accepted, matched.drafted) if d]
+        if matched.num_drafts is not None:  # requests that drafted nothing verified no draft
+            accepted = [a for a, d in zip(accepted, matched.num_drafts) if d]
         # per_pos[j] = requests that accepted more than j drafts: a histogram of the counts (capped at
         # steps), summed from the top; one pass over the batch instead of one per position.
         hist = [0] * (steps + 1)
@@ -100,14 +100,14 @@ class PillarMetrics:
             more += hist[j + 1]
             per_pos[j] = more
         total = sum(accepted)
-        drafted = steps * len(accepted) if matched.drafted is None else sum(matched.drafted)
+        draft_tokens = steps * len(accepted) if matched.num_drafts is None else sum(matched.num_drafts)
         self.drafts += len(accepted)
-        self.draft_tokens += drafted
+        self.draft_tokens += draft_tokens
         self.accepted_tokens += total
         for j, n in enumerate(per_pos):
             self.accepted_per_pos[j] += n
         if self.sink is not None:
-            self.sink.drafts_verified(len(accepted), drafted, total, per_pos)
+            self.sink.drafts_verified(len(accepted), draft_tokens, total, per_pos)
 
     def rounds_timed(self, samples: Iterable[RoundSample]) -> None:
         for s in samples:

@@ -42,15 +42,14 @@ class FakeStream:
 
 
 def split_round(clock, s: FakeStream, bs: int, phases: tuple[float, float, float, float], gap: float = 0.0) -> None:
-    """One speculative round as the worker drives it: start, draft, verify (the sampling hook), accept,
-    select; ``gap`` ms of stream time before it."""
+    """One speculative round as the worker drives it: start, draft, verify (after the verify forward),
+    accept, select; ``gap`` ms of stream time before it."""
     s.now += gap
     clock.start(bs)
-    marks = (clock.drafted, clock.verify_callback, clock.accepted, clock.end)
+    marks = (clock.drafted, clock.verified, clock.accepted, clock.end)
     for mark, dt in zip(marks, phases):
         s.now += dt
-        if mark is not None:
-            mark()
+        mark()
 
 
 def plain_round(clock, s: FakeStream, ms: float, gap: float = 0.0) -> None:
@@ -63,7 +62,6 @@ def plain_round(clock, s: FakeStream, ms: float, gap: float = 0.0) -> None:
 def test_cost_samples_only_of_finished_announced_rounds_with_decode_gaps():
     s = FakeStream()
     clock = RoundClock(s.event)
-    assert clock.verify_callback is None
     clock.announce(KEY, 4)
     split_round(clock, s, 8, (3.0, 1.0, 0.5, 0.5))
     clock.announce(KEY, 0)
@@ -180,4 +178,4 @@ def test_make_clock_picks_by_what_is_on_and_no_clock_records_nothing():
     clock.start(4)
     clock.end_mixed()
     clock.interrupt()
-    assert clock.verify_callback is None and not vars(clock) and s.recorded == 0
+    assert not vars(clock) and s.recorded == 0

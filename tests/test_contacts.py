@@ -153,15 +153,20 @@ def test_the_dummy_verify_input_hook_reads_each_release_by_name(end):
     assert (dummy.spec_steps, dummy.draft_token_num, dummy.topk, dummy.custom_mask) == (4, 5, 1, "mask")
 
 
-# ---- run_eagle_verify and retract_all: keywords dropped ------------------------------------------------
-def test_run_eagle_verify_takes_num_steps_up_to_0_5_17_only(release, monkeypatch):
-    symbol = "sglang.srt.speculative.eagle_worker_common.run_eagle_verify"
-    assert changes_at(symbol, "num_steps") == ["0.5.17"]
+# ---- the verify's logprobs and retract_all ------------------------------------------------------------
+def test_spec_logprobs_are_computed_by_each_release_s_function(release, monkeypatch):
+    old = "sglang.srt.layers.logprob_processor.compute_spec_v2_logprobs"
+    new = "sglang.srt.layers.logprob_processor.compute_spec_logprobs"
+    assert [r for r in SUPPORTED if recorded(old, r)] == ["0.5.17"]
+    assert [r for r in SUPPORTED if recorded(new, r)] == SUPPORTED[1:]
+    symbol = old if release == SUPPORTED[0] else new
+    calls = []
     stock = stand_in(symbol, release)
-    monkeypatch.setattr("sglang.srt.speculative.eagle_worker_common.run_eagle_verify", stock)
-    kwargs = {n: n for n, p in inspect.signature(stock).parameters.items() if n not in ("batch", "num_steps")}
-    got = contacts.run_eagle_verify("batch", num_steps=3, **kwargs)
-    assert got.get("num_steps") == (3 if release == SUPPORTED[0] else None) and got["batch"] == "batch"
+    monkeypatch.setattr(symbol, lambda *a, **kw: calls.append(stock(*a, **kw)), raising=False)
+    contacts.compute_spec_logprobs("batch", "logits", "predict", "accept_index", 3)
+    assert calls[0]["accept_index"] == "accept_index" and calls[0].get("speculative_num_steps") == (
+        3 if release == SUPPORTED[0] else None
+    )
 
 
 def test_retract_all_takes_server_args_up_to_0_5_18_only(release, monkeypatch):
@@ -186,16 +191,21 @@ def test_the_worker_takes_the_keywords_every_release_builds_a_worker_with():
 
 
 @pytest.mark.parametrize("end", ENDS)
-def test_stock_sample_gets_each_release_s_later_arguments(end):
-    from sglang_sparsespec.patches.verify_sample import pillar_eagle_sample
+def test_the_verify_input_is_built_with_the_fields_every_release_defaults(end):
+    """PILLAR builds EagleVerifyInput and GenerationBatchResult by keyword; the fields later releases added
+    must not be required (each release's recorded field list, checked against the installed class)."""
+    import dataclasses
 
-    stock = stand_in("sglang.srt.speculative.eagle_utils.eagle_sample", end)
-    params = inspect.signature(stock).parameters
-    later = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD][4:]
-    keywords = {n: n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
-    got = pillar_eagle_sample(stock, "not PILLAR's", "batch", "logits", None, *later, **keywords)
-    assert got == {"verify_input": "not PILLAR's", "batch": "batch", "logits_output": "logits",
-                   "grammar_mask": None, **{n: n for n in later}, **keywords}  # fmt: skip
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    for cls, symbol in ((EagleVerifyInput, "sglang.srt.speculative.eagle_info.EagleVerifyInput"),
+                        (GenerationBatchResult, "sglang.srt.managers.utils.GenerationBatchResult")):  # fmt: skip
+        assert recorded(symbol, end) is not None
+        required = [f.name for f in dataclasses.fields(cls)
+                    if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]  # fmt: skip
+        # The fields PILLAR passes cover the required ones (the same on both ends).
+        assert set(required) <= set(recorded(symbol, SUPPORTED[0]).strip("()").split(", ")), (cls, required)
 
 
 # ---- the offload pool's releases ------------------------------------------------------------------------

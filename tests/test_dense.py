@@ -9,7 +9,6 @@ import pytest
 
 from sglang_sparsespec.adaptive.policy import PROBE_ROUNDS, RoundSample, SpeculationPolicy
 from sglang_sparsespec.adaptive.dense import (
-    DENSE_READ_GBPS,
     BatchView,
     DenseChooser,
     dense_extra_ms,
@@ -60,13 +59,6 @@ def test_short_contexts_draft_densely_for_free():
     assert plan.dense == [True] and plan.ms == 5.0
 
 
-def test_the_planned_grid_prices_a_dense_request_by_its_kv_alone():
-    static = dense_extra_ms(7000, 350, 23040, 30, 1)
-    planned = dense_extra_ms(7000, 350, 23040, 30, None)
-    assert planned == pytest.approx(6650 * 23040 / (DENSE_READ_GBPS * 1e6))
-    assert static > 10 * planned  # one program reading 7000 positions in every layer
-
-
 def test_a_request_that_gains_nothing_does_not_stop_the_others():
     # The first request's context fits its budget (no extra cost) and its plan already drafts better
     # than a dense draft would: it gains nothing and goes last, not first, where it would end the
@@ -80,10 +72,10 @@ class _Req:  # SGLang's Req as the planner sees it: a seqlen (weakly referenced 
         self.seqlen, self.rid = seqlen, "9f1c2ab0e4"
 
 
-def _round(chooser: DenseChooser, reqs: list, k: int, accepted: list[int], dense=None, boosted=None) -> None:
+def _round(chooser: DenseChooser, reqs: list, k: int, accepted: list[int], dense=None) -> None:
     """One round as the worker runs it: launched, then its counts matched through the launch queue and
     handed to the chooser when the round had drafts."""
-    chooser.launched(k, dense, boosted)
+    chooser.launched(k, dense)
     rounds = LaunchedRounds()
     rounds.launched(k, len(reqs), AdaptiveRound(list(reqs), dense, None))
     matched = rounds.completed(accepted)
@@ -107,35 +99,6 @@ def test_chooser_tracks_sparse_acceptance_per_request_and_dense_rounds_apart():
     assert len(chooser._acc) == 1  # only a drafted sparsely
     del a  # a finished request takes its state along
     assert len(chooser._acc) == 0
-
-
-def test_poor_drafters_are_boosted_poorest_first_within_the_share_and_stay_boosted():
-    from sglang_sparsespec.adaptive.dense import BOOST_AFTER, BOOST_MAX_SHARE
-
-    off = DenseChooser(lambda n: min(n, 128), 1000, layers=2, splits=lambda bs: 1)
-    reqs = [_Req(4000) for _ in range(16)]
-    assert off.boost(reqs, 0.8) is None  # boosts off: nobody
-    chooser = DenseChooser(lambda n: min(n, 128), 1000, layers=2, splits=lambda bs: 1, num_steps=8, boosts=True)
-    # Three poor drafters (1, 2 and 2 tokens a round), a fair one (~4.8) and twelve good ones (~8.7).
-    pattern = [0, 1, 1, 5] + [8] * 12
-    for _ in range(BOOST_AFTER):
-        # Until BOOST_AFTER rounds stand behind an estimate, nobody is boosted.
-        assert chooser.boost(reqs, 0.8) is None
-        _round(chooser, reqs, 8, pattern)
-    assert int(BOOST_MAX_SHARE * 16) == 2
-    first = chooser.boost(reqs, 0.8)  # the two poorest; the third waits for room, fair is above the bar
-    assert first == [True, True] + [False] * 14
-    frozen = chooser._acc[reqs[0]].alpha(0.8)
-    for _ in range(20):  # boosted, the two draft well: their boosted estimates learn it, their own stay
-        _round(chooser, reqs, 8, [8, 8, 1, 5] + [8] * 12, boosted=first)
-    assert chooser._acc[reqs[0]].alpha(0.8) == frozen and chooser.view(reqs, 0.8).alpha[0] > 0.9
-    # Boosted for life; their better drafts do not raise the bar for fair (the first A/B's cascade).
-    assert chooser.boost(reqs, 0.8) == first
-    assert chooser.boosted_request_rounds == 40
-    _round(chooser, reqs, 0, [0] * 16, boosted=first)  # plain rounds select nothing
-    assert chooser.boosted_request_rounds == 40
-    del reqs
-    assert len(chooser._boosted) == 0  # a finished request takes its state along
 
 
 def test_policy_prices_dense_drafting_per_request():
@@ -176,9 +139,8 @@ def test_round_planner_hands_the_dense_set_to_the_draft_runner():
     policy.observe([RoundSample(key, 0, 0.0, 2.0, 0.2), RoundSample(key, 8, 8.0, 2.0, 0.2)] * PROBE_ROUNDS)
     for r in reqs:  # every request's plan drafts badly
         _round(planner.dense, [r], 8, [0])
-    steps, dense, boost, drafts = planner.shape(batch)
+    steps, dense, drafts = planner.shape(batch)
     assert drafts is None  # nobody holds per-token sampling state
-    assert boost is None  # boosted plans are off by default
     assert steps in (4, 8) and dense == [True] * 4  # plain decoding would emit 1 token per 2.2 ms
     planner.completed([steps] * 4)  # that round all accepted: dense acceptance
     assert planner.dense.dense_request_rounds == 4

@@ -27,7 +27,7 @@ def _backend(max_bs: int, req_to_token: torch.Tensor) -> PillarDraftBackend:
         attn_logits=torch.zeros((max_bs, H_Q, SPLITS, D), dtype=torch.float32, device=DEVICE),
         attn_lse=torch.zeros((max_bs, H_Q, SPLITS), dtype=torch.float32, device=DEVICE),
     )
-    be.planned, be.oracle = False, False
+    be.oracle = False
     be.max_kv_splits, be.num_head, be.num_kv_head = SPLITS, H_Q, H_KV
     be.static_kv_splits, be.enable_deterministic, be.split_tile_size = False, False, None
     be.device_core_count = 132  # an H100/H200's SM count: the split heuristic's input

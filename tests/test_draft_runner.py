@@ -26,8 +26,8 @@ V, K, BS = 97, 4, 3
 
 
 class FakeBackend:
-    def __init__(self, model_runner, state, inputs, oracle, planned=False, plain=False):
-        self.inputs, self.oracle, self.planned = inputs, oracle, planned
+    def __init__(self, model_runner, state, inputs, oracle, plain=False):
+        self.inputs, self.oracle = inputs, oracle
         self.plans: list[tuple[int, bool]] = []
 
     def plan(self, bs: int, whole_prefix: bool) -> None:

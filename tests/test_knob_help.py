@@ -1,4 +1,5 @@
-"""Every PILLAR knob carries its own one-line description, and the launch flags' --help prints it."""
+"""Every PILLAR knob carries its own one-line description, the one place it is described: the launch flags'
+--help prints it and the README's knob table is made from it."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import argparse
 import re
 from pathlib import Path
 
+import pytest
 from sglang_sparsespec.config import KNOBS, PillarConfig
+from sglang_sparsespec.knob_table import BEGIN, END, knob_table, with_knob_table
 from sglang_sparsespec.limits import LIMIT_KNOBS, RequestLimits
 
 from patches.server_args_flags import add_pillar_flags
 
+REPO = Path(__file__).resolve().parents[1]
 # What a number-valued knob is counted in; its description must name one of them.
 UNITS = re.compile(r"\b(fraction|tokens|rounds|verify passes|quantile|GB|ms|requests|strings)\b")
 
@@ -31,28 +35,35 @@ def test_every_knob_has_a_one_line_description_with_its_unit():
 def test_launch_flags_help_prints_each_description():
     parser = argparse.ArgumentParser()
     add_pillar_flags(None, parser)
-    # Collapse argparse's line wrapping so each description reads as one string.
-    text = " ".join(parser.format_help().split())
+    # Without whitespace, argparse's line wrapping (which also breaks words at hyphens) is gone.
+    text = "".join(parser.format_help().split())
     for knob in (*KNOBS, *LIMIT_KNOBS):
-        expected = " ".join(f"{knob.help} (default {knob.default}; fallback: the {knob.env} variable)".split())
-        assert f"{knob.flag} " in text and expected in text, knob.name
-    assert "--pillar-force-steps" in text and "-1 = the adaptive policy's choice" in text
+        expected = "".join(f"{knob.help} (default {knob.default}; fallback: the {knob.env} variable)".split())
+        assert f"{knob.flag}" in text and expected in text, knob.name
+    assert "--pillar-force-steps" in text and "-1=theadaptivepolicy'schoice" in text
 
 
-def test_readme_knob_table_matches_the_knobs():
-    """The README's table of knobs names only real knobs, with their real defaults; every --pillar-* flag the
-    docs name exists (a renamed or removed knob cannot linger in the docs)."""
-    repo = Path(__file__).resolve().parents[1]
-    readme = (repo / "README.md").read_text(encoding="utf-8")
-    by_name = {knob.name: knob for knob in KNOBS}
-    rows = re.findall(r"^\| `SPARSESPEC_(\w+)` \| ([^|]+) \|", readme, re.M)
-    assert rows, "README.md has no knob table"
-    for name, default in rows:
-        assert name in by_name, f"README row SPARSESPEC_{name} is not a knob"
-        knob, text = by_name[name], default.strip().strip("`")
-        same = float(text) == knob.default if knob.kind is float else text == str(knob.default)
-        assert same, f"README says SPARSESPEC_{name} defaults to {text}, the knob to {knob.default}"
+def test_readme_knob_table_is_the_one_the_knobs_make():
+    """The README's knob table is ``knob_table``'s, made from ``KNOBS``: a knob added, renamed, re-described or
+    given another default fails here until ``python -m sglang_sparsespec.knob_table README.md`` rewrites it."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert readme.count(BEGIN) == readme.count(END) == 1
+    assert with_knob_table(readme) == readme, "stale: run python -m sglang_sparsespec.knob_table README.md"
+    rows = knob_table().splitlines()[2:]
+    assert [row.split("`")[1] for row in rows] == [k.name for k in KNOBS]  # every knob, in KNOBS order
+    assert "| `BATCH_PHASES` | `split` | how full-length" in readme and "| `SPEC_PREMIUM` | 0.15 |" in readme
+
+
+def test_knob_table_rewrites_only_its_block():
+    readme = f"# Title\n\nbefore\n{BEGIN}\n| stale |\n{END}\nafter\n"
+    assert with_knob_table(readme) == f"# Title\n\nbefore\n{BEGIN}\n\n{knob_table()}\n\n{END}\nafter\n"
+    with pytest.raises(ValueError, match="knob table"):
+        with_knob_table("# no markers\n")
+
+
+def test_docs_name_only_real_flags():
+    """Every --pillar-* flag the docs name exists (a renamed or removed knob cannot linger in the docs)."""
     flags = {knob.flag for knob in (*KNOBS, *LIMIT_KNOBS)}
-    for page in [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]:
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
         for flag in re.findall(r"--pillar-[a-z][a-z-]*[a-z]", page.read_text(encoding="utf-8")):
-            assert flag in flags, f"{page.relative_to(repo)} names {flag}, which is no knob's flag"
+            assert flag in flags, f"{page.relative_to(REPO)} names {flag}, which is no knob's flag"

@@ -71,14 +71,16 @@ def test_each_reader_gets_each_matched_round_once_as_with_its_own_queue():
     assert (chooser._acc[a].hits, chooser._acc[a].misses, chooser._acc[b].hits, chooser._acc[b].misses) == (3, 1, 4, 0)
     complete([0, 0])  # the plain round: counted at launch, nothing to learn
     assert metrics.last_completed_steps is None and metrics.drafts == 2 and acc.alpha == pytest.approx(7 / 8)
-    assert chooser._acc[a].rounds == 1
+    assert (chooser._acc[a].hits, chooser._acc[a].misses) == (3, 1)
     complete([1, 1])  # not the 3-request round: every reader drops it and starts afresh
     complete([2, 2, 2])  # nothing pending
     assert metrics.drafts == 2 and acc.alpha == pytest.approx(7 / 8) and c not in chooser._acc
     launch([a, b], 4, [False, True])  # b drafts densely: the dense estimate learns it, the batch's does not
     complete([1, 4])
-    assert acc.alpha == pytest.approx(1 / 2) and chooser._dense_acc.rounds == 1 and chooser._acc[b].rounds == 1
-    assert chooser._acc[a].rounds == 2 and chooser.dense_request_rounds == 1
+    assert acc.alpha == pytest.approx(1 / 2) and (chooser._dense_acc.hits, chooser._dense_acc.misses) == (4, 0)
+    assert (chooser._acc[b].hits, chooser._acc[b].misses) == (4, 0)  # b's own estimate: its one sparse round
+    assert (chooser._acc[a].hits, chooser._acc[a].misses) == (pytest.approx(3.4), pytest.approx(1.8))
+    assert chooser.dense_request_rounds == 1
     assert metrics.rounds_by_steps == {4: 2, 0: 1, 2: 1} and metrics.accepted_per_pos == [4, 3, 3, 2]
 
 
@@ -113,7 +115,7 @@ def test_requests_that_draft_nothing_teach_no_reader_and_are_credited_no_drafts(
     penalized.penalizer_orchestrator = SimpleNamespace(is_required=True)  # the scheduler's own batch
     batch = SimpleNamespace(reqs=[a, b, c], forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=penalized)
     planner.agreement.next = (4, None)
-    assert planner.shape(batch).drafts == [4, 0, 4]
+    assert planner.shape(batch).num_drafts == [4, 0, 4]
     complete([4, 0, 4])
     acc, chooser, metrics = planner.policy.acceptance, planner.dense, planner.metrics
     assert acc.alpha == pytest.approx(0.999) and b not in chooser._acc  # 8 hits, no miss (capped) and chooser._acc[a].hits == 4

@@ -21,11 +21,11 @@ from sglang_sparsespec.rounds.mixed import (
     ChainTracker,
     PhaseGroups,
     RowInputs,
-    greedy_accept,
     mixed_step,
     segment_table,
     segments_per_forward,
 )
+from sglang_sparsespec.sampling.accept import greedy_accept
 from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 
 V, MARK, CTX = 37, 1000, 160

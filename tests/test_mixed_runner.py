@@ -19,7 +19,6 @@ import pytest
 import torch
 from sglang_sparsespec.patches import draft_runner as dr
 from sglang_sparsespec.patches import mixed_runner as mxr
-from sglang_sparsespec.patches import verify_sample
 from sglang_sparsespec.patches.decode_graphs import Kind
 from test_mixed import MARK, V, draft_next, reference, target_next
 from triton_env import DEVICE
@@ -34,12 +33,12 @@ PROMPTS = [[(5 * i + j) % V for j in range(4 + 3 * i)] for i in range(5)]
 
 
 class FakeBackend:
-    def __init__(self, model_runner, state, inputs, oracle, planned=False, plain=False):
+    def __init__(self, model_runner, state, inputs, oracle, plain=False):
         self.inputs = inputs
         self.segments = None
 
-    def plan(self, bs: int, whole_prefix: bool) -> None:
-        pass
+    def plan(self, bs: int, whole_prefix: bool, segments=None) -> None:
+        self.segments = segments  # as PillarDraftBackend.plan: a step's segments are planned with it
 
 
 class FakeModel:
@@ -80,7 +79,7 @@ class FakeSelector:
     def __init__(self) -> None:
         self.calls: list[tuple[list[int], list[int], list[int]]] = []
 
-    def after_verify(self, rows, before, after, ratio=None) -> None:
+    def after_verify(self, rows, before, after) -> None:
         self.calls.append((rows.tolist(), before.tolist(), after.tolist()))
 
 
@@ -150,7 +149,7 @@ def test_runner_iterations_decode_exactly_as_greedy(monkeypatch, greedy):
     torch.manual_seed(0)
     runner = make_runner(monkeypatch, capture_bs=[4, 8])  # no graphs on CPU: eager bodies, padded rows
     model = runner.mr.model
-    monkeypatch.setattr(verify_sample, "sampling_backend", lambda: SamplingBackend.FLASHINFER)
+    monkeypatch.setattr(mxr, "sampling_backend", lambda: SamplingBackend.FLASHINFER)
     reqs: list[dict] = []
     for i in range(3):
         prefill(runner, reqs, i)
@@ -193,7 +192,7 @@ def test_every_sampled_batch_replays_the_one_sampled_graph(monkeypatch):
     """Top-p-only and top-k sampled batches replay the same graph (the acceptance reads each row's
     filters from device buffers: one kernel chain serves both); all-greedy batches replay their own."""
     runner = make_runner(monkeypatch, capture_bs=[4, 8])
-    monkeypatch.setattr(verify_sample, "sampling_backend", lambda: SamplingBackend.FLASHINFER)
+    monkeypatch.setattr(mxr, "sampling_backend", lambda: SamplingBackend.FLASHINFER)
     replays: list[Kind] = []
 
     class Replayed:
@@ -234,7 +233,7 @@ def peak_chain(root: int, position: int, n: int) -> list[int]:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("greedy", [True, False])
 def test_captured_iterations_replay_like_the_eager_body(monkeypatch, greedy):
-    monkeypatch.setattr(verify_sample, "sampling_backend", lambda: SamplingBackend.FLASHINFER)
+    monkeypatch.setattr(mxr, "sampling_backend", lambda: SamplingBackend.FLASHINFER)
     graphed = make_runner(monkeypatch, [4, 8], GraphModel)
     eager = make_runner(monkeypatch, [4, 8], GraphModel)
     graphed.capture()

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang_sparsespec.patches.request_rounds import decode_path_serves
-from sglang_sparsespec.patches.rounds import Pools, Rounds
+from sglang_sparsespec.patches.rounds import Rounds
+from sglang_sparsespec.patches.verify import Pools
 
 from sglang_sparsespec.config import PillarConfig, PlainPath, SelectionPolicy
 from sglang_sparsespec.metrics import PillarMetrics
@@ -75,8 +76,8 @@ def test_a_plain_round_on_the_decode_path_hands_the_scheduler_one_sampled_token_
     clock.start_plain, clock.end = lambda: clock.calls.append("start_plain"), lambda: clock.calls.append("end")
     metrics = PillarMetrics(8)
     planner = SimpleNamespace(shape=lambda b: RoundShape(0))  # this round: plain
-    target = SimpleNamespace(model_runner=SimpleNamespace(sampler=sampler))
-    rounds = Rounds(PillarConfig.from_env(8), Pools(target, None, None, None, None), planner, clock, metrics,
+    target = SimpleNamespace(model_runner=SimpleNamespace(sampler=sampler, attn_backend=None, decode_cuda_graph_runner=None))
+    rounds = Rounds(PillarConfig.from_env(8), Pools(target, None, None, None), planner, clock, metrics,
                     selector=None, draft_runner=Runner(logits), mixed=None, plain=None, max_bs=4, device="cpu")  # fmt: skip
     b = batch(req_pool_indices=torch.tensor([3, 4]), seq_lens=torch.tensor([10, 20]), reqs=[SimpleNamespace(rid="a")],
               spec_info=SimpleNamespace(bonus_tokens=torch.tensor([7, 8], dtype=torch.int32)))  # fmt: skip

@@ -3,11 +3,11 @@
 SGLang's penalizers (``penaltylib``) keep one state row per request, cumulated with one token per
 round, and the verify adds that row to every one of the request's k + 1 rows; a processor sees the
 request as it was before the round. ``patches/request_rounds.py`` gives such requests no drafts, so
-they take row 0's token each round while the rest of the batch drafts; ``patches/verify_sample.py``
+they take row 0's token each round while the rest of the batch drafts; ``patches/verify_input.py``
 applies processors to row 0 and honours per-request draft counts in greedy batches too.
 
 The end-to-end tests run SGLang's own penalizer orchestrator over a deterministic stand-in model,
-once as stock decoding (one token per step) and once as PILLAR rounds through ``pillar_eagle_sample``
+once as stock decoding (one token per step) and once as PILLAR rounds through ``PillarVerifyInput.accept``
 with drafts from the unpenalized model, greedily, and compare the outputs token by token; the same
 rounds with every request drafting (what SGLang's verify would do) must differ, or the test proves
 nothing.
@@ -22,10 +22,9 @@ import torch
 from sglang.srt.sampling import penaltylib
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 from sglang.srt.sampling.penaltylib import repetition_penalty
-from sglang_sparsespec.patches import verify_sample
-from sglang_sparsespec.patches.request_rounds import counts_for, single_token, single_token_rows
+from sglang_sparsespec.patches import verify_input as verify_input_module
+from sglang_sparsespec.patches.request_rounds import num_drafts_for, single_token, single_token_rows
 from sglang_sparsespec.patches.verify_input import PillarVerifyInput
-from sglang_sparsespec.patches.verify_sample import pillar_eagle_sample
 from verify_inputs import chain_input
 
 from sglang_sparsespec.sampling.rejection import DraftRecord
@@ -35,7 +34,7 @@ from planner_parts import DoneEvent
 
 def draft_counts(batch, steps: int) -> list[int] | None:
     """A round's per-request draft counts as the planner derives them from the batch."""
-    return counts_for(single_token_rows(batch), steps)
+    return num_drafts_for(single_token_rows(batch), steps)
 
 
 V, K, EOS = 32, 3, 2
@@ -89,7 +88,7 @@ def batch_of(reqs: list, penalized: bool) -> SimpleNamespace:
 
 
 def verify(si, reqs, bonus, drafts, logits, counts, record=None):
-    """One PILLAR verify through the hook; returns each request's accepted run (a list of ids)."""
+    """One PILLAR verify's acceptance; returns each request's accepted run (a list of ids)."""
     bs = len(reqs)
     vi = PillarVerifyInput.extend(chain_input(bonus, drafts), record, counts)
     batch = SimpleNamespace(
@@ -97,17 +96,19 @@ def verify(si, reqs, bonus, drafts, logits, counts, record=None):
         reqs=[SimpleNamespace(sampling_params=SimpleNamespace(top_k=1 << 30)) for _ in reqs],
     )  # fmt: skip
 
-    def sglang(*a):
-        raise AssertionError("these rounds are accepted by PILLAR's verify")
-
-    predict, accept_lens, accept_index = pillar_eagle_sample(sglang, vi, batch, SimpleNamespace(next_token_logits=logits))
+    predict, accept_lens, accept_index = vi.accept(batch, SimpleNamespace(next_token_logits=logits))
     return [predict[accept_index[b, : accept_lens[b]].long()].tolist() for b in range(bs)]
 
 
 @pytest.fixture(autouse=True)
 def _cpu(monkeypatch):
-    monkeypatch.setattr(verify_sample, "_broadcast_from_rank0", lambda *t: None)
-    monkeypatch.setattr(verify_sample, "sampling_backend", lambda: SamplingBackend.FLASHINFER)  # no server args
+    monkeypatch.setattr(verify_input_module, "_broadcast_from_rank0", lambda *t: None)
+    monkeypatch.setattr(verify_input_module, "sampling_backend", lambda: SamplingBackend.FLASHINFER)  # no server args
+
+    def sglang_verify(*a):
+        raise AssertionError("these rounds are accepted by PILLAR's verify")
+
+    monkeypatch.setattr(verify_input_module, "eagle_sample", sglang_verify)
 
     def eager_scaling(logits, scaling):  # SGLang's rule, without its torch.compile wrapper (CPU test)
         logits[:] = torch.where(logits < 0, logits * scaling, logits / scaling)

@@ -64,32 +64,6 @@ def test_draft_window_matches_reference(seed):
         assert int(count[b]) + (n - int(tail[b])) <= max(_budget_ref(cfg, n), n - int(tail[b]))
 
 
-def test_boosted_ratio_buys_a_larger_window_per_request():
-    cfg = PillarConfig(budget_ratio=0.05, boost_ratio=0.2, min_budget=8, recent_window=4)
-    verify, new = torch.tensor([4000, 4000, 100]), torch.tensor([4005, 4005, 105])
-    ratio = torch.tensor([0.05, 0.2, 0.2], dtype=torch.float64)
-    kmax = cfg.max_budget(8192)
-    assert kmax == cfg.budget(8192, 0.2) == 1639  # the buffers hold the boosted plans
-    tail, count = draft_window(cfg, verify, new, kmax, ratio)
-    assert tail.tolist() == [3996, 3996, 96]
-    # 201 / 801 / 21 positions in all, 9 of them the tail
-    assert count.tolist() == [201 - 9, 801 - 9, 21 - 9]
-    assert draft_window(cfg, verify, new, kmax)[1].tolist() == [192, 192, 0]  # 8 positions: the tail's 9 fill it
-
-
-def test_boost_ratio_must_exceed_the_budget_ratio():
-    assert not PillarConfig().boosts and PillarConfig(boost_ratio=0.1).boosts
-    for bad in ("0.05", "0.01", "1.5", "-0.1"):
-        with pytest.raises(ValueError, match="BOOST_RATIO"):
-            PillarConfig.from_env(8, {"SPARSESPEC_BOOST_RATIO": bad})
-    assert PillarConfig.from_env(8, {"SPARSESPEC_BOOST_RATIO": "0.15"}).boost_ratio == 0.15
-    assert PillarConfig.from_env(8, {"SPARSESPEC_DRAFT_GRID": "PLANNED"}).draft_grid.value == "planned"
-    with pytest.raises(ValueError, match="DRAFT_GRID=planned does not combine"):
-        PillarConfig.from_env(8, {"SPARSESPEC_DRAFT_GRID": "planned", "SPARSESPEC_POLICY": "oracle"})
-    with pytest.raises(ValueError, match="BOOST_RATIO needs adaptive"):
-        PillarConfig.from_env(8, {"SPARSESPEC_BOOST_RATIO": "0.15", "SPARSESPEC_ADAPTIVE_STEPS": "off"})
-
-
 def test_streaming_plan_is_sinks_plus_recent():
     cfg = PillarConfig(min_budget=10, budget_ratio=0.05, sink_tokens=4)
     plan = streaming_plan(cfg, torch.tensor([3, 10, 50, 1000]), kmax=cfg.max_budget(1000))
@@ -140,26 +114,6 @@ def test_pillar_selector_picks_top_k_per_layer_and_head(seed):
                 assert (view[row, h, count:] == -1).all()
     untouched = [r for r in range(6) if r not in rpi.tolist()]
     assert (state.sel_pos[untouched] == POISON).all() and (state.sel_cnt[untouched] == POISON).all()
-
-
-def test_pillar_selector_takes_each_requests_budget_ratio():
-    cfg = PillarConfig(num_steps=4, budget_ratio=0.1, boost_ratio=0.4, min_budget=4, recent_window=2)
-    layers, h_kv, kmax = 2, 3, 24
-    gen, rpi, verify, new = _verify_batch(cfg, 0)
-    cap = int(verify.sum()) + 5
-    sink = VerifyScoreSink(layers, h_kv, h_kv * 2, cap, max_q_rows=64, per_layer=True, device=torch.device(DEVICE))
-    sink.mass.copy_(torch.randperm(layers * h_kv * cap, generator=gen).view(layers, h_kv, cap).half() / 1024)
-    state = _state(per_head=True, layers=layers, h_kv=h_kv, kmax=kmax)
-    ratio = torch.tensor([0.4, 0.1, 0.4], dtype=torch.float64, device=DEVICE)
-    make_selector(cfg, state, sink).after_verify(rpi, verify, new, ratio)
-    for b, row in enumerate(rpi.tolist()):
-        n = int(new[b])
-        tail = max(0, int(verify[b]) - 2)
-        count = max(0, min(max(4, math.ceil(float(ratio[b]) * n)) - (n - tail), tail, kmax))
-        assert int(state.sel_cnt[row]) == count
-        scores = sink.mass[1, 2, sum(verify.tolist()[:b]) : sum(verify.tolist()[:b]) + tail].float()
-        assert state.layer(1)[row, 2, :count].tolist() == _top_positions(scores, count)
-    assert int(state.sel_cnt[4]) >= 10  # boosted: at 0.1 the 40-token request's tail leaves it <= 2
 
 
 def test_select_every_keeps_plans_and_skips_capture_in_between():

@@ -153,8 +153,8 @@ def test_planner_warmup_rounds_cycle_the_draft_counts_and_teach_nothing():
     plain = plain_sampling()
     warm = SimpleNamespace(reqs=[_Req(WARMUP_RID_PREFIX + str(i)) for i in range(3)], sampling_info=plain)
     shapes = [planner.shape(warm) for _ in range(8)]
-    assert [s for s, _, _, _ in shapes] == [*cfg.step_candidates] * (8 // len(cfg.step_candidates))
-    assert all(d is None and b is None and n is None for _, d, b, n in shapes)
+    assert [s for s, _, _ in shapes] == [*cfg.step_candidates] * (8 // len(cfg.step_candidates))
+    assert all(d is None and n is None for _, d, n in shapes)
     assert sum(planner.metrics.rounds_by_steps.values()) == 0 and not planner.policy.table.cells
     # Their accept counts arrive after warm-up and match no launched round.
     planner.completed([8, 8, 8])

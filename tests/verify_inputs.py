@@ -1,4 +1,4 @@
-"""SGLang's EAGLE chain verify input for tests of PILLAR's accept hook: the fields that hook reads, the
+"""SGLang's EAGLE chain verify input for tests of PILLAR's acceptance: the fields it reads, the
 rest of the tree's tensors left empty (a topk=1 chain's mask, positions and links are never read there)."""
 
 from __future__ import annotations

@@ -15,8 +15,8 @@
 (c) top-K selection, one launch per layer and one launch for all layers (amortized per layer),
     against torch.topk + sort;
 (d) mixed prefix lengths (spread over L/8 .. 2L - L/8, mean L): PILLAR's verify (k + 1 rows), its score
-    capture, its plain round (one row), the draft step's sparse attention (static grid and planned work
-    list) and SGLang's decode kernel, each against a uniform batch of the same mean.
+    capture, its plain round (one row), the draft step's sparse attention and SGLang's decode kernel, each
+    against a uniform batch of the same mean.
 Shapes: Qwen3-8B (H_q=32, H_kv=8, D=128, 36 layers) and SmolLM2-135M (9, 3, 64, 30 layers), L in
 {4K, 16K, 32K}, batch 1..128. Every kernel is captured in a CUDA graph and replayed by
 triton.testing.do_bench, which clears L2 before each run (medians, microseconds).
@@ -35,7 +35,6 @@ from pathlib import Path
 
 import torch
 import triton
-from sglang_sparsespec.kernels.draft_work import plan_work
 from sglang_sparsespec.kernels.score_capture import score_capture
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.topk_select import topk_select
@@ -192,10 +191,7 @@ def bench_mixed(shape: Shape, bs: int, seq_len: int) -> dict:
 
 def bench_mixed_draft(shape: Shape, k, v, req_to_token, uniform: list[int], lens: list[int]) -> dict:
     """A draft step's sparse attention (5 % budget + TAIL per request, random per-head selections) on the uniform and
-    the mixed prefixes: the static grid (``draft_static_*``) and the planned work list the worker builds with
-    SPARSESPEC_DRAFT_GRID=planned (``draft_planned_*``; its planning, once per draft step: ``draft_plan_*``)."""
-    from sglang_sparsespec.patches.draft_attention import DRAFT_CHUNK, DRAFT_PROGRAMS_PER_REQUEST, MAX_CHUNKS
-
+    the mixed prefixes (``draft_static_*``: the draft kernel's grid, one split count per batch)."""
     bs = len(lens)
     q = torch.randn(bs, shape.h_q, shape.d, device=DEVICE, dtype=torch.bfloat16)
     o, rpi = torch.empty_like(q), torch.arange(bs, device=DEVICE)
@@ -209,15 +205,7 @@ def bench_mixed_draft(shape: Shape, k, v, req_to_token, uniform: list[int], lens
         tail_start, table = seq_lens - TAIL, request_table(per_req, req_to_token)
         row[f"draft_static_{kind}_us"] = bench_us(lambda: sparse_decode_fwd(
             q, k, v, o, table, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5))  # fmt: skip
-
-        plan = lambda: plan_work(sel_cnt, rpi, tail_start, seq_lens, kmax, DRAFT_PROGRAMS_PER_REQUEST * bs,  # noqa: E731
-                                 DRAFT_CHUNK, MAX_CHUNKS)  # fmt: skip
-        work = plan()
-        row[f"draft_planned_{kind}_us"] = bench_us(lambda: sparse_decode_fwd(
-            q, k, v, o, table, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5, work=work))  # fmt: skip
-        row[f"draft_plan_{kind}_us"] = bench_us(plan)  # once per draft step, for every layer
-    for grid in ("static", "planned"):
-        row[f"draft_{grid}_mixed_over_uniform"] = row[f"draft_{grid}_mixed_us"] / row[f"draft_{grid}_uniform_us"]
+    row["draft_static_mixed_over_uniform"] = row["draft_static_mixed_us"] / row["draft_static_uniform_us"]
     return row
 
 
@@ -304,8 +292,8 @@ def main() -> None:
             sections["tune"] += rows
             result["wall_s"] = time.time() - started
             args.out.write_text(json.dumps(result, indent=1))
-            for kernel in ("verify", "capture", "sparse", "dense", "dense_planned", "verify_uniform", "verify_mixed",
-                           "capture_uniform", "capture_mixed"):
+            for kernel in ("verify", "capture", "sparse", "dense", "verify_uniform", "verify_mixed", "capture_uniform",
+                           "capture_mixed"):
                 best = sorted((r for r in rows if r["kernel"] == kernel), key=lambda r: r["us"])[:3]
                 if not best:
                     continue

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 from sglang_sparsespec.kernels._common import default_num_splits
-from sglang_sparsespec.kernels.draft_work import plan_work
 from sglang_sparsespec.kernels.score_capture import score_capture
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
@@ -126,14 +125,4 @@ def tune_dense(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_l
                 rows.append(dict(shape=shape.name, bs=bs, seq_len=seq_len, kernel="dense", splits=splits,
                                  default_splits=default_num_splits(bs * shape.h_kv, q.device), block_n=block_n,
                                  warps=4, stages=stages, us=us))  # fmt: skip
-    # The planned grid (SPARSESPEC_DRAFT_GRID=planned): the work list is planned once per step, so it
-    # is timed apart from the attention of one layer.
-    for chunk in (128, 256, 512):
-        for per_request in (4, 8, 16):
-            plan = lambda: plan_work(sel_cnt, rpi, tail_start, seq_lens, 1, per_request * bs, chunk, 16)  # noqa: E731
-            work = plan()
-            us = bench_us(lambda: sparse_decode_fwd(
-                q, k, v, o, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5, work=work))  # fmt: skip
-            rows.append(dict(shape=shape.name, bs=bs, seq_len=seq_len, kernel="dense_planned", chunk=chunk,
-                             programs_per_request=per_request, us=us, plan_us=bench_us(plan)))  # fmt: skip
     return rows

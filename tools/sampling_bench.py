@@ -9,7 +9,7 @@ top-k 20 + top-p 0.95; min-p 0.05 + top-p 0.95; ``wide``: flatter rows whose nuc
 tokens; ``flat``: the near-uniform rows of random weights, a nucleus of 95% of the vocabulary, as
 ``--load-format dummy`` servers produce) it times (ms per call, mean of 20 after a warm-up):
 
-``accept``: what ships (``verify_sample.stock_accept`` on the GPU): ``kernels/target_filter.py`` then
+``accept``: what ships (``sampling/accept.stock_accept`` on the GPU): ``kernels/target_filter.py`` then
     ``kernels/verify_accept.py``, for the flashinfer rule and (``accept_pytorch_rule``) the pytorch
     backend's, launched eagerly as split rounds run it; ``accept_graph``: the same replayed from a CUDA
     graph (the mixed runner's; no launch overhead); for greedy, ``argmax`` (an all-greedy batch runs

@@ -93,8 +93,24 @@ def resolve(wheel: Wheel, dotted: str, depth: int = 0) -> ast.AST | None:
     return None
 
 
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    return any("dataclass" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _dataclass_fields(node: ast.ClassDef) -> list[str]:
+    """A dataclass's own fields in order (annotated names, not ClassVar or InitVar-free pseudo fields)."""
+    return [
+        n.target.id
+        for n in node.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and "ClassVar" not in ast.unparse(n.annotation)
+    ]
+
+
 def signature(node: ast.AST | None) -> str | None:
-    """``(a, b, /, c, *args, d, **kw)``: parameter names and kinds, as patches/signatures.py formats them."""
+    """``(a, b, /, c, *args, d, **kw)``: parameter names and kinds, as patches/signatures.py formats them;
+    a dataclass (its own fields, without an ``__init__`` of its own) as the parameters of its constructor."""
+    if isinstance(node, ast.ClassDef) and _is_dataclass(node) and _find(node.body, "__init__") is None:
+        return f"({', '.join(_dataclass_fields(node))})"
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
     a = node.args

@@ -47,12 +47,12 @@ class AcceptanceTracker:
             ratio = (sum(capped) + len(capped)) / expected
             cal = self.CAL_DECAY * self.calibrated(k) + (1.0 - self.CAL_DECAY) * ratio
             self.calibration[k] = min(max(cal, self.CAL_RANGE[0]), self.CAL_RANGE[1])
-        if dense is not None or matched.drafted is not None:
+        if dense is not None or matched.num_drafts is not None:
             # Dense drafters teach the dense estimate (DenseChooser), and requests that drafted nothing
             # (per-token sampling state) teach nothing: the batch's estimate keeps the sparse drafters.
             flags = dense if dense is not None else repeat(False)
-            drafted = matched.drafted if matched.drafted is not None else repeat(k)
-            capped = [a for a, d, n in zip(capped, flags, drafted) if n and not d]
+            num_drafts = matched.num_drafts if matched.num_drafts is not None else repeat(k)
+            capped = [a for a, d, n in zip(capped, flags, num_drafts) if n and not d]
         hits = sum(capped)
         misses = sum(1 for a in capped if a < k)
         if hits + misses == 0:

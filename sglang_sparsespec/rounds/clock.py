@@ -21,7 +21,6 @@ both off, records nothing and holds nothing. Events come from a factory
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,8 +69,6 @@ class NoClock:
     """The clock when neither adaptive speculation nor step timing is on: the worker calls it as it
     calls ``RoundClock``; it records nothing, holds nothing and costs no branch in the serving path."""
 
-    verify_callback: Callable[[], None] | None = None
-
     def announce(self, key: tuple[int, int], k: int) -> None:
         pass
 
@@ -82,6 +79,9 @@ class NoClock:
         pass
 
     def drafted(self) -> None:
+        pass
+
+    def verified(self) -> None:
         pass
 
     def accepted(self) -> None:
@@ -99,9 +99,7 @@ class NoClock:
 
 class RoundClock:
     """The clock for the cost model alone (module docstring): events at an announced round's start,
-    draft end and end, none in the sampling hook (``verify_callback`` None) nor after the accept."""
-
-    verify_callback: Callable[[], None] | None = None
+    draft end and end, none after the verify forward nor after the accept."""
 
     def __init__(self, make_event: Callable[[], Event]):
         self.make_event = make_event
@@ -135,6 +133,9 @@ class RoundClock:
     def drafted(self) -> None:
         if self._open is not None:
             self._open.append(self._event())
+
+    def verified(self) -> None:
+        pass
 
     def accepted(self) -> None:
         pass
@@ -178,8 +179,8 @@ class RoundClock:
 class PhaseClock(RoundClock):
     """The clock with step timing on (module docstring): an event after every phase of every split
     or mixed round, announced or not, and every ``every`` rounds one host sync and a ``report``.
-    Phases must be marked in PHASES order: draft (``drafted``), verify (``verify_callback``, from the
-    sampling hook), accept (``accepted``), select (``end``)."""
+    Phases must be marked in PHASES order: draft (``drafted``), verify (``verified``, once the verify
+    forward's logits exist), accept (``accepted``), select (``end``)."""
 
     def __init__(self, make_event: Callable[[], Event], every: int, report: Callable[[PhaseReport], None]):
         if every < 1:
@@ -191,7 +192,6 @@ class PhaseClock(RoundClock):
         self._gaps: list[tuple[Event, Event]] = []
         self._phase_prev: Event | None = None  # the last split or mixed round's end
         self._bs = 0
-        self.verify_callback = functools.partial(self._mark, 2)
 
     def start(self, batch_size: int) -> None:
         self._cur, self._next = self._next, None
@@ -216,6 +216,9 @@ class PhaseClock(RoundClock):
 
     def drafted(self) -> None:
         self._mark(1)
+
+    def verified(self) -> None:
+        self._mark(2)
 
     def accepted(self) -> None:
         self._mark(3)

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 class Matched(NamedTuple):
     """A launched round with its accept counts: k, each request's accepted drafts (capped at its own
     draft count), what the launcher attached to it (``AdaptiveRound`` for a round the speculation policy
-    chose, None with adaptive speculation off), and ``drafted`` [bs] each request's own draft count
+    chose, None with adaptive speculation off), and ``num_drafts`` [bs] each request's own draft count
     where some drafted fewer than k (None: all k). A request that drafted nothing (per-token sampling
     state, ``patches/request_rounds.py``) took one token from the target: its 0 says nothing about
     acceptance, and the readers of acceptance skip it."""
@@ -20,7 +20,7 @@ class Matched(NamedTuple):
     k: int
     accepted: list[int]
     payload: Any
-    drafted: list[int] | None = None
+    num_drafts: list[int] | None = None
 
 
 class AdaptiveRound(NamedTuple):
@@ -35,15 +35,13 @@ class AdaptiveRound(NamedTuple):
 
 class RoundShape(NamedTuple):
     """How one decode round runs: ``steps`` drafts per request (0 = plain decoding); ``dense`` [bs]
-    1 where a request drafts over its whole prefix; ``boost`` [bs] True where the request's next
-    selection takes the boosted budget (adaptive/dense.py). None = nobody. ``drafts`` [bs] each request's
-    own draft count where some draft fewer than ``steps`` (``patches/request_rounds.counts_for``; None:
+    1 where a request drafts over its whole prefix (None = nobody). ``num_drafts`` [bs] each request's
+    own draft count where some draft fewer than ``steps`` (``patches/request_rounds.num_drafts_for``; None:
     every request drafts ``steps``)."""
 
     steps: int
     dense: list[bool] | None = None
-    boost: list[bool] | None = None
-    drafts: list[int] | None = None
+    num_drafts: list[int] | None = None
 
 
 class LaunchedRounds:
@@ -55,9 +53,9 @@ class LaunchedRounds:
     def __init__(self) -> None:
         self._pending: deque[tuple[int, int, Any, list[int] | None]] = deque()
 
-    def launched(self, k: int, batch_size: int, payload: Any = None, drafted: list[int] | None = None) -> None:
+    def launched(self, k: int, batch_size: int, payload: Any = None, num_drafts: list[int] | None = None) -> None:
         if batch_size > 0:
-            self._pending.append((k, batch_size, payload, drafted))
+            self._pending.append((k, batch_size, payload, num_drafts))
 
     def completed(self, accepted: Sequence[int]) -> Matched | None:
         """The oldest launched round with its counts capped at k; None when nothing is pending, the
@@ -65,7 +63,7 @@ class LaunchedRounds:
         past the k drafted ones."""
         if not self._pending:
             return None
-        k, bs, payload, drafted = self._pending.popleft()
+        k, bs, payload, num_drafts = self._pending.popleft()
         if bs != len(accepted):
             self._pending.clear()
             return None
@@ -73,6 +71,6 @@ class LaunchedRounds:
             return None
         # A comparison per count, no builtin calls: this runs once per round over the batch.
         capped = [a if 0 <= a <= k else (k if a > k else 0) for a in accepted]
-        if drafted is not None:
-            capped = [a if a <= d else d for a, d in zip(capped, drafted)]
-        return Matched(k, capped, payload, drafted)
+        if num_drafts is not None:
+            capped = [a if a <= d else d for a, d in zip(capped, num_drafts)]
+        return Matched(k, capped, payload, num_drafts)

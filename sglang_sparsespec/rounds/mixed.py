@@ -318,18 +318,6 @@ def mixed_step(
     commit_verify(buf, rows, emitted, num_accepted)
 
 
-def greedy_accept(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy verify: target [S, k + 1] the target's argmax per row, drafts [S, k], num_drafts [S]
-    (columns past it are stale). Returns (emitted [S, k + 1]: the accepted drafts, the target's
-    token after them, then -1; num_accepted [S] int64)."""
-    k = drafts.shape[1]
-    cols = torch.arange(k + 1, device=target.device)
-    ok = (drafts == target[:, :k]) & (cols[:k].view(1, -1) < num_drafts.view(-1, 1))
-    num_accepted = ok.to(torch.int64).cumprod(dim=1).sum(dim=1)
-    emitted = torch.where(cols.view(1, -1) <= num_accepted.view(-1, 1), target, -1)
-    return emitted, num_accepted
-
-
 @dataclass
 class ChainStore:
     """Chains carried between iterations, by pool row: pending [rows] int64, tokens [rows, k + 1]

@@ -27,12 +27,10 @@ class SelectionPlan:
     tail_start: torch.Tensor
 
 
-def budget(cfg: PillarConfig, seq_lens: torch.Tensor, ratio: torch.Tensor | None = None) -> torch.Tensor:
-    """B(L) = min(L, max(min_budget, ceil(ratio * L))) per request, int64 [bs]; ``ratio`` [bs]
-    float64 per request (boosted plans), else ``cfg.budget_ratio`` for all."""
+def budget(cfg: PillarConfig, seq_lens: torch.Tensor) -> torch.Tensor:
+    """B(L) = min(L, max(min_budget, ceil(ratio * L))) per request, int64 [bs]."""
     lens = seq_lens.to(torch.int64)
-    r = cfg.budget_ratio if ratio is None else ratio
-    scaled = torch.ceil(lens.to(torch.float64) * r).to(torch.int64)
+    scaled = torch.ceil(lens.to(torch.float64) * cfg.budget_ratio).to(torch.int64)
     return torch.minimum(lens, scaled.clamp(min=cfg.min_budget))
 
 
@@ -53,17 +51,12 @@ def streaming_plan(cfg: PillarConfig, seq_lens: torch.Tensor, kmax: int) -> Sele
 
 
 def draft_window(
-    cfg: PillarConfig,
-    verify_lens: torch.Tensor,
-    new_lens: torch.Tensor,
-    kmax: int,
-    ratio: torch.Tensor | None = None,
+    cfg: PillarConfig, verify_lens: torch.Tensor, new_lens: torch.Tensor, kmax: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tail_start, count) [bs] int64 of a scored plan made after a verify pass.
 
     verify_lens: prefix length the verify queries attended to (the scored positions);
-    new_lens: committed length after acceptance (>= verify_lens); ratio: [bs] float64 budget
-    ratios (see ``budget``). The tail
+    new_lens: committed length after acceptance (>= verify_lens). The tail
     [verify_len - recent_window, new_len) is always attended — the verify block's own
     positions have no usable scores — and the budget left after it buys ``count`` of the
     best-scored positions before ``tail_start``.
@@ -71,6 +64,6 @@ def draft_window(
     vlen = verify_lens.to(torch.int64)
     nlen = new_lens.to(torch.int64)
     tail_start = torch.clamp(vlen - cfg.recent_window, min=0)
-    count = budget(cfg, nlen, ratio) - (nlen - tail_start)
+    count = budget(cfg, nlen) - (nlen - tail_start)
     count = torch.minimum(count.clamp(min=0), torch.clamp(tail_start, max=kmax))
     return tail_start, count

@@ -38,26 +38,19 @@ class Selector(ABC):
 
     @abstractmethod
     def after_verify(
-        self,
-        req_pool_indices: torch.Tensor,
-        verify_lens: torch.Tensor,
-        new_lens: torch.Tensor,
-        ratio: torch.Tensor | None = None,
+        self, req_pool_indices: torch.Tensor, verify_lens: torch.Tensor, new_lens: torch.Tensor
     ) -> None:
-        """verify_lens: prefix the verify attended to; new_lens: committed length after it;
-        ratio: [bs] float64 budget ratio per request (boosted plans), None = cfg.budget_ratio."""
+        """verify_lens: prefix the verify attended to; new_lens: committed length after it."""
 
 
 class StreamingSelector(Selector):
-    """The sinks + recent window again; its window is the budget, so boosted plans do not apply."""
-
-    def after_verify(self, req_pool_indices, verify_lens, new_lens, ratio=None) -> None:
+    def after_verify(self, req_pool_indices, verify_lens, new_lens) -> None:
         self.after_prefill(req_pool_indices, new_lens)
 
 
 class OracleSelector(Selector):
-    def after_verify(self, req_pool_indices, verify_lens, new_lens, ratio=None) -> None:
-        tail_start, count = draft_window(self.cfg, verify_lens, new_lens, self.state.kmax, ratio)
+    def after_verify(self, req_pool_indices, verify_lens, new_lens) -> None:
+        tail_start, count = draft_window(self.cfg, verify_lens, new_lens, self.state.kmax)
         self.state.store_window(req_pool_indices, count, tail_start)
 
 
@@ -77,14 +70,14 @@ class ScoredSelector(Selector):
         self.verify_passes = 0
         sink.set_capture(True)
 
-    def after_verify(self, req_pool_indices, verify_lens, new_lens, ratio=None) -> None:
+    def after_verify(self, req_pool_indices, verify_lens, new_lens) -> None:
         selects = self.verify_passes % self.cfg.select_every == 0
         self.verify_passes += 1
         if self.cfg.select_every > 1:
             self.sink.set_capture(self.verify_passes % self.cfg.select_every == 0)
         if not selects:
             return
-        tail_start, count = draft_window(self.cfg, verify_lens, new_lens, self.state.kmax, ratio)
+        tail_start, count = draft_window(self.cfg, verify_lens, new_lens, self.state.kmax)
         # Writes sel_pos and sel_cnt of the batch's rows; positions >= tail_start are never candidates.
         topk_select(
             self.sink.candidates(),

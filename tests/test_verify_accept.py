@@ -1,4 +1,4 @@
-"""patches/verify_sample.py: PILLAR's sampled verify, called as SGLang's run_eagle_verify calls it.
+"""``PillarVerifyInput.accept`` (patches/verify_input.py): a round's acceptance from its verify logits.
 
 On the CPU the target distribution comes from the torch form of stock's filters
 (``target_probs``) under the server's sampling backend; the GPU path computes the same rows
@@ -11,13 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from sglang.srt.plugins import load_plugins
-from sglang_sparsespec.patches import verify_sample
-from sglang_sparsespec.patches.verify_input import PillarVerifyInput
-from sglang_sparsespec.patches.verify_sample import pillar_eagle_sample
+from sglang_sparsespec.patches import verify_input as verify_input_module
+from sglang_sparsespec.patches.verify_input import PillarVerifyInput, sampling_rows
 from triton_env import DEVICE
 from verify_inputs import chain_input
 
+from sglang_sparsespec.sampling.accept import stock_accept
 from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
@@ -56,22 +55,21 @@ def _inputs(seed: int, greedy: bool = False, logit_bias=None):
 
 @pytest.fixture(autouse=True)
 def _single_rank(monkeypatch):
-    monkeypatch.setattr(verify_sample, "_broadcast_from_rank0", lambda *t: None)
-    monkeypatch.setattr(verify_sample, "sampling_backend", lambda: SamplingBackend.FLASHINFER)
+    monkeypatch.setattr(verify_input_module, "_broadcast_from_rank0", lambda *t: None)
+    monkeypatch.setattr(verify_input_module, "sampling_backend", lambda: SamplingBackend.FLASHINFER)
 
 
-def test_sampled_batch_uses_the_record_and_sglang_layout():
+def test_sampled_batch_uses_the_record_and_sglang_layout(monkeypatch):
     verify_input, batch, logits, record = _inputs(0)
-    marks = []
-    verify_input = PillarVerifyInput.extend(verify_input, record, on_logits=lambda: marks.append("verify"))
+    verify_input = PillarVerifyInput.extend(verify_input, record)
     raw = logits.next_token_logits.clone()
 
-    def original(*a):
+    def sglang_verify(*a):
         raise AssertionError("a sampled PILLAR batch must not reach SGLang's full-distribution verify")
 
+    monkeypatch.setattr(verify_input_module, "eagle_sample", sglang_verify)
     torch.manual_seed(5)
-    predict, accept_lens, accept_index = pillar_eagle_sample(original, verify_input, batch, logits)
-    assert marks == ["verify"]
+    predict, accept_lens, accept_index = verify_input.accept(batch, logits)
     # The same coins (SGLang's _verify_coins draws torch.rand) through rejection_sample directly.
     torch.manual_seed(5)
     coins, final = torch.rand(BS, K + 1), torch.rand(BS)
@@ -91,18 +89,19 @@ def test_logit_bias_reaches_the_target_distribution():
     bias[:, 7] = 0.0  # every target row is one-hot at token 7
     verify_input, batch, logits, record = _inputs(1, logit_bias=bias)
     verify_input = PillarVerifyInput.extend(verify_input, record)
-    predict, accept_lens, accept_index = pillar_eagle_sample(None, verify_input, batch, logits)
+    predict, accept_lens, accept_index = verify_input.accept(batch, logits)
     last = accept_index.gather(1, (accept_lens - 1).long()[:, None]).long()
     assert torch.all(predict[last] == 7)
 
 
-@pytest.mark.parametrize("case", ["greedy", "no_record", "other_algorithm"])
-def test_other_batches_run_sglang_sampling(case):
-    verify_input, batch, logits, record = _inputs(2, greedy=case == "greedy")
-    if case != "other_algorithm":
-        verify_input = PillarVerifyInput.extend(verify_input, None if case == "no_record" else record)
+@pytest.mark.parametrize("case", ["greedy", "idle"])
+def test_plain_greedy_and_idle_batches_run_sglang_sampling(case, monkeypatch):
+    verify_input, batch, logits, record = _inputs(2, greedy=True)
+    batch.forward_mode = SimpleNamespace(is_idle=lambda: case == "idle")
+    verify_input = PillarVerifyInput.extend(verify_input, None)
     sentinel = object()
-    assert pillar_eagle_sample(lambda *a: sentinel, verify_input, batch, logits) is sentinel
+    monkeypatch.setattr(verify_input_module, "eagle_sample", lambda *a: sentinel)
+    assert verify_input.accept(batch, logits) is sentinel
 
 
 @pytest.mark.parametrize("backend", list(SamplingBackend))
@@ -121,23 +120,15 @@ def test_stock_accept_reads_the_batch_as_sglang_lays_it_out(min_p, backend, monk
     info.temperatures = torch.tensor([[0.6], [1.0], [1.0], [1.5], [0.8], [1.0]], device=DEVICE)
     info.min_ps = torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.2], device=DEVICE)
     info.need_min_p_sampling = min_p
-    monkeypatch.setattr(verify_sample, "sampling_backend", lambda: backend)
+    monkeypatch.setattr(verify_input_module, "sampling_backend", lambda: backend)
     raw = (logits.next_token_logits * 2).round().to(DEVICE)  # ties at the cut
     record = DraftRecord(*(t.to(DEVICE) for t in (record.tokens, record.cand_ids, record.cand_q, record.q_tok)))
     gen = torch.Generator().manual_seed(4)
     coins, final = torch.rand(BS, K, generator=gen).to(DEVICE), torch.rand(BS, generator=gen).to(DEVICE)
     rows = SamplingRows(info.temperatures.view(-1), info.top_ps, info.top_ks, info.min_ps if min_p else None, backend)
     want = rejection_sample(target_probs(raw, rows, K + 1).view(BS, K + 1, V), record, coins, final)
-    got = verify_sample.stock_accept(raw, verify_sample.sampling_rows(info), record, coins, final)
+    got = stock_accept(raw, sampling_rows(info), record, coins, final)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert verify_sample.sampling_rows(info).backend is backend
-    assert (verify_sample.sampling_rows(info).min_p is None) is not min_p
+    assert sampling_rows(info).backend is backend
+    assert (sampling_rows(info).min_p is None) is not min_p
 
-
-def test_run_eagle_verify_sees_the_hook():
-    # run_eagle_verify imported eagle_sample by name; the registry must have rebound that name too.
-    from sglang.srt.speculative import eagle_utils, eagle_worker_common
-
-    load_plugins()
-    assert eagle_worker_common.eagle_sample is eagle_utils.eagle_sample
-    assert eagle_utils.eagle_sample.__wrapped__ is not None

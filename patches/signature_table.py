@@ -281,6 +281,9 @@ SIGNATURES: dict[str, dict[str, str | None]] = {
     "sglang.srt.observability.startup_time.aggregate_scheduler_startup_times": {
         "0.5.17": "(startup_times)",
     },
+    "sglang.srt.runtime_context.RuntimeContext.override": {
+        "0.5.17": "(self, source, **fields)",
+    },
     "sglang.srt.sampling.penaltylib.repetition_penalty.apply_scaling_penalties": {
         "0.5.17": "(logits, scaling_penalties)",
     },

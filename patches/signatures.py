@@ -58,6 +58,7 @@ CALLED: tuple[str, ...] = (
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.execute",
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.load_batch",
     "sglang.srt.model_executor.runner.get_batch_sizes_to_capture",
+    "sglang.srt.runtime_context.RuntimeContext.override",
     "sglang.srt.sampling.penaltylib.repetition_penalty.apply_scaling_penalties",
     "sglang.srt.server_args.ServerArgs.get_attention_backends",
     "sglang.srt.speculative.base_spec_worker.BaseSpecWorker.alloc_memory_pool",

@@ -165,10 +165,11 @@ def render(wheels: list[Wheel]) -> str:
         "SIGNATURES: dict[str, dict[str, str | None]] = {",
     ]
     for symbol in surveyed_symbols():
-        row = changes(wheels, symbol)
-        lines.append(f'    "{symbol}": {{')
-        lines += [f'        "{v}": ' + ("None" if s is None else f'"{s}"') + "," for v, s in row.items()]
-        lines.append("    },")
+        entries = [f'"{v}": ' + ("None" if s is None else f'"{s}"') for v, s in changes(wheels, symbol).items()]
+        if len(entries) == 1:  # unchanged over the range: one line
+            lines.append(f'    "{symbol}": {{{entries[0]}}},')
+        else:
+            lines += [f'    "{symbol}": {{', *(f"        {e}," for e in entries), "    },"]
     lines.append("}")
     return "\n".join(lines) + "\n"
 

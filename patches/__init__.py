@@ -7,7 +7,8 @@ against, one list per feature (``PILLAR_HOOKS`` here, ``hooks_boundary``, ``hook
 SGLang changed between the releases, ``contacts`` holds one adapter per changed contact; ``signatures``
 compares the installed SGLang with what was surveyed per release, at launch (docs/versions.md).
 Besides the hooked symbols, these modules use SGLang code directly: ``worker`` (BaseSpecWorker, the
-plan stream, the decode graph batch sizes, and for plain rounds a second DecodeCudaGraphRunner built under a spec-config override), ``rounds`` (EAGLE's chain verify input
+plan stream, the decode graph batch sizes, and for plain rounds a second DecodeCudaGraphRunner built
+under a spec-config override), ``rounds`` (EAGLE's chain verify input
 builder; on the decode path, ModelRunner.sampler (Sampler.forward's signature) on the step's logits wrapped
 in LogitsProcessorOutput, a GenerationBatchResult as SGLang's verify builds it), ``verify`` (SGLang's verify
 steps for a topk=1 chain: the slot kernel, ForwardBatch, the graph runner's can_run_graph / load_batch /

@@ -1,6 +1,6 @@
 """The launch check: the installed SGLang's signatures against the ones recorded for its release.
 
-``signature_table.SIGNATURES`` holds, per supported release, the parameter list of every SGLang symbol
+``signature_table.json`` holds, per supported release, the parameter list of every SGLang symbol
 the plugin hooks (``HOOKS``) or calls, overrides or builds on by signature (``CALLED``), surveyed from
 the released wheels (``python -m tools.survey_signatures``). At launch, the installed SGLang must be one
 of those releases and match its row exactly: a hook or an adapter (``contacts.py``) was written
@@ -10,12 +10,18 @@ against that list, and a symbol whose parameters moved would be called wrong at 
 from __future__ import annotations
 
 import inspect
+import json
 import pkgutil
+from pathlib import Path
 from typing import Any
 
 from . import versions
-from .signature_table import SIGNATURES
 from .versions import out_of_range, release
+
+# {symbol: {first release of a parameter list: that list, or None from a release that lacks the symbol}}
+SIGNATURES: dict[str, dict[str, str | None]] = json.loads(
+    (Path(__file__).with_name("signature_table.json")).read_text()
+)["signatures"]
 
 # SGLang functions and methods the plugin calls, overrides or subclasses by signature, and the dataclasses
 # it builds (by their fields), besides the hooked targets (which the survey reads from the hook lists).

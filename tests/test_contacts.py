@@ -27,6 +27,7 @@ from sglang_sparsespec.patches.signatures import recorded  # noqa: E402
 from sglang_sparsespec.patches.versions import SUPPORTED, for_release, since  # noqa: E402
 
 ENDS = (SUPPORTED[0], SUPPORTED[-1])
+VIEWS = "sglang.srt.arg_groups.model_override_base"  # the resolved views' module, from 0.5.19
 
 
 def stand_in(symbol: str, release: str):
@@ -98,7 +99,7 @@ def test_resolve_and_resolved_as_of_each_end(release, monkeypatch):
     assert calls == (["resolve_once"] if release != SUPPORTED[0] else [])
     if release == SUPPORTED[0]:
         assert contacts.resolved(sa) is sa
-    elif importlib.util.find_spec("sglang.srt.arg_groups.model_override_base") is not None:  # the view needs that release's SGLang
+    elif importlib.util.find_spec(VIEWS) is not None:  # the view needs that release's SGLang
         sa._resolved_overrides.append(("handler", {"page_size": 1}))
         assert contacts.resolved(sa).page_size == 1 and sa.page_size is None
 
@@ -107,9 +108,11 @@ def test_attention_backends_moved_off_server_args_in_0_5_19(release):
     moved = [r for r in SUPPORTED if recorded("sglang.srt.arg_groups.model_override_base.attention_backends_of", r)]
     kept = [r for r in SUPPORTED if recorded("sglang.srt.server_args.ServerArgs.get_attention_backends", r)]
     assert moved == [r for r in SUPPORTED if since("0.5.19", r)] and kept == [r for r in SUPPORTED if r not in moved]
-    sa = SimpleNamespace(attention_backend="flashinfer", prefill_attention_backend=None,
-                         decode_attention_backend="triton", get_attention_backends=lambda: ("flashinfer", "triton"))  # fmt: skip
-    if release == SUPPORTED[0] or importlib.util.find_spec("sglang.srt.arg_groups.model_override_base") is not None:
+    sa = SimpleNamespace(
+        attention_backend="flashinfer", prefill_attention_backend=None, decode_attention_backend="triton",
+        get_attention_backends=lambda: ("flashinfer", "triton"),
+    )  # fmt: skip
+    if release == SUPPORTED[0] or importlib.util.find_spec(VIEWS) is not None:
         assert contacts.attention_backends(sa) == ("flashinfer", "triton")
 
 
@@ -206,8 +209,9 @@ def test_the_verify_input_is_built_with_the_fields_every_release_defaults(end):
     for cls, symbol in ((EagleVerifyInput, "sglang.srt.speculative.eagle_info.EagleVerifyInput"),
                         (GenerationBatchResult, "sglang.srt.managers.utils.GenerationBatchResult")):  # fmt: skip
         assert recorded(symbol, end) is not None
+        missing = dataclasses.MISSING
         required = [f.name for f in dataclasses.fields(cls)
-                    if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]  # fmt: skip
+                    if f.init and f.default is missing and f.default_factory is missing]  # fmt: skip
         # The fields PILLAR passes cover the required ones (the same on both ends).
         assert set(required) <= set(recorded(symbol, SUPPORTED[0]).strip("()").split(", ")), (cls, required)
 
@@ -222,7 +226,8 @@ def test_offload_serves_its_releases_and_is_refused_on_the_rest(release):
     if release in contacts.OFFLOAD_RELEASES:
         assert refusal is None
     else:
-        assert refusal.startswith("--pillar-offload-host-gb serves SGLang 0.5.17 through 0.5.20") and "\n" not in refusal
+        assert refusal.startswith("--pillar-offload-host-gb serves SGLang 0.5.17 through 0.5.20")
+        assert "\n" not in refusal
     for hook in HOOKS:
         if hook.fn.__module__.endswith("offload_hooks") and hook.fn.__name__ != "validate_offload_flag":
             assert hook.versions == contacts.OFFLOAD_RELEASES

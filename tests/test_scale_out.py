@@ -48,7 +48,8 @@ def test_data_parallel_replicas_and_multi_node_tensor_parallelism_launch(llama_c
     [
         (dict(disaggregation_mode="prefill"), "--disaggregation-mode prefill", "at its own prefill"),
         (dict(disaggregation_mode="decode"), "--disaggregation-mode decode", "at its own prefill"),
-        (dict(tp_size=2, dp_size=2, enable_dp_attention=True), "DP attention (--enable-dp-attention", "different batches"),
+        (dict(tp_size=2, dp_size=2, enable_dp_attention=True), "DP attention (--enable-dp-attention",
+         "different batches"),
     ],
 )
 def test_disaggregation_and_dp_attention_are_refused_with_one_line_saying_why(llama_config_dir, overrides, names, why):

@@ -19,7 +19,7 @@ from sglang.srt.plugins import load_plugins  # noqa: E402
 load_plugins()
 
 from sglang_sparsespec.patches import HOOKS, signatures, versions  # noqa: E402
-from sglang_sparsespec.patches.signature_table import SIGNATURES  # noqa: E402
+from sglang_sparsespec.patches.signatures import SIGNATURES  # noqa: E402
 from sglang_sparsespec.patches.versions import SUPPORTED, out_of_range  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Survey the SGLang symbols the plugin touches in released SGLang wheels; write patches/signature_table.py.
+"""Survey the SGLang symbols the plugin touches in released SGLang wheels; write patches/signature_table.json.
 
     pip download --no-deps sglang==0.5.17 -d /tmp/sgl   # one wheel per supported release
     python -m tools.survey_signatures /tmp/sgl/sglang-0.5.*.whl
@@ -7,7 +7,7 @@ Reads each wheel's source without importing it (releases pin different torch ver
 environment holds them all): for every hooked target (``Hook(...)`` in patches/) and every symbol in
 ``patches/signatures.CALLED``, the parameter list of the function or method, resolved through
 ``from X import Y`` re-exports. The table keeps the releases where a symbol's parameters changed
-(None: absent from that release on); the launch check (patches/signatures.py) compares the
+(null: absent from that release on); the launch check (patches/signatures.py) compares the
 installed SGLang against the row of its release.
 """
 
@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TABLE = REPO / "patches" / "signature_table.py"
+TABLE = REPO / "patches" / "signature_table.json"
 
 
 class Wheel:
@@ -102,7 +103,9 @@ def _dataclass_fields(node: ast.ClassDef) -> list[str]:
     return [
         n.target.id
         for n in node.body
-        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and "ClassVar" not in ast.unparse(n.annotation)
+        if isinstance(n, ast.AnnAssign)
+        and isinstance(n.target, ast.Name)
+        and "ClassVar" not in ast.unparse(n.annotation)
     ]
 
 
@@ -152,26 +155,10 @@ def changes(wheels: list[Wheel], symbol: str) -> dict[str, str | None]:
 
 
 def render(wheels: list[Wheel]) -> str:
-    lines = [
-        '"""SGLang signatures, per release, of every symbol the plugin hooks or calls (patches/signatures.py).',
-        "",
-        "Written by ``python -m tools.survey_signatures`` from the released wheels of "
-        f"{wheels[0].version}..{wheels[-1].version}; do not edit.",
-        "Each row maps the first release of a parameter list to it; None: absent from that release on.",
-        '"""',
-        "",
-        "from __future__ import annotations",
-        "",
-        "SIGNATURES: dict[str, dict[str, str | None]] = {",
-    ]
-    for symbol in surveyed_symbols():
-        entries = [f'"{v}": ' + ("None" if s is None else f'"{s}"') for v, s in changes(wheels, symbol).items()]
-        if len(entries) == 1:  # unchanged over the range: one line
-            lines.append(f'    "{symbol}": {{{entries[0]}}},')
-        else:
-            lines += [f'    "{symbol}": {{', *(f"        {e}," for e in entries), "    },"]
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    """The table as JSON, one symbol a line: {"releases": [...], "signatures": {symbol: {release: params}}}."""
+    rows = [f"  {json.dumps(symbol)}: {json.dumps(changes(wheels, symbol))}" for symbol in surveyed_symbols()]
+    releases = json.dumps([w.version for w in wheels])
+    return '{\n "releases": ' + releases + ',\n "signatures": {\n' + ",\n".join(rows) + "\n }\n}\n"
 
 
 def main() -> None:

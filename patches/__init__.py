@@ -1,11 +1,14 @@
-"""Every place where sglang-sparsespec touches SGLang 0.5.17 internals.
+"""Every place where sglang-sparsespec touches SGLang internals (releases 0.5.17 through 0.5.23).
 
-``HOOKS`` lists every SGLang symbol we hook, each with the reason, one list per feature
-(``PILLAR_HOOKS`` here, ``hooks_boundary``, ``hooks_startup``, ``hooks_offload``); ``apply()``
-registers them with SGLang's ``HookRegistry`` and registers the PILLAR algorithm through
-``SpeculativeAlgorithm.register``. Besides the hooked symbols, these modules use SGLang code
-directly: ``worker`` (BaseSpecWorker, the plan stream, the decode graph batch sizes, and for plain rounds a
-second DecodeCudaGraphRunner built under a spec-config override), ``rounds`` (EAGLE's chain verify input
+``HOOKS`` lists every SGLang symbol we hook, each with the reason and the releases it was checked
+against, one list per feature (``PILLAR_HOOKS`` here, ``hooks_boundary``, ``hooks_startup``,
+``hooks_offload``); ``apply()`` registers those of the installed release with SGLang's
+``HookRegistry`` and registers the PILLAR algorithm through ``SpeculativeAlgorithm.register``. Where
+SGLang changed between the releases, ``contacts`` holds one adapter per changed contact; ``signatures``
+compares the installed SGLang with what was surveyed per release, at launch (docs/versions.md).
+Besides the hooked symbols, these modules use SGLang code directly: ``worker`` (BaseSpecWorker, the
+plan stream, the decode graph batch sizes, and for plain rounds a second DecodeCudaGraphRunner built
+under a spec-config override), ``rounds`` (EAGLE's chain verify input
 builder; on the decode path, ModelRunner.sampler (Sampler.forward's signature) on the step's logits wrapped
 in LogitsProcessorOutput, a GenerationBatchResult as SGLang's verify builds it), ``verify`` (SGLang's verify
 steps for a topk=1 chain: the slot kernel, ForwardBatch, the graph runner's can_run_graph / load_batch /
@@ -38,6 +41,8 @@ StreamingResponse around the Ollama handlers). Nothing outside this package impo
 
 from __future__ import annotations
 
+import logging
+
 from . import (
     alloc_reserve,
     client_parity,
@@ -57,6 +62,9 @@ from .hooks_boundary import BOUNDARY_HOOKS
 from .hooks_offload import OFFLOAD_HOOKS
 from .hooks_startup import STARTUP_HOOKS
 from .spec_algo import ALGORITHM_NAME, PillarSpecAlgo, validate_server_args
+from .versions import out_of_range, releases
+
+logger = logging.getLogger(__name__)
 
 # Speculation itself: PILLAR's worker, rounds, verify and what clients see of them.
 PILLAR_HOOKS: tuple[Hook, ...] = (
@@ -77,7 +85,9 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "sglang.srt.mem_cache.kv_cache_builder.get_draft_kv_pool",
         "AROUND",
         kv_cache_builder.no_draft_pool_for_pillar,
-        "scheduler start-up dereferences draft_worker.draft_worker.draft_runner; PILLAR has no draft pool",
+        "scheduler start-up dereferences draft_worker.draft_worker.draft_runner; PILLAR has no draft pool "
+        "(0.5.18 asks the worker's primary_draft_kv_pool instead, None for PILLAR's absent draft worker)",
+        versions=("0.5.17",),
     ),
     Hook(
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info",
@@ -111,7 +121,8 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "every speculative decode round reserves KV through it, and its closing loop indexes a CPU "
         "tensor once per request (a select and an item each: ~1 ms of host time per round at 256 "
         "requests); with one-token pages a list of the same lengths serves it "
-        "(eagle_prepare_for_decode imports it by name)",
+        "(eagle_prepare_for_decode imports it by name); 0.5.19 lists the lengths itself",
+        versions=releases(last="0.5.18"),
     ),
     Hook(
         "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend",
@@ -180,7 +191,9 @@ def _factory(server_args):
 
 
 def apply() -> None:
-    """Register PILLAR and its hooks; idempotent within a process."""
+    """Register PILLAR and the hooks checked against the installed SGLang release; idempotent within a
+    process. On a release outside the supported range no hook is applied (stock SGLang runs untouched)
+    and PILLAR stays registered only to refuse the launch with one line naming the range."""
     global _applied
     if _applied:
         return
@@ -193,7 +206,12 @@ def apply() -> None:
         validate_server_args=validate_server_args,
         spec_class=PillarSpecAlgo,
     )(_factory)
-    for hook in HOOKS:
-        HookRegistry.register(hook.target, hook.fn, HookType[hook.kind])
-    serve_warmup.register()
     _applied = True
+    refusal = out_of_range()
+    if refusal is not None:
+        logger.warning("%s: no hook applied, --speculative-algorithm %s is refused", refusal, ALGORITHM_NAME)
+        return
+    for hook in HOOKS:
+        if hook.applies():
+            HookRegistry.register(hook.target, hook.fn, HookType[hook.kind])
+    serve_warmup.register()

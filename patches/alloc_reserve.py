@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sglang_sparsespec.config import BatchPhases, batch_phases
 
+from .contacts import call_server_args
 from .spec_algo import serves_pillar
 
 
@@ -22,10 +23,8 @@ def mixed_phases(server_args) -> bool:
     return batch_phases() is BatchPhases.MIXED
 
 
-def reserve_for_chains(original, server_args=None):
-    from sglang.srt.runtime_context import get_server_args
-
-    reserve = original(server_args)
-    if mixed_phases(server_args if server_args is not None else get_server_args()):
+def reserve_for_chains(original, *args, **kwargs):
+    reserve = original(*args, **kwargs)
+    if mixed_phases(call_server_args(args, kwargs)):
         return reserve * 3 // 2  # 2 (k + 1) -> 3 (k + 1)
     return reserve

@@ -3,12 +3,13 @@
 A speculative round appends 1 to k + 1 tokens at once; SGLang's output path was written for one
 token per step. Three places assume it:
 
-* ``--stream-interval N`` (or ``sampling_params.stream_interval``): SGLang sends a chunk when the
-  output length is 1 mod N, which plain decoding meets every N tokens and a round that jumps over it
-  does not (rounds of 1-9 tokens at N = 8 gave ~39-token chunks). ``accept_like_plain_decoding``
+* ``--stream-interval N`` (or ``sampling_params.stream_interval``): SGLang up to 0.5.21 sends a chunk
+  when the output length is 1 mod N, which plain decoding meets every N tokens and a round that jumps
+  over it does not (rounds of 1-9 tokens at N = 8 gave ~39-token chunks). ``accept_like_plain_decoding``
   sends whenever the output has reached the next point plain decoding sends at (1, N + 1, 2N + 1,
   ...) since the last chunk, so chunks are N tokens or a round's length more; at one token per step
-  the points are the same as SGLang's.
+  the points are the same as SGLang's. From 0.5.22 SGLang sends once N tokens are unsent itself
+  (``contacts.STOCK_STREAMS_BY_UNSENT``), and its own check stands.
 * ``reasoning_tokens`` counts every token a round appended, also those past the finish point
   (a stop string or max_new_tokens in the middle of a round) that ``completion_tokens`` trims. The
   reasoning tokens are a prefix of the output, so the ones inside the trimmed output are the smaller
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .contacts import STOCK_STREAMS_BY_UNSENT
 from .spec_algo import serves_pillar
 
 PROPOSED = "_sparsespec_proposed_drafts"  # drafts proposed to a Req over its PILLAR rounds
@@ -57,7 +59,7 @@ def accept_like_plain_decoding(original, acc, *args, **kwargs):
     params = req.sampling_params
     interval = params.stream_interval or acc.default_stream_interval
     sent_before = len(acc.rids)
-    if not req.finished() and req.stream and interval > 1:
+    if not STOCK_STREAMS_BY_UNSENT and not req.finished() and req.stream and interval > 1:
         if not stream_due(req.send_token_offset, len(req.output_ids), interval):
             return None  # SGLang's own "not due" path: nothing recorded for this request
         # Due: let SGLang's check pass (length % 1 == 0) and keep the rest of its logic (the stop-string

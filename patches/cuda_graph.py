@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .contacts import arguments
 from .spec_algo import is_pillar
 
 
@@ -49,10 +50,11 @@ def graph_runner_spec_info(original, runner, num_tokens: int):
     return spec_info
 
 
-def warmup_dummy_verify_input(
-    original, spec_algorithm, server_args, custom_mask, num_tokens_per_req, is_draft_worker
-):
-    """AROUND ``spec_info.create_dummy_verify_input`` (used by runner warm-up)."""
-    if not is_pillar(spec_algorithm) or is_draft_worker:
-        return original(spec_algorithm, server_args, custom_mask, num_tokens_per_req, is_draft_worker)
-    return _eagle_style_dummy(num_tokens_per_req - 1, num_tokens_per_req, custom_mask)
+def warmup_dummy_verify_input(original, *args, **kwargs):
+    """AROUND ``spec_info.create_dummy_verify_input`` (used by runner warm-up; 0.5.18 dropped its
+    server_args parameter, so its arguments are read by name)."""
+    call = arguments(original, args, kwargs)
+    if not is_pillar(call["spec_algorithm"]) or call["is_draft_worker"]:
+        return original(*args, **kwargs)
+    n = call["num_tokens_per_req"]
+    return _eagle_style_dummy(n - 1, n, call["custom_mask"])

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
 from sglang.srt.layers.attention.triton_backend import (
     TritonAttnBackend,
     logit_capping_mod,
@@ -31,6 +30,8 @@ from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 from sglang_sparsespec.selection.oracle import oracle_select
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.state import PlanState
+
+from .contacts import create_flashinfer_kv_indices_triton
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import live_rids, ollama_guard, openai_guard, request_caps, request_guard
 from .hook import Hook
+from .versions import releases
 
 BOUNDARY_HOOKS: tuple[Hook, ...] = (
     Hook(
@@ -42,7 +43,9 @@ BOUNDARY_HOOKS: tuple[Hook, ...] = (
         "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase._compute_extra_key",
         "AROUND",
         request_guard.extra_key_type_is_a_400,
-        "a non-string cache_salt / extra_key in an OpenAI request raises TypeError there, a 500",
+        "a non-string cache_salt / extra_key in an OpenAI request raises TypeError there, a 500 (0.5.18 "
+        "removed the method: the request types cache_salt, a non-string one is FastAPI's 422)",
+        versions=("0.5.17",),
     ),
     Hook(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
@@ -71,6 +74,14 @@ BOUNDARY_HOOKS: tuple[Hook, ...] = (
         "AFTER",
         request_caps.validate_limit_flags,
         "a request cap given a bad value (--pillar-max-top-logprobs abc) fails at launch, in one line",
+        versions=releases(last="0.5.18"),
+    ),
+    Hook(
+        "sglang.srt.server_args.ServerArgs.resolve_once",
+        "AFTER",
+        request_caps.validate_limit_flags,
+        "the same, where 0.5.19 resolves ServerArgs (apart from construction)",
+        versions=releases("0.5.19"),
     ),
     Hook(
         "sglang.srt.managers.io_struct.GenerateReqInput._determine_batch_size",

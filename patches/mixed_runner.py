@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
 
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector
@@ -37,6 +36,7 @@ from sglang_sparsespec.sampling.accept import greedy_accept, stock_accept
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.sampling.target import SamplingRows
 
+from .contacts import create_flashinfer_kv_indices_triton
 from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward, host_rows
 from .draft_attention import SegmentMeta
 from .draft_runner import PillarDraftRunner, sample_drafts

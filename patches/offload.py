@@ -318,7 +318,7 @@ class KVOffloader:
         pending copy waited for, host slots freed, the locked prefix unlocked, the row freed), reset
         and queued again, to be prefilled anew after the pause.
         """
-        from sglang.srt.managers.schedule_batch import retract_all
+        from .contacts import retract_all
 
         sched = self.scheduler
         reqs = [row.req for row in self.rows.values()]

@@ -11,13 +11,14 @@ import msgspec
 from sglang_sparsespec.config import offload_host_gb
 
 from . import offload, offload_capacity
+from .contacts import resolved
 from .offload_kv import CudaKVMover, offload_refusal
 from .tp_agree import min_over_tp_group
 
 
 def validate_offload_flag(result, server_args, *args, **kwargs):
     """ServerArgs: a bad budget or an unsupported combination fails at launch, in one line."""
-    if offload_host_gb() > 0 and (reason := offload_refusal(server_args)) is not None:
+    if offload_host_gb() > 0 and (reason := offload_refusal(resolved(server_args))) is not None:
         raise ValueError(reason)
     return result
 
@@ -27,7 +28,7 @@ def create_offloader(result, scheduler, *args, **kwargs):
     if gb > 0:
         from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
 
-        if (reason := offload_refusal(scheduler.server_args)) is not None:
+        if (reason := offload_refusal(resolved(scheduler.server_args))) is not None:
             raise ValueError(reason)
         # The scheduler takes its own token_to_kv_pool_allocator reference only after this hook
         # (Scheduler.__init__, from build_kv_cache's result); the model runner holds it already.

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import torch
 
+from . import versions
+from .contacts import OFFLOAD_RELEASES
 from .spec_algo import ALGORITHM_NAME
 
 
 def offload_refusal(server_args) -> str | None:
-    """Why offload cannot run with these ServerArgs (one line), or None."""
+    """Why offload cannot run with these (resolved) ServerArgs on the installed SGLang (one line), or None."""
+    if versions.INSTALLED not in OFFLOAD_RELEASES:
+        return (
+            f"--pillar-offload-host-gb serves SGLang {OFFLOAD_RELEASES[0]} through {OFFLOAD_RELEASES[-1]}, not the "
+            f"installed {versions.INSTALLED}: 0.5.21 reworked the request KV bookkeeping it parks and restores"
+        )
     algo = (server_args.speculative_algorithm or "").upper()
     checks = (
         (algo not in ("", ALGORITHM_NAME), f"--speculative-algorithm {algo} (offload serves PILLAR and stock decoding)"),

@@ -49,7 +49,8 @@ def clamp_stop_regex_window(sampling_params: Any, limits: RequestLimits) -> None
 
 # ---- hooks (registered in patches/hooks_boundary.py) -----------------------------------------------
 def validate_limit_flags(result, server_args, *args, **kwargs):
-    """ServerArgs.__post_init__ (AFTER): a bad cap fails at launch, in one line."""
+    """ServerArgs' resolution (AFTER ``__post_init__``, from 0.5.19 ``resolve_once``): a bad cap fails at
+    launch, in one line."""
     request_limits()
     return result
 

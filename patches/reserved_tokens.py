@@ -9,11 +9,13 @@ iterations allocate k + 1 further slots (``alloc_reserve``), so they keep 2 (k +
 from __future__ import annotations
 
 from .alloc_reserve import mixed_phases
+from .contacts import call_server_args
 from .spec_algo import serves_pillar
 
 
-def reserve_verify_window(original, server_args):
+def reserve_verify_window(original, *args, **kwargs):
+    server_args = call_server_args(args, kwargs)  # its argument up to 0.5.17, the published config after
     if serves_pillar(server_args):
         window = server_args.speculative_num_draft_tokens
         return 2 * window if mixed_phases(server_args) else window
-    return original(server_args)
+    return original(*args, **kwargs)

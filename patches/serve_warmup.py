@@ -12,6 +12,8 @@ import time
 
 from sglang_sparsespec.rounds.warmup import WARMUP_NAME, warmup_plan
 
+from .contacts import resolved
+
 logger = logging.getLogger(__name__)
 
 
@@ -24,7 +26,7 @@ async def pillar_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
         logger.info("PILLAR warm-up skipped: disaggregated serving (%s)", disaggregation_mode)
         return
     t0 = time.monotonic()
-    sa, mc = tokenizer_manager.server_args, tokenizer_manager.model_config
+    sa, mc = resolved(tokenizer_manager.server_args), tokenizer_manager.model_config
     # Each tokenizer worker (a process of its own) runs the warm-up: its rids carry the process id.
     tag = f"{os.getpid()}-"
     plan = warmup_plan(sa.max_running_requests, mc.vocab_size, sa.chunked_prefill_size, mc.context_len, tag)

@@ -15,7 +15,9 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.sampling.target import SamplingBackend
 
+from .contacts import attention_backends, dp_attention
 from .serve_warmup import add_to_server_args
+from .signatures import launch_refusal
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
@@ -72,7 +74,7 @@ def route_attention(sa: ServerArgs) -> str | None:
     ``_select_backend`` sends decode/idle and, in mode "decode", target-verify forwards to its
     decode (Triton) child and every extend (prefill) forward to its prefill (FlashInfer) child.
     """
-    prefill, decode = sa.get_attention_backends()
+    prefill, decode = attention_backends(sa)
     given = sorted({name for name in (prefill, decode) if name is not None})
     if not given or not set(given) <= set(SUPPORTED_ATTENTION_BACKENDS):
         return (
@@ -140,16 +142,39 @@ def unsupported_sampling(sa: ServerArgs) -> str | None:
     return None
 
 
+# Speculative-decoding flags of later releases that change how EAGLE drafts or accepts; PILLAR drafts
+# and verifies with its own kernels and rejection sampling, so each is refused rather than ignored.
+# (flag, its ServerArgs field, the value that leaves it off; releases without the field read it as off)
+NEIGHBOUR_FLAGS: tuple[tuple[str, str, object], ...] = (
+    ("--speculative-draft-window-size", "speculative_draft_window_size", None),
+    ("--speculative-draft-sink-size", "speculative_draft_sink_size", None),  # 0.5.21
+    ("--speculative-use-block-verification", "speculative_use_block_verification", False),  # 0.5.22
+    ("--enable-watermark", "enable_watermark", False),  # 0.5.22: stock's verify watermarks, PILLAR's does not
+)
+
+
+def unsupported_neighbour(sa: ServerArgs) -> str | None:
+    """The first of ``NEIGHBOUR_FLAGS`` that is set, as one line; None when none is."""
+    for flag, field, off in NEIGHBOUR_FLAGS:
+        if getattr(sa, field, off) not in (off, None):
+            return f"drafts and verifies with its own kernels; {flag} is not supported"
+    return None
+
+
 def validate_server_args(sa: ServerArgs) -> None:
     """Reject what PILLAR cannot run and fill the spec shape fields SGLang reads.
 
-    Runs in the launching process inside ``ServerArgs.__post_init__``; scheduler
-    processes receive the already-validated, pickled ServerArgs.
+    Runs in the launching process while SGLang resolves ServerArgs (in ``__post_init__``, from 0.5.19 in
+    ``resolve_once``; from 0.5.20 on a stand-in whose writes SGLang declares as the resolved values);
+    scheduler processes receive the already-validated, pickled ServerArgs.
     """
 
     def reject(msg: str) -> None:
         raise ValueError(f"--speculative-algorithm {ALGORITHM_NAME}: {msg}")
 
+    refusal = launch_refusal()  # an SGLang release, or a build of one, the hooks were not checked against
+    if refusal is not None:
+        reject(refusal)
     if sa.page_size not in (None, 1):
         reject(f"needs --page-size 1 (token-granular KV for per-token sparse lists), got {sa.page_size}")
     routing_gap = route_attention(sa)
@@ -157,11 +182,11 @@ def validate_server_args(sa: ServerArgs) -> None:
         reject(routing_gap)
     if sa.speculative_draft_model_path is not None:
         reject("drafts with the target model itself; remove --speculative-draft-model-path")
-    if getattr(sa, "enable_dp_attention", False):
+    if dp_attention(sa):
         reject(
-            "does not support --enable-dp-attention: its attention ranks hold different batches, and every rank "
-            "runs the round (draft count, dense requests) agreed from rank 0's batch; for more GPUs use "
-            "--dp-size N alone (one PILLAR replica per --tp-size GPUs)"
+            "does not support DP attention (--enable-dp-attention, from SGLang 0.5.22 --attn-dp-size): its "
+            "attention ranks hold different batches, and every rank runs the round (draft count, dense requests) "
+            "agreed from rank 0's batch; for more GPUs use --dp-size N alone (one PILLAR replica per --tp-size GPUs)"
         )
     if getattr(sa, "disaggregation_mode", "null") != "null":
         reject(
@@ -181,6 +206,9 @@ def validate_server_args(sa: ServerArgs) -> None:
         reject(f"needs a 16-bit KV cache (its Triton kernels read K/V unscaled), got --kv-cache-dtype {sa.kv_cache_dtype}")
     if sa.enable_mixed_chunk:
         reject("cannot mix prefill chunks into decode batches; remove --enable-mixed-chunk")
+    neighbour_gap = unsupported_neighbour(sa)
+    if neighbour_gap is not None:
+        reject(neighbour_gap)
     sampling_gap = unsupported_sampling(sa)
     if sampling_gap is not None:
         reject(sampling_gap)
@@ -191,7 +219,7 @@ def validate_server_args(sa: ServerArgs) -> None:
 
     moved = signature_gap()
     if moved is not None:
-        reject(f"this plugin hooks SGLang 0.5.17's internals and the installed SGLang differs ({moved}); install sglang==0.5.17")
+        reject(f"its verify hook reads arguments the installed SGLang's extend kernel lacks ({moved})")
 
     # Built here, not through sa.get_model_config(), which would cache it on the ServerArgs
     # before __post_init__ has finished adjusting them.

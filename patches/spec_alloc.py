@@ -5,7 +5,8 @@ with ``req.kv.kv_allocated_len = max(..., int(nxt_kv_lens_cpu[i]))`` for each re
 select and an item per request on the scheduler's critical path (0.7-1.0 ms per round at 256
 requests on the CI CPU, against 0.1 ms over a list). With one-token pages SGLang 0.5.17 reads
 ``nxt_kv_lens_cpu`` only in that loop, so the list of the same values serves it; larger pages pass
-the tensor to the paged allocator and keep it.
+the tensor to the paged allocator and keep it. From 0.5.19 SGLang converts the lengths to a list once
+itself (the hook's releases: ``Hook.versions``).
 """
 
 from __future__ import annotations

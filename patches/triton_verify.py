@@ -31,6 +31,8 @@ from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 
+from .contacts import attention_backends, resolved
+
 logger = logging.getLogger(__name__)
 
 # The arguments of SGLang's extend_attention_fwd this hook reads, by name. SGLang passes the first
@@ -98,7 +100,7 @@ def verify_backend(backend: Any) -> Any:
 
 def new_verify_backend(model_runner: Any) -> Any:
     """A second backend for the width-1 (plain-decoding) verify graphs, on its own workspace."""
-    if model_runner.server_args.get_attention_backends()[0] != "triton":
+    if attention_backends(resolved(model_runner.server_args))[0] != "triton":
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
         # Only verify forwards run on it: a hybrid would also build an unused FlashInfer

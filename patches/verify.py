@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform
 from sglang.kernels.ops.speculative.eagle import fill_bonus_tokens
-from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
@@ -35,6 +34,7 @@ from sglang.srt.speculative.spec_utils import (
 )
 from sglang.srt.utils.async_probe import maybe_detect_inf, maybe_detect_nan, maybe_detect_oob
 
+from .contacts import compute_spec_logprobs
 from .verify_input import PillarVerifyInput
 
 
@@ -163,7 +163,7 @@ def result(batch, fwd: VerifyForward, predict: torch.Tensor, accept_lens: torch.
         bs, stride = accept_index.shape
         fill_bonus_tokens[(bs,)](accept_tokens, accept_lens, bonus, stride)
         if batch.return_logprob:
-            compute_spec_v2_logprobs(batch, fwd.logits_output, predict, accept_index, num_steps)
+            compute_spec_logprobs(batch, fwd.logits_output, predict, accept_index, num_steps)
     result = GenerationBatchResult(
         logits_output=fwd.logits_output,
         next_token_ids=predict,

@@ -35,6 +35,7 @@ from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
 
+from .contacts import resolved
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner
 from .round_plan import RoundPlanner, seeded_config, setup_identity
@@ -49,9 +50,9 @@ logger = logging.getLogger(__name__)
 
 
 class PillarWorker(BaseSpecWorker):
-    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker, ps=None):  # ps: passed up to 0.5.20
         super().__init__()
-        self.server_args = server_args
+        self.server_args = server_args = resolved(server_args)  # the resolved values (contacts.resolved)
         self._target_worker = target_worker
         self.model_runner = target_worker.model_runner
         self.device = server_args.device

@@ -1,4 +1,4 @@
-"""sglang-sparsespec: lossless sparse self-speculative decoding (PILLAR) for SGLang 0.5.17."""
+"""sglang-sparsespec: lossless sparse self-speculative decoding (PILLAR) for SGLang 0.5.17 through 0.5.23."""
 
 from __future__ import annotations
 

@@ -55,7 +55,10 @@ def schema_errors(req: Any) -> list[str]:
     import msgspec
     from sglang.srt.managers.io_struct import msgpack_decode, msgpack_encode
 
-    bare = msgspec.structs.replace(req, time_stats=None, mm_inputs=None, mm_data_mooncake=None)
+    from sglang_sparsespec.patches.request_guard import PICKLED_FIELDS
+
+    # The fields SGLang pickles apart, those the installed release has (0.5.23 dropped mm_data_mooncake).
+    bare = msgspec.structs.replace(req, **{f: None for f in PICKLED_FIELDS if hasattr(req, f)})
     try:
         msgpack_decode(msgpack_encode(bare))
     except msgspec.ValidationError as e:
@@ -176,7 +179,14 @@ def make_boundary(model_dir: Path, **server_args: Any) -> Boundary:
     from sglang.srt.parser.template_manager import TemplateManager
     from sglang.srt.server_args import PortArgs, ServerArgs
 
-    sa = ServerArgs(model_path=str(model_dir), attention_backend="triton", device="cpu", **server_args)
+    from sglang.srt import runtime_context
+
+    from sglang_sparsespec.patches.contacts import resolve
+
+    sa = resolve(ServerArgs(model_path=str(model_dir), attention_backend="triton", device="cpu", **server_args))
+    # The HTTP process publishes its ServerArgs before it builds the manager (which 0.5.19 onwards read from
+    # the published configuration); the boundary's replace whatever an earlier one published.
+    runtime_context.publish(sa, role="tokenizer")
     manager = TokenizerManager(sa, PortArgs.init_new(sa))
     manager.max_req_input_len = manager.context_len - 1
     manager.event_loop = asyncio.new_event_loop()  # marks the output loop as started: the fake answers instead

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from sglang_sparsespec.patches import client_parity
 from sglang_sparsespec.patches.client_parity import (
     PROPOSED,
     accept_like_plain_decoding,
@@ -34,12 +35,17 @@ class Acc:
 
 
 def sglang_accept(acc: Acc, *, req: Any) -> None:
-    """SGLang 0.5.17's accept, as far as it decides and records (output_streamer.py)."""
+    """SGLang's accept, as far as it decides and records (output_streamer.py): the release the hook takes
+    the installed one for (``STOCK_STREAMS_BY_UNSENT``, which the tests set to exercise both)."""
     if req.finished():
         should = True
     else:
         si = req.sampling_params.stream_interval or acc.default_stream_interval
-        should = len(req.output_ids) % si == 1 if si > 1 else len(req.output_ids) % si == 0
+        if client_parity.STOCK_STREAMS_BY_UNSENT:  # 0.5.22: the first token at once, then N unsent
+            unsent = len(req.output_ids) - req.send_token_offset
+            should = si == 1 or unsent >= si or (req.send_token_offset == 0 and unsent > 0)
+        else:  # up to 0.5.21: lengths 1 mod N
+            should = len(req.output_ids) % si == 1 if si > 1 else len(req.output_ids) % si == 0
     if not should:
         return
     kept = req.output_ids[: req.finished_len] if req.finished_len is not None else req.output_ids
@@ -76,12 +82,32 @@ def test_next_stream_point_follows_plain_decoding():
     assert [next_stream_point(s, 8) for s in (0, 1, 5, 9, 12, 17)] == [1, 9, 9, 17, 17, 25]
 
 
-def test_one_token_per_step_streams_exactly_as_sglang():
+@pytest.fixture(params=[False, True], ids=["up-to-0.5.21", "from-0.5.22"])
+def stock_by_unsent(request, monkeypatch) -> bool:
+    """The hook and the model of SGLang's accept as of each end of the range (contacts.STOCK_STREAMS_BY_UNSENT)."""
+    monkeypatch.setattr(client_parity, "STOCK_STREAMS_BY_UNSENT", request.param)
+    return request.param
+
+
+@pytest.fixture
+def up_to_0_5_21(monkeypatch) -> None:
+    monkeypatch.setattr(client_parity, "STOCK_STREAMS_BY_UNSENT", False)
+
+
+def test_one_token_per_step_streams_exactly_as_sglang(stock_by_unsent):
     for interval in (1, 2, 8):
         assert stream([1] * 50, interval, hooked=True) == stream([1] * 50, interval, hooked=False)
 
 
-def test_speculative_rounds_stream_every_interval_crossing():
+def test_from_0_5_22_sglang_streams_rounds_by_unsent_count_itself(monkeypatch):
+    monkeypatch.setattr(client_parity, "STOCK_STREAMS_BY_UNSENT", True)
+    rng = random.Random(0)
+    rounds = [rng.randint(1, 9) for _ in range(400)]
+    ours = stream(rounds, 8, hooked=True)
+    assert ours == stream(rounds, 8, hooked=False) and 7 < sum(ours) / len(ours) < 13
+
+
+def test_speculative_rounds_stream_every_interval_crossing(up_to_0_5_21):
     rng = random.Random(0)
     rounds = [rng.randint(1, 9) for _ in range(400)]
     stock = stream(rounds, 8, hooked=False)
@@ -96,7 +122,7 @@ def test_speculative_rounds_stream_every_interval_crossing():
     assert 7 < sum(ours) / len(ours) < 13
 
 
-def test_the_request_interval_is_restored_and_the_default_applies():
+def test_the_request_interval_is_restored_and_the_default_applies(up_to_0_5_21):
     acc, req = Acc(default_stream_interval=4), make_req(None)
     req.output_ids.extend([5] * 6)
     accept_like_plain_decoding(sglang_accept, acc, req=req)
@@ -168,9 +194,10 @@ def test_an_unmatched_round_credits_nothing():
 
 
 def test_sglang_own_accumulator_streams_at_the_interval_and_trims_reasoning():
-    """SGLang 0.5.17's _GenerationStreamAccumulator and Req, with the hook as the plugin installs it."""
+    """SGLang's _GenerationStreamAccumulator and Req, with the hook as the plugin installs it."""
     pytest.importorskip("sglang")
     import array
+    import dataclasses
 
     from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
@@ -183,34 +210,38 @@ def test_sglang_own_accumulator_streams_at_the_interval_and_trims_reasoning():
     hooked = _GenerationStreamAccumulator.accept
     assert hasattr(hooked, "__wrapped__")
 
+    def accumulator() -> _GenerationStreamAccumulator:
+        # The dataclass's fields of the installed release (0.5.23 added the last two).
+        given = dict(return_logprob=False, return_hidden_states=False, return_routed_experts=False,
+                     return_indexer_topk=False, spec_algorithm=SpeculativeAlgorithm.from_string("PILLAR"),
+                     disaggregation_mode=DisaggregationMode.NULL, default_stream_interval=1,
+                     default_force_stream_interval=50, get_cached_tokens_details=lambda r: None,
+                     is_request_level_customized_info_key=lambda key: False, current_weight_version=None)  # fmt: skip
+        names = {f.name for f in dataclasses.fields(_GenerationStreamAccumulator)}
+        return _GenerationStreamAccumulator(**{k: v for k, v in given.items() if k in names})
+
     def chunks(accept) -> list[int]:
         rng = random.Random(0)
         req = Req("r", "hi", array.array("q", [1, 2, 3]), SamplingParams(max_new_tokens=1000, stream_interval=8), stream=True)
         sizes = []
         for _ in range(60):
             req.output_ids.extend([5] * rng.randint(1, 9))
-            acc = _GenerationStreamAccumulator(
-                return_logprob=False, return_hidden_states=False, return_routed_experts=False,
-                return_indexer_topk=False, spec_algorithm=SpeculativeAlgorithm.from_string("PILLAR"),
-                disaggregation_mode=DisaggregationMode.NULL, default_stream_interval=1,
-                default_force_stream_interval=50, get_cached_tokens_details=lambda r: None,
-            )  # fmt: skip
+            acc = accumulator()
             accept(acc, req=req)
             sizes += [len(ids) for ids in acc.output_ids]
         return sizes
 
     stock, ours = chunks(hooked.__wrapped__), chunks(hooked)
-    assert sum(stock) / len(stock) > 20 and 7 < sum(ours) / len(ours) < 11
+    # Rounds of 1-9 tokens at interval 8: stock up to 0.5.21 jumps over its 1-mod-8 points (the hook sends at
+    # them); from 0.5.22 stock sends by unsent count itself and the hook leaves it be.
+    assert (sum(stock) / len(stock) > 20) is not client_parity.STOCK_STREAMS_BY_UNSENT
+    assert 7 < sum(ours) / len(ours) < 11
 
     req = Req("f", "hi", array.array("q", [1, 2, 3]), SamplingParams(max_new_tokens=10), stream=True)
     req.output_ids.extend([5] * 12)  # the last round ran two tokens past max_new_tokens
     req.reasoning_tokens, req.finished_len, req.finished_reason = 12, 10, FINISH_LENGTH(length=10)
     setattr(req, PROPOSED, 6)
-    acc = _GenerationStreamAccumulator(
-        return_logprob=False, return_hidden_states=False, return_routed_experts=False, return_indexer_topk=False,
-        spec_algorithm=SpeculativeAlgorithm.from_string("PILLAR"), disaggregation_mode=DisaggregationMode.NULL,
-        default_stream_interval=1, default_force_stream_interval=50, get_cached_tokens_details=lambda r: None,
-    )  # fmt: skip
+    acc = accumulator()
     hooked(acc, req=req)
     assert acc.completion_tokens == [10] and acc.reasoning_tokens == [10]
     assert acc.spec_num_cap_tokens == [6] and req.spec_num_cap_tokens == 0  # carried, the Req's own field untouched

@@ -55,17 +55,33 @@ def test_stop_token_before_the_length_limit_wins():
     assert list(req.output_ids[: req.finished_len]) == [1, 2, 4, STOP]
 
 
-def test_sglang_alone_reports_length_for_the_same_run(monkeypatch):
+def stock_checks_length_first() -> bool:
+    """SGLang up to 0.5.17 checks max_new_tokens before stop tokens; 0.5.18 checks stop tokens first. Read
+    off the installed release's own check: one token that is a stop token and reaches the limit."""
+    req = make_req(max_new_tokens=1)
+    req.output_ids.append(STOP)
+    ORIGINAL(req, 1)
+    return isinstance(req.finished_reason, FINISH_LENGTH)
+
+
+def test_sglang_alone_finishes_the_run_as_its_release_orders_the_checks(monkeypatch):
     monkeypatch.setattr(finish_check, "_serves_pillar", lambda: False)  # another algorithm: SGLang's check
     req = make_req(max_new_tokens=5)
     run_rounds(req, [1, 2, 4, STOP, 5, 6], [2, 4])
-    assert isinstance(req.finished_reason, FINISH_LENGTH) and req.finished_len == 5
+    if stock_checks_length_first():  # 0.5.17: "length", keeping the tokens after the stop
+        assert isinstance(req.finished_reason, FINISH_LENGTH) and req.finished_len == 5
+    else:
+        assert outcome(req) == ("FINISH_MATCHED_TOKEN", STOP, 4)
 
 
-def test_the_token_reaching_the_limit_ends_by_length_even_if_it_is_a_stop():
+def test_the_token_reaching_the_limit_ends_as_stock_checks_it():
     req = make_req(max_new_tokens=4)
     run_rounds(req, [1, 2, 4, STOP, 5], [5])
-    assert outcome(req) == ("FINISH_LENGTH", None, 4)  # stock checks the length first at that token
+    stock = make_req(max_new_tokens=4)
+    run_rounds(stock, [1, 2, 4, STOP, 5], [1] * 5)
+    # The length first (0.5.17) or the stop token first (0.5.18 onwards), as stock decoding checks that token.
+    expected = ("FINISH_LENGTH", None, 4) if stock_checks_length_first() else ("FINISH_MATCHED_TOKEN", STOP, 4)
+    assert outcome(req) == outcome(stock) == expected
 
 
 @pytest.mark.parametrize("ignore_eos", [False, True])

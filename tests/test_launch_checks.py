@@ -17,10 +17,13 @@ MROPE = {"rope_scaling": {"type": "default", "rope_type": "default", "mrope_sect
 
 
 def _args(model_dir: Path, **overrides):
+    """What resolution decided for these ServerArgs (resolved as a launch resolves them)."""
     from sglang.srt.server_args import ServerArgs
 
+    from sglang_sparsespec.patches.contacts import resolve, resolved
+
     base = dict(model_path=str(model_dir), attention_backend="triton", skip_tokenizer_init=True, device="cpu")
-    return ServerArgs(**{**base, **overrides})
+    return resolved(resolve(ServerArgs(**{**base, **overrides})))
 
 
 @pytest.mark.parametrize("algorithm, refused", [("pillar", True), (None, False)])

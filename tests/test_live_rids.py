@@ -55,9 +55,12 @@ def _req(rid: str):
 
 
 def _sched(waiting=(), running=(), grammar=()):
-    """The scheduler state SGLang's abort_request reads (no PD disaggregation, no pipeline, no dLLM)."""
+    """The scheduler state SGLang's abort_request reads (no PD disaggregation, no pipeline, no dLLM, no
+    encoder-disaggregated requests, no beam search, no Rust server; later releases read the last three and
+    call Scheduler helpers, which are bound here where the installed release has them)."""
     from sglang.srt.constrained.grammar_manager import GrammarManager
     from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.scheduler import Scheduler
 
     sent: list = []
     sched = SimpleNamespace(
@@ -70,7 +73,16 @@ def _sched(waiting=(), running=(), grammar=()):
         running_batch=SimpleNamespace(reqs=[_req(r) for r in running]),
         last_batch=None,
         ipc_channels=SimpleNamespace(send_to_tokenizer=SimpleNamespace(send_output=lambda msg, req: sent.append(msg))),
+        mm_receiver=None,
+        rust_server=None,
+        beam_coordinator=SimpleNamespace(retire_group=lambda req: None),
+        enable_continuous_input_polling=False,
+        result_queue=[],
+        _release_aborted_request=lambda req: None,
     )
+    for helper in ("send_abort_output", "collect_inflight_reqs", "_collect_inflight_batches"):
+        if hasattr(Scheduler, helper):
+            setattr(sched, helper, types.MethodType(getattr(Scheduler, helper), sched))
     manager = SimpleNamespace(grammar_queue=[_req(r) for r in grammar])
     manager.abort_requests = types.MethodType(GrammarManager.abort_requests, manager)
     sched.grammar_manager, sched.sent = manager, sent

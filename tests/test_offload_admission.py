@@ -15,7 +15,9 @@ load_plugins()
 
 from sglang_sparsespec.patches import offload, offload_capacity
 
-from test_offload_patch import Allocator, Mover
+from test_offload_patch import SERVED, Allocator, Mover
+
+pytestmark = SERVED  # SGLang's PrefillAdder as the releases the pool serves have it
 
 
 class Tree:

@@ -15,20 +15,41 @@ from sglang.srt.plugins import load_plugins
 load_plugins()
 
 from sglang.srt.server_args import ServerArgs
-from sglang_sparsespec.patches import offload
+from sglang_sparsespec.patches import offload, versions
+from sglang_sparsespec.patches.contacts import OFFLOAD_RELEASES, resolve
 from test_offload import Fence, HostSlots
 
 from sglang_sparsespec.offload import Where
 
 H = 4  # values per token (all layers, K and V) in the fake pool
+# The tests that run the pool inside SGLang's own scheduler, admission or cache code: on the releases it
+# serves (contacts.OFFLOAD_RELEASES); elsewhere the flag is refused at launch (the test below).
+SERVED = pytest.mark.skipif(
+    versions.INSTALLED not in OFFLOAD_RELEASES,
+    reason=f"the offload pool serves SGLang {OFFLOAD_RELEASES[0]}-{OFFLOAD_RELEASES[-1]}; refused on this release",
+)
 
 
 def _args(model_dir, **overrides) -> ServerArgs:
     base = {"model_path": str(model_dir), "attention_backend": "triton", "skip_tokenizer_init": True, "device": "cpu"}
     base.update(overrides)
-    return ServerArgs(**base)
+    return resolve(ServerArgs(**base))
 
 
+def test_flag_refused_at_launch_on_the_releases_the_pool_does_not_serve(llama_config_dir, monkeypatch):
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "4")
+    if versions.INSTALLED in OFFLOAD_RELEASES:
+        _args(llama_config_dir)
+        return
+    for overrides in ({}, {"speculative_algorithm": "pillar"}):
+        with pytest.raises(ValueError, match="--pillar-offload-host-gb serves SGLang 0.5.17 through 0.5.20") as err:
+            _args(llama_config_dir, **overrides)
+        assert "\n" not in str(err.value)
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "0")
+    _args(llama_config_dir)  # off: nothing to refuse
+
+
+@SERVED
 def test_flag_validated_at_launch_for_stock_and_pillar(llama_config_dir, monkeypatch):
     monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "4")
     _args(llama_config_dir)  # stock decoding, radix cache on

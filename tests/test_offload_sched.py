@@ -14,12 +14,13 @@ import torch
 
 pytest.importorskip("sglang")
 
-from test_offload_patch import Batch, Mover  # noqa: E402  (also loads the plugin's hooks)
+from test_offload_patch import SERVED, Batch, Mover  # noqa: E402  (also loads the plugin's hooks)
 
 from sglang_sparsespec.offload import Where  # noqa: E402
 from sglang_sparsespec.patches import offload  # noqa: E402
 
 POOL = 36  # device KV slots
+pytestmark = SERVED  # SGLang's scheduler pieces as the releases the pool serves have them
 
 
 @pytest.fixture(autouse=True)

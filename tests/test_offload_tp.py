@@ -14,6 +14,9 @@ from test_offload_sched import published_server_args  # noqa: E402, F401  (autou
 
 from sglang_sparsespec.offload import Where  # noqa: E402
 from sglang_sparsespec.patches import offload_capacity  # noqa: E402
+from test_offload_patch import SERVED  # noqa: E402
+
+pytestmark = SERVED  # SGLang's scheduler pieces as the releases the pool serves have them
 
 
 class MinGroup:

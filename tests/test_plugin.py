@@ -15,10 +15,13 @@ load_plugins()
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 from sglang_sparsespec.patches import HOOKS  # noqa: E402
+from sglang_sparsespec.patches.contacts import attention_backends, resolve, resolved  # noqa: E402
+from sglang_sparsespec.patches.signatures import recorded  # noqa: E402
 from sglang_sparsespec.patches.spec_algo import PillarSpecAlgo  # noqa: E402
 
 
-def _args(model_dir, **overrides) -> ServerArgs:
+def _server_args(model_dir, **overrides) -> ServerArgs:
+    """ServerArgs resolved (and validated) as a launch resolves them, on any supported release."""
     base = dict(
         model_path=str(model_dir),
         attention_backend="triton",
@@ -27,7 +30,18 @@ def _args(model_dir, **overrides) -> ServerArgs:
         device="cpu",
     )
     base.update(overrides)
-    return ServerArgs(**base)
+    return resolve(ServerArgs(**base))
+
+
+def _args(model_dir, **overrides):
+    """What resolution decided for those ServerArgs, field by field."""
+    return resolved(_server_args(model_dir, **overrides))
+
+
+def _call_args(symbol: str, server_args) -> tuple:
+    """The arguments a server-args function takes in the installed release: the ServerArgs up to 0.5.17,
+    none from 0.5.18 (it reads the published configuration), as its recorded signature says."""
+    return (server_args,) if "server_args" in (recorded(symbol) or "") else ()
 
 
 def test_entry_point_is_declared():
@@ -42,12 +56,12 @@ def test_pillar_is_registered_with_scheduler_methods():
     assert algo.need_topk() is False and algo.carries_draft_hidden_states() is False
 
 
-def test_every_hook_is_applied():
+def test_every_hook_of_the_installed_release_is_applied():
     import pkgutil
 
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    for hook in HOOKS:
+    for hook in (h for h in HOOKS if h.applies()):
         assert hook.target in HookRegistry._patched, hook.target
         owner_path, _, attr = hook.target.rpartition(".")
         patched = getattr(pkgutil.resolve_name(owner_path), attr)
@@ -59,7 +73,8 @@ def test_every_hook_is_applied():
 def test_every_direct_sglang_import_of_the_patches_resolves():
     """The patches import most SGLang symbols lazily, inside code that runs only on a GPU server;
     a renamed or misspelled one would surface there first. Each ``from sglang.X import Y`` in
-    patches/ must resolve against the pinned SGLang (as a module attribute or a submodule)."""
+    patches/ must resolve against the installed SGLang (as a module attribute or a submodule); what
+    moved between releases is imported through ``contacts`` by the path of the installed one."""
     import ast
     import importlib
     import importlib.util
@@ -69,6 +84,8 @@ def test_every_direct_sglang_import_of_the_patches_resolves():
 
     missing, seen = [], 0
     for path in sorted(Path(patches_pkg.__file__).parent.glob("*.py")):
+        if path.name == "contacts.py":  # imports what the release it adapts to has (tests/test_contacts.py)
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang.")):
                 continue
@@ -80,28 +97,46 @@ def test_every_direct_sglang_import_of_the_patches_resolves():
     assert seen > 50 and not missing, missing
 
 
-def test_hooked_functions_dispatch_to_pillar(llama_config_dir):
+@pytest.fixture
+def published(llama_config_dir):
+    """PILLAR's ServerArgs (k = 6) published as the scheduler's process has them (from 0.5.18 the sizing
+    functions read the published configuration)."""
+    from sglang.srt import runtime_context
+
+    sa = _server_args(llama_config_dir, speculative_num_steps=6)
+    runtime_context.publish(sa, role="test")
+    yield sa
+    runtime_context.reset_context()
+
+
+RESERVED = "sglang.srt.managers.utils.compute_num_reserved_tokens"
+ALLOC_RESERVE = "sglang.srt.mem_cache.allocation_sizing.get_alloc_reserve_per_decode"
+
+
+def test_hooked_functions_dispatch_to_pillar(published):
     from sglang.srt.managers.utils import compute_num_reserved_tokens
     from sglang.srt.mem_cache import kv_cache_builder
 
-    sa = _args(llama_config_dir, speculative_num_steps=6)
-    assert compute_num_reserved_tokens(sa) == 7
-    algo = SpeculativeAlgorithm.from_string("PILLAR")
-    assert kv_cache_builder.get_draft_kv_pool(draft_worker=object(), spec_algorithm=algo, server_args=sa) is None
+    assert compute_num_reserved_tokens(*_call_args(RESERVED, published)) == 7
+    if recorded("sglang.srt.mem_cache.kv_cache_builder.get_draft_kv_pool") is not None:
+        algo = SpeculativeAlgorithm.from_string("PILLAR")
+        pool = kv_cache_builder.get_draft_kv_pool(draft_worker=object(), spec_algorithm=algo, server_args=published)
+        assert pool is None
 
 
-def test_mixed_phases_reserve_room_for_carried_chains(llama_config_dir, monkeypatch):
+def test_mixed_phases_reserve_room_for_carried_chains(published, monkeypatch):
     from sglang.srt.managers.utils import compute_num_reserved_tokens
     from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
 
-    sa = _args(llama_config_dir, speculative_num_steps=6)
-    assert get_alloc_reserve_per_decode(sa) == 14  # spec v2's 2 (k + 1)
+    reserve_args = _call_args(ALLOC_RESERVE, published)
+    assert get_alloc_reserve_per_decode(*reserve_args) == 14  # spec v2's 2 (k + 1)
     monkeypatch.setenv("SPARSESPEC_BATCH_PHASES", "mixed")
-    assert get_alloc_reserve_per_decode(sa) == 21 and compute_num_reserved_tokens(sa) == 14
+    assert get_alloc_reserve_per_decode(*reserve_args) == 21
+    assert compute_num_reserved_tokens(*_call_args(RESERVED, published)) == 14
     # eagle_utils imports it by name: the hook reaches that copy too.
     from sglang.srt.speculative import eagle_utils
 
-    assert eagle_utils.get_alloc_reserve_per_decode(sa) == 21
+    assert eagle_utils.get_alloc_reserve_per_decode(*reserve_args) == 21
 
 
 def test_mixed_phases_need_one_gpu(llama_config_dir, monkeypatch):
@@ -123,7 +158,7 @@ def test_defaults_fill_spec_shape_fields(llama_config_dir):
 
 def test_flashinfer_prefills_and_triton_verifies(llama_config_dir):
     sa = _args(llama_config_dir, attention_backend="flashinfer")
-    assert sa.get_attention_backends() == ("flashinfer", "triton")
+    assert attention_backends(sa) == ("flashinfer", "triton")
     # HybridAttnBackend sends TARGET_VERIFY to its decode (Triton) child only in mode "decode".
     assert sa.speculative_attention_mode == "decode"
     assert (sa.speculative_num_steps, sa.speculative_num_draft_tokens, sa.page_size) == (8, 9, 1)
@@ -175,9 +210,17 @@ def test_tensor_parallelism_is_accepted(tmp_path, tp):
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [({"tp_size": 2, "enable_dp_attention": True}, "dp-attention"), ({"pp_size": 2}, "pipeline parallelism")],
+    [
+        ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, "DP attention"),
+        ({"tp_size": 2, "attn_dp_size": 2}, "DP attention"),  # the flag from 0.5.22
+        ({"pp_size": 2}, "pipeline parallelism"),
+    ],
 )
 def test_tensor_parallelism_still_refuses_dp_attention_and_pipelines(llama_config_dir, overrides, message):
+    import inspect
+
+    if not set(overrides) <= set(inspect.signature(ServerArgs).parameters):
+        pytest.skip("--attn-dp-size is a flag from SGLang 0.5.22")
     with pytest.raises(ValueError, match=message):
         _args(llama_config_dir, **overrides)
 
@@ -252,18 +295,18 @@ def test_pillar_knobs_are_launch_flags(llama_config_dir, monkeypatch):
     monkeypatch.setenv("SPARSESPEC_MIN_BUDGET", "64")  # the fallback, for knobs without a flag
     base = ["--model-path", str(llama_config_dir), "--attention-backend", "triton", "--speculative-algorithm",
             "PILLAR", "--skip-tokenizer-init", "--device", "cpu"]  # fmt: skip
-    prepare_server_args(base + ["--pillar-budget-ratio", "0.1", "--pillar-policy", "streaming"])
+    resolve(prepare_server_args(base + ["--pillar-budget-ratio", "0.1", "--pillar-policy", "streaming"]))
     # What the scheduler processes inherit and resolve: the flags, then the variables, then defaults.
     cfg = PillarConfig.from_env(8)
     assert (cfg.budget_ratio, cfg.policy.value, cfg.min_budget) == (0.1, "streaming", 64)
     monkeypatch.setenv("SPARSESPEC_BUDGET_RATIO", "0.2")
-    prepare_server_args(base + ["--pillar-budget-ratio", "0.3"])
+    resolve(prepare_server_args(base + ["--pillar-budget-ratio", "0.3"]))
     assert PillarConfig.from_env(8).budget_ratio == 0.3  # the flag wins over the variable
     with pytest.raises(ValueError, match="SPARSESPEC_SELECT_EVERY") as err:
-        prepare_server_args(base + ["--pillar-select-every", "0"])
+        resolve(prepare_server_args(base + ["--pillar-select-every", "0"]))
     assert "\n" not in str(err.value)
     with pytest.raises(SystemExit):  # argparse's own one-line error for a bad choice
-        prepare_server_args(base + ["--pillar-policy", "magic"])
+        resolve(prepare_server_args(base + ["--pillar-policy", "magic"]))
 
 
 def test_pillar_warmup_joins_the_server_warmups_unless_skipped(llama_config_dir):

@@ -27,13 +27,20 @@ MSGS = [{"role": "user", "content": "w1 w2"}]
 
 @pytest.fixture(scope="module")
 def boundary(tmp_path_factory):
+    import inspect
+
     from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
 
     load_plugins()
+    # From 0.5.21 SGLang refuses a client chat template itself unless --trust-request-chat-template; with it
+    # the plugin's cap decides, as on the releases before.
+    trust = {"trust_request_chat_template": True}
+    extra = trust if set(trust) <= set(inspect.signature(ServerArgs).parameters) else {}
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("SPARSESPEC_")]:
             mp.delenv(key)
-        return make_boundary(write_model_dir(tmp_path_factory.mktemp("caps_model"), SMOLLM2_CONFIG))
+        return make_boundary(write_model_dir(tmp_path_factory.mktemp("caps_model"), SMOLLM2_CONFIG), **extra)
 
 
 @pytest.mark.parametrize(
@@ -82,10 +89,13 @@ def test_a_bad_cap_fails_at_launch(llama_config_dir, monkeypatch):
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import ServerArgs
 
+    from sglang_sparsespec.patches.contacts import resolve
+
     load_plugins()
     monkeypatch.setenv("SPARSESPEC_MAX_STOP_STRINGS", "-1")
     with pytest.raises(ValueError, match="SPARSESPEC_MAX_STOP_STRINGS must be an integer >= 1"):
-        ServerArgs(model_path=str(llama_config_dir), attention_backend="triton", skip_tokenizer_init=True, device="cpu")
+        resolve(ServerArgs(model_path=str(llama_config_dir), attention_backend="triton", skip_tokenizer_init=True,
+                           device="cpu"))  # fmt: skip
 
 
 def test_a_cap_follows_its_flag(boundary, monkeypatch):

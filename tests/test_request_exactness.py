@@ -49,7 +49,19 @@ def make_req(freq=0.0, pres=0.0, rep=1.0, min_new=0, processor=None, out=(), ret
     return SimpleNamespace(
         sampling_params=sp, output_ids=list(out), retraction_count=retractions, custom_logit_processor=processor,
         tokenizer=SimpleNamespace(eos_token_id=EOS, additional_stop_token_ids=None),
+        eos_token_ids=None,  # the model's own EOS ids, which min_new_tokens suppresses too from 0.5.23
     )  # fmt: skip
+
+
+def processors(processor, mask: torch.Tensor) -> dict:
+    """SamplingBatchInfo.custom_logit_processor for one processor over the rows of ``mask``, as the installed
+    release builds it: (processor, mask) up to 0.5.20, a ProcessorEntry of rows and indices from 0.5.21."""
+    from sglang.srt.sampling import sampling_batch_info
+
+    if not hasattr(sampling_batch_info, "ProcessorEntry"):
+        return {0: (processor, mask)}
+    rows = mask.nonzero().flatten().tolist()
+    return {0: sampling_batch_info.ProcessorEntry(processor=processor, rows=rows, indices=torch.tensor(rows))}
 
 
 class SamplingInfo(SimpleNamespace):
@@ -282,7 +294,7 @@ def test_a_processor_that_forces_a_token_is_applied_to_row_zero(greedy):
     mask = torch.tensor([False, True, False])
     reqs = [make_req(), make_req(processor="force"), make_req()]
     si = sampling_info(
-        bs, greedy, has_custom_logit_processor=True, custom_logit_processor={0: (ForceToken(), mask)},
+        bs, greedy, has_custom_logit_processor=True, custom_logit_processor=processors(ForceToken(), mask),
         custom_params=[None, {"token": forced}, None],
     )  # fmt: skip
     record = None
@@ -309,7 +321,8 @@ def test_a_processor_reaches_plain_greedy_rounds():
         reqs = [make_req(processor="force"), make_req()]
         si = sampling_info(
             2, True, has_custom_logit_processor=True,
-            custom_logit_processor={0: (ForceToken(), torch.tensor([True, False]))}, custom_params=[{"token": 4}, None],
+            custom_logit_processor=processors(ForceToken(), torch.tensor([True, False])),
+            custom_params=[{"token": 4}, None],
         )  # fmt: skip
         logits = torch.randn(2, V, generator=torch.Generator().manual_seed(1))
         runs = verify(si, reqs, torch.tensor([1, 2]), torch.zeros((2, 0), dtype=torch.int64), logits.clone(), None)

@@ -18,9 +18,11 @@ load_plugins()
 
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 from sglang_sparsespec.adaptive.cost_cache import CostFile  # noqa: E402
+from sglang_sparsespec.patches.contacts import resolve, resolved  # noqa: E402
 
 
-def _args(model_dir: Path, **overrides) -> ServerArgs:
+def _args(model_dir: Path, **overrides):
+    """What resolution decided for these ServerArgs (resolved as a launch resolves them)."""
     base = dict(
         model_path=str(model_dir),
         attention_backend="triton",
@@ -28,7 +30,7 @@ def _args(model_dir: Path, **overrides) -> ServerArgs:
         skip_tokenizer_init=True,
         device="cpu",
     )
-    return ServerArgs(**{**base, **overrides})
+    return resolved(resolve(ServerArgs(**{**base, **overrides})))
 
 
 @pytest.mark.parametrize(
@@ -54,7 +56,11 @@ def test_data_parallel_replicas_and_multi_node_tensor_parallelism_launch(llama_c
     [
         (dict(disaggregation_mode="prefill"), "--disaggregation-mode prefill", "at its own prefill"),
         (dict(disaggregation_mode="decode"), "--disaggregation-mode decode", "at its own prefill"),
-        (dict(tp_size=2, dp_size=2, enable_dp_attention=True), "--enable-dp-attention", "different batches"),
+        (
+            dict(tp_size=2, dp_size=2, enable_dp_attention=True),
+            "DP attention (--enable-dp-attention",
+            "different batches",
+        ),
     ],
 )
 def test_disaggregation_and_dp_attention_are_refused_with_one_line_saying_why(llama_config_dir, overrides, names, why):

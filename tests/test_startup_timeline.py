@@ -98,7 +98,7 @@ def _scheduler_rank(monkeypatch: pytest.MonkeyPatch, weights: float, graphs: flo
     st.time_kv_pool(lambda: (clock.spend(1.0), st.time_kernels(clock.spend, 0.5)))  # slot kernels inside
     st.time_kernels(clock.spend, 2.0)
     tp, spec = _Worker(clock, graphs), _Worker(clock, draft)
-    sched = SimpleNamespace(tp_worker=tp, draft_worker=spec)
+    sched = SimpleNamespace(tp_worker=tp, draft_worker=spec, rust_server=None)  # no Rust server (read from 0.5.23)
     Scheduler.init_all_cuda_graphs(sched)  # SGLang's own method calls both workers' captures
     assert (tp.calls, spec.calls) == (1, 1) and "init_cuda_graphs" not in vars(tp)  # instance wrapper removed
     sched.tp_worker = SimpleNamespace(weight_load_time=weights, graph_time_usage={"decode": graphs})
@@ -108,8 +108,37 @@ def _scheduler_rank(monkeypatch: pytest.MonkeyPatch, weights: float, graphs: flo
     return sched.startup_time
 
 
+@pytest.fixture
+def published(llama_config_dir, monkeypatch: pytest.MonkeyPatch):
+    """The HTTP process's ServerArgs, resolved and published as a launch leaves them (_wait_and_warmup reads
+    the published configuration from 0.5.19), and no post-warm-up GC freeze request (0.5.23 posts one to
+    the server it just started)."""
+    from sglang.srt import runtime_context
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_sparsespec.patches.contacts import resolve
+
+    def publish(**overrides):
+        sa = resolve(
+            ServerArgs(
+                model_path=str(llama_config_dir),
+                attention_backend="triton",
+                skip_tokenizer_init=True,
+                device="cpu",
+                **overrides,
+            )
+        )
+        runtime_context.publish(sa, role="test")
+        return sa
+
+    monkeypatch.setattr(http_server, "_freeze_gc_after_server_warmup", lambda server_args: None, raising=False)
+    yield publish
+    runtime_context.reset_context()
+
+
 def test_scheduler_phases_ride_sglangs_startup_report_to_the_server_line(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, published
 ) -> None:
     from sglang.srt.entrypoints import http_server, warmup
     from sglang.srt.observability.startup_time import build_engine_startup_time
@@ -150,14 +179,7 @@ def test_scheduler_phases_ride_sglangs_startup_report_to_the_server_line(
 
     monkeypatch.setitem(warmup._warmup_registry, "timeline_test", fake_warmup)
     asyncio.run(warmup.execute_warmups("null", ["timeline_test"], None))
-    server_args = SimpleNamespace(
-        checkpoint_engine_wait_weights_before_ready=False,
-        is_ep_scale_joiner=False,
-        skip_server_warmup=False,
-        delete_ckpt_after_loading=False,
-        debug_tensor_dump_input_file=None,
-        speculative_algorithm="PILLAR",
-    )
+    server_args = published(speculative_algorithm="pillar")
     with caplog.at_level(logging.INFO, logger=st.logger.name):
         http_server._wait_and_warmup(server_args, execute_warmup_func=lambda sa: (clock.spend(1.5), True)[1])
     lines = [r.getMessage() for r in caplog.records if "start-up:" in r.getMessage()]
@@ -169,7 +191,7 @@ def test_scheduler_phases_ride_sglangs_startup_report_to_the_server_line(
 
 
 def test_a_stock_server_logs_its_line_without_pillar_phases(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, published
 ) -> None:
     from sglang.srt.entrypoints import http_server
 
@@ -182,14 +204,7 @@ def test_a_stock_server_logs_its_line_without_pillar_phases(
         SimpleNamespace(tokenizer_manager=SimpleNamespace(startup_time=stock, server_status=None)),
     )
     monkeypatch.setattr(st, "_process_start", lambda: time.time() - 40.0)
-    server_args = SimpleNamespace(
-        checkpoint_engine_wait_weights_before_ready=False,
-        is_ep_scale_joiner=False,
-        skip_server_warmup=False,
-        delete_ckpt_after_loading=False,
-        debug_tensor_dump_input_file=None,
-        speculative_algorithm=None,
-    )
+    server_args = published()
     with caplog.at_level(logging.INFO, logger=st.logger.name):
         http_server._wait_and_warmup(server_args, execute_warmup_func=lambda sa: (clock.spend(2.0), True)[1])
     line = next(r.getMessage() for r in caplog.records if "start-up:" in r.getMessage())

@@ -26,7 +26,7 @@ def _local_heads(tp: int) -> tuple[int, int]:
     """(query heads, KV heads) per rank, from SGLang's own rule (num_kv_heads = max(1, total // tp))."""
     from sglang.srt.configs.model_config import ModelConfig
 
-    mc = SimpleNamespace(get_total_num_kv_heads=lambda: H_KV)
+    mc = SimpleNamespace(get_total_num_kv_heads=lambda: H_KV, is_draft_model=False)  # read from 0.5.23 (DCP)
     return H_Q // tp, ModelConfig.get_num_kv_heads(mc, tp)
 
 

@@ -34,3 +34,22 @@ if INTERPRET:
         return _orig_create_dot(self, widen(a), widen(b), d, *args)
 
     _interp.InterpreterBuilder.create_dot = _bf16_safe_dot
+
+    try:
+        from sglang.kernels.ops.sampling import murmur_hash as _murmur
+    except ImportError:  # the kernel tests run without SGLang too
+        _murmur = None
+    if _murmur is not None:
+        import triton
+
+        # SGLang's seeded-sampling hash (the verify coins, PILLAR's draft noise) sends CPU tensors to
+        # sgl_kernel's CPU build from 0.5.20, which PyPI does not ship; on the interpreter every release
+        # runs the Triton kernel it launches for CUDA tensors (and ran for CPU ones up to 0.5.19).
+        def _murmur_hash32_on_triton(seed, positions, col_indices):
+            n, m = seed.shape[0], col_indices.shape[0]
+            hashed = torch.empty((n, m), dtype=torch.uint32, device=seed.device)
+            grid = (n, triton.cdiv(m, 1024))
+            _murmur.murmur_hash32_kernel[grid](seed, positions, col_indices, hashed, n, m, BLOCK_SIZE=1024)
+            return hashed
+
+        _murmur.murmur_hash32 = _murmur_hash32_on_triton

@@ -17,6 +17,10 @@ from typing import Any
 
 from sglang_sparsespec.config import ENV_PREFIX, KNOBS, PillarConfig
 
+# SPARSESPEC_* variables of the test runner (examples/run_tests.sh: the venv, the SGLang release, the random
+# order's seed) and of the harness's own provenance (the commit a result is stamped with): no server reads them.
+RUNNER_ENV = frozenset(f"{ENV_PREFIX}{name}" for name in ("VENV", "SGLANG", "TEST_SEED", "GIT_COMMIT"))
+
 # --disable-radix-cache: the AIME workload repeats prompts once N exceeds the 70 problems,
 # and prefix hits would then depend on run order and on how many requests each config
 # managed to finish; without the cache every config does the same prefill work, and the
@@ -90,8 +94,9 @@ class ServerConfig:
         run is measured from the same cold start."""
         cold = {"SPARSESPEC_COST_CACHE": "off"} if "PILLAR" in self.flags else {}
         # The caller's own SPARSESPEC_* variables reach the server too (it inherits the environment): they
-        # belong in the record, below what this invocation sets.
-        inherited = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+        # belong in the record, below what this invocation sets; the test runner's and the harness's own
+        # (RUNNER_ENV) configure no server.
+        inherited = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX) and k not in RUNNER_ENV}
         return {**inherited, **cold, **base, **dict(self.env)}
 
     @property

@@ -101,7 +101,8 @@ class MixedRunner:
             self.temperature = torch.ones(n, dtype=torch.float32)
             self.top_p = torch.ones(n, dtype=torch.float32)
             self.top_k = torch.ones(n, dtype=torch.int32)
-            self.min_p = torch.zeros(n, dtype=torch.float32)  # the draft sampler's input, never set: min-p batches split
+            # The draft sampler's input, never set: min-p batches split.
+            self.min_p = torch.zeros(n, dtype=torch.float32)
             self.step_ids = torch.zeros((self.max_bs, self.num_cand), dtype=torch.int64)
             self.step_q = torch.zeros((self.max_bs, self.num_cand), dtype=torch.float32)
             self.step_q_tok = torch.ones(self.max_bs, dtype=torch.float32)
@@ -145,9 +146,12 @@ class MixedRunner:
         params = (self.temperature, self.top_p, self.top_k)
         sampling = SamplingRows(*(t.index_select(0, seg) for t in params), None, sampling_backend())
         record = DraftRecord(
-            drafts, buf.cand_ids.index_select(0, seg), buf.cand_q.index_select(0, seg),
-            buf.q_tok.index_select(0, seg), num_drafts,
-        )  # fmt: skip
+            drafts,
+            buf.cand_ids.index_select(0, seg),
+            buf.cand_q.index_select(0, seg),
+            buf.q_tok.index_select(0, seg),
+            num_drafts,
+        )
         coins = torch.rand((seg.shape[0], k), dtype=torch.float32, device=logits.device)
         final_coins = torch.rand(seg.shape[0], dtype=torch.float32, device=logits.device)
         return stock_accept(logits, sampling, record, coins, final_coins)
@@ -157,7 +161,9 @@ class MixedRunner:
             return logits.argmax(dim=-1), None
         bs = logits.shape[0]
         record = (self.step_ids[:bs], self.step_q[:bs], self.step_q_tok[:bs])
-        drafted = sample_drafts(logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], *record)
+        drafted = sample_drafts(
+            logits, self.temperature[:bs], self.top_p[:bs], self.top_k[:bs], self.min_p[:bs], *record
+        )
         return drafted, record
 
     def _body(self, bs: int, segments: int, kind: Kind) -> None:
@@ -212,9 +218,13 @@ class MixedRunner:
         buf.seg[:, :segments] = host_rows(plan.table, torch.int64, self.device)
         buf.group[:bs] = host_rows(plan.groups, torch.int64, self.device)
         self.store.load(
-            buf, batch.req_pool_indices, batch.seq_lens, batch.spec_info.bonus_tokens,
-            host_rows(plan.carried, torch.bool, self.device), sampled=not greedy,
-        )  # fmt: skip
+            buf,
+            batch.req_pool_indices,
+            batch.seq_lens,
+            batch.spec_info.bonus_tokens,
+            host_rows(plan.carried, torch.bool, self.device),
+            sampled=not greedy,
+        )
         buf.step.zero_()
         key = (graph_bs, kind) if graph_bs is not None else None
         for j in range(k + 1):

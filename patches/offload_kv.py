@@ -26,7 +26,10 @@ def offload_refusal(server_args) -> str | None:
         )
     algo = (server_args.speculative_algorithm or "").upper()
     checks = (
-        (algo not in ("", ALGORITHM_NAME), f"--speculative-algorithm {algo} (offload serves PILLAR and stock decoding)"),
+        (
+            algo not in ("", ALGORITHM_NAME),
+            f"--speculative-algorithm {algo} (offload serves PILLAR and stock decoding)",
+        ),
         ((server_args.page_size or 1) != 1, "--page-size other than 1"),
         (server_args.enable_hierarchical_cache, "--enable-hierarchical-cache (HiCache owns the host KV pool)"),
         (server_args.enable_dp_attention, "--enable-dp-attention"),

@@ -84,7 +84,10 @@ def route_attention(sa: ServerArgs) -> str | None:
         )
     if decode != VERIFY_ATTENTION_BACKEND:
         if sa.decode_attention_backend is not None:
-            return f"drafts and verifies through its Triton kernels; --decode-attention-backend must be triton, got {decode}"
+            return (
+                "drafts and verifies through its Triton kernels; --decode-attention-backend must be triton, "
+                f"got {decode}"
+            )
         sa.prefill_attention_backend = prefill
         sa.decode_attention_backend = VERIFY_ATTENTION_BACKEND
     if prefill != VERIFY_ATTENTION_BACKEND:
@@ -203,7 +206,9 @@ def validate_server_args(sa: ServerArgs) -> None:
     if sa.speculative_accept_threshold_single != 1.0 or sa.speculative_accept_threshold_acc != 1.0:
         reject("is lossless; --speculative-accept-threshold-* must stay 1.0")
     if sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "fp16", "float16"):
-        reject(f"needs a 16-bit KV cache (its Triton kernels read K/V unscaled), got --kv-cache-dtype {sa.kv_cache_dtype}")
+        reject(
+            f"needs a 16-bit KV cache (its Triton kernels read K/V unscaled), got --kv-cache-dtype {sa.kv_cache_dtype}"
+        )
     if sa.enable_mixed_chunk:
         reject("cannot mix prefill chunks into decode batches; remove --enable-mixed-chunk")
     neighbour_gap = unsupported_neighbour(sa)
@@ -228,7 +233,10 @@ def validate_server_args(sa: ServerArgs) -> None:
     if gap is not None:
         reject(f"cannot serve a model with {gap}: its draft and verify kernels need full causal attention")
     if model_config.model_is_mrope:
-        reject("cannot serve a model with multimodal rotary positions (mrope, Qwen-VL-style): its draft steps run without mrope_positions")
+        reject(
+            "cannot serve a model with multimodal rotary positions (mrope, Qwen-VL-style): "
+            "its draft steps run without mrope_positions"
+        )
 
     num_steps = sa.speculative_num_steps or DEFAULT_NUM_STEPS
     if sa.speculative_num_draft_tokens not in (None, num_steps + 1):

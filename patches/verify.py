@@ -107,7 +107,9 @@ def forward(batch, pools: Pools, vpass: VerifyPass, grammar_barrier=None) -> Ver
         )
     maybe_detect_nan(out.logits_output.next_token_logits, "verify: target model logits")
     maybe_detect_inf(out.logits_output.next_token_logits, "verify: target model logits")
-    return VerifyForward(fb, out.logits_output, graphed, grammar_mask, out.routed_experts_output, out.indexer_topk_output)
+    return VerifyForward(
+        fb, out.logits_output, graphed, grammar_mask, out.routed_experts_output, out.indexer_topk_output
+    )
 
 
 def _prepare(batch, verify_input: PillarVerifyInput, pools: Pools, vpass: VerifyPass):
@@ -127,7 +129,9 @@ def _prepare(batch, verify_input: PillarVerifyInput, pools: Pools, vpass: Verify
         verify_input.seq_lens_sum = int(batch.seq_lens_cpu.sum()) if batch.seq_lens_cpu is not None else None
     batch.forward_mode = ForwardMode.IDLE if batch.forward_mode.is_idle() else ForwardMode.TARGET_VERIFY
     mr = pools.target_worker.model_runner
-    fb = ForwardBatch.init_new(batch, mr, capture_hidden_mode=CaptureHiddenMode.FULL, return_hidden_states_before_norm=False)
+    fb = ForwardBatch.init_new(
+        batch, mr, capture_hidden_mode=CaptureHiddenMode.FULL, return_hidden_states_before_norm=False
+    )
     runner = vpass.graph_runner
     graphed = bool(runner and runner.can_run_graph(fb))
     if graphed:
@@ -150,8 +154,14 @@ def _run(fb, target_worker, vpass: VerifyPass, graphed: bool):
         return target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
 
 
-def result(batch, fwd: VerifyForward, predict: torch.Tensor, accept_lens: torch.Tensor, accept_index: torch.Tensor,
-           num_steps: int) -> tuple[GenerationBatchResult, torch.Tensor]:  # fmt: skip
+def result(
+    batch,
+    fwd: VerifyForward,
+    predict: torch.Tensor,
+    accept_lens: torch.Tensor,
+    accept_index: torch.Tensor,
+    num_steps: int,
+) -> tuple[GenerationBatchResult, torch.Tensor]:
     """SGLang's batch result of an accepted verify, and each request's next pending token [bs] int32."""
     verify_input: PillarVerifyInput = batch.spec_info
     device = batch.seq_lens.device

@@ -59,9 +59,17 @@ def sglang_accept(acc: Acc, *, req: Any) -> None:
 
 def make_req(interval: int | None, **kw: Any) -> SimpleNamespace:
     req = SimpleNamespace(
-        rid="r", stream=True, output_ids=[], send_token_offset=0, finished_len=None, reasoning_tokens=0,
-        spec_num_cap_tokens=0, sampling_params=SimpleNamespace(stream_interval=interval), done=False, **kw,
-    )  # fmt: skip
+        rid="r",
+        stream=True,
+        output_ids=[],
+        send_token_offset=0,
+        finished_len=None,
+        reasoning_tokens=0,
+        spec_num_cap_tokens=0,
+        sampling_params=SimpleNamespace(stream_interval=interval),
+        done=False,
+        **kw,
+    )
     req.finished = lambda: req.done
     return req
 
@@ -166,8 +174,14 @@ def test_per_request_acceptance_counts_the_drafts_each_round_ran():
     assert acc.spec_num_cap_tokens == [10]
     manager = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="PILLAR"))
     # What SGLang computed for 3 rounds at speculative_num_draft_tokens 9 (three times eight drafts).
-    meta = {"spec_verify_ct": 3, "spec_num_correct_drafts": 9, "spec_num_proposed_drafts": 24,
-            "spec_proposed_drafts": 24, "spec_accept_rate": 9 / 24, "spec_cap_length": 10 / 3}  # fmt: skip
+    meta = {
+        "spec_verify_ct": 3,
+        "spec_num_correct_drafts": 9,
+        "spec_num_proposed_drafts": 24,
+        "spec_proposed_drafts": 24,
+        "spec_accept_rate": 9 / 24,
+        "spec_cap_length": 10 / 3,
+    }
     proposed_drafts_in_meta_info(None, manager, meta, SimpleNamespace(spec_num_cap_tokens=acc.spec_num_cap_tokens), 0)
     assert meta["spec_accept_rate"] == pytest.approx(0.9) and meta["spec_num_proposed_drafts"] == 10
     assert meta["spec_proposed_drafts"] == 10 and "spec_cap_length" not in meta
@@ -178,8 +192,13 @@ def test_per_request_acceptance_counts_the_drafts_each_round_ran():
     proposed_drafts_in_meta_info(None, manager, uncounted, SimpleNamespace(spec_num_cap_tokens=[0]), 0)
     assert uncounted["spec_accept_rate"] == 9 / 24  # accepted drafts, no count carried: SGLang's figures stay
     eagle = dict(meta, spec_accept_rate=0.5)
-    proposed_drafts_in_meta_info(None, SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE")),
-                                 eagle, SimpleNamespace(spec_num_cap_tokens=[10]), 0)  # fmt: skip
+    proposed_drafts_in_meta_info(
+        None,
+        SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE")),
+        eagle,
+        SimpleNamespace(spec_num_cap_tokens=[10]),
+        0,
+    )
     assert eagle["spec_accept_rate"] == 0.5  # other algorithms: SGLang's figures
 
 
@@ -188,8 +207,9 @@ def test_an_unmatched_round_credits_nothing():
     metrics.completed(LaunchedRounds().completed([1, 1]))  # nothing launched (a warm-up round): no known draft count
     assert metrics.last_completed_steps is None
     req = make_req(None, is_retracted=False)
-    count_proposed_drafts(None, SimpleNamespace(model_worker=SimpleNamespace(metrics=metrics)), None,
-                          SimpleNamespace(reqs=[req]))  # fmt: skip
+    count_proposed_drafts(
+        None, SimpleNamespace(model_worker=SimpleNamespace(metrics=metrics)), None, SimpleNamespace(reqs=[req])
+    )
     assert not hasattr(req, PROPOSED)
 
 
@@ -212,17 +232,27 @@ def test_sglang_own_accumulator_streams_at_the_interval_and_trims_reasoning():
 
     def accumulator() -> _GenerationStreamAccumulator:
         # The dataclass's fields of the installed release (0.5.23 added the last two).
-        given = dict(return_logprob=False, return_hidden_states=False, return_routed_experts=False,
-                     return_indexer_topk=False, spec_algorithm=SpeculativeAlgorithm.from_string("PILLAR"),
-                     disaggregation_mode=DisaggregationMode.NULL, default_stream_interval=1,
-                     default_force_stream_interval=50, get_cached_tokens_details=lambda r: None,
-                     is_request_level_customized_info_key=lambda key: False, current_weight_version=None)  # fmt: skip
+        given = dict(
+            return_logprob=False,
+            return_hidden_states=False,
+            return_routed_experts=False,
+            return_indexer_topk=False,
+            spec_algorithm=SpeculativeAlgorithm.from_string("PILLAR"),
+            disaggregation_mode=DisaggregationMode.NULL,
+            default_stream_interval=1,
+            default_force_stream_interval=50,
+            get_cached_tokens_details=lambda r: None,
+            is_request_level_customized_info_key=lambda key: False,
+            current_weight_version=None,
+        )
         names = {f.name for f in dataclasses.fields(_GenerationStreamAccumulator)}
         return _GenerationStreamAccumulator(**{k: v for k, v in given.items() if k in names})
 
     def chunks(accept) -> list[int]:
         rng = random.Random(0)
-        req = Req("r", "hi", array.array("q", [1, 2, 3]), SamplingParams(max_new_tokens=1000, stream_interval=8), stream=True)
+        req = Req(
+            "r", "hi", array.array("q", [1, 2, 3]), SamplingParams(max_new_tokens=1000, stream_interval=8), stream=True
+        )
         sizes = []
         for _ in range(60):
             req.output_ids.extend([5] * rng.randint(1, 9))

@@ -203,7 +203,9 @@ def test_tensor_parallelism_is_accepted(tmp_path, tp):
     from conftest import SMOLLM2_CONFIG
 
     # 8 query / 4 KV heads: tp = 8 replicates KV heads (one per rank), as SGLang does.
-    (tmp_path / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, "num_attention_heads": 8, "num_key_value_heads": 4}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({**SMOLLM2_CONFIG, "num_attention_heads": 8, "num_key_value_heads": 4})
+    )
     sa = _args(tmp_path, tp_size=tp)
     assert (sa.tp_size, sa.speculative_num_draft_tokens) == (tp, 9)
 
@@ -264,8 +266,12 @@ def test_unsupported_attention_kinds():
     from sglang_sparsespec.patches.spec_algo import unsupported_attention
 
     def config(arch=AttentionArch.MHA, linear=None, swa=False, **text):
-        return SimpleNamespace(attention_arch=arch, linear_attn_registry_result=linear, is_hybrid_swa=swa,
-                               hf_text_config=SimpleNamespace(**text))  # fmt: skip
+        return SimpleNamespace(
+            attention_arch=arch,
+            linear_attn_registry_result=linear,
+            is_hybrid_swa=swa,
+            hf_text_config=SimpleNamespace(**text),
+        )
 
     assert unsupported_attention(config()) is None
     assert "MLA" in unsupported_attention(config(arch=AttentionArch.MLA))
@@ -293,8 +299,17 @@ def test_pillar_knobs_are_launch_flags(llama_config_dir, monkeypatch):
         monkeypatch.setenv(knob.env, "")
         monkeypatch.delenv(knob.env)
     monkeypatch.setenv("SPARSESPEC_MIN_BUDGET", "64")  # the fallback, for knobs without a flag
-    base = ["--model-path", str(llama_config_dir), "--attention-backend", "triton", "--speculative-algorithm",
-            "PILLAR", "--skip-tokenizer-init", "--device", "cpu"]  # fmt: skip
+    base = [
+        "--model-path",
+        str(llama_config_dir),
+        "--attention-backend",
+        "triton",
+        "--speculative-algorithm",
+        "PILLAR",
+        "--skip-tokenizer-init",
+        "--device",
+        "cpu",
+    ]
     resolve(prepare_server_args(base + ["--pillar-budget-ratio", "0.1", "--pillar-policy", "streaming"]))
     # What the scheduler processes inherit and resolve: the flags, then the variables, then defaults.
     cfg = PillarConfig.from_env(8)
@@ -336,9 +351,16 @@ def test_spec_alloc_commits_the_reserved_lengths(page_size):
     nxt = torch.tensor([12, 30, 9], dtype=torch.int32)
     tree_cache = SimpleNamespace(token_to_kv_pool_allocator=SimpleNamespace(page_size=page_size))
     eagle_utils.alloc_for_spec_decode(
-        tree_cache, None, reqs=reqs, req_pool_indices=None, cur_kv_lens=None, cur_kv_lens_cpu=None,
-        nxt_kv_lens=None, nxt_kv_lens_cpu=nxt, num_needed_tokens=0,
-    )  # fmt: skip
+        tree_cache,
+        None,
+        reqs=reqs,
+        req_pool_indices=None,
+        cur_kv_lens=None,
+        cur_kv_lens_cpu=None,
+        nxt_kv_lens=None,
+        nxt_kv_lens_cpu=nxt,
+        num_needed_tokens=0,
+    )
     assert [r.kv.kv_allocated_len for r in reqs] == [12, 40, 9]
     assert all(type(r.kv.kv_allocated_len) is int for r in reqs)
 

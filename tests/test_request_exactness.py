@@ -43,14 +43,20 @@ PROMPT = [5, 6, 7]
 
 def make_req(freq=0.0, pres=0.0, rep=1.0, min_new=0, processor=None, out=(), retractions=0):
     sp = SimpleNamespace(
-        frequency_penalty=freq, presence_penalty=pres, repetition_penalty=rep, min_new_tokens=min_new,
+        frequency_penalty=freq,
+        presence_penalty=pres,
+        repetition_penalty=rep,
+        min_new_tokens=min_new,
         stop_token_ids={EOS},
-    )  # fmt: skip
+    )
     return SimpleNamespace(
-        sampling_params=sp, output_ids=list(out), retraction_count=retractions, custom_logit_processor=processor,
+        sampling_params=sp,
+        output_ids=list(out),
+        retraction_count=retractions,
+        custom_logit_processor=processor,
         tokenizer=SimpleNamespace(eos_token_id=EOS, additional_stop_token_ids=None),
         eos_token_ids=None,  # the model's own EOS ids, which min_new_tokens suppresses too from 0.5.23
-    )  # fmt: skip
+    )
 
 
 def processors(processor, mask: torch.Tensor) -> dict:
@@ -71,12 +77,23 @@ class SamplingInfo(SimpleNamespace):
 
 def sampling_info(bs: int, greedy: bool, **kw) -> SamplingInfo:
     fields = dict(
-        is_all_greedy=greedy, temperatures=torch.full((bs, 1), 0.7), top_ps=torch.ones(bs),
-        top_ks=torch.full((bs,), 1 if greedy else -1, dtype=torch.int32), min_ps=torch.zeros(bs),
-        need_min_p_sampling=False, need_top_k_sampling=greedy, need_top_p_sampling=False,
-        acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None, sampling_seed=None,
-        has_custom_logit_processor=False, custom_logit_processor=None, custom_params=None, penalizer_orchestrator=None,
-    )  # fmt: skip
+        is_all_greedy=greedy,
+        temperatures=torch.full((bs, 1), 0.7),
+        top_ps=torch.ones(bs),
+        top_ks=torch.full((bs,), 1 if greedy else -1, dtype=torch.int32),
+        min_ps=torch.zeros(bs),
+        need_min_p_sampling=False,
+        need_top_k_sampling=greedy,
+        need_top_p_sampling=False,
+        acc_additive_penalties=None,
+        acc_scaling_penalties=None,
+        logit_bias=None,
+        sampling_seed=None,
+        has_custom_logit_processor=False,
+        custom_logit_processor=None,
+        custom_params=None,
+        penalizer_orchestrator=None,
+    )
     fields.update(kw)
     return SamplingInfo(**fields)
 
@@ -92,9 +109,11 @@ def verify(si, reqs, bonus, drafts, logits, counts, record=None):
     bs = len(reqs)
     vi = PillarVerifyInput.extend(chain_input(bonus, drafts), record, counts)
     batch = SimpleNamespace(
-        forward_mode=SimpleNamespace(is_idle=lambda: False), sampling_info=si, seq_lens=torch.full((bs,), 50),
+        forward_mode=SimpleNamespace(is_idle=lambda: False),
+        sampling_info=si,
+        seq_lens=torch.full((bs,), 50),
         reqs=[SimpleNamespace(sampling_params=SimpleNamespace(top_k=1 << 30)) for _ in reqs],
-    )  # fmt: skip
+    )
 
     predict, accept_lens, accept_index = vi.accept(batch, SimpleNamespace(next_token_logits=logits))
     return [predict[accept_index[b, : accept_lens[b]].long()].tolist() for b in range(bs)]
@@ -180,9 +199,15 @@ class Holder:  # what the orchestrator reads of a ScheduleBatch
 
 def orchestrator(holder: Holder) -> penaltylib.BatchedPenalizerOrchestrator:
     return penaltylib.BatchedPenalizerOrchestrator(
-        V, holder, {penaltylib.BatchedFrequencyPenalizer, penaltylib.BatchedMinNewTokensPenalizer,
-                    penaltylib.BatchedPresencePenalizer, penaltylib.BatchedRepetitionPenalizer},
-    )  # fmt: skip
+        V,
+        holder,
+        {
+            penaltylib.BatchedFrequencyPenalizer,
+            penaltylib.BatchedMinNewTokensPenalizer,
+            penaltylib.BatchedPresencePenalizer,
+            penaltylib.BatchedRepetitionPenalizer,
+        },
+    )
 
 
 def penalized(orch, logits: torch.Tensor, repeat: int = 1) -> SimpleNamespace:
@@ -260,7 +285,9 @@ def test_penalized_requests_decode_as_stock_token_by_token():
 
 def _params(r) -> dict:
     sp = r.sampling_params
-    return dict(freq=sp.frequency_penalty, pres=sp.presence_penalty, rep=sp.repetition_penalty, min_new=sp.min_new_tokens)
+    return dict(
+        freq=sp.frequency_penalty, pres=sp.presence_penalty, rep=sp.repetition_penalty, min_new=sp.min_new_tokens
+    )
 
 
 @pytest.mark.parametrize("min_new", [3, 10, 14])
@@ -294,9 +321,12 @@ def test_a_processor_that_forces_a_token_is_applied_to_row_zero(greedy):
     mask = torch.tensor([False, True, False])
     reqs = [make_req(), make_req(processor="force"), make_req()]
     si = sampling_info(
-        bs, greedy, has_custom_logit_processor=True, custom_logit_processor=processors(ForceToken(), mask),
+        bs,
+        greedy,
+        has_custom_logit_processor=True,
+        custom_logit_processor=processors(ForceToken(), mask),
         custom_params=[None, {"token": forced}, None],
-    )  # fmt: skip
+    )
     record = None
     if not greedy:  # proposals one-hot on the drafts (q = 1 where drawn)
         ids = drafts[..., None].expand(bs, K, 4).contiguous()
@@ -320,10 +350,12 @@ def test_a_processor_reaches_plain_greedy_rounds():
     try:
         reqs = [make_req(processor="force"), make_req()]
         si = sampling_info(
-            2, True, has_custom_logit_processor=True,
+            2,
+            True,
+            has_custom_logit_processor=True,
             custom_logit_processor=processors(ForceToken(), torch.tensor([True, False])),
             custom_params=[{"token": 4}, None],
-        )  # fmt: skip
+        )
         logits = torch.randn(2, V, generator=torch.Generator().manual_seed(1))
         runs = verify(si, reqs, torch.tensor([1, 2]), torch.zeros((2, 0), dtype=torch.int64), logits.clone(), None)
         assert runs == [[4], [int(logits[1].argmax())]]
@@ -346,7 +378,9 @@ def test_a_sampled_request_without_drafts_draws_from_row_zero():
     counts = torch.tensor([K, 0], dtype=torch.int32)
     for seed in range(20):
         torch.manual_seed(seed)
-        runs = verify(si, [make_req(), make_req(freq=1.0)], torch.tensor([1, 2]), drafts, logits.clone(), counts, record)
+        runs = verify(
+            si, [make_req(), make_req(freq=1.0)], torch.tensor([1, 2]), drafts, logits.clone(), counts, record
+        )
         torch.manual_seed(seed)  # the verify's coins (SGLang's _verify_coins: torch.rand)
         torch.rand(bs, K + 1)
         final = torch.rand(bs)

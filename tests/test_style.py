@@ -21,19 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 400
 PACKAGE_DIRS = ("sglang_sparsespec", "patches", "kernels")
 
-# Files not yet laid out by these rules. The set must end empty: a file leaves it once it passes (the last
-# test fails until it does), and none is added.
-PENDING = {
-    "patches/__init__.py",
-    "patches/mixed_runner.py",
-    "patches/offload_kv.py",
-    "patches/spec_algo.py",
-    "patches/verify.py",
-    "tests/test_client_parity.py",
-    "tests/test_plugin.py",
-    "tests/test_request_exactness.py",
-}
-
 
 def width() -> int:
     return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["line-length"]
@@ -98,7 +85,7 @@ def by_folder(found: dict[str, list[str]]) -> str:
 
 
 def test_lines_fit_the_formatter_width_and_package_modules_stay_short() -> None:
-    found = {path: problems for path, problems in offenders().items() if path not in PENDING}
+    found = offenders()
     assert not found, "files that break the layout rules, by folder:\n" + by_folder(found)
 
 
@@ -109,8 +96,3 @@ def test_the_rules_see_long_code_lines_and_exempt_only_table_rows() -> None:
     source = f'"""Doc.\n\n{row}\n{prose}\n"""\n# {row}\n{code}\ny = "{row}"\n'
     assert long_lines(source, 120) == [4, 7, 8]
     assert is_table_row("    # | a | b |") and not is_table_row("    | b")
-
-
-def test_every_pending_file_still_breaks_a_rule() -> None:
-    fixed = sorted(PENDING - set(offenders()))
-    assert not fixed, f"these files pass now; remove them from PENDING: {fixed}"

@@ -1,7 +1,7 @@
 """``TritonAttnBackend.forward_extend``: PILLAR's verify attention and score capture.
 
 For a TARGET_VERIFY forward on a backend that PILLAR marked (``attach_verify``), the inner
-``extend_attention_fwd`` call is replaced by
+``extend_attention_fwd`` call (routed by ``_VerifyRouter``, installed once at start-up) runs
 
 1. attention: ``kernels/verify_attention.py`` (split-KV over the prefix, the whole GQA group and
    all k + 1 rows in one tile) when the call is a case it serves exactly, else SGLang's own
@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -120,7 +121,12 @@ _HOOKS: WeakKeyDictionary[Any, VerifyHooks] = WeakKeyDictionary()
 
 
 def attach_verify(backend, hooks: VerifyHooks) -> None:
-    _HOOKS[verify_backend(backend)] = hooks
+    """Mark ``backend``'s Triton child for PILLAR's verify; its ``extend_attention_fwd`` becomes a router
+    once, here at start-up (forward_extend reaches the kernel only through that attribute)."""
+    triton = verify_backend(backend)
+    _HOOKS[triton] = hooks
+    if not isinstance(triton.extend_attention_fwd, _VerifyRouter):
+        triton.extend_attention_fwd = _VerifyRouter(triton.extend_attention_fwd)
 
 
 def attached_hooks(backend) -> VerifyHooks | None:
@@ -155,17 +161,22 @@ def _log_fallback_once(layer_id: int, why: str) -> None:
         logger.info("PILLAR verify from layer %d on: SGLang's extend kernel (split kernel: %s)", layer_id, why)
 
 
-def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwargs):
-    hooks = attached_hooks(backend)
-    if hooks is None or not forward_batch.forward_mode.is_target_verify():
-        return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
+class _VerifyRouter:
+    """What a marked backend calls as ``extend_attention_fwd``: SGLang's kernel, except inside a
+    TARGET_VERIFY ``forward_extend`` (``pillar_verify`` names the layer and hooks for that one call
+    through a context variable, so no attribute of SGLang's objects changes per call)."""
 
-    inner = backend.extend_attention_fwd
-    sink = hooks.sink
+    def __init__(self, inner: Callable[..., Any]):
+        self.inner = inner
 
-    def verify_attention(*a, **kw):
+    def __call__(self, *a, **kw) -> None:
+        current = _VERIFY_CALL.get()
+        if current is None:
+            return self.inner(*a, **kw)
+        hooks, layer = current
         call = ExtendCall(a, kw)
         q_ext = call["q_extend"]
+        sink = hooks.sink
         lse = sink.lse_buffer(q_ext.shape[0], q_ext.shape[1]) if sink is not None else None
         logit_cap = float(call["logit_cap"] or 0.0)
         gap = split_kernel_gap(call) if hooks.split_kernel else "SPARSESPEC_VERIFY_KERNEL=sglang"
@@ -173,12 +184,10 @@ def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwa
             verify_attention_fwd(
                 *(call[name] for name in _KERNEL_INPUTS), call["max_len_extend"], call["sm_scale"],
                 logit_cap=logit_cap, lse=lse,
-            )
+            )  # fmt: skip
         else:
             _log_fallback_once(layer.layer_id, gap)
-            if lse is not None:
-                kw = {**kw, "lse_extend": lse}
-            inner(*a, **kw)
+            self.inner(*a, **({**kw, "lse_extend": lse} if lse is not None else kw))
         if sink is not None:
             sink.capture_layer(
                 layer.layer_id,
@@ -192,8 +201,17 @@ def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwa
                 logit_cap,
             )
 
-    backend.extend_attention_fwd = verify_attention
+
+# The (hooks, layer) of the TARGET_VERIFY forward_extend now running, None outside one.
+_VERIFY_CALL: ContextVar[tuple[VerifyHooks, Any] | None] = ContextVar("pillar_verify_call", default=None)
+
+
+def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwargs):
+    hooks = attached_hooks(backend)
+    if hooks is None or not forward_batch.forward_mode.is_target_verify():
+        return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
+    token = _VERIFY_CALL.set((hooks, layer))
     try:
         return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
     finally:
-        backend.extend_attention_fwd = inner
+        _VERIFY_CALL.reset(token)

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("sglang")
 
+from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 from sglang.srt import runtime_context
 from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
@@ -35,6 +36,7 @@ class _Triton(TritonAttnBackend):
     # The real class (verify_backend checks it) without the model runner its __init__ reads.
     def __init__(self):
         self.needs_cpu_seq_lens = False
+        self.extend_attention_fwd = extend_attention_fwd
 
 
 class _FlashInfer:
@@ -86,7 +88,7 @@ def test_attach_verify_marks_the_triton_child_only(model_dir):
     hybrid, triton, flashinfer = _hybrid(model_dir)
     hooks = VerifyHooks(None, split_kernel=True)
     attach_verify(hybrid, hooks)
-    assert attached_hooks(triton) is hooks
+    assert attached_hooks(triton) is hooks and triton.extend_attention_fwd is not extend_attention_fwd
     assert attached_hooks(hybrid) is None and attached_hooks(flashinfer) is None
 
 

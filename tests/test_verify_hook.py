@@ -99,10 +99,24 @@ def _forward(backend, verify: bool, sliding_window_size: int = -1, seed: int = 0
 def test_split_kernel_replaces_sglang_kernel_with_the_same_output():
     reference = _forward(_Backend(None), verify=True)
     backend = _Backend(VerifyHooks(sink=None, split_kernel=True))
-    inner = backend.extend_attention_fwd
+    router = backend.extend_attention_fwd
     out = _forward(backend, verify=True)
-    assert backend.calls == [] and backend.extend_attention_fwd is inner  # not called, and restored
+    assert backend.calls == [] and backend.extend_attention_fwd is router  # SGLang's kernel not called
     torch.testing.assert_close(out.float(), reference.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_the_router_is_installed_once_and_passes_other_calls_through():
+    hooks = VerifyHooks(sink=None, split_kernel=True)
+    backend = _Backend(hooks)
+    router = backend.extend_attention_fwd
+    attach_verify(backend, hooks)
+    assert backend.extend_attention_fwd is router
+    # Called outside a TARGET_VERIFY forward_extend (a prefill on the same backend): SGLang's kernel.
+    q, k_ext, v_ext, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices = _batch(0)
+    o = torch.empty_like(q)
+    router(q, k_ext, v_ext, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, None, True, None, N_EXT,
+           1.0, 1.0, D**-0.5)  # fmt: skip
+    assert len(backend.calls) == 1
 
 
 def test_sglang_kernel_for_cases_the_split_kernel_does_not_serve():

@@ -17,24 +17,42 @@ def stock_step_ms(row: dict[str, Any]) -> float | None:
     return step if step is not None and step > 0 else None
 
 
+def is_stock(name: str) -> bool:
+    """A stock SGLang config of a run (``stock`` on Triton attention, ``stock-<backend>`` on another)."""
+    return name == "stock" or name.startswith("stock-")
+
+
+def best_stock_steps(servers: dict[str, dict[str, Any]]) -> dict[tuple[int, int], tuple[float, str]]:
+    """Per (L, B): the fastest stock backend's decode step and that config's name, over the run's stock configs."""
+    best: dict[tuple[int, int], tuple[float, str]] = {}
+    for name, rec in servers.items():
+        for r in rec["rows"] if is_stock(name) else []:
+            key, step = (r["context"], r["batch"]), stock_step_ms(r)
+            if step is not None and (key not in best or step < best[key][0]):
+                best[key] = (step, name)
+    return best
+
+
 def projections(servers: dict[str, dict[str, Any]], accept: float | None) -> list[dict[str, Any]]:
-    """accept * stock step / PILLAR round per (L, B) measured by both, and the same with the mixed-phase
-    round's best case (``mixed_round_bound``); projections, not measurements."""
-    if accept is None or "stock" not in servers:
+    """accept * best stock step / PILLAR round per (L, B) measured by both (the fastest stock backend of the
+    run, ``best_stock_steps``), and the same with the mixed-phase round's best case (``mixed_round_bound``);
+    projections, not measurements."""
+    stock = best_stock_steps(servers)
+    if accept is None or not stock:
         return []
-    stock = {(r["context"], r["batch"]): step for r in servers["stock"]["rows"] if (step := stock_step_ms(r))}
     out = []
     for name, rec in servers.items():
-        for r in rec["rows"] if name != "stock" else []:
+        for r in rec["rows"] if not is_stock(name) else []:
             key = (r["context"], r["batch"])
             if "round_ms" in r and key in stock:
-                step = stock[key]
+                step, stock_name = stock[key]
                 mixed = mixed_round_bound(r, step)
                 out.append(
                     {
                         "config": name,
                         "context": key[0],
                         "batch": key[1],
+                        "stock_config": stock_name,
                         "accept_assumed": accept,
                         "projected_speedup": accept * step / r["round_ms"],
                         "mixed_round_ms": mixed,

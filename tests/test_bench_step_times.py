@@ -123,3 +123,19 @@ def test_the_mixed_round_bound_hides_the_verify_pass_above_a_decode_forward() ->
     (p,) = step_analysis.projections(servers, 6.0)
     assert p["mixed_round_ms"] == pytest.approx(89.0)
     assert p["projected_speedup_mixed"] == pytest.approx(6.0 * 24.61 / 89.0)
+
+
+def test_projections_and_the_report_use_the_fastest_stock_backend_of_the_run() -> None:
+    # Qwen3-1.7B at 4K x 64 on an H200 (steps_qwen3-1.7b_h200_6c8d415.json): stock Triton 14.54 ms, stock
+    # FlashInfer 9.88 ms, PILLAR's round 35.37 ms; the projection is against FlashInfer's step.
+    row = {"context": 4096, "batch": 64, "draft_ms": 20.79, "verify_ms": 13.11, "select_ms": 0.21, "round_ms": 35.37}
+    servers = {
+        "stock": {"rows": [{"context": 4096, "batch": 64, "log_step_ms": 14.54}], "flags": []},
+        "stock-flashinfer": {"rows": [{"context": 4096, "batch": 64, "log_step_ms": 9.88}], "flags": []},
+        "pillar": {"rows": [row], "flags": ["--speculative-num-steps", "8"]},
+    }
+    assert step_analysis.best_stock_steps(servers) == {(4096, 64): (9.88, "stock-flashinfer")}
+    (p,) = step_analysis.projections(servers, 5.5)
+    assert p["stock_config"] == "stock-flashinfer" and p["projected_speedup"] == pytest.approx(5.5 * 9.88 / 35.37)
+    (cells,) = report.steps._step_rows({"servers": servers, "settings": {}})
+    assert cells[3] == "9.880 (`stock-flashinfer`)" and cells[7] == "1.33x"

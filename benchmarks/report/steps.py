@@ -14,11 +14,11 @@ STEP_HEADERS = (
     "config",
     "L",
     "B",
-    "stock decode step ms",
+    "best stock decode step ms",
     "draft ms / round",
     "draft ms / step",
     "verify ms",
-    "verify / stock step",
+    "verify / best stock step",
     "select ms",
     "round ms",
 )
@@ -33,11 +33,10 @@ def _num_steps(flags: Sequence[str]) -> int | None:
 
 
 def _step_rows(d: dict[str, Any]) -> list[list[str]]:
-    """One row per measured (config, L, B) with PILLAR phase times, stock's decode step at the same point."""
-    stock = {
-        (r["context"], r["batch"]): step_analysis.stock_step_ms(r)
-        for r in d["servers"].get("stock", {}).get("rows", [])
-    }
+    """One row per measured (config, L, B) with PILLAR phase times, the fastest stock backend's decode step at the
+    same point (its config named)."""
+    best = step_analysis.best_stock_steps(d["servers"])
+    stock = {point: step for point, (step, _) in best.items()}
     # Recomputed rather than read from the file, so runs recorded before a projection existed show it too.
     projected = step_analysis.projections(d["servers"], d["settings"].get("accept_assumed"))
     proj = {(p["config"], p["context"], p["batch"]): p for p in projected}
@@ -51,11 +50,11 @@ def _step_rows(d: dict[str, Any]) -> list[list[str]]:
                 [
                     name,
                     *point,
-                    fmt(stock.get(point), ".3f"),
+                    f"{best[point][0]:.3f} (`{best[point][1]}`)" if point in best else "-",
                     fmt(r["draft_ms"], ".3f"),
                     fmt(r["draft_ms"] / k if k else None, ".3f"),
                     fmt(r["verify_ms"], ".3f"),
-                    # The bar for the verify pass: <= 1.3x a decode step at the same batch and context
+                    # The bar for the verify pass: <= 1.3x the best stock decode step at the same batch and context
                     fmt(_ratio(r["verify_ms"], step) if (step := stock.get(point)) else None, ".2f", "x"),
                     fmt(r["select_ms"], ".3f"),
                     fmt(r["round_ms"], ".3f"),
@@ -239,12 +238,13 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
     return (
         "### Step times\n\n"
         "Per context L and batch B; with random weights (Qwen3 shapes) only times mean anything, a run's weights are "
-        "named in its header. Stock decode step = the median of SGLang's own logged decode intervals at the full "
-        "batch (`log_step_ms`), or in runs before it was recorded the wall "
-        "time difference of two output lengths / their token difference (host overheads included); PILLAR phases "
+        "named in its header. Best stock decode step = the fastest of the run's stock backends (named), each "
+        "step the median of SGLang's own logged decode intervals at the full batch (`log_step_ms`), or in runs "
+        "before it was recorded the wall time difference of two output lengths / their token difference (host "
+        "overheads included); PILLAR phases "
         "= mean GPU ms per round from `SPARSESPEC_STEP_TIMING` (draft = k sparse steps, draft / step = draft / k). "
         "The projected speedup is a projection, not a measurement: an accept length measured on a real model x "
-        "stock step / PILLAR round. Mixed round (best case) = the round less what its verify costs above stock's "
+        "best stock step / PILLAR round. Mixed round (best case) = the round less what its verify costs above stock's "
         "decode step at the same point (verify ms - stock step): the most mixed-phase batching could hide "
         "(docs/design.md). Capture = verify ms of a score-using policy minus its streaming twin's (same "
         "flags and knobs, `SPARSESPEC_POLICY=streaming`: no score capture, no LSE); share = (capture + select) / "

@@ -133,6 +133,21 @@ def main() -> None:
         torch.empty(bs, 8, 16, dtype=torch.int32),
         torch.empty(bs, dtype=torch.int32),
     )
+    # The draft-GEMM probe of tools/ (run on a lease as it is: a compile error there would waste the GPU time).
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tools.draft_gemm import skinny_gemm
+
+    x, w = torch.empty(bs, 2048, dtype=torch.bfloat16), torch.empty(12288, 2048, dtype=torch.bfloat16)
+    out, part = torch.empty(bs, 12288, dtype=torch.bfloat16), torch.empty(4, bs, 12288)
+    for config in ((64, 128, 1, 4, 3), (32, 256, 2, 8, 4), (128, 128, 4, 4, 3)):
+        skinny_gemm(x, w, out, part, *config)
+    print("draft GEMM probe: ok")
+    from tools.vocab_pass_probe import pass_calls
+
+    calls = pass_calls("top_p", 8, 1024, 4, dev="cpu")[0]
+    for name in ("bins_only", "hist1", "gather1", "gather2"):
+        calls[name]()
+    print("vocabulary pass probe: ok")
     print(f"compiled {len(compiled)} launches of {len(set(compiled))} kernels for sm_90")
 
 

@@ -117,3 +117,49 @@ def test_mixed_gemm_groups_and_projection(tmp_path: Path) -> None:
     (row,) = project([{"batch": 64, "saving_ms": 6.0}], path)  # batch 16 has no saving measured: left out
     assert (row["mixed_round_ms"], row["verify_minus_stock_step_ms"]) == (90.0, 8.0)
     assert row["change"] == pytest.approx(-1 / 16)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_the_draft_gemm_probes_triton_kernel_computes_f_linear(split_k: int) -> None:
+    """tools.draft_gemm times a Triton skinny GEMM against cuBLAS; a wrong product would make the timing
+    compare different work (the probe also records each launch's relative error on the GPU)."""
+    import torch
+    from triton_env import DEVICE
+
+    from tools.draft_gemm import skinny_gemm, summary
+
+    gen = torch.Generator().manual_seed(0)
+    m, n, k = 5, 40, 128
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    part = torch.empty(split_k, m, n, dtype=torch.float32, device=DEVICE)
+    skinny_gemm(x, w, out, part, block_n=32, block_k=32, split_k=split_k, warps=4, stages=2)
+    torch.testing.assert_close(out.float(), (x.float() @ w.float().T), rtol=2e-2, atol=5e-2)
+    with pytest.raises(ValueError, match="not a multiple"):
+        skinny_gemm(x, w, out, part, block_n=32, block_k=96, split_k=split_k, warps=4, stages=2)
+    rows = [
+        {"shape": "s", "m": 64, "proj": "o", "kernel": "cublas", "us": 6.0},
+        {"shape": "s", "m": 64, "proj": "o", "kernel": "triton", "config": (64, 128, 1, 4, 3), "us": 4.0},
+        {"shape": "s", "m": 64, "proj": "o", "kernel": "triton", "config": (32, 128, 1, 4, 3), "error": "smem"},
+    ]
+    (best,) = summary(rows)
+    assert best["triton_config"] == (64, 128, 1, 4, 3) and best["speedup"] == pytest.approx(1.5)
+
+
+def test_the_vocab_pass_probes_bins_only_pass_bins_what_the_histogram_counts() -> None:
+    """tools.vocab_pass_probe reads hist1 - bins_only as the histogram op's cost: both must visit the same tokens
+    and bins (sum of b x count(b) over the histogram = the sum of the bins), else the difference means nothing."""
+    import torch
+    from triton_env import DEVICE
+
+    from tools.vocab_pass_probe import pass_calls
+
+    calls, paths, bins_sum, passes = pass_calls("top_p", 2, 1024, 4, vocab=3000, dev=DEVICE)
+    assert set(calls) == {"read", "stats", "bins_only", "hist1", "gather1", "gather2"} and sum(paths.values()) == 1
+    calls["stats"]()
+    calls["hist1"]()
+    calls["bins_only"]()
+    nb = passes.hist.shape[-1]
+    weighted = (passes.hist.long() * torch.arange(nb, device=passes.hist.device)).sum(-1)
+    assert torch.equal(weighted.cpu(), bins_sum.long().cpu()) and int(bins_sum.sum()) > 0

@@ -1,0 +1,243 @@
+"""The draft step's weight GEMMs at decode batch sizes: cuBLAS (``F.linear``, what SGLang runs) against a Triton
+skinny GEMM over its launch parameters (GPU only).
+
+    python -m tools.draft_gemm --out benchmarks/results/kernels/draft_gemm_<device>_<commit>.json
+
+A draft step is a decode forward: each layer's qkv, o, gate/up and down projections at M = batch rows read the
+whole weight once, so at M = 64 they are memory-bound (Qwen3-1.7B: 100 MB a layer, 21 us at 4.8 TB/s). The
+round's profile (``trace_qwen3-1.7b_round_h200_6c8d415``) has cuBLAS at 40.5 us a layer (2.5 TB/s): its gate/up
+tile runs 96 CTAs on 132 SMs and its down projection splits K and reduces in a second kernel. This probe times,
+for each projection of a shape at each M, ``layers`` calls on distinct weights replayed from one CUDA graph (the
+weights do not fit L2, launches are amortised as in the draft step's graph) and reports us per call and GB/s.
+
+Expected before measuring: cuBLAS as in the trace (qkv 7.2, o 6.0, gate/up 15.7, down 11.6 us at M = 64 on
+Qwen3-1.7B); the Triton kernel at ~3.6-4 TB/s where its grid fills the SMs (gate/up ~13 us, down ~7, qkv ~5,
+o ~3: ~28 us a layer, ~2.8 ms less per 8-draft round), no better at M = 256 where cuBLAS's tiles fill the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from benchmarks.meta import device_name, git_commit, package_version
+
+# (name, hidden, q heads, kv heads, head dim, intermediate, layers to cycle through)
+SHAPES = {
+    "qwen3-1.7b": (2048, 16, 8, 128, 6144, 28),
+    "qwen3-8b": (4096, 32, 8, 128, 12288, 12),
+}
+# (block_n, block_k, split_k, warps, stages)
+GRID = [
+    (bn, bk, sk, w, st)
+    for bn in (32, 64, 128)
+    for bk in (64, 128, 256)
+    for sk in (1, 2, 4)
+    for w in (4, 8)
+    for st in (3, 4)
+    if not (bn == 128 and bk == 256 and st == 4)  # over the shared memory of one SM
+]
+
+
+@triton.jit
+def _skinny_gemm_kernel(
+    X,
+    W,
+    Out,
+    Part,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """Out[m, n] = sum_k X[m, k] W[n, k] for a [BLOCK_M, BLOCK_N] tile over one of SPLIT_K slices of K (K a
+    multiple of SPLIT_K x BLOCK_K); with SPLIT_K > 1 each slice writes fp32 partials Part[slice, m, n]."""
+    pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_len = K // SPLIT_K
+    x_ptr = X + offs_m[:, None] * stride_xm + (pid_k * k_len + offs_k)[None, :]
+    w_ptr = W + offs_n[:, None] * stride_wn + (pid_k * k_len + offs_k)[None, :]
+    m_ok, n_ok = offs_m[:, None] < M, offs_n[:, None] < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for _ in tl.range(0, k_len, BLOCK_K, num_stages=STAGES):
+        x = tl.load(x_ptr, mask=m_ok, other=0.0)
+        w = tl.load(w_ptr, mask=n_ok, other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptr += BLOCK_K
+        w_ptr += BLOCK_K
+    ok = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(Out.dtype.element_ty), mask=ok)
+    else:
+        tl.store(Part + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=ok)
+
+
+@triton.jit
+def _split_sum_kernel(Part, Out, MN, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(Part + s * MN + offs, mask=ok, other=0.0)
+    tl.store(Out + (offs // N) * stride_om + offs % N, acc.to(Out.dtype.element_ty), mask=ok)
+
+
+def skinny_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    part: torch.Tensor | None,
+    block_n: int,
+    block_k: int,
+    split_k: int,
+    warps: int,
+    stages: int,
+) -> torch.Tensor:
+    """out [M, N] = x [M, K] @ w [N, K].T (``F.linear`` without bias); ``part`` [split_k, M, N] fp32 scratch
+    when split_k > 1. K must be a multiple of split_k x block_k."""
+    m, k = x.shape
+    n = w.shape[0]
+    if k % (split_k * block_k):
+        raise ValueError(f"K={k} is not a multiple of split_k x block_k = {split_k * block_k}")
+    block_m = max(16, min(64, triton.next_power_of_2(m)))
+    grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
+    _skinny_gemm_kernel[grid](
+        x, w, out, part if part is not None else out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=stages, num_warps=warps,
+    )  # fmt: skip
+    if split_k > 1:
+        _split_sum_kernel[(triton.cdiv(m * n, 1024),)](part, out, m * n, n, out.stride(0), SPLIT_K=split_k, BLOCK=1024)
+    return out
+
+
+def projections(shape: str) -> dict[str, tuple[int, int]]:
+    """(N, K) of each weight GEMM of a decoder layer (SGLang's fused qkv and gate/up)."""
+    hidden, h_q, h_kv, d, inter, _ = SHAPES[shape]
+    return {
+        "qkv": ((h_q + 2 * h_kv) * d, hidden),
+        "o": (hidden, h_q * d),
+        "gate_up": (2 * inter, hidden),
+        "down": (hidden, inter),
+    }
+
+
+def graph_us(calls: list, reps: int = 20) -> float:
+    """Mean us per call of ``calls`` replayed from one CUDA graph (after one eager warm-up of each)."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps / len(calls)
+
+
+def measure(shape: str, m: int, grid: list[tuple[int, int, int, int, int]]) -> list[dict[str, Any]]:
+    layers = SHAPES[shape][-1]
+    rows = []
+    for proj, (n, k) in projections(shape).items():
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        part = torch.empty(4, m, n, device="cuda", dtype=torch.float32)
+        gb = n * k * 2 / 1e9
+        base = {"shape": shape, "m": m, "proj": proj, "n": n, "k": k}
+        us = graph_us([lambda w=w: F.linear(x, w) for w in ws])
+        rows.append({**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6})
+        ref = F.linear(x, ws[0]).float()
+        for bn, bk, sk, warps, stages in grid:
+            if k % (sk * bk):
+                continue
+            args = (bn, bk, sk, warps, stages)
+            try:
+                got = skinny_gemm(x, ws[0], out, part, *args).float()
+                err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+                us = graph_us([lambda w=w: skinny_gemm(x, w, out, part, *args) for w in ws])
+            except Exception as exc:  # a launch the GPU refuses (shared memory): recorded, not fatal
+                rows.append({**base, "kernel": "triton", "config": args, "error": repr(exc)[:200]})
+                continue
+            rows.append({**base, "kernel": "triton", "config": args, "us": us, "GBps": gb / us * 1e6, "rel_err": err})
+        del ws
+        torch.cuda.empty_cache()
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (shape, m, proj): cuBLAS against the fastest Triton launch, and their sum per layer."""
+    out = []
+    keys = sorted({(r["shape"], r["m"], r["proj"]) for r in rows})
+    for key in keys:
+        mine = [r for r in rows if (r["shape"], r["m"], r["proj"]) == key and "us" in r]
+        cublas = next(r["us"] for r in mine if r["kernel"] == "cublas")
+        best = min((r for r in mine if r["kernel"] == "triton"), key=lambda r: r["us"], default=None)
+        out.append(
+            {
+                "shape": key[0],
+                "m": key[1],
+                "proj": key[2],
+                "cublas_us": cublas,
+                "triton_us": best["us"] if best else None,
+                "triton_config": best["config"] if best else None,
+                "speedup": cublas / best["us"] if best else None,
+            }
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("draft_gemm needs a CUDA GPU")
+    started = time.time()
+    rows = [r for shape in args.shapes for m in args.batches for r in measure(shape, m, GRID)]
+    best = summary(rows)
+    for b in best:
+        print(b, flush=True)
+    doc = {
+        "kind": "draft_gemm",
+        "device": device_name(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git_commit": git_commit(),
+        "torch": torch.__version__,
+        "triton": package_version("triton"),
+        "timing": "one CUDA graph of one call per layer on distinct weights, mean of 20 replays",
+        "summary": best,
+        "rows": rows,
+        "wall_s": time.time() - started,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()

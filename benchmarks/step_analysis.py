@@ -129,33 +129,55 @@ HBM_TBPS = {"H100": 3.35, "H200": 4.8}
 
 
 def model_shape(config: dict[str, Any]) -> dict[str, int]:
-    """What the ideal needs of a HF config.json: layers, KV heads, head dim, vocabulary."""
+    """What the ideal needs of a HF config.json: layers, KV heads, head dim, vocabulary, and the bf16 bytes
+    of the weights one decode forward reads (``forward_weight_bytes``)."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     return {
         "layers": config["num_hidden_layers"],
         "kv_heads": config.get("num_key_value_heads") or config["num_attention_heads"],
         "head_dim": head_dim,
         "vocab": config["vocab_size"],
+        "weight_bytes": forward_weight_bytes(config),
     }
+
+
+def forward_weight_bytes(config: dict[str, Any]) -> int:
+    """bf16 bytes of the matrices a dense decoder's forward reads once: per layer q/k/v, o and the gated MLP,
+    then the LM head (the embedding lookup reads B rows only; norms are negligible)."""
+    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * head_dim, (config.get("num_key_value_heads") or 0) * head_dim
+    kv = kv or q
+    per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter
+    return 2 * (layers * per_layer + config["vocab_size"] * hidden)
+
+
+def _weight_bytes(doc: dict[str, Any]) -> int | None:
+    """A run's forward weight bytes: recorded, or (runs before they were) from the named Qwen3 shape."""
+    from benchmarks.step_times import SHAPES
+
+    model, shape = doc["settings"].get("model") or {}, doc["settings"].get("shape")
+    if "weight_bytes" in model:
+        return model["weight_bytes"]
+    return forward_weight_bytes(SHAPES[shape]) if shape in SHAPES else None
 
 
 def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Each PILLAR phase (and stock's step) against its physical cost: the bytes it must move / peak HBM
-    bandwidth, plus the fixed cost of a forward for the forward phases. Fixed = stock's decode step at the
-    smallest measured context of the same batch minus that step's own KV bytes. Per round at context
+    bandwidth, plus the fixed cost of a forward for the forward phases. Fixed = one read of the forward's
+    weights (``forward_weight_bytes``); where the shape is unknown, the fastest stock backend's decode step at
+    the smallest measured context of the same batch minus that step's own KV bytes. Per round at context
     c = L + M2 / 2 (the mean during the timed pass), bf16 KV: draft = k x (fixed + B x (budget(c) + recent
     window + k) KV tokens); verify = fixed + B x c KV tokens (+ the K half once per select_every rounds for
     score capture); accept = one fp32 read of the (k + 1) x B verify logit rows; select = one fp16 read of
     the scores once per select_every rounds; gap = 0. Empty without the model shape or a known device."""
     model, meta = doc["settings"].get("model"), doc["meta"]
     bw = next((tbps * 1e12 for name, tbps in HBM_TBPS.items() if name in str(meta.get("device"))), None)
-    stock = {
-        (r["context"], r["batch"]): step
-        for r in doc["servers"].get("stock", {}).get("rows", [])
-        if (step := stock_step_ms(r))
-    }
+    best = best_stock_steps(doc["servers"])
+    stock = {point: step for point, (step, _) in best.items()}
     if model is None or bw is None or not stock:
         return []
+    weights = _weight_bytes(doc)
     kv_tok = 2 * model["layers"] * model["kv_heads"] * model["head_dim"] * 2
     half = doc["settings"]["decode_tokens"][1] / 2
 
@@ -165,9 +187,9 @@ def ideal_breakdown(doc: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for (length, batch), step in sorted(stock.items()):
         low = min(c for c, b in stock if b == batch)
-        fixed = stock[(low, batch)] - kv_ms(batch, low + half)
+        fixed = 1e3 * weights / bw if weights else stock[(low, batch)] - kv_ms(batch, low + half)
         row = {
-            "config": "stock",
+            "config": best[(length, batch)][1],
             "context": length,
             "batch": batch,
             "fixed_ms": fixed,

@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks import report, step_analysis
 from benchmarks.report.steps_plot import OVER_IDEAL, IdealBar, ideal_panels, ideal_plot_name, informative, plot_ideal
+from benchmarks.step_times import SHAPES
 
 PILLAR_CONFIG = {
     "num_steps": 8,
@@ -107,8 +108,16 @@ def test_the_panels_hold_each_phase_measured_next_to_its_ideal() -> None:
     for (phase, config), bar in bars.items():
         assert (bar.measured_ms, bar.ideal_ms) == expected[config][phase]
     assert bars[("round", "pillar")].measured_ms == pytest.approx(_pillar_row(4096, 12.3)["round_ms"] + 0.22)
-    # The fixed cost is calibrated on stock's step at the smallest L: that bar is its ideal by construction.
-    assert {(b.phase, b.config): b for b in low.bars}[("step", "stock")].ratio == pytest.approx(1.0)
+    # A forward's fixed cost is one read of its weights (Qwen3-8B: 15.1 GB at 3.35 TB/s), not a stock step.
+    weights_ms = 1e3 * step_analysis.forward_weight_bytes(SHAPES["qwen3-8b"]) / 3.35e12
+    assert 15.0e9 < step_analysis.forward_weight_bytes(SHAPES["qwen3-8b"]) < 15.2e9
+    assert all(r["fixed_ms"] == pytest.approx(weights_ms) for r in rows)
+    assert {(b.phase, b.config): b for b in low.bars}[("step", "stock")].ratio > 1.0
+    # A shape the harness does not know: calibrated on stock's step at the smallest L (that bar its own ideal).
+    custom = _doc()
+    custom["settings"]["shape"] = "/models/custom"
+    calibrated = ideal_panels(step_analysis.ideal_breakdown(custom))[0]
+    assert {(b.phase, b.config): b for b in calibrated.bars}[("step", "stock")].ratio == pytest.approx(1.0)
     accept = bars[("accept", "pillar")]  # 4 ms against one read of 9 x 16 fp32 logit rows
     assert accept.over and accept.ratio > 100 and accept.label() == f"{accept.ratio:.0f}x"
     gap = bars[("gap", "pillar")]  # no host time is the ideal: no ratio, the time itself is written

@@ -24,6 +24,8 @@ STEP_HEADERS = (
 )
 
 
+STOCK_HEADERS = ("config", "L", "B", "decode step ms")
+
 CAPTURE_HEADERS = ("config", "L", "B", "capture ms", "select ms", "share of verify step")
 
 
@@ -62,6 +64,17 @@ def _step_rows(d: dict[str, Any]) -> list[list[str]]:
                 + (_projected(proj.get((name, *point))) if with_proj else [])
             )
     return rows
+
+
+def _stock_rows(d: dict[str, Any]) -> list[list[Any]]:
+    """One row per measured (stock config, L, B): its decode step."""
+    return [
+        [name, r["context"], r["batch"], fmt(step_analysis.stock_step_ms(r), ".3f")]
+        for name, rec in d["servers"].items()
+        if step_analysis.is_stock(name)
+        for r in rec["rows"]
+        if step_analysis.stock_step_ms(r) is not None
+    ]
 
 
 def _projected(p: dict[str, Any] | None) -> list[str]:
@@ -121,7 +134,8 @@ def _ideal_table(d: dict[str, Any]) -> str:
     ]
     return (
         "\n\nMeasured / ideal ms per round (`step_analysis.ideal_breakdown`: bytes / peak HBM bandwidth, plus a fixed "
-        f"per-forward cost for the forward phases; **!** = over {OVER_IDEAL:g}x):\n\n"
+        "per-forward cost for the forward phases, one read of the weights; the stock row is the run's fastest stock "
+        f"backend; **!** = over {OVER_IDEAL:g}x):\n\n"
         + markdown_table(("config", "L", "B", "fixed ms", *PHASE_ORDER), cells)
     )
 
@@ -212,13 +226,16 @@ def step_times_markdown(docs: Sequence[dict[str, Any]]) -> str:
         ]
         missing = "".join(f"\n- not measured: {n}" for n in _not_measured(d))
         ideal = _ideal_table(d)
+        pillar_rows = _step_rows(d)
+        # A run of stock servers only has no round to show: its decode steps instead.
+        table = markdown_table(headers, pillar_rows) if pillar_rows else markdown_table(STOCK_HEADERS, _stock_rows(d))
         m1, m2 = s["decode_tokens"]
         parts.append(
             f"#### Step times, run {meta['run_id']} ({d['_file']})\n\n{meta.get('device')}; commit "
             f"{str(meta.get('git_commit'))[:12]}; shape {s['shape']}; M1/M2 = {m1}/{m2} output tokens; "
             f"weights {s.get('weights', 'dummy (random): times only')}; "
             f"temperature {s.get('temperature', 0):g}, top-p {s.get('top_p', 1):g}.\n\n"
-            + markdown_table(headers, _step_rows(d))
+            + table
             + "\n"
             + missing
             + (

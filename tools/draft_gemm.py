@@ -18,7 +18,6 @@ o ~3: ~28 us a layer, ~2.8 ms less per 8-draft round), no better at M = 256 wher
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from benchmarks.meta import device_name, git_commit, package_version
+from tools.kernels_setup import provenance, write_result
+
 
 # (name, hidden, q heads, kv heads, head dim, intermediate, layers to cycle through)
 SHAPES = {
@@ -224,19 +224,13 @@ def main() -> None:
     for b in best:
         print(b, flush=True)
     doc = {
-        "kind": "draft_gemm",
-        "device": device_name(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git_commit": git_commit(),
-        "torch": torch.__version__,
-        "triton": package_version("triton"),
+        **provenance("draft_gemm"),
         "timing": "one CUDA graph of one call per layer on distinct weights, mean of 20 replays",
         "summary": best,
         "rows": rows,
         "wall_s": time.time() - started,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1))
+    write_result(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -54,13 +54,14 @@ from tools.kernels_setup import (
     draft_selection,
     make_pool,
     mixed_lengths,
+    provenance,
     prefix_index,
     random_selection,
     request_table,
     timed_or_note,
 )
 from tools.kernels_tune import TUNE_POINTS, tune
-from benchmarks.meta import device_name, git_commit, package_version
+from benchmarks.meta import package_version
 
 
 def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
@@ -294,13 +295,7 @@ def main() -> None:
         {"tune": []} if args.tune else {"sparse_decode": [], "score_capture": [], "selection": [], "mixed_lengths": []}
     )
     result = {
-        "kind": "kernels",
-        "device": device_name(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git_commit": git_commit(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "sglang": package_version("sglang"),
+        **provenance("kernels"),
         "flashinfer": package_version("flashinfer-python") or package_version("flashinfer"),
         "config": dict(
             budget_ratio=BUDGET_RATIO,

@@ -3,13 +3,19 @@ the timing (CUDA-graph replays with L2 flushed, medians in microseconds)."""
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import triton
 import triton.testing
+
+from benchmarks.meta import device_name, git_commit, package_version
 
 BUDGET_RATIO = 0.05
 TAIL = 16  # recent verified tokens + drafts + current token
@@ -125,3 +131,21 @@ def request_table(per_req: list[int], req_to_token: torch.Tensor) -> torch.Tenso
         table[i, :n] = flat[start : start + n]
         start += n
     return table
+
+
+def provenance(kind: str) -> dict[str, Any]:
+    """The fields every probe's JSON opens with: its kind, the device, the date, the commit and the versions."""
+    return {
+        "kind": kind,
+        "device": device_name(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git_commit": git_commit(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "sglang": package_version("sglang"),
+    }
+
+
+def write_result(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))

@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from tools.kernels_setup import bench_us
-from benchmarks.meta import device_name, git_commit, package_version
+from tools.kernels_setup import bench_us, provenance, write_result
 from benchmarks.step_analysis import stock_step_ms
 from benchmarks.step_times import SHAPES as QWEN3_SHAPES
 
@@ -152,12 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     cache: dict[int, float] = {}
     rows = [measure(args.model, b, args.k, work, cache) for b in batches]
     result = {
-        "kind": "mixed_gemm",
-        "device": device_name(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git_commit": git_commit(),
-        "torch": torch.__version__,
-        "sglang": package_version("sglang"),
+        **provenance("mixed_gemm"),
         "model": args.model,
         "k": args.k,
         "weights": "random bf16: times only",
@@ -166,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "projection": project(rows, args.steps) if args.steps else [],
         "steps_file": args.steps.name if args.steps else None,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    write_result(args.out, result)
     for r in rows:
         print(
             f"{args.model} B={r['batch']} k={r['k']}: G(B)={r['draft_forward_ms']:.2f} "

@@ -83,7 +83,7 @@ def resolve(wheel: Wheel, dotted: str, depth: int = 0) -> ast.AST | None:
         node, rest = _find(tree.body, parts[cut]), parts[cut + 1 :]
         if node is None and depth < 6:  # `from .x import *` re-exports
             for star in (n for n in tree.body if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"):
-                if (found := resolve(wheel, ".".join([_source_module(module, star, wheel), *parts[cut:]]), depth + 1)):
+                if found := resolve(wheel, ".".join([_source_module(module, star, wheel), *parts[cut:]]), depth + 1):
                     return found
         if isinstance(node, ast.ImportFrom) and depth < 6:
             original = next(a.name for a in node.names if (a.asname or a.name) == parts[cut])

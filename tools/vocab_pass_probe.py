@@ -19,7 +19,6 @@ full 4-5x on rows that take a token in every tile (the scan, cumsum and scattere
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from sglang_sparsespec.kernels.logit_bins import (
 from sglang_sparsespec.kernels.target_filter import LEVELS, LIST_CAP
 from sglang_sparsespec.kernels.vocab_passes import PassRows, VocabPasses
 
-from benchmarks.meta import device_name, git_commit, package_version
+from tools.kernels_setup import provenance, write_result
 from tools.sampling_bench import case_inputs, graph_ms
 
 LAUNCHES = ((1024, 4), (2048, 4), (512, 4), (1024, 8))  # (block_v, warps) at chunk CHUNK
@@ -128,18 +127,12 @@ def main() -> None:
                 print(row, flush=True)
                 rows.append(row)
     doc = {
-        "kind": "vocab_passes",
-        "device": device_name(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git_commit": git_commit(),
-        "torch": torch.__version__,
-        "triton": package_version("triton"),
+        **provenance("vocab_passes"),
         "timing": "each call alone in a CUDA graph, mean of 20 replays (plan state from one full filter run)",
         "rows": rows,
         "wall_s": time.time() - started,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1))
+    write_result(args.out, doc)
 
 
 if __name__ == "__main__":

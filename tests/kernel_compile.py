@@ -145,7 +145,7 @@ def main() -> None:
     from tools.vocab_pass_probe import pass_calls
 
     calls = pass_calls("top_p", 8, 1024, 4, dev="cpu")[0]
-    for name in ("bins_only", "hist1", "gather1", "gather2"):
+    for name in ("bins_only", "hist1", "gather1", "gather2", *(n for n in calls if n.startswith("hist1_nb"))):
         calls[name]()
     print("vocabulary pass probe: ok")
     print(f"compiled {len(compiled)} launches of {len(set(compiled))} kernels for sm_90")

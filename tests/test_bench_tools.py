@@ -155,11 +155,17 @@ def test_the_vocab_pass_probes_bins_only_pass_bins_what_the_histogram_counts() -
 
     from tools.vocab_pass_probe import pass_calls
 
-    calls, paths, bins_sum, passes = pass_calls("top_p", 2, 1024, 4, vocab=3000, dev=DEVICE)
-    assert set(calls) == {"read", "stats", "bins_only", "hist1", "gather1", "gather2"} and sum(paths.values()) == 1
+    calls, paths, bins_sum, passes, probe_hist = pass_calls("top_p", 2, 1024, 4, vocab=3000, dev=DEVICE)
+    assert {"read", "stats", "bins_only", "hist1", "gather1", "gather2", "hist1_nb64"} <= set(calls)
+    assert sum(paths.values()) == 1
     calls["stats"]()
     calls["hist1"]()
     calls["bins_only"]()
     nb = passes.hist.shape[-1]
     weighted = (passes.hist.long() * torch.arange(nb, device=passes.hist.device)).sum(-1)
     assert torch.equal(weighted.cpu(), bins_sum.long().cpu()) and int(bins_sum.sum()) > 0
+    # At the product's bin count the probe's histogram is the product's; at 64 bins it counts every token once.
+    calls[f"hist1_nb{nb}"]()
+    assert torch.equal(probe_hist.cpu(), passes.hist.cpu())
+    calls["hist1_nb64"]()
+    assert torch.equal(probe_hist[..., :64].sum(-1).cpu(), passes.hist.sum(-1).cpu())

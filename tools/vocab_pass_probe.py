@@ -9,11 +9,15 @@ shape (histogram 50 us, gather 27 us against a ~10 us read). This probe times, f
 near-uniform rows of random weights (``flat``), at 576 and 64 rows and a few launches: a plain read (``amax``),
 each pass replayed alone from a CUDA graph on the plan state a full filter left (``stats``, ``hist1``,
 ``gather1``, ``gather2``), and ``bins_only``: the level-1 histogram's loop with its ``tl.histogram`` replaced by a
-sum of the bins. hist1 - bins_only is what the histogram op costs; gather - read, what the gather's scan costs.
+sum of the bins, and with a histogram of 256 / 128 / 64 / 32 bins (``hist1_nb*``). hist1 - bins_only is what the
+histogram op costs, the ``hist1_nb*`` row how that cost scales with the bins (Triton's warp-level histogram
+ballots each bit of a bin index and popcounts the bins each lane owns: ~100 instructions a token at 256 bins);
+gather - read, what the gather's scan costs.
 
 Expected before measuring: stats and bins_only near a read (~1.2x); hist1 3-4x a read, i.e. the histogram op,
-not bandwidth, sets the level-1 pass; gather1 / gather2 near a read on rows whose tiles take nothing, and their
-full 4-5x on rows that take a token in every tile (the scan, cumsum and scattered stores).
+not bandwidth, sets the level-1 pass (hist1_nb256 = hist1, about halving at 64 bins); gather1 / gather2 near a
+read on rows whose tiles take nothing, and 4-5x on rows that take a token in every tile (the scan, cumsum and
+scattered stores).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ def _bins_only_kernel(
     Temperature,
     Stats,
     Out,
+    Hist,
+    stride_h,
     vocab,
     stride_l,
     repeats,
@@ -63,8 +69,11 @@ def _bins_only_kernel(
     NCH: tl.constexpr,
     CHUNK_C: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    HIST_BINS: tl.constexpr,
 ):
-    """The level-1 histogram pass's loads and bin arithmetic, its ``tl.histogram`` replaced by a sum."""
+    """The level-1 histogram pass's loads and bin arithmetic at NB_C bins, its ``tl.histogram`` replaced by a sum
+    of the bins (HIST_BINS = 0, written to Out [n, chunks]) or by a histogram of HIST_BINS bins (written to
+    the first HIST_BINS of each row of Hist [n, chunks, stride_h])."""
     row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
     inv_t = inv_temperature(Temperature, row // repeats, GREEDY_EPS_C)
     m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
@@ -72,19 +81,28 @@ def _bins_only_kernel(
     w = NB_C - 1
     offs = tl.arange(0, BLOCK_V)
     acc = 0
+    if HIST_BINS > 0:
+        hist = tl.zeros([HIST_BINS], dtype=tl.int32)
     for sub in range(0, CHUNK_C, BLOCK_V):
         z = load_z(Logits + row * stride_l, ch * CHUNK_C + sub + offs, vocab, inv_t)
         j = level_bin(z, m, r, 0, w, True)
         inside = (z > -float("inf")) & (j >= 0) & (j < w)
-        acc += tl.sum(tl.where(inside, j, 0), axis=0)
-    tl.store(Out + row * n_chunks + ch, acc)
+        if HIST_BINS > 0:
+            hist += tl.histogram(tl.where(inside, j, 0), HIST_BINS, mask=inside)
+        else:
+            acc += tl.sum(tl.where(inside, j, 0), axis=0)
+    if HIST_BINS > 0:
+        tl.store(Hist + (row * n_chunks + ch) * stride_h + tl.arange(0, HIST_BINS), hist)
+    else:
+        tl.store(Out + row * n_chunks + ch, acc)
 
 
 def pass_calls(
     case: str, bs: int, block_v: int, warps: int, vocab: int = 151936, dev: str = "cuda"
-) -> tuple[dict[str, Any], dict[str, float], torch.Tensor, VocabPasses]:
+) -> tuple[dict[str, Any], dict[str, float], torch.Tensor, VocabPasses, torch.Tensor]:
     """The passes of one filter as separate calls (after one full run set their plan state), the share of rows
-    each way of the filter went, the ``bins_only`` output [n, chunks] and the passes' state."""
+    each way of the filter went, the ``bins_only`` output [n, chunks], the passes' state and the probe's
+    histogram [n, chunks, NB] (its first ``nb`` bins written by ``hist1_nb<nb>``)."""
     k = 8
     logits, (temp, top_k, top_p, min_p), _, _ = case_inputs(case, bs, k, vocab, 64, dev)
     n, vocab = logits.shape
@@ -95,18 +113,26 @@ def pass_calls(
     paths = {str(int(p)): round(float((passes.path == p).float().mean()), 3) for p in passes.path.unique()}
     grid, args = passes._grid(rows), passes._args(rows)
     out = torch.empty(grid, dtype=torch.int32, device=logits.device)
-    bins_consts = {"GREEDY_EPS_C": GREEDY_EPS, "NB_C": NB, "DEPTH_C": DEPTH, "NCH": passes.offsets.shape[1]}
+    hist = torch.empty((*grid, NB), dtype=torch.int32, device=logits.device)
+
+    def level1(nb: int, hist_bins: int) -> None:
+        consts = {"GREEDY_EPS_C": GREEDY_EPS, "NB_C": nb, "DEPTH_C": DEPTH, "NCH": passes.offsets.shape[1]}
+        _bins_only_kernel[grid](
+            logits, temp, passes.stats, out, hist, hist.shape[-1], *args, **consts, CHUNK_C=CHUNK, BLOCK_V=block_v,
+            HIST_BINS=hist_bins, num_warps=warps,
+        )  # fmt: skip
+
     calls = {
         "read": lambda: logits.amax(dim=1),
         "stats": lambda: _stats_kernel[grid](logits, temp, passes.stats, *args, **rows.launch),
-        "bins_only": lambda: _bins_only_kernel[grid](
-            logits, temp, passes.stats, out, *args, **bins_consts, CHUNK_C=CHUNK, BLOCK_V=block_v, num_warps=warps
-        ),
+        "bins_only": lambda: level1(NB, 0),
+        # The same pass with fewer bins: what a level-1 histogram of 128 / 64 / 32 bins would cost.
+        **{f"hist1_nb{nb}": lambda nb=nb: level1(nb, nb) for nb in (NB, 128, 64, 32)},
         "hist1": lambda: passes._hist(rows, first=True, skip_unfiltered=True),
         "gather1": lambda: passes._gather(rows, stage=1),
         "gather2": lambda: passes._gather(rows, stage=2),
     }
-    return calls, paths, out, passes
+    return calls, paths, out, passes, hist
 
 
 def main() -> None:
@@ -121,7 +147,7 @@ def main() -> None:
     for case in ("top_p", "flat"):
         for bs in args.batches:
             for block_v, warps in LAUNCHES:
-                calls, paths, _, _ = pass_calls(case, bs, block_v, warps)
+                calls, paths = pass_calls(case, bs, block_v, warps)[:2]
                 us = {name: round(graph_ms(fn) * 1e3, 1) for name, fn in calls.items()}
                 row = {"case": case, "rows": bs * 9, "block_v": block_v, "warps": warps, "us": us, "paths": paths}
                 print(row, flush=True)

@@ -156,9 +156,9 @@ def tune_sparse(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_
     rows = []
     grid = [
         (s, n, w, st, pf)
-        for s in (1, 2, 4)
-        for n in (32, 64, 128)
-        for w in (4, 8)
+        for s in (1, 2)
+        for n in (16, 32, 64)
+        for w in (2, 4, 8)  # two warps: twice the resident programs of four on a 16-row GQA tile
         for st in (2, 3, 4)
         for pf in (False, True)
     ]

@@ -98,7 +98,13 @@ def main() -> None:
         rpi = torch.arange(bs)
         sel = torch.zeros(bs, h_kv, 32, dtype=torch.int32)
         cnt = torch.zeros(bs, dtype=torch.int32)
-        for splits in (1, 2):
+        # The shipped launch at one and two splits, then the sweep's extremes (tools/kernels_tune.py).
+        for splits, launch in (
+            (1, {}),
+            (2, {}),
+            (1, {"block_n": 16, "num_warps": 2}),
+            (2, {"block_n": 64, "num_warps": 8}),
+        ):
             sparse_decode_fwd(
                 q1,
                 kb,
@@ -112,6 +118,7 @@ def main() -> None:
                 lens,
                 d**-0.5,
                 num_kv_splits=splits,
+                **launch,
             )
         qv = torch.empty(n, h_q, d, dtype=torch.bfloat16)
         kv_ext = torch.empty(n, h_kv, d, dtype=torch.bfloat16)

@@ -78,7 +78,6 @@ def _sparse_decode_stage1(
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     HAS_SEL_ROWS: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     cur_b = tl.program_id(0).to(tl.int64)
     cur_kv_head = tl.program_id(1)
@@ -118,46 +117,23 @@ def _sparse_decode_stage1(
             mask=mask_h[:, None] & mask_d[None, :],
             other=0.0,
         )
-        if PREFETCH:
-            # The next tile's position -> slot chain is in flight while this tile's K/V load and attend.
-            slot, valid = _tile_slots(sel_base, req_row, split_start, split_end, cnt, tail_start, seq_len, BLOCK_N)
-            for start_n in range(split_start, split_end, BLOCK_N):
-                n_slot, n_valid = _tile_slots(
-                    sel_base, req_row, start_n + BLOCK_N, split_end, cnt, tail_start, seq_len, BLOCK_N
-                )
-                k, v = load_kv_tile(
-                    K_Buffer,
-                    V_Buffer,
-                    slot,
-                    valid,
-                    cur_kv_head,
-                    stride_kbs,
-                    stride_kh,
-                    stride_vbs,
-                    stride_vh,
-                    offs_d,
-                    mask_d,
-                )
-                e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
-                slot, valid = n_slot, n_valid
-        else:
-            for start_n in range(split_start, split_end, BLOCK_N):
-                slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, BLOCK_N)
-                k, v = load_kv_tile(
-                    K_Buffer,
-                    V_Buffer,
-                    slot,
-                    valid,
-                    cur_kv_head,
-                    stride_kbs,
-                    stride_kh,
-                    stride_vbs,
-                    stride_vh,
-                    offs_d,
-                    mask_d,
-                )
-                # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
-                e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
+        for start_n in range(split_start, split_end, BLOCK_N):
+            slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, BLOCK_N)
+            k, v = load_kv_tile(
+                K_Buffer,
+                V_Buffer,
+                slot,
+                valid,
+                cur_kv_head,
+                stride_kbs,
+                stride_kh,
+                stride_vbs,
+                stride_vh,
+                offs_d,
+                mask_d,
+            )
+            # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
+            e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
 
     # Every split writes (an empty one: lse = -inf, zeros) so stage 2 needs no length logic. With one
     # split, Mid_O is the output itself and there is no stage 2 (see sparse_decode_fwd).
@@ -188,7 +164,6 @@ def sparse_decode_fwd(
     block_n: int = 32,
     num_warps: int = 4,
     num_stages: int = 3,
-    prefetch: bool = False,
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -201,7 +176,6 @@ def sparse_decode_fwd(
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
     H100 sweep, benchmarks/results/kernels/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
-    prefetch: load the next tile's position -> slot chain before this tile's K/V (speed only).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -276,7 +250,6 @@ def sparse_decode_fwd(
         NUM_SPLITS=num_kv_splits,
         LOGIT_CAP=logit_cap,
         HAS_SEL_ROWS=sel_rows is not None,
-        PREFETCH=prefetch,
         num_warps=num_warps,
         num_stages=num_stages,
     )

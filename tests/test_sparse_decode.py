@@ -1,4 +1,4 @@
-"""The sparse decode kernel vs its reference: ragged per-head selections with tails, split counts, prefetch,
+"""The sparse decode kernel vs its reference: ragged per-head selections with tails, split counts,
 dense rows (full attention) and softcap.
 
 Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py); with CUDA it runs compiled.
@@ -56,10 +56,9 @@ def _make_decode_case(group, specs, kmax, h_kv=2, max_ctx=160):
     )
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("num_kv_splits", [1, 3])  # 1: stage 1 writes the output, no merge launch
 @pytest.mark.parametrize("group", [1, 3])
-def test_sparse_decode_ragged(group, num_kv_splits, prefetch):
+def test_sparse_decode_ragged(group, num_kv_splits):
     torch.manual_seed(40 + group)
     kmax = 48
     specs = [
@@ -73,7 +72,7 @@ def test_sparse_decode_ragged(group, num_kv_splits, prefetch):
     case = _make_decode_case(group, specs, kmax)
     o = torch.full_like(case["q"], float("nan"))
     expected = o.clone()
-    sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, prefetch=prefetch, block_n=16, **case)
+    sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, block_n=16, **case)
     sparse_decode_ref(o=expected, **case)
     assert not o.isnan().any()
     assert (o[5] == 0).all()

@@ -155,14 +155,13 @@ def tune_sparse(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_
     rpi, o = torch.arange(bs, device=DEVICE), torch.empty_like(q)
     rows = []
     grid = [
-        (s, n, w, st, pf)
+        (s, n, w, st)
         for s in (1, 2)
         for n in (16, 32, 64)
         for w in (2, 4, 8)  # two warps: twice the resident programs of four on a 16-row GQA tile
         for st in (2, 3, 4)
-        for pf in (False, True)
     ]
-    for splits, block_n, warps, stages, prefetch in grid:
+    for splits, block_n, warps, stages in grid:
         us = bench_us(
             lambda: sparse_decode_fwd(
                 q,
@@ -180,7 +179,6 @@ def tune_sparse(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_
                 block_n=block_n,
                 num_warps=warps,
                 num_stages=stages,
-                prefetch=prefetch,
             )
         )
         rows.append(
@@ -194,7 +192,6 @@ def tune_sparse(shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_
                 block_n=block_n,
                 warps=warps,
                 stages=stages,
-                prefetch=prefetch,
                 us=us,
                 GBps=gathered / us / 1e3,
                 vs_sglang_decode=us / stock if isinstance(stock, float) else None,

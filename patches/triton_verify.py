@@ -169,7 +169,7 @@ class _VerifyRouter:
     def __init__(self, inner: Callable[..., Any]):
         self.inner = inner
 
-    def __call__(self, *a, **kw) -> None:
+    def __call__(self, *a, **kw) -> Any:
         current = _VERIFY_CALL.get()
         if current is None:
             return self.inner(*a, **kw)

@@ -80,6 +80,18 @@ def _list_top(ListZ, row, n_items, list_cap, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def whole_row_cut(
+    base_l, vocab, inv_t, m, inv_s, k_eff, p_lim, floor, RANK: tl.constexpr, MIN_P: tl.constexpr, BLOCK_V: tl.constexpr
+):
+    """(z*, tie end, kept mass) of a row by an exact pass over its whole vocabulary (the VOCAB path: no list, no
+    offsets above it; the row max bounds the threshold)."""
+    return wide_cut(
+        base_l, base_l, base_l, vocab, vocab, inv_t, m, inv_s, k_eff, p_lim, floor, m, 0, 0.0, RANK, MIN_P, False,
+        BLOCK_V,
+    )  # fmt: skip
+
+
+@triton.jit
 def select_top_kernel(
     Logits,
     Temperature,
@@ -164,25 +176,8 @@ def select_top_kernel(
         by_floor = (hi + 1.0) / r * (1.0 - _SLACK_SELECT) > floor_d
         if whole_row:
             base_l = Logits + row * stride_l
-            z_star, tie_end, kept = wide_cut(
-                base_l,
-                base_l,
-                base_l,
-                vocab,
-                vocab,
-                inv_t,
-                m,
-                inv_s,
-                k_eff,
-                p_lim,
-                floor,
-                m,
-                0,
-                0.0,
-                RANK,
-                MIN_P,
-                False,
-                BLOCK_V,
+            z_star, tie_end, kept = whole_row_cut(
+                base_l, vocab, inv_t, m, inv_s, k_eff, p_lim, floor, RANK, MIN_P, BLOCK_V
             )
             _store_desc(Desc, row, m, z_star, inv_s / kept, tie_end)
             tl.store(Path + row, VOCAB)
@@ -325,25 +320,8 @@ def select_kernel(
                         )
             else:
                 new_path = VOCAB
-                z_star, tie_end, mass = wide_cut(
-                    base_l,
-                    base_l,
-                    base_l,
-                    vocab,
-                    vocab,
-                    inv_t,
-                    m,
-                    inv_s,
-                    k_eff,
-                    p_lim,
-                    floor,
-                    m,
-                    0,
-                    0.0,
-                    RANK,
-                    MIN_P,
-                    False,
-                    BLOCK_V,
+                z_star, tie_end, mass = whole_row_cut(
+                    base_l, vocab, inv_t, m, inv_s, k_eff, p_lim, floor, RANK, MIN_P, BLOCK_V
                 )
         _store_desc(Desc, row, m, z_star, inv_s / mass, tie_end)
         tl.store(Path + row, new_path)

@@ -61,36 +61,18 @@ class VocabPasses:
     def top_list(self, rows: PassRows, target: bool) -> None:
         """Statistics, level 1's histogram, the top list's plan and its gather (``target``: rows with no
         filter are marked NOFILTER and skipped; rows whose bin 0 overflows the list are PENDING)."""
-        n, vocab = rows.logits.shape
+        n = rows.logits.shape[0]
         _stats_kernel[self._grid(rows)](rows.logits, rows.temperature, self.stats, *self._args(rows), **rows.launch)
         self._hist(rows, first=True, skip_unfiltered=target)
-        top_plan_kernel[(n,)](
-            self.hist,
-            self.stats,
-            rows.temperature,
-            *rows.params,
-            self.plan_i,
-            self.plan_f,
-            self.path,
-            self.list_n,
-            self.offsets,
-            vocab,
-            rows.repeats,
-            self.stats.shape[1],
-            self.list_ids.shape[1],
-            GREEDY_EPS_C=GREEDY_EPS,
-            NB_C=NB,
-            DEPTH_C=DEPTH,
-            NCH=self.offsets.shape[1],
-            MIN_P=rows.min_p is not None,
-            TARGET=target,
-        )
+        plan_args, plan_consts = self._plan_inputs(rows)
+        top_plan_kernel[(n,)](self.hist, *plan_args, **plan_consts, TARGET=target)
         self._gather(rows, stage=1)
 
     def bracket(self, rows: PassRows, rank_rule: bool, levels: int) -> None:
         """The bracket stage of the PENDING rows: ``levels`` plans (the first on level 1's histogram, each
         later one after its own histogram), then the gather of the WINDOW rows' lists."""
-        n, vocab = rows.logits.shape
+        n = rows.logits.shape[0]
+        plan_args, plan_consts = self._plan_inputs(rows)
         for level in range(levels):
             if level:
                 self._hist(rows, first=False, skip_unfiltered=False)
@@ -98,28 +80,29 @@ class VocabPasses:
                 self.hist,
                 self.above_cnt,
                 self.above_mass,
-                self.stats,
-                rows.temperature,
-                *rows.params,
-                self.plan_i,
-                self.plan_f,
-                self.path,
-                self.list_n,
-                self.offsets,
-                vocab,
-                rows.repeats,
-                self.stats.shape[1],
-                self.list_ids.shape[1],
-                GREEDY_EPS_C=GREEDY_EPS,
-                NB_C=NB,
-                DEPTH_C=DEPTH,
-                NCH=self.offsets.shape[1],
+                *plan_args,
+                **plan_consts,
                 FIRST=level == 0,
                 LAST=level == levels - 1,
                 RANK=rank_rule,
-                MIN_P=rows.min_p is not None,
             )
         self._gather(rows, stage=2)
+
+    def _plan_inputs(self, rows: PassRows) -> tuple[tuple, dict[str, object]]:
+        """What both plan kernels (``cut_plan``) take after their histogram inputs: the row statistics, the
+        sampling parameters, the plan state they write, the sizes; and their shared constexprs."""
+        args = (
+            self.stats, rows.temperature, *rows.params, self.plan_i, self.plan_f, self.path, self.list_n,
+            self.offsets, rows.logits.shape[1], rows.repeats, self.stats.shape[1], self.list_ids.shape[1],
+        )  # fmt: skip
+        consts = {
+            "GREEDY_EPS_C": GREEDY_EPS,
+            "NB_C": NB,
+            "DEPTH_C": DEPTH,
+            "NCH": self.offsets.shape[1],
+            "MIN_P": rows.min_p is not None,
+        }
+        return args, consts
 
     def _grid(self, rows: PassRows) -> tuple[int, int]:
         return rows.logits.shape[0], self.stats.shape[1]

@@ -4,6 +4,9 @@ bandwidth yardstick."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from sglang_sparsespec.kernels._common import default_num_splits
 from sglang_sparsespec.kernels.score_capture import score_capture
@@ -52,20 +55,16 @@ def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
     prefix_bytes = bs * shape.h_kv * seq_len * 2 * shape.d * k.element_size()
     base = dict(shape=shape.name, bs=bs, seq_len=seq_len, prefix_GB=prefix_bytes / 1e9)
     stock = timed_or_note(sglang_decode(shape, q[:bs], k, v, kv_indptr, kv_indices, seq_lens))
+    # The verify and its capture on this pool and these rows; the prefix index and launch come per call.
+    verify = partial(verify_attention_fwd, q, k_ext, v_ext, o, k, v, qo_indptr)
+    capture = partial(score_capture, q, k, lse, qo_indptr)
     rows = [dict(base, kernel="sglang_decode", us=stock)]
     for splits in (1, 2, 4) if "verify" in kernels else ():
         for block_n in (32, 64, 128):
             for warps in (4, 8):
                 for stages in (2, 3, 4):
                     us = bench_us(
-                        lambda: verify_attention_fwd(
-                            q,
-                            k_ext,
-                            v_ext,
-                            o,
-                            k,
-                            v,
-                            qo_indptr,
+                        lambda: verify(
                             kv_indptr,
                             kv_indices,
                             VERIFY_ROWS,
@@ -81,23 +80,13 @@ def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
                         dict(base, kernel="verify", splits=splits, block_n=block_n, warps=warps, stages=stages, us=us)
                     )
                 us = bench_us(
-                    lambda: score_capture(
-                        q,
-                        k,
-                        lse,
-                        qo_indptr,
-                        kv_indptr,
-                        kv_indices,
-                        out,
-                        shape.d**-0.5,
-                        num_splits=splits,
-                        block_n=block_n,
-                        num_warps=warps,
+                    lambda: capture(
+                        kv_indptr, kv_indices, out, shape.d**-0.5, num_splits=splits, block_n=block_n, num_warps=warps
                     )
                 )
                 rows.append(dict(base, kernel="capture", splits=splits, block_n=block_n, warps=warps, us=us))
     if "mixed" in kernels:
-        rows += tune_mixed(shape, bs, seq_len, q, k_ext, v_ext, o, lse, k, v, req_to_token, qo_indptr, out)
+        rows += tune_mixed(shape, bs, seq_len, verify, capture, lse, req_to_token, out)
     if "sparse" in kernels:
         rows += tune_sparse(shape, bs, seq_len, q[:bs], k, v, req_to_token, seq_lens, stock)
     if "dense" in kernels:
@@ -110,7 +99,7 @@ def tune(shape: Shape, bs: int, seq_len: int, kernels: list[str]) -> list[dict]:
 
 
 def tune_mixed(
-    shape: Shape, bs: int, seq_len: int, q, k_ext, v_ext, o, lse, k, v, req_to_token, qo_indptr, out
+    shape: Shape, bs: int, seq_len: int, verify: Callable, capture: Callable, lse, req_to_token, out
 ) -> list[dict]:
     """The verify and its score capture on mixed prefixes (``mixed_lengths``) and on the uniform batch of the same
     mean, over the split count of a request at the mean and the per-request cap (``mean_prefix_chunk``; default
@@ -121,30 +110,13 @@ def tune_mixed(
         kv_indptr, kv_indices = prefix_index(per_req, req_to_token)
         for splits, cap in grids:
             us = bench_us(
-                lambda: verify_attention_fwd(
-                    q,
-                    k_ext,
-                    v_ext,
-                    o,
-                    k,
-                    v,
-                    qo_indptr,
-                    kv_indptr,
-                    kv_indices,
-                    VERIFY_ROWS,
-                    shape.d**-0.5,
-                    lse=lse,
-                    num_kv_splits=splits,
-                    max_kv_splits=cap,
+                lambda: verify(
+                    kv_indptr, kv_indices, VERIFY_ROWS, shape.d**-0.5, lse=lse, num_kv_splits=splits, max_kv_splits=cap
                 )
             )
             base = dict(shape=shape.name, bs=bs, seq_len=seq_len, splits=splits, cap=cap)
             rows.append(dict(base, kernel=f"verify_{kind}", us=us))
-            us = bench_us(
-                lambda: score_capture(
-                    q, k, lse, qo_indptr, kv_indptr, kv_indices, out, shape.d**-0.5, num_splits=splits, max_splits=cap
-                )
-            )
+            us = bench_us(lambda: capture(kv_indptr, kv_indices, out, shape.d**-0.5, num_splits=splits, max_splits=cap))
             rows.append(dict(base, kernel=f"capture_{kind}", us=us))
     return rows
 

@@ -130,7 +130,9 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         triton_verify.pillar_verify,
         "PILLAR's verify runs the split-KV verify kernel (SGLang's extend kernel is far below bandwidth), "
         "and PillarAttn selection reads its attention probabilities (logits + LSE); SGLang's graph runner "
-        "captures the TARGET_VERIFY graphs these kernels run in at start-up, before any PILLAR round",
+        "captures the TARGET_VERIFY graphs these kernels run in at start-up, before any PILLAR round. The "
+        "kernel is reached through the backend's extend_attention_fwd attribute, which attach_verify routes "
+        "once at start-up (forward_extend makes that inner call)",
     ),
     Hook(
         "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept",

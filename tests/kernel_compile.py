@@ -140,7 +140,7 @@ def main() -> None:
         torch.empty(bs, 8, 16, dtype=torch.int32),
         torch.empty(bs, dtype=torch.int32),
     )
-    # The draft-GEMM probe of tools/ (run on a lease as it is: a compile error there would waste the GPU time).
+    # The probes of tools/ run on the GPU as they are: a compile error there would waste device time.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tools.draft_gemm import skinny_gemm
 

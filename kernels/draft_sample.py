@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .logit_bins import CHUNK, DEPTH, GREEDY_EPS, NB, row_stats
+from .logit_bins import BLOCK_V, CHUNK, DEPTH, GREEDY_EPS, NB, row_stats
 from .vocab_passes import PassRows, VocabPasses
 
 
@@ -151,7 +151,7 @@ def draft_sample_fwd(
     cand_q: torch.Tensor,
     q_tok: torch.Tensor,
     chunk: int = CHUNK,
-    block_v: int = 1024,
+    block_v: int = BLOCK_V,
     num_warps: int = 4,
 ) -> None:
     """Fill token [n] int64, cand_ids [n, C] int64, cand_q [n, C] float32, q_tok [n] float32

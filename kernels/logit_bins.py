@@ -37,6 +37,11 @@ import triton.language as tl
 GREEDY_EPS = 1e-6
 NB = 256  # bins per histogram level
 CHUNK = 8192  # tokens per program
+# Vocabulary tile of the target filter and the draft sampler. H200 sweeps at 151,936 tokens
+# (benchmarks/results/kernels): 2048 against 1024 runs the accept phase at 64 x 9 rows in 1.00 against
+# 1.12 ms and a draft step's sampling in 0.106 against 0.116 ms (kernels_accept_tune_h200_efb9674.json);
+# the level-1 histogram pass alone at 576 rows in 303 against 386 us (vocab_passes_h200_2021a7f.json).
+BLOCK_V = 2048
 DEPTH = 32.0  # nats below the max resolved at level 1: exp(-32) of the max adds nothing to an fp32 sum
 STATS = 5  # per (row, chunk): max, sum exp(z - max), finite count, finite min, first argmax
 # Per-row plan state (``cut_plan``), int32 slots: 0 next level's first bin, 1 its bin count (0: no

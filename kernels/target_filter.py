@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .logit_bins import CHUNK, GREEDY_EPS, NB, inv_temperature, load_z
+from .logit_bins import BLOCK_V, CHUNK, GREEDY_EPS, NB, inv_temperature, load_z
 from .target_select import select_kernel, select_top_kernel
 from .vocab_passes import PassRows, VocabPasses
 
@@ -122,7 +122,7 @@ def target_filter_fwd(
     rank_rule: bool = False,
     list_cap: int = LIST_CAP,
     chunk: int = CHUNK,
-    block_v: int = 1024,
+    block_v: int = BLOCK_V,
     levels: int = LEVELS,
     num_warps: int = 4,
 ) -> TargetRows:

@@ -19,8 +19,9 @@ and processor, which say which requests take one token per round, and ScheduleBa
 which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets, vocabulary size and output ids, and
 the runtime context's server args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward
 context, graph capture mode and the capture-time gc freeze, for both runners' DECODE forwards and graphs),
-``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_attention`` (a TritonAttnBackend subclass for the draft
-steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
+``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_weights`` (the model's modules whose quant_method is an
+UnquantizedLinearMethod, copied in fp8 for the draft steps), ``draft_attention`` (a TritonAttnBackend subclass for the
+draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
 create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``spec_algo`` (ModelConfig, to
 refuse unsupported attention and mrope at launch), ``triton_verify`` (extend_attention_fwd's signature;
 HybridAttnBackend's own routing, to find the Triton backend that serves TARGET_VERIFY under --attention-backend
@@ -47,6 +48,7 @@ from . import (
     alloc_reserve,
     client_parity,
     cuda_graph,
+    draft_weights,
     finish_check,
     kv_cache_builder,
     metrics,
@@ -170,6 +172,21 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         server_info.add_pillar_state,
         "/server_info shows which draft count each round ran (adaptive speculation) and the "
         "acceptance estimate, which only the PILLAR worker knows",
+    ),
+    Hook(
+        "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
+        "AROUND",
+        draft_weights.fp8_draft_linear,
+        "with --pillar-draft-weights fp8 the draft steps' linear layers read fp8 copies of their weights "
+        "(half the bytes at decode batch sizes); the hook routes a layer only inside the draft runner's "
+        "draft steps, every other call runs SGLang's method",
+    ),
+    Hook(
+        "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
+        "AROUND",
+        draft_weights.fp8_draft_lm_head,
+        "with --pillar-draft-weights fp8 the draft steps' LM head reads its fp8 copy too; SGLang multiplies "
+        "an unquantized LM head itself there, outside any linear method",
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler.init_metrics_reporter",

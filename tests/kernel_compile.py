@@ -142,7 +142,7 @@ def main() -> None:
     )
     # The probes of tools/ run on the GPU as they are: a compile error there would waste device time.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tools.draft_gemm import skinny_gemm
+    from sglang_sparsespec.kernels.skinny_gemm import skinny_gemm
 
     x, w = torch.empty(bs, 2048, dtype=torch.bfloat16), torch.empty(12288, 2048, dtype=torch.bfloat16)
     out, part = torch.empty(bs, 12288, dtype=torch.bfloat16), torch.empty(4, bs, 12288)
@@ -150,6 +150,7 @@ def main() -> None:
     for config in ((64, 128, 1, 4, 3), (32, 256, 2, 8, 4), (128, 128, 4, 4, 3)):
         skinny_gemm(x, w, out, part, *config)
         skinny_gemm(x, w8, out, part, *config, scale=scale)  # fp8 weights, bf16 activations
+        skinny_gemm(x, w8, out, part, *config, scale=scale, bias=torch.empty(12288, dtype=torch.bfloat16))
     print("draft GEMM probe: ok")
     from tools.vocab_pass_probe import pass_calls
 

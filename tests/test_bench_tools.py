@@ -119,33 +119,11 @@ def test_mixed_gemm_groups_and_projection(tmp_path: Path) -> None:
     assert row["change"] == pytest.approx(-1 / 16)
 
 
-@pytest.mark.parametrize("split_k", [1, 2])
-def test_the_draft_gemm_probes_triton_kernel_computes_f_linear(split_k: int) -> None:
-    """tools.draft_gemm times a Triton skinny GEMM against cuBLAS; a wrong product would make the timing
-    compare different work (the probe also records each launch's relative error on the GPU)."""
-    import torch
-    from triton_env import DEVICE
+def test_the_draft_gemm_summary_takes_each_kernels_fastest_launch() -> None:
+    """tools.draft_gemm's summary sets cuBLAS against cuBLAS fp8 and the fastest launch of each Triton kernel
+    (bf16 weights, fp8 copies); launches the GPU refused are skipped (the kernel itself: test_skinny_gemm.py)."""
+    from tools.draft_gemm import summary
 
-    from tools.draft_gemm import quantize_rows, skinny_gemm, summary
-
-    gen = torch.Generator().manual_seed(0)
-    m, n, k = 5, 40, 128
-    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
-    w = (torch.randn(n, k, generator=gen) * torch.linspace(0.01, 3, n)[:, None]).to(torch.bfloat16).to(DEVICE)
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    part = torch.empty(split_k, m, n, dtype=torch.float32, device=DEVICE)
-    skinny_gemm(x, w, out, part, block_n=32, block_k=32, split_k=split_k, warps=4, stages=2)
-    exact = x.float() @ w.float().T
-    torch.testing.assert_close(out.float(), exact, rtol=2e-2, atol=5e-2)
-    # fp8 weights with per-channel scales: the product of the dequantized weights, close to the exact one
-    w8, scale = quantize_rows(w)
-    assert w8.dtype == torch.float8_e4m3fn and w8.float().abs().amax(dim=1).allclose(torch.full((n,), 448.0))
-    out.fill_(float("nan"))
-    skinny_gemm(x, w8, out, part, block_n=32, block_k=32, split_k=split_k, warps=4, stages=2, scale=scale)
-    torch.testing.assert_close(out.float(), x.float() @ (w8.float() * scale[:, None]).T, rtol=2e-2, atol=5e-2)
-    assert ((out.float() - exact).abs().max() / exact.abs().max()).item() < 0.05
-    with pytest.raises(ValueError, match="not a multiple"):
-        skinny_gemm(x, w, out, part, block_n=32, block_k=96, split_k=split_k, warps=4, stages=2)
     rows = [
         {"shape": "s", "m": 64, "proj": "o", "kernel": "cublas", "us": 6.0},
         {"shape": "s", "m": 64, "proj": "o", "kernel": "cublas_fp8", "error": "no row-wise scales"},

@@ -1,5 +1,5 @@
 """The draft step's weight GEMMs at decode batch sizes: cuBLAS (``F.linear``, what SGLang runs) against a Triton
-skinny GEMM over its launch parameters (GPU only).
+skinny GEMM (``kernels/skinny_gemm.py``) over its launch parameters (GPU only).
 
     python -m tools.draft_gemm --out benchmarks/results/kernels/draft_gemm_<device>_<commit>.json
 
@@ -31,8 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+from sglang_sparsespec.kernels.skinny_gemm import FP8_MAX, quantize_rows, skinny_gemm
 
 from tools.kernels_setup import provenance, write_result
 
@@ -42,7 +41,6 @@ SHAPES = {
     "qwen3-1.7b": (2048, 16, 8, 128, 6144, 151936, 28),
     "qwen3-8b": (4096, 32, 8, 128, 12288, 151936, 12),
 }
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # (block_n, block_k, split_k, warps, stages)
 GRID = [
     (bn, bk, sk, w, st)
@@ -53,101 +51,6 @@ GRID = [
     for st in (3, 4)
     if not (bn == 128 and bk == 256 and st == 4)  # over the shared memory of one SM
 ]
-
-
-@triton.jit
-def _skinny_gemm_kernel(
-    X,
-    W,
-    Out,
-    Part,
-    Scale,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_om,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    STAGES: tl.constexpr,
-    W_SCALED: tl.constexpr,
-):
-    """Out[m, n] = sum_k X[m, k] W[n, k] for a [BLOCK_M, BLOCK_N] tile over one of SPLIT_K slices of K (K a
-    multiple of SPLIT_K x BLOCK_K); with SPLIT_K > 1 each slice writes fp32 partials Part[slice, m, n].
-    W_SCALED: W is fp8 with one scale per output channel, Scale[n]; its tiles widen to X's dtype in registers
-    and the scale multiplies the finished sums (it is constant along K)."""
-    pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    k_len = K // SPLIT_K
-    x_ptr = X + offs_m[:, None] * stride_xm + (pid_k * k_len + offs_k)[None, :]
-    w_ptr = W + offs_n[:, None] * stride_wn + (pid_k * k_len + offs_k)[None, :]
-    m_ok, n_ok = offs_m[:, None] < M, offs_n[:, None] < N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for _ in tl.range(0, k_len, BLOCK_K, num_stages=STAGES):
-        x = tl.load(x_ptr, mask=m_ok, other=0.0)
-        w = tl.load(w_ptr, mask=n_ok, other=0.0).to(x.dtype)
-        acc = tl.dot(x, tl.trans(w), acc)
-        x_ptr += BLOCK_K
-        w_ptr += BLOCK_K
-    if W_SCALED:
-        acc *= tl.load(Scale + offs_n, mask=offs_n < N, other=0.0)[None, :]
-    ok = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if SPLIT_K == 1:
-        tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(Out.dtype.element_ty), mask=ok)
-    else:
-        tl.store(Part + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=ok)
-
-
-@triton.jit
-def _split_sum_kernel(Part, Out, MN, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < MN
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(Part + s * MN + offs, mask=ok, other=0.0)
-    tl.store(Out + (offs // N) * stride_om + offs % N, acc.to(Out.dtype.element_ty), mask=ok)
-
-
-def skinny_gemm(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    out: torch.Tensor,
-    part: torch.Tensor | None,
-    block_n: int,
-    block_k: int,
-    split_k: int,
-    warps: int,
-    stages: int,
-    scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """out [M, N] = x [M, K] @ w [N, K].T (``F.linear`` without bias); ``part`` [split_k, M, N] fp32 scratch
-    when split_k > 1. K must be a multiple of split_k x block_k. ``scale`` [N] fp32: w is fp8 and its row n
-    stands for scale[n] x w[n] (``quantize_rows``)."""
-    m, k = x.shape
-    n = w.shape[0]
-    if k % (split_k * block_k):
-        raise ValueError(f"K={k} is not a multiple of split_k x block_k = {split_k * block_k}")
-    block_m = max(16, min(64, triton.next_power_of_2(m)))
-    grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
-    _skinny_gemm_kernel[grid](
-        x, w, out, part if part is not None else out, scale if scale is not None else out, m, n, k,
-        x.stride(0), w.stride(0), out.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLIT_K=split_k, STAGES=stages, W_SCALED=scale is not None, num_warps=warps,
-    )  # fmt: skip
-    if split_k > 1:
-        _split_sum_kernel[(triton.cdiv(m * n, 1024),)](part, out, m * n, n, out.stride(0), SPLIT_K=split_k, BLOCK=1024)
-    return out
-
-
-def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 e4m3 weights, fp32 scale [N]): each output channel scaled so its largest magnitude is FP8_MAX."""
-    scale = (w.float().abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
-    return (w.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 
 def projections(shape: str) -> dict[str, tuple[int, int]]:

@@ -1,0 +1,145 @@
+"""Decode-batch linear layers (M = a few dozen rows): ``out = x @ w.T (+ bias)``, w bf16 or an fp8 copy.
+
+At decode batch sizes a linear layer reads its whole weight once for a few dozen rows, so its time is the
+weight's bytes. A draft forward may read fp8 copies of the weights instead of the target's (``quantize_rows``:
+one scale per output channel, so the scale factors out of every dot product): rejection sampling keeps the
+output exact for any draft distribution it records, and the verify runs the exact weights. The kernel widens
+each fp8 tile to the activations' dtype in registers, so activations stay as they are (no quantization launch
+per GEMM). One program computes a [BLOCK_M, BLOCK_N] tile over one of SPLIT_K slices of K; with SPLIT_K > 1
+the slices write fp32 partials that a second launch sums.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+@triton.jit
+def _skinny_gemm_kernel(
+    X,
+    W,
+    Out,
+    Part,
+    Scale,
+    Bias,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    W_SCALED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_len = K // SPLIT_K
+    x_ptr = X + offs_m[:, None].to(tl.int64) * stride_xm + (pid_k * k_len + offs_k)[None, :]
+    w_ptr = W + offs_n[:, None].to(tl.int64) * stride_wn + (pid_k * k_len + offs_k)[None, :]
+    m_ok, n_ok = offs_m[:, None] < M, offs_n[:, None] < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for _ in tl.range(0, k_len, BLOCK_K, num_stages=STAGES):
+        x = tl.load(x_ptr, mask=m_ok, other=0.0)
+        w = tl.load(w_ptr, mask=n_ok, other=0.0).to(x.dtype)
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptr += BLOCK_K
+        w_ptr += BLOCK_K
+    n_in = offs_n < N
+    if W_SCALED:  # the channel's scale is constant along K: it scales each slice's sum
+        acc *= tl.load(Scale + offs_n, mask=n_in, other=0.0)[None, :]
+    ok = (offs_m[:, None] < M) & n_in[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(Bias + offs_n, mask=n_in, other=0.0).to(tl.float32)[None, :]
+        tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(Out.dtype.element_ty), mask=ok)
+    else:
+        tl.store(Part + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=ok)
+
+
+@triton.jit
+def _split_sum_kernel(
+    Part, Bias, Out, MN, N, stride_om, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(Part + s * MN + offs, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(Bias + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Out + (offs // N) * stride_om + offs % N, acc.to(Out.dtype.element_ty), mask=ok)
+
+
+def skinny_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    part: torch.Tensor | None = None,
+    block_n: int = 32,
+    block_k: int = 256,
+    split_k: int = 1,
+    warps: int = 4,
+    stages: int = 4,
+    scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """out [M, N] = x [M, K] @ w [N, K].T (+ bias [N]), ``F.linear``'s product; returns ``out``.
+
+    x, out: rows with a contiguous last dim; w: [N, K] contiguous, in x's dtype, or fp8 with ``scale`` [N] fp32
+    (row n stands for scale[n] x w[n], as ``quantize_rows`` writes it). ``part``: [split_k, M, N] fp32 scratch
+    when split_k > 1. K must be a multiple of split_k x block_k. The launch parameters change speed only.
+    """
+    m, k = x.shape
+    n = w.shape[0]
+    if w.shape[1] != k or out.shape != (m, n) or x.stride(1) != 1 or w.stride(1) != 1 or out.stride(1) != 1:
+        raise ValueError(f"x [M, K], w [N, K], out [M, N] with contiguous rows, got {x.shape} {w.shape} {out.shape}")
+    exact = scale is None and w.dtype == x.dtype
+    if not exact and not (scale is not None and w.dtype == torch.float8_e4m3fn and scale.shape == (n,)):
+        raise ValueError(f"w in x's dtype ({x.dtype}), or fp8 with a scale [N]; got {w.dtype}, scale {scale}")
+    if k % (split_k * block_k):
+        raise ValueError(f"K={k} is not a multiple of split_k x block_k = {split_k * block_k}")
+    if split_k > 1 and (part is None or part.shape[0] < split_k or part[0].numel() < m * n):
+        raise ValueError(f"split_k={split_k} needs a float32 scratch part [>= {split_k}, {m}, {n}]")
+    block_m = max(16, min(64, triton.next_power_of_2(m)))
+    grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
+    _skinny_gemm_kernel[grid](
+        x, w, out, part if part is not None else out, scale if scale is not None else out,
+        bias if bias is not None else out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=stages,
+        W_SCALED=scale is not None, HAS_BIAS=bias is not None, num_warps=warps,
+    )  # fmt: skip
+    if split_k > 1:
+        _split_sum_kernel[(triton.cdiv(m * n, 1024),)](
+            part, bias if bias is not None else out, out, m * n, n, out.stride(0),
+            SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=1024,
+        )  # fmt: skip
+    return out
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 e4m3 weights [N, K], fp32 scale [N]): each output channel scaled so its largest magnitude is FP8_MAX
+    (an all-zero channel keeps a tiny scale and zeros)."""
+    scale = (w.float().abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
+    return (w.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+def skinny_gemm_ref(
+    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Plain-torch ``skinny_gemm`` (fp32 math, x's dtype out)."""
+    wf = w.float() if scale is None else w.float() * scale[:, None]
+    out = x.float() @ wf.T
+    if bias is not None:
+        out += bias.float()
+    return out.to(x.dtype)

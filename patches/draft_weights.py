@@ -1,0 +1,125 @@
+"""fp8 draft weights (``--pillar-draft-weights fp8``): draft steps read fp8 copies of the linear weights.
+
+A draft step is a decode forward whose linear layers, at a few dozen rows, take the time of reading their
+weights. Rejection sampling keeps PILLAR's output exact for any draft distribution it records, so the draft
+steps may read per-channel fp8 copies (``kernels/skinny_gemm.py``: half the bytes) while the verify, the
+plain-decoding steps and prefill read the exact weights. Only the draft runner's draft steps run inside
+``FP8Weights.active()``; the hook on SGLang's ``UnquantizedLinearMethod.apply`` sends a layer to the fp8
+kernel only there. CUDA graphs record the path that ran at capture: the draft-step graphs replay the fp8
+GEMMs, every other graph the exact ones. The LM head, an embedding module that SGLang's logits processor
+multiplies itself, is copied too and routed by a hook on ``LogitsProcessor._compute_lm_head`` (bf16 logits, as
+the exact path's, before SGLang's own fp32 copy).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+from sglang_sparsespec.kernels.skinny_gemm import quantize_rows, skinny_gemm
+
+logger = logging.getLogger(__name__)
+
+# Rows up to which a draft forward's GEMM reads the fp8 copy: decode batches, where the weight's bytes set
+# the time. Wider batches keep cuBLAS on the exact weights (bf16 skinny launches lost to cuBLAS at 256 rows:
+# draft_gemm_h200_2021a7f.json).
+MAX_ROWS = 128
+# K tiles, the widest dividing K taken: 4 stages of a 64 x 128 bf16 and a 32 x 128 fp8 tile (80 KB) fit an
+# Ada SM's shared memory as well as a Hopper's.
+_BLOCK_KS = (128, 64, 32, 16)
+
+_ACTIVE: ContextVar[FP8Weights | None] = ContextVar("pillar_fp8_draft_weights", default=None)
+
+
+@dataclass
+class FP8Weights:
+    """fp8 copies [N, K] and per-channel scales [N] fp32 of the model's unquantized linear layers, by the layer."""
+
+    table: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    nbytes: int
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, device: torch.device) -> FP8Weights:
+        """Copies of every linear layer SGLang runs through ``UnquantizedLinearMethod`` and of an unquantized LM
+        head (``model.lm_head``, the embedding itself when tied), bf16 / fp16 weights only."""
+        from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod, UnquantizedLinearMethod
+
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+            major, minor = torch.cuda.get_device_capability(device)
+            raise ValueError(
+                f"--pillar-draft-weights fp8 needs fp8 support (compute capability 8.9+); "
+                f"{torch.cuda.get_device_name(device)} has {major}.{minor}"
+            )
+        table, nbytes = {}, 0
+        head = getattr(model, "lm_head", None)
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            method = getattr(module, "quant_method", None)
+            if not (
+                isinstance(method, UnquantizedLinearMethod)
+                or (module is head and isinstance(method, UnquantizedEmbeddingMethod))
+            ):
+                continue
+            if weight is None or weight.dim() != 2 or weight.dtype not in (torch.bfloat16, torch.float16):
+                continue
+            if not any(weight.shape[1] % bk == 0 for bk in _BLOCK_KS):
+                continue  # no tile divides K: the layer keeps its exact weights in drafts too
+            w8, scale = quantize_rows(weight.data)
+            table[id(module)] = (w8, scale)
+            nbytes += w8.numel() + scale.numel() * 4
+        if not table:
+            raise ValueError("--pillar-draft-weights fp8: the model has no unquantized bf16 / fp16 linear layer")
+        logger.info("PILLAR fp8 draft weights: %d linear layers, %.2f GB", len(table), nbytes / 1e9)
+        return cls(table, nbytes)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """The draft steps' forward: linear layers in ``table`` read their fp8 copies."""
+        token = _ACTIVE.set(self)
+        try:
+            yield
+        finally:
+            _ACTIVE.reset(token)
+
+
+def _copy_for(layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The fp8 copy a call of ``layer`` on ``x`` reads: inside ``FP8Weights.active()``, for a copied layer, at
+    decode batch size; else None (SGLang's own path)."""
+    weights = _ACTIVE.get()
+    entry = None if weights is None else weights.table.get(id(layer))
+    rows = x.numel() // x.shape[-1] if x.dim() else 0
+    return entry if entry is not None and 0 < rows <= MAX_ROWS else None
+
+
+def fp8_draft_linear(original, method, layer, x, bias=None):
+    """AROUND ``UnquantizedLinearMethod.apply``: a draft step's copied layer runs ``skinny_gemm`` on its fp8 copy;
+    every other call runs SGLang's method."""
+    entry = _copy_for(layer, x)
+    if entry is None:
+        return original(method, layer, x, bias)
+    return _fp8_linear(x, *entry, bias)
+
+
+def fp8_draft_lm_head(original, processor, hidden_states, lm_head, embedding_bias=None, **kwargs):
+    """AROUND ``LogitsProcessor._compute_lm_head``: a draft step's logits from the LM head's fp8 copy, where SGLang
+    would multiply the bf16 weight itself (no LoRA, no fp32 LM head: those keep SGLang's path)."""
+    entry = _copy_for(lm_head, hidden_states)
+    fp32 = getattr(processor, "use_fp32_lm_head", False) or getattr(processor, "use_fp32_lm_head_output", False)
+    if entry is None or fp32 or hasattr(lm_head, "set_lora"):
+        return original(processor, hidden_states, lm_head, embedding_bias, **kwargs)
+    return _fp8_linear(hidden_states, *entry, embedding_bias)
+
+
+def _fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1]
+    x2 = x.reshape(rows, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty((rows, w8.shape[0]), dtype=x.dtype, device=x.device)
+    block_k = next(bk for bk in _BLOCK_KS if x2.shape[1] % bk == 0)
+    skinny_gemm(x2, w8, out, block_n=32, block_k=block_k, warps=4, stages=4, scale=scale, bias=bias)
+    return out.view(*x.shape[:-1], w8.shape[0])

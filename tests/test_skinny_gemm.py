@@ -1,0 +1,72 @@
+"""The decode-batch linear kernel against its reference: bf16 weights and fp8 copies with per-channel scales,
+bias, split-K, row and column tails; the fp8 copy's error against the exact product; refused inputs.
+
+Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py); with CUDA it runs compiled.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sglang_sparsespec.kernels.skinny_gemm import FP8_MAX, quantize_rows, skinny_gemm, skinny_gemm_ref
+from triton_env import DEVICE
+
+
+def _inputs(m: int, n: int, k: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    # channels of very different magnitudes, one all zero: per-channel scales must keep each one's resolution
+    w = torch.randn(n, k, generator=gen) * torch.logspace(-3, 1, n)[:, None]
+    w[3] = 0
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    return x.to(DEVICE), w.to(torch.bfloat16).to(DEVICE), bias.to(DEVICE)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skinny_gemm_matches_reference(split_k: int, fp8: bool, with_bias: bool) -> None:
+    m, n, k = 19, 72, 128  # 19 rows: a partial row tile; 72 columns: a partial column tile
+    x, w, bias = _inputs(m, n, k, seed=split_k + 2 * fp8)
+    scale = None
+    if fp8:
+        w, scale = quantize_rows(w)
+    bias = bias if with_bias else None
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    part = torch.empty(split_k, m, n, device=DEVICE)
+    skinny_gemm(x, w, out, part, block_n=32, block_k=32, split_k=split_k, warps=4, stages=2, scale=scale, bias=bias)
+    expected = skinny_gemm_ref(x, w, scale, bias)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_fp8_copies_keep_each_channel_close_to_the_exact_product() -> None:
+    x, w, _ = _inputs(8, 64, 256, seed=7)
+    w8, scale = quantize_rows(w)
+    assert w8.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+    peaks = w8.float().abs().amax(dim=1)
+    assert torch.equal(peaks[3], torch.tensor(0.0, device=DEVICE))  # the zero channel stays zero
+    assert torch.allclose(peaks[torch.arange(64, device=DEVICE) != 3], torch.tensor(FP8_MAX, device=DEVICE))
+    out = torch.empty(8, 64, dtype=torch.bfloat16, device=DEVICE)
+    skinny_gemm(x, w8, out, block_n=32, block_k=64, stages=2, scale=scale)
+    exact = x.float() @ w.float().T
+    # e4m3 rounds each weight within 2^-4 of itself relative to its channel (3 mantissa bits), whatever the
+    # channel's magnitude: every output stays within that share of its terms' absolute sum (+ bf16 rounding)
+    terms = x.float().abs() @ w.float().abs().T
+    assert ((out.float() - exact).abs() <= 0.0625 * terms + 0.004 * exact.abs() + 1e-6).all()
+    assert ((out.float() - exact).abs() / terms.clamp_min(1e-6))[:, 4:].median() < 0.01
+
+
+def test_skinny_gemm_refuses_what_it_cannot_compute() -> None:
+    x, w, _ = _inputs(4, 32, 64, seed=1)
+    out = torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE)
+    w8, scale = quantize_rows(w)
+    with pytest.raises(ValueError, match="not a multiple"):
+        skinny_gemm(x, w, out, block_k=48)
+    with pytest.raises(ValueError, match="fp8 with a scale"):
+        skinny_gemm(x, w8, out, block_k=32)  # fp8 without its scale
+    with pytest.raises(ValueError, match="fp8 with a scale"):
+        skinny_gemm(x, w, out, block_k=32, scale=scale)  # a scale for exact weights
+    with pytest.raises(ValueError, match="scratch"):
+        skinny_gemm(x, w, out, block_k=32, split_k=2)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        skinny_gemm(x, w[:, :32], out, block_k=32)

@@ -127,11 +127,18 @@ def skinny_gemm(
     return out
 
 
-def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(w: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 e4m3 weights [N, K], fp32 scale [N]): each output channel scaled so its largest magnitude is FP8_MAX
-    (an all-zero channel keeps a tiny scale and zeros)."""
-    scale = (w.float().abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
-    return (w.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
+    (an all-zero channel keeps a tiny scale and zeros). ``chunk`` rows at a time, so the fp32 working copy stays
+    small next to a large weight (an LM head's fp32 copy alone is 1-2.5 GB)."""
+    w8 = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    scale = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
+    for start in range(0, w.shape[0], chunk):
+        rows = w[start : start + chunk].float()
+        s = (rows.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
+        w8[start : start + chunk] = (rows / s[:, None]).to(torch.float8_e4m3fn)
+        scale[start : start + chunk] = s
+    return w8, scale
 
 
 def skinny_gemm_ref(

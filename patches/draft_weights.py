@@ -68,7 +68,13 @@ class FP8Weights:
                 continue
             if not any(weight.shape[1] % bk == 0 for bk in _BLOCK_KS):
                 continue  # no tile divides K: the layer keeps its exact weights in drafts too
-            w8, scale = quantize_rows(weight.data)
+            try:
+                w8, scale = quantize_rows(weight.data)
+            except torch.cuda.OutOfMemoryError:
+                raise ValueError(
+                    f"--pillar-draft-weights fp8: no GPU memory left for the fp8 copies ({nbytes / 1e9:.2f} GB made, "
+                    f"more needed); lower --mem-fraction-static"
+                ) from None
             table[id(module)] = (w8, scale)
             nbytes += w8.numel() + scale.numel() * 4
         if not table:

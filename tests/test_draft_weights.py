@@ -176,3 +176,14 @@ def test_the_draft_runner_reads_the_copies_in_draft_steps_only(monkeypatch) -> N
     runner.run(rpi, seq_lens, bonus, sampling(True), 3)
     runner.decode_logits(rpi, seq_lens + 3, bonus)
     assert model.fp8_seen == [True, True, True, False]
+
+
+def test_running_out_of_memory_for_the_copies_is_one_clear_error(monkeypatch) -> None:
+    from sglang_sparsespec.patches import draft_weights as dw
+
+    def no_memory(w):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(dw, "quantize_rows", no_memory)
+    with pytest.raises(ValueError, match="no GPU memory left for the fp8 copies.*--mem-fraction-static"):
+        FP8Weights.build(_Model(), torch.device(DEVICE))

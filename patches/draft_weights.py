@@ -20,6 +20,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
+import triton
+from sglang_sparsespec.kernels._common import num_sms
 from sglang_sparsespec.kernels.skinny_gemm import quantize_rows, skinny_gemm
 
 logger = logging.getLogger(__name__)
@@ -127,5 +129,7 @@ def _fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, bias: to
         x2 = x2.contiguous()
     out = torch.empty((rows, w8.shape[0]), dtype=x.dtype, device=x.device)
     block_k = next(bk for bk in _BLOCK_KS if x2.shape[1] % bk == 0)
-    skinny_gemm(x2, w8, out, block_n=32, block_k=block_k, warps=4, stages=4, scale=scale, bias=bias)
+    # Narrow outputs (o, down: 2048 channels = 64 tiles of 32) would leave SMs idle: 16-channel tiles there.
+    block_n = 32 if triton.cdiv(w8.shape[0], 32) >= num_sms(x.device) else 16
+    skinny_gemm(x2, w8, out, block_n=block_n, block_k=block_k, warps=4, stages=4, scale=scale, bias=bias)
     return out.view(*x.shape[:-1], w8.shape[0])

@@ -22,10 +22,10 @@ def _inputs(m: int, n: int, k: int, seed: int):
     return x.to(DEVICE), w.to(torch.bfloat16).to(DEVICE), bias.to(DEVICE)
 
 
-@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("split_k, block_n", [(1, 32), (2, 32), (1, 16)])
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_skinny_gemm_matches_reference(split_k: int, fp8: bool, with_bias: bool) -> None:
+def test_skinny_gemm_matches_reference(split_k: int, block_n: int, fp8: bool, with_bias: bool) -> None:
     m, n, k = 19, 72, 128  # 19 rows: a partial row tile; 72 columns: a partial column tile
     x, w, bias = _inputs(m, n, k, seed=split_k + 2 * fp8)
     scale = None
@@ -34,7 +34,9 @@ def test_skinny_gemm_matches_reference(split_k: int, fp8: bool, with_bias: bool)
     bias = bias if with_bias else None
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     part = torch.empty(split_k, m, n, device=DEVICE)
-    skinny_gemm(x, w, out, part, block_n=32, block_k=32, split_k=split_k, warps=4, stages=2, scale=scale, bias=bias)
+    skinny_gemm(
+        x, w, out, part, block_n=block_n, block_k=32, split_k=split_k, warps=4, stages=2, scale=scale, bias=bias
+    )
     expected = skinny_gemm_ref(x, w, scale, bias)
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 

@@ -44,7 +44,7 @@ SHAPES = {
 # (block_n, block_k, split_k, warps, stages)
 GRID = [
     (bn, bk, sk, w, st)
-    for bn in (32, 64, 128)
+    for bn in (16, 32, 64, 128)  # 16: narrow outputs (2048 channels) still fill 128 SMs
     for bk in (64, 128, 256)
     for sk in (1, 2, 4)
     for w in (4, 8)

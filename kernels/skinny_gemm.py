@@ -127,6 +127,20 @@ def skinny_gemm(
     return out
 
 
+def decode_launch(n: int, k: int, sms: int) -> tuple[int, int, int] | None:
+    """(block_n, block_k, split_k) for a decode batch (<= 64 rows a tile) through an [N, K] weight, or None when
+    no K tile divides K. 64 output channels a program: each program re-reads the activation tile, which at 32
+    channels and fp8 weights would move four times the weight's bytes; K is split (2, 4, 8) while twice the programs
+    still fit one an SM (Qwen3-1.7B: gate/up 192 programs, qkv 64 x 2, o and down 32 x 4)."""
+    block_k = next((bk for bk in (128, 64, 32, 16) if k % bk == 0), None)
+    if block_k is None:
+        return None
+    programs, split_k = triton.cdiv(n, 64), 1
+    while 2 * programs * split_k <= sms and split_k < 8 and k % (2 * split_k * block_k) == 0:
+        split_k *= 2
+    return 64, block_k, split_k
+
+
 def quantize_rows(w: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 e4m3 weights [N, K], fp32 scale [N]): each output channel scaled so its largest magnitude is FP8_MAX
     (an all-zero channel keeps a tiny scale and zeros). ``chunk`` rows at a time, so the fp32 working copy stays

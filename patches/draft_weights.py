@@ -20,19 +20,15 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
-import triton
 from sglang_sparsespec.kernels._common import num_sms
-from sglang_sparsespec.kernels.skinny_gemm import quantize_rows, skinny_gemm
+from sglang_sparsespec.kernels.skinny_gemm import decode_launch, quantize_rows, skinny_gemm
 
 logger = logging.getLogger(__name__)
 
-# Rows up to which a draft forward's GEMM reads the fp8 copy: decode batches, where the weight's bytes set
-# the time. Wider batches keep cuBLAS on the exact weights (bf16 skinny launches lost to cuBLAS at 256 rows:
-# draft_gemm_h200_2021a7f.json).
-MAX_ROWS = 128
-# K tiles, the widest dividing K taken: 4 stages of a 64 x 128 bf16 and a 32 x 128 fp8 tile (80 KB) fit an
-# Ada SM's shared memory as well as a Hopper's.
-_BLOCK_KS = (128, 64, 32, 16)
+# Rows up to which a draft forward's GEMM reads the fp8 copy: one 64-row tile, so every program reads its
+# weight columns once. Wider batches keep cuBLAS on the exact weights (bf16 skinny launches lost to cuBLAS at
+# 256 rows: draft_gemm_h200_2021a7f.json).
+MAX_ROWS = 64
 
 _ACTIVE: ContextVar[FP8Weights | None] = ContextVar("pillar_fp8_draft_weights", default=None)
 
@@ -68,7 +64,7 @@ class FP8Weights:
                 continue
             if weight is None or weight.dim() != 2 or weight.dtype not in (torch.bfloat16, torch.float16):
                 continue
-            if not any(weight.shape[1] % bk == 0 for bk in _BLOCK_KS):
+            if decode_launch(*weight.shape, num_sms(device)) is None:
                 continue  # no tile divides K: the layer keeps its exact weights in drafts too
             try:
                 w8, scale = quantize_rows(weight.data)
@@ -127,9 +123,10 @@ def _fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, bias: to
     x2 = x.reshape(rows, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    out = torch.empty((rows, w8.shape[0]), dtype=x.dtype, device=x.device)
-    block_k = next(bk for bk in _BLOCK_KS if x2.shape[1] % bk == 0)
-    # Narrow outputs (o, down: 2048 channels = 64 tiles of 32) would leave SMs idle: 16-channel tiles there.
-    block_n = 32 if triton.cdiv(w8.shape[0], 32) >= num_sms(x.device) else 16
-    skinny_gemm(x2, w8, out, block_n=block_n, block_k=block_k, warps=4, stages=4, scale=scale, bias=bias)
-    return out.view(*x.shape[:-1], w8.shape[0])
+    n, k = w8.shape
+    block_n, block_k, split_k = decode_launch(n, k, num_sms(x.device))
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    part = torch.empty((split_k, rows, n), dtype=torch.float32, device=x.device) if split_k > 1 else None
+    # 3 stages of a 64 x 128 bf16 and a 64 x 128 fp8 tile (72 KB) fit an Ada SM's shared memory and a Hopper's.
+    skinny_gemm(x2, w8, out, part, block_n, block_k, split_k, warps=4, stages=3, scale=scale, bias=bias)
+    return out.view(*x.shape[:-1], n)

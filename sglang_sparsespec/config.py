@@ -304,7 +304,7 @@ KNOBS: tuple[Knob, ...] = (
          "then one verify; mixed = one group's verify and the others' draft step in each forward (slower on "
          "the H100)"),
     Knob("DRAFT_WEIGHTS", "draft_weights", "weights of the draft steps' linear layers: exact = the target's; "
-         "fp8 = per-channel fp8 copies in draft batches of up to 128 requests (half the bytes; GPU memory for "
+         "fp8 = per-channel fp8 copies in draft batches of up to 64 requests (half the bytes; GPU memory for "
          "half the linear weights; compute capability 8.9+; verify and output unchanged)"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),

@@ -147,7 +147,8 @@ def main() -> None:
     x, w = torch.empty(bs, 2048, dtype=torch.bfloat16), torch.empty(12288, 2048, dtype=torch.bfloat16)
     out, part = torch.empty(bs, 12288, dtype=torch.bfloat16), torch.empty(4, bs, 12288)
     w8, scale = torch.empty(12288, 2048, dtype=torch.float8_e4m3fn), torch.empty(12288)
-    for config in ((64, 128, 1, 4, 3), (32, 256, 2, 8, 4), (128, 128, 4, 4, 3), (16, 128, 1, 4, 4)):
+    # (block_n, block_k, split_k, warps, stages): the fp8 draft route's launches (decode_launch) and probe ones
+    for config in ((64, 128, 1, 4, 3), (64, 128, 2, 4, 3), (64, 128, 4, 4, 3), (32, 256, 2, 8, 4), (16, 128, 1, 4, 4)):
         skinny_gemm(x, w, out, part, *config)
         skinny_gemm(x, w8, out, part, *config, scale=scale)  # fp8 weights, bf16 activations
         skinny_gemm(x, w8, out, part, *config, scale=scale, bias=torch.empty(12288, dtype=torch.bfloat16))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sglang_sparsespec.kernels.skinny_gemm import FP8_MAX, quantize_rows, skinny_gemm, skinny_gemm_ref
+from sglang_sparsespec.kernels.skinny_gemm import FP8_MAX, decode_launch, quantize_rows, skinny_gemm, skinny_gemm_ref
 from triton_env import DEVICE
 
 
@@ -79,3 +79,18 @@ def test_quantizing_in_row_chunks_gives_the_whole_weights_quantization() -> None
     whole, whole_scale = quantize_rows(w, chunk=1024)
     parts, parts_scale = quantize_rows(w, chunk=16)  # 70 rows: four full chunks and a partial one
     assert torch.equal(parts.float(), whole.float()) and torch.equal(parts_scale, whole_scale)
+
+
+def test_decode_launches_keep_wide_tiles_and_split_k_until_the_sms_are_busy() -> None:
+    sms = 132  # H100 / H200
+    assert decode_launch(12288, 2048, sms) == (64, 128, 1)  # gate/up: 192 programs
+    assert decode_launch(4096, 2048, sms) == (64, 128, 2)  # qkv: 64 x 2
+    assert decode_launch(2048, 2048, sms) == (64, 128, 4)  # o: 32 x 4
+    assert decode_launch(2048, 6144, sms) == (64, 128, 4)  # down
+    assert decode_launch(151936, 2048, sms) == (64, 128, 1)  # LM head
+    assert decode_launch(576, 576, sms) == (64, 64, 1)  # SmolLM2 q: K = 9 x 64 splits no further
+    assert decode_launch(576, 1536, sms) == (64, 128, 4)  # K = 12 x 128: split as far as K allows
+    assert decode_launch(100, 50, sms) is None  # no tile divides K
+    for n, k in ((12288, 2048), (2048, 6144), (576, 576), (64, 48)):
+        block_n, block_k, split_k = decode_launch(n, k, sms)
+        assert k % (block_k * split_k) == 0

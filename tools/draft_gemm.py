@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from sglang_sparsespec.kernels.skinny_gemm import FP8_MAX, quantize_rows, skinny_gemm
+from sglang_sparsespec.kernels.skinny_gemm import FP8_MAX, decode_launch, quantize_rows, skinny_gemm
 
 from tools.kernels_setup import provenance, write_result
 
@@ -87,8 +87,8 @@ def graph_us(calls: list, reps: int = 20) -> float:
 
 def measure(shape: str, m: int, grid: list[tuple[int, int, int, int, int]]) -> list[dict[str, Any]]:
     """Per projection: cuBLAS (bf16), cuBLAS fp8 (``torch._scaled_mm``), and the Triton kernel over ``grid`` on
-    bf16 weights (``triton``) and on their fp8 copies (``triton_w8``); the LM head cycles two copies (one is
-    already far past L2)."""
+    bf16 weights (``triton``) and on their fp8 copies (``triton_w8``), and the fp8 route's own launch
+    (``fp8_route``, M <= 64); the LM head cycles two copies (one is already far past L2)."""
     rows = []
     for proj, (n, k) in projections(shape).items():
         layers = 2 if proj == "lm_head" else SHAPES[shape][-1]
@@ -96,15 +96,22 @@ def measure(shape: str, m: int, grid: list[tuple[int, int, int, int, int]]) -> l
         w8s = [quantize_rows(w) for w in ws]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        part = torch.empty(4, m, n, device="cuda", dtype=torch.float32)
+        part = torch.empty(8, m, n, device="cuda", dtype=torch.float32)
         gb = n * k * 2 / 1e9
         base = {"shape": shape, "m": m, "proj": proj, "n": n, "k": k}
         us = graph_us([lambda w=w: F.linear(x, w) for w in ws])
         rows.append({**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6})
         ref = F.linear(x, ws[0]).float()
         rows.append({**base, **cublas_fp8(x, w8s, ref, gb / 2)})
-        for kernel, weights, bytes_gb in (("triton", [(w, None) for w in ws], gb), ("triton_w8", w8s, gb / 2)):
-            for bn, bk, sk, warps, stages in grid:
+        route = decode_launch(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+        launches = (
+            ("triton", [(w, None) for w in ws], gb, grid),
+            ("triton_w8", w8s, gb / 2, grid),
+            # the launch --pillar-draft-weights fp8 runs (patches/draft_weights.py)
+            ("fp8_route", w8s, gb / 2, [(*route, 4, 3)] if route and m <= 64 else []),
+        )
+        for kernel, weights, bytes_gb, configs in launches:
+            for bn, bk, sk, warps, stages in configs:
                 if k % (sk * bk):
                     continue
                 args = (bn, bk, sk, warps, stages)
@@ -141,7 +148,7 @@ def cublas_fp8(x: torch.Tensor, w8s: list, ref: torch.Tensor, gb: float) -> dict
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (shape, m, proj): cuBLAS against cuBLAS fp8 and the fastest launch of each Triton kernel."""
+    """Per (shape, m, proj): cuBLAS against cuBLAS fp8, the fastest launch of each Triton kernel and the fp8 route's."""
     out = []
     keys = sorted({(r["shape"], r["m"], r["proj"]) for r in rows})
     for key in keys:
@@ -150,7 +157,7 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"shape": key[0], "m": key[1], "proj": key[2], "cublas_us": cublas}
         fp8 = next((r["us"] for r in mine if r["kernel"] == "cublas_fp8"), None)
         entry["cublas_fp8_us"] = fp8
-        for kernel in ("triton", "triton_w8"):
+        for kernel in ("triton", "triton_w8", "fp8_route"):
             best = min((r for r in mine if r["kernel"] == kernel), key=lambda r: r["us"], default=None)
             entry[f"{kernel}_us"] = best["us"] if best else None
             entry[f"{kernel}_config"] = best["config"] if best else None

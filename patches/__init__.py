@@ -19,25 +19,25 @@ and processor, which say which requests take one token per round, and ScheduleBa
 which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets, vocabulary size and output ids, and
 the runtime context's server args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward
 context, graph capture mode and the capture-time gc freeze, for both runners' DECODE forwards and graphs),
-``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_weights`` (the model's modules whose quant_method is an
-UnquantizedLinearMethod, copied in fp8 for the draft steps), ``draft_attention`` (a TritonAttnBackend subclass for the
-draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
-create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does), ``spec_algo`` (ModelConfig, to
-refuse unsupported attention and mrope at launch), ``triton_verify`` (extend_attention_fwd's signature;
-HybridAttnBackend's own routing, to find the Triton backend that serves TARGET_VERIFY under --attention-backend
-flashinfer), ``request_guard`` (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to
-check a request before dispatch), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start instead of
-on the first sampled request), ``slot_warmup`` (write_req_to_token_pool_triton's signature as write_cache_indices calls
-it: both alignment variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry,
-``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the server listens;
-``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to
-broadcast rank 0's round shape and let rank 0 alone write the cost file), ``openai_guard`` (FastAPI's body fields of the
-HTTP app's routes, whose validation it wraps), ``mixed_runner`` (create_flashinfer_kv_indices_triton for the verify
-segments' prefix slots, and SamplingBatchInfo fields that say which batches a mixed iteration serves), ``offload_kv`` /
-``offload_hooks`` (the MHA host pool and the model runner's KV allocator; the load snapshot's msgspec struct),
-``live_rids`` (the scheduler's request queues and batches, AbortReq and FINISH_ABORT, to find live rids and answer a
-refused one), ``ollama_guard`` (FastAPI's HTTPException and StreamingResponse around the Ollama handlers). Nothing
-outside this package imports SGLang internals.
+``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
+final_logit_softcapping), ``draft_weights`` (the model's modules whose quant_method is an UnquantizedLinearMethod,
+copied in fp8 for the draft steps), ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain
+step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature,
+to attend as SGLang's decode does), ``spec_algo`` (ModelConfig, to refuse unsupported attention and mrope at launch),
+``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the Triton backend that
+serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard`` (SamplingParams' and the tokenized
+request's msgspec schema and SGLang's IPC codec, to check a request before dispatch), ``sampler_warmup`` (the sampler's
+FlashInfer entry points, built at start instead of on the first sampled request), ``slot_warmup``
+(write_req_to_token_pool_triton's signature as write_cache_indices calls it: both alignment variants built at start),
+``serve_warmup`` (SGLang's custom-warmup registry, ``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real
+warm-up batches before the server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP
+group's CPU group and rank_in_group, to broadcast rank 0's round shape and let rank 0 alone write the cost file),
+``openai_guard`` (FastAPI's body fields of the HTTP app's routes, whose validation it wraps), ``mixed_runner``
+(create_flashinfer_kv_indices_triton for the verify segments' prefix slots, and SamplingBatchInfo fields that say which
+batches a mixed iteration serves), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
+allocator; the load snapshot's msgspec struct), ``live_rids`` (the scheduler's request queues and batches, AbortReq and
+FINISH_ABORT, to find live rids and answer a refused one), ``ollama_guard`` (FastAPI's HTTPException and
+StreamingResponse around the Ollama handlers). Nothing outside this package imports SGLang internals.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from . import (
     alloc_reserve,
     client_parity,
     cuda_graph,
+    draft_logits,
     draft_weights,
     finish_check,
     kv_cache_builder,
@@ -180,6 +181,13 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "with --pillar-draft-weights fp8 the draft steps' linear layers read fp8 copies of their weights "
         "(half the bytes at decode batch sizes); the hook routes a layer only inside the draft runner's "
         "draft steps, every other call runs SGLang's method",
+    ),
+    Hook(
+        "sglang.srt.layers.logits_processor.LogitsProcessor._copy_logits_to_buffer",
+        "AROUND",
+        draft_logits.keep_draft_logits,
+        "a draft step's logits feed only PILLAR's draft sampler, which reads bf16 as exactly as their fp32 copy: "
+        "the draft runner's draft steps skip the copy (every other forward keeps it)",
     ),
     Hook(
         "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",

@@ -40,6 +40,7 @@ from sglang_sparsespec.sampling.rejection import DraftRecord
 
 from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward
 from .draft_attention import DraftStepInputs, PillarDraftBackend
+from .draft_logits import draft_step
 from .draft_weights import FP8Weights
 
 
@@ -207,8 +208,8 @@ class PillarDraftRunner:
         """Draft step ``self.step`` of the round: reads only device buffers and advances them (the
         step index, the input token), so replaying its graph k times runs k steps."""
         tokens = self.tokens[:bs]
-        with self.fp8_weights.active() if self.fp8_weights is not None else nullcontext():
-            logits = self._forward(bs, self.seq_lens[:bs] + self.step)
+        with draft_step(), self.fp8_weights.active() if self.fp8_weights is not None else nullcontext():
+            logits = self._forward(bs, self.seq_lens[:bs] + self.step)  # in the LM head's dtype
         drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)
         self.out_tokens[:bs].index_copy_(1, self.step, drafted.view(bs, 1))
         if not greedy:

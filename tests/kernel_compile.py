@@ -81,13 +81,15 @@ def main() -> None:
     rows.dense()
     for drafts in (k, torch.full((bs,), k, dtype=torch.int64)):
         rejection_fwd(rows, tokens, ids, q, q_tok, drafts, coins, final)
-    draft_sample_fwd(
-        DraftSampleInputs(logits[:bs], temp, top_p, top_k, min_p, torch.ones(bs, c)),
-        tokens[:, 0],
-        ids[:, 0],
-        q[:, 0],
-        q_tok[:, 0],
-    )
+    # fp32 logits, and a draft step's bf16 ones with rows strided past the vocabulary (patches/draft_logits.py)
+    for draft_logits in (logits[:bs], logits[:bs].to(torch.bfloat16)[:, :-7]):
+        draft_sample_fwd(
+            DraftSampleInputs(draft_logits, temp, top_p, top_k, min_p, torch.ones(bs, c)),
+            tokens[:, 0],
+            ids[:, 0],
+            q[:, 0],
+            q_tok[:, 0],
+        )
     print("rejection_fwd, draft_sample_fwd, dense: ok")
     for h_q, h_kv, d in ((16, 8, 128), (32, 8, 128), (9, 3, 64)):
         slots, ctx = bs * 64, 64

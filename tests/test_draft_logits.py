@@ -1,0 +1,85 @@
+"""Draft steps keep half-precision logits (no fp32 copy): where the hook hands them over as they are, where it
+leaves SGLang's copy, that the draft runner's draft steps (and only they) run in that context, and that the draft
+sampler draws the same tokens from the kept logits as from their fp32 copy."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
+from sglang_sparsespec.patches import draft_logits as dl
+from triton_env import DEVICE
+
+from sglang_sparsespec.config import PillarConfig
+
+
+def _copy(processor, logits, logits_metadata, use_buffer=True, **kwargs):
+    """Stands in for SGLang's copy: the fp32 logits cut to the vocabulary."""
+    return logits[:, : processor.vocab_size].float()
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_draft_steps_keep_half_precision_logits(padded: bool) -> None:
+    processor = SimpleNamespace(vocab_size=50, final_logit_softcapping=None)
+    logits = torch.randn(4, 64 if padded else 50, dtype=torch.bfloat16, device=DEVICE)
+    assert dl.keep_draft_logits(_copy, processor, logits, None, use_buffer=True).dtype == torch.float32
+    with dl.draft_step():
+        kept = dl.keep_draft_logits(_copy, processor, logits, None, use_buffer=True)
+        assert kept.dtype == torch.bfloat16 and kept.shape == (4, 50)
+        assert kept.data_ptr() == logits.data_ptr()  # no copy
+        torch.testing.assert_close(kept.float(), _copy(processor, logits, None), rtol=0, atol=0)
+        # SGLang's copy stays where it does more than widen: a soft-cap, fp32 logits.
+        capped = SimpleNamespace(vocab_size=50, final_logit_softcapping=30.0)
+        assert dl.keep_draft_logits(_copy, capped, logits, None, use_buffer=True).dtype == torch.float32
+        assert (
+            dl.keep_draft_logits(_copy, processor, logits, None, use_buffer=True, softcap=30.0).dtype == torch.float32
+        )
+        assert dl.keep_draft_logits(_copy, processor, logits.float(), None).dtype == torch.float32
+    assert dl.keep_draft_logits(_copy, processor, logits, None).dtype == torch.float32  # the context is left
+
+
+def test_the_draft_runner_keeps_logits_in_draft_steps_only(monkeypatch) -> None:
+    from sglang_sparsespec.patches import draft_runner as dr
+    from test_draft_runner import FakeBackend, FakeModel, make_runner, sampling
+
+    seen: list[bool] = []
+    forward = FakeModel.forward
+
+    def recording(self, input_ids, positions, fb):
+        seen.append(dl._DRAFT_STEP.get())
+        return forward(self, input_ids, positions, fb)
+
+    monkeypatch.setattr(FakeModel, "forward", recording)
+    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+    runner = make_runner([], plain_decode=True)
+    assert isinstance(runner.cfg, PillarConfig)
+    rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
+    runner.run(rpi, seq_lens, bonus, sampling(False), 2)
+    runner.decode_logits(rpi, seq_lens + 2, bonus)
+    assert seen == [True, True, False]
+
+
+def test_the_draft_sampler_draws_the_same_from_kept_logits_as_from_their_fp32_copy() -> None:
+    gen = torch.Generator().manual_seed(5)
+    n, vocab, c = 6, 3000, 16
+    padded = (torch.randn(n, vocab + 40, generator=gen) * 3).to(torch.bfloat16).to(DEVICE)
+    kept = padded[:, :vocab]  # what a draft step hands over: rows strided past the vocabulary
+    temp = torch.tensor([0.6, 1.0, 0.0, 1.3, 0.6, 2.0], device=DEVICE)
+    top_p = torch.tensor([0.95, 1.0, 1.0, 0.9, 0.5, 0.99], device=DEVICE)
+    top_k = torch.tensor([-1, 20, 1, -1, 5, -1], dtype=torch.int32, device=DEVICE)
+    min_p = torch.zeros(n, device=DEVICE)
+    noise = torch.empty((n, c)).exponential_(generator=gen).to(DEVICE)
+    outs = []
+    for logits in (kept, kept.float().contiguous()):
+        out = (
+            torch.empty(n, dtype=torch.int64, device=DEVICE),
+            torch.empty((n, c), dtype=torch.int64, device=DEVICE),
+            torch.empty((n, c), device=DEVICE),
+            torch.empty(n, device=DEVICE),
+        )
+        draft_sample_fwd(DraftSampleInputs(logits, temp, top_p, top_k, min_p, noise), *out)
+        outs.append(out)
+    for got, want in zip(*outs):
+        assert torch.equal(got, want)

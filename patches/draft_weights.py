@@ -7,8 +7,8 @@ plain-decoding steps and prefill read the exact weights. Only the draft runner's
 ``FP8Weights.active()``; the hook on SGLang's ``UnquantizedLinearMethod.apply`` sends a layer to the fp8
 kernel only there. CUDA graphs record the path that ran at capture: the draft-step graphs replay the fp8
 GEMMs, every other graph the exact ones. The LM head, an embedding module that SGLang's logits processor
-multiplies itself, is copied too and routed by a hook on ``LogitsProcessor._compute_lm_head`` (bf16 logits, as
-the exact path's, before SGLang's own fp32 copy).
+multiplies itself, is copied too and routed by a hook on ``LogitsProcessor._compute_lm_head`` (logits in the
+activations' dtype, as the exact path writes them).
 """
 
 from __future__ import annotations

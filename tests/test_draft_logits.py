@@ -83,3 +83,20 @@ def test_the_draft_sampler_draws_the_same_from_kept_logits_as_from_their_fp32_co
         outs.append(out)
     for got, want in zip(*outs):
         assert torch.equal(got, want)
+
+
+def test_sglang_copy_is_skipped_through_the_loaded_plugin() -> None:
+    """Through SGLang's plugin loading: LogitsProcessor._copy_logits_to_buffer keeps a draft step's bf16
+    logits, and copies every other forward's to fp32 as SGLang does."""
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    processor = SimpleNamespace(vocab_size=10, final_logit_softcapping=None)
+    metadata = SimpleNamespace(next_token_logits_buffer=None)
+    logits = torch.randn(2, 12, dtype=torch.bfloat16, device=DEVICE)
+    with dl.draft_step():
+        kept = LogitsProcessor._copy_logits_to_buffer(processor, logits, metadata, use_buffer=True)
+    copied = LogitsProcessor._copy_logits_to_buffer(processor, logits, metadata, use_buffer=True)
+    assert (kept.dtype, copied.dtype) == (torch.bfloat16, torch.float32)
+    assert kept.shape == copied.shape == (2, 10) and torch.equal(kept.float(), copied)

@@ -187,3 +187,22 @@ def test_running_out_of_memory_for_the_copies_is_one_clear_error(monkeypatch) ->
     monkeypatch.setattr(dw, "quantize_rows", no_memory)
     with pytest.raises(ValueError, match="no GPU memory left for the fp8 copies.*--mem-fraction-static"):
         FP8Weights.build(_Model(), torch.device(DEVICE))
+
+
+def test_sglang_calls_reach_the_routes_through_the_loaded_plugin() -> None:
+    """Through SGLang's plugin loading (the hooks as a server applies them): SGLang's own
+    UnquantizedLinearMethod.apply runs the fp8 copy inside the draft context, its exact product outside."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    assert hasattr(UnquantizedLinearMethod.apply, "__wrapped__")
+    model = _Model()
+    weights = FP8Weights.build(model, torch.device(DEVICE))
+    method = model.qkv.quant_method
+    x = torch.randn(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    exact = method.apply(model.qkv, x)
+    torch.testing.assert_close(exact.float(), x.float() @ model.qkv.weight.float().T, rtol=1e-2, atol=1e-2)
+    with weights.active():
+        routed = method.apply(model.qkv, x)
+    assert not torch.equal(routed, exact)
+    _assert_fp8_product(routed, x, model.qkv)

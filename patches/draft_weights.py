@@ -94,7 +94,9 @@ def _copy_for(layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | Non
     """The fp8 copy a call of ``layer`` on ``x`` reads: inside ``FP8Weights.active()``, for a copied layer, at
     decode batch size; else None (SGLang's own path)."""
     weights = _ACTIVE.get()
-    entry = None if weights is None else weights.table.get(id(layer))
+    if weights is None:  # every linear call outside the draft steps (stock's included) stops here
+        return None
+    entry = weights.table.get(id(layer))
     rows = x.numel() // x.shape[-1] if x.dim() else 0
     return entry if entry is not None and 0 < rows <= MAX_ROWS else None
 

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from sglang_sparsespec.kernels.skinny_gemm import FP8_MAX, decode_launch, quantize_rows, skinny_gemm
+from sglang_sparsespec.kernels._common import num_sms
+from sglang_sparsespec.kernels.skinny_gemm import decode_launch, quantize_rows, skinny_gemm
 
 from tools.kernels_setup import provenance, write_result
 
@@ -103,7 +104,7 @@ def measure(shape: str, m: int, grid: list[tuple[int, int, int, int, int]]) -> l
         rows.append({**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6})
         ref = F.linear(x, ws[0]).float()
         rows.append({**base, **cublas_fp8(x, w8s, ref, gb / 2)})
-        route = decode_launch(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+        route = decode_launch(n, k, num_sms(x.device))
         launches = (
             ("triton", [(w, None) for w in ws], gb, grid),
             ("triton_w8", w8s, gb / 2, grid),
@@ -133,11 +134,10 @@ def measure(shape: str, m: int, grid: list[tuple[int, int, int, int, int]]) -> l
 
 def cublas_fp8(x: torch.Tensor, w8s: list, ref: torch.Tensor, gb: float) -> dict[str, Any]:
     """``torch._scaled_mm`` on fp8 activations (quantized per row beforehand, not timed) and the fp8 weights."""
-    xs = (x.float().abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
-    x8 = (x.float() / xs).to(torch.float8_e4m3fn)
+    x8, xs = quantize_rows(x)  # one scale a row, as the weights have one a channel
 
     def call(w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        return torch._scaled_mm(x8, w8.t(), scale_a=xs, scale_b=s[None, :], out_dtype=torch.bfloat16)
+        return torch._scaled_mm(x8, w8.t(), scale_a=xs[:, None], scale_b=s[None, :], out_dtype=torch.bfloat16)
 
     try:
         err = ((call(*w8s[0]).float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()

@@ -20,8 +20,7 @@ which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets
 the runtime context's server args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward
 context, graph capture mode and the capture-time gc freeze, for both runners' DECODE forwards and graphs),
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
-final_logit_softcapping), ``draft_weights`` (the model's modules whose quant_method is an UnquantizedLinearMethod,
-copied in fp8 for the draft steps), ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain
+final_logit_softcapping), ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain
 step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature,
 to attend as SGLang's decode does), ``spec_algo`` (ModelConfig, to refuse unsupported attention and mrope at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the Triton backend that
@@ -49,7 +48,6 @@ from . import (
     client_parity,
     cuda_graph,
     draft_logits,
-    draft_weights,
     finish_check,
     kv_cache_builder,
     metrics,
@@ -175,26 +173,11 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "acceptance estimate, which only the PILLAR worker knows",
     ),
     Hook(
-        "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
-        "AROUND",
-        draft_weights.fp8_draft_linear,
-        "with --pillar-draft-weights fp8 the draft steps' linear layers read fp8 copies of their weights "
-        "(half the bytes at decode batch sizes); the hook routes a layer only inside the draft runner's "
-        "draft steps, every other call runs SGLang's method",
-    ),
-    Hook(
         "sglang.srt.layers.logits_processor.LogitsProcessor._copy_logits_to_buffer",
         "AROUND",
         draft_logits.keep_draft_logits,
         "a draft step's logits feed only PILLAR's draft sampler, which reads bf16 as exactly as their fp32 copy: "
         "the draft runner's draft steps skip the copy (every other forward keeps it)",
-    ),
-    Hook(
-        "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
-        "AROUND",
-        draft_weights.fp8_draft_lm_head,
-        "with --pillar-draft-weights fp8 the draft steps' LM head reads its fp8 copy too; SGLang multiplies "
-        "an unquantized LM head itself there, outside any linear method",
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler.init_metrics_reporter",

@@ -4,8 +4,11 @@ SGLang's logits processor copies every forward's logits to fp32 (``LogitsProcess
 28 us of each draft step at 64 x 151,936 on an H200 (trace_qwen3-1.7b_round_h200_6c8d415), after which the
 draft sampler reads twice the bytes. A draft step's logits feed only the draft sampler, whose kernels widen
 each value to fp32 as they load it (the same value: bf16 / fp16 -> fp32 is exact), so inside ``draft_step()``
-the hook hands the logits over as the LM head wrote them. The plain-decoding step and every other forward keep
-SGLang's fp32 copy; so do models with a final logit soft-cap, which is applied on that copy.
+the hook hands the logits over as the LM head wrote them. Compiled, a 2-byte row may be summed in another
+order than its fp32 copy (Triton lays out loads by bytes), so a record's probabilities can differ in their
+last bits; the output stays exact either way, since the verify reads the record each draft was drawn from.
+The plain-decoding step and every other forward keep SGLang's fp32 copy; so do models with a final logit
+soft-cap, which is applied on that copy.
 """
 
 from __future__ import annotations

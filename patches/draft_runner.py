@@ -28,20 +28,18 @@ its whole prefix, whose logits are copied out for SGLang's own sampler (``decode
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 
-from sglang_sparsespec.config import DraftWeights, PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord
 
 from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward
 from .draft_attention import DraftStepInputs, PillarDraftBackend
 from .draft_logits import draft_step
-from .draft_weights import FP8Weights
 
 
 @dataclass
@@ -168,9 +166,6 @@ class PillarDraftRunner:
                 if plain_decode
                 else None
             )
-        # fp8 copies of the linear weights for the draft steps only (the plain step is a target decode step).
-        fp8 = cfg.draft_weights is DraftWeights.FP8
-        self.fp8_weights = FP8Weights.build(model_runner.model, torch.device(self.device)) if fp8 else None
         # A private backend: draft attention never touches the target backend's metadata,
         # which the verify graph was captured with.
         self.backend = PillarDraftBackend(
@@ -208,7 +203,7 @@ class PillarDraftRunner:
         """Draft step ``self.step`` of the round: reads only device buffers and advances them (the
         step index, the input token), so replaying its graph k times runs k steps."""
         tokens = self.tokens[:bs]
-        with draft_step(), self.fp8_weights.active() if self.fp8_weights is not None else nullcontext():
+        with draft_step():
             logits = self._forward(bs, self.seq_lens[:bs] + self.step)  # in the LM head's dtype
         drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)
         self.out_tokens[:bs].index_copy_(1, self.step, drafted.view(bs, 1))

@@ -76,7 +76,6 @@ def setup_identity(cfg: PillarConfig, server_args, model_runner) -> dict[str, An
         "budget_ratio": cfg.budget_ratio,
         "min_budget": cfg.min_budget,
         "batch_phases": cfg.batch_phases.value,  # a mixed iteration prices the full-length round
-        "draft_weights": cfg.draft_weights.value,  # fp8 copies halve the draft steps' GEMM bytes
         "plugin": plugin,
     }
 

@@ -87,16 +87,6 @@ class BatchPhases(str, Enum):
     MIXED = "mixed"
 
 
-class DraftWeights(str, Enum):
-    """Which weights the draft steps' linear layers read (patches/draft_weights.py)."""
-
-    # The target's own weights: drafts are the target's sparse-attention forward.
-    EXACT = "exact"
-    # fp8 copies with one scale per output channel (half the bytes a decode-batch GEMM reads); the verify,
-    # plain decoding and prefill keep the exact weights, so the output stays exact.
-    FP8 = "fp8"
-
-
 # The draft counts "auto" adds below --speculative-num-steps: plain decoding and two short rounds.
 AUTO_STEPS = (0, 2, 4)
 
@@ -146,7 +136,6 @@ class PillarConfig:
     cost_cache: str = "auto"
     offload_host_gb: float = 0.0
     batch_phases: BatchPhases = BatchPhases.SPLIT
-    draft_weights: DraftWeights = DraftWeights.EXACT
 
     def __post_init__(self) -> None:
         _parse_steps(self.adaptive_steps, self.num_steps)
@@ -184,9 +173,6 @@ class PillarConfig:
         if self.batch_phases is BatchPhases.MIXED and self.policy is SelectionPolicy.ORACLE:
             # The oracle selects inside each draft step from a batch of draft rows only.
             raise ValueError(f"{ENV_PREFIX}BATCH_PHASES=mixed does not combine with {ENV_PREFIX}POLICY=oracle")
-        if self.draft_weights is DraftWeights.FP8 and self.batch_phases is BatchPhases.MIXED:
-            # A mixed-phase forward carries verify rows, which must run the exact weights.
-            raise ValueError(f"{ENV_PREFIX}DRAFT_WEIGHTS=fp8 does not combine with {ENV_PREFIX}BATCH_PHASES=mixed")
         if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
             raise ValueError(
                 f"{ENV_PREFIX}RECENT_WINDOW, {ENV_PREFIX}SINK_TOKENS and {ENV_PREFIX}STEP_TIMING must be >= 0"
@@ -303,9 +289,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards, "
          "then one verify; mixed = one group's verify and the others' draft step in each forward (slower on "
          "the H100)"),
-    Knob("DRAFT_WEIGHTS", "draft_weights", "weights of the draft steps' linear layers: exact = the target's; "
-         "fp8 = per-channel fp8 copies in draft batches of up to 64 requests (half the bytes; GPU memory for "
-         "half the linear weights; compute capability 8.9+; verify and output unchanged)"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

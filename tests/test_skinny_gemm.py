@@ -1,5 +1,5 @@
-"""The decode-batch linear kernel against its reference: bf16 weights and fp8 copies with per-channel scales,
-bias, split-K, row and column tails; the fp8 copy's error against the exact product; refused inputs.
+"""The draft GEMM probe's kernel (tools/skinny_gemm.py) against its reference: bf16 weights and fp8 copies with
+per-channel scales, split-K, row and column tails; the fp8 copy's error against the exact product; refused inputs.
 
 Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py); with CUDA it runs compiled.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sglang_sparsespec.kernels.skinny_gemm import FP8_MAX, decode_launch, quantize_rows, skinny_gemm, skinny_gemm_ref
+from tools.skinny_gemm import FP8_MAX, quantize_rows, skinny_gemm, skinny_gemm_ref
 from triton_env import DEVICE
 
 
@@ -18,31 +18,26 @@ def _inputs(m: int, n: int, k: int, seed: int):
     # channels of very different magnitudes, one all zero: per-channel scales must keep each one's resolution
     w = torch.randn(n, k, generator=gen) * torch.logspace(-3, 1, n)[:, None]
     w[3] = 0
-    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
-    return x.to(DEVICE), w.to(torch.bfloat16).to(DEVICE), bias.to(DEVICE)
+    return x.to(DEVICE), w.to(torch.bfloat16).to(DEVICE)
 
 
 @pytest.mark.parametrize("split_k, block_n", [(1, 32), (2, 32), (1, 16)])
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_skinny_gemm_matches_reference(split_k: int, block_n: int, fp8: bool, with_bias: bool) -> None:
+def test_skinny_gemm_matches_reference(split_k: int, block_n: int, fp8: bool) -> None:
     m, n, k = 19, 72, 128  # 19 rows: a partial row tile; 72 columns: a partial column tile
-    x, w, bias = _inputs(m, n, k, seed=split_k + 2 * fp8)
+    x, w = _inputs(m, n, k, seed=split_k + 2 * fp8)
     scale = None
     if fp8:
         w, scale = quantize_rows(w)
-    bias = bias if with_bias else None
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     part = torch.empty(split_k, m, n, device=DEVICE)
-    skinny_gemm(
-        x, w, out, part, block_n=block_n, block_k=32, split_k=split_k, warps=4, stages=2, scale=scale, bias=bias
-    )
-    expected = skinny_gemm_ref(x, w, scale, bias)
+    skinny_gemm(x, w, out, part, block_n=block_n, block_k=32, split_k=split_k, warps=4, stages=2, scale=scale)
+    expected = skinny_gemm_ref(x, w, scale)
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_fp8_copies_keep_each_channel_close_to_the_exact_product() -> None:
-    x, w, _ = _inputs(8, 64, 256, seed=7)
+    x, w = _inputs(8, 64, 256, seed=7)
     w8, scale = quantize_rows(w)
     assert w8.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
     peaks = w8.float().abs().amax(dim=1)
@@ -59,7 +54,7 @@ def test_fp8_copies_keep_each_channel_close_to_the_exact_product() -> None:
 
 
 def test_skinny_gemm_refuses_what_it_cannot_compute() -> None:
-    x, w, _ = _inputs(4, 32, 64, seed=1)
+    x, w = _inputs(4, 32, 64, seed=1)
     out = torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE)
     w8, scale = quantize_rows(w)
     with pytest.raises(ValueError, match="not a multiple"):
@@ -75,22 +70,7 @@ def test_skinny_gemm_refuses_what_it_cannot_compute() -> None:
 
 
 def test_quantizing_in_row_chunks_gives_the_whole_weights_quantization() -> None:
-    _, w, _ = _inputs(1, 70, 32, seed=3)
+    _, w = _inputs(1, 70, 32, seed=3)
     whole, whole_scale = quantize_rows(w, chunk=1024)
     parts, parts_scale = quantize_rows(w, chunk=16)  # 70 rows: four full chunks and a partial one
     assert torch.equal(parts.float(), whole.float()) and torch.equal(parts_scale, whole_scale)
-
-
-def test_decode_launches_keep_wide_tiles_and_split_k_until_the_sms_are_busy() -> None:
-    sms = 132  # H100 / H200
-    assert decode_launch(12288, 2048, sms) == (64, 128, 1)  # gate/up: 192 programs
-    assert decode_launch(4096, 2048, sms) == (64, 128, 2)  # qkv: 64 x 2
-    assert decode_launch(2048, 2048, sms) == (64, 128, 4)  # o: 32 x 4
-    assert decode_launch(2048, 6144, sms) == (64, 128, 4)  # down
-    assert decode_launch(151936, 2048, sms) == (64, 128, 1)  # LM head
-    assert decode_launch(576, 576, sms) == (64, 64, 1)  # SmolLM2 q: K = 9 x 64 splits no further
-    assert decode_launch(576, 1536, sms) == (64, 128, 4)  # K = 12 x 128: split as far as K allows
-    assert decode_launch(100, 50, sms) is None  # no tile divides K
-    for n, k in ((12288, 2048), (2048, 6144), (576, 576), (64, 48)):
-        block_n, block_k, split_k = decode_launch(n, k, sms)
-        assert k % (block_k * split_k) == 0

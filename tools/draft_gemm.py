@@ -1,5 +1,5 @@
 """The draft step's weight GEMMs at decode batch sizes: cuBLAS (``F.linear``, what SGLang runs) against a Triton
-skinny GEMM (``kernels/skinny_gemm.py``) over its launch parameters (GPU only).
+skinny GEMM (``tools/skinny_gemm.py``) over its launch parameters (GPU only).
 
     python -m tools.draft_gemm --out benchmarks/results/kernels/draft_gemm_<device>_<commit>.json
 
@@ -14,12 +14,13 @@ Measured at 2021a7f (draft_gemm_h200_2021a7f.json): with bf16 weights the Triton
 M = 64 (gate/up 15.4 against 15.8 us, down 11.3 against 11.3) and loses at M = 256.
 
 A draft forward need not use the target's exact weights: rejection sampling keeps the output exact for any draft
-distribution it records, so the drafts may come from fp8 copies of the weights (per-output-channel scales,
-bf16 activations: ``triton_w8``), which halves the bytes a memory-bound GEMM reads; the verify keeps the exact
-weights. Expected at M = 64 on Qwen3-1.7B at the bf16 kernel's ~3 TB/s: gate/up ~9 us, down ~7, qkv ~5, o ~4.5
-(~25 us a layer against cuBLAS's 40) and the LM head ~85 us against ~155: ~0.5 ms less a draft step, ~4 ms less
-an 8-draft round. ``cublas_fp8`` (``torch._scaled_mm`` with fp8 activations quantized beforehand, quantization
-not timed) bounds what cuBLAS's own fp8 path could do.
+distribution it records, so the drafts could come from fp8 copies of the weights (per-output-channel scales,
+bf16 activations: ``triton_w8``), which halves the bytes a memory-bound GEMM reads. ``cublas_fp8``
+(``torch._scaled_mm`` with fp8 activations quantized beforehand, quantization not timed) bounds what cuBLAS's own
+fp8 path could do. Measured at e8410c8 (draft_gemm_h200_e8410c8.json, M = 64, us): gate/up 15.9 cuBLAS, 20.0
+``triton_w8``, 12.2 ``cublas_fp8``; down 11.2, 16.1, 17.7; qkv 6.7, 11.5, 8.6; o 6.2, 8.9, 8.8; LM head 161, 146,
+102. Half the bytes did not make the GEMMs faster (a layer 40 us with bf16 cuBLAS, 57 with ``triton_w8``, 47
+with ``cublas_fp8`` before its quantization launches), so the draft steps keep the exact weights.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from sglang_sparsespec.kernels._common import num_sms
-from sglang_sparsespec.kernels.skinny_gemm import decode_launch, quantize_rows, skinny_gemm
 
 from tools.kernels_setup import provenance, write_result
+from tools.skinny_gemm import quantize_rows, skinny_gemm
 
 
 # (name, hidden, q heads, kv heads, head dim, intermediate, vocabulary, layers to cycle through)
@@ -88,8 +88,8 @@ def graph_us(calls: list, reps: int = 20) -> float:
 
 def measure(shape: str, m: int, grid: list[tuple[int, int, int, int, int]]) -> list[dict[str, Any]]:
     """Per projection: cuBLAS (bf16), cuBLAS fp8 (``torch._scaled_mm``), and the Triton kernel over ``grid`` on
-    bf16 weights (``triton``) and on their fp8 copies (``triton_w8``), and the fp8 route's own launch
-    (``fp8_route``, M <= 64); the LM head cycles two copies (one is already far past L2)."""
+    bf16 weights (``triton``) and on their fp8 copies (``triton_w8``); the LM head cycles two copies (one is
+    already far past L2)."""
     rows = []
     for proj, (n, k) in projections(shape).items():
         layers = 2 if proj == "lm_head" else SHAPES[shape][-1]
@@ -104,12 +104,9 @@ def measure(shape: str, m: int, grid: list[tuple[int, int, int, int, int]]) -> l
         rows.append({**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6})
         ref = F.linear(x, ws[0]).float()
         rows.append({**base, **cublas_fp8(x, w8s, ref, gb / 2)})
-        route = decode_launch(n, k, num_sms(x.device))
         launches = (
             ("triton", [(w, None) for w in ws], gb, grid),
             ("triton_w8", w8s, gb / 2, grid),
-            # the launch --pillar-draft-weights fp8 runs (patches/draft_weights.py)
-            ("fp8_route", w8s, gb / 2, [(*route, 4, 3)] if route and m <= 64 else []),
         )
         for kernel, weights, bytes_gb, configs in launches:
             for bn, bk, sk, warps, stages in configs:
@@ -148,7 +145,7 @@ def cublas_fp8(x: torch.Tensor, w8s: list, ref: torch.Tensor, gb: float) -> dict
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (shape, m, proj): cuBLAS against cuBLAS fp8, the fastest launch of each Triton kernel and the fp8 route's."""
+    """Per (shape, m, proj): cuBLAS against cuBLAS fp8, the fastest launch of each Triton kernel."""
     out = []
     keys = sorted({(r["shape"], r["m"], r["proj"]) for r in rows})
     for key in keys:
@@ -157,7 +154,7 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"shape": key[0], "m": key[1], "proj": key[2], "cublas_us": cublas}
         fp8 = next((r["us"] for r in mine if r["kernel"] == "cublas_fp8"), None)
         entry["cublas_fp8_us"] = fp8
-        for kernel in ("triton", "triton_w8", "fp8_route"):
+        for kernel in ("triton", "triton_w8"):
             best = min((r for r in mine if r["kernel"] == kernel), key=lambda r: r["us"], default=None)
             entry[f"{kernel}_us"] = best["us"] if best else None
             entry[f"{kernel}_config"] = best["config"] if best else None

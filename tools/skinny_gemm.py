@@ -1,12 +1,13 @@
-"""Decode-batch linear layers (M = a few dozen rows): ``out = x @ w.T (+ bias)``, w bf16 or an fp8 copy.
+"""The draft GEMM probe's Triton kernel (``tools/draft_gemm.py``): ``out = x @ w.T`` at decode batch sizes
+(M = a few dozen rows), w bf16 or an fp8 copy with one scale per output channel.
 
-At decode batch sizes a linear layer reads its whole weight once for a few dozen rows, so its time is the
-weight's bytes. A draft forward may read fp8 copies of the weights instead of the target's (``quantize_rows``:
-one scale per output channel, so the scale factors out of every dot product): rejection sampling keeps the
-output exact for any draft distribution it records, and the verify runs the exact weights. The kernel widens
-each fp8 tile to the activations' dtype in registers, so activations stay as they are (no quantization launch
-per GEMM). One program computes a [BLOCK_M, BLOCK_N] tile over one of SPLIT_K slices of K; with SPLIT_K > 1
-the slices write fp32 partials that a second launch sums.
+At decode batch sizes a linear layer reads its whole weight once, so its time is the weight's bytes: the probe
+asks whether a kernel tuned for that shape beats cuBLAS with bf16 weights, and whether fp8 copies (half the
+bytes; the kernel widens each fp8 tile to the activations' dtype in registers) would shorten the draft steps.
+Measured on an H200 (draft_gemm_h200_2021a7f.json, draft_gemm_h200_e8410c8.json): bf16 only matches cuBLAS at
+M = 64, and the fp8 copies run 0.6-0.8x cuBLAS's bf16 (the widened tile goes through registers instead of
+the asynchronous copy pipeline), so the product keeps cuBLAS. One program computes a [BLOCK_M, BLOCK_N] tile over
+one of SPLIT_K slices of K; with SPLIT_K > 1 the slices write fp32 partials that a second launch sums.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ def _skinny_gemm_kernel(
     Out,
     Part,
     Scale,
-    Bias,
     M,
     N,
     K,
@@ -38,7 +38,6 @@ def _skinny_gemm_kernel(
     SPLIT_K: tl.constexpr,
     STAGES: tl.constexpr,
     W_SCALED: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
 ):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -60,24 +59,18 @@ def _skinny_gemm_kernel(
         acc *= tl.load(Scale + offs_n, mask=n_in, other=0.0)[None, :]
     ok = (offs_m[:, None] < M) & n_in[None, :]
     if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(Bias + offs_n, mask=n_in, other=0.0).to(tl.float32)[None, :]
         tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(Out.dtype.element_ty), mask=ok)
     else:
         tl.store(Part + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=ok)
 
 
 @triton.jit
-def _split_sum_kernel(
-    Part, Bias, Out, MN, N, stride_om, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr
-):
+def _split_sum_kernel(Part, Out, MN, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):
         acc += tl.load(Part + s * MN + offs, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(Bias + offs % N, mask=ok, other=0.0).to(tl.float32)
     tl.store(Out + (offs // N) * stride_om + offs % N, acc.to(Out.dtype.element_ty), mask=ok)
 
 
@@ -92,9 +85,8 @@ def skinny_gemm(
     warps: int = 4,
     stages: int = 4,
     scale: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out [M, N] = x [M, K] @ w [N, K].T (+ bias [N]), ``F.linear``'s product; returns ``out``.
+    """out [M, N] = x [M, K] @ w [N, K].T, ``F.linear``'s product; returns ``out``.
 
     x, out: rows with a contiguous last dim; w: [N, K] contiguous, in x's dtype, or fp8 with ``scale`` [N] fp32
     (row n stands for scale[n] x w[n], as ``quantize_rows`` writes it). ``part``: [split_k, M, N] fp32 scratch
@@ -115,30 +107,15 @@ def skinny_gemm(
     grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
     _skinny_gemm_kernel[grid](
         x, w, out, part if part is not None else out, scale if scale is not None else out,
-        bias if bias is not None else out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        m, n, k, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=stages,
-        W_SCALED=scale is not None, HAS_BIAS=bias is not None, num_warps=warps,
+        W_SCALED=scale is not None, num_warps=warps,
     )  # fmt: skip
     if split_k > 1:
         _split_sum_kernel[(triton.cdiv(m * n, 1024),)](
-            part, bias if bias is not None else out, out, m * n, n, out.stride(0),
-            SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=1024,
+            part, out, m * n, n, out.stride(0), SPLIT_K=split_k, BLOCK=1024,
         )  # fmt: skip
     return out
-
-
-def decode_launch(n: int, k: int, sms: int) -> tuple[int, int, int] | None:
-    """(block_n, block_k, split_k) for a decode batch (<= 64 rows a tile) through an [N, K] weight, or None when
-    no K tile divides K. 64 output channels a program: each program re-reads the activation tile, which at 32
-    channels and fp8 weights would move four times the weight's bytes; K is split (2, 4, 8) while twice the programs
-    still fit one an SM (Qwen3-1.7B: gate/up 192 programs, qkv 64 x 2, o and down 32 x 4)."""
-    block_k = next((bk for bk in (128, 64, 32, 16) if k % bk == 0), None)
-    if block_k is None:
-        return None
-    programs, split_k = triton.cdiv(n, 64), 1
-    while 2 * programs * split_k <= sms and split_k < 8 and k % (2 * split_k * block_k) == 0:
-        split_k *= 2
-    return 64, block_k, split_k
 
 
 def quantize_rows(w: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,12 +132,7 @@ def quantize_rows(w: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, tor
     return w8, scale
 
 
-def skinny_gemm_ref(
-    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
-) -> torch.Tensor:
+def skinny_gemm_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Plain-torch ``skinny_gemm`` (fp32 math, x's dtype out)."""
     wf = w.float() if scale is None else w.float() * scale[:, None]
-    out = x.float() @ wf.T
-    if bias is not None:
-        out += bias.float()
-    return out.to(x.dtype)
+    return (x.float() @ wf.T).to(x.dtype)

@@ -62,6 +62,8 @@ def test_the_draft_runner_keeps_logits_in_draft_steps_only(monkeypatch) -> None:
 
 
 def test_the_draft_sampler_draws_the_same_from_kept_logits_as_from_their_fp32_copy() -> None:
+    """Tokens and candidate ids equal; the recorded probabilities equal up to the order the kernels sum a row
+    in, which the GPU may lay out differently for 2-byte loads (float rounding, not a different draw)."""
     gen = torch.Generator().manual_seed(5)
     n, vocab, c = 6, 3000, 16
     padded = (torch.randn(n, vocab + 40, generator=gen) * 3).to(torch.bfloat16).to(DEVICE)
@@ -81,8 +83,10 @@ def test_the_draft_sampler_draws_the_same_from_kept_logits_as_from_their_fp32_co
         )
         draft_sample_fwd(DraftSampleInputs(logits, temp, top_p, top_k, min_p, noise), *out)
         outs.append(out)
-    for got, want in zip(*outs):
-        assert torch.equal(got, want)
+    (tok, ids, q, q_tok), (tok32, ids32, q32, q_tok32) = outs
+    assert torch.equal(tok, tok32) and torch.equal(ids, ids32)
+    torch.testing.assert_close(q, q32, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(q_tok, q_tok32, rtol=1e-5, atol=1e-7)
 
 
 def test_sglang_copy_is_skipped_through_the_loaded_plugin() -> None:

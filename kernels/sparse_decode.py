@@ -6,6 +6,10 @@ Request b, KV head h attends over the union of
   (b) the shared tail  tail_start[b] <= pos < seq_lens[b]  (recent verified tokens, this round's
       drafts, and the current token, whose KV is already written),
 and every position is mapped to its KV slot through req_to_token[req_pool_indices[b], pos].
+Given the step's own K/V (``new_kv``), the kernel also writes them into their slots, which saves the
+separate store launch of every layer of every draft step: the current token is then attended from the
+step's K/V in registers instead of being read back from the cache, so no program reads a slot this
+launch writes.
 Selections stay position-based (sorted, as topk_select writes them), so they survive slot changes.
 
 Flash-decoding in two stages like SGLang's decode kernel: stage 1 runs a program per
@@ -52,6 +56,9 @@ def _sparse_decode_stage1(
     Sel_rows,
     Tail_start,
     Seq_lens,
+    K_new,
+    V_new,
+    Out_loc,
     Mid_O,
     Mid_lse,
     sm_scale,
@@ -62,6 +69,10 @@ def _sparse_decode_stage1(
     stride_vbs,
     stride_vh,
     stride_rt,
+    stride_knb,
+    stride_knh,
+    stride_vnb,
+    stride_vnh,
     stride_sb,
     stride_sh,
     stride_mb,
@@ -78,6 +89,7 @@ def _sparse_decode_stage1(
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     HAS_SEL_ROWS: tl.constexpr,
+    NEW_KV: tl.constexpr,
 ):
     cur_b = tl.program_id(0).to(tl.int64)
     cur_kv_head = tl.program_id(1)
@@ -95,7 +107,9 @@ def _sparse_decode_stage1(
     # none is, so skip the loop over them.
     cnt = tl.where(tail_start > 0, cnt, 0)
     seq_len = tl.load(Seq_lens + cur_b).to(tl.int32)
-    total = cnt + tl.maximum(seq_len - tail_start, 0)
+    # With NEW_KV the current position (seq_len - 1) comes from K_new / V_new: the cache reads stop before it.
+    cached_len = seq_len - 1 if NEW_KV else seq_len
+    total = cnt + tl.maximum(cached_len - tail_start, 0)
 
     # Virtual index j < cnt is the j-th selected position, j >= cnt is tail position tail_start + j - cnt.
     chunk = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -111,14 +125,14 @@ def _sparse_decode_stage1(
     e_max = tl.full([BLOCK_H], -float("inf"), tl.float32)
     e_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    q = tl.load(
+        Q + cur_b * stride_qb + cur_heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_h[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     if split_end > split_start:
-        q = tl.load(
-            Q + cur_b * stride_qb + cur_heads[:, None] * stride_qh + offs_d[None, :],
-            mask=mask_h[:, None] & mask_d[None, :],
-            other=0.0,
-        )
         for start_n in range(split_start, split_end, BLOCK_N):
-            slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, BLOCK_N)
+            slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, BLOCK_N)
             k, v = load_kv_tile(
                 K_Buffer,
                 V_Buffer,
@@ -134,6 +148,20 @@ def _sparse_decode_stage1(
             )
             # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
             e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
+    if NEW_KV:
+        k_new = tl.load(K_new + cur_b * stride_knb + cur_kv_head * stride_knh + offs_d, mask=mask_d, other=0.0)
+        v_new = tl.load(V_new + cur_b * stride_vnb + cur_kv_head * stride_vnh + offs_d, mask=mask_d, other=0.0)
+        if split == 0:  # one program per (request, KV head) writes the slot; none of this launch reads it
+            slot_new = tl.load(Out_loc + cur_b).to(tl.int64)
+            tl.store(K_Buffer + slot_new * stride_kbs + cur_kv_head * stride_kh + offs_d, k_new, mask=mask_d)
+            tl.store(V_Buffer + slot_new * stride_vbs + cur_kv_head * stride_vh + offs_d, v_new, mask=mask_d)
+        # The last split attends the current position (in the tail unless the tail starts past it) as a
+        # one-column tile, through the same fold as the cached ones.
+        offs_n = tl.arange(0, BLOCK_N)
+        seen = (offs_n == 0) & (split == NUM_SPLITS - 1) & (seq_len >= 1) & (seq_len - 1 >= tail_start)
+        k_tile = tl.where(seen[None, :], k_new[:, None], tl.zeros([BLOCK_D, BLOCK_N], dtype=k_new.dtype))
+        v_tile = tl.where(seen[:, None], v_new[None, :], tl.zeros([BLOCK_N, BLOCK_D], dtype=v_new.dtype))
+        e_max, e_sum, acc = attend_tile(q, k_tile, v_tile, seen[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
 
     # Every split writes (an empty one: lse = -inf, zeros) so stage 2 needs no length logic. With one
     # split, Mid_O is the output itself and there is no stage 2 (see sparse_decode_fwd).
@@ -160,6 +188,7 @@ def sparse_decode_fwd(
     sm_scale: float,
     logit_cap: float = 0.0,
     sel_rows: torch.Tensor | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     num_kv_splits: int | None = None,
     block_n: int = 32,
     num_warps: int = 4,
@@ -172,6 +201,8 @@ def sparse_decode_fwd(
     sel_pos: [N, H_kv, Kmax] int32 sorted positions (-1 padded), e.g. a layer slice of topk_select's
     output; sel_cnt: [N] int32 valid entries (clamped to [0, Kmax]); sel_rows: optional [bs] row of
     request b in sel_pos/sel_cnt (e.g. req_pool_indices), default b.
+    new_kv: optional (k [bs, H_kv, D], v [bs, H_kv, D] in the cache's dtype, out_loc [bs] int slots): the
+    current token's K/V, written into slot out_loc[b] by this launch (the slot need not hold them before).
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
@@ -202,6 +233,17 @@ def sparse_decode_fwd(
         check_int_vector("sel_rows", sel_rows, bs)
     elif sel_pos.shape[0] < bs:
         raise ValueError(f"sel_pos has {sel_pos.shape[0]} rows for a batch of {bs}")
+    if new_kv is not None:
+        k_new, v_new, out_loc = new_kv
+        for name, t in (("k", k_new), ("v", v_new)):
+            if t.shape != (bs, h_kv, d) or t.dtype != k_buffer.dtype or t.stride(2) != 1:
+                raise ValueError(
+                    f"new_kv {name} must be [{bs}, {h_kv}, {d}] {k_buffer.dtype} with a contiguous last dim, "
+                    f"got {t.dtype} {tuple(t.shape)}"
+                )
+        check_int_vector("out_loc", out_loc, bs)
+    else:
+        k_new = v_new = out_loc = q  # unused: NEW_KV is off
     group = h_q // h_kv
     if num_kv_splits is None:
         num_kv_splits = default_num_splits(bs * h_kv, q.device)
@@ -224,6 +266,9 @@ def sparse_decode_fwd(
         sel_rows,
         tail_start,
         seq_lens,
+        k_new,
+        v_new,
+        out_loc,
         mid_o,
         mid_lse,
         sm_scale,
@@ -234,6 +279,10 @@ def sparse_decode_fwd(
         v_buffer.stride(0),
         v_buffer.stride(1),
         req_to_token.stride(0),
+        k_new.stride(0),
+        k_new.stride(1),
+        v_new.stride(0),
+        v_new.stride(1),
         sel_pos.stride(0),
         sel_pos.stride(1),
         mid_o.stride(0),
@@ -250,6 +299,7 @@ def sparse_decode_fwd(
         NUM_SPLITS=num_kv_splits,
         LOGIT_CAP=logit_cap,
         HAS_SEL_ROWS=sel_rows is not None,
+        NEW_KV=new_kv is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -290,8 +340,13 @@ def sparse_decode_ref(
     sm_scale: float,
     logit_cap: float = 0.0,
     sel_rows: torch.Tensor | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Plain-torch `sparse_decode_fwd` (fp32 math, loops over requests and KV heads; for tests)."""
+    """Plain-torch `sparse_decode_fwd` (fp32 math, loops over requests and KV heads; for tests): ``new_kv``
+    is written into the cache first, then every position is read from it."""
+    if new_kv is not None:
+        k_new, v_new, out_loc = new_kv
+        k_buffer[out_loc.long()], v_buffer[out_loc.long()] = k_new, v_new
     bs, h_q, _ = q.shape
     h_kv = k_buffer.shape[1]
     group = h_q // h_kv

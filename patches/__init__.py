@@ -22,7 +22,9 @@ context, graph capture mode and the capture-time gc freeze, for both runners' DE
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
 final_logit_softcapping), ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain
 step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature,
-to attend as SGLang's decode does), ``spec_algo`` (ModelConfig, to refuse unsupported attention and mrope at launch),
+to attend as SGLang's decode does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write
+a draft step's K/V inside the sparse kernel only where SGLang's store is a plain row write), ``spec_algo``
+(ModelConfig, to refuse unsupported attention and mrope at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the Triton backend that
 serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard`` (SamplingParams' and the tokenized
 request's msgspec schema and SGLang's IPC codec, to check a request before dispatch), ``sampler_warmup`` (the sampler's

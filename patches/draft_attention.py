@@ -1,9 +1,11 @@
 """``PillarDraftBackend``: SGLang's Triton backend with PillarAttn sparse decode attention.
 
 The draft steps of a PILLAR round are ordinary DECODE forwards of the target model run
-under this backend (through SGLang's forward context). Its decode attention writes the
-step's K/V like the stock backend, then attends, per layer and KV head, only to that
-request's planned positions plus the recent tail (``kernels/sparse_decode.py``).
+under this backend (through SGLang's forward context). Its decode attention attends, per layer and
+KV head, only to that request's planned positions plus the recent tail (``kernels/sparse_decode.py``),
+and writes the step's K/V in the same launch when the pool is SGLang's plain MHA pool in the K/V's own
+dtype (the separate store: 1.7 us and one launch per layer of every draft step on the H200,
+trace_qwen3-1.7b_round_h200_e8410c8); other pools get SGLang's own store first.
 
 The plain-decoding step (every prefix whole) attends through SGLang's own decode kernel and
 split heuristic instead, on metadata this backend builds on the device (so it is captured in the
@@ -82,6 +84,21 @@ class SegmentMeta:
     sink: VerifyScoreSink | None
 
 
+def _plain_mha_pool(pool, dcp_size: int) -> bool:
+    """Whether a store into ``pool`` is exactly a row write of each layer's [slots, H_kv, D] buffers, as the
+    sparse kernel does it: SGLang's MHA pool itself (no subclass store), unquantized, stored in its dtype,
+    token-major, one decode-context-parallel rank. An attribute a release lacks counts as not plain."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    return (
+        getattr(type(pool), "set_kv_buffer", None) is MHATokenToKVPool.set_kv_buffer
+        and getattr(pool, "is_quantized_kv_cache", True) is False
+        and getattr(pool, "store_dtype", None) == pool.dtype
+        and getattr(pool, "use_hnd", True) is False
+        and dcp_size == 1
+    )
+
+
 class PillarDraftBackend(TritonAttnBackend):
     """Decode attention of the draft steps; everything else is the stock Triton backend.
 
@@ -105,6 +122,7 @@ class PillarDraftBackend(TritonAttnBackend):
         self.whole_prefix = False  # the current step is the plain step
         self.segments: SegmentMeta | None = None  # the current step is a mixed-phase forward
         self.whole: WholePrefixMeta | None = None
+        self.stores_in_kernel = not oracle and _plain_mha_pool(self.token_to_kv_pool, getattr(self, "dcp_size", 1))
         if plain:
             max_bs = inputs.req_pool_indices.shape[0]
             # Every row may reach the context length: with the radix cache, rows share prefix slots, so
@@ -151,8 +169,20 @@ class PillarDraftBackend(TritonAttnBackend):
         if layer.qk_head_dim != layer.v_head_dim:
             raise NotImplementedError("PILLAR drafting needs equal K and V head dims")
         q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        if save_kv_cache:
-            loc = forward_batch.out_cache_loc
+        loc = forward_batch.out_cache_loc
+        # A draft step's own rows store their K/V inside the sparse kernel; the plain step (SGLang's decode
+        # kernel) and mixed-phase forwards (every row written before any attends) store first.
+        in_kernel = (
+            save_kv_cache
+            and self.stores_in_kernel
+            and not self.whole_prefix
+            and self.segments is None
+            and isinstance(loc, torch.Tensor)
+            and k.dtype == self.token_to_kv_pool.dtype
+            and layer.k_scale is None
+            and layer.v_scale is None
+        )
+        if save_kv_cache and not in_kernel:
             self._set_kv_buffer(forward_batch, layer, loc, k, v, layer.k_scale, layer.v_scale)
         k_buffer = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buffer = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
@@ -164,7 +194,10 @@ class PillarDraftBackend(TritonAttnBackend):
         n = q.shape[0] if seg is None else seg.draft_rows
         if seg is not None:
             self._verify_segments(q[n:], k, v, o[n:], layer, k_buffer, v_buffer, logit_cap, seg)
-        self._sparse_decode(q[:n], o[:n], layer, k_buffer, v_buffer, logit_cap)
+        new_kv = None
+        if in_kernel:
+            new_kv = (k.reshape(n, layer.tp_k_head_num, -1), v.reshape(n, layer.tp_v_head_num, -1), loc)
+        self._sparse_decode(q[:n], o[:n], layer, k_buffer, v_buffer, logit_cap, new_kv)
         return o.view(q.shape[0], -1)
 
     def _verify_segments(self, q, k, v, o, layer, k_buffer, v_buffer, logit_cap, seg: SegmentMeta) -> None:
@@ -184,14 +217,23 @@ class PillarDraftBackend(TritonAttnBackend):
                 layer.layer_id, q, k_buffer, lse, seg.qo_indptr, seg.kv_indptr, seg.kv_indices, layer.scaling, logit_cap
             )
 
-    def _sparse_decode(self, q, o, layer, k_buffer, v_buffer, logit_cap) -> None:
+    def _sparse_decode(self, q, o, layer, k_buffer, v_buffer, logit_cap, new_kv=None) -> None:
         bs = q.shape[0]
         inputs = self.inputs
         rpi, tail_start, seq_lens = inputs.req_pool_indices[:bs], inputs.tail_start[:bs], inputs.seq_lens[:bs]
         if self.oracle:
             oracle_select(
-                q, k_buffer, self.req_to_token, rpi, seq_lens, tail_start, inputs.sel_cnt[:bs],
-                layer.scaling, logit_cap, self.oracle_pos, self.oracle_cnt,
+                q,
+                k_buffer,
+                self.req_to_token,
+                rpi,
+                seq_lens,
+                tail_start,
+                inputs.sel_cnt[:bs],
+                layer.scaling,
+                logit_cap,
+                self.oracle_pos,
+                self.oracle_cnt,
             )
             sel_pos, sel_cnt, sel_rows = self.oracle_pos, self.oracle_cnt, None
         else:
@@ -210,6 +252,7 @@ class PillarDraftBackend(TritonAttnBackend):
             layer.scaling,
             logit_cap=logit_cap,
             sel_rows=sel_rows,
+            new_kv=new_kv,
         )
 
     def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):

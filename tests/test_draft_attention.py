@@ -1,14 +1,23 @@
-"""The plain step's attention in ``PillarDraftBackend``: SGLang's decode kernel over metadata the
-backend builds on the device (``plan(whole_prefix=True)``) equals attention over each request's whole
-prefix, read through its own ``req_to_token`` row (Triton's CPU interpreter without a GPU)."""
+"""``PillarDraftBackend``'s attention (Triton's CPU interpreter without a GPU): the plain step's, SGLang's decode
+kernel over metadata the backend builds on the device (``plan(whole_prefix=True)``), equals attention over each
+request's whole prefix, read through its own ``req_to_token`` row; a draft step's stores its K/V once, inside the
+sparse kernel only on SGLang's plain MHA pool, and attends as the sparse reference does."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
-from sglang_sparsespec.patches.draft_attention import DraftStepInputs, PillarDraftBackend, WholePrefixMeta
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
+from sglang_sparsespec.patches.draft_attention import (
+    DraftStepInputs,
+    PillarDraftBackend,
+    WholePrefixMeta,
+    _plain_mha_pool,
+)
 from triton_env import DEVICE
 
 H_Q, H_KV, D, SPLITS = 6, 2, 64, 4
@@ -60,3 +69,96 @@ def test_whole_prefix_step_attends_every_position_of_its_row():
             k, v = k_buf[slots_b, h // group].float(), v_buf[slots_b, h // group].float()
             p = torch.softmax(q[b, h].float() @ k.T * layer.scaling, dim=-1)
             torch.testing.assert_close(out[b, h], p @ v, atol=2e-2, rtol=2e-2)
+
+
+class _Pool(MHATokenToKVPool):
+    """SGLang's MHA pool as the draft backend sees it: its own store, unquantized bf16 [slots, H_KV, D] rows."""
+
+    is_quantized_kv_cache = False  # the class's property reads a quant method this stand-in does not build
+
+    def __init__(self, slots: int, gen: torch.Generator):
+        self.dtype = self.store_dtype = torch.bfloat16
+        self.use_hnd = False
+        self.k = torch.randn(slots, H_KV, D, generator=gen).to(torch.bfloat16).to(DEVICE)
+        self.v = torch.randn(slots, H_KV, D, generator=gen).to(torch.bfloat16).to(DEVICE)
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v
+
+
+def test_only_a_plain_mha_pool_takes_the_store_inside_the_sparse_kernel():
+    gen = torch.Generator().manual_seed(4)
+    pool = _Pool(8, gen)
+    assert _plain_mha_pool(pool, dcp_size=1)
+    assert not _plain_mha_pool(pool, dcp_size=2)
+    for name, value in (("store_dtype", torch.uint8), ("use_hnd", True), ("is_quantized_kv_cache", True)):
+        changed = _Pool(8, gen)
+        setattr(changed, name, value)
+        assert not _plain_mha_pool(changed, dcp_size=1), name
+
+    class OwnStore(_Pool):
+        def set_kv_buffer(self, *args, **kwargs) -> None:  # e.g. a pool that tracks what it stores
+            raise AssertionError
+
+    assert not _plain_mha_pool(OwnStore(8, gen), dcp_size=1)
+    release_without = SimpleNamespace(dtype=torch.bfloat16, store_dtype=torch.bfloat16, set_kv_buffer=None)
+    assert not _plain_mha_pool(release_without, dcp_size=1)
+
+
+def _draft_step_backend(pool: _Pool, req_to_token: torch.Tensor, sel_pos: torch.Tensor, sel_cnt: torch.Tensor):
+    be = _backend(max_bs=4, req_to_token=req_to_token)
+    be.token_to_kv_pool = pool
+    be.state = SimpleNamespace(layer=lambda layer_id: sel_pos, sel_cnt=sel_cnt)
+    be.whole_prefix, be.segments = False, None
+    be.stores_in_kernel = _plain_mha_pool(pool, dcp_size=1)
+    return be
+
+
+@pytest.mark.parametrize("plain_pool", [True, False])
+def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool):
+    """forward_decode of a draft step: with SGLang's plain pool the sparse kernel writes the step's K/V (SGLang's
+    store is not called), otherwise SGLang's store runs first; the cache and the output are the same either way."""
+    gen = torch.Generator().manual_seed(5)
+    rows, width, slots = 3, 48, 160
+    req_to_token = torch.randperm(slots, generator=gen)[: rows * width].view(rows, width).to(torch.int32).to(DEVICE)
+    pool = _Pool(slots, gen)
+    if not plain_pool:
+        pool.use_hnd = True  # any non-plain pool: SGLang's own store must write it
+    sel_pos = torch.full((rows, H_KV, 8), -1, dtype=torch.int32, device=DEVICE)
+    sel_pos[:, :, :3] = torch.tensor([1, 4, 9], dtype=torch.int32)
+    sel_cnt = torch.full((rows,), 3, dtype=torch.int32, device=DEVICE)
+    be = _draft_step_backend(pool, req_to_token, sel_pos, sel_cnt)
+    assert be.stores_in_kernel is plain_pool
+    stored = []
+
+    def sglang_store(forward_batch, layer, loc, k, v, k_scale, v_scale):
+        stored.append(loc)
+        pool.k[loc], pool.v[loc] = k.view(-1, H_KV, D), v.view(-1, H_KV, D)
+
+    monkeypatch.setattr(be, "_set_kv_buffer", sglang_store)
+    rpi, lens, tails = [2, 0], [40, 12], [30, 10]
+    bs = len(rpi)
+    be.inputs.req_pool_indices[:bs], be.inputs.seq_lens[:bs] = torch.tensor(rpi), torch.tensor(lens)
+    be.inputs.tail_start[:bs] = torch.tensor(tails, dtype=torch.int32)
+    loc = req_to_token[torch.tensor(rpi), torch.tensor(lens) - 1].long()
+    q = torch.randn(bs, H_Q * D, generator=gen).to(torch.bfloat16).to(DEVICE)
+    k = torch.randn(bs, H_KV * D, generator=gen).to(torch.bfloat16).to(DEVICE)
+    v = torch.randn(bs, H_KV * D, generator=gen).to(torch.bfloat16).to(DEVICE)
+    ref_k, ref_v = pool.k.clone(), pool.v.clone()
+    layer = SimpleNamespace(
+        layer_id=0, scaling=D**-0.5, sliding_window_size=None, qk_head_dim=D, v_head_dim=D, tp_q_head_num=H_Q,
+        tp_k_head_num=H_KV, tp_v_head_num=H_KV, k_scale=None, v_scale=None, logit_capping_method="tanh", logit_cap=0.0,
+    )  # fmt: skip
+    out = be.forward_decode(q, k, v, layer, SimpleNamespace(out_cache_loc=loc))
+    assert len(stored) == (0 if plain_pool else 1)
+    expected = torch.empty(bs, H_Q, D, dtype=torch.bfloat16, device=DEVICE)
+    sparse_decode_ref(
+        q.view(bs, H_Q, D), ref_k, ref_v, expected, req_to_token, be.inputs.req_pool_indices[:bs], sel_pos, sel_cnt,
+        be.inputs.tail_start[:bs], be.inputs.seq_lens[:bs], D**-0.5, sel_rows=be.inputs.req_pool_indices[:bs],
+        new_kv=(k.view(bs, H_KV, D), v.view(bs, H_KV, D), loc),
+    )  # fmt: skip
+    assert torch.equal(pool.k, ref_k) and torch.equal(pool.v, ref_v)
+    torch.testing.assert_close(out.view(bs, H_Q, D).float(), expected.float(), atol=2e-2, rtol=2e-2)

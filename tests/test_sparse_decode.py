@@ -109,3 +109,48 @@ def test_sparse_decode_softcap_default_rows_and_splits():
     sparse_decode_fwd(o=o, **case)
     sparse_decode_ref(o=expected, **case)
     torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 3])
+@pytest.mark.parametrize("logit_cap", [0.0, 2.0])
+def test_sparse_decode_writes_the_step_kv_and_attends_it_from_registers(num_kv_splits, logit_cap):
+    """new_kv: each request's current slot starts as NaN (a read before the write would spread it), is written
+    with the step's K/V, and the output is the reference's, which writes the slot first and then reads it.
+    Rows: a long tail over splits, only the current token, selections only past an empty tail, a tail that
+    starts after the current position (the current token is not attended, as without new_kv)."""
+    torch.manual_seed(60 + num_kv_splits)
+    h_kv, group = 2, 2
+    specs = [(150, 90, 40, 3), (1, 0, 0, 0), (70, 60, 48, 0), (25, 24, 5, 0), (30, 30, 0, 0)]
+    case = _make_decode_case(group, specs, kmax=48, h_kv=h_kv)
+    case["logit_cap"] = logit_cap
+    bs = len(specs)
+    cur = case["req_to_token"][case["req_pool_indices"], case["seq_lens"] - 1].long()
+    k_new = torch.randn(bs, h_kv, D, device=DEVICE).to(torch.bfloat16)
+    v_new = torch.randn(bs, h_kv, D, device=DEVICE).to(torch.bfloat16)
+    ref_case = dict(case, k_buffer=case["k_buffer"].clone(), v_buffer=case["v_buffer"].clone())
+    case["k_buffer"][cur], case["v_buffer"][cur] = float("nan"), float("nan")
+    untouched = torch.ones(case["k_buffer"].shape[0], dtype=torch.bool, device=DEVICE)
+    untouched[cur] = False
+    before_k, before_v = case["k_buffer"][untouched].clone(), case["v_buffer"][untouched].clone()
+
+    o = torch.full_like(case["q"], float("nan"))
+    expected = o.clone()
+    sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, block_n=16, new_kv=(k_new, v_new, cur), **case)
+    sparse_decode_ref(o=expected, new_kv=(k_new, v_new, cur.int()), **ref_case)
+    assert not o.isnan().any()
+    torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    assert (o[4] == 0).all()  # its tail starts past the current position: nothing attended
+    torch.testing.assert_close(o[1].float(), v_new[1].float().repeat_interleave(group, 0))  # only itself
+    assert torch.equal(case["k_buffer"][cur], k_new) and torch.equal(case["v_buffer"][cur], v_new)
+    assert torch.equal(case["k_buffer"][untouched], before_k) and torch.equal(case["v_buffer"][untouched], before_v)
+
+
+def test_sparse_decode_refuses_new_kv_it_cannot_store():
+    case = _make_decode_case(1, [(10, 5, 0, 0)], kmax=4)
+    o = torch.empty_like(case["q"])
+    kv = torch.zeros(1, 2, D, device=DEVICE)  # fp32 against a bf16 cache
+    with pytest.raises(ValueError, match="new_kv k must be"):
+        sparse_decode_fwd(o=o, new_kv=(kv, kv, torch.zeros(1, dtype=torch.int64, device=DEVICE)), **case)
+    kv = kv.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="out_loc"):
+        sparse_decode_fwd(o=o, new_kv=(kv, kv, torch.zeros(2, dtype=torch.int64, device=DEVICE)), **case)

@@ -9,7 +9,9 @@ and every position is mapped to its KV slot through req_to_token[req_pool_indice
 Given the step's own K/V (``new_kv``), the kernel also writes them into their slots, which saves the
 separate store launch of every layer of every draft step: the current token is then attended from the
 step's K/V in registers instead of being read back from the cache, so no program reads a slot this
-launch writes.
+launch writes. Given a rotary embedding as well (``rope``: SGLang's neox cos | sin cache and each row's
+position), the kernel rotates the query and the step's key as it loads them, which saves the rotary launch
+of every layer too (the model's rotary call is deferred to here, ``patches/draft_rope.py``).
 Selections stay position-based (sorted, as topk_select writes them), so they survive slot changes.
 
 Flash-decoding in two stages like SGLang's decode kernel: stage 1 runs a program per
@@ -28,6 +30,7 @@ import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
 from ._tiles import attend_tile, finish_partial, load_kv_tile
+from .rope import rope_neox_ref, rope_rows
 from .sparse_decode_merge import merge_split_partials
 
 
@@ -59,6 +62,8 @@ def _sparse_decode_stage1(
     K_new,
     V_new,
     Out_loc,
+    Cos_sin,
+    Rope_pos,
     Mid_O,
     Mid_lse,
     sm_scale,
@@ -73,6 +78,7 @@ def _sparse_decode_stage1(
     stride_knh,
     stride_vnb,
     stride_vnh,
+    stride_cs,
     stride_sb,
     stride_sh,
     stride_mb,
@@ -90,6 +96,7 @@ def _sparse_decode_stage1(
     LOGIT_CAP: tl.constexpr,
     HAS_SEL_ROWS: tl.constexpr,
     NEW_KV: tl.constexpr,
+    ROPE: tl.constexpr,
 ):
     cur_b = tl.program_id(0).to(tl.int64)
     cur_kv_head = tl.program_id(1)
@@ -125,11 +132,12 @@ def _sparse_decode_stage1(
     e_max = tl.full([BLOCK_H], -float("inf"), tl.float32)
     e_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    q = tl.load(
-        Q + cur_b * stride_qb + cur_heads[:, None] * stride_qh + offs_d[None, :],
-        mask=mask_h[:, None] & mask_d[None, :],
-        other=0.0,
-    )
+    q_ptr = Q + cur_b * stride_qb + cur_heads[:, None] * stride_qh
+    q_mask = mask_h[:, None] & mask_d[None, :]
+    q = tl.load(q_ptr + offs_d[None, :], mask=q_mask, other=0.0)
+    if ROPE:
+        cs_row = Cos_sin + tl.load(Rope_pos + cur_b).to(tl.int64) * stride_cs
+        q = rope_rows(q, q_ptr, offs_d[None, :], q_mask, cs_row, D // 2)
     if split_end > split_start:
         for start_n in range(split_start, split_end, BLOCK_N):
             slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, BLOCK_N)
@@ -149,7 +157,10 @@ def _sparse_decode_stage1(
             # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
             e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
     if NEW_KV:
-        k_new = tl.load(K_new + cur_b * stride_knb + cur_kv_head * stride_knh + offs_d, mask=mask_d, other=0.0)
+        k_new_ptr = K_new + cur_b * stride_knb + cur_kv_head * stride_knh
+        k_new = tl.load(k_new_ptr + offs_d, mask=mask_d, other=0.0)
+        if ROPE:
+            k_new = rope_rows(k_new, k_new_ptr, offs_d, mask_d, cs_row, D // 2)
         v_new = tl.load(V_new + cur_b * stride_vnb + cur_kv_head * stride_vnh + offs_d, mask=mask_d, other=0.0)
         if split == 0:  # one program per (request, KV head) writes the slot; none of this launch reads it
             slot_new = tl.load(Out_loc + cur_b).to(tl.int64)
@@ -189,6 +200,7 @@ def sparse_decode_fwd(
     logit_cap: float = 0.0,
     sel_rows: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     num_kv_splits: int | None = None,
     block_n: int = 32,
     num_warps: int = 4,
@@ -203,6 +215,8 @@ def sparse_decode_fwd(
     request b in sel_pos/sel_cnt (e.g. req_pool_indices), default b.
     new_kv: optional (k [bs, H_kv, D], v [bs, H_kv, D] in the cache's dtype, out_loc [bs] int slots): the
     current token's K/V, written into slot out_loc[b] by this launch (the slot need not hold them before).
+    rope: optional (cos_sin_cache [max_pos, D] with cos | sin halves, positions [bs] int), with new_kv only: q
+    and the new key are given before their neox rotary embedding, which the kernel applies (the stored key too).
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
@@ -244,6 +258,15 @@ def sparse_decode_fwd(
         check_int_vector("out_loc", out_loc, bs)
     else:
         k_new = v_new = out_loc = q  # unused: NEW_KV is off
+    if rope is not None:
+        cos_sin, rope_pos = rope
+        if new_kv is None or cos_sin.dim() != 2 or cos_sin.shape[1] != d or d % 2 or cos_sin.stride(1) != 1:
+            raise ValueError(
+                f"rope needs new_kv and a [max_pos, {d}] cos | sin cache (even head dim), got {tuple(cos_sin.shape)}"
+            )
+        check_int_vector("rope positions", rope_pos, bs)
+    else:
+        cos_sin = rope_pos = q  # unused: ROPE is off
     group = h_q // h_kv
     if num_kv_splits is None:
         num_kv_splits = default_num_splits(bs * h_kv, q.device)
@@ -269,6 +292,8 @@ def sparse_decode_fwd(
         k_new,
         v_new,
         out_loc,
+        cos_sin,
+        rope_pos,
         mid_o,
         mid_lse,
         sm_scale,
@@ -283,6 +308,7 @@ def sparse_decode_fwd(
         k_new.stride(1),
         v_new.stride(0),
         v_new.stride(1),
+        cos_sin.stride(0),
         sel_pos.stride(0),
         sel_pos.stride(1),
         mid_o.stride(0),
@@ -300,6 +326,7 @@ def sparse_decode_fwd(
         LOGIT_CAP=logit_cap,
         HAS_SEL_ROWS=sel_rows is not None,
         NEW_KV=new_kv is not None,
+        ROPE=rope is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -341,11 +368,14 @@ def sparse_decode_ref(
     logit_cap: float = 0.0,
     sel_rows: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Plain-torch `sparse_decode_fwd` (fp32 math, loops over requests and KV heads; for tests): ``new_kv``
-    is written into the cache first, then every position is read from it."""
+    """Plain-torch `sparse_decode_fwd` (fp32 math, loops over requests and KV heads; for tests): ``rope`` is
+    applied to q and the new key, ``new_kv`` is written into the cache, then every position is read from it."""
     if new_kv is not None:
         k_new, v_new, out_loc = new_kv
+        if rope is not None:
+            q, k_new = rope_neox_ref(q, *rope), rope_neox_ref(k_new, *rope)
         k_buffer[out_loc.long()], v_buffer[out_loc.long()] = k_new, v_new
     bs, h_q, _ = q.shape
     h_kv = k_buffer.shape[1]

@@ -20,11 +20,13 @@ which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets
 the runtime context's server args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward
 context, graph capture mode and the capture-time gc freeze, for both runners' DECODE forwards and graphs),
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
-final_logit_softcapping), ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain
-step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature,
-to attend as SGLang's decode does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write
-a draft step's K/V inside the sparse kernel only where SGLang's store is a plain row write), ``spec_algo``
-(ModelConfig, to refuse unsupported attention and mrope at launch),
+final_logit_softcapping), ``draft_rope`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style
+and fallback flag, and the decoder class names whose attention calls it right before attending),
+``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain step its decode_attention_fwd,
+get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode
+does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write a draft step's K/V inside the
+sparse kernel only where SGLang's store is a plain row write), ``spec_algo`` (ModelConfig, to refuse unsupported
+attention and mrope at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the Triton backend that
 serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard`` (SamplingParams' and the tokenized
 request's msgspec schema and SGLang's IPC codec, to check a request before dispatch), ``sampler_warmup`` (the sampler's
@@ -50,6 +52,7 @@ from . import (
     client_parity,
     cuda_graph,
     draft_logits,
+    draft_rope,
     finish_check,
     kv_cache_builder,
     metrics,
@@ -180,6 +183,13 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         draft_logits.keep_draft_logits,
         "a draft step's logits feed only PILLAR's draft sampler, which reads bf16 as exactly as their fp32 copy: "
         "the draft runner's draft steps skip the copy (every other forward keeps it)",
+    ),
+    Hook(
+        "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.forward_cuda",
+        "AROUND",
+        draft_rope.defer_draft_rope,
+        "a draft step's sparse attention kernel rotates q and the new key as it loads them (one launch less per "
+        "layer); only inside the draft runner's draft steps, every other call runs SGLang's kernel",
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler.init_metrics_reporter",

@@ -11,7 +11,9 @@ import pytest
 import torch
 from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang_sparsespec.kernels.rope import rope_neox_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
+from sglang_sparsespec.patches import draft_rope as dr
 from sglang_sparsespec.patches.draft_attention import (
     DraftStepInputs,
     PillarDraftBackend,
@@ -117,10 +119,12 @@ def _draft_step_backend(pool: _Pool, req_to_token: torch.Tensor, sel_pos: torch.
     return be
 
 
+@pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("plain_pool", [True, False])
-def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool):
+def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool, rope):
     """forward_decode of a draft step: with SGLang's plain pool the sparse kernel writes the step's K/V (SGLang's
-    store is not called), otherwise SGLang's store runs first; the cache and the output are the same either way."""
+    store is not called), otherwise SGLang's store runs first; the cache and the output are the same either way.
+    A rotary embedding the model deferred (``rope``) is applied in the kernel, or by its own call before the store."""
     gen = torch.Generator().manual_seed(5)
     rows, width, slots = 3, 48, 160
     req_to_token = torch.randperm(slots, generator=gen)[: rows * width].view(rows, width).to(torch.int32).to(DEVICE)
@@ -152,13 +156,30 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
         layer_id=0, scaling=D**-0.5, sliding_window_size=None, qk_head_dim=D, v_head_dim=D, tp_q_head_num=H_Q,
         tp_k_head_num=H_KV, tp_v_head_num=H_KV, k_scale=None, v_scale=None, logit_capping_method="tanh", logit_cap=0.0,
     )  # fmt: skip
+    kernel_rope = None
+    if rope:
+        half = D // 2
+        angles = torch.arange(64, dtype=torch.float32)[:, None] / 10000 ** (torch.arange(half) / half)[None, :]
+        cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(DEVICE)
+        positions = be.inputs.seq_lens[:bs] - 1
+
+        def sglang_rope(pos, q_, k_):
+            return (
+                rope_neox_ref(q_.view(bs, -1, D), cos_sin, pos).view(bs, -1),
+                rope_neox_ref(k_.view(bs, -1, D), cos_sin, pos).view(bs, -1),
+            )
+
+        kernel_rope = (cos_sin, positions)
+        dr._PENDING.set(dr.DeferredRope(cos_sin, positions, sglang_rope))
     out = be.forward_decode(q, k, v, layer, SimpleNamespace(out_cache_loc=loc))
+    assert dr.take_deferred() is None
     assert len(stored) == (0 if plain_pool else 1)
     expected = torch.empty(bs, H_Q, D, dtype=torch.bfloat16, device=DEVICE)
     sparse_decode_ref(
         q.view(bs, H_Q, D), ref_k, ref_v, expected, req_to_token, be.inputs.req_pool_indices[:bs], sel_pos, sel_cnt,
         be.inputs.tail_start[:bs], be.inputs.seq_lens[:bs], D**-0.5, sel_rows=be.inputs.req_pool_indices[:bs],
-        new_kv=(k.view(bs, H_KV, D), v.view(bs, H_KV, D), loc),
+        new_kv=(k.view(bs, H_KV, D), v.view(bs, H_KV, D), loc), rope=kernel_rope,
     )  # fmt: skip
-    assert torch.equal(pool.k, ref_k) and torch.equal(pool.v, ref_v)
+    torch.testing.assert_close(pool.k.float(), ref_k.float(), atol=1e-2, rtol=1e-2)  # rotated keys: rounding
+    assert torch.equal(pool.v, ref_v)
     torch.testing.assert_close(out.view(bs, H_Q, D).float(), expected.float(), atol=2e-2, rtol=2e-2)

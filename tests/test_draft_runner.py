@@ -26,6 +26,8 @@ V, K, BS = 97, 4, 3
 
 
 class FakeBackend:
+    stores_in_kernel = False  # no KV pool: the draft steps keep the model's own rotary call
+
     def __init__(self, model_runner, state, inputs, oracle, plain=False):
         self.inputs, self.oracle = inputs, oracle
         self.plans: list[tuple[int, bool]] = []

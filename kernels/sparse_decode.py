@@ -10,8 +10,9 @@ Given the step's own K/V (``new_kv``), the kernel also writes them into their sl
 separate store launch of every layer of every draft step: the current token is then attended from the
 step's K/V in registers instead of being read back from the cache, so no program reads a slot this
 launch writes. Given a rotary embedding as well (``rope``: SGLang's neox cos | sin cache and each row's
-position), the kernel rotates the query and the step's key as it loads them, which saves the rotary launch
-of every layer too (the model's rotary call is deferred to here, ``patches/draft_rope.py``).
+position) and optionally a per-head RMS norm before it (``qk_norm``, Qwen3's), the kernel normalizes and
+rotates the query and the step's key as it loads them (``qk_prologue.py``), which saves those launches of
+every layer too (the model's calls are deferred to here, ``patches/draft_qk.py``).
 Selections stay position-based (sorted, as topk_select writes them), so they survive slot changes.
 
 Flash-decoding in two stages like SGLang's decode kernel: stage 1 runs a program per
@@ -30,7 +31,7 @@ import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
 from ._tiles import attend_tile, finish_partial, load_kv_tile
-from .rope import rope_neox_ref, rope_rows
+from .qk_prologue import prologue_rows, rms_norm_ref, rope_neox_ref
 from .sparse_decode_merge import merge_split_partials
 
 
@@ -64,6 +65,10 @@ def _sparse_decode_stage1(
     Out_loc,
     Cos_sin,
     Rope_pos,
+    Q_w,
+    K_w,
+    q_eps,
+    k_eps,
     Mid_O,
     Mid_lse,
     sm_scale,
@@ -97,6 +102,7 @@ def _sparse_decode_stage1(
     HAS_SEL_ROWS: tl.constexpr,
     NEW_KV: tl.constexpr,
     ROPE: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     cur_b = tl.program_id(0).to(tl.int64)
     cur_kv_head = tl.program_id(1)
@@ -135,9 +141,11 @@ def _sparse_decode_stage1(
     q_ptr = Q + cur_b * stride_qb + cur_heads[:, None] * stride_qh
     q_mask = mask_h[:, None] & mask_d[None, :]
     q = tl.load(q_ptr + offs_d[None, :], mask=q_mask, other=0.0)
+    cs_row = Cos_sin
     if ROPE:
-        cs_row = Cos_sin + tl.load(Rope_pos + cur_b).to(tl.int64) * stride_cs
-        q = rope_rows(q, q_ptr, offs_d[None, :], q_mask, cs_row, D // 2)
+        cs_row += tl.load(Rope_pos + cur_b).to(tl.int64) * stride_cs
+    if ROPE or NORM:
+        q = prologue_rows(q, q_ptr, offs_d[None, :], q_mask, Q_w, q_eps, cs_row, D, NORM, ROPE)
     if split_end > split_start:
         for start_n in range(split_start, split_end, BLOCK_N):
             slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, BLOCK_N)
@@ -159,8 +167,10 @@ def _sparse_decode_stage1(
     if NEW_KV:
         k_new_ptr = K_new + cur_b * stride_knb + cur_kv_head * stride_knh
         k_new = tl.load(k_new_ptr + offs_d, mask=mask_d, other=0.0)
-        if ROPE:
-            k_new = rope_rows(k_new, k_new_ptr, offs_d, mask_d, cs_row, D // 2)
+        if ROPE or NORM:  # as a one-row tile
+            k_row = tl.load(k_new_ptr + offs_d[None, :], mask=mask_d[None, :], other=0.0)
+            k_row = prologue_rows(k_row, k_new_ptr, offs_d[None, :], mask_d[None, :], K_w, k_eps, cs_row, D, NORM, ROPE)
+            k_new = tl.reshape(k_row, (BLOCK_D,))
         v_new = tl.load(V_new + cur_b * stride_vnb + cur_kv_head * stride_vnh + offs_d, mask=mask_d, other=0.0)
         if split == 0:  # one program per (request, KV head) writes the slot; none of this launch reads it
             slot_new = tl.load(Out_loc + cur_b).to(tl.int64)
@@ -201,6 +211,7 @@ def sparse_decode_fwd(
     sel_rows: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
     num_kv_splits: int | None = None,
     block_n: int = 32,
     num_warps: int = 4,
@@ -217,6 +228,8 @@ def sparse_decode_fwd(
     current token's K/V, written into slot out_loc[b] by this launch (the slot need not hold them before).
     rope: optional (cos_sin_cache [max_pos, D] with cos | sin halves, positions [bs] int), with new_kv only: q
     and the new key are given before their neox rotary embedding, which the kernel applies (the stored key too).
+    qk_norm: optional (q weight [D], k weight [D], q eps, k eps), with new_kv only: q and the new key are given
+    before their per-head RMS norm too, which the kernel applies first.
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
@@ -267,6 +280,13 @@ def sparse_decode_fwd(
         check_int_vector("rope positions", rope_pos, bs)
     else:
         cos_sin = rope_pos = q  # unused: ROPE is off
+    if qk_norm is not None:
+        q_w, k_w, q_eps, k_eps = qk_norm
+        if new_kv is None or q_w.shape != (d,) or k_w.shape != (d,):
+            raise ValueError(f"qk_norm needs new_kv and [{d}] weights, got {tuple(q_w.shape)} {tuple(k_w.shape)}")
+    else:
+        q_w = k_w = q  # unused: NORM is off
+        q_eps = k_eps = 0.0
     group = h_q // h_kv
     if num_kv_splits is None:
         num_kv_splits = default_num_splits(bs * h_kv, q.device)
@@ -279,57 +299,17 @@ def sparse_decode_fwd(
         mid_o = torch.empty((bs, h_q, num_kv_splits, d), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((bs, h_q, num_kv_splits), dtype=torch.float32, device=q.device)
     _sparse_decode_stage1[(bs, h_kv, num_kv_splits)](
-        q,
-        k_buffer,
-        v_buffer,
-        req_to_token,
-        req_pool_indices,
-        sel_pos,
-        sel_cnt,
-        sel_rows,
-        tail_start,
-        seq_lens,
-        k_new,
-        v_new,
-        out_loc,
-        cos_sin,
-        rope_pos,
-        mid_o,
-        mid_lse,
-        sm_scale,
-        q.stride(0),
-        q.stride(1),
-        k_buffer.stride(0),
-        k_buffer.stride(1),
-        v_buffer.stride(0),
-        v_buffer.stride(1),
-        req_to_token.stride(0),
-        k_new.stride(0),
-        k_new.stride(1),
-        v_new.stride(0),
-        v_new.stride(1),
-        cos_sin.stride(0),
-        sel_pos.stride(0),
-        sel_pos.stride(1),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-        GROUP=group,
-        KMAX=sel_pos.shape[2],
-        D=d,
-        BLOCK_D=block_d,
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n,
-        NUM_SPLITS=num_kv_splits,
-        LOGIT_CAP=logit_cap,
-        HAS_SEL_ROWS=sel_rows is not None,
-        NEW_KV=new_kv is not None,
-        ROPE=rope is not None,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, sel_pos, sel_cnt, sel_rows, tail_start, seq_lens,
+        k_new, v_new, out_loc, cos_sin, rope_pos, q_w, k_w, q_eps, k_eps, mid_o, mid_lse, sm_scale,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        req_to_token.stride(0), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        cos_sin.stride(0), sel_pos.stride(0), sel_pos.stride(1),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=group, KMAX=sel_pos.shape[2], D=d, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,
+        NEW_KV=new_kv is not None, ROPE=rope is not None, NORM=qk_norm is not None,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
     if num_kv_splits == 1:
         return o
     return merge_split_partials(mid_o, mid_lse, o)
@@ -369,11 +349,15 @@ def sparse_decode_ref(
     sel_rows: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
 ) -> torch.Tensor:
-    """Plain-torch `sparse_decode_fwd` (fp32 math, loops over requests and KV heads; for tests): ``rope`` is
-    applied to q and the new key, ``new_kv`` is written into the cache, then every position is read from it."""
+    """Plain-torch `sparse_decode_fwd` (fp32 math, loops over requests and KV heads; for tests): ``qk_norm`` then
+    ``rope`` are applied to q and the new key, ``new_kv`` is written into the cache, then every position is read
+    from it."""
     if new_kv is not None:
         k_new, v_new, out_loc = new_kv
+        if qk_norm is not None:
+            q, k_new = rms_norm_ref(q, qk_norm[0], qk_norm[2]), rms_norm_ref(k_new, qk_norm[1], qk_norm[3])
         if rope is not None:
             q, k_new = rope_neox_ref(q, *rope), rope_neox_ref(k_new, *rope)
         k_buffer[out_loc.long()], v_buffer[out_loc.long()] = k_new, v_new

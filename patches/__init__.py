@@ -20,8 +20,9 @@ which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets
 the runtime context's server args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward
 context, graph capture mode and the capture-time gc freeze, for both runners' DECODE forwards and graphs),
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
-final_logit_softcapping), ``draft_rope`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style
-and fallback flag, and the decoder class names whose attention calls it right before attending),
+final_logit_softcapping), ``draft_qk`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style and
+fallback flag; Qwen3's apply_qk_norm and the RMSNorm fields it reads; the decoder class names whose attention calls
+them right before attending),
 ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain step its decode_attention_fwd,
 get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode
 does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write a draft step's K/V inside the
@@ -52,7 +53,7 @@ from . import (
     client_parity,
     cuda_graph,
     draft_logits,
-    draft_rope,
+    draft_qk,
     finish_check,
     kv_cache_builder,
     metrics,
@@ -187,9 +188,16 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
     Hook(
         "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.forward_cuda",
         "AROUND",
-        draft_rope.defer_draft_rope,
+        draft_qk.defer_draft_rope,
         "a draft step's sparse attention kernel rotates q and the new key as it loads them (one launch less per "
         "layer); only inside the draft runner's draft steps, every other call runs SGLang's kernel",
+    ),
+    Hook(
+        "sglang.srt.models.qwen3.apply_qk_norm",
+        "AROUND",
+        draft_qk.defer_draft_qk_norm,
+        "a Qwen3 draft step's sparse attention kernel applies the per-head q/k norm as it loads q and the new key "
+        "(one launch less per layer); only inside the draft runner's draft steps, every other call runs SGLang's",
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler.init_metrics_reporter",

@@ -5,9 +5,9 @@ under this backend (through SGLang's forward context). Its decode attention atte
 KV head, only to that request's planned positions plus the recent tail (``kernels/sparse_decode.py``),
 and writes the step's K/V in the same launch when the pool is SGLang's plain MHA pool in the K/V's own
 dtype (the separate store: 1.7 us and one launch per layer of every draft step on the H200,
-trace_qwen3-1.7b_round_h200_e8410c8); other pools get SGLang's own store first. A rotary embedding the
-model left to it (``patches/draft_rope.py``) is applied in that launch too, or by SGLang's kernel first
-where the store is not in-kernel.
+trace_qwen3-1.7b_round_h200_e8410c8); other pools get SGLang's own store first. A q/k norm and rotary
+embedding the model left to it (``patches/draft_qk.py``) are applied in that launch too, or by SGLang's
+kernels first where the store is not in-kernel.
 
 The plain-decoding step (every prefix whole) attends through SGLang's own decode kernel and
 split heuristic instead, on metadata this backend builds on the device (so it is captured in the
@@ -36,7 +36,7 @@ from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.state import PlanState
 
 from .contacts import create_flashinfer_kv_indices_triton
-from .draft_rope import take_deferred
+from .draft_qk import DeferredQK, take_deferred
 
 
 @dataclass
@@ -171,7 +171,7 @@ class PillarDraftBackend(TritonAttnBackend):
             raise NotImplementedError("PILLAR drafting does not support sliding-window attention layers")
         if layer.qk_head_dim != layer.v_head_dim:
             raise NotImplementedError("PILLAR drafting needs equal K and V head dims")
-        rope = take_deferred()  # the model's rotary call, left to this call (patches/draft_rope.py)
+        deferred = take_deferred()  # the model's q/k norm and rotary calls, left to this call (patches/draft_qk.py)
         loc = forward_batch.out_cache_loc
         # A draft step's own rows store their K/V inside the sparse kernel; the plain step (SGLang's decode
         # kernel) and mixed-phase forwards (every row written before any attends) store first.
@@ -185,8 +185,8 @@ class PillarDraftBackend(TritonAttnBackend):
             and layer.k_scale is None
             and layer.v_scale is None
         )
-        if rope is not None and not in_kernel:
-            q, k = rope.apply(rope.positions, q, k)
+        if deferred is not None and not in_kernel:
+            q, k = deferred.apply(q, k)
         q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         if save_kv_cache and not in_kernel:
             self._set_kv_buffer(forward_batch, layer, loc, k, v, layer.k_scale, layer.v_scale)
@@ -200,11 +200,11 @@ class PillarDraftBackend(TritonAttnBackend):
         n = q.shape[0] if seg is None else seg.draft_rows
         if seg is not None:
             self._verify_segments(q[n:], k, v, o[n:], layer, k_buffer, v_buffer, logit_cap, seg)
-        new_kv = kernel_rope = None
+        new_kv = prologue = None
         if in_kernel:
             new_kv = (k.reshape(n, layer.tp_k_head_num, -1), v.reshape(n, layer.tp_v_head_num, -1), loc)
-            kernel_rope = (rope.cos_sin, rope.positions) if rope is not None else None
-        self._sparse_decode(q[:n], o[:n], layer, k_buffer, v_buffer, logit_cap, new_kv, kernel_rope)
+            prologue = deferred
+        self._sparse_decode(q[:n], o[:n], layer, k_buffer, v_buffer, logit_cap, new_kv, prologue)
         return o.view(q.shape[0], -1)
 
     def _verify_segments(self, q, k, v, o, layer, k_buffer, v_buffer, logit_cap, seg: SegmentMeta) -> None:
@@ -224,7 +224,15 @@ class PillarDraftBackend(TritonAttnBackend):
                 layer.layer_id, q, k_buffer, lse, seg.qo_indptr, seg.kv_indptr, seg.kv_indices, layer.scaling, logit_cap
             )
 
-    def _sparse_decode(self, q, o, layer, k_buffer, v_buffer, logit_cap, new_kv=None, rope=None) -> None:
+    def _sparse_decode(
+        self, q, o, layer, k_buffer, v_buffer, logit_cap, new_kv=None, prologue: DeferredQK | None = None
+    ) -> None:
+        rope = norm = None
+        if prologue is not None and prologue.rope is not None:
+            rope = (prologue.rope.cos_sin, prologue.rope.positions)
+        if prologue is not None and prologue.norm is not None:
+            n = prologue.norm
+            norm = (n.q_weight, n.k_weight, n.q_eps, n.k_eps)
         bs = q.shape[0]
         inputs = self.inputs
         rpi, tail_start, seq_lens = inputs.req_pool_indices[:bs], inputs.tail_start[:bs], inputs.seq_lens[:bs]
@@ -261,6 +269,7 @@ class PillarDraftBackend(TritonAttnBackend):
             sel_rows=sel_rows,
             new_kv=new_kv,
             rope=rope,
+            qk_norm=norm,
         )
 
     def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):

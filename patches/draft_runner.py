@@ -41,7 +41,7 @@ from sglang_sparsespec.sampling.rejection import DraftRecord
 from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward
 from .draft_attention import DraftStepInputs, PillarDraftBackend
 from .draft_logits import draft_step
-from .draft_rope import ROPE_IN_KERNEL, deferred_rope
+from .draft_qk import QK_IN_KERNEL, deferred_qk
 
 
 @dataclass
@@ -179,8 +179,9 @@ class PillarDraftRunner:
         )
         # One draft step per (batch-size bucket, GREEDY / SAMPLED): all-greedy batches draft by argmax
         # and skip the draft records, which their verify never reads; PLAIN: the plain-decoding step.
-        # The draft steps' attention rotates q and k itself where it stores K/V in-kernel (patches/draft_rope.py).
-        self.rope_in_kernel = self.backend.stores_in_kernel and type(model_runner.model).__name__ in ROPE_IN_KERNEL
+        # The draft steps' attention normalizes and rotates q and k itself where it stores K/V in-kernel
+        # (patches/draft_qk.py).
+        self.qk_in_kernel = self.backend.stores_in_kernel and type(model_runner.model).__name__ in QK_IN_KERNEL
         self.graphs = DecodeGraphs(model_runner, capture_bs, max_bs, "draft")
         self.capture_bs = self.graphs.capture_bs
 
@@ -207,7 +208,7 @@ class PillarDraftRunner:
         """Draft step ``self.step`` of the round: reads only device buffers and advances them (the
         step index, the input token), so replaying its graph k times runs k steps."""
         tokens = self.tokens[:bs]
-        with draft_step(), deferred_rope() if self.rope_in_kernel else nullcontext():
+        with draft_step(), deferred_qk() if self.qk_in_kernel else nullcontext():
             logits = self._forward(bs, self.seq_lens[:bs] + self.step)  # in the LM head's dtype
         drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)
         self.out_tokens[:bs].index_copy_(1, self.step, drafted.view(bs, 1))

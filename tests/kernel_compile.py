@@ -100,16 +100,18 @@ def main() -> None:
         rpi = torch.arange(bs)
         sel = torch.zeros(bs, h_kv, 32, dtype=torch.int32)
         cnt = torch.zeros(bs, dtype=torch.int32)
-        # The shipped launch at one and two splits, storing the step's K/V (and rotating) as a draft step does,
-        # then the sweep's extremes (tools/kernels_tune.py).
+        # The shipped launch at one and two splits, storing the step's K/V (normalizing and rotating) as a draft
+        # step does, then the sweep's extremes (tools/kernels_tune.py).
         new_kv = (torch.empty(bs, h_kv, d, dtype=torch.bfloat16),) * 2 + (torch.zeros(bs, dtype=torch.int64),)
         rope = (torch.empty(4096, d), torch.zeros(bs, dtype=torch.int64))  # and rotating q and the new key
+        norm = (torch.empty(d, dtype=torch.bfloat16), torch.empty(d, dtype=torch.bfloat16), 1e-6, 1e-6)
         for splits, launch in (
             (1, {}),
             (2, {}),
             (1, {"new_kv": new_kv}),
             (2, {"new_kv": new_kv}),
             (1, {"new_kv": new_kv, "rope": rope}),
+            (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm}),
             (1, {"block_n": 16, "num_warps": 2}),
             (2, {"block_n": 64, "num_warps": 8}),
         ):

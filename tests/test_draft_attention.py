@@ -11,9 +11,9 @@ import pytest
 import torch
 from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-from sglang_sparsespec.kernels.rope import rope_neox_ref
+from sglang_sparsespec.kernels.qk_prologue import rms_norm_ref, rope_neox_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
-from sglang_sparsespec.patches import draft_rope as dr
+from sglang_sparsespec.patches import draft_qk as dq
 from sglang_sparsespec.patches.draft_attention import (
     DraftStepInputs,
     PillarDraftBackend,
@@ -119,12 +119,13 @@ def _draft_step_backend(pool: _Pool, req_to_token: torch.Tensor, sel_pos: torch.
     return be
 
 
-@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("rope, norm", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("plain_pool", [True, False])
-def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool, rope):
+def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool, rope, norm):
     """forward_decode of a draft step: with SGLang's plain pool the sparse kernel writes the step's K/V (SGLang's
     store is not called), otherwise SGLang's store runs first; the cache and the output are the same either way.
-    A rotary embedding the model deferred (``rope``) is applied in the kernel, or by its own call before the store."""
+    A q/k norm and rotary embedding the model deferred (``norm``, ``rope``) are applied in the kernel, or by their
+    own calls before the store."""
     gen = torch.Generator().manual_seed(5)
     rows, width, slots = 3, 48, 160
     req_to_token = torch.randperm(slots, generator=gen)[: rows * width].view(rows, width).to(torch.int32).to(DEVICE)
@@ -156,7 +157,18 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
         layer_id=0, scaling=D**-0.5, sliding_window_size=None, qk_head_dim=D, v_head_dim=D, tp_q_head_num=H_Q,
         tp_k_head_num=H_KV, tp_v_head_num=H_KV, k_scale=None, v_scale=None, logit_capping_method="tanh", logit_cap=0.0,
     )  # fmt: skip
-    kernel_rope = None
+    kernel_rope = kernel_norm = deferred_norm = deferred_rope = None
+    if norm:
+        weights = [(torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(DEVICE) for _ in range(2)]
+        kernel_norm = (*weights, 1e-6, 1e-6)
+
+        def sglang_norm(q_, k_):
+            return (
+                rms_norm_ref(q_.view(bs, -1, D), weights[0], 1e-6).view(bs, -1),
+                rms_norm_ref(k_.view(bs, -1, D), weights[1], 1e-6).view(bs, -1),
+            )
+
+        deferred_norm = dq.DeferredNorm(*kernel_norm, sglang_norm)
     if rope:
         half = D // 2
         angles = torch.arange(64, dtype=torch.float32)[:, None] / 10000 ** (torch.arange(half) / half)[None, :]
@@ -170,16 +182,19 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
             )
 
         kernel_rope = (cos_sin, positions)
-        dr._PENDING.set(dr.DeferredRope(cos_sin, positions, sglang_rope))
+        deferred_rope = dq.DeferredRope(cos_sin, positions, sglang_rope)
+    dq._NORM.set(deferred_norm)
+    dq._ROPE.set(deferred_rope)
     out = be.forward_decode(q, k, v, layer, SimpleNamespace(out_cache_loc=loc))
-    assert dr.take_deferred() is None
+    assert dq.take_deferred() is None
     assert len(stored) == (0 if plain_pool else 1)
     expected = torch.empty(bs, H_Q, D, dtype=torch.bfloat16, device=DEVICE)
     sparse_decode_ref(
         q.view(bs, H_Q, D), ref_k, ref_v, expected, req_to_token, be.inputs.req_pool_indices[:bs], sel_pos, sel_cnt,
         be.inputs.tail_start[:bs], be.inputs.seq_lens[:bs], D**-0.5, sel_rows=be.inputs.req_pool_indices[:bs],
-        new_kv=(k.view(bs, H_KV, D), v.view(bs, H_KV, D), loc), rope=kernel_rope,
+        new_kv=(k.view(bs, H_KV, D), v.view(bs, H_KV, D), loc), rope=kernel_rope, qk_norm=kernel_norm,
     )  # fmt: skip
-    torch.testing.assert_close(pool.k.float(), ref_k.float(), atol=1e-2, rtol=1e-2)  # rotated keys: rounding
+    # normalized and rotated keys: bf16 rounding after each step, in whatever order the sums ran
+    torch.testing.assert_close(pool.k.float(), ref_k.float(), atol=2e-2, rtol=2e-2)
     assert torch.equal(pool.v, ref_v)
     torch.testing.assert_close(out.view(bs, H_Q, D).float(), expected.float(), atol=2e-2, rtol=2e-2)

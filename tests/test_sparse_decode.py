@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sglang_sparsespec.kernels.rope import rope_neox_ref
+from sglang_sparsespec.kernels.qk_prologue import rms_norm_ref, rope_neox_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from triton_env import DEVICE
 
@@ -120,13 +120,17 @@ def _cos_sin_cache(max_pos: int, base: float = 10000.0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("num_kv_splits", [1, 3])
-@pytest.mark.parametrize("logit_cap, rope", [(0.0, False), (2.0, False), (0.0, True)])
-def test_sparse_decode_writes_the_step_kv_and_attends_it_from_registers(num_kv_splits, logit_cap, rope):
+@pytest.mark.parametrize(
+    "logit_cap, rope, norm",
+    [(0.0, False, False), (2.0, False, False), (0.0, True, False), (0.0, True, True), (0.0, False, True)],
+)
+def test_sparse_decode_writes_the_step_kv_and_attends_it_from_registers(num_kv_splits, logit_cap, rope, norm):
     """new_kv: each request's current slot starts as NaN (a read before the write would spread it), is written
     with the step's K/V, and the output is the reference's, which writes the slot first and then reads it.
     Rows: a long tail over splits, only the current token, selections only past an empty tail, a tail that
     starts after the current position (the current token is not attended, as without new_kv). With ``rope`` q
-    and the new key arrive unrotated: the stored key and the output are those of rotating them first."""
+    and the new key arrive unrotated, with ``norm`` unnormalized too: the stored key and the output are those of
+    normalizing, then rotating them first."""
     torch.manual_seed(60 + num_kv_splits)
     h_kv, group = 2, 2
     specs = [(150, 90, 40, 3), (1, 0, 0, 0), (70, 60, 48, 0), (25, 24, 5, 0), (30, 30, 0, 0)]
@@ -143,16 +147,24 @@ def test_sparse_decode_writes_the_step_kv_and_attends_it_from_registers(num_kv_s
     before_k, before_v = case["k_buffer"][untouched].clone(), case["v_buffer"][untouched].clone()
 
     rot = (_cos_sin_cache(200), case["seq_lens"] - 1) if rope else None
+    gen = torch.Generator().manual_seed(7)
+    qk_norm = (torch.rand(D, generator=gen) + 0.5, torch.rand(D, generator=gen) + 0.5, 1e-6, 1e-5) if norm else None
+    if norm:
+        qk_norm = (qk_norm[0].to(DEVICE).to(torch.bfloat16), qk_norm[1].to(DEVICE).to(torch.bfloat16), 1e-6, 1e-5)
+        case["q"] = case["q"] * 5  # unnormalized activations
     o = torch.full_like(case["q"], float("nan"))
     expected = o.clone()
-    sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, block_n=16, new_kv=(k_new, v_new, cur), rope=rot, **case)
-    sparse_decode_ref(o=expected, new_kv=(k_new, v_new, cur.int()), rope=rot, **ref_case)
+    new_kv = (k_new, v_new, cur)
+    sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, block_n=16, new_kv=new_kv, rope=rot, qk_norm=qk_norm, **case)
+    ref_case["q"] = case["q"]
+    sparse_decode_ref(o=expected, new_kv=(k_new, v_new, cur.int()), rope=rot, qk_norm=qk_norm, **ref_case)
     assert not o.isnan().any()
     torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
     assert (o[4] == 0).all()  # its tail starts past the current position: nothing attended
     torch.testing.assert_close(o[1].float(), v_new[1].float().repeat_interleave(group, 0))  # only itself
-    stored_k = rope_neox_ref(k_new, *rot) if rope else k_new
-    torch.testing.assert_close(case["k_buffer"][cur].float(), stored_k.float(), rtol=1e-2, atol=1e-2)
+    stored_k = rms_norm_ref(k_new, qk_norm[1], qk_norm[3]) if norm else k_new
+    stored_k = rope_neox_ref(stored_k, *rot) if rope else stored_k
+    torch.testing.assert_close(case["k_buffer"][cur].float(), stored_k.float(), rtol=2e-2, atol=2e-2)
     assert torch.equal(case["v_buffer"][cur], v_new)
     assert torch.equal(case["k_buffer"][untouched], before_k) and torch.equal(case["v_buffer"][untouched], before_v)
 
@@ -171,3 +183,8 @@ def test_sparse_decode_refuses_new_kv_it_cannot_store():
         sparse_decode_fwd(o=o, rope=(_cos_sin_cache(16), pos), **case)
     with pytest.raises(ValueError, match="rope needs new_kv"):
         sparse_decode_fwd(o=o, new_kv=(kv, kv, pos), rope=(_cos_sin_cache(16)[:, : D // 2], pos), **case)
+    w = torch.ones(D, device=DEVICE)
+    with pytest.raises(ValueError, match="qk_norm needs new_kv"):
+        sparse_decode_fwd(o=o, qk_norm=(w, w, 1e-6, 1e-6), **case)
+    with pytest.raises(ValueError, match="qk_norm needs new_kv"):
+        sparse_decode_fwd(o=o, new_kv=(kv, kv, pos), qk_norm=(w[:8], w, 1e-6, 1e-6), **case)

@@ -18,6 +18,11 @@ RUN_MARGIN = 1.3  # a config may be slower than the slowest one measured so far 
 RUN_OVERHEAD_S = 10.0
 
 
+def gpu_model(device: str | None) -> str | None:
+    """``NVIDIA H200, 143771 MiB, 580.159.04`` (``device_name()``) -> ``NVIDIA H200``."""
+    return device.split(",")[0].strip() if device else None
+
+
 def config_family(name: str) -> str:
     """``pillar-k4-coarse:budget_ratio=0.1`` -> ``pillar``; ``stock-flashinfer`` -> ``stock``."""
     return name.split(":")[0].split("-")[0]
@@ -36,14 +41,20 @@ class RunClock:
     starts: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def seeded(cls, docs: Iterable[dict[str, Any]]) -> RunClock:
+    def seeded(cls, docs: Iterable[dict[str, Any]], device: str | None = None) -> RunClock:
         """A clock holding the run times of the throughput results among ``docs`` (any run id) that
-        streamed in chunks: at stream interval 1 the HTTP path, not decoding, set the pace. Server starts
-        are not seeded: a warm node starts a server in 60-140 s, a fresh one in up to 240 s, and a
-        command knows which it is only from its own starts."""
+        streamed in chunks: at stream interval 1 the HTTP path, not decoding, set the pace. With ``device``
+        (``device_name()``), only the results of that GPU model when there are any: an H100's slower stock
+        runs planned an H200's 256 x 7K stock run at 270 s where it took ~150, and the run was skipped with
+        320 s left. Server starts are not seeded: a warm node starts a server in 60-140 s, a fresh one in up
+        to 240 s, and a command knows which it is only from its own starts."""
+        docs = [d for d in docs if d.get("kind") == "throughput"]
+        same = [
+            d for d in docs if device is not None and gpu_model(d.get("meta", {}).get("device")) == gpu_model(device)
+        ]
         clock = cls()
-        for doc in docs:
-            if doc.get("kind") != "throughput" or stream_interval(doc["config"]["flags"]) <= 1:
+        for doc in same or docs:
+            if stream_interval(doc["config"]["flags"]) <= 1:
                 continue
             for r in doc["runs"]:
                 m = r.get("metrics") or {}

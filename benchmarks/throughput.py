@@ -32,7 +32,7 @@ from typing import Any
 
 from benchmarks.bench_driver import BenchDriver
 from benchmarks.configs import CONFIGS_HELP, add_server_options, file_stem, parse_env, resolve_config
-from benchmarks.meta import new_run_id, provenance, run_metadata
+from benchmarks.meta import device_name, new_run_id, provenance, run_metadata
 from benchmarks.report import DEFAULT_RESULTS, load_results, throughput_rows, throughput_table
 from benchmarks.run_clock import RunClock
 from benchmarks.runlog import Deadline, RunLog
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     docs = []
     paths = result_paths(args)
-    clock = RunClock.seeded(load_results(DEFAULT_RESULTS)[0])
+    clock = RunClock.seeded(load_results(DEFAULT_RESULTS)[0], device=device_name())
     with BenchDriver(args.work_dir / "bench_driver.log") as driver:
         inv = Invocation(args, deadline, clock, log, driver)
         for config in args.server_configs:

@@ -208,3 +208,30 @@ def test_knobs_the_caller_exported_are_recorded_with_the_server(monkeypatch) -> 
     assert pillar.environment({})["SPARSESPEC_COST_CACHE"] == "off"  # measured from a cold start
     assert resolve_config("pillar:batch_phases=split").pillar_config({})["batch_phases"] == "split"
     assert pillar.pillar_config({"SPARSESPEC_BATCH_PHASES": "split"})["batch_phases"] == "split"
+
+
+def test_run_guesses_come_from_the_same_gpu_model_when_it_has_any():
+    """An H100's slower stock run must not plan an H200's (h200-e8410c8-7000 skipped a ~150 s stock run with
+    320 s left); a GPU with no results of its own plans with everyone's."""
+
+    def doc(device: str, tok_s: float) -> dict:
+        run = {
+            "status": "ok",
+            "concurrency": 256,
+            "metrics": {"duration": 7000 * 256 / tok_s, "total_output_tokens": 7000 * 256},
+        }
+        return {
+            "kind": "throughput",
+            "meta": {"device": device},
+            "config": {"name": "stock", "flags": ["--stream-interval", "8"]},
+            "workload": {"output_len": 7000},
+            "runs": [run],
+        }
+
+    docs = [
+        doc("NVIDIA H100 80GB HBM3, 81559 MiB, 570.1", 12000.0),
+        doc("NVIDIA H200, 143771 MiB, 580.159.04", 24000.0),
+    ]
+    assert run_clock.RunClock.seeded(docs, device="NVIDIA H200, 143771 MiB, 580.1").rate("stock", 256, 7000) == 24000.0
+    assert run_clock.RunClock.seeded(docs, device="NVIDIA B200, 183359 MiB, 580.1").rate("stock", 256, 7000) == 12000.0
+    assert run_clock.RunClock.seeded(docs).rate("stock", 256, 7000) == 12000.0  # the slowest of all

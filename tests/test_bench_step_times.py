@@ -139,3 +139,19 @@ def test_projections_and_the_report_use_the_fastest_stock_backend_of_the_run() -
     assert p["stock_config"] == "stock-flashinfer" and p["projected_speedup"] == pytest.approx(5.5 * 9.88 / 35.37)
     (cells,) = report.steps._step_rows({"servers": servers, "settings": {}})
     assert cells[3] == "9.880 (`stock-flashinfer`)" and cells[7] == "1.33x"
+
+
+def test_no_server_is_started_with_less_budget_than_the_fastest_start_so_far(
+    fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each config gets the budget the command's fastest start needed so far (never below MIN_START_S)."""
+    given: list[float] = []
+
+    def fake_run_config(config, model, args, deadline, log, min_start_s):
+        given.append(min_start_s)
+        return {"status": "ok", "rows": [], "startup_s": {"stock": 300.0, "pillar": 140.0}.get(config.name)}
+
+    monkeypatch.setattr(step_times, "run_config", fake_run_config)
+    flags = dict(shape="qwen3-1.7b", out=tmp_path / "s.json", contexts="8", batches=2, work_dir=tmp_path / "w")
+    assert step_times.main(cli(**flags, configs="stock,pillar,stock-flashinfer,pillar-streaming")) == 0
+    assert given == [step_times.MIN_START_S, 300.0, 140.0, 140.0]

@@ -12,8 +12,6 @@ from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_samp
 from sglang_sparsespec.patches import draft_logits as dl
 from triton_env import DEVICE
 
-from sglang_sparsespec.config import PillarConfig
-
 
 def _copy(processor, logits, logits_metadata, use_buffer=True, **kwargs):
     """Stands in for SGLang's copy: the fp32 logits cut to the vocabulary."""
@@ -41,24 +39,9 @@ def test_draft_steps_keep_half_precision_logits(padded: bool) -> None:
 
 
 def test_the_draft_runner_keeps_logits_in_draft_steps_only(monkeypatch) -> None:
-    from sglang_sparsespec.patches import draft_runner as dr
-    from test_draft_runner import FakeBackend, FakeModel, make_runner, sampling
+    from test_draft_runner import probe_forwards
 
-    seen: list[bool] = []
-    forward = FakeModel.forward
-
-    def recording(self, input_ids, positions, fb):
-        seen.append(dl._DRAFT_STEP.get())
-        return forward(self, input_ids, positions, fb)
-
-    monkeypatch.setattr(FakeModel, "forward", recording)
-    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
-    runner = make_runner([], plain_decode=True)
-    assert isinstance(runner.cfg, PillarConfig)
-    rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
-    runner.run(rpi, seq_lens, bonus, sampling(False), 2)
-    runner.decode_logits(rpi, seq_lens + 2, bonus)
-    assert seen == [True, True, False]
+    assert probe_forwards(monkeypatch, dl._DRAFT_STEP.get) == [True, True, False]
 
 
 def test_the_draft_sampler_draws_the_same_from_kept_logits_as_from_their_fp32_copy() -> None:

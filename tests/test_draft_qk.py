@@ -5,7 +5,6 @@ listed decoder classes only."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -144,23 +143,9 @@ def test_the_draft_runner_defers_qk_calls_in_draft_steps_of_listed_models_only(m
     """Draft steps defer the q/k calls only for a decoder class in QK_IN_KERNEL whose backend stores K/V
     in-kernel; the plain step never does."""
     import test_draft_runner
-    from sglang_sparsespec.patches import draft_runner
-    from test_draft_runner import FakeBackend, FakeModel, make_runner, sampling
+    from test_draft_runner import FakeBackend, FakeModel, probe_forwards
 
-    seen: list[bool] = []
-    forward = FakeModel.forward
-
-    def recording(self, input_ids, positions, fb):
-        seen.append(dq._DEFER.get())
-        return forward(self, input_ids, positions, fb)
-
-    monkeypatch.setattr(FakeModel, "forward", recording)
     monkeypatch.setattr(test_draft_runner, "FakeModel", type(model_name, (FakeModel,), {}))  # the runner's model
     monkeypatch.setattr(FakeBackend, "stores_in_kernel", in_kernel)
-    monkeypatch.setattr(draft_runner, "PillarDraftBackend", FakeBackend)
-    runner = make_runner([], plain_decode=True)
-    rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
-    runner.run(rpi, seq_lens, bonus, sampling(False), 2)
-    runner.decode_logits(rpi, seq_lens + 2, bonus)
     deferred = model_name in dq.QK_IN_KERNEL and in_kernel
-    assert seen == [deferred, deferred, False]
+    assert probe_forwards(monkeypatch, dq._DEFER.get) == [deferred, deferred, False]

@@ -11,6 +11,7 @@ the same chains and fill the same proposal blocks as the eager body.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -82,6 +83,25 @@ def make_runner(capture_bs: list[int], plain_decode: bool = False, seeded: bool 
 def runner(monkeypatch) -> dr.PillarDraftRunner:
     monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
     return make_runner([])
+
+
+def probe_forwards(monkeypatch, probe: Callable[[], object]) -> list[object]:
+    """What ``probe()`` returns inside each forward of two draft steps and then the plain step (a runner of
+    ``make_runner([], plain_decode=True)`` on ``FakeBackend``), in order."""
+    seen: list[object] = []
+    forward = FakeModel.forward
+
+    def recording(self, input_ids, positions, fb):
+        seen.append(probe())
+        return forward(self, input_ids, positions, fb)
+
+    monkeypatch.setattr(FakeModel, "forward", recording)
+    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+    runner = make_runner([], plain_decode=True)
+    rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
+    runner.run(rpi, seq_lens, bonus, sampling(False), 2)
+    runner.decode_logits(rpi, seq_lens + 2, bonus)
+    return seen
 
 
 def sampling(greedy: bool, seeds: list[int] | None = None) -> SimpleNamespace:

@@ -116,6 +116,7 @@ class PillarDraftBackend(TritonAttnBackend):
         inputs: DraftStepInputs,
         oracle: bool,
         plain: bool = False,
+        fused: bool = True,
     ):
         super().__init__(model_runner)
         self.state = state
@@ -125,7 +126,9 @@ class PillarDraftBackend(TritonAttnBackend):
         self.whole_prefix = False  # the current step is the plain step
         self.segments: SegmentMeta | None = None  # the current step is a mixed-phase forward
         self.whole: WholePrefixMeta | None = None
-        self.stores_in_kernel = not oracle and _plain_mha_pool(self.token_to_kv_pool, getattr(self, "dcp_size", 1))
+        self.stores_in_kernel = (
+            fused and not oracle and _plain_mha_pool(self.token_to_kv_pool, getattr(self, "dcp_size", 1))
+        )
         if plain:
             max_bs = inputs.req_pool_indices.shape[0]
             # Every row may reach the context length: with the radix cache, rows share prefix slots, so

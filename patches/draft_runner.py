@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 
-from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import DraftPrologue, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord
 
@@ -176,6 +176,7 @@ class PillarDraftRunner:
             self.inputs,
             oracle=cfg.policy is SelectionPolicy.ORACLE,
             plain=plain_decode,
+            fused=cfg.draft_prologue is DraftPrologue.FUSED,
         )
         # One draft step per (batch-size bucket, GREEDY / SAMPLED): all-greedy batches draft by argmax
         # and skip the draft records, which their verify never reads; PLAIN: the plain-decoding step.

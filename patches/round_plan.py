@@ -76,6 +76,7 @@ def setup_identity(cfg: PillarConfig, server_args, model_runner) -> dict[str, An
         "budget_ratio": cfg.budget_ratio,
         "min_budget": cfg.min_budget,
         "batch_phases": cfg.batch_phases.value,  # a mixed iteration prices the full-length round
+        "draft_prologue": cfg.draft_prologue.value,  # three launches a layer of every draft step
         "plugin": plugin,
     }
 

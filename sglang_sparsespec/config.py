@@ -87,6 +87,15 @@ class BatchPhases(str, Enum):
     MIXED = "mixed"
 
 
+class DraftPrologue(str, Enum):
+    """Where a draft step's K/V store, q/k norm and rotary embedding run (patches/draft_qk.py)."""
+
+    # Inside the sparse attention kernel, where SGLang's KV pool and the model allow it; else SGLang's kernels.
+    FUSED = "fused"
+    # SGLang's own kernels, one launch each a layer.
+    SGLANG = "sglang"
+
+
 # The draft counts "auto" adds below --speculative-num-steps: plain decoding and two short rounds.
 AUTO_STEPS = (0, 2, 4)
 
@@ -136,6 +145,7 @@ class PillarConfig:
     cost_cache: str = "auto"
     offload_host_gb: float = 0.0
     batch_phases: BatchPhases = BatchPhases.SPLIT
+    draft_prologue: DraftPrologue = DraftPrologue.FUSED
 
     def __post_init__(self) -> None:
         _parse_steps(self.adaptive_steps, self.num_steps)
@@ -289,6 +299,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards, "
          "then one verify; mixed = one group's verify and the others' draft step in each forward (slower on "
          "the H100)"),
+    Knob("DRAFT_PROLOGUE", "draft_prologue", "where a draft step's K/V store, q/k norm and rotary embedding "
+         "run: fused = inside its sparse attention kernel (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), "
+         "else and with sglang = SGLang's own kernels"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

@@ -149,3 +149,22 @@ def test_the_draft_runner_defers_qk_calls_in_draft_steps_of_listed_models_only(m
     monkeypatch.setattr(FakeBackend, "stores_in_kernel", in_kernel)
     deferred = model_name in dq.QK_IN_KERNEL and in_kernel
     assert probe_forwards(monkeypatch, dq._DEFER.get) == [deferred, deferred, False]
+
+
+@pytest.mark.parametrize("prologue, fused", [("fused", True), ("sglang", False)])
+def test_the_draft_prologue_knob_reaches_the_draft_backend(monkeypatch, prologue, fused):
+    """--pillar-draft-prologue sglang keeps SGLang's own store, q/k norm and rotary kernels in draft steps."""
+    from sglang_sparsespec.config import DraftPrologue
+    from sglang_sparsespec.patches import draft_runner
+    from test_draft_runner import FakeBackend, make_runner
+
+    given: list[bool] = []
+
+    class Recording(FakeBackend):
+        def __init__(self, *args, fused: bool = True, **kwargs):
+            super().__init__(*args, **kwargs)
+            given.append(fused)
+
+    monkeypatch.setattr(draft_runner, "PillarDraftBackend", Recording)
+    make_runner([], draft_prologue=DraftPrologue(prologue))
+    assert given == [fused]

@@ -29,7 +29,7 @@ V, K, BS = 97, 4, 3
 class FakeBackend:
     stores_in_kernel = False  # no KV pool: the draft steps keep the model's own rotary call
 
-    def __init__(self, model_runner, state, inputs, oracle, plain=False):
+    def __init__(self, model_runner, state, inputs, oracle, plain=False, fused=True):
         self.inputs, self.oracle = inputs, oracle
         self.plans: list[tuple[int, bool]] = []
 
@@ -57,7 +57,10 @@ def next_token(tok: int, pos: int, row: int) -> int:
     return (31 * tok + 7 * pos + row) % V
 
 
-def make_runner(capture_bs: list[int], plain_decode: bool = False, seeded: bool = False) -> dr.PillarDraftRunner:
+def make_runner(
+    capture_bs: list[int], plain_decode: bool = False, seeded: bool = False, **config: object
+) -> dr.PillarDraftRunner:
+    """A draft runner over the fake model; ``config``: PillarConfig fields beyond the runner's own."""
     req_to_token = torch.arange(8 * 64, dtype=torch.int32, device=DEVICE).view(8, 64) + 1000
     mr = SimpleNamespace(
         device=DEVICE,
@@ -70,7 +73,7 @@ def make_runner(capture_bs: list[int], plain_decode: bool = False, seeded: bool 
     state = PlanState.allocate(8, 2, 3, True, 16, torch.device(DEVICE))
     return dr.PillarDraftRunner(
         mr,
-        PillarConfig(num_steps=K, draft_candidates=4),
+        PillarConfig(num_steps=K, draft_candidates=4, **config),
         state,
         max_bs=8,
         capture_bs=capture_bs,

@@ -44,7 +44,9 @@ def graph_runner_spec_info(original, runner, num_tokens: int):
     spec_info = _eagle_style_dummy(
         runner.speculative_num_steps, runner.speculative_num_draft_tokens, runner.buffers.custom_mask
     )
-    spec_info.hidden_states = torch.zeros((num_tokens, mr.model_config.hidden_size), dtype=mr.dtype, device=mr.device)
+    spec_info.hidden_states = torch.zeros(
+        (num_tokens, mr.model_config.hidden_size), dtype=mr.dtype, device=mr.device
+    )
     return spec_info
 
 

@@ -23,3 +23,4 @@ class Hook:
     def applies(self, version: str | None = None) -> bool:
         """Whether this hook is applied on ``version`` (default: the installed release)."""
         return (version or versions.INSTALLED) in self.versions
+

@@ -1,4 +1,5 @@
-"""The start-up timeline's hooks (``startup_timeline``): one log line of where a server's start went."""
+"""The start-up timeline's hooks (``startup_timeline``): one log line of where a server's start went.
+"""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ class PillarVerifyInput(EagleVerifyInput):
         record, num_drafts = self.record, self.num_drafts
         greedy = sampling_info.is_all_greedy
         per_request = num_drafts is not None or sampling_info.has_custom_logit_processor
-        if not per_request if greedy else record is None:
+        if (not per_request if greedy else record is None):
             return eagle_sample(self, batch, logits_output, grammar_mask)
         logits = logits_output.next_token_logits
         self._process_logits(logits, sampling_info, grammar_mask)

@@ -86,7 +86,9 @@ class PillarWorker(BaseSpecWorker):
             self.cfg, self.metrics, self.clock, policy=policy, agreement=agreement, cost_file=cost_file
         )
         logger.info("PILLAR config: %s", self.cfg)
-        build_sampling_kernels(server_args.sampling_backend, self.model_runner.model_config.vocab_size, self.device)
+        build_sampling_kernels(
+            server_args.sampling_backend, self.model_runner.model_config.vocab_size, self.device
+        )
 
     def _phase_report(self, report) -> None:
         logger.info(format_report(report))
@@ -210,6 +212,7 @@ class PillarWorker(BaseSpecWorker):
             get_context().override("sparsespec.plain_restore", **widths)
         logger.info("PILLAR plain-decoding graphs (verify width 1) captured")
         return VerifyPass(backend, runner, own=False)
+
 
     # ---- per step --------------------------------------------------------------------
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):

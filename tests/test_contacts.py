@@ -180,7 +180,9 @@ def test_retract_all_takes_server_args_up_to_0_5_18_only(release, monkeypatch):
     symbol = "sglang.srt.managers.schedule_batch.retract_all"
     assert changes_at(symbol, "server_args") == ["0.5.17", "0.5.18"]
     stock, calls = stand_in(symbol, release), []
-    monkeypatch.setattr("sglang.srt.managers.schedule_batch.retract_all", lambda **kw: calls.append(stock(**kw)))
+    monkeypatch.setattr(
+        "sglang.srt.managers.schedule_batch.retract_all", lambda **kw: calls.append(stock(**kw))
+    )
     contacts.retract_all(server_args="sa", **{n: n for n in inspect.signature(stock).parameters if n != "server_args"})
     assert calls[0].get("server_args") == ("sa" if release == SUPPORTED[0] else None)
 

@@ -131,3 +131,4 @@ def test_stock_accept_reads_the_batch_as_sglang_lays_it_out(min_p, backend, monk
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert sampling_rows(info).backend is backend
     assert (sampling_rows(info).min_p is None) is not min_p
+

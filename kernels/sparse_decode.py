@@ -165,12 +165,12 @@ def _sparse_decode_stage1(
             # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
             e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
     if NEW_KV:
+        # The new key as a one-row tile, the shape the prologue works on.
         k_new_ptr = K_new + cur_b * stride_knb + cur_kv_head * stride_knh
-        k_new = tl.load(k_new_ptr + offs_d, mask=mask_d, other=0.0)
-        if ROPE or NORM:  # as a one-row tile
-            k_row = tl.load(k_new_ptr + offs_d[None, :], mask=mask_d[None, :], other=0.0)
+        k_row = tl.load(k_new_ptr + offs_d[None, :], mask=mask_d[None, :], other=0.0)
+        if ROPE or NORM:
             k_row = prologue_rows(k_row, k_new_ptr, offs_d[None, :], mask_d[None, :], K_w, k_eps, cs_row, D, NORM, ROPE)
-            k_new = tl.reshape(k_row, (BLOCK_D,))
+        k_new = tl.reshape(k_row, (BLOCK_D,))
         v_new = tl.load(V_new + cur_b * stride_vnb + cur_kv_head * stride_vnh + offs_d, mask=mask_d, other=0.0)
         if split == 0:  # one program per (request, KV head) writes the slot; none of this launch reads it
             slot_new = tl.load(Out_loc + cur_b).to(tl.int64)

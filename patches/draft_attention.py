@@ -234,8 +234,8 @@ class PillarDraftBackend(TritonAttnBackend):
         if prologue is not None and prologue.rope is not None:
             rope = (prologue.rope.cos_sin, prologue.rope.positions)
         if prologue is not None and prologue.norm is not None:
-            n = prologue.norm
-            norm = (n.q_weight, n.k_weight, n.q_eps, n.k_eps)
+            qk = prologue.norm
+            norm = (qk.q_weight, qk.k_weight, qk.q_eps, qk.k_eps)
         bs = q.shape[0]
         inputs = self.inputs
         rpi, tail_start, seq_lens = inputs.req_pool_indices[:bs], inputs.tail_start[:bs], inputs.seq_lens[:bs]

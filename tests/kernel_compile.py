@@ -162,6 +162,12 @@ def main() -> None:
         skinny_gemm(x, w, out, part, *config)
         skinny_gemm(x, w8, out, part, *config, scale=scale)  # fp8 weights, bf16 activations
     print("draft GEMM probe: ok")
+    from tools.gemm_chain import LAUNCHES
+
+    for config in LAUNCHES.values():  # the chain probe's programmatic dependent launches, with and without prefetch
+        for prefetch in (False, True):
+            skinny_gemm(x, w, out, part, *config, pdl=True, prefetch=prefetch)
+    print("GEMM chain probe: ok")
     from tools.vocab_pass_probe import pass_calls
 
     calls = pass_calls("top_p", 8, 1024, 4, dev="cpu")[0]

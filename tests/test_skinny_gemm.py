@@ -74,3 +74,9 @@ def test_quantizing_in_row_chunks_gives_the_whole_weights_quantization() -> None
     whole, whole_scale = quantize_rows(w, chunk=1024)
     parts, parts_scale = quantize_rows(w, chunk=16)  # 70 rows: four full chunks and a partial one
     assert torch.equal(parts.float(), whole.float()) and torch.equal(parts_scale, whole_scale)
+
+
+def test_prefetch_needs_a_programmatic_dependent_launch() -> None:
+    x, w = _inputs(4, 32, 256, seed=0)
+    with pytest.raises(ValueError, match="needs pdl"):
+        skinny_gemm(x, w, torch.empty(4, 32, dtype=x.dtype, device=DEVICE), pdl=False, prefetch=True)

@@ -8,6 +8,12 @@ Measured on an H200 (draft_gemm_h200_2021a7f.json, draft_gemm_h200_e8410c8.json)
 M = 64, and the fp8 copies run 0.6-0.8x cuBLAS's bf16 (the widened tile goes through registers instead of
 the asynchronous copy pipeline), so the product keeps cuBLAS. One program computes a [BLOCK_M, BLOCK_N] tile over
 one of SPLIT_K slices of K; with SPLIT_K > 1 the slices write fp32 partials that a second launch sums.
+
+A chain of these GEMMs can overlap each launch with the one before it (``pdl``: programmatic dependent launch,
+sm_90): a program lets the next launch start as soon as it runs, and waits for the previous launch's results
+only before its K loop reads x, so a GEMM's ramp (launch, first weight bytes in flight) overlaps the previous
+GEMM's tail. With ``prefetch`` a program also asks L2 for its whole weight slice (one ``prefetch.global.L2``
+per 128-byte line, which returns at once) before that wait: weights never depend on the previous launch.
 """
 
 from __future__ import annotations
@@ -38,8 +44,12 @@ def _skinny_gemm_kernel(
     SPLIT_K: tl.constexpr,
     STAGES: tl.constexpr,
     W_SCALED: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if PDL:  # the next launch may start now: it waits for this one's results before reading them
+        tl.extra.cuda.gdc_launch_dependents()
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -47,6 +57,11 @@ def _skinny_gemm_kernel(
     x_ptr = X + offs_m[:, None].to(tl.int64) * stride_xm + (pid_k * k_len + offs_k)[None, :]
     w_ptr = W + offs_n[:, None].to(tl.int64) * stride_wn + (pid_k * k_len + offs_k)[None, :]
     m_ok, n_ok = offs_m[:, None] < M, offs_n[:, None] < N
+    if PREFETCH:
+        LINE: tl.constexpr = 1024 // W.dtype.element_ty.primitive_bitwidth  # elements in a 128-byte line
+        _prefetch_slice(W, offs_n, N, stride_wn, pid_k * k_len, k_len, BLOCK_K, LINE)
+    if PDL:  # x is the previous launch's output
+        tl.extra.cuda.gdc_wait()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for _ in tl.range(0, k_len, BLOCK_K, num_stages=STAGES):
         x = tl.load(x_ptr, mask=m_ok, other=0.0)
@@ -65,7 +80,26 @@ def _skinny_gemm_kernel(
 
 
 @triton.jit
-def _split_sum_kernel(Part, Out, MN, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _prefetch_slice(W, offs_n, N, stride_wn, k0, k_len, BLOCK_K: tl.constexpr, LINE: tl.constexpr):
+    """One ``prefetch.global.L2`` for each LINE-element (128-byte) line of the weight rows offs_n, columns
+    k0 .. k0 + k_len: the instruction returns at once, the lines arrive while the program waits. Rows past N
+    prefetch row N - 1 again (a hint, never a fault)."""
+    rows = W + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn
+    lines = rows + (k0 + tl.arange(0, BLOCK_K // LINE) * LINE)[None, :]
+    for _ in range(0, k_len, BLOCK_K):
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [lines], dtype=tl.int32, is_pure=False, pack=1
+        )
+        lines += BLOCK_K
+
+
+@triton.jit
+def _split_sum_kernel(
+    Part, Out, MN, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):  # fmt: skip
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()  # the partials are the previous launch's output
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -85,13 +119,19 @@ def skinny_gemm(
     warps: int = 4,
     stages: int = 4,
     scale: torch.Tensor | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
 ) -> torch.Tensor:
     """out [M, N] = x [M, K] @ w [N, K].T, ``F.linear``'s product; returns ``out``.
 
     x, out: rows with a contiguous last dim; w: [N, K] contiguous, in x's dtype, or fp8 with ``scale`` [N] fp32
     (row n stands for scale[n] x w[n], as ``quantize_rows`` writes it). ``part``: [split_k, M, N] fp32 scratch
-    when split_k > 1. K must be a multiple of split_k x block_k. The launch parameters change speed only.
+    when split_k > 1. K must be a multiple of split_k x block_k. The launch parameters change speed only, and so
+    do ``pdl`` (a programmatic dependent launch, sm_90 and later; the split sum too) and ``prefetch`` (the weight
+    slice asked of L2 before the wait; compiled only, as is ``pdl``: the CPU interpreter runs neither).
     """
+    if prefetch and not pdl:
+        raise ValueError("prefetch overlaps the wait of a programmatic dependent launch: it needs pdl")
     m, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or out.shape != (m, n) or x.stride(1) != 1 or w.stride(1) != 1 or out.stride(1) != 1:
@@ -109,11 +149,11 @@ def skinny_gemm(
         x, w, out, part if part is not None else out, scale if scale is not None else out,
         m, n, k, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=stages,
-        W_SCALED=scale is not None, num_warps=warps,
+        W_SCALED=scale is not None, PDL=pdl, PREFETCH=prefetch, num_warps=warps, launch_pdl=pdl,
     )  # fmt: skip
     if split_k > 1:
         _split_sum_kernel[(triton.cdiv(m * n, 1024),)](
-            part, out, m * n, n, out.stride(0), SPLIT_K=split_k, BLOCK=1024,
+            part, out, m * n, n, out.stride(0), SPLIT_K=split_k, BLOCK=1024, PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return out
 

@@ -1,0 +1,161 @@
+"""A draft step's weight GEMMs as the dependent chain they form (Qwen3-1.7B, 64 rows): cuBLAS against the Triton
+skinny GEMM, plain and with programmatic dependent launch and L2 prefetch (GPU only).
+
+    python -m tools.gemm_chain --out benchmarks/results/kernels/gemm_chain_<device>_<commit>.json
+
+The layer probe (``layer_probe_h200_e837f22.json``) has a draft step's layer at 73.7 us, 43.0 of them its four
+GEMMs, which read 100 MB a layer: 23.4 us at 4.3 TB/s. At 64 rows each GEMM is one short launch whose ramp (the
+launch, the first weight bytes in flight) and tail leave HBM idle, and the next GEMM cannot start before the
+previous one ends, though only its x depends on it: its weights never do. A programmatic dependent launch (sm_90)
+lets each GEMM start while the previous one runs, ask L2 for its weight slice, and wait for x only before its K
+loop (``tools/skinny_gemm.py``). This probe times the 28 layers' chain, x -> qkv -> o -> gate/up -> down -> the
+next layer's x, each GEMM reading the previous one's output (o reads qkv's first 2048 columns, down gate/up's first
+6144, standing in for the attention and the activation between them), in one CUDA graph:
+
+- ``cublas``: ``F.linear``, what the draft steps run;
+- ``triton``: the skinny GEMM at the launch ``draft_gemm`` found fastest per projection at 64 rows;
+- ``triton_pdl``: the same as programmatic dependent launches;
+- ``triton_pdl_prefetch``: and each program's weight slice prefetched into L2 before its wait.
+
+Each variant's final x is compared with the ``triton`` chain's (``max_abs_diff``: 0 for the PDL variants, since
+they run the same arithmetic; anything else means a launch read an input before it was written) and with
+``cublas``'s (rounding only). Reading: a PDL variant well below ``triton`` (and ``cublas``) per layer says the
+draft forward's GEMMs can close part of their 20 us a layer by overlapping launches, which the draft steps would
+then need in their own GEMMs (and, for the overlap to reach across them, in the norm, attention and activation
+kernels between the GEMMs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tools.draft_gemm import SHAPES, projections
+from tools.kernels_setup import DEVICE, captured, provenance, write_result
+from tools.layer_probe import IDEAL_GBPS, replay_ms
+from tools.skinny_gemm import skinny_gemm
+
+MODEL = "qwen3-1.7b"
+CHAIN = ("qkv", "o", "gate_up", "down")
+# (block_n, block_k, split_k, warps, stages): the fastest Triton launch per projection at M = 64 in
+# draft_gemm_h200_e8410c8.json.
+LAUNCHES = {
+    "qkv": (32, 256, 1, 4, 4),
+    "o": (16, 256, 1, 4, 4),
+    "gate_up": (128, 128, 1, 4, 4),
+    "down": (32, 256, 2, 4, 4),
+}
+VARIANTS = ("cublas", "triton", "triton_pdl", "triton_pdl_prefetch")
+
+
+class Chain:
+    """28 layers' weights ([N, K], entries of std 1/sqrt(K), so x keeps its scale down the chain) and the chain's
+    preallocated activations."""
+
+    def __init__(self, bs: int):
+        dims = projections(MODEL)
+        layers = SHAPES[MODEL][-1]
+
+        def weight(name: str) -> torch.Tensor:
+            n, k = dims[name]
+            return torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) / k**0.5
+
+        self.weights = [{name: weight(name) for name in CHAIN} for _ in range(layers)]
+        self.x0 = torch.randn(bs, dims["qkv"][1], device=DEVICE, dtype=torch.bfloat16)
+        self.x = torch.empty_like(self.x0)
+        self.out = {name: torch.empty(bs, dims[name][0], device=DEVICE, dtype=torch.bfloat16) for name in CHAIN}
+        self.part = torch.empty(LAUNCHES["down"][2], bs, dims["down"][0], device=DEVICE)
+        self.bytes_per_layer = sum(n * k * 2 for name, (n, k) in dims.items() if name in CHAIN)
+
+    def inputs(self, name: str) -> torch.Tensor:
+        """What GEMM ``name`` reads: x, or the first K columns of the previous GEMM's output."""
+        if name == "qkv":
+            return self.x
+        previous = self.out[CHAIN[CHAIN.index(name) - 1]]
+        return previous[:, : self.weights[0][name].shape[1]]
+
+    def run(self, variant: str) -> None:
+        self.x.copy_(self.x0)
+        for layer in self.weights:
+            for name in CHAIN:
+                out = self.x if name == "down" else self.out[name]
+                if variant == "cublas":
+                    torch.matmul(self.inputs(name), layer[name].T, out=out)
+                    continue
+                block_n, block_k, split_k, warps, stages = LAUNCHES[name]
+                skinny_gemm(
+                    self.inputs(name), layer[name], out, self.part if split_k > 1 else None, block_n=block_n,
+                    block_k=block_k, split_k=split_k, warps=warps, stages=stages, pdl=variant != "triton",
+                    prefetch=variant == "triton_pdl_prefetch",
+                )  # fmt: skip
+
+    def call(self, variant: str) -> Callable[[], None]:
+        return lambda: self.run(variant)
+
+
+def measure(chain: Chain, variant: str, replays: int, reference: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Variant's time per layer and per step, its final x against the references; an error as a string."""
+    try:
+        graph = captured(chain.call(variant))
+        ms = replay_ms(graph, replays)
+        del graph
+        torch.cuda.empty_cache()
+    except Exception as exc:  # one variant failing (capture, launch attribute, kernel) leaves the others to run
+        return {"error": repr(exc)[:400]}
+    us = ms * 1e3 / len(chain.weights)
+    entry: dict[str, Any] = {
+        "us_per_layer": us,
+        "ms_per_step": ms,
+        "GBps": chain.bytes_per_layer / us / 1e3,
+        "ideal_us_per_layer": chain.bytes_per_layer / IDEAL_GBPS / 1e3,
+    }
+    for ref_name, ref in reference.items():
+        entry[f"max_abs_diff_vs_{ref_name}"] = (chain.x.float() - ref.float()).abs().max().item()
+    return entry
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--bs", type=int, default=64)
+    parser.add_argument("--replays", type=int, default=20)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gemm_chain needs a CUDA GPU")
+    started = time.time()
+    chain = Chain(args.bs)
+    reference = {}
+    for name in ("triton", "cublas"):  # eager, without PDL: what the timed variants' final x is compared with
+        chain.run(name)
+        reference[name] = chain.x.clone()
+    results = {}
+    for variant in VARIANTS:
+        r = results[variant] = measure(chain, variant, args.replays, reference)
+        line = (
+            f"{r['us_per_layer']:.1f} us/layer, {r['ms_per_step']:.3f} ms/step, "
+            f"diff vs triton {r['max_abs_diff_vs_triton']:.3g}"
+            if "error" not in r
+            else f"error {r['error']}"
+        )
+        print(f"{variant}: {line}", flush=True)
+    settings = {
+        "model": MODEL,
+        "bs": args.bs,
+        "layers": len(chain.weights),
+        "launches": LAUNCHES,
+        "bytes_per_layer": chain.bytes_per_layer,
+        "replays": args.replays,
+        "timing": "the layers' chain captured in one CUDA graph after an eager call on a side stream, mean of the "
+        "replays",
+        "wall_s": time.time() - started,
+    }
+    write_result(args.out, {**provenance("gemm_chain"), "settings": settings, "variants": results})
+
+
+if __name__ == "__main__":
+    main()

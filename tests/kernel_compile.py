@@ -167,6 +167,13 @@ def main() -> None:
     for config in LAUNCHES.values():  # the chain probe's programmatic dependent launches, with and without prefetch
         for prefetch in (False, True):
             skinny_gemm(x, w, out, part, *config, pdl=True, prefetch=prefetch)
+    # its fused layer: the add-RMSNorm prologue (qkv, gate/up launches) and SiLU-and-mul (down, split K)
+    for config in (LAUNCHES["qkv"], LAUNCHES["gate_up"]):
+        norm = (x, torch.empty_like(x), torch.empty(2048, dtype=torch.bfloat16), 1e-6)
+        skinny_gemm(x, w, out, None, *config, pdl=True, prefetch=True, add_norm=norm)
+    gate_up = torch.empty(bs, 2 * 6144, dtype=torch.bfloat16)
+    down_w, down_out = torch.empty(2048, 6144, dtype=torch.bfloat16), torch.empty(bs, 2048, dtype=torch.bfloat16)
+    skinny_gemm(gate_up, down_w, down_out, part, *LAUNCHES["down"], pdl=True, prefetch=True, silu_mul=True)
     print("GEMM chain probe: ok")
     from tools.vocab_pass_probe import pass_calls
 

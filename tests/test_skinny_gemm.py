@@ -1,5 +1,6 @@
 """The draft GEMM probe's kernel (tools/skinny_gemm.py) against its reference: bf16 weights and fp8 copies with
-per-channel scales, split-K, row and column tails; the fp8 copy's error against the exact product; refused inputs.
+per-channel scales, split-K, row and column tails; the fp8 copy's error against the exact product; the add-RMSNorm
+and SiLU-and-mul prologues against SGLang's separate steps; refused inputs.
 
 Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py); with CUDA it runs compiled.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tools.skinny_gemm import FP8_MAX, quantize_rows, skinny_gemm, skinny_gemm_ref
+from tools.skinny_gemm import FP8_MAX, add_norm_scale, prologue_ref, quantize_rows, skinny_gemm, skinny_gemm_ref
 from triton_env import DEVICE
 
 
@@ -80,3 +81,61 @@ def test_prefetch_needs_a_programmatic_dependent_launch() -> None:
     x, w = _inputs(4, 32, 256, seed=0)
     with pytest.raises(ValueError, match="needs pdl"):
         skinny_gemm(x, w, torch.empty(4, 32, dtype=x.dtype, device=DEVICE), pdl=False, prefetch=True)
+
+
+def _norm_inputs(m: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    residual = torch.randn(m, k, generator=gen) * 3
+    weight = 1 + 0.2 * torch.randn(k, generator=gen)
+    return residual.to(torch.bfloat16).to(DEVICE), weight.to(torch.bfloat16).to(DEVICE)
+
+
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_add_norm_prologue_is_the_norm_then_the_gemm(block_n: int) -> None:
+    m, n, k, eps = 19, 40, 256, 1e-6
+    x, w = _inputs(m, n, k, seed=5)
+    residual, weight = _norm_inputs(m, k, seed=6)
+    residual_out = torch.full_like(residual, float("nan"))
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    skinny_gemm(x, w, out, block_n=block_n, block_k=64, stages=2, add_norm=(residual, residual_out, weight, eps))
+    h = torch.empty_like(residual)
+    a = prologue_ref(x, add_norm=(residual, h, weight, eps))
+    # the new residual stream, as SGLang's fused add-RMSNorm leaves it (the interpreter may round bf16 otherwise)
+    torch.testing.assert_close(residual_out, h, rtol=2**-7, atol=0.0)
+    # each operand within a bf16 rounding (2^-8 of itself; the interpreter may round bf16 otherwise than the GPU)
+    # and the output's own rounding: bounds relative to the terms' absolute sum, which cancellation cannot shrink
+    scale = add_norm_scale(h, eps)
+    terms = a.float().abs() @ w.float().abs().T * scale
+    assert ((out.float() - a.float() @ w.float().T * scale).abs() <= 2**-7 * terms + 1e-3).all()
+    # against SGLang's order (normalize, round to bf16, then the GEMM): the same up to those roundings
+    normed = (h.float() * scale * weight.float()).to(torch.bfloat16)
+    assert ((out.float() - normed.float() @ w.float().T).abs() <= 2**-6 * terms + 1e-3).all()
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_silu_mul_prologue_is_the_activation_then_the_gemm(split_k: int) -> None:
+    m, n, k = 19, 40, 256
+    gate_up = torch.randn(m, 2 * k, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16).to(DEVICE)
+    _, w = _inputs(1, n, k, seed=9)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    part = torch.empty(split_k, m, n, device=DEVICE)
+    skinny_gemm(gate_up, w, out, part, block_n=32, block_k=64, split_k=split_k, stages=2, silu_mul=True)
+    a = prologue_ref(gate_up, silu_mul=True)
+    terms = a.float().abs() @ w.float().abs().T  # bounds as in the add-norm test
+    assert ((out.float() - a.float() @ w.float().T).abs() <= 2**-7 * terms + 1e-3).all()
+
+
+def test_prologues_refuse_what_they_cannot_compute() -> None:
+    x, w = _inputs(4, 32, 128, seed=2)
+    out = torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE)
+    residual, weight = _norm_inputs(4, 128, seed=3)
+    with pytest.raises(ValueError, match="split_k = 1"):
+        skinny_gemm(x, w, out, torch.empty(2, 4, 32, device=DEVICE), block_k=64, split_k=2,
+                    add_norm=(residual, torch.empty_like(residual), weight, 1e-6))  # fmt: skip
+    with pytest.raises(ValueError, match="another tensor"):
+        skinny_gemm(x, w, out, block_k=64, add_norm=(residual, residual, weight, 1e-6))
+    with pytest.raises(ValueError, match="one prologue"):
+        skinny_gemm(x, w, out, block_k=64, add_norm=(residual, torch.empty_like(residual), weight, 1e-6),
+                    silu_mul=True)  # fmt: skip
+    with pytest.raises(ValueError, match="contiguous rows"):
+        skinny_gemm(x, w, out, block_k=64, silu_mul=True)  # silu_mul reads [gate | up]: 2K columns

@@ -17,7 +17,14 @@ next layer's x, each GEMM reading the previous one's output (o reads qkv's first
 - ``triton_pdl``: the same as programmatic dependent launches;
 - ``triton_pdl_prefetch``: and each program's weight slice prefetched into L2 before its wait.
 
-Each variant's final x is compared with the ``triton`` chain's (``max_abs_diff``: 0 for the PDL variants, since
+Two more variants run whole draft-step layers (``layer_probe.DraftStep``: own weights and KV pools, the real sparse
+attention): ``layer``, the layer probe's SGLang sequence (add-RMSNorm, qkv, attention, o, add-RMSNorm, gate/up,
+SiLU-and-mul, down: cuBLAS and sgl_kernel), and ``layer_fused_pdl``, five launches a layer: qkv with the
+add-RMSNorm as its prologue, the attention, o, gate/up with the second add-RMSNorm, down with SiLU-and-mul, every
+GEMM a programmatic dependent launch with its weights prefetched (the norms' row scale is applied after the
+product, so the layer's output differs from ``layer``'s by rounding: ``rel_diff_vs_layer``).
+
+Each chain variant's final x is compared with the ``triton`` chain's (``max_abs_diff``: 0 for the PDL variants, since
 they run the same arithmetic; anything else means a launch read an input before it was written) and with
 ``cublas``'s (rounding only). Reading: a PDL variant well below ``triton`` (and ``cublas``) per layer says the
 draft forward's GEMMs can close part of their 20 us a layer by overlapping launches, which the draft steps would
@@ -37,7 +44,7 @@ import torch
 
 from tools.draft_gemm import SHAPES, projections
 from tools.kernels_setup import DEVICE, captured, provenance, write_result
-from tools.layer_probe import IDEAL_GBPS, replay_ms
+from tools.layer_probe import EPS, IDEAL_GBPS, DraftStep, replay_ms, small_kernels
 from tools.skinny_gemm import skinny_gemm
 
 MODEL = "qwen3-1.7b"
@@ -51,6 +58,7 @@ LAUNCHES = {
     "down": (32, 256, 2, 4, 4),
 }
 VARIANTS = ("cublas", "triton", "triton_pdl", "triton_pdl_prefetch")
+LAYER_VARIANTS = ("layer", "layer_fused_pdl")
 
 
 class Chain:
@@ -98,6 +106,76 @@ class Chain:
         return lambda: self.run(variant)
 
 
+class FusedLayers:
+    """The layer probe's draft step run as five launches a layer (module docstring), on its weights and pools; the
+    residual stream alternates between two buffers, since a prologue's programs read one while one column of them
+    writes the other."""
+
+    def __init__(self, step: DraftStep):
+        self.step = step
+        self.residuals = (step.residual, torch.empty_like(step.residual))
+        self.hidden = torch.empty_like(step.x)
+        self.o_out = torch.empty_like(step.x)
+        self.part = torch.empty(LAUNCHES["down"][2], *step.x.shape, device=DEVICE)
+
+    def gemm(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, **prologue: Any) -> None:
+        block_n, block_k, split_k, warps, stages = LAUNCHES[name]
+        skinny_gemm(
+            x, w, out, self.part if split_k > 1 else None, block_n=block_n, block_k=block_k, split_k=split_k,
+            warps=warps, stages=stages, pdl=True, prefetch=True, **prologue,
+        )  # fmt: skip
+
+    def run(self) -> torch.Tensor:
+        step, (res_a, res_b) = self.step, self.residuals
+        hidden = step.x
+        for layer in step.layers:
+            self.gemm("qkv", hidden, layer.qkv, step.qkv, add_norm=(res_a, res_b, layer.norm_in, EPS))
+            step.attend(layer, step.qkv[:, : step.q_cols].view(step.q_shape))
+            self.gemm("o", step.attn, layer.o, self.o_out)
+            self.gemm("gate_up", self.o_out, layer.gate_up, step.gate_up, add_norm=(res_b, res_a, layer.norm_post, EPS))
+            self.gemm("down", step.gate_up, layer.down, self.hidden, silu_mul=True)
+            hidden = self.hidden
+        return hidden
+
+
+def layer_variants(args: argparse.Namespace) -> dict[str, Any]:
+    """``layer`` and ``layer_fused_pdl`` on one DraftStep: their times, and the fused output against the layer's
+    (both from the same x and residual)."""
+    norm, silu_mul, small_ops = small_kernels()
+    step = DraftStep(args.bs, args.len, 1, norm, silu_mul)
+    fused = FusedLayers(step)
+    x0, residual0 = step.x.clone(), step.residual.clone()
+    results: dict[str, Any] = {"small_ops": small_ops}
+
+    def sglang_layers() -> torch.Tensor:
+        hidden = step.x
+        for i in range(len(step.layers)):
+            hidden = step.layer(i, hidden)
+        return hidden
+
+    outputs = {}
+    for variant, call in (("layer", sglang_layers), ("layer_fused_pdl", fused.run)):
+        outputs[variant] = None
+        try:
+            graph = captured(call)
+            ms = replay_ms(graph, args.replays)
+            del graph
+            torch.cuda.empty_cache()
+            step.x.copy_(x0)
+            step.residual.copy_(residual0)
+            outputs[variant] = call()
+        except Exception as exc:  # the fused variant failing leaves the layer's time standing
+            results[variant] = {"error": repr(exc)[:400]}
+            continue
+        us = ms * 1e3 / len(step.layers)
+        results[variant] = {"us_per_layer": us, "ms_per_step": ms}
+    if outputs["layer"] is not None and outputs["layer_fused_pdl"] is not None:
+        ref = outputs["layer"].float()
+        diff = (outputs["layer_fused_pdl"].float() - ref).norm() / ref.norm().clamp_min(1e-12)
+        results["layer_fused_pdl"]["rel_diff_vs_layer"] = diff.item()
+    return results
+
+
 def measure(chain: Chain, variant: str, replays: int, reference: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Variant's time per layer and per step, its final x against the references; an error as a string."""
     try:
@@ -124,11 +202,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--bs", type=int, default=64)
     parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--len", type=int, default=4096, help="context of the layer variants' attention")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gemm_chain needs a CUDA GPU")
     started = time.time()
     chain = Chain(args.bs)
+    bytes_per_layer = chain.bytes_per_layer
     reference = {}
     for name in ("triton", "cublas"):  # eager, without PDL: what the timed variants' final x is compared with
         chain.run(name)
@@ -143,12 +223,21 @@ def main() -> None:
             else f"error {r['error']}"
         )
         print(f"{variant}: {line}", flush=True)
+    del chain  # its weights, before the layer variants' pools (~33 GB)
+    torch.cuda.empty_cache()
+    layers = layer_variants(args)
+    for variant in LAYER_VARIANTS:
+        r = layers[variant]
+        line = f"{r['us_per_layer']:.1f} us/layer, {r['ms_per_step']:.3f} ms/step" if "error" not in r else r["error"]
+        print(f"{variant}: {line}" + (f", rel diff {r['rel_diff_vs_layer']:.3g}" if "rel_diff_vs_layer" in r else ""))
+    results.update(layers)
     settings = {
         "model": MODEL,
         "bs": args.bs,
-        "layers": len(chain.weights),
+        "layers": SHAPES[MODEL][-1],
+        "len": args.len,
         "launches": LAUNCHES,
-        "bytes_per_layer": chain.bytes_per_layer,
+        "bytes_per_layer": bytes_per_layer,
         "replays": args.replays,
         "timing": "the layers' chain captured in one CUDA graph after an eager call on a side stream, mean of the "
         "replays",

@@ -19,10 +19,15 @@ per 128-byte line, which returns at once) before that wait: weights never depend
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+# What the kernel applies to x as it loads it (``prologue``): nothing, SGLang's fused add-RMSNorm, SiLU-and-mul.
+PROLOGUES = {"none": 0, "add_norm": 1, "silu_mul": 2}
+ADD_NORM: tl.constexpr = tl.constexpr(PROLOGUES["add_norm"])
+SILU_MUL: tl.constexpr = tl.constexpr(PROLOGUES["silu_mul"])
 
 
 @triton.jit
@@ -38,6 +43,11 @@ def _skinny_gemm_kernel(
     stride_xm,
     stride_wn,
     stride_om,
+    R,
+    R_out,
+    G,
+    eps,
+    stride_rm,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -46,6 +56,7 @@ def _skinny_gemm_kernel(
     W_SCALED: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PROLOGUE: tl.constexpr,
 ):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if PDL:  # the next launch may start now: it waits for this one's results before reading them
@@ -63,8 +74,27 @@ def _skinny_gemm_kernel(
     if PDL:  # x is the previous launch's output
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if PROLOGUE == ADD_NORM:  # one K slice (SPLIT_K = 1): the row norms need the whole row
+        r_off = offs_m[:, None].to(tl.int64) * stride_rm + offs_k[None, :]
+        g_ptr = G + offs_k
+        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
     for _ in tl.range(0, k_len, BLOCK_K, num_stages=STAGES):
         x = tl.load(x_ptr, mask=m_ok, other=0.0)
+        if PROLOGUE == ADD_NORM:
+            # h = x + residual, rounded as the residual stream holds it; the GEMM reads h * g and the row's
+            # 1 / rms(h) scales the product after the loop (it is constant along K)
+            h = (x.to(tl.float32) + tl.load(R + r_off, mask=m_ok, other=0.0).to(tl.float32)).to(x.dtype)
+            if pid_n == 0:  # one column of programs writes the new residual; R_out is not R, which others read
+                tl.store(R_out + r_off, h, mask=m_ok)
+            hf = h.to(tl.float32)
+            sum_sq += tl.sum(hf * hf, axis=1)
+            x = (hf * tl.load(g_ptr).to(tl.float32)[None, :]).to(x.dtype)
+            r_off += BLOCK_K
+            g_ptr += BLOCK_K
+        elif PROLOGUE == SILU_MUL:  # x holds [gate | up] rows, K columns each
+            gate = x.to(tl.float32)
+            up = tl.load(x_ptr + K, mask=m_ok, other=0.0).to(tl.float32)
+            x = (gate * tl.sigmoid(gate) * up).to(x.dtype)
         w = tl.load(w_ptr, mask=n_ok, other=0.0).to(x.dtype)
         acc = tl.dot(x, tl.trans(w), acc)
         x_ptr += BLOCK_K
@@ -72,6 +102,8 @@ def _skinny_gemm_kernel(
     n_in = offs_n < N
     if W_SCALED:  # the channel's scale is constant along K: it scales each slice's sum
         acc *= tl.load(Scale + offs_n, mask=n_in, other=0.0)[None, :]
+    if PROLOGUE == ADD_NORM:
+        acc *= tl.rsqrt(sum_sq / K + eps)[:, None]
     ok = (offs_m[:, None] < M) & n_in[None, :]
     if SPLIT_K == 1:
         tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(Out.dtype.element_ty), mask=ok)
@@ -121,6 +153,8 @@ def skinny_gemm(
     scale: torch.Tensor | None = None,
     pdl: bool = False,
     prefetch: bool = False,
+    add_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None,
+    silu_mul: bool = False,
 ) -> torch.Tensor:
     """out [M, N] = x [M, K] @ w [N, K].T, ``F.linear``'s product; returns ``out``.
 
@@ -129,13 +163,29 @@ def skinny_gemm(
     when split_k > 1. K must be a multiple of split_k x block_k. The launch parameters change speed only, and so
     do ``pdl`` (a programmatic dependent launch, sm_90 and later; the split sum too) and ``prefetch`` (the weight
     slice asked of L2 before the wait; compiled only, as is ``pdl``: the CPU interpreter runs neither).
+    A prologue replaces the launch before the GEMM: ``add_norm`` = (residual, residual_out, norm weight [K], eps)
+    multiplies RMSNorm(h) * weight, h = x + residual, and writes h to residual_out (not residual: other programs
+    still read it), with one K slice; ``silu_mul`` multiplies silu(gate) * up of x = [gate | up] ([M, 2K]).
     """
     if prefetch and not pdl:
         raise ValueError("prefetch overlaps the wait of a programmatic dependent launch: it needs pdl")
-    m, k = x.shape
-    n = w.shape[0]
-    if w.shape[1] != k or out.shape != (m, n) or x.stride(1) != 1 or w.stride(1) != 1 or out.stride(1) != 1:
+    if add_norm is not None and silu_mul:
+        raise ValueError("one prologue at a time: add_norm or silu_mul")
+    m = x.shape[0]
+    n, k = w.shape
+    x_cols = 2 * k if silu_mul else k
+    if x.shape[1] != x_cols or out.shape != (m, n) or x.stride(1) != 1 or w.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"x [M, K], w [N, K], out [M, N] with contiguous rows, got {x.shape} {w.shape} {out.shape}")
+    if add_norm is not None:
+        residual, residual_out, norm_weight, eps = add_norm
+        if split_k != 1 or residual.shape != x.shape or residual_out.shape != x.shape or norm_weight.shape != (k,):
+            raise ValueError("add_norm needs split_k = 1, residual and residual_out shaped as x, a weight [K]")
+        if residual.stride() != residual_out.stride() or residual_out.data_ptr() == residual.data_ptr():
+            raise ValueError("add_norm's residual_out must be another tensor, laid out as residual")
+    else:
+        residual = residual_out = norm_weight = out
+        eps = 0.0
+    prologue = PROLOGUES["add_norm" if add_norm is not None else "silu_mul" if silu_mul else "none"]
     exact = scale is None and w.dtype == x.dtype
     if not exact and not (scale is not None and w.dtype == torch.float8_e4m3fn and scale.shape == (n,)):
         raise ValueError(f"w in x's dtype ({x.dtype}), or fp8 with a scale [N]; got {w.dtype}, scale {scale}")
@@ -147,9 +197,9 @@ def skinny_gemm(
     grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
     _skinny_gemm_kernel[grid](
         x, w, out, part if part is not None else out, scale if scale is not None else out,
-        m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=stages,
-        W_SCALED=scale is not None, PDL=pdl, PREFETCH=prefetch, num_warps=warps, launch_pdl=pdl,
+        m, n, k, x.stride(0), w.stride(0), out.stride(0), residual, residual_out, norm_weight, eps,
+        residual.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=stages,
+        W_SCALED=scale is not None, PDL=pdl, PREFETCH=prefetch, PROLOGUE=prologue, num_warps=warps, launch_pdl=pdl,
     )  # fmt: skip
     if split_k > 1:
         _split_sum_kernel[(triton.cdiv(m * n, 1024),)](
@@ -172,7 +222,29 @@ def quantize_rows(w: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, tor
     return w8, scale
 
 
+def prologue_ref(
+    x: torch.Tensor,
+    add_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None,
+    silu_mul: bool = False,
+) -> torch.Tensor:
+    """What ``skinny_gemm``'s prologue hands its GEMM, in plain torch (``add_norm`` writes residual_out too): the
+    weighted h without its row scale, which the GEMM applies after the product."""
+    if silu_mul:
+        gate, up = x.float().chunk(2, dim=-1)
+        return (F.silu(gate) * up).to(x.dtype)
+    if add_norm is None:
+        return x
+    residual, residual_out, norm_weight, _ = add_norm
+    residual_out.copy_((x.float() + residual.float()).to(x.dtype))
+    return (residual_out.float() * norm_weight.float()).to(x.dtype)
+
+
+def add_norm_scale(h: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / rms of each row of h [M, K] (fp32): the factor ``skinny_gemm``'s add_norm applies after its product."""
+    return torch.rsqrt(h.float().pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
 def skinny_gemm_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Plain-torch ``skinny_gemm`` (fp32 math, x's dtype out)."""
+    """Plain-torch ``skinny_gemm`` without a prologue (fp32 math, x's dtype out)."""
     wf = w.float() if scale is None else w.float() * scale[:, None]
     return (x.float() @ wf.T).to(x.dtype)

@@ -103,7 +103,11 @@ def _sparse_decode_stage1(
     NEW_KV: tl.constexpr,
     ROPE: tl.constexpr,
     NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # the next launch may start now; every input here may be the previous launch's output
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     cur_b = tl.program_id(0).to(tl.int64)
     cur_kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -221,6 +225,7 @@ def sparse_decode_fwd(
     block_n: int = 32,
     num_warps: int = 4,
     num_stages: int = 3,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -239,6 +244,8 @@ def sparse_decode_fwd(
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
     H100 sweep, benchmarks/results/kernels/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
+    pdl: stage 1 as a programmatic dependent launch (sm_90 and later, compiled only; speed only): it lets the
+    next launch start as soon as it runs and waits for the previous launch before reading anything.
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -312,8 +319,8 @@ def sparse_decode_fwd(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, KMAX=sel_pos.shape[2], D=d, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,
-        NEW_KV=new_kv is not None, ROPE=rope is not None, NORM=qk_norm is not None,
-        num_warps=num_warps, num_stages=num_stages,
+        NEW_KV=new_kv is not None, ROPE=rope is not None, NORM=qk_norm is not None, PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
     )  # fmt: skip
     if num_kv_splits == 1:
         return o

@@ -21,7 +21,7 @@ Two more variants run whole draft-step layers (``layer_probe.DraftStep``: own we
 attention): ``layer``, the layer probe's SGLang sequence (add-RMSNorm, qkv, attention, o, add-RMSNorm, gate/up,
 SiLU-and-mul, down: cuBLAS and sgl_kernel), and ``layer_fused_pdl``, five launches a layer: qkv with the
 add-RMSNorm as its prologue, the attention, o, gate/up with the second add-RMSNorm, down with SiLU-and-mul, every
-GEMM a programmatic dependent launch with its weights prefetched (the norms' row scale is applied after the
+launch a programmatic dependent one and every GEMM's weights prefetched (the norms' row scale is applied after the
 product, so the layer's output differs from ``layer``'s by rounding: ``rel_diff_vs_layer``).
 
 Each chain variant's final x is compared with the ``triton`` chain's (``max_abs_diff``: 0 for the PDL variants, since
@@ -130,7 +130,7 @@ class FusedLayers:
         hidden = step.x
         for layer in step.layers:
             self.gemm("qkv", hidden, layer.qkv, step.qkv, add_norm=(res_a, res_b, layer.norm_in, EPS))
-            step.attend(layer, step.qkv[:, : step.q_cols].view(step.q_shape))
+            step.attend(layer, step.qkv[:, : step.q_cols].view(step.q_shape), pdl=True)
             self.gemm("o", step.attn, layer.o, self.o_out)
             self.gemm("gate_up", self.o_out, layer.gate_up, step.gate_up, add_norm=(res_b, res_a, layer.norm_post, EPS))
             self.gemm("down", step.gate_up, layer.down, self.hidden, silu_mul=True)

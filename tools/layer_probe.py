@@ -187,10 +187,10 @@ class DraftStep:
             weights.append(self.layers[i + 1].qkv)
         return weights
 
-    def attend(self, layer: Layer, q: torch.Tensor) -> None:
+    def attend(self, layer: Layer, q: torch.Tensor, pdl: bool = False) -> None:
         sparse_decode_fwd(
             q, layer.k, layer.v, self.o, self.req_to_token, self.rpi, self.sel, self.sel_cnt, self.tail_start,
-            self.seq_lens, self.shape.d**-0.5,
+            self.seq_lens, self.shape.d**-0.5, pdl=pdl,
         )  # fmt: skip
 
     def layer(self, i: int, hidden: torch.Tensor, prefetch: str = "") -> torch.Tensor:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tools.kernels_setup import provenance, write_result
+from tools.kernels_setup import provenance, replay_ms, write_result
 from tools.skinny_gemm import quantize_rows, skinny_gemm
 
 
@@ -75,15 +75,7 @@ def graph_us(calls: list, reps: int = 20) -> float:
     with torch.cuda.graph(graph):
         for c in calls:
             c()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps / len(calls)
+    return replay_ms(graph, reps) * 1e3 / len(calls)
 
 
 def measure(shape: str, m: int, grid: list[tuple[int, int, int, int, int]]) -> list[dict[str, Any]]:

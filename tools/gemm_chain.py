@@ -43,8 +43,8 @@ from typing import Any
 import torch
 
 from tools.draft_gemm import SHAPES, projections
-from tools.kernels_setup import DEVICE, captured, provenance, write_result
-from tools.layer_probe import EPS, IDEAL_GBPS, DraftStep, replay_ms, small_kernels
+from tools.kernels_setup import DEVICE, captured, provenance, replay_ms, write_result
+from tools.layer_probe import EPS, IDEAL_GBPS, DraftStep, small_kernels
 from tools.skinny_gemm import skinny_gemm
 
 MODEL = "qwen3-1.7b"

@@ -59,6 +59,20 @@ def bench_us(fn: Callable[[], object]) -> float:
     return ms * 1e3
 
 
+def replay_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """Mean ms of one replay over ``replays`` back-to-back replays (after an untimed one), between two events: for
+    work that reads more than L2 holds, where flushing it between replays changes nothing."""
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / replays
+
+
 def timed_or_note(fn: Callable[[], object] | str) -> float | str:
     """Time a baseline; one that cannot be captured in a CUDA graph is timed eagerly (L2 still flushed)."""
     if isinstance(fn, str):

@@ -47,7 +47,17 @@ from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 
 from tools.draft_gemm import SHAPES as GEMM_SHAPES
 from tools.draft_gemm import projections
-from tools.kernels_setup import DEVICE, SHAPES, TAIL, captured, draft_selection, make_pool, provenance, write_result
+from tools.kernels_setup import (
+    DEVICE,
+    SHAPES,
+    TAIL,
+    captured,
+    draft_selection,
+    make_pool,
+    provenance,
+    replay_ms,
+    write_result,
+)
 
 MODEL = "qwen3-1.7b"
 GEMMS = ("qkv", "o", "gate_up", "down")
@@ -247,19 +257,6 @@ class DraftStep:
         """The work of variant ``name`` over all layers."""
         parts = {"gemms": self.gemms, "attention": self.attention, "small": self.small, "prefetch": self.prefetch_only}
         return parts.get(name, lambda: self.step(PREFETCHES.get(name, "")))
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
-    """Mean ms of one replay over ``replays`` back-to-back replays (after an untimed one), between two events."""
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / replays
 
 
 def measure(step: DraftStep, name: str, replays: int) -> dict[str, Any]:

@@ -141,10 +141,11 @@ def test_projections_and_the_report_use_the_fastest_stock_backend_of_the_run() -
     assert cells[3] == "9.880 (`stock-flashinfer`)" and cells[7] == "1.33x"
 
 
-def test_no_server_is_started_with_less_budget_than_the_fastest_start_so_far(
+def test_no_server_is_started_with_less_budget_than_its_kind_needs(
     fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each config gets the budget the command's fastest start needed so far (never below MIN_START_S)."""
+    """A config of a kind not started yet gets the fastest first start of any kind; one of a kind started before
+    (warm caches) its kind's fastest later start, else MIN_START_S; never below MIN_START_S."""
     given: list[float] = []
 
     def fake_run_config(config, model, args, deadline, log, min_start_s):
@@ -154,4 +155,18 @@ def test_no_server_is_started_with_less_budget_than_the_fastest_start_so_far(
     monkeypatch.setattr(step_times, "run_config", fake_run_config)
     flags = dict(shape="qwen3-1.7b", out=tmp_path / "s.json", contexts="8", batches=2, work_dir=tmp_path / "w")
     assert step_times.main(cli(**flags, configs="stock,pillar,stock-flashinfer,pillar-streaming")) == 0
-    assert given == [step_times.MIN_START_S, 300.0, 140.0, 140.0]
+    # stock (cold: the floor), pillar (a new kind: stock's 300 s), stock-flashinfer (a new kind: the fastest
+    # first start, pillar's 140), pillar-streaming (pillar's kind, warm, no later start yet: the floor)
+    assert given == [step_times.MIN_START_S, 300.0, 140.0, step_times.MIN_START_S]
+
+
+def test_start_bound_by_kind() -> None:
+    pillar, stock_fi = (True, "triton"), (False, "flashinfer")
+    floor = step_times.MIN_START_S
+    assert step_times.start_bound(pillar, []) == floor
+    # the e837f22 run: a cold 335 s PILLAR start; a second PILLAR config starts warm, FlashInfer compiles its own
+    assert step_times.start_bound(pillar, [(pillar, 335.0)]) == floor
+    assert step_times.start_bound(stock_fi, [(pillar, 335.0)]) == 335.0
+    assert step_times.start_bound(pillar, [(pillar, 335.0), (pillar, 78.0), (pillar, 90.0)]) == 78.0
+    assert step_times.start_bound(stock_fi, [(pillar, 335.0), (pillar, 78.0), ((False, "triton"), 180.0)]) == 180.0
+    assert step_times.start_bound(pillar, [(pillar, 335.0), (pillar, 20.0)]) == floor  # never below the floor

@@ -163,18 +163,27 @@ def main() -> None:
         skinny_gemm(x, w, out, part, *config)
         skinny_gemm(x, w8, out, part, *config, scale=scale)  # fp8 weights, bf16 activations
     print("draft GEMM probe: ok")
-    from tools.gemm_chain import LAUNCHES
+    from tools.gemm_chain import LAUNCHES, model_dims
 
-    for config in LAUNCHES.values():  # the chain probe's programmatic dependent launches, with and without prefetch
-        for prefetch in (False, True):
-            skinny_gemm(x, w, out, part, *config, pdl=True, prefetch=prefetch)
-    # its fused layer: the add-RMSNorm prologue (qkv, gate/up launches) and SiLU-and-mul (down, split K)
-    for config in (LAUNCHES["qkv"], LAUNCHES["gate_up"]):
-        norm = (x, torch.empty_like(x), torch.empty(2048, dtype=torch.bfloat16), 1e-6)
-        skinny_gemm(x, w, out, None, *config, pdl=True, prefetch=True, add_norm=norm)
-    gate_up = torch.empty(bs, 2 * 6144, dtype=torch.bfloat16)
-    down_w, down_out = torch.empty(2048, 6144, dtype=torch.bfloat16), torch.empty(bs, 2048, dtype=torch.bfloat16)
-    skinny_gemm(gate_up, down_w, down_out, part, *LAUNCHES["down"], pdl=True, prefetch=True, silu_mul=True)
+    # The chain probe's programmatic dependent launches at each model's shapes (64 and 256 rows), with and without
+    # prefetch, and its fused layer's prologues: add-RMSNorm (qkv, gate/up) and SiLU-and-mul (down).
+    for model, launches in LAUNCHES.items():
+        dims, _ = model_dims(model)
+        rows = 64 if model == "qwen3-1.7b" else 256
+        hidden = dims["o"][0]
+        for name, config in launches.items():
+            n, k = dims[name]
+            xs, ws = torch.empty(rows, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
+            outs = torch.empty(rows, n, dtype=torch.bfloat16)
+            scratch = torch.empty(config[2], rows, n)
+            for prefetch in (False, True):
+                skinny_gemm(xs, ws, outs, scratch, *config, pdl=True, prefetch=prefetch)
+            if name in ("qkv", "gate_up"):
+                norm = (xs, torch.empty_like(xs), torch.empty(hidden, dtype=torch.bfloat16), 1e-6)
+                skinny_gemm(xs, ws, outs, scratch, *config, pdl=True, prefetch=True, add_norm=norm)
+            if name == "down":
+                gate_up = torch.empty(rows, 2 * k, dtype=torch.bfloat16)
+                skinny_gemm(gate_up, ws, outs, scratch, *config, pdl=True, prefetch=True, silu_mul=True)
     print("GEMM chain probe: ok")
     from tools.vocab_pass_probe import pass_calls
 

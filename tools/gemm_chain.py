@@ -1,16 +1,17 @@
-"""A draft step's weight GEMMs as the dependent chain they form (Qwen3-1.7B, 64 rows): cuBLAS against the Triton
+"""A draft step's weight GEMMs as the dependent chain they form (Qwen3-1.7B at 64 rows): cuBLAS against the Triton
 skinny GEMM, plain and with programmatic dependent launch and L2 prefetch (GPU only).
 
     python -m tools.gemm_chain --out benchmarks/results/kernels/gemm_chain_<device>_<commit>.json
+    python -m tools.gemm_chain --model smollm2-135m --bs 256 --out ...   # SmolLM2-135M's 30 layers at 256 rows
 
 The layer probe (``layer_probe_h200_e837f22.json``) has a draft step's layer at 73.7 us, 43.0 of them its four
 GEMMs, which read 100 MB a layer: 23.4 us at 4.3 TB/s. At 64 rows each GEMM is one short launch whose ramp (the
 launch, the first weight bytes in flight) and tail leave HBM idle, and the next GEMM cannot start before the
 previous one ends, though only its x depends on it: its weights never do. A programmatic dependent launch (sm_90)
 lets each GEMM start while the previous one runs, ask L2 for its weight slice, and wait for x only before its K
-loop (``tools/skinny_gemm.py``). This probe times the 28 layers' chain, x -> qkv -> o -> gate/up -> down -> the
-next layer's x, each GEMM reading the previous one's output (o reads qkv's first 2048 columns, down gate/up's first
-6144, standing in for the attention and the activation between them), in one CUDA graph:
+loop (``tools/skinny_gemm.py``). This probe times the layers' chain, x -> qkv -> o -> gate/up -> down -> the
+next layer's x, each GEMM reading the previous one's output (o reads qkv's first columns, down gate/up's first
+half, standing in for the attention and the activation between them), in one CUDA graph:
 
 - ``cublas``: ``F.linear``, what the draft steps run;
 - ``triton``: the skinny GEMM at the launch ``draft_gemm`` found fastest per projection at 64 rows;
@@ -29,7 +30,9 @@ they run the same arithmetic; anything else means a launch read an input before 
 ``cublas``'s (rounding only). Reading: a PDL variant well below ``triton`` (and ``cublas``) per layer says the
 draft forward's GEMMs can close part of their 20 us a layer by overlapping launches, which the draft steps would
 then need in their own GEMMs (and, for the overlap to reach across them, in the norm, attention and activation
-kernels between the GEMMs).
+kernels between the GEMMs). SmolLM2-135M's layers are small (3.3 MB of weights): at 256 rows its draft step of
+~250 launches is bound by them (1.1 ms a step whatever the batch in throughput_h200-e837f22-7000_pillar.json), so
+there the layer variants say what five overlapped launches a layer would leave of that floor.
 """
 
 from __future__ import annotations
@@ -42,32 +45,45 @@ from typing import Any
 
 import torch
 
-from tools.draft_gemm import SHAPES, projections
-from tools.kernels_setup import DEVICE, captured, provenance, replay_ms, write_result
-from tools.layer_probe import EPS, IDEAL_GBPS, DraftStep, small_kernels
+from tools.kernels_setup import DEVICE, SHAPES, captured, provenance, replay_ms, write_result
+from tools.layer_probe import EPS, IDEAL_GBPS, MODELS, DraftStep, small_kernels
 from tools.skinny_gemm import skinny_gemm
 
-MODEL = "qwen3-1.7b"
 CHAIN = ("qkv", "o", "gate_up", "down")
-# (block_n, block_k, split_k, warps, stages): the fastest Triton launch per projection at M = 64 in
-# draft_gemm_h200_e8410c8.json.
+# (block_n, block_k, split_k, warps, stages) per model and projection. Qwen3-1.7B: the fastest Triton launch at
+# M = 64 in draft_gemm_h200_e8410c8.json. SmolLM2-135M (K = 576 = 9 x 64, untuned): 64-wide K tiles, programs
+# of 32-64 channels, four 64-row blocks at 256 rows.
 LAUNCHES = {
-    "qkv": (32, 256, 1, 4, 4),
-    "o": (16, 256, 1, 4, 4),
-    "gate_up": (128, 128, 1, 4, 4),
-    "down": (32, 256, 2, 4, 4),
+    "qwen3-1.7b": {
+        "qkv": (32, 256, 1, 4, 4),
+        "o": (16, 256, 1, 4, 4),
+        "gate_up": (128, 128, 1, 4, 4),
+        "down": (32, 256, 2, 4, 4),
+    },
+    "smollm2-135m": {
+        "qkv": (32, 64, 1, 4, 3),
+        "o": (32, 64, 1, 4, 3),
+        "gate_up": (64, 64, 1, 4, 3),
+        "down": (32, 128, 1, 4, 3),
+    },
 }
 VARIANTS = ("cublas", "triton", "triton_pdl", "triton_pdl_prefetch")
 LAYER_VARIANTS = ("layer", "layer_fused_pdl")
 
 
-class Chain:
-    """28 layers' weights ([N, K], entries of std 1/sqrt(K), so x keeps its scale down the chain) and the chain's
-    preallocated activations."""
+def model_dims(model: str) -> tuple[dict[str, tuple[int, int]], int]:
+    """(N, K) of each of the model's layer GEMMs, and its layer count."""
+    shape = next(s for s in SHAPES if s.name == model)
+    return MODELS[model].projections(shape.h_q, shape.h_kv, shape.d), shape.num_layers
 
-    def __init__(self, bs: int):
-        dims = projections(MODEL)
-        layers = SHAPES[MODEL][-1]
+
+class Chain:
+    """The model's layers' weights ([N, K], entries of std 1/sqrt(K), so x keeps its scale down the chain) and the
+    chain's preallocated activations."""
+
+    def __init__(self, model: str, bs: int):
+        dims, layers = model_dims(model)
+        self.launches = LAUNCHES[model]
 
         def weight(name: str) -> torch.Tensor:
             n, k = dims[name]
@@ -77,7 +93,7 @@ class Chain:
         self.x0 = torch.randn(bs, dims["qkv"][1], device=DEVICE, dtype=torch.bfloat16)
         self.x = torch.empty_like(self.x0)
         self.out = {name: torch.empty(bs, dims[name][0], device=DEVICE, dtype=torch.bfloat16) for name in CHAIN}
-        self.part = torch.empty(LAUNCHES["down"][2], bs, dims["down"][0], device=DEVICE)
+        self.part = torch.empty(self.launches["down"][2], bs, dims["down"][0], device=DEVICE)
         self.bytes_per_layer = sum(n * k * 2 for name, (n, k) in dims.items() if name in CHAIN)
 
     def inputs(self, name: str) -> torch.Tensor:
@@ -95,7 +111,7 @@ class Chain:
                 if variant == "cublas":
                     torch.matmul(self.inputs(name), layer[name].T, out=out)
                     continue
-                block_n, block_k, split_k, warps, stages = LAUNCHES[name]
+                block_n, block_k, split_k, warps, stages = self.launches[name]
                 skinny_gemm(
                     self.inputs(name), layer[name], out, self.part if split_k > 1 else None, block_n=block_n,
                     block_k=block_k, split_k=split_k, warps=warps, stages=stages, pdl=variant != "triton",
@@ -111,18 +127,18 @@ class FusedLayers:
     residual stream alternates between two buffers, since a prologue's programs read one while one column of them
     writes the other."""
 
-    def __init__(self, step: DraftStep):
-        self.step = step
+    def __init__(self, step: DraftStep, launches: dict[str, tuple[int, int, int, int, int]], overlap: bool = True):
+        self.step, self.launches, self.overlap = step, launches, overlap  # overlap off: no PDL, no prefetch
         self.residuals = (step.residual, torch.empty_like(step.residual))
         self.hidden = torch.empty_like(step.x)
         self.o_out = torch.empty_like(step.x)
-        self.part = torch.empty(LAUNCHES["down"][2], *step.x.shape, device=DEVICE)
+        self.part = torch.empty(launches["down"][2], *step.x.shape, device=DEVICE)
 
     def gemm(self, name: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, **prologue: Any) -> None:
-        block_n, block_k, split_k, warps, stages = LAUNCHES[name]
+        block_n, block_k, split_k, warps, stages = self.launches[name]
         skinny_gemm(
             x, w, out, self.part if split_k > 1 else None, block_n=block_n, block_k=block_k, split_k=split_k,
-            warps=warps, stages=stages, pdl=True, prefetch=True, **prologue,
+            warps=warps, stages=stages, pdl=self.overlap, prefetch=self.overlap, **prologue,
         )  # fmt: skip
 
     def run(self) -> torch.Tensor:
@@ -130,7 +146,7 @@ class FusedLayers:
         hidden = step.x
         for layer in step.layers:
             self.gemm("qkv", hidden, layer.qkv, step.qkv, add_norm=(res_a, res_b, layer.norm_in, EPS))
-            step.attend(layer, step.qkv[:, : step.q_cols].view(step.q_shape), pdl=True)
+            step.attend(layer, step.qkv[:, : step.q_cols].view(step.q_shape), pdl=self.overlap)
             self.gemm("o", step.attn, layer.o, self.o_out)
             self.gemm("gate_up", self.o_out, layer.gate_up, step.gate_up, add_norm=(res_b, res_a, layer.norm_post, EPS))
             self.gemm("down", step.gate_up, layer.down, self.hidden, silu_mul=True)
@@ -142,19 +158,13 @@ def layer_variants(args: argparse.Namespace) -> dict[str, Any]:
     """``layer`` and ``layer_fused_pdl`` on one DraftStep: their times, and the fused output against the layer's
     (both from the same x and residual)."""
     norm, silu_mul, small_ops = small_kernels()
-    step = DraftStep(args.bs, args.len, 1, norm, silu_mul)
-    fused = FusedLayers(step)
+    step = DraftStep(args.model, args.bs, args.len, 1, norm, silu_mul)
+    fused = FusedLayers(step, LAUNCHES[args.model])
     x0, residual0 = step.x.clone(), step.residual.clone()
     results: dict[str, Any] = {"small_ops": small_ops}
 
-    def sglang_layers() -> torch.Tensor:
-        hidden = step.x
-        for i in range(len(step.layers)):
-            hidden = step.layer(i, hidden)
-        return hidden
-
     outputs = {}
-    for variant, call in (("layer", sglang_layers), ("layer_fused_pdl", fused.run)):
+    for variant, call in (("layer", step.layers_output), ("layer_fused_pdl", fused.run)):
         outputs[variant] = None
         try:
             graph = captured(call)
@@ -200,6 +210,7 @@ def measure(chain: Chain, variant: str, replays: int, reference: dict[str, torch
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="qwen3-1.7b", choices=list(LAUNCHES))
     parser.add_argument("--bs", type=int, default=64)
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--len", type=int, default=4096, help="context of the layer variants' attention")
@@ -207,7 +218,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("gemm_chain needs a CUDA GPU")
     started = time.time()
-    chain = Chain(args.bs)
+    chain = Chain(args.model, args.bs)
     bytes_per_layer = chain.bytes_per_layer
     reference = {}
     for name in ("triton", "cublas"):  # eager, without PDL: what the timed variants' final x is compared with
@@ -232,11 +243,11 @@ def main() -> None:
         print(f"{variant}: {line}" + (f", rel diff {r['rel_diff_vs_layer']:.3g}" if "rel_diff_vs_layer" in r else ""))
     results.update(layers)
     settings = {
-        "model": MODEL,
+        "model": args.model,
         "bs": args.bs,
-        "layers": SHAPES[MODEL][-1],
+        "layers": model_dims(args.model)[1],
         "len": args.len,
-        "launches": LAUNCHES,
+        "launches": LAUNCHES[args.model],
         "bytes_per_layer": bytes_per_layer,
         "replays": args.replays,
         "timing": "the layers' chain captured in one CUDA graph after an eager call on a side stream, mean of the "

@@ -1,6 +1,7 @@
-"""A draft step's Qwen3-1.7B decoder layers at 64 rows: whole, in parts, with L2 prefetch, with cuBLASLt (GPU only).
+"""A draft step's decoder layers (Qwen3-1.7B at 64 rows): whole, in parts, with L2 prefetch, with cuBLASLt (GPU only).
 
     python -m tools.layer_probe --out benchmarks/results/kernels/layer_probe_<device>_<commit>.json
+    python -m tools.layer_probe --model smollm2-135m --bs 256 --out ...   # SmolLM2-135M's 30 layers at 256 rows
 
 A draft step's weight GEMMs at M = 64 read each weight once: cuBLAS runs a layer's four of them at ~2.5 TB/s
 (``draft_gemm``: 40 us a layer against ~23 us of bytes at 4.3 TB/s), while the sparse attention between the qkv
@@ -45,8 +46,6 @@ import triton
 import triton.language as tl
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 
-from tools.draft_gemm import SHAPES as GEMM_SHAPES
-from tools.draft_gemm import projections
 from tools.kernels_setup import (
     DEVICE,
     SHAPES,
@@ -59,8 +58,29 @@ from tools.kernels_setup import (
     write_result,
 )
 
-MODEL = "qwen3-1.7b"
 GEMMS = ("qkv", "o", "gate_up", "down")
+
+
+@dataclass(frozen=True)
+class Dims:
+    """A decoder layer's sizes (the attention's head counts and layer count come from kernels_setup.SHAPES)."""
+
+    hidden: int
+    intermediate: int
+
+    def projections(self, h_q: int, h_kv: int, d: int) -> dict[str, tuple[int, int]]:
+        """(N, K) of each weight GEMM of the layer (SGLang's fused qkv and gate/up)."""
+        return {
+            "qkv": ((h_q + 2 * h_kv) * d, self.hidden),
+            "o": (self.hidden, h_q * d),
+            "gate_up": (2 * self.intermediate, self.hidden),
+            "down": (self.hidden, self.intermediate),
+        }
+
+
+# The draft steps measured end to end: Qwen3-1.7B (the shape people serve) and SmolLM2-135M (the real-weights
+# headline model, whose draft step is bound by its launches).
+MODELS = {"qwen3-1.7b": Dims(2048, 6144), "smollm2-135m": Dims(576, 1536)}
 EPS = 1e-6
 IDEAL_GBPS = 4300.0  # the bandwidth the ideal times assume (an H200's HBM: 4.8 TB/s peak)
 PREFETCH_BLOCK = 16384  # elements a tile: at 8 warps, eight 16-byte loads in flight a thread before the sum
@@ -155,10 +175,12 @@ class DraftStep:
     """The draft step's decoder layers on random weights, KV pools and one draft selection, with preallocated
     activations: each variant's call runs its work over every layer and can be captured in one CUDA graph."""
 
-    def __init__(self, bs: int, seq_len: int, programs: int, norm: Callable[..., Any], silu_mul: Callable[..., Any]):
-        self.shape = next(s for s in SHAPES if s.name == MODEL)
-        hidden, h_q, _, d, inter, _, _ = GEMM_SHAPES[MODEL]
-        dims = projections(MODEL)
+    def __init__(
+        self, model: str, bs: int, seq_len: int, programs: int, norm: Callable[..., Any], silu_mul: Callable[..., Any]
+    ):
+        self.shape = next(s for s in SHAPES if s.name == model)
+        hidden, inter, h_q, d = MODELS[model].hidden, MODELS[model].intermediate, self.shape.h_q, self.shape.d
+        dims = self.dims = MODELS[model].projections(h_q, self.shape.h_kv, d)
         self.layers: list[Layer] = []
         for _ in range(self.shape.num_layers):
             k, v, self.req_to_token = make_pool(self.shape, bs, seq_len)  # the same slot table every layer
@@ -179,7 +201,7 @@ class DraftStep:
         self.q_cols, self.q_shape = h_q * d, (bs, h_q, d)
         self.o = self.attn.view(self.q_shape)
         self.sums = torch.zeros(2, programs, device=DEVICE)  # a row for each weight a layer prefetches
-        self.side = torch.cuda.Stream()
+        self.side: torch.cuda.Stream | None = None  # the prefetch variants' side stream, made on first use
         self.norm, self.silu_mul = norm, silu_mul
         n_layers = len(self.layers)
         prefetched = sum(w.numel() * w.element_size() for i in range(n_layers) for w in self.prefetched(i, "o_qkv"))
@@ -206,11 +228,12 @@ class DraftStep:
     def layer(self, i: int, hidden: torch.Tensor, prefetch: str = "") -> torch.Tensor:
         """Layer i on ``hidden`` (normalized in place, as SGLang's layer does), its output returned; with
         ``prefetch`` a side stream reads ``prefetched(i, prefetch)`` while the attention runs."""
-        layer, main = self.layers[i], torch.cuda.current_stream()
+        layer = self.layers[i]
         self.norm(hidden, self.residual, layer.norm_in, EPS)
         qkv = F.linear(hidden, layer.qkv)
         if prefetch:
             # forked after the qkv GEMM, so the reads compete with the latency-bound attention only
+            main, self.side = torch.cuda.current_stream(), self.side or torch.cuda.Stream()
             self.side.wait_stream(main)
             with torch.cuda.stream(self.side):
                 for row, w in enumerate(self.prefetched(i, prefetch)):
@@ -225,10 +248,12 @@ class DraftStep:
         self.silu_mul(F.linear(hidden, layer.gate_up), self.act)
         return F.linear(self.act, layer.down)
 
-    def step(self, prefetch: str = "") -> None:
+    def layers_output(self, prefetch: str = "") -> torch.Tensor:
+        """Every layer on ``x`` (and the residual stream), the last layer's output returned."""
         hidden = self.x
         for i in range(len(self.layers)):
             hidden = self.layer(i, hidden, prefetch)
+        return hidden
 
     def gemms(self) -> None:
         for layer in self.layers:
@@ -256,7 +281,7 @@ class DraftStep:
     def call(self, name: str) -> Callable[[], None]:
         """The work of variant ``name`` over all layers."""
         parts = {"gemms": self.gemms, "attention": self.attention, "small": self.small, "prefetch": self.prefetch_only}
-        return parts.get(name, lambda: self.step(PREFETCHES.get(name, "")))
+        return parts.get(name, lambda: self.layers_output(PREFETCHES.get(name, "")))
 
 
 def measure(step: DraftStep, name: str, replays: int) -> dict[str, Any]:
@@ -305,6 +330,7 @@ def prefetch_check(step: DraftStep, programs: int) -> float | str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="qwen3-1.7b", choices=list(MODELS))
     parser.add_argument("--bs", type=int, default=64)
     parser.add_argument("--len", type=int, default=4096)
     parser.add_argument("--replays", type=int, default=20)
@@ -318,18 +344,17 @@ def main() -> None:
         raise SystemExit("layer_probe needs a CUDA GPU")
     started = time.time()
     norm, silu_mul, small_ops = small_kernels()
-    step = DraftStep(args.bs, args.len, args.prefetch_programs, norm, silu_mul)
-    hidden, h_q, h_kv, d, inter, _, _ = GEMM_SHAPES[MODEL]
+    step = DraftStep(args.model, args.bs, args.len, args.prefetch_programs, norm, silu_mul)
     settings = {
-        "model": MODEL,
+        "model": args.model,
         "bs": args.bs,
         "len": args.len,
         "layers": len(step.layers),
-        "hidden": hidden,
-        "q_heads": h_q,
-        "kv_heads": h_kv,
-        "head_dim": d,
-        "intermediate": inter,
+        "hidden": MODELS[args.model].hidden,
+        "q_heads": step.shape.h_q,
+        "kv_heads": step.shape.h_kv,
+        "head_dim": step.shape.d,
+        "intermediate": MODELS[args.model].intermediate,
         "selected_positions": step.positions,
         "tail": TAIL,
         "replays": args.replays,

@@ -324,10 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_json(args.out, doc)
     started: list[tuple[tuple[bool, str | None], float]] = []
     for config in args.configs:
-        min_start_s = start_bound(server_kind(config), started)
+        kind = server_kind(config)
+        min_start_s = start_bound(kind, started)
         record = doc["servers"][config.name] = run_config(config, model, args, deadline, log, min_start_s)
         if record.get("startup_s"):
-            started.append((server_kind(config), record["startup_s"]))
+            started.append((kind, record["startup_s"]))
         doc["projection"] = projections(doc["servers"], args.accept)
         doc["capture_overhead"] = capture_overhead(doc["servers"])
         write_json(args.out, doc)

@@ -163,12 +163,13 @@ def main() -> None:
         skinny_gemm(x, w, out, part, *config)
         skinny_gemm(x, w8, out, part, *config, scale=scale)  # fp8 weights, bf16 activations
     print("draft GEMM probe: ok")
-    from tools.gemm_chain import LAUNCHES, model_dims
+    from tools.gemm_chain import LAUNCHES
+    from tools.layer_probe import model_dims
 
     # The chain probe's programmatic dependent launches at each model's shapes (64 and 256 rows), with and without
     # prefetch, and its fused layer's prologues: add-RMSNorm (qkv, gate/up) and SiLU-and-mul (down).
     for model, launches in LAUNCHES.items():
-        dims, _ = model_dims(model)
+        _, dims = model_dims(model)
         rows = 64 if model == "qwen3-1.7b" else 256
         hidden = dims["o"][0]
         for name, config in launches.items():

@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from tools.kernels_setup import DEVICE, SHAPES, captured, provenance, replay_ms, write_result
-from tools.layer_probe import EPS, IDEAL_GBPS, MODELS, DraftStep, small_kernels
+from tools.kernels_setup import DEVICE, graph_ms, provenance, write_result
+from tools.layer_probe import EPS, IDEAL_GBPS, DraftStep, model_dims, small_kernels
 from tools.skinny_gemm import skinny_gemm
 
 CHAIN = ("qkv", "o", "gate_up", "down")
@@ -71,25 +71,19 @@ VARIANTS = ("cublas", "triton", "triton_pdl", "triton_pdl_prefetch")
 LAYER_VARIANTS = ("layer", "layer_fused_pdl")
 
 
-def model_dims(model: str) -> tuple[dict[str, tuple[int, int]], int]:
-    """(N, K) of each of the model's layer GEMMs, and its layer count."""
-    shape = next(s for s in SHAPES if s.name == model)
-    return MODELS[model].projections(shape.h_q, shape.h_kv, shape.d), shape.num_layers
-
-
 class Chain:
     """The model's layers' weights ([N, K], entries of std 1/sqrt(K), so x keeps its scale down the chain) and the
     chain's preallocated activations."""
 
     def __init__(self, model: str, bs: int):
-        dims, layers = model_dims(model)
+        shape, dims = model_dims(model)
         self.launches = LAUNCHES[model]
 
         def weight(name: str) -> torch.Tensor:
             n, k = dims[name]
             return torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) / k**0.5
 
-        self.weights = [{name: weight(name) for name in CHAIN} for _ in range(layers)]
+        self.weights = [{name: weight(name) for name in CHAIN} for _ in range(shape.num_layers)]
         self.x0 = torch.randn(bs, dims["qkv"][1], device=DEVICE, dtype=torch.bfloat16)
         self.x = torch.empty_like(self.x0)
         self.out = {name: torch.empty(bs, dims[name][0], device=DEVICE, dtype=torch.bfloat16) for name in CHAIN}
@@ -154,23 +148,19 @@ class FusedLayers:
         return hidden
 
 
-def layer_variants(args: argparse.Namespace) -> dict[str, Any]:
+def layer_variants(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """``layer`` and ``layer_fused_pdl`` on one DraftStep: their times, and the fused output against the layer's
-    (both from the same x and residual)."""
+    (both from the same x and residual); and which norm and activation kernels the layer ran."""
     norm, silu_mul, small_ops = small_kernels()
     step = DraftStep(args.model, args.bs, args.len, 1, norm, silu_mul)
     fused = FusedLayers(step, LAUNCHES[args.model])
     x0, residual0 = step.x.clone(), step.residual.clone()
-    results: dict[str, Any] = {"small_ops": small_ops}
-
+    results: dict[str, Any] = {}
     outputs = {}
     for variant, call in (("layer", step.layers_output), ("layer_fused_pdl", fused.run)):
         outputs[variant] = None
         try:
-            graph = captured(call)
-            ms = replay_ms(graph, args.replays)
-            del graph
-            torch.cuda.empty_cache()
+            ms = graph_ms(call, args.replays)
             step.x.copy_(x0)
             step.residual.copy_(residual0)
             outputs[variant] = call()
@@ -183,16 +173,13 @@ def layer_variants(args: argparse.Namespace) -> dict[str, Any]:
         ref = outputs["layer"].float()
         diff = (outputs["layer_fused_pdl"].float() - ref).norm() / ref.norm().clamp_min(1e-12)
         results["layer_fused_pdl"]["rel_diff_vs_layer"] = diff.item()
-    return results
+    return results, small_ops
 
 
 def measure(chain: Chain, variant: str, replays: int, reference: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Variant's time per layer and per step, its final x against the references; an error as a string."""
     try:
-        graph = captured(chain.call(variant))
-        ms = replay_ms(graph, replays)
-        del graph
-        torch.cuda.empty_cache()
+        ms = graph_ms(chain.call(variant), replays)
     except Exception as exc:  # one variant failing (capture, launch attribute, kernel) leaves the others to run
         return {"error": repr(exc)[:400]}
     us = ms * 1e3 / len(chain.weights)
@@ -236,7 +223,7 @@ def main() -> None:
         print(f"{variant}: {line}", flush=True)
     del chain  # its weights, before the layer variants' pools (~33 GB)
     torch.cuda.empty_cache()
-    layers = layer_variants(args)
+    layers, small_ops = layer_variants(args)
     for variant in LAYER_VARIANTS:
         r = layers[variant]
         line = f"{r['us_per_layer']:.1f} us/layer, {r['ms_per_step']:.3f} ms/step" if "error" not in r else r["error"]
@@ -245,10 +232,11 @@ def main() -> None:
     settings = {
         "model": args.model,
         "bs": args.bs,
-        "layers": model_dims(args.model)[1],
+        "layers": model_dims(args.model)[0].num_layers,
         "len": args.len,
         "launches": LAUNCHES[args.model],
         "bytes_per_layer": bytes_per_layer,
+        "small_ops": small_ops,
         "replays": args.replays,
         "timing": "the layers' chain captured in one CUDA graph after an eager call on a side stream, mean of the "
         "replays",

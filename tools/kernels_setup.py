@@ -73,6 +73,16 @@ def replay_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
     return start.elapsed_time(end) / replays
 
 
+def graph_ms(fn: Callable[[], object], replays: int) -> float:
+    """``replay_ms`` of ``fn`` captured in a CUDA graph, the graph freed after (its memory pool, before the next
+    capture of a probe that captures several variants)."""
+    graph = captured(fn)
+    ms = replay_ms(graph, replays)
+    del graph
+    torch.cuda.empty_cache()
+    return ms
+
+
 def timed_or_note(fn: Callable[[], object] | str) -> float | str:
     """Time a baseline; one that cannot be captured in a CUDA graph is timed eagerly (L2 still flushed)."""
     if isinstance(fn, str):

@@ -50,13 +50,14 @@ from tools.kernels_setup import (
     DEVICE,
     SHAPES,
     TAIL,
-    captured,
+    Shape,
     draft_selection,
+    graph_ms,
     make_pool,
     provenance,
-    replay_ms,
     write_result,
 )
+from tools.skinny_gemm import add_norm_scale
 
 GEMMS = ("qkv", "o", "gate_up", "down")
 
@@ -81,6 +82,14 @@ class Dims:
 # The draft steps measured end to end: Qwen3-1.7B (the shape people serve) and SmolLM2-135M (the real-weights
 # headline model, whose draft step is bound by its launches).
 MODELS = {"qwen3-1.7b": Dims(2048, 6144), "smollm2-135m": Dims(576, 1536)}
+
+
+def model_dims(model: str) -> tuple[Shape, dict[str, tuple[int, int]]]:
+    """The model's attention shape (heads, head dim, layers) and the (N, K) of each of its layer GEMMs."""
+    shape = next(s for s in SHAPES if s.name == model)
+    return shape, MODELS[model].projections(shape.h_q, shape.h_kv, shape.d)
+
+
 EPS = 1e-6
 IDEAL_GBPS = 4300.0  # the bandwidth the ideal times assume (an H200's HBM: 4.8 TB/s peak)
 PREFETCH_BLOCK = 16384  # elements a tile: at 8 warps, eight 16-byte loads in flight a thread before the sum
@@ -138,8 +147,7 @@ def prefetch_ref(w: torch.Tensor, programs: int, block: int = PREFETCH_BLOCK) ->
 def add_rmsnorm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """``sgl_kernel.fused_add_rmsnorm`` in torch: residual += x, then x = RMSNorm(residual) * weight, in place."""
     residual.add_(x)
-    r = residual.float()
-    x.copy_((r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight)
+    x.copy_((residual.float() * add_norm_scale(residual, eps)).to(x.dtype) * weight)
 
 
 def silu_and_mul_torch(gate_up: torch.Tensor, out: torch.Tensor) -> None:
@@ -178,9 +186,8 @@ class DraftStep:
     def __init__(
         self, model: str, bs: int, seq_len: int, programs: int, norm: Callable[..., Any], silu_mul: Callable[..., Any]
     ):
-        self.shape = next(s for s in SHAPES if s.name == model)
+        self.shape, dims = model_dims(model)
         hidden, inter, h_q, d = MODELS[model].hidden, MODELS[model].intermediate, self.shape.h_q, self.shape.d
-        dims = self.dims = MODELS[model].projections(h_q, self.shape.h_kv, d)
         self.layers: list[Layer] = []
         for _ in range(self.shape.num_layers):
             k, v, self.req_to_token = make_pool(self.shape, bs, seq_len)  # the same slot table every layer
@@ -293,14 +300,11 @@ def measure(step: DraftStep, name: str, replays: int) -> dict[str, Any]:
             entry["blas"] = {"before": str(before)}
             try:
                 entry["blas"]["set"] = str(torch.backends.cuda.preferred_blas_library("cublaslt"))
-                graph = captured(step.call(name))  # the library is chosen as the GEMMs are captured
+                ms = graph_ms(step.call(name), replays)  # the library is chosen as the GEMMs are captured
             finally:
                 entry["blas"]["restored"] = str(torch.backends.cuda.preferred_blas_library(before))
         else:
-            graph = captured(step.call(name))
-        ms = replay_ms(graph, replays)
-        del graph  # its memory pool, before the next variant's capture
-        torch.cuda.empty_cache()
+            ms = graph_ms(step.call(name), replays)
     except Exception as exc:  # one variant failing (capture, library, kernel) leaves the others to run
         return {**entry, "error": repr(exc)[:400]}
     us = ms * 1e3 / len(step.layers)

@@ -115,6 +115,7 @@ def main() -> None:
             (1, {"pdl": True}),  # as tools/gemm_chain.py's fused layer launches it
             (1, {"block_n": 16, "num_warps": 2}),
             (2, {"block_n": 64, "num_warps": 8}),
+            (2, {"block_n": 64, "num_warps": 8, "new_kv": new_kv, "rope": rope, "qk_norm": norm}),
         ):
             sparse_decode_fwd(
                 q1,

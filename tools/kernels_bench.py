@@ -280,9 +280,10 @@ def main() -> None:
     parser.add_argument(
         "--tune",
         nargs="+",
-        choices=["verify", "sparse", "dense", "mixed"],
+        choices=["verify", "sparse", "sparse_fused", "dense", "mixed"],
         default=None,
-        help="instead: sweep these kernels' launch parameters at TUNE_POINTS (verify: + capture; "
+        help="instead: sweep these kernels' launch parameters at TUNE_POINTS (verify: + capture; sparse_fused: the "
+        "draft attention with its K/V store, rotary and q/k norm prologue; "
         "mixed: the verify's and the capture's split count on mixed and uniform prefixes)",
     )
     args = parser.parse_args()

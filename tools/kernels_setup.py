@@ -31,9 +31,14 @@ class Shape:
     h_kv: int
     d: int
     num_layers: int
+    qk_norm: bool = False  # a per-head RMS norm of q and k before their rotary embedding (Qwen3)
 
 
-SHAPES = (Shape("qwen3-8b", 32, 8, 128, 36), Shape("qwen3-1.7b", 16, 8, 128, 28), Shape("smollm2-135m", 9, 3, 64, 30))
+SHAPES = (
+    Shape("qwen3-8b", 32, 8, 128, 36, qk_norm=True),
+    Shape("qwen3-1.7b", 16, 8, 128, 28, qk_norm=True),
+    Shape("smollm2-135m", 9, 3, 64, 30),
+)
 
 
 def captured(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
@@ -93,6 +98,29 @@ def timed_or_note(fn: Callable[[], object] | str) -> float | str:
         print(f"note: baseline timed without a CUDA graph ({exc!r})", flush=True)
         torch.cuda.synchronize()
         return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3
+
+
+def draft_prologue(
+    shape: Shape, k_new: torch.Tensor, v_new: torch.Tensor, req_to_token: torch.Tensor, seq_lens: torch.Tensor
+) -> dict[str, Any]:
+    """``sparse_decode_fwd``'s keyword arguments for the prologue a draft step launches it with by default
+    (``--pillar-draft-prologue fused``): the step's key and value (k_new, v_new [bs, H_kv, D]) stored by the launch
+    into the slot of request b's last position (row b of req_to_token), q and the key rotated there (neox, SGLang's
+    cos | sin cache layout) and, for a model with one, their per-head RMS norm first (unit weights: the arithmetic,
+    not the values, sets the time). Built once, outside any capture (it reads the longest length on the host)."""
+    bs, d = seq_lens.shape[0], shape.d
+    last = seq_lens - 1
+    out_loc = req_to_token[torch.arange(bs, device=seq_lens.device), last].long()
+    inv_freq = 1.0 / 1e6 ** (torch.arange(0, d, 2, device=seq_lens.device, dtype=torch.float32) / d)
+    angles = torch.arange(int(seq_lens.max()), device=seq_lens.device, dtype=torch.float32)[:, None] * inv_freq
+    kwargs: dict[str, Any] = {
+        "new_kv": (k_new, v_new, out_loc),
+        "rope": (torch.cat([angles.cos(), angles.sin()], -1), last),
+    }
+    if shape.qk_norm:
+        weight = torch.ones(d, device=seq_lens.device, dtype=k_new.dtype)
+        kwargs["qk_norm"] = (weight, weight, 1e-6, 1e-6)
+    return kwargs
 
 
 def budget(seq_len: int) -> int:

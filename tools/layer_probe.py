@@ -10,10 +10,11 @@ that spare bandwidth can pull the o GEMM's weights (and the next layer's qkv wei
 stream, so those GEMMs read L2 instead of HBM, and whether cuBLASLt's kernels for these shapes beat cuBLAS's.
 
 Each layer has its own weights and KV pool (64 x 4096 tokens, ~1 GB), so nothing but a prefetch leaves a layer's
-bytes in L2 for the next one. q/k norm, rotary and the KV store are fused into the attention kernel, so a layer
-is: fused add-RMSNorm, qkv GEMM, sparse attention, o GEMM, fused add-RMSNorm, gate/up GEMM, SiLU-and-mul, down
-GEMM (sgl_kernel's norm and activation, as SGLang runs them; torch versions where it does not import). Variants,
-each the 28 layers captured in one CUDA graph and timed as the mean of ``--replays`` replays:
+bytes in L2 for the next one. The attention runs as the draft steps launch it, with q/k norm (Qwen3), rotary and
+the step's K/V store in its prologue, so a layer is: fused add-RMSNorm, qkv GEMM, sparse attention, o GEMM, fused
+add-RMSNorm, gate/up GEMM, SiLU-and-mul, down GEMM (sgl_kernel's norm and activation, as SGLang runs them; torch
+versions where it does not import). Variants, each the 28 layers captured in one CUDA graph and timed as the
+mean of ``--replays`` replays:
 ``layer`` that sequence; ``gemms``, ``attention`` and ``small`` its four GEMMs, its attention, its norms and
 activation alone; ``prefetch`` the prefetch kernel alone over each layer's w_o and the next layer's w_qkv;
 ``layer_prefetch_o`` the layer with a side stream forked after the qkv GEMM that reads w_o (8 MB) with evict_last
@@ -29,6 +30,8 @@ back to back. cuBLASLt helps if ``layer_cublaslt`` is below ``layer`` by more th
 Measured at e837f22 on an H200 (layer_probe_h200_e837f22.json, us a layer): layer 73.7 = gemms 43.0 + attention
 23.7 + small 5.8, back to back; prefetch 46.7 at 32 programs (0.5 TB/s, longer than the attention), so
 layer_prefetch_o 86.4 and layer_prefetch_o_qkv 104.0; layer_cublaslt 73.8. Neither route shortens the layer.
+That probe (and layer_probe_h200_64d2031.json: attention 24.9) ran the attention without its prologue, which the
+server's trace times at 27.2 us a call (trace_qwen3-1.7b_round_h200_e837f22).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from tools.kernels_setup import (
     SHAPES,
     TAIL,
     Shape,
+    draft_prologue,
     draft_selection,
     graph_ms,
     make_pool,
@@ -206,6 +210,11 @@ class DraftStep:
         self.x, self.residual, self.attn = act(hidden), act(hidden), act(h_q * d)
         self.qkv, self.gate_up, self.act = act(dims["qkv"][0]), act(2 * inter), act(inter)
         self.q_cols, self.q_shape = h_q * d, (bs, h_q, d)
+        # The attention stores the step's key and value (the qkv GEMM's other columns) and normalizes and rotates
+        # q and the key as the draft steps launch it.
+        kv_cols = self.shape.h_kv * d
+        k_new, v_new = (self.qkv[:, c : c + kv_cols].view(bs, self.shape.h_kv, d) for c in (h_q * d, h_q * d + kv_cols))
+        self.prologue = draft_prologue(self.shape, k_new, v_new, self.req_to_token, self.seq_lens)
         self.o = self.attn.view(self.q_shape)
         self.sums = torch.zeros(2, programs, device=DEVICE)  # a row for each weight a layer prefetches
         self.side: torch.cuda.Stream | None = None  # the prefetch variants' side stream, made on first use
@@ -229,7 +238,7 @@ class DraftStep:
     def attend(self, layer: Layer, q: torch.Tensor, pdl: bool = False) -> None:
         sparse_decode_fwd(
             q, layer.k, layer.v, self.o, self.req_to_token, self.rpi, self.sel, self.sel_cnt, self.tail_start,
-            self.seq_lens, self.shape.d**-0.5, pdl=pdl,
+            self.seq_lens, self.shape.d**-0.5, pdl=pdl, **self.prologue,
         )  # fmt: skip
 
     def layer(self, i: int, hidden: torch.Tensor, prefetch: str = "") -> torch.Tensor:

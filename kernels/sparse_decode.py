@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_int_vector, default_num_splits
+from ._common import ONE_WAVE_REGISTERS, check_int_vector, default_num_splits, one_wave_num_splits
 from ._tiles import attend_tile, finish_partial, load_kv_tile
 from .qk_prologue import prologue_rows, rms_norm_ref, rope_neox_ref
 from .sparse_decode_merge import merge_split_partials
@@ -169,10 +169,8 @@ def _sparse_decode_stage1(
             # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
             e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
     if NEW_KV:
-        # The new key as a one-row tile, the shape the prologue works on. Loaded after the loop: loaded before it,
-        # so that its latency overlaps q's, the round took 1.8 ms longer on the H200 (36.16 against 34.34 ms at
-        # Qwen3-1.7B 64 x 4096, steps_qwen3-1.7b[_sparse_e837f22]_h200_64d2031.json), likely because the key,
-        # value and slot then stay live in registers through the loop.
+        # The new key as a one-row tile, the shape the prologue works on. Loaded before the loop instead, the round
+        # took 1.8 ms longer on the H200 (steps_qwen3-1.7b[_sparse_e837f22]_h200_64d2031.json: 36.16 vs 34.34 ms).
         k_new_ptr = K_new + cur_b * stride_knb + cur_kv_head * stride_knh
         k_row = tl.load(k_new_ptr + offs_d[None, :], mask=mask_d[None, :], other=0.0)
         if ROPE or NORM:
@@ -202,6 +200,14 @@ def _sparse_decode_stage1(
         tl.store(Mid_lse + cur_b * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
 
 
+def one_wave_launch(bs: int, h_kv: int, device: torch.device) -> dict[str, int]:
+    """``sparse_decode_fwd``'s launch keywords for one wave of register-capped programs (``one_wave_num_splits``): at
+    64 requests x 8 KV heads on an H200 two KV splits of 1,024 programs, where the default runs one split of 512 at
+    ~88 registers (four a multiprocessor, each walking all ~221 gathered tokens). The sm_90 compile of stage 1 with
+    the draft steps' prologue fits 64 registers without spilling."""
+    return {"num_kv_splits": one_wave_num_splits(bs * h_kv, device), "max_registers": ONE_WAVE_REGISTERS}
+
+
 def sparse_decode_fwd(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -224,6 +230,7 @@ def sparse_decode_fwd(
     num_warps: int = 4,
     num_stages: int = 3,
     pdl: bool = False,
+    max_registers: int | None = None,
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -244,6 +251,7 @@ def sparse_decode_fwd(
     H100 sweep, benchmarks/results/kernels/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
     pdl: stage 1 as a programmatic dependent launch (sm_90 and later, compiled only; speed only): it lets the
     next launch start as soon as it runs and waits for the previous launch before reading anything.
+    max_registers: a cap on stage 1's registers a thread (ptxas's maxnreg; speed only; see ``one_wave_launch``).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -319,6 +327,7 @@ def sparse_decode_fwd(
         BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,
         NEW_KV=new_kv is not None, ROPE=rope is not None, NORM=qk_norm is not None, PDL=pdl,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
+        **({} if max_registers is None else {"maxnreg": max_registers}),
     )  # fmt: skip
     if num_kv_splits == 1:
         return o

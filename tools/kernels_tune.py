@@ -129,7 +129,9 @@ def tune_sparse(
 ) -> list[dict]:
     """The draft step's sparse attention (5 % budget + tail, random per-head selections) over its launch parameters;
     ``kernel`` "sparse_fused": with the draft steps' prologue (``draft_prologue``), whose loads lengthen every
-    program of the one-wave launch (27.2 against 23.4 us a call in the server's traces at Qwen3-1.7B 64 x 4096)."""
+    program of the one-wave launch (27.2 against 23.4 us a call in the server's traces at Qwen3-1.7B 64 x 4096),
+    over split counts with and without the 64-register cap that lets eight programs share a multiprocessor
+    (``one_wave_launch``: two splits at 64 x 8 in one wave)."""
     sel, sel_cnt, cnt, gathered = draft_selection(shape, bs, seq_len, k.element_size())
     rpi, o = torch.arange(bs, device=DEVICE), torch.empty_like(q)
     prologue = {}
@@ -137,13 +139,17 @@ def tune_sparse(
         prologue = draft_prologue(shape, torch.randn_like(k[:bs]), torch.randn_like(k[:bs]), req_to_token, seq_lens)
     rows = []
     grid = [
-        (s, n, w, st)
+        (s, n, w, st, None)
         for s in (1, 2)
         for n in (16, 32, 64)
         for w in (2, 4, 8)  # two warps: twice the resident programs of four on a 16-row GQA tile
         for st in (2, 3, 4)
     ]
-    for splits, block_n, warps, stages in grid:
+    if kernel == "sparse_fused":
+        grid = [
+            (s, n, w, st, r) for s in (1, 2, 3) for n in (16, 32) for w in (4, 8) for st in (2, 3) for r in (None, 64)
+        ]
+    for splits, block_n, warps, stages, registers in grid:
         us = bench_us(
             lambda: sparse_decode_fwd(
                 q,
@@ -161,6 +167,7 @@ def tune_sparse(
                 block_n=block_n,
                 num_warps=warps,
                 num_stages=stages,
+                max_registers=registers,
                 **prologue,
             )
         )
@@ -175,6 +182,7 @@ def tune_sparse(
                 block_n=block_n,
                 warps=warps,
                 stages=stages,
+                max_registers=registers,
                 us=us,
                 GBps=gathered / us / 1e3,
                 vs_sglang_decode=us / stock if isinstance(stock, float) else None,

@@ -244,18 +244,9 @@ class PillarDraftBackend(TritonAttnBackend):
         rpi, tail_start, seq_lens = inputs.req_pool_indices[:bs], inputs.tail_start[:bs], inputs.seq_lens[:bs]
         if self.oracle:
             oracle_select(
-                q,
-                k_buffer,
-                self.req_to_token,
-                rpi,
-                seq_lens,
-                tail_start,
-                inputs.sel_cnt[:bs],
-                layer.scaling,
-                logit_cap,
-                self.oracle_pos,
-                self.oracle_cnt,
-            )
+                q, k_buffer, self.req_to_token, rpi, seq_lens, tail_start, inputs.sel_cnt[:bs],
+                layer.scaling, logit_cap, self.oracle_pos, self.oracle_cnt,
+            )  # fmt: skip
             sel_pos, sel_cnt, sel_rows = self.oracle_pos, self.oracle_cnt, None
         else:
             sel_pos, sel_cnt, sel_rows = self.state.layer(layer.layer_id), self.state.sel_cnt, rpi

@@ -129,7 +129,7 @@ def tune_sparse(
 ) -> list[dict]:
     """The draft step's sparse attention (5 % budget + tail, random per-head selections) over its launch parameters;
     ``kernel`` "sparse_fused": with the draft steps' prologue (``draft_prologue``), whose loads lengthen every
-    program of the one-wave launch (27.2 against 23.4 us a call in the server's traces at Qwen3-1.7B 64 x 4096),
+    program of the one-split launch (27.2 against 23.4 us a call in the server's traces at Qwen3-1.7B 64 x 4096),
     over split counts with and without the 64-register cap that lets eight programs share a multiprocessor
     (``one_wave_launch``: two splits at 64 x 8 in one wave)."""
     sel, sel_cnt, cnt, gathered = draft_selection(shape, bs, seq_len, k.element_size())

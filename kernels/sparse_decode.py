@@ -201,10 +201,10 @@ def _sparse_decode_stage1(
 
 
 def one_wave_launch(bs: int, h_kv: int, device: torch.device) -> dict[str, int]:
-    """``sparse_decode_fwd``'s launch keywords for one wave of register-capped programs (``one_wave_num_splits``): at
-    64 requests x 8 KV heads on an H200 two KV splits of 1,024 programs, where the default runs one split of 512 at
-    ~88 registers (four a multiprocessor, each walking all ~221 gathered tokens). The sm_90 compile of stage 1 with
-    the draft steps' prologue fits 64 registers without spilling."""
+    """``sparse_decode_fwd``'s launch keywords for one wave of 64-register programs (``one_wave_num_splits``): at 64
+    requests x 8 KV heads on an H200 two KV splits of 1,024 programs with 32-token tiles, twice the K/V bytes in
+    flight a multiprocessor of the default's one split of 512 at ~88 registers (four a multiprocessor). The sm_90
+    compile with the draft prologue keeps 64 bytes a thread on its stack (16-token tiles at 2 stages keep none)."""
     return {"num_kv_splits": one_wave_num_splits(bs * h_kv, device), "max_registers": ONE_WAVE_REGISTERS}
 
 

@@ -130,8 +130,8 @@ def tune_sparse(
     """The draft step's sparse attention (5 % budget + tail, random per-head selections) over its launch parameters;
     ``kernel`` "sparse_fused": with the draft steps' prologue (``draft_prologue``), whose loads lengthen every
     program of the one-split launch (27.2 against 23.4 us a call in the server's traces at Qwen3-1.7B 64 x 4096),
-    over split counts with and without the 64-register cap that lets eight programs share a multiprocessor
-    (``one_wave_launch``: two splits at 64 x 8 in one wave)."""
+    over split counts with no register cap, 72 (seven programs a multiprocessor) and 64 (eight: ``one_wave_launch``,
+    two splits at 64 x 8 in one wave)."""
     sel, sel_cnt, cnt, gathered = draft_selection(shape, bs, seq_len, k.element_size())
     rpi, o = torch.arange(bs, device=DEVICE), torch.empty_like(q)
     prologue = {}
@@ -147,7 +147,12 @@ def tune_sparse(
     ]
     if kernel == "sparse_fused":
         grid = [
-            (s, n, w, st, r) for s in (1, 2, 3) for n in (16, 32) for w in (4, 8) for st in (2, 3) for r in (None, 64)
+            (s, n, w, st, r)
+            for s in (1, 2, 3)
+            for n in (16, 32)
+            for w in (4, 8)
+            for st in (2, 3)
+            for r in (None, 64, 72)
         ]
     for splits, block_n, warps, stages, registers in grid:
         us = bench_us(

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tools.kernels_setup import provenance, replay_ms, write_result
+from tools.kernels_setup import graph_ms, provenance, write_result
 from tools.skinny_gemm import quantize_rows, skinny_gemm
 
 
@@ -68,14 +68,12 @@ def projections(shape: str) -> dict[str, tuple[int, int]]:
 
 def graph_us(calls: list, reps: int = 20) -> float:
     """Mean us per call of ``calls`` replayed from one CUDA graph (after one eager warm-up of each)."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def all_calls() -> None:
         for c in calls:
             c()
-    return replay_ms(graph, reps) * 1e3 / len(calls)
+
+    return graph_ms(all_calls, reps) * 1e3 / len(calls)
 
 
 def measure(shape: str, m: int, grid: list[tuple[int, int, int, int, int]]) -> list[dict[str, Any]]:

@@ -46,13 +46,12 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from tools.kernels_setup import DEVICE, graph_ms, provenance, write_result
-from tools.layer_probe import EPS, IDEAL_GBPS, DraftStep, model_dims, small_kernels
+from tools.layer_probe import EPS, IDEAL_GBPS, DraftStep, add_step_args, model_dims, small_kernels
 from tools.skinny_gemm import skinny_gemm
 
 CHAIN = ("qkv", "o", "gate_up", "down")
@@ -202,11 +201,7 @@ def measure(chain: Chain, variant: str, replays: int, reference: dict[str, torch
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--model", default="qwen3-1.7b", choices=list(LAUNCHES))
-    parser.add_argument("--bs", type=int, default=64)
-    parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--len", type=int, default=4096, help="context of the layer variants' attention")
+    add_step_args(parser)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gemm_chain needs a CUDA GPU")

@@ -124,6 +124,21 @@ def tune_mixed(
     return rows
 
 
+# (splits, block_n, warps, stages, register cap) of each sparse sweep.
+SPARSE_GRIDS = {
+    "sparse": [
+        (s, n, w, st, None)
+        for s in (1, 2)
+        for n in (16, 32, 64)
+        for w in (2, 4, 8)  # two warps: twice the resident programs of four on a 16-row GQA tile
+        for st in (2, 3, 4)
+    ],
+    "sparse_fused": [
+        (s, n, w, st, r) for s in (1, 2, 3) for n in (16, 32) for w in (4, 8) for st in (2, 3) for r in (None, 64, 72)
+    ],
+}
+
+
 def tune_sparse(
     shape: Shape, bs: int, seq_len: int, q, k, v, req_to_token, seq_lens, stock, kernel: str = "sparse"
 ) -> list[dict]:
@@ -138,23 +153,7 @@ def tune_sparse(
     if kernel == "sparse_fused":
         prologue = draft_prologue(shape, torch.randn_like(k[:bs]), torch.randn_like(k[:bs]), req_to_token, seq_lens)
     rows = []
-    grid = [
-        (s, n, w, st, None)
-        for s in (1, 2)
-        for n in (16, 32, 64)
-        for w in (2, 4, 8)  # two warps: twice the resident programs of four on a 16-row GQA tile
-        for st in (2, 3, 4)
-    ]
-    if kernel == "sparse_fused":
-        grid = [
-            (s, n, w, st, r)
-            for s in (1, 2, 3)
-            for n in (16, 32)
-            for w in (4, 8)
-            for st in (2, 3)
-            for r in (None, 64, 72)
-        ]
-    for splits, block_n, warps, stages, registers in grid:
+    for splits, block_n, warps, stages, registers in SPARSE_GRIDS[kernel]:
         us = bench_us(
             lambda: sparse_decode_fwd(
                 q,

@@ -340,13 +340,18 @@ def prefetch_check(step: DraftStep, programs: int) -> float | str:
     return ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_step_args(parser: argparse.ArgumentParser) -> None:
+    """The options of a probe that builds draft-step layers: output file, model, rows, context, replays."""
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default="qwen3-1.7b", choices=list(MODELS))
     parser.add_argument("--bs", type=int, default=64)
-    parser.add_argument("--len", type=int, default=4096)
+    parser.add_argument("--len", type=int, default=4096, help="context of the draft step's attention")
     parser.add_argument("--replays", type=int, default=20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_args(parser)
     parser.add_argument("--prefetch-programs", type=int, default=32)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     args = parser.parse_args()

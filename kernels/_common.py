@@ -29,20 +29,6 @@ def default_num_splits(programs_per_split: int, device: torch.device, cap: int =
     return max(1, min(cap, want))
 
 
-# A multiprocessor's 65,536 registers hold eight programs of four warps at 64 registers a thread.
-ONE_WAVE_REGISTERS = 64
-ONE_WAVE_PROGRAMS_PER_SM = 8
-
-
-def one_wave_num_splits(programs_per_split: int, device: torch.device, cap: int = 32) -> int:
-    """Static split count for a launch of four-warp programs capped at ``ONE_WAVE_REGISTERS``: as many splits as fit
-    in one wave of ``ONE_WAVE_PROGRAMS_PER_SM`` programs a multiprocessor (at least one). A latency-bound program
-    then walks 1 / splits of its tokens, and no program waits for a second wave. Static sizes only (CUDA-graph safe).
-    """
-    fit = ONE_WAVE_PROGRAMS_PER_SM * num_sms(device) // max(programs_per_split, 1)
-    return max(1, min(cap, fit))
-
-
 def check_int_vector(name: str, t: torch.Tensor, n: int) -> None:
     """ValueError unless `t` is an integer tensor of shape [n] (metadata only, no sync)."""
     if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1 or t.shape[0] != n:

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import ONE_WAVE_REGISTERS, check_int_vector, default_num_splits, one_wave_num_splits
+from ._common import check_int_vector, default_num_splits
 from ._tiles import attend_tile, finish_partial, load_kv_tile
 from .qk_prologue import prologue_rows, rms_norm_ref, rope_neox_ref
 from .sparse_decode_merge import merge_split_partials
@@ -200,14 +200,6 @@ def _sparse_decode_stage1(
         tl.store(Mid_lse + cur_b * stride_lb + cur_heads * stride_lh + split, lse, mask=mask_h)
 
 
-def one_wave_launch(bs: int, h_kv: int, device: torch.device) -> dict[str, int]:
-    """``sparse_decode_fwd``'s launch keywords for one wave of 64-register programs (``one_wave_num_splits``): at 64
-    requests x 8 KV heads on an H200 two KV splits of 1,024 programs with 32-token tiles, twice the K/V bytes in
-    flight a multiprocessor of the default's one split of 512 at ~88 registers (four a multiprocessor). The sm_90
-    compile with the draft prologue keeps 64 bytes a thread on its stack (16-token tiles at 2 stages keep none)."""
-    return {"num_kv_splits": one_wave_num_splits(bs * h_kv, device), "max_registers": ONE_WAVE_REGISTERS}
-
-
 def sparse_decode_fwd(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -230,7 +222,6 @@ def sparse_decode_fwd(
     num_warps: int = 4,
     num_stages: int = 3,
     pdl: bool = False,
-    max_registers: int | None = None,
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -251,7 +242,6 @@ def sparse_decode_fwd(
     H100 sweep, benchmarks/results/kernels/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
     pdl: stage 1 as a programmatic dependent launch (sm_90 and later, compiled only; speed only): it lets the
     next launch start as soon as it runs and waits for the previous launch before reading anything.
-    max_registers: a cap on stage 1's registers a thread (ptxas's maxnreg; speed only; see ``one_wave_launch``).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -327,7 +317,6 @@ def sparse_decode_fwd(
         BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,
         NEW_KV=new_kv is not None, ROPE=rope is not None, NORM=qk_norm is not None, PDL=pdl,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
-        **({} if max_registers is None else {"maxnreg": max_registers}),
     )  # fmt: skip
     if num_kv_splits == 1:
         return o

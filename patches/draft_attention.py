@@ -28,10 +28,9 @@ from sglang.srt.layers.attention.triton_backend import (
     TritonAttnBackend,
     logit_capping_mod,
 )
-from sglang_sparsespec.kernels.sparse_decode import one_wave_launch, sparse_decode_fwd
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
-from sglang_sparsespec.config import DraftAttnLaunch
 from sglang_sparsespec.selection.oracle import oracle_select
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.state import PlanState
@@ -118,14 +117,12 @@ class PillarDraftBackend(TritonAttnBackend):
         oracle: bool,
         plain: bool = False,
         fused: bool = True,
-        launch: DraftAttnLaunch = DraftAttnLaunch.TWO_WAVES,
     ):
         super().__init__(model_runner)
         self.state = state
         self.inputs = inputs
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.oracle = oracle
-        self.launch = launch
         self.whole_prefix = False  # the current step is the plain step
         self.segments: SegmentMeta | None = None  # the current step is a mixed-phase forward
         self.whole: WholePrefixMeta | None = None
@@ -250,7 +247,6 @@ class PillarDraftBackend(TritonAttnBackend):
             sel_pos, sel_cnt, sel_rows = self.oracle_pos, self.oracle_cnt, None
         else:
             sel_pos, sel_cnt, sel_rows = self.state.layer(layer.layer_id), self.state.sel_cnt, rpi
-        launch = one_wave_launch(bs, k_buffer.shape[1], q.device) if self.launch is DraftAttnLaunch.ONE_WAVE else {}
         sparse_decode_fwd(
             q,
             k_buffer,
@@ -268,7 +264,6 @@ class PillarDraftBackend(TritonAttnBackend):
             new_kv=new_kv,
             rope=rope,
             qk_norm=norm,
-            **launch,
         )
 
     def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):

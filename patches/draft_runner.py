@@ -177,7 +177,6 @@ class PillarDraftRunner:
             oracle=cfg.policy is SelectionPolicy.ORACLE,
             plain=plain_decode,
             fused=cfg.draft_prologue is DraftPrologue.FUSED,
-            launch=cfg.draft_attn_launch,
         )
         # One draft step per (batch-size bucket, GREEDY / SAMPLED): all-greedy batches draft by argmax
         # and skip the draft records, which their verify never reads; PLAIN: the plain-decoding step.

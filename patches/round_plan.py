@@ -77,7 +77,6 @@ def setup_identity(cfg: PillarConfig, server_args, model_runner) -> dict[str, An
         "min_budget": cfg.min_budget,
         "batch_phases": cfg.batch_phases.value,  # a mixed iteration prices the full-length round
         "draft_prologue": cfg.draft_prologue.value,  # three launches a layer of every draft step
-        "draft_attn_launch": cfg.draft_attn_launch.value,  # the draft steps' attention time
         "plugin": plugin,
     }
 

@@ -96,16 +96,6 @@ class DraftPrologue(str, Enum):
     SGLANG = "sglang"
 
 
-class DraftAttnLaunch(str, Enum):
-    """How the draft steps launch their sparse attention (kernels/sparse_decode.py)."""
-
-    # About two waves of programs at the registers the compiler picks (one KV split at 64 requests x 8 KV heads).
-    TWO_WAVES = "two_waves"
-    # At most 64 registers a thread, so eight programs share a multiprocessor, and as many KV splits as fill one
-    # wave of them: each program walks a shorter chain of gathers, plus one merge launch a layer.
-    ONE_WAVE = "one_wave"
-
-
 # The draft counts "auto" adds below --speculative-num-steps: plain decoding and two short rounds.
 AUTO_STEPS = (0, 2, 4)
 
@@ -156,7 +146,6 @@ class PillarConfig:
     offload_host_gb: float = 0.0
     batch_phases: BatchPhases = BatchPhases.SPLIT
     draft_prologue: DraftPrologue = DraftPrologue.FUSED
-    draft_attn_launch: DraftAttnLaunch = DraftAttnLaunch.TWO_WAVES
 
     def __post_init__(self) -> None:
         _parse_steps(self.adaptive_steps, self.num_steps)
@@ -313,8 +302,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("DRAFT_PROLOGUE", "draft_prologue", "where a draft step's K/V store, q/k norm and rotary embedding "
          "run: fused = inside its sparse attention kernel (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), "
          "else and with sglang = SGLang's own kernels"),
-    Knob("DRAFT_ATTN_LAUNCH", "draft_attn_launch", "how draft steps launch their sparse attention: two_waves = "
-         "about two waves of programs, one_wave = 64 registers a thread and the KV splits that fill one wave"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

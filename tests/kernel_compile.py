@@ -116,7 +116,6 @@ def main() -> None:
             (1, {"block_n": 16, "num_warps": 2}),
             (2, {"block_n": 64, "num_warps": 8}),
             (2, {"block_n": 64, "num_warps": 8, "new_kv": new_kv, "rope": rope, "qk_norm": norm}),
-            (2, {"new_kv": new_kv, "rope": rope, "qk_norm": norm, "max_registers": 64}),  # the one-wave launch
         ):
             sparse_decode_fwd(
                 q1,

@@ -11,11 +11,8 @@ import pytest
 import torch
 from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-from sglang_sparsespec.config import DraftAttnLaunch
 from sglang_sparsespec.kernels.qk_prologue import rms_norm_ref, rope_neox_ref
-from sglang_sparsespec.kernels._common import num_sms
-from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
-from sglang_sparsespec.patches import draft_attention
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
 from sglang_sparsespec.patches import draft_qk as dq
 from sglang_sparsespec.patches.draft_attention import (
     DraftStepInputs,
@@ -42,7 +39,6 @@ def _backend(max_bs: int, req_to_token: torch.Tensor) -> PillarDraftBackend:
         attn_lse=torch.zeros((max_bs, H_Q, SPLITS), dtype=torch.float32, device=DEVICE),
     )
     be.oracle = False
-    be.launch = DraftAttnLaunch.TWO_WAVES
     be.max_kv_splits, be.num_head, be.num_kv_head = SPLITS, H_Q, H_KV
     be.static_kv_splits, be.enable_deterministic, be.split_tile_size = False, False, None
     be.device_core_count = 132  # an H100/H200's SM count: the split heuristic's input
@@ -123,21 +119,13 @@ def _draft_step_backend(pool: _Pool, req_to_token: torch.Tensor, sel_pos: torch.
     return be
 
 
-@pytest.mark.parametrize(
-    "plain_pool, rope, norm, launch",
-    [
-        (plain, rope, norm, DraftAttnLaunch.TWO_WAVES)
-        for plain in (True, False)
-        for rope, norm in ((False, False), (True, False), (True, True))
-    ]
-    + [(True, True, True, DraftAttnLaunch.ONE_WAVE), (False, False, False, DraftAttnLaunch.ONE_WAVE)],
-)
-def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool, rope, norm, launch):
+@pytest.mark.parametrize("rope, norm", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("plain_pool", [True, False])
+def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool, rope, norm):
     """forward_decode of a draft step: with SGLang's plain pool the sparse kernel writes the step's K/V (SGLang's
     store is not called), otherwise SGLang's store runs first; the cache and the output are the same either way.
     A q/k norm and rotary embedding the model deferred (``norm``, ``rope``) are applied in the kernel, or by their
-    own calls before the store. The one-wave launch (several KV splits, a register cap) attends the same: the split
-    that stores the key is not the one that attends it."""
+    own calls before the store."""
     gen = torch.Generator().manual_seed(5)
     rows, width, slots = 3, 48, 160
     req_to_token = torch.randperm(slots, generator=gen)[: rows * width].view(rows, width).to(torch.int32).to(DEVICE)
@@ -148,12 +136,7 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
     sel_pos[:, :, :3] = torch.tensor([1, 4, 9], dtype=torch.int32)
     sel_cnt = torch.full((rows,), 3, dtype=torch.int32, device=DEVICE)
     be = _draft_step_backend(pool, req_to_token, sel_pos, sel_cnt)
-    be.launch = launch
     assert be.stores_in_kernel is plain_pool
-    launched = []
-    monkeypatch.setattr(
-        draft_attention, "sparse_decode_fwd", lambda *a, **kw: launched.append(kw) or sparse_decode_fwd(*a, **kw)
-    )
     stored = []
 
     def sglang_store(forward_batch, layer, loc, k, v, k_scale, v_scale):
@@ -215,28 +198,3 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
     torch.testing.assert_close(pool.k.float(), ref_k.float(), atol=2e-2, rtol=2e-2)
     assert torch.equal(pool.v, ref_v)
     torch.testing.assert_close(out.view(bs, H_Q, D).float(), expected.float(), atol=2e-2, rtol=2e-2)
-    one_wave = launch is DraftAttnLaunch.ONE_WAVE
-    # 8 resident programs a multiprocessor over 2 requests x 2 KV heads: 4 splits on the CPU's stand-in of 2
-    # multiprocessors, the cap of 32 on an H200's 132.
-    splits = min(32, 8 * num_sms(torch.device(DEVICE)) // (bs * H_KV))
-    assert [(kw.get("num_kv_splits"), kw.get("max_registers")) for kw in launched] == [
-        (splits, 64) if one_wave else (None, None)
-    ]
-
-
-@pytest.mark.parametrize("launch", list(DraftAttnLaunch))
-def test_the_draft_attn_launch_knob_reaches_the_draft_backend(monkeypatch, launch):
-    """--pillar-draft-attn-launch picks how the draft runner's backend launches the sparse attention."""
-    from sglang_sparsespec.patches import draft_runner
-    from test_draft_runner import FakeBackend, make_runner
-
-    given: list[DraftAttnLaunch] = []
-
-    class Recording(FakeBackend):
-        def __init__(self, *args, launch: DraftAttnLaunch = DraftAttnLaunch.TWO_WAVES, **kwargs):
-            super().__init__(*args, **kwargs)
-            given.append(launch)
-
-    monkeypatch.setattr(draft_runner, "PillarDraftBackend", Recording)
-    make_runner([], draft_attn_launch=launch)
-    assert given == [launch]

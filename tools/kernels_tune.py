@@ -124,18 +124,16 @@ def tune_mixed(
     return rows
 
 
-# (splits, block_n, warps, stages, register cap) of each sparse sweep.
+# (splits, block_n, warps, stages) of each sparse sweep.
 SPARSE_GRIDS = {
     "sparse": [
-        (s, n, w, st, None)
+        (s, n, w, st)
         for s in (1, 2)
         for n in (16, 32, 64)
         for w in (2, 4, 8)  # two warps: twice the resident programs of four on a 16-row GQA tile
         for st in (2, 3, 4)
     ],
-    "sparse_fused": [
-        (s, n, w, st, r) for s in (1, 2, 3) for n in (16, 32) for w in (4, 8) for st in (2, 3) for r in (None, 64, 72)
-    ],
+    "sparse_fused": [(s, n, w, st) for s in (1, 2, 3) for n in (16, 32) for w in (4, 8) for st in (2, 3)],
 }
 
 
@@ -144,16 +142,16 @@ def tune_sparse(
 ) -> list[dict]:
     """The draft step's sparse attention (5 % budget + tail, random per-head selections) over its launch parameters;
     ``kernel`` "sparse_fused": with the draft steps' prologue (``draft_prologue``), whose loads lengthen every
-    program of the one-split launch (27.2 against 23.4 us a call in the server's traces at Qwen3-1.7B 64 x 4096),
-    over split counts with no register cap, 72 (seven programs a multiprocessor) and 64 (eight: ``one_wave_launch``,
-    two splits at 64 x 8 in one wave)."""
+    program of the one-split launch (27.2 against 23.4 us a call in the server's traces at Qwen3-1.7B 64 x 4096).
+    The H200 sweep at that point (kernels_tune_sparse_fused_h200_886f2d3.json) keeps the default launch fastest,
+    also against register caps of 72 and 64 (seven and eight programs a multiprocessor, one wave of two splits)."""
     sel, sel_cnt, cnt, gathered = draft_selection(shape, bs, seq_len, k.element_size())
     rpi, o = torch.arange(bs, device=DEVICE), torch.empty_like(q)
     prologue = {}
     if kernel == "sparse_fused":
         prologue = draft_prologue(shape, torch.randn_like(k[:bs]), torch.randn_like(k[:bs]), req_to_token, seq_lens)
     rows = []
-    for splits, block_n, warps, stages, registers in SPARSE_GRIDS[kernel]:
+    for splits, block_n, warps, stages in SPARSE_GRIDS[kernel]:
         us = bench_us(
             lambda: sparse_decode_fwd(
                 q,
@@ -171,7 +169,6 @@ def tune_sparse(
                 block_n=block_n,
                 num_warps=warps,
                 num_stages=stages,
-                max_registers=registers,
                 **prologue,
             )
         )
@@ -186,7 +183,6 @@ def tune_sparse(
                 block_n=block_n,
                 warps=warps,
                 stages=stages,
-                max_registers=registers,
                 us=us,
                 GBps=gathered / us / 1e3,
                 vs_sglang_decode=us / stock if isinstance(stock, float) else None,

@@ -20,9 +20,9 @@ which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets
 the runtime context's server args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward
 context, graph capture mode and the capture-time gc freeze, for both runners' DECODE forwards and graphs),
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
-final_logit_softcapping), ``draft_qk`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style and
-fallback flag; Qwen3's apply_qk_norm and the RMSNorm fields it reads; the decoder class names whose attention calls
-them right before attending),
+final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_qk`` (the rotary embedding's cos_sin_cache, head
+and rotary dims, neox style and fallback flag; Qwen3's apply_qk_norm and the RMSNorm fields it reads; the decoder
+class names whose attention calls them right before attending),
 ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain step its decode_attention_fwd,
 get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode
 does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write a draft step's K/V inside the
@@ -182,8 +182,9 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "sglang.srt.layers.logits_processor.LogitsProcessor._copy_logits_to_buffer",
         "AROUND",
         draft_logits.keep_draft_logits,
-        "a draft step's logits feed only PILLAR's draft sampler, which reads bf16 as exactly as their fp32 copy: "
-        "the draft runner's draft steps skip the copy (every other forward keeps it)",
+        "a draft step's logits feed only PILLAR's draft sampler, and a sampled verify's (--pillar-verify-logits "
+        "half) its acceptance, which read bf16 as exactly as their fp32 copy: those forwards skip the copy (every "
+        "other forward keeps it)",
     ),
     Hook(
         "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.forward_cuda",

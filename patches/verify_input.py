@@ -15,6 +15,10 @@ grammar mask), then
   ``request_rounds``): the greedy chain rule with each request's count (``greedy_accept``), since
   SGLang's greedy verify would accept drafts of a request that has none;
 * other greedy batches and idle batches: SGLang's ``eagle_sample`` itself.
+
+With ``--pillar-verify-logits half`` the logits arrive as the LM head wrote them (``draft_logits``); only a
+sampled batch whose logits nothing but ``stock_accept`` reads keeps them so, every other batch gets SGLang's
+fp32 values first.
 """
 
 from __future__ import annotations
@@ -114,13 +118,15 @@ class PillarVerifyInput(EagleVerifyInput):
         """The round's acceptance from the verify logits (module docstring), in SGLang's layout:
         (predict [bs * (k + 1)] int32, accept_lens [bs] int32 with the emitted token, accept_index
         [bs, k + 1] int32: the accepted rows, then -1)."""
-        if batch.forward_mode.is_idle():
-            return eagle_sample(self, batch, logits_output, grammar_mask)
         sampling_info = batch.sampling_info
         record, num_drafts = self.record, self.num_drafts
+        if batch.forward_mode.is_idle() or not _reads_kept_logits(batch, record, grammar_mask):
+            _widen(logits_output)
+        if batch.forward_mode.is_idle():
+            return eagle_sample(self, batch, logits_output, grammar_mask)
         greedy = sampling_info.is_all_greedy
         per_request = num_drafts is not None or sampling_info.has_custom_logit_processor
-        if (not per_request if greedy else record is None):
+        if not per_request if greedy else record is None:
             return eagle_sample(self, batch, logits_output, grammar_mask)
         logits = logits_output.next_token_logits
         self._process_logits(logits, sampling_info, grammar_mask)
@@ -171,6 +177,31 @@ class PillarVerifyInput(EagleVerifyInput):
             row0 = logits.view(-1, n, logits.shape[-1])[:, 0]
             apply_custom_logit_processor(row0, sampling_info)
             sanitize_nan_logits(logits, "verify: custom logit processor")
+
+
+def _reads_kept_logits(batch, record: DraftRecord | None, grammar_mask) -> bool:
+    """Whether only ``stock_accept`` reads this verify's logits, which it widens to fp32 as it loads them
+    (``--pillar-verify-logits half``): a sampled batch with a draft record, and nothing that adds to the
+    logits in their own dtype (penalties, logit bias), masks them (grammars), runs code on them (custom
+    processors) or reads them after the acceptance (logprobs)."""
+    info = batch.sampling_info
+    return (
+        record is not None
+        and not info.is_all_greedy
+        and grammar_mask is None
+        and not batch.return_logprob
+        and info.acc_additive_penalties is None
+        and info.acc_scaling_penalties is None
+        and info.logit_bias is None
+        and not info.has_custom_logit_processor
+    )
+
+
+def _widen(logits_output) -> None:
+    # SGLang's own values: its logits processor copies the LM head's output to fp32 (exact for bf16 / fp16).
+    logits = logits_output.next_token_logits
+    if logits is not None and logits.dtype != torch.float32:
+        logits_output.next_token_logits = logits.float()
 
 
 def _broadcast_from_rank0(*tensors: torch.Tensor) -> None:

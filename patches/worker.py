@@ -27,6 +27,7 @@ from sglang_sparsespec.config import (
     ScoreRows,
     SelectionPolicy,
     VerifyKernel,
+    VerifyLogits,
 )
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.rounds.clock import make_clock
@@ -36,6 +37,7 @@ from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
 
 from .contacts import resolved
+from .draft_logits import keep_verify_logits
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner
 from .round_plan import RoundPlanner, seeded_config, setup_identity
@@ -57,6 +59,8 @@ class PillarWorker(BaseSpecWorker):
         self.model_runner = target_worker.model_runner
         self.device = server_args.device
         self.cfg = seeded_config(PillarConfig.from_env(server_args.speculative_num_steps), server_args)
+        # Before the target's verify graphs are captured (Scheduler.init_cuda_graphs, after the workers).
+        keep_verify_logits(self.cfg.verify_logits is VerifyLogits.HALF)
         self.topk = 1
         self.speculative_num_steps = self.cfg.num_steps
         self.speculative_num_draft_tokens = self.cfg.num_steps + 1
@@ -86,9 +90,7 @@ class PillarWorker(BaseSpecWorker):
             self.cfg, self.metrics, self.clock, policy=policy, agreement=agreement, cost_file=cost_file
         )
         logger.info("PILLAR config: %s", self.cfg)
-        build_sampling_kernels(
-            server_args.sampling_backend, self.model_runner.model_config.vocab_size, self.device
-        )
+        build_sampling_kernels(server_args.sampling_backend, self.model_runner.model_config.vocab_size, self.device)
 
     def _phase_report(self, report) -> None:
         logger.info(format_report(report))
@@ -212,7 +214,6 @@ class PillarWorker(BaseSpecWorker):
             get_context().override("sparsespec.plain_restore", **widths)
         logger.info("PILLAR plain-decoding graphs (verify width 1) captured")
         return VerifyPass(backend, runner, own=False)
-
 
     # ---- per step --------------------------------------------------------------------
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):

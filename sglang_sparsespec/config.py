@@ -96,6 +96,17 @@ class DraftPrologue(str, Enum):
     SGLANG = "sglang"
 
 
+class VerifyLogits(str, Enum):
+    """The dtype the verify's logits reach the acceptance in (patches/draft_logits.py)."""
+
+    # SGLang's fp32 copy of every row, which every consumer reads.
+    FP32 = "fp32"
+    # As the LM head wrote them (bf16 / fp16): the acceptance's kernels widen each value as they load it (exact);
+    # batches whose logits something else reads or changes (penalties, logit bias, grammars, logprobs, custom
+    # processors, greedy verifies) get the fp32 copy first.
+    HALF = "half"
+
+
 # The draft counts "auto" adds below --speculative-num-steps: plain decoding and two short rounds.
 AUTO_STEPS = (0, 2, 4)
 
@@ -146,6 +157,7 @@ class PillarConfig:
     offload_host_gb: float = 0.0
     batch_phases: BatchPhases = BatchPhases.SPLIT
     draft_prologue: DraftPrologue = DraftPrologue.FUSED
+    verify_logits: VerifyLogits = VerifyLogits.FP32
 
     def __post_init__(self) -> None:
         _parse_steps(self.adaptive_steps, self.num_steps)
@@ -302,6 +314,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("DRAFT_PROLOGUE", "draft_prologue", "where a draft step's K/V store, q/k norm and rotary embedding "
          "run: fused = inside its sparse attention kernel (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), "
          "else and with sglang = SGLang's own kernels"),
+    Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "
+         "SGLang's copy; half = as the LM head wrote them (no copy, half the bytes read; batches with penalties, "
+         "logit bias, grammars, logprobs or custom processors still get the copy)"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

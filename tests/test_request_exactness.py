@@ -111,6 +111,7 @@ def verify(si, reqs, bonus, drafts, logits, counts, record=None):
     batch = SimpleNamespace(
         forward_mode=SimpleNamespace(is_idle=lambda: False),
         sampling_info=si,
+        return_logprob=False,
         seq_lens=torch.full((bs,), 50),
         reqs=[SimpleNamespace(sampling_params=SimpleNamespace(top_k=1 << 30)) for _ in reqs],
     )

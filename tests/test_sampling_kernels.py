@@ -123,12 +123,14 @@ def test_rejection_matches_reference(num_drafts, listed):
         rejection_fwd(rows, tokens[:, :2], ids, q, q_tok, num_drafts, coins, final)
 
 
+@pytest.mark.parametrize("logit_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rank_rule", [False, True])
-def test_rejection_on_compact_rows_matches_reference(rank_rule):
+def test_rejection_on_compact_rows_matches_reference(rank_rule, logit_dtype):
     """Target rows from the filter (most decided on their top list of <= 32 tokens; a flat one past it),
     drafts from the record: the kernel's accept and residual draw (over the list, or vocabulary-parallel)
     give the reference's tokens for the same coins, including a rejected draft whose q equals p (no
-    residual left)."""
+    residual left). Verify logits kept in bf16 (--pillar-verify-logits half; these values are exact in bf16)
+    give the rows of their fp32 copy up to the order of fp32 sums, and the same tokens."""
     bs, k, vocab, c = 12, 3, 700, 8
     gen = torch.Generator().manual_seed(23)
     _, (tokens, ids, q, q_tok), coins, final = _record_case(gen, bs=bs, k=k, vocab=vocab, c=c)
@@ -136,7 +138,7 @@ def test_rejection_on_compact_rows_matches_reference(rank_rule):
     logits.view(bs, k + 1, vocab)[:, :k].scatter_add_(2, tokens.cpu()[..., None], torch.full((bs, k, 1), 8.0))
     logits[:, :6] += 7.0
     logits[5] *= 0.01  # flat: its nucleus is wider than the candidates
-    logits = (logits * 4).round().div(4).to(DEVICE)  # ties at the cut
+    logits = (logits * 4).round().div(4).to(DEVICE).to(logit_dtype)  # ties at the cut
     t = torch.full((bs,), 0.8, device=DEVICE)
     top_k = torch.tensor([20, -1, 3, 1] * (bs // 4), dtype=torch.int32, device=DEVICE)
     top_p = torch.tensor([0.9, 0.95, 1.0, 1.0] * (bs // 4), device=DEVICE)
@@ -155,6 +157,13 @@ def test_rejection_on_compact_rows_matches_reference(rank_rule):
     out = rejection_fwd(rows, tokens, ids, q, q_tok, k, coins, final, chunk=64, block_v=32)
     assert torch.equal(out[1], ref[1]) and torch.equal(out[0], ref[0])
     assert len(set(out[1].tolist())) > 1 and out[1][0] == 0 and dense[0, 0, out[0][0, 0]] > 0
+    if logit_dtype is torch.bfloat16:
+        rows32 = target_filter_fwd(
+            logits.float(), t, top_k, top_p, None, k + 1, rank_rule, list_cap=32, chunk=64, block_v=32
+        )
+        torch.testing.assert_close(rows32.dense(), rows.dense(), rtol=1e-5, atol=1e-7)
+        out32 = rejection_fwd(rows32, tokens, ids, q, q_tok, k, coins, final, chunk=64, block_v=32)
+        assert torch.equal(out32[0], out[0]) and torch.equal(out32[1], out[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])

@@ -46,6 +46,7 @@ def _inputs(seed: int, greedy: bool = False, logit_bias=None):
     batch = SimpleNamespace(
         forward_mode=SimpleNamespace(is_idle=lambda: False),
         sampling_info=_sampling_info(greedy, logit_bias),
+        return_logprob=False,
         seq_lens=torch.full((BS,), 100),
         reqs=[SimpleNamespace(sampling_params=SimpleNamespace(top_k=1 << 30)) for _ in range(BS)],
     )
@@ -94,6 +95,47 @@ def test_logit_bias_reaches_the_target_distribution():
     assert torch.all(predict[last] == 7)
 
 
+@pytest.mark.parametrize("case", ["plain", "logit_bias", "penalties", "grammar", "logprobs", "custom", "greedy"])
+def test_only_a_plain_sampled_verify_reads_kept_logits(case, monkeypatch):
+    """--pillar-verify-logits half: bf16 verify logits reach stock_accept as they are only where nothing else
+    reads or changes them; every other batch gets SGLang's fp32 values (the exact widening) first. The plain
+    batch accepts the same from the kept logits as from their fp32 copy."""
+    bias = torch.zeros(BS, V) if case == "logit_bias" else None
+    verify_input, batch, logits, record = _inputs(4, greedy=case == "greedy", logit_bias=bias)
+    verify_input = PillarVerifyInput.extend(verify_input, None if case == "greedy" else record)
+    info = batch.sampling_info
+    if case == "penalties":
+        info.acc_additive_penalties = torch.zeros(BS, V)
+    info.has_custom_logit_processor = case == "custom"
+    batch.return_logprob = case == "logprobs"
+    masked = []
+    grammar = SimpleNamespace(apply=lambda t: masked.append(t.dtype)) if case == "grammar" else None
+    if case == "custom":
+        monkeypatch.setattr("sglang.srt.layers.sampler.apply_custom_logit_processor", lambda rows, info: None)
+    half = logits.next_token_logits.to(torch.bfloat16)
+    seen = []
+
+    def recording(logits_, *args):
+        seen.append(logits_.dtype)
+        return stock_accept(logits_, *args)
+
+    monkeypatch.setattr(verify_input_module, "stock_accept", recording)
+    monkeypatch.setattr(
+        verify_input_module, "eagle_sample", lambda vi, b, out, g: seen.append(out.next_token_logits.dtype)
+    )
+    results = []
+    for widened in (False, True):
+        out = SimpleNamespace(next_token_logits=half.float() if widened else half.clone())
+        torch.manual_seed(6)
+        results.append(verify_input.accept(batch, out, grammar))
+        if not widened:
+            assert out.next_token_logits.dtype == (torch.bfloat16 if case == "plain" else torch.float32)
+    assert seen == [torch.bfloat16 if case == "plain" else torch.float32, torch.float32]
+    assert masked == ([torch.float32] * 2 if case == "grammar" else [])
+    if case != "greedy":
+        assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
 @pytest.mark.parametrize("case", ["greedy", "idle"])
 def test_plain_greedy_and_idle_batches_run_sglang_sampling(case, monkeypatch):
     verify_input, batch, logits, record = _inputs(2, greedy=True)
@@ -131,4 +173,3 @@ def test_stock_accept_reads_the_batch_as_sglang_lays_it_out(min_p, backend, monk
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert sampling_rows(info).backend is backend
     assert (sampling_rows(info).min_p is None) is not min_p
-

@@ -1,18 +1,18 @@
 """Draft steps, and with ``--pillar-verify-logits half`` the verify, keep their logits in the LM head's dtype.
 
-SGLang's logits processor copies every forward's logits to fp32 (``LogitsProcessor._copy_logits_to_buffer``):
-28 us of each draft step at 64 x 151,936 on an H200 (trace_qwen3-1.7b_round_h200_6c8d415) and 252 us of the
-verify's 576 rows (trace_qwen3-1.7b_round_h200_886f2d3), after which the samplers read twice the bytes. A draft
-step's logits feed only the draft sampler, and a sampled verify's the acceptance (``stock_accept``), whose kernels
-widen each value to fp32 as they load it (the same value: bf16 / fp16 -> fp32 is exact), so the hook hands those
-logits over in the LM head's dtype: inside ``draft_step()`` as the LM head wrote them, and in TARGET_VERIFY forwards
-of a process whose PILLAR worker asked for it (``keep_verify_logits``, set before its verify graphs are captured)
-in the first half of SGLang's fp32 logits buffer (a copy of half the bytes, the buffer the graphs share). Compiled, a 2-byte
-row may be summed in another order than its fp32 copy (Triton lays out loads by bytes), so probabilities can
-differ in their last bits: a draft record's (the verify reads the record each draft was drawn from) and the
-target's (fp32 rounding of the same distribution, as any other summation order is). Every verify whose logits
-something else reads or changes gets SGLang's fp32 values first (``PillarVerifyInput.accept``); every other
-forward keeps SGLang's copy, and so do models with a final logit soft-cap, which is applied on that copy.
+SGLang's logits processor copies every forward's logits to fp32 (``LogitsProcessor._copy_logits_to_buffer``): 28 us
+of each draft step at 64 x 151,936 on an H200 (trace_qwen3-1.7b_round_h200_6c8d415) and 252 us of the verify's 576
+rows (trace_qwen3-1.7b_round_h200_886f2d3), after which the samplers read twice the bytes. A draft step's logits
+feed only the draft sampler, and a sampled verify's the acceptance (``stock_accept``), whose kernels widen each
+value to fp32 as they load it (the same value: bf16 / fp16 -> fp32 is exact), so the hook hands those logits over in
+the LM head's dtype: inside ``draft_step()`` as the LM head wrote them, and in TARGET_VERIFY forwards of a process
+whose PILLAR worker asked for it (``keep_verify_logits``, set before its verify graphs are captured) in the first
+half of SGLang's fp32 logits buffer (a copy of half the bytes, the buffer the graphs share). Compiled, a 2-byte row
+may be summed in another order than its fp32 copy (Triton lays out loads by bytes), so probabilities can differ in
+their last bits: a draft record's (the verify reads the record each draft was drawn from) and the target's (fp32
+rounding of the same distribution, as any other summation order is). Every verify whose logits something else reads
+or changes gets SGLang's fp32 values first (``PillarVerifyInput.accept``); every other forward keeps SGLang's copy,
+and so do models with a final logit soft-cap, which is applied on that copy.
 """
 
 from __future__ import annotations

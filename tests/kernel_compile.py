@@ -163,6 +163,7 @@ def main() -> None:
     for config in ((64, 128, 1, 4, 3), (64, 128, 4, 4, 3), (32, 256, 2, 8, 4), (16, 128, 1, 4, 4)):
         skinny_gemm(x, w, out, part, *config)
         skinny_gemm(x, w8, out, part, *config, scale=scale)  # fp8 weights, bf16 activations
+        skinny_gemm(x, w, out[:, :6144], part, *config, glu=True)  # gate/up with its SiLU-and-mul epilogue
     print("draft GEMM probe: ok")
     from tools.gemm_chain import LAUNCHES
     from tools.layer_probe import model_dims

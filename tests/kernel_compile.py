@@ -154,7 +154,7 @@ def main() -> None:
     )
     # The probes of tools/ run on the GPU as they are: a compile error there would waste device time.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tools.skinny_gemm import skinny_gemm
+    from tools.skinny_gemm import reduce_add_norm, skinny_gemm
 
     x, w = torch.empty(bs, 2048, dtype=torch.bfloat16), torch.empty(12288, 2048, dtype=torch.bfloat16)
     out, part = torch.empty(bs, 12288, dtype=torch.bfloat16), torch.empty(4, bs, 12288)
@@ -164,6 +164,11 @@ def main() -> None:
         skinny_gemm(x, w, out, part, *config)
         skinny_gemm(x, w8, out, part, *config, scale=scale)  # fp8 weights, bf16 activations
         skinny_gemm(x, w, out[:, :6144], part, *config, glu=True)  # gate/up with its SiLU-and-mul epilogue
+    # the down projection's partials summed inside the add-RMSNorm (draft_gemm's down_add_norm)
+    xd, wd = torch.empty(bs, 6144, dtype=torch.bfloat16), torch.empty(2048, 6144, dtype=torch.bfloat16)
+    residual, outd = torch.empty(bs, 2048, dtype=torch.bfloat16), torch.empty(bs, 2048, dtype=torch.bfloat16)
+    skinny_gemm(xd, wd, outd, part, 32, 256, 4, 4, 4, reduce=False)
+    reduce_add_norm(part, 4, residual, torch.empty(2048, dtype=torch.bfloat16), 1e-6, outd, torch.empty_like(residual))
     print("draft GEMM probe: ok")
     from tools.gemm_chain import LAUNCHES
     from tools.layer_probe import model_dims

@@ -1,6 +1,7 @@
 """The draft GEMM probe's kernel (tools/skinny_gemm.py) against its reference: bf16 weights and fp8 copies with
 per-channel scales, split-K, row and column tails; the fp8 copy's error against the exact product; the add-RMSNorm
-and SiLU-and-mul prologues and the gate/up SiLU-and-mul epilogue against SGLang's separate steps; refused inputs.
+and SiLU-and-mul prologues, the gate/up SiLU-and-mul epilogue and the down projection's partials summed inside the
+add-RMSNorm against SGLang's separate steps; refused inputs.
 
 Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py); with CUDA it runs compiled.
 """
@@ -9,7 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tools.skinny_gemm import FP8_MAX, add_norm_scale, prologue_ref, quantize_rows, skinny_gemm, skinny_gemm_ref
+from tools.skinny_gemm import (
+    FP8_MAX,
+    add_norm_scale,
+    prologue_ref,
+    quantize_rows,
+    reduce_add_norm,
+    skinny_gemm,
+    skinny_gemm_ref,
+)
 from triton_env import DEVICE
 
 
@@ -164,3 +173,26 @@ def test_glu_epilogue_is_the_gemm_then_the_activation(split_k: int, fp8: bool) -
     torch.testing.assert_close(out.float(), skinny_gemm_ref(x, w, scale, glu=True).float(), rtol=2e-2, atol=2e-2)
     with pytest.raises(ValueError, match="glu needs"):
         skinny_gemm(x, w[:-1], out, glu=True, scale=None if scale is None else scale[:-1])
+
+
+def test_reduce_add_norm_sums_the_partials_then_adds_and_normalizes() -> None:
+    """The down projection's split-K partials left unsummed (reduce=False), then summed inside the residual add and
+    RMSNorm: SGLang's GEMM then fused add-RMSNorm, up to bf16 roundings."""
+    m, n, k, split_k, eps = 19, 48, 256, 4, 1e-6
+    x, w = _inputs(m, n, k, seed=12)
+    residual, weight = _norm_inputs(m, n, seed=13)
+    part = torch.full((split_k, m, n), float("nan"), device=DEVICE)
+    untouched = torch.full((m, n), 7.0, dtype=torch.bfloat16, device=DEVICE)
+    skinny_gemm(x, w, untouched, part, block_n=16, block_k=64, split_k=split_k, stages=2, reduce=False)
+    assert (untouched == 7.0).all() and not part.isnan().any()
+    out, residual_out = torch.empty_like(residual), torch.empty_like(residual)
+    reduce_add_norm(part, split_k, residual, weight, eps, out, residual_out)
+    down = skinny_gemm_ref(x, w)
+    h = (down.float() + residual.float()).to(torch.bfloat16)
+    torch.testing.assert_close(
+        residual_out.float(), h.float(), rtol=2**-7, atol=2**-7 * down.float().abs().max().item()
+    )
+    normed = h.float() * add_norm_scale(h, eps) * weight.float()
+    torch.testing.assert_close(out.float(), normed, rtol=2**-6, atol=2**-6)
+    with pytest.raises(ValueError, match="reduce=False"):
+        skinny_gemm(x, w, untouched, part, block_k=64, reduce=False)

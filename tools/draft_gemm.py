@@ -25,7 +25,9 @@ with ``cublas_fp8`` before its quantization launches), so the draft steps keep t
 ``gate_up_silu``: the gate/up projection with its activation, as a draft layer runs them (cuBLAS, then SGLang's
 SiLU-and-mul launch: 15.8 + 1.7 us and a launch gap in the H200 round at 886f2d3) against the Triton kernel with
 SiLU-and-mul as its epilogue (``skinny_gemm(glu=True)``: one launch, no gate/up output). A draft step saves the
-difference 28 times (Qwen3-1.7B), 8 steps a round.
+difference 28 times (Qwen3-1.7B), 8 steps a round. ``down_add_norm``: the down projection and the add-RMSNorm
+after it (cuBLAS's split-K GEMM, its split sum, SGLang's fused add-RMSNorm: 9.6 + 2.2 + 2.8 us and two gaps in
+that round) against the Triton kernel's split-K partials summed inside the add-RMSNorm (``reduce_add_norm``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from tools.kernels_setup import graph_ms, provenance, write_result
-from tools.skinny_gemm import quantize_rows, skinny_gemm
+from tools.skinny_gemm import quantize_rows, reduce_add_norm, skinny_gemm
 
 
 # (name, hidden, q heads, kv heads, head dim, intermediate, vocabulary, layers to cycle through)
@@ -69,8 +71,21 @@ def projections(shape: str) -> dict[str, tuple[int, int]]:
         "gate_up": (2 * inter, hidden),
         "gate_up_silu": (2 * inter, hidden),
         "down": (hidden, inter),
+        "down_add_norm": (hidden, inter),
         "lm_head": (vocab, hidden),
     }
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """SGLang's fused add-RMSNorm of a draft layer, in place (sgl_kernel's; torch's ops where it is absent)."""
+    try:
+        from sgl_kernel import fused_add_rmsnorm
+    except ImportError:
+        residual.add_(x)
+        x.copy_(F.rms_norm(residual.float(), (x.shape[-1],), weight.float(), eps))
+        return x
+    fused_add_rmsnorm(x, residual, weight, eps)
+    return x
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -100,8 +115,8 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Per projection (``projs``, default all): cuBLAS (bf16), cuBLAS fp8 (``torch._scaled_mm``), and the Triton
     kernel over ``grid`` on bf16 weights (``triton``) and on their fp8 copies (``triton_w8``); gate_up_silu: cuBLAS
-    then SGLang's activation launch against the Triton kernel's epilogue, bf16 weights only. The LM head cycles two
-    copies (one is already far past L2)."""
+    then SGLang's activation launch against the Triton kernel's epilogue, and down_add_norm (``down_add_norm_rows``),
+    bf16 weights only. The LM head cycles two copies (one is already far past L2)."""
     rows = []
     for proj, (n, k) in projections(shape).items():
         if projs is not None and proj not in projs:
@@ -109,26 +124,27 @@ def measure(
         glu = proj == "gate_up_silu"
         layers = 2 if proj == "lm_head" else SHAPES[shape][-1]
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
-        w8s = [] if glu else [quantize_rows(w) for w in ws]
+        w8s = [] if proj in ("gate_up_silu", "down_add_norm") else [quantize_rows(w) for w in ws]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n // 2 if glu else n, device="cuda", dtype=torch.bfloat16)
         part = torch.empty(8, m, n, device="cuda", dtype=torch.float32)
         gb = n * k * 2 / 1e9
         base = {"shape": shape, "m": m, "proj": proj, "n": n, "k": k}
-        if glu:
+        if proj == "down_add_norm":
+            rows += down_add_norm_rows(base, x, ws, part, gb, grid)
+        elif glu:
             us = graph_us([lambda w=w: silu_and_mul(F.linear(x, w)) for w in ws])
             rows.append({**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6})
             ref = silu_and_mul(F.linear(x, ws[0])).float()
-            rows += triton_rows(
-                {**base, "kernel": "triton"}, x, [(w, None) for w in ws], out, part, ref, gb, grid, glu=True
-            )
-            continue
-        us = graph_us([lambda w=w: F.linear(x, w) for w in ws])
-        rows.append({**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6})
-        ref = F.linear(x, ws[0]).float()
-        rows.append({**base, **cublas_fp8(x, w8s, ref, gb / 2)})
-        rows += triton_rows({**base, "kernel": "triton"}, x, [(w, None) for w in ws], out, part, ref, gb, grid)
-        rows += triton_rows({**base, "kernel": "triton_w8"}, x, w8s, out, part, ref, gb / 2, grid)
+            bf16 = [(w, None) for w in ws]
+            rows += triton_rows({**base, "kernel": "triton"}, x, bf16, out, part, ref, gb, grid, glu=True)
+        else:
+            us = graph_us([lambda w=w: F.linear(x, w) for w in ws])
+            rows.append({**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6})
+            ref = F.linear(x, ws[0]).float()
+            rows.append({**base, **cublas_fp8(x, w8s, ref, gb / 2)})
+            rows += triton_rows({**base, "kernel": "triton"}, x, [(w, None) for w in ws], out, part, ref, gb, grid)
+            rows += triton_rows({**base, "kernel": "triton_w8"}, x, w8s, out, part, ref, gb / 2, grid)
         del ws, w8s
         torch.cuda.empty_cache()
     return rows
@@ -154,6 +170,42 @@ def triton_rows(
             rows.append({**base, "config": args, "error": repr(exc)[:200]})
             continue
         rows.append({**base, "config": args, "us": us, "GBps": gb / us * 1e6, "rel_err": err})
+    return rows
+
+
+def down_add_norm_rows(base: dict[str, Any], x, ws: list, part, gb: float, grid: list) -> list[dict[str, Any]]:
+    """The down projection then the add-RMSNorm: cuBLAS and SGLang's kernel against the Triton kernel, whose split-K
+    partials ``reduce_add_norm`` sums (one split: its output, then SGLang's kernel)."""
+    m, n = x.shape[0], ws[0].shape[0]
+    residual = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    weight = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
+    out, normed, residual_out = (torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ref = add_rmsnorm(F.linear(x, ws[0]), residual.clone(), weight, 1e-6).float()  # before replays move residual
+    start = residual.clone()
+    us = graph_us([lambda w=w: add_rmsnorm(F.linear(x, w), residual, weight, 1e-6) for w in ws])
+    rows = [{**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6}]
+    for bn, bk, sk, warps, stages in grid:
+        if x.shape[1] % (sk * bk):
+            continue
+        args = (bn, bk, sk, warps, stages)
+
+        def call(w: torch.Tensor, args=args, sk=sk) -> None:
+            if sk == 1:
+                add_rmsnorm(skinny_gemm(x, w, out, part, *args), residual, weight, 1e-6)
+            else:
+                skinny_gemm(x, w, out, part, *args, reduce=False)
+                reduce_add_norm(part, sk, residual, weight, 1e-6, normed, residual_out)
+
+        try:
+            residual.copy_(start)
+            call(ws[0])
+            got = (out if sk == 1 else normed).float()
+            err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+            us = graph_us([lambda w=w: call(w) for w in ws])
+        except Exception as exc:
+            rows.append({**base, "kernel": "triton", "config": args, "error": repr(exc)[:200]})
+            continue
+        rows.append({**base, "kernel": "triton", "config": args, "us": us, "GBps": gb / us * 1e6, "rel_err": err})
     return rows
 
 

@@ -11,7 +11,9 @@ one of SPLIT_K slices of K; with SPLIT_K > 1 the slices write fp32 partials that
 
 ``glu``: the gate/up projection with SiLU-and-mul as its epilogue (w = [gate | up] rows, SGLang's merged layout):
 each program reads the gate and the up rows of its columns into two accumulators and writes silu(gate) * up, so
-the draft layer's activation launch (and the gate/up output's round trip) goes.
+the draft layer's activation launch (and the gate/up output's round trip) goes. ``reduce_add_norm``: the down
+projection's split-K partials summed inside the next step, SGLang's fused residual add and RMSNorm, so the split
+sum's launch goes instead of running between them.
 
 A chain of these GEMMs can overlap each launch with the one before it (``pdl``: programmatic dependent launch,
 sm_90): a program lets the next launch start as soon as it runs, and waits for the previous launch's results
@@ -184,6 +186,7 @@ def skinny_gemm(
     add_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None,
     silu_mul: bool = False,
     glu: bool = False,
+    reduce: bool = True,
 ) -> torch.Tensor:
     """out [M, N] = x [M, K] @ w [N, K].T, ``F.linear``'s product; returns ``out``.
 
@@ -196,7 +199,8 @@ def skinny_gemm(
     multiplies RMSNorm(h) * weight, h = x + residual, and writes h to residual_out (not residual: other programs
     still read it), with one K slice; ``silu_mul`` multiplies silu(gate) * up of x = [gate | up] ([M, 2K]).
     ``glu``: w = [gate | up] rows [2N, K] (scale [2N]), out [M, N] = silu(x @ gate.T) * (x @ up.T), from the
-    two fp32 products (part: [split_k, M, 2N] with split_k > 1).
+    two fp32 products (part: [split_k, M, 2N] with split_k > 1). ``reduce=False`` (split_k > 1, no glu) leaves the
+    partials in ``part`` for ``reduce_add_norm`` and writes nothing to ``out``.
     """
     if prefetch and not pdl:
         raise ValueError("prefetch overlaps the wait of a programmatic dependent launch: it needs pdl")
@@ -204,6 +208,8 @@ def skinny_gemm(
         raise ValueError("one prologue at a time: add_norm or silu_mul")
     if glu and (silu_mul or w.shape[0] % 2):
         raise ValueError("glu needs w = [gate | up] (an even row count) and no silu_mul prologue")
+    if not reduce and (split_k == 1 or glu):
+        raise ValueError("reduce=False leaves split-K partials of a plain product: it needs split_k > 1, no glu")
     m = x.shape[0]
     n, k = w.shape
     n //= 2 if glu else 1  # output columns
@@ -237,10 +243,54 @@ def skinny_gemm(
         W_SCALED=scale is not None, PDL=pdl, PREFETCH=prefetch, PROLOGUE=prologue, GLU=glu, num_warps=warps,
         launch_pdl=pdl,
     )  # fmt: skip
-    if split_k > 1:
+    if split_k > 1 and reduce:
         _split_sum_kernel[(triton.cdiv(m * n, 1024),)](
             part, out, m * n, n, out.stride(0), SPLIT_K=split_k, BLOCK=1024, PDL=pdl, GLU=glu, launch_pdl=pdl,
         )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _reduce_add_norm_kernel(
+    Part, Residual, Weight, Out, ResidualOut, M, N, eps, stride_rm, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(Part + (s * M + row) * N + offs, mask=ok, other=0.0)
+    residual = tl.load(Residual + row * stride_rm + offs, mask=ok, other=0.0)
+    # the product rounded as the GEMM's output would be, then SGLang's fused add-RMSNorm on it
+    h = acc.to(residual.dtype).to(tl.float32) + residual.to(tl.float32)
+    tl.store(ResidualOut + row * stride_rm + offs, h.to(residual.dtype), mask=ok)
+    rms = tl.rsqrt(tl.sum(h * h, axis=0) / N + eps)
+    weight = tl.load(Weight + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Out + row * stride_rm + offs, (h * rms * weight).to(residual.dtype), mask=ok)
+
+
+def reduce_add_norm(
+    part: torch.Tensor,
+    split_k: int,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor,
+    residual_out: torch.Tensor,
+) -> torch.Tensor:
+    """The down projection's ``split_k`` partials (``skinny_gemm(reduce=False)``: part [>= split_k, M, N] fp32)
+    summed into its output, added to ``residual`` [M, N] and RMS-normalized with ``weight`` [N]: ``out`` the
+    normalized rows, ``residual_out`` the new residual stream (as SGLang's fused add-RMSNorm leaves them, with the
+    GEMM's output rounded to the residual's dtype first). One program a row; returns ``out``."""
+    m, n = residual.shape
+    if part.shape[0] < split_k or part[0].numel() < m * n or weight.shape != (n,):
+        raise ValueError(f"part [>= {split_k}, {m}, {n}] and weight [{n}] needed, got {part.shape} {weight.shape}")
+    if out.shape != residual.shape or residual_out.shape != residual.shape or out.stride() != residual.stride():
+        raise ValueError("out and residual_out must be shaped and laid out as residual")
+    _reduce_add_norm_kernel[(m,)](
+        part, residual, weight, out, residual_out, m, n, eps, residual.stride(0),
+        SPLIT_K=split_k, BLOCK=triton.next_power_of_2(n), num_warps=8,
+    )  # fmt: skip
     return out
 
 

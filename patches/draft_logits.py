@@ -50,8 +50,8 @@ def _verify_forward(logits_metadata) -> bool:
 
 def keep_draft_logits(original, processor, logits, logits_metadata, *args, **kwargs):
     """AROUND ``LogitsProcessor._copy_logits_to_buffer``: in a draft step, or a verify forward of a process that
-    keeps them, half-precision logits without a soft-cap are returned as they are (cut to the vocabulary, as
-    SGLang cuts them); else SGLang's copy."""
+    keeps them, half-precision logits without a soft-cap are returned in their dtype (cut to the vocabulary, as
+    SGLang cuts them; a graphed verify's in SGLang's shared buffer); else SGLang's copy."""
     keep = (
         (_DRAFT_STEP.get() or _verify_forward(logits_metadata))
         and logits.dtype in (torch.bfloat16, torch.float16)

@@ -16,7 +16,7 @@ grammar mask), then
   SGLang's greedy verify would accept drafts of a request that has none;
 * other greedy batches and idle batches: SGLang's ``eagle_sample`` itself.
 
-With ``--pillar-verify-logits half`` the logits arrive as the LM head wrote them (``draft_logits``); only a
+With ``--pillar-verify-logits half`` the logits arrive in the LM head's dtype (``draft_logits``); only a
 sampled batch whose logits nothing but ``stock_accept`` reads keeps them so, every other batch gets SGLang's
 fp32 values first.
 """
@@ -126,7 +126,7 @@ class PillarVerifyInput(EagleVerifyInput):
             return eagle_sample(self, batch, logits_output, grammar_mask)
         greedy = sampling_info.is_all_greedy
         per_request = num_drafts is not None or sampling_info.has_custom_logit_processor
-        if not per_request if greedy else record is None:
+        if (greedy and not per_request) or (not greedy and record is None):
             return eagle_sample(self, batch, logits_output, grammar_mask)
         logits = logits_output.next_token_logits
         self._process_logits(logits, sampling_info, grammar_mask)

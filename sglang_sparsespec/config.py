@@ -101,7 +101,7 @@ class VerifyLogits(str, Enum):
 
     # SGLang's fp32 copy of every row, which every consumer reads.
     FP32 = "fp32"
-    # As the LM head wrote them (bf16 / fp16): the acceptance's kernels widen each value as they load it (exact);
+    # In the LM head's dtype (bf16 / fp16): the acceptance's kernels widen each value as they load it (exact);
     # batches whose logits something else reads or changes (penalties, logit bias, grammars, logprobs, custom
     # processors, greedy verifies) get the fp32 copy first.
     HALF = "half"
@@ -315,8 +315,8 @@ KNOBS: tuple[Knob, ...] = (
          "run: fused = inside its sparse attention kernel (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), "
          "else and with sglang = SGLang's own kernels"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "
-         "SGLang's copy; half = as the LM head wrote them (no copy, half the bytes read; batches with penalties, "
-         "logit bias, grammars, logprobs or custom processors still get the copy)"),
+         "SGLang's copy; half = in the LM head's dtype (half the bytes copied and read; batches with penalties, "
+         "logit bias, grammars, logprobs or custom processors still get the fp32 copy)"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

@@ -20,7 +20,8 @@ which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets
 the runtime context's server args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward
 context, graph capture mode and the capture-time gc freeze, for both runners' DECODE forwards and graphs),
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
-final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_qk`` (the rotary embedding's cos_sin_cache, head
+final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_mlp`` (the MLP's gate_up_proj weight, down_proj, act_fn, the
+linear layers' quant_method and bias, and a release's dual_gemm), ``draft_qk`` (the rotary embedding's cos_sin_cache, head
 and rotary dims, neox style and fallback flag; Qwen3's apply_qk_norm and the RMSNorm fields it reads; the decoder
 class names whose attention calls them right before attending),
 ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain step its decode_attention_fwd,
@@ -53,6 +54,7 @@ from . import (
     client_parity,
     cuda_graph,
     draft_logits,
+    draft_mlp,
     draft_qk,
     finish_check,
     kv_cache_builder,
@@ -199,6 +201,20 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         draft_qk.defer_draft_qk_norm,
         "a Qwen3 draft step's sparse attention kernel applies the per-head q/k norm as it loads q and the new key "
         "(one launch less per layer); only inside the draft runner's draft steps, every other call runs SGLang's",
+    ),
+    Hook(
+        "sglang.srt.models.qwen2.Qwen2MLP.forward",
+        "AROUND",
+        draft_mlp.fuse_qwen2_mlp,
+        "with --pillar-draft-mlp fused a draft step's Qwen2 / Qwen3 MLP runs gate/up with SiLU-and-mul in the GEMM's "
+        "epilogue (one launch less per layer); only inside the draft runner's draft steps, every other call runs "
+        "SGLang's",
+    ),
+    Hook(
+        "sglang.srt.models.llama.LlamaMLP.forward",
+        "AROUND",
+        draft_mlp.fuse_llama_mlp,
+        "as Qwen2MLP.forward's, for Llama and Mistral draft steps",
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler.init_metrics_reporter",

@@ -34,13 +34,14 @@ from dataclasses import dataclass
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 
-from sglang_sparsespec.config import DraftPrologue, PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import DraftMlp, DraftPrologue, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord
 
 from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward
 from .draft_attention import DraftStepInputs, PillarDraftBackend
 from .draft_logits import draft_step
+from .draft_mlp import fused_mlp
 from .draft_qk import QK_IN_KERNEL, deferred_qk
 
 
@@ -183,6 +184,7 @@ class PillarDraftRunner:
         # The draft steps' attention normalizes and rotates q and k itself where it stores K/V in-kernel
         # (patches/draft_qk.py).
         self.qk_in_kernel = self.backend.stores_in_kernel and type(model_runner.model).__name__ in QK_IN_KERNEL
+        self.fuse_mlp = cfg.draft_mlp is DraftMlp.FUSED  # gate/up and SiLU-and-mul in one launch (draft_mlp.py)
         self.graphs = DecodeGraphs(model_runner, capture_bs, max_bs, "draft")
         self.capture_bs = self.graphs.capture_bs
 
@@ -209,7 +211,11 @@ class PillarDraftRunner:
         """Draft step ``self.step`` of the round: reads only device buffers and advances them (the
         step index, the input token), so replaying its graph k times runs k steps."""
         tokens = self.tokens[:bs]
-        with draft_step(), deferred_qk() if self.qk_in_kernel else nullcontext():
+        with (
+            draft_step(),
+            deferred_qk() if self.qk_in_kernel else nullcontext(),
+            fused_mlp() if self.fuse_mlp else nullcontext(),
+        ):
             logits = self._forward(bs, self.seq_lens[:bs] + self.step)  # in the LM head's dtype
         drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)
         self.out_tokens[:bs].index_copy_(1, self.step, drafted.view(bs, 1))

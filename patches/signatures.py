@@ -42,6 +42,7 @@ CALLED: tuple[str, ...] = (
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.get_num_kv_splits",
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata",
     "sglang.srt.layers.dp_attention.set_dp_buffer_len",
+    "sglang.srt.layers.dual_gemm.DualGemm.can_run",
     "sglang.srt.layers.dp_attention.set_is_extend_in_batch",
     "sglang.srt.layers.logits_processor.LogitsProcessorOutput",
     "sglang.srt.layers.logprob_processor.compute_spec_logprobs",

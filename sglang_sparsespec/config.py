@@ -96,6 +96,15 @@ class DraftPrologue(str, Enum):
     SGLANG = "sglang"
 
 
+class DraftMlp(str, Enum):
+    """How a draft step's MLP runs its gate/up projection and SiLU-and-mul (patches/draft_mlp.py)."""
+
+    # One Triton launch with the activation as the GEMM's epilogue, where the layer allows it; else SGLang's.
+    FUSED = "fused"
+    # SGLang's GEMM, then its activation kernel.
+    SGLANG = "sglang"
+
+
 class VerifyLogits(str, Enum):
     """The dtype the verify's logits reach the acceptance in (patches/draft_logits.py)."""
 
@@ -157,6 +166,7 @@ class PillarConfig:
     offload_host_gb: float = 0.0
     batch_phases: BatchPhases = BatchPhases.SPLIT
     draft_prologue: DraftPrologue = DraftPrologue.FUSED
+    draft_mlp: DraftMlp = DraftMlp.SGLANG
     verify_logits: VerifyLogits = VerifyLogits.FP32
 
     def __post_init__(self) -> None:
@@ -314,6 +324,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("DRAFT_PROLOGUE", "draft_prologue", "where a draft step's K/V store, q/k norm and rotary embedding "
          "run: fused = inside its sparse attention kernel (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), "
          "else and with sglang = SGLang's own kernels"),
+    Knob("DRAFT_MLP", "draft_mlp", "how a draft step's MLP runs gate/up and SiLU-and-mul: fused = one Triton "
+         "launch, the activation in the GEMM's epilogue (unquantized, up to 64 rows; Llama, Mistral, Qwen2, Qwen3), "
+         "else and with sglang = SGLang's GEMM then its activation kernel"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "
          "SGLang's copy; half = in the LM head's dtype (half the bytes copied and read; batches with penalties, "
          "logit bias, grammars, logprobs or custom processors still get the fp32 copy)"),

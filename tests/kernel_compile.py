@@ -54,6 +54,7 @@ def _compile_only() -> list[str]:
 def main() -> None:
     driver.set_active(_Sm90Driver())
     compiled = _compile_only()
+    from sglang_sparsespec.kernels.glu_gemm import glu_gemm
     from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
     from sglang_sparsespec.kernels.score_capture import score_capture
     from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
@@ -152,6 +153,13 @@ def main() -> None:
         torch.empty(bs, 8, 16, dtype=torch.int32),
         torch.empty(bs, dtype=torch.int32),
     )
+    # The draft steps' gate/up with its SiLU-and-mul epilogue at the launch they use (Qwen3-1.7B, SmolLM2).
+    for rows in (1, 16, 64):
+        for hidden, inter in ((2048, 6144), (576, 1536)):
+            glu_gemm(
+                torch.empty(rows, hidden, dtype=torch.bfloat16), torch.empty(2 * inter, hidden, dtype=torch.bfloat16)
+            )
+    print("draft gate/up kernel: ok")
     # The probes of tools/ run on the GPU as they are: a compile error there would waste device time.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tools.skinny_gemm import reduce_add_norm, skinny_gemm
@@ -163,7 +171,8 @@ def main() -> None:
     for config in ((64, 128, 1, 4, 3), (64, 128, 4, 4, 3), (32, 256, 2, 8, 4), (16, 128, 1, 4, 4)):
         skinny_gemm(x, w, out, part, *config)
         skinny_gemm(x, w8, out, part, *config, scale=scale)  # fp8 weights, bf16 activations
-        skinny_gemm(x, w, out[:, :6144], part, *config, glu=True)  # gate/up with its SiLU-and-mul epilogue
+        if config[2] == 1:  # the draft steps' gate/up with its SiLU-and-mul epilogue, at the probe's launches
+            glu_gemm(x, w, out[:, :6144], block_n=config[0], block_k=config[1], warps=config[3], stages=config[4])
     # the down projection's partials summed inside the add-RMSNorm (draft_gemm's down_add_norm)
     xd, wd = torch.empty(bs, 6144, dtype=torch.bfloat16), torch.empty(2048, 6144, dtype=torch.bfloat16)
     residual, outd = torch.empty(bs, 2048, dtype=torch.bfloat16), torch.empty(bs, 2048, dtype=torch.bfloat16)

@@ -88,9 +88,9 @@ def runner(monkeypatch) -> dr.PillarDraftRunner:
     return make_runner([])
 
 
-def probe_forwards(monkeypatch, probe: Callable[[], object]) -> list[object]:
+def probe_forwards(monkeypatch, probe: Callable[[], object], **config: object) -> list[object]:
     """What ``probe()`` returns inside each forward of two draft steps and then the plain step (a runner of
-    ``make_runner([], plain_decode=True)`` on ``FakeBackend``), in order."""
+    ``make_runner([], plain_decode=True, **config)`` on ``FakeBackend``), in order."""
     seen: list[object] = []
     forward = FakeModel.forward
 
@@ -100,7 +100,7 @@ def probe_forwards(monkeypatch, probe: Callable[[], object]) -> list[object]:
 
     monkeypatch.setattr(FakeModel, "forward", recording)
     monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
-    runner = make_runner([], plain_decode=True)
+    runner = make_runner([], plain_decode=True, **config)
     rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
     runner.run(rpi, seq_lens, bonus, sampling(False), 2)
     runner.decode_logits(rpi, seq_lens + 2, bonus)
@@ -180,7 +180,7 @@ def check_plain(runner: dr.PillarDraftRunner, rpi, seq_lens, bonus) -> None:
 
 def test_plain_decode_step_is_one_dense_forward_of_the_pending_token(monkeypatch) -> None:
     monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
-    runner = make_runner([], plain_decode=True)
+    runner = make_runner([], plain_decode=True, **config)
     rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
     runner.state.tail_start.fill_(5)
     check_plain(runner, rpi, seq_lens, bonus)

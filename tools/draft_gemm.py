@@ -24,7 +24,8 @@ with ``cublas_fp8`` before its quantization launches), so the draft steps keep t
 
 ``gate_up_silu``: the gate/up projection with its activation, as a draft layer runs them (cuBLAS, then SGLang's
 SiLU-and-mul launch: 15.8 + 1.7 us and a launch gap in the H200 round at 886f2d3) against the Triton kernel with
-SiLU-and-mul as its epilogue (``skinny_gemm(glu=True)``: one launch, no gate/up output). A draft step saves the
+SiLU-and-mul as its epilogue (``kernels/glu_gemm.py``, what ``--pillar-draft-mlp fused`` runs: one launch, no
+gate/up output). A draft step saves the
 difference 28 times (Qwen3-1.7B), 8 steps a round. ``down_add_norm``: the down projection and the add-RMSNorm
 after it (cuBLAS's split-K GEMM, its split sum, SGLang's fused add-RMSNorm: 9.6 + 2.2 + 2.8 us and two gaps in
 that round) against the Triton kernel's split-K partials summed inside the add-RMSNorm (``reduce_add_norm``).
@@ -39,6 +40,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from sglang_sparsespec.kernels.glu_gemm import glu_gemm
 
 from tools.kernels_setup import graph_ms, provenance, write_result
 from tools.skinny_gemm import quantize_rows, reduce_add_norm, skinny_gemm
@@ -136,8 +138,7 @@ def measure(
             us = graph_us([lambda w=w: silu_and_mul(F.linear(x, w)) for w in ws])
             rows.append({**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6})
             ref = silu_and_mul(F.linear(x, ws[0])).float()
-            bf16 = [(w, None) for w in ws]
-            rows += triton_rows({**base, "kernel": "triton"}, x, bf16, out, part, ref, gb, grid, glu=True)
+            rows += glu_rows({**base, "kernel": "triton"}, x, ws, out, ref, gb, grid)
         else:
             us = graph_us([lambda w=w: F.linear(x, w) for w in ws])
             rows.append({**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6})
@@ -150,27 +151,48 @@ def measure(
     return rows
 
 
-def triton_rows(
-    base: dict[str, Any], x, weights: list, out, part, ref: torch.Tensor, gb: float, grid: list, glu: bool = False
+def grid_rows(
+    base: dict[str, Any], k: int, grid: list, ref: torch.Tensor, gb: float, layers: int, launch, prepare=None
 ) -> list[dict[str, Any]]:
-    """The Triton kernel on ``weights`` ((w, scale) per layer) over ``grid``: us, GB/s and the error against
-    ``ref``; a launch the GPU refuses (shared memory) is recorded with its error, not fatal."""
+    """``launch(config, layer)`` (one call on layer ``layer``'s weights, returning the output to check) over the
+    launch parameters ``grid`` whose K split divides ``k``: us, GB/s and the error of layer 0's output against
+    ``ref`` (after ``prepare()``, which resets what a call changes in place); a launch the GPU refuses (shared
+    memory) is recorded with its error, not fatal."""
     rows = []
-    k = x.shape[1]
-    w0, s0 = weights[0]
-    for bn, bk, sk, warps, stages in grid:
-        if k % (sk * bk):
+    for config in grid:
+        if k % (config[2] * config[1]):
             continue
-        args = (bn, bk, sk, warps, stages)
         try:
-            got = skinny_gemm(x, w0, out, part, *args, scale=s0, glu=glu).float()
+            if prepare is not None:
+                prepare()
+            got = launch(config, 0).float()
             err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
-            us = graph_us([lambda w=w, s=s: skinny_gemm(x, w, out, part, *args, scale=s, glu=glu) for w, s in weights])
+            us = graph_us([lambda i=i: launch(config, i) for i in range(layers)])
         except Exception as exc:
-            rows.append({**base, "config": args, "error": repr(exc)[:200]})
+            rows.append({**base, "config": config, "error": repr(exc)[:200]})
             continue
-        rows.append({**base, "config": args, "us": us, "GBps": gb / us * 1e6, "rel_err": err})
+        rows.append({**base, "config": config, "us": us, "GBps": gb / us * 1e6, "rel_err": err})
     return rows
+
+
+def triton_rows(base: dict[str, Any], x, weights: list, out, part, ref, gb: float, grid: list) -> list[dict[str, Any]]:
+    """The skinny GEMM on ``weights`` ((w, scale) per layer) over ``grid``."""
+
+    def launch(config: tuple, i: int) -> torch.Tensor:
+        w, scale = weights[i]
+        return skinny_gemm(x, w, out, part, *config, scale=scale)
+
+    return grid_rows(base, x.shape[1], grid, ref, gb, len(weights), launch)
+
+
+def glu_rows(base: dict[str, Any], x, ws: list, out, ref, gb: float, grid: list) -> list[dict[str, Any]]:
+    """The draft steps' gate/up kernel with its SiLU-and-mul epilogue (``glu_gemm``: no K split) over ``grid``."""
+
+    def launch(config: tuple, i: int) -> torch.Tensor:
+        block_n, block_k, _, warps, stages = config
+        return glu_gemm(x, ws[i], out, block_n=block_n, block_k=block_k, warps=warps, stages=stages)
+
+    return grid_rows(base, x.shape[1], [c for c in grid if c[2] == 1], ref, gb, len(ws), launch)
 
 
 def down_add_norm_rows(base: dict[str, Any], x, ws: list, part, gb: float, grid: list) -> list[dict[str, Any]]:
@@ -184,29 +206,15 @@ def down_add_norm_rows(base: dict[str, Any], x, ws: list, part, gb: float, grid:
     start = residual.clone()
     us = graph_us([lambda w=w: add_rmsnorm(F.linear(x, w), residual, weight, 1e-6) for w in ws])
     rows = [{**base, "kernel": "cublas", "us": us, "GBps": gb / us * 1e6}]
-    for bn, bk, sk, warps, stages in grid:
-        if x.shape[1] % (sk * bk):
-            continue
-        args = (bn, bk, sk, warps, stages)
 
-        def call(w: torch.Tensor, args=args, sk=sk) -> None:
-            if sk == 1:
-                add_rmsnorm(skinny_gemm(x, w, out, part, *args), residual, weight, 1e-6)
-            else:
-                skinny_gemm(x, w, out, part, *args, reduce=False)
-                reduce_add_norm(part, sk, residual, weight, 1e-6, normed, residual_out)
+    def launch(config: tuple, i: int) -> torch.Tensor:
+        if config[2] == 1:
+            return add_rmsnorm(skinny_gemm(x, ws[i], out, part, *config), residual, weight, 1e-6)
+        skinny_gemm(x, ws[i], out, part, *config, reduce=False)
+        return reduce_add_norm(part, config[2], residual, weight, 1e-6, normed, residual_out)
 
-        try:
-            residual.copy_(start)
-            call(ws[0])
-            got = (out if sk == 1 else normed).float()
-            err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
-            us = graph_us([lambda w=w: call(w) for w in ws])
-        except Exception as exc:
-            rows.append({**base, "kernel": "triton", "config": args, "error": repr(exc)[:200]})
-            continue
-        rows.append({**base, "kernel": "triton", "config": args, "us": us, "GBps": gb / us * 1e6, "rel_err": err})
-    return rows
+    triton = {**base, "kernel": "triton"}
+    return rows + grid_rows(triton, x.shape[1], grid, ref, gb, len(ws), launch, lambda: residual.copy_(start))
 
 
 def cublas_fp8(x: torch.Tensor, w8s: list, ref: torch.Tensor, gb: float) -> dict[str, Any]:

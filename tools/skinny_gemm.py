@@ -9,9 +9,8 @@ M = 64, and the fp8 copies run 0.6-0.8x cuBLAS's bf16 (the widened tile goes thr
 the asynchronous copy pipeline), so the product keeps cuBLAS. One program computes a [BLOCK_M, BLOCK_N] tile over
 one of SPLIT_K slices of K; with SPLIT_K > 1 the slices write fp32 partials that a second launch sums.
 
-``glu``: the gate/up projection with SiLU-and-mul as its epilogue (w = [gate | up] rows, SGLang's merged layout):
-each program reads the gate and the up rows of its columns into two accumulators and writes silu(gate) * up, so
-the draft layer's activation launch (and the gate/up output's round trip) goes. ``reduce_add_norm``: the down
+The gate/up projection with SiLU-and-mul as its epilogue is the product's own kernel (``kernels/glu_gemm.py``).
+``reduce_add_norm``: the down
 projection's split-K partials summed inside the next step, SGLang's fused residual add and RMSNorm, so the split
 sum's launch goes instead of running between them.
 
@@ -63,7 +62,6 @@ def _skinny_gemm_kernel(
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
     PROLOGUE: tl.constexpr,
-    GLU: tl.constexpr,
 ):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if PDL:  # the next launch may start now: it waits for this one's results before reading them
@@ -81,8 +79,6 @@ def _skinny_gemm_kernel(
     if PDL:  # x is the previous launch's output
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # GLU: the up rows', N rows below the gate rows
-    wu_ptr = w_ptr + N.to(tl.int64) * stride_wn
     if PROLOGUE == ADD_NORM:  # one K slice (SPLIT_K = 1): the row norms need the whole row
         r_off = offs_m[:, None].to(tl.int64) * stride_rm + offs_k[None, :]
         g_ptr = G + offs_k
@@ -106,31 +102,18 @@ def _skinny_gemm_kernel(
             x = (gate * tl.sigmoid(gate) * up).to(x.dtype)
         w = tl.load(w_ptr, mask=n_ok, other=0.0).to(x.dtype)
         acc = tl.dot(x, tl.trans(w), acc)
-        if GLU:
-            wu = tl.load(wu_ptr, mask=n_ok, other=0.0).to(x.dtype)
-            acc_up = tl.dot(x, tl.trans(wu), acc_up)
-            wu_ptr += BLOCK_K
         x_ptr += BLOCK_K
         w_ptr += BLOCK_K
     n_in = offs_n < N
     if W_SCALED:  # the channel's scale is constant along K: it scales each slice's sum
         acc *= tl.load(Scale + offs_n, mask=n_in, other=0.0)[None, :]
-        if GLU:
-            acc_up *= tl.load(Scale + N + offs_n, mask=n_in, other=0.0)[None, :]
     if PROLOGUE == ADD_NORM:
         acc *= tl.rsqrt(sum_sq / K + eps)[:, None]
-        if GLU:
-            acc_up *= tl.rsqrt(sum_sq / K + eps)[:, None]
     ok = (offs_m[:, None] < M) & n_in[None, :]
     if SPLIT_K == 1:
-        if GLU:
-            acc = acc * tl.sigmoid(acc) * acc_up
         tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(Out.dtype.element_ty), mask=ok)
-    else:  # GLU: [gate | up] partials, 2N columns a row
-        width = 2 * N if GLU else N
-        tl.store(Part + (pid_k * M + offs_m[:, None]) * width + offs_n[None, :], acc, mask=ok)
-        if GLU:
-            tl.store(Part + (pid_k * M + offs_m[:, None]) * width + N + offs_n[None, :], acc_up, mask=ok)
+    else:
+        tl.store(Part + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=ok)
 
 
 @triton.jit
@@ -148,9 +131,7 @@ def _prefetch_slice(W, offs_n, N, stride_wn, k0, k_len, BLOCK_K: tl.constexpr, L
 
 
 @triton.jit
-def _split_sum_kernel(
-    Part, Out, MN, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr
-):  # fmt: skip
+def _split_sum_kernel(Part, Out, MN, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # the partials are the previous launch's output
@@ -158,15 +139,8 @@ def _split_sum_kernel(
     ok = offs < MN
     row, col = offs // N, offs % N
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    if GLU:  # partials of [gate | up], 2N columns a row: the split sums, then silu(gate) * up
-        up = tl.zeros([BLOCK], dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            acc += tl.load(Part + s * 2 * MN + row * 2 * N + col, mask=ok, other=0.0)
-            up += tl.load(Part + s * 2 * MN + row * 2 * N + N + col, mask=ok, other=0.0)
-        acc = acc * tl.sigmoid(acc) * up
-    else:
-        for s in tl.static_range(SPLIT_K):
-            acc += tl.load(Part + s * MN + offs, mask=ok, other=0.0)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(Part + s * MN + offs, mask=ok, other=0.0)
     tl.store(Out + row * stride_om + col, acc.to(Out.dtype.element_ty), mask=ok)
 
 
@@ -185,7 +159,6 @@ def skinny_gemm(
     prefetch: bool = False,
     add_norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None,
     silu_mul: bool = False,
-    glu: bool = False,
     reduce: bool = True,
 ) -> torch.Tensor:
     """out [M, N] = x [M, K] @ w [N, K].T, ``F.linear``'s product; returns ``out``.
@@ -198,21 +171,17 @@ def skinny_gemm(
     A prologue replaces the launch before the GEMM: ``add_norm`` = (residual, residual_out, norm weight [K], eps)
     multiplies RMSNorm(h) * weight, h = x + residual, and writes h to residual_out (not residual: other programs
     still read it), with one K slice; ``silu_mul`` multiplies silu(gate) * up of x = [gate | up] ([M, 2K]).
-    ``glu``: w = [gate | up] rows [2N, K] (scale [2N]), out [M, N] = silu(x @ gate.T) * (x @ up.T), from the
-    two fp32 products (part: [split_k, M, 2N] with split_k > 1). ``reduce=False`` (split_k > 1, no glu) leaves the
-    partials in ``part`` for ``reduce_add_norm`` and writes nothing to ``out``.
+    ``reduce=False`` (split_k > 1) leaves the partials in ``part`` for ``reduce_add_norm`` and writes nothing to
+    ``out``.
     """
     if prefetch and not pdl:
         raise ValueError("prefetch overlaps the wait of a programmatic dependent launch: it needs pdl")
     if add_norm is not None and silu_mul:
         raise ValueError("one prologue at a time: add_norm or silu_mul")
-    if glu and (silu_mul or w.shape[0] % 2):
-        raise ValueError("glu needs w = [gate | up] (an even row count) and no silu_mul prologue")
-    if not reduce and (split_k == 1 or glu):
-        raise ValueError("reduce=False leaves split-K partials of a plain product: it needs split_k > 1, no glu")
+    if not reduce and split_k == 1:
+        raise ValueError("reduce=False leaves split-K partials: it needs split_k > 1")
     m = x.shape[0]
     n, k = w.shape
-    n //= 2 if glu else 1  # output columns
     x_cols = 2 * k if silu_mul else k
     if x.shape[1] != x_cols or out.shape != (m, n) or x.stride(1) != 1 or w.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"x [M, K], w [N, K], out [M, N] with contiguous rows, got {x.shape} {w.shape} {out.shape}")
@@ -231,21 +200,20 @@ def skinny_gemm(
         raise ValueError(f"w in x's dtype ({x.dtype}), or fp8 with a scale [N]; got {w.dtype}, scale {scale}")
     if k % (split_k * block_k):
         raise ValueError(f"K={k} is not a multiple of split_k x block_k = {split_k * block_k}")
-    width = 2 * n if glu else n
-    if split_k > 1 and (part is None or part.shape[0] < split_k or part[0].numel() < m * width):
-        raise ValueError(f"split_k={split_k} needs a float32 scratch part [>= {split_k}, {m}, {width}]")
+    if split_k > 1 and (part is None or part.shape[0] < split_k or part[0].numel() < m * n):
+        raise ValueError(f"split_k={split_k} needs a float32 scratch part [>= {split_k}, {m}, {n}]")
     block_m = max(16, min(64, triton.next_power_of_2(m)))
     grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
     _skinny_gemm_kernel[grid](
         x, w, out, part if part is not None else out, scale if scale is not None else out,
         m, n, k, x.stride(0), w.stride(0), out.stride(0), residual, residual_out, norm_weight, eps,
         residual.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, STAGES=stages,
-        W_SCALED=scale is not None, PDL=pdl, PREFETCH=prefetch, PROLOGUE=prologue, GLU=glu, num_warps=warps,
+        W_SCALED=scale is not None, PDL=pdl, PREFETCH=prefetch, PROLOGUE=prologue, num_warps=warps,
         launch_pdl=pdl,
     )  # fmt: skip
     if split_k > 1 and reduce:
         _split_sum_kernel[(triton.cdiv(m * n, 1024),)](
-            part, out, m * n, n, out.stride(0), SPLIT_K=split_k, BLOCK=1024, PDL=pdl, GLU=glu, launch_pdl=pdl,
+            part, out, m * n, n, out.stride(0), SPLIT_K=split_k, BLOCK=1024, PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return out
 
@@ -330,13 +298,7 @@ def add_norm_scale(h: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(h.float().pow(2).mean(dim=-1, keepdim=True) + eps)
 
 
-def skinny_gemm_ref(
-    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, glu: bool = False
-) -> torch.Tensor:
+def skinny_gemm_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Plain-torch ``skinny_gemm`` without a prologue (fp32 math, x's dtype out)."""
     wf = w.float() if scale is None else w.float() * scale[:, None]
-    out = x.float() @ wf.T
-    if glu:
-        gate, up = out.chunk(2, dim=-1)
-        out = F.silu(gate) * up
-    return out.to(x.dtype)
+    return (x.float() @ wf.T).to(x.dtype)

@@ -52,8 +52,9 @@ def keep_draft_logits(original, processor, logits, logits_metadata, *args, **kwa
     """AROUND ``LogitsProcessor._copy_logits_to_buffer``: in a draft step, or a verify forward of a process that
     keeps them, half-precision logits without a soft-cap are returned in their dtype (cut to the vocabulary, as
     SGLang cuts them; a graphed verify's in SGLang's shared buffer); else SGLang's copy."""
+    draft = _DRAFT_STEP.get()
     keep = (
-        (_DRAFT_STEP.get() or _verify_forward(logits_metadata))
+        (draft or _verify_forward(logits_metadata))
         and logits.dtype in (torch.bfloat16, torch.float16)
         and not getattr(processor, "final_logit_softcapping", None)
         and kwargs.get("softcap") is None
@@ -63,7 +64,7 @@ def keep_draft_logits(original, processor, logits, logits_metadata, *args, **kwa
     vocab = processor.vocab_size
     logits = logits[:, :vocab] if logits.shape[-1] > vocab else logits
     use_buffer = kwargs.get("use_buffer", args[0] if args else True)
-    buffer = logits_metadata.next_token_logits_buffer if use_buffer and not _DRAFT_STEP.get() else None
+    buffer = logits_metadata.next_token_logits_buffer if use_buffer and not draft else None
     if buffer is None or tuple(buffer.shape) != tuple(logits.shape) or not buffer.is_contiguous():
         return logits
     # A captured verify's output stays alive with its graph: one per batch size, 1.8 GB of bf16 rows at 64 x 9 x

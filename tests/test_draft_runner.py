@@ -180,7 +180,7 @@ def check_plain(runner: dr.PillarDraftRunner, rpi, seq_lens, bonus) -> None:
 
 def test_plain_decode_step_is_one_dense_forward_of_the_pending_token(monkeypatch) -> None:
     monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
-    runner = make_runner([], plain_decode=True, **config)
+    runner = make_runner([], plain_decode=True)
     rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
     runner.state.tail_start.fill_(5)
     check_plain(runner, rpi, seq_lens, bonus)

@@ -20,10 +20,11 @@ which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets
 the runtime context's server args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward
 context, graph capture mode and the capture-time gc freeze, for both runners' DECODE forwards and graphs),
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
-final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_mlp`` (the MLP's gate_up_proj weight, down_proj and
-act_fn, the linear layers' quant_method and bias, a release's DualGemm.can_run), ``draft_qk`` (the rotary embedding's
-cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's apply_qk_norm and the RMSNorm fields it
-reads; the decoder class names whose attention calls them right before attending),
+final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and
+LoRA hooks, the logits processor's fp32 and RL on-policy flags), ``draft_mlp`` (the MLP's gate_up_proj weight,
+down_proj and act_fn, the linear layers' quant_method and bias, a release's DualGemm.can_run), ``draft_qk`` (the
+rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's apply_qk_norm and the
+RMSNorm fields it reads; the decoder class names whose attention calls them right before attending),
 ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain step its decode_attention_fwd,
 get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode
 does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write a draft step's K/V inside the
@@ -53,6 +54,7 @@ from . import (
     alloc_reserve,
     client_parity,
     cuda_graph,
+    draft_lm_head,
     draft_logits,
     draft_mlp,
     draft_qk,
@@ -201,6 +203,13 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         draft_qk.defer_draft_qk_norm,
         "a Qwen3 draft step's sparse attention kernel applies the per-head q/k norm as it loads q and the new key "
         "(one launch less per layer); only inside the draft runner's draft steps, every other call runs SGLang's",
+    ),
+    Hook(
+        "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
+        "AROUND",
+        draft_lm_head.fp8_draft_lm_head,
+        "with --pillar-draft-lm-head fp8 a draft step's LM head reads an fp8 copy of its weight (half the bytes); "
+        "only inside the draft runner's draft steps, every other forward runs SGLang's GEMM",
     ),
     Hook(
         "sglang.srt.models.qwen2.Qwen2MLP.forward",

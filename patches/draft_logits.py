@@ -38,6 +38,11 @@ def draft_step() -> Iterator[None]:
         _DRAFT_STEP.reset(token)
 
 
+def in_draft_step() -> bool:
+    """Whether the current forward is a draft step's."""
+    return _DRAFT_STEP.get()
+
+
 def keep_verify_logits(keep: bool) -> None:
     """Whether this process's TARGET_VERIFY forwards keep their logits in the LM head's dtype."""
     global _KEEP_VERIFY

@@ -26,6 +26,7 @@ from sglang_sparsespec.config import (
     PlainPath,
     ScoreRows,
     SelectionPolicy,
+    DraftLmHead,
     VerifyKernel,
     VerifyLogits,
 )
@@ -37,6 +38,7 @@ from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
 
 from .contacts import resolved
+from .draft_lm_head import prepare_fp8_lm_head
 from .draft_logits import keep_verify_logits
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner
@@ -61,6 +63,8 @@ class PillarWorker(BaseSpecWorker):
         self.cfg = seeded_config(PillarConfig.from_env(server_args.speculative_num_steps), server_args)
         # Before the target's verify graphs are captured (Scheduler.init_cuda_graphs, after the workers).
         keep_verify_logits(self.cfg.verify_logits is VerifyLogits.HALF)
+        if self.cfg.draft_lm_head is DraftLmHead.FP8:  # before the draft steps' graphs capture its use
+            prepare_fp8_lm_head(getattr(self.model_runner.model, "lm_head", None))
         self.topk = 1
         self.speculative_num_steps = self.cfg.num_steps
         self.speculative_num_draft_tokens = self.cfg.num_steps + 1

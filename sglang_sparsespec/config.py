@@ -105,6 +105,15 @@ class DraftMlp(str, Enum):
     SGLANG = "sglang"
 
 
+class DraftLmHead(str, Enum):
+    """The weights a draft step's LM head reads (patches/draft_lm_head.py)."""
+
+    # The target's own LM head.
+    BF16 = "bf16"
+    # An fp8 copy with one scale an output row (half the bytes; drafts only, so acceptance only).
+    FP8 = "fp8"
+
+
 class VerifyLogits(str, Enum):
     """The dtype the verify's logits reach the acceptance in (patches/draft_logits.py)."""
 
@@ -167,6 +176,7 @@ class PillarConfig:
     batch_phases: BatchPhases = BatchPhases.SPLIT
     draft_prologue: DraftPrologue = DraftPrologue.FUSED
     draft_mlp: DraftMlp = DraftMlp.SGLANG
+    draft_lm_head: DraftLmHead = DraftLmHead.BF16
     verify_logits: VerifyLogits = VerifyLogits.FP32
 
     def __post_init__(self) -> None:
@@ -320,13 +330,14 @@ KNOBS: tuple[Knob, ...] = (
          f"${CACHE_ENV}/costs, off, or a file path"),
     Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards, "
          "then one verify; mixed = one group's verify and the others' draft step in each forward (slower on "
-         "the H100)"),
+         "the H100 and the H200)"),
     Knob("DRAFT_PROLOGUE", "draft_prologue", "where a draft step's K/V store, q/k norm and rotary embedding "
          "run: fused = inside its sparse attention kernel (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), "
          "else and with sglang = SGLang's own kernels"),
-    Knob("DRAFT_MLP", "draft_mlp", "how a draft step's MLP runs gate/up and SiLU-and-mul: fused = one Triton "
-         "launch, the activation in the GEMM's epilogue (unquantized, up to 64 rows; Llama, Mistral, Qwen2, Qwen3), "
-         "else and with sglang = SGLang's GEMM then its activation kernel"),
+    Knob("DRAFT_MLP", "draft_mlp", "a draft step's MLP gate/up and SiLU-and-mul: fused = one Triton launch "
+         "(unquantized, up to 64 rows), else and with sglang = SGLang's GEMM then its activation"),
+    Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head weights: bf16 = the model's; fp8 = a copy with "
+         "one scale a row (half the bytes, ~0.3 GB for 152K x 2K; only acceptance moves)"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "
          "SGLang's copy; half = in the LM head's dtype (half the bytes copied and read; batches with penalties, "
          "logit bias, grammars, logprobs or custom processors still get the fp32 copy)"),

@@ -10,15 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tools.skinny_gemm import (
-    FP8_MAX,
-    add_norm_scale,
-    prologue_ref,
-    quantize_rows,
-    reduce_add_norm,
-    skinny_gemm,
-    skinny_gemm_ref,
-)
+from sglang_sparsespec.fp8 import FP8_MAX, quantize_rows
+from tools.skinny_gemm import add_norm_scale, prologue_ref, reduce_add_norm, skinny_gemm, skinny_gemm_ref
 from triton_env import DEVICE
 
 
@@ -77,13 +70,6 @@ def test_skinny_gemm_refuses_what_it_cannot_compute() -> None:
         skinny_gemm(x, w, out, block_k=32, split_k=2)
     with pytest.raises(ValueError, match="contiguous rows"):
         skinny_gemm(x, w[:, :32], out, block_k=32)
-
-
-def test_quantizing_in_row_chunks_gives_the_whole_weights_quantization() -> None:
-    _, w = _inputs(1, 70, 32, seed=3)
-    whole, whole_scale = quantize_rows(w, chunk=1024)
-    parts, parts_scale = quantize_rows(w, chunk=16)  # 70 rows: four full chunks and a partial one
-    assert torch.equal(parts.float(), whole.float()) and torch.equal(parts_scale, whole_scale)
 
 
 def test_prefetch_needs_a_programmatic_dependent_launch() -> None:

@@ -40,10 +40,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from sglang_sparsespec.fp8 import quantize_rows
 from sglang_sparsespec.kernels.glu_gemm import glu_gemm
 
 from tools.kernels_setup import graph_ms, provenance, write_result
-from tools.skinny_gemm import quantize_rows, reduce_add_norm, skinny_gemm
+from tools.skinny_gemm import reduce_add_norm, skinny_gemm
 
 
 # (name, hidden, q heads, kv heads, head dim, intermediate, vocabulary, layers to cycle through)

@@ -28,7 +28,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # What the kernel applies to x as it loads it (``prologue``): nothing, SGLang's fused add-RMSNorm, SiLU-and-mul.
 PROLOGUES = {"none": 0, "add_norm": 1, "silu_mul": 2}
 ADD_NORM: tl.constexpr = tl.constexpr(PROLOGUES["add_norm"])
@@ -164,10 +163,11 @@ def skinny_gemm(
     """out [M, N] = x [M, K] @ w [N, K].T, ``F.linear``'s product; returns ``out``.
 
     x, out: rows with a contiguous last dim; w: [N, K] contiguous, in x's dtype, or fp8 with ``scale`` [N] fp32
-    (row n stands for scale[n] x w[n], as ``quantize_rows`` writes it). ``part``: [split_k, M, N] fp32 scratch
-    when split_k > 1. K must be a multiple of split_k x block_k. The launch parameters change speed only, and so
-    do ``pdl`` (a programmatic dependent launch, sm_90 and later; the split sum too) and ``prefetch`` (the weight
-    slice asked of L2 before the wait; compiled only, as is ``pdl``: the CPU interpreter runs neither).
+    (row n stands for scale[n] x w[n], as ``sglang_sparsespec.fp8.quantize_rows`` writes it). ``part``: [split_k,
+    M, N] fp32 scratch when split_k > 1. K must be a multiple of split_k x block_k. The launch parameters change
+    speed only, and so do ``pdl`` (a programmatic dependent launch, sm_90 and later; the split sum too) and
+    ``prefetch`` (the weight slice asked of L2 before the wait; compiled only, as is ``pdl``: the CPU interpreter
+    runs neither).
     A prologue replaces the launch before the GEMM: ``add_norm`` = (residual, residual_out, norm weight [K], eps)
     multiplies RMSNorm(h) * weight, h = x + residual, and writes h to residual_out (not residual: other programs
     still read it), with one K slice; ``silu_mul`` multiplies silu(gate) * up of x = [gate | up] ([M, 2K]).
@@ -260,20 +260,6 @@ def reduce_add_norm(
         SPLIT_K=split_k, BLOCK=triton.next_power_of_2(n), num_warps=8,
     )  # fmt: skip
     return out
-
-
-def quantize_rows(w: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 e4m3 weights [N, K], fp32 scale [N]): each output channel scaled so its largest magnitude is FP8_MAX
-    (an all-zero channel keeps a tiny scale and zeros). ``chunk`` rows at a time, so the fp32 working copy stays
-    small next to a large weight (an LM head's fp32 copy alone is 1-2.5 GB)."""
-    w8 = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
-    scale = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
-    for start in range(0, w.shape[0], chunk):
-        rows = w[start : start + chunk].float()
-        s = (rows.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
-        w8[start : start + chunk] = (rows / s[:, None]).to(torch.float8_e4m3fn)
-        scale[start : start + chunk] = s
-    return w8, scale
 
 
 def prologue_ref(

@@ -39,12 +39,13 @@ def _unquantized(linear) -> bool:
 
 
 def _fusable(mlp, x: torch.Tensor) -> bool:
-    gate_up, weight = getattr(mlp, "gate_up_proj", None), getattr(getattr(mlp, "gate_up_proj", None), "weight", None)
+    gate_up = getattr(mlp, "gate_up_proj", None)
+    weight = getattr(gate_up, "weight", None)
     if not (
         isinstance(weight, torch.Tensor) and _unquantized(gate_up) and _unquantized(getattr(mlp, "down_proj", None))
     ):
         return False
-    dual = getattr(mlp, "dual_gemm", None)  # SGLang's own fused gate/up path (0.5.23): where it runs, it wins
+    dual = getattr(mlp, "dual_gemm", None)  # SGLang's own fused gate/up path (0.5.22 on): where it runs, it wins
     return (
         type(getattr(mlp, "act_fn", None)).__name__ == "SiluAndMul"
         and x.dim() == 2

@@ -38,3 +38,19 @@ def test_rows_without_the_heads_offset_attend_other_bytes(layouts: sparse_layout
     launch.table = layouts.rows.to(torch.int32)
     diffs = sparse_layout_probe.outputs_agree(layouts)
     assert diffs["slots"] > 1e-2 and diffs["compact"] > 1e-2, diffs
+
+
+def test_the_sweeps_compact_launch_attends_each_rows_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the prologue, row r of the compact launch attends exactly its n consecutive pool rows."""
+    for module in (kernels_setup, sparse_layout_probe):
+        monkeypatch.setattr(module, "DEVICE", DEVICE)
+    torch.manual_seed(1)
+    bs, n, d = 2, 40, SHAPE.d
+    launch = sparse_layout_probe.compact_launch(SHAPE, bs, n, prologue=False)
+    launch.tiles = (16, 2, 2)
+    k, v = (torch.randn(bs * SHAPE.h_kv * n, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    got = launch.run(k, v, torch.empty_like(launch.q)).float()
+    q = launch.q.float()  # [rows, group, D]
+    kr, vr = k.float().view(-1, n, d), v.float().view(-1, n, d)
+    want = torch.softmax(q @ kr.transpose(1, 2) * d**-0.5, dim=-1) @ vr
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

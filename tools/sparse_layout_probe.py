@@ -63,6 +63,8 @@ class Launch:
     seq_lens: torch.Tensor  # [rows] int64
     prologue: dict[str, Any]
     heads: int  # KV heads a row: the shape's for positions, 1 for slots and compact
+    tiles: tuple[int, int, int] = (32, 4, 3)  # block_n, num_warps, num_stages (the server's launch)
+    splits: int | None = None  # num_kv_splits (None: the kernel's default, one at 64 x 8 programs)
 
     def run(self, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         d = k.shape[-1]
@@ -70,7 +72,8 @@ class Launch:
         rows = torch.arange(self.q.shape[0], device=self.q.device)
         return sparse_decode_fwd(
             self.q, k, v, o.view(self.q.shape), self.table, rows, self.sel, self.sel_cnt, self.tail_start,
-            self.seq_lens, d**-0.5, **self.prologue,
+            self.seq_lens, d**-0.5, num_kv_splits=self.splits, block_n=self.tiles[0], num_warps=self.tiles[1],
+            num_stages=self.tiles[2], **self.prologue,
         )  # fmt: skip
 
 
@@ -151,10 +154,15 @@ def outputs_agree(lay: Layouts) -> dict[str, float]:
     return {name: (out.float().view(-1) - ref).abs().max().item() for name, out in o.items() if name != "positions"}
 
 
+def per_layer_us(launch: Launch, k: list[torch.Tensor], v: list[torch.Tensor], replays: int) -> float:
+    """us a layer of ``launch`` over every layer's pool, the layers captured in one graph."""
+    o = torch.empty_like(launch.q)
+    return graph_ms(lambda: [launch.run(ki, vi, o) for ki, vi in zip(k, v)], replays) * 1e3 / len(k)
+
+
 def timed(lay: Layouts, launch: Launch, k: list[torch.Tensor], v: list[torch.Tensor], replays: int) -> dict[str, float]:
-    """One variant: us a layer over every layer in one graph, its bandwidth, and one layer L2-flushed."""
-    o, layers = torch.empty_like(launch.q), len(k)
-    per_layer = graph_ms(lambda: [launch.run(k[i], v[i], o) for i in range(layers)], replays) * 1e3 / layers
+    """One variant: ``per_layer_us``, its bandwidth, and one layer L2-flushed."""
+    per_layer, o = per_layer_us(launch, k, v, replays), torch.empty_like(launch.q)
     flushed = bench_us(lambda: launch.run(k[0], v[0], o))
     return {"us_per_layer": per_layer, "GBps": lay.kv_bytes / per_layer / 1e3, "l2_flushed_us": flushed}
 
@@ -169,6 +177,49 @@ def measure(lay: Layouts, replays: int) -> dict[str, dict[str, float]]:
     return out
 
 
+# The compact layout's sweep: what a call costs against the tokens it attends, the batch, the launch.
+SWEEP_LENGTHS = (16, 48, 112, 221, 445)  # tokens a (request, KV head): the tail alone .. a 10 % budget at 4K
+SWEEP_BATCHES = (32, 64, 128)
+SWEEP_TILES = [(bn, w, st) for bn in (16, 32, 64) for w in (2, 4, 8) for st in (2, 3, 4)]
+
+
+def compact_launch(shape: Shape, bs: int, n: int, prologue: bool) -> Launch:
+    """A launch over compact rows of ``n`` tokens for each of bs x H_kv (request, KV head) rows; with ``prologue``
+    the draft steps' q/k norm, rotary and K/V store of the last one."""
+    h, d = shape.h_kv, shape.d
+    rows = torch.arange(bs * h * n, device=DEVICE).view(bs * h, n).to(torch.int32)
+    last = torch.full((bs * h,), n, dtype=torch.int64, device=DEVICE)
+    pro: dict[str, Any] = {}
+    if prologue:
+        k_new, v_new = (torch.randn(bs * h, 1, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+        pro = draft_prologue(shape, k_new, v_new, rows, last)
+    q = torch.randn(bs * h, shape.h_q // h, d, device=DEVICE, dtype=torch.bfloat16)
+    no_sel = torch.zeros(bs * h, 1, 1, dtype=torch.int32, device=DEVICE)
+    return Launch(q, rows, no_sel, no_sel.view(-1), last * 0, last, pro, 1)
+
+
+def sweep(shape: Shape, layers: int, replays: int) -> list[dict[str, Any]]:
+    """The compact layout over SWEEP_BATCHES x SWEEP_LENGTHS at the server's launch; at 64 x 221 also without the
+    prologue, at two splits and over SWEEP_TILES (us a layer, every layer's own rows in one graph)."""
+    points = [(bs, n, True, (32, 4, 3), None) for bs in SWEEP_BATCHES for n in SWEEP_LENGTHS]
+    points += [(64, 221, False, (32, 4, 3), None), (64, 221, True, (32, 4, 3), 2)]
+    points += [(64, 221, True, tiles, None) for tiles in SWEEP_TILES if tiles != (32, 4, 3)]
+    out = []
+    for bs, n, prologue, tiles, splits in points:
+        launch = compact_launch(shape, bs, n, prologue)
+        launch.tiles, launch.splits = tiles, splits
+        k = [torch.randn(bs * shape.h_kv * n, shape.d, device=DEVICE, dtype=torch.bfloat16) for _ in range(layers)]
+        v = [torch.randn_like(t) for t in k]
+        us = per_layer_us(launch, k, v, replays)
+        kv_bytes = 2 * bs * shape.h_kv * n * shape.d * 2
+        row = dict(bs=bs, n=n, prologue=prologue, tiles=tiles, splits=splits, us=us, GBps=kv_bytes / us / 1e3)
+        print(row, flush=True)
+        out.append(row)
+        del k, v
+    return out
+
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="qwen3-1.7b", choices=[s.name for s in SHAPES])
@@ -176,6 +227,7 @@ def main() -> None:
     parser.add_argument("--len", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--sweep", action="store_true", help="also the compact layout's length/batch/launch sweep")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -197,6 +249,11 @@ def main() -> None:
     }
     doc["max_abs_diff_vs_positions"] = outputs_agree(lay)
     doc["results"] = measure(lay, args.replays)
+    write_result(args.out, doc)
+    if args.sweep:
+        del lay
+        torch.cuda.empty_cache()
+        doc["sweep"] = sweep(shape, args.layers, args.replays)
     doc["seconds"] = round(time.time() - started, 1)
     write_result(args.out, doc)
     for name, r in doc["results"].items():

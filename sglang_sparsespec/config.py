@@ -175,7 +175,7 @@ class PillarConfig:
     offload_host_gb: float = 0.0
     batch_phases: BatchPhases = BatchPhases.SPLIT
     draft_prologue: DraftPrologue = DraftPrologue.FUSED
-    draft_mlp: DraftMlp = DraftMlp.SGLANG
+    draft_mlp: DraftMlp = DraftMlp.FUSED
     draft_lm_head: DraftLmHead = DraftLmHead.BF16
     verify_logits: VerifyLogits = VerifyLogits.FP32
 

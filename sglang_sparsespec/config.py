@@ -105,6 +105,15 @@ class DraftMlp(str, Enum):
     SGLANG = "sglang"
 
 
+class DraftSelIndex(str, Enum):
+    """How a draft step's sparse attention reaches its selected tokens (kernels/sel_slots.py)."""
+
+    # Through each position's slot in req_to_token, in every layer of every draft step.
+    POSITIONS = "positions"
+    # Slots looked up once a round, before the first draft step: one dependent load less a tile.
+    SLOTS = "slots"
+
+
 class DraftLmHead(str, Enum):
     """The weights a draft step's LM head reads (patches/draft_lm_head.py)."""
 
@@ -176,6 +185,7 @@ class PillarConfig:
     batch_phases: BatchPhases = BatchPhases.SPLIT
     draft_prologue: DraftPrologue = DraftPrologue.FUSED
     draft_mlp: DraftMlp = DraftMlp.FUSED
+    draft_sel_index: DraftSelIndex = DraftSelIndex.POSITIONS
     draft_lm_head: DraftLmHead = DraftLmHead.BF16
     verify_logits: VerifyLogits = VerifyLogits.FP32
 
@@ -336,6 +346,8 @@ KNOBS: tuple[Knob, ...] = (
          "else and with sglang = SGLang's own kernels"),
     Knob("DRAFT_MLP", "draft_mlp", "a draft step's MLP gate/up and SiLU-and-mul: fused = one Triton launch "
          "(unquantized, up to 64 rows), else and with sglang = SGLang's GEMM then its activation"),
+    Knob("DRAFT_SEL_INDEX", "draft_sel_index", "how a draft step's attention reaches its selected tokens: "
+         "positions = through req_to_token in every step; slots = slots looked up once a round"),
     Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head weights: bf16 = the model's; fp8 = a copy with "
          "one scale a row (half the bytes, ~0.3 GB for 152K x 2K; only acceptance moves)"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "

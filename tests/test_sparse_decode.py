@@ -12,49 +12,7 @@ from sglang_sparsespec.kernels.qk_prologue import rms_norm_ref, rope_neox_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
 from triton_env import DEVICE
 
-from kernel_cases import POISON, D, kv_pool
-
-
-def _make_decode_case(group, specs, kmax, h_kv=2, max_ctx=160):
-    """specs: per request (seq_len, tail_start, cnt, n_beyond_tail), n_beyond_tail of the selected
-    positions placed at or after tail_start (the kernel must drop them: the tail already has them)."""
-    bs = len(specs)
-    num_slots = sum(s[0] for s in specs) + 8
-    k_buffer, v_buffer = kv_pool(num_slots, h_kv)
-    pool_reqs = bs + 3
-    req_to_token = torch.zeros(pool_reqs, max_ctx, dtype=torch.int32, device=DEVICE)
-    req_pool_indices = torch.randperm(pool_reqs, device=DEVICE)[:bs]
-    free = (torch.randperm(num_slots - 1, device=DEVICE) + 1).to(torch.int32)
-    n_sel_rows = bs + 2
-    sel_rows = torch.randperm(n_sel_rows, device=DEVICE)[:bs]
-    sel_pos = torch.full((n_sel_rows, h_kv, kmax), -1, dtype=torch.int32, device=DEVICE)
-    sel_cnt = torch.full((n_sel_rows,), POISON, dtype=torch.int32, device=DEVICE)
-    used = 0
-    for b, (seq_len, tail_start, cnt, beyond) in enumerate(specs):
-        req_to_token[req_pool_indices[b], :seq_len] = free[used : used + seq_len]
-        used += seq_len
-        row = sel_rows[b]
-        sel_cnt[row] = cnt
-        for h in range(h_kv):
-            inside = torch.randperm(tail_start, device=DEVICE)[: cnt - beyond]
-            outside = torch.randint(tail_start, max(seq_len, tail_start + 1), (beyond,), device=DEVICE).unique()
-            pos = torch.cat([inside, outside]).sort().values
-            sel_pos[row, h, : pos.numel()] = pos.to(torch.int32)
-    q = torch.randn(bs, h_kv * group, D, device=DEVICE).to(torch.bfloat16)
-    ints = lambda i: torch.tensor([s[i] for s in specs], dtype=torch.int64, device=DEVICE)  # noqa: E731
-    return dict(
-        q=q,
-        k_buffer=k_buffer,
-        v_buffer=v_buffer,
-        req_to_token=req_to_token,
-        req_pool_indices=req_pool_indices,
-        sel_pos=sel_pos,
-        sel_cnt=sel_cnt,
-        tail_start=ints(1),
-        seq_lens=ints(0),
-        sm_scale=D**-0.5,
-        sel_rows=sel_rows,
-    )
+from kernel_cases import D, decode_case
 
 
 @pytest.mark.parametrize("num_kv_splits", [1, 3])  # 1: stage 1 writes the output, no merge launch
@@ -70,7 +28,7 @@ def test_sparse_decode_ragged(group, num_kv_splits):
         (25, 25, 5, 0),  # empty tail: selections only
         (30, 30, 0, 0),  # nothing to attend to: zero output
     ]
-    case = _make_decode_case(group, specs, kmax)
+    case = decode_case(group, specs, kmax)
     o = torch.full_like(case["q"], float("nan"))
     expected = o.clone()
     sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, block_n=16, **case)
@@ -85,7 +43,7 @@ def test_sparse_decode_dense_row_is_full_attention():
     and the output is plain attention over the whole prefix."""
     torch.manual_seed(45)
     group, h_kv = 3, 2
-    case = _make_decode_case(group, [(120, 0, 20, 20), (64, 40, 10, 0)], kmax=24, h_kv=h_kv)
+    case = decode_case(group, [(120, 0, 20, 20), (64, 40, 10, 0)], kmax=24, h_kv=h_kv)
     o = torch.full_like(case["q"], float("nan"))
     sparse_decode_fwd(o=o, num_kv_splits=2, **case)
     slots = case["req_to_token"][case["req_pool_indices"][0], :120].long()
@@ -101,7 +59,7 @@ def test_sparse_decode_dense_row_is_full_attention():
 
 def test_sparse_decode_softcap_default_rows_and_splits():
     torch.manual_seed(50)
-    case = _make_decode_case(2, [(70, 60, 16, 0), (9, 4, 4, 0)], kmax=16)
+    case = decode_case(2, [(70, 60, 16, 0), (9, 4, 4, 0)], kmax=16)
     case["sel_pos"], case["sel_cnt"] = case["sel_pos"][case["sel_rows"]], case["sel_cnt"][case["sel_rows"]]
     case["sel_rows"] = None
     case["logit_cap"] = 2.0
@@ -134,7 +92,7 @@ def test_sparse_decode_writes_the_step_kv_and_attends_it_from_registers(num_kv_s
     torch.manual_seed(60 + num_kv_splits)
     h_kv, group = 2, 2
     specs = [(150, 90, 40, 3), (1, 0, 0, 0), (70, 60, 48, 0), (25, 24, 5, 0), (30, 30, 0, 0)]
-    case = _make_decode_case(group, specs, kmax=48, h_kv=h_kv)
+    case = decode_case(group, specs, kmax=48, h_kv=h_kv)
     case["logit_cap"] = logit_cap
     bs = len(specs)
     cur = case["req_to_token"][case["req_pool_indices"], case["seq_lens"] - 1].long()
@@ -170,7 +128,7 @@ def test_sparse_decode_writes_the_step_kv_and_attends_it_from_registers(num_kv_s
 
 
 def test_sparse_decode_refuses_new_kv_it_cannot_store():
-    case = _make_decode_case(1, [(10, 5, 0, 0)], kmax=4)
+    case = decode_case(1, [(10, 5, 0, 0)], kmax=4)
     o = torch.empty_like(case["q"])
     kv = torch.zeros(1, 2, D, device=DEVICE)  # fp32 against a bf16 cache
     with pytest.raises(ValueError, match="new_kv k must be"):

@@ -339,20 +339,19 @@ KNOBS: tuple[Knob, ...] = (
     Knob("COST_CACHE", "cost_cache", "where measured round costs persist: auto = a file per setup under "
          f"${CACHE_ENV}/costs, off, or a file path"),
     Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards, "
-         "then one verify; mixed = one group's verify and the others' draft step in each forward (slower on "
-         "the H100 and the H200)"),
-    Knob("DRAFT_PROLOGUE", "draft_prologue", "where a draft step's K/V store, q/k norm and rotary embedding "
-         "run: fused = inside its sparse attention kernel (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), "
-         "else and with sglang = SGLang's own kernels"),
+         "then one verify; mixed = one group's verify and the others' draft step a forward (slower on H100/H200)"),
+    Knob("DRAFT_PROLOGUE", "draft_prologue", "where a draft step's K/V store, q/k norm and rotary run: "
+         "fused = in its sparse attention kernel (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), else and "
+         "with sglang = SGLang's kernels"),
     Knob("DRAFT_MLP", "draft_mlp", "a draft step's MLP gate/up and SiLU-and-mul: fused = one Triton launch "
-         "(unquantized, up to 64 rows), else and with sglang = SGLang's GEMM then its activation"),
-    Knob("DRAFT_SEL_INDEX", "draft_sel_index", "how a draft step's attention reaches its selected tokens: "
-         "positions = through req_to_token in every step; slots = slots looked up once a round"),
-    Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head weights: bf16 = the model's; fp8 = a copy with "
-         "one scale a row (half the bytes, ~0.3 GB for 152K x 2K; only acceptance moves)"),
+         "(unquantized, <= 64 rows), else and with sglang = SGLang's GEMM, then its activation"),
+    Knob("DRAFT_SEL_INDEX", "draft_sel_index", "how draft steps reach their selected tokens: positions = via "
+         "req_to_token each step; slots = looked up once a round"),
+    Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head: bf16 = the model's; fp8 = a copy with a scale "
+         "a row (half the bytes; moves acceptance only)"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "
-         "SGLang's copy; half = in the LM head's dtype (half the bytes copied and read; batches with penalties, "
-         "logit bias, grammars, logprobs or custom processors still get the fp32 copy)"),
+         "SGLang's copy; half = the LM head's (half the bytes; penalties, logit bias, grammars, logprobs or "
+         "custom processors still get fp32)"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

@@ -158,13 +158,10 @@ class PillarDraftBackend(TritonAttnBackend):
         the plans' shape for ``max_bs`` rows in batch order (the oracle looks its own positions up each step)."""
         if self.oracle:
             return
-        plans = self.state.sel_pos
-        self.slots = PlanState(
-            sel_pos=torch.full((max_bs, *plans.shape[1:]), -1, dtype=torch.int32, device=plans.device),
-            sel_cnt=torch.zeros(max_bs, dtype=torch.int32, device=plans.device),
-            tail_start=torch.zeros(max_bs, dtype=torch.int32, device=plans.device),
-            num_layers=self.state.num_layers,
-            num_kv_heads=self.state.num_kv_heads,
+        state = self.state
+        per_head = state.sel_pos.shape[1] != 1
+        self.slots = PlanState.allocate(
+            max_bs, state.num_layers, state.num_kv_heads, per_head, state.kmax, state.sel_pos.device
         )
 
     def look_up_slots(self, bs: int) -> None:

@@ -68,6 +68,14 @@ class Launch:
     tiles: tuple[int, int, int] = (32, 4, 3)  # block_n, num_warps, num_stages (the server's launch)
     splits: int | None = None  # num_kv_splits (None: the kernel's default, one at 64 x 8 programs)
 
+    @classmethod
+    def over_rows(cls, q: torch.Tensor, rows: torch.Tensor, prologue: dict[str, Any]) -> Launch:
+        """A launch where each of the rows [R, n] is a request of one KV head attending exactly its n table entries
+        (tail only: no selections, the tail from 0), its last entry the current position."""
+        no_sel = torch.zeros(rows.shape[0], 1, 1, dtype=torch.int32, device=rows.device)
+        n = torch.full((rows.shape[0],), rows.shape[1], dtype=torch.int64, device=rows.device)
+        return cls(q, rows.to(torch.int32), no_sel, no_sel.view(-1), n * 0, n, prologue, 1)
+
     def run(self, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         d = k.shape[-1]
         k, v = k.view(-1, self.heads, d), v.view(-1, self.heads, d)
@@ -109,22 +117,17 @@ class Layouts:
         # the pool viewed as [slots x H, 1, D]: row slot * H + head is that head's 256 bytes of the slot
         self.rows = (table.long().gather(1, pos.view(bs, -1)).view(bs, h, n) * h + head).view(bs * h, n)
         compact_rows = torch.arange(bs * h * n, device=DEVICE).view(bs * h, n)
-        last = torch.full((bs * h,), n, dtype=torch.int64, device=DEVICE)
         flat = {
             "new_kv": (k_new.view(bs * h, 1, d), v_new.view(bs * h, 1, d), None),
             "rope": (prologue["rope"][0], prologue["rope"][1].repeat_interleave(h)),
         }
         if "qk_norm" in prologue:
             flat["qk_norm"] = prologue["qk_norm"]
-        no_sel = torch.zeros(bs * h, 1, 1, dtype=torch.int32, device=DEVICE)
-        no_cnt = torch.zeros(bs * h, dtype=torch.int32, device=DEVICE)
         q_rows = q.view(bs * h, shape.h_q // h, d)
         for name, rows in (("slots", self.rows), ("compact", compact_rows)):
             # the current position (each row's last) is the slot the launch stores the step's K/V into
             new_kv = (*flat["new_kv"][:2], rows[:, -1].clone())
-            self.launches[name] = Launch(
-                q_rows, rows.to(torch.int32), no_sel, no_cnt, last * 0, last, {**flat, "new_kv": new_kv}, 1
-            )
+            self.launches[name] = Launch.over_rows(q_rows, rows, {**flat, "new_kv": new_kv})
 
     def gather(self, layer: int, k_out: torch.Tensor, v_out: torch.Tensor) -> None:
         """Layer ``layer``'s attended K/V rows into the compact pools [bs x H x n, D], in the kernel's order."""
@@ -190,14 +193,12 @@ def compact_launch(shape: Shape, bs: int, n: int, prologue: bool) -> Launch:
     the draft steps' q/k norm, rotary and K/V store of the last one."""
     h, d = shape.h_kv, shape.d
     rows = torch.arange(bs * h * n, device=DEVICE).view(bs * h, n).to(torch.int32)
-    last = torch.full((bs * h,), n, dtype=torch.int64, device=DEVICE)
     pro: dict[str, Any] = {}
     if prologue:
         k_new, v_new = (torch.randn(bs * h, 1, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
-        pro = draft_prologue(shape, k_new, v_new, rows, last)
+        pro = draft_prologue(shape, k_new, v_new, rows, torch.full((bs * h,), n, dtype=torch.int64, device=DEVICE))
     q = torch.randn(bs * h, shape.h_q // h, d, device=DEVICE, dtype=torch.bfloat16)
-    no_sel = torch.zeros(bs * h, 1, 1, dtype=torch.int32, device=DEVICE)
-    return Launch(q, rows, no_sel, no_sel.view(-1), last * 0, last, pro, 1)
+    return Launch.over_rows(q, rows, pro)
 
 
 def sweep(shape: Shape, layers: int, replays: int) -> list[dict[str, Any]]:
@@ -219,7 +220,6 @@ def sweep(shape: Shape, layers: int, replays: int) -> list[dict[str, Any]]:
         out.append(row)
         del k, v
     return out
-
 
 
 def main() -> None:

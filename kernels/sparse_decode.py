@@ -199,7 +199,7 @@ def sparse_decode_fwd(
     num_warps: int = 4,
     num_stages: int = 3,
     pdl: bool = False,
-    late_prologue: bool = True,
+    late_prologue: bool = False,
     prefetch: torch.Tensor | None = None,
     prefetch_hint: str = "evict_last",
 ) -> torch.Tensor:

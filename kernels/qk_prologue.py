@@ -38,18 +38,6 @@ def prologue_rows(
     return xf.to(x.dtype)
 
 
-@triton.jit
-def prologue_q_and_key(
-    q, q_ptr, q_mask, k_row, k_ptr, offs_d, Q_w, K_w, q_eps, k_eps, cs_row, D: tl.constexpr, NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-):  # fmt: skip
-    """``prologue_rows`` of a draft step's query rows q (loaded from q_ptr + offs_d under q_mask; weight Q_w) and of
-    its new key k_row [1, BLOCK_D] (from k_ptr + offs_d; weight K_w), with one cos | sin row: (q, k_row)."""
-    q = prologue_rows(q, q_ptr, offs_d[None, :], q_mask, Q_w, q_eps, cs_row, D, NORM, ROPE)
-    k_row = prologue_rows(k_row, k_ptr, offs_d[None, :], offs_d[None, :] < D, K_w, k_eps, cs_row, D, NORM, ROPE)
-    return q, k_row
-
-
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Per-row RMS norm of x [..., D] with weight [D] (fp32 math, x's dtype out), as SGLang's RMSNorm."""
     xf = x.float()

@@ -31,8 +31,7 @@ import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
 from ._tiles import attend_tile, finish_partial, load_kv_tile
-from .l2_prefetch import HINTS, prefetch_lines, prefetch_share
-from .qk_prologue import prologue_q_and_key, prologue_rows, rms_norm_ref, rope_neox_ref
+from .qk_prologue import prologue_rows, rms_norm_ref, rope_neox_ref
 from .sparse_decode_merge import merge_split_partials
 
 
@@ -58,19 +57,62 @@ def _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len,
 
 @triton.jit
 def _sparse_decode_stage1(
-    Q, K_Buffer, V_Buffer, Req_to_token, Req_pool_indices, Sel_pos, Sel_cnt, Sel_rows, Tail_start, Seq_lens, K_new,
-    V_new, Out_loc, Cos_sin, Rope_pos, Q_w, K_w, q_eps, k_eps, Mid_O, Mid_lse, Pref, pref_lines, sm_scale,
-    stride_qb, stride_qh, stride_kbs, stride_kh, stride_vbs, stride_vh, stride_rt, stride_knb, stride_knh,
-    stride_vnb, stride_vnh, stride_cs, stride_sb, stride_sh, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-    GROUP: tl.constexpr, KMAX: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, LOGIT_CAP: tl.constexpr, HAS_SEL_ROWS: tl.constexpr,
-    SEL_SLOTS: tl.constexpr, NEW_KV: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
-    LATE_PROLOGUE: tl.constexpr, PREFETCH: tl.constexpr,
-):  # fmt: skip
-    if PREFETCH > 0:  # first, so the lines arrive while this launch waits on its own dependent loads
-        program = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * NUM_SPLITS + tl.program_id(2)
-        programs = tl.num_programs(0) * tl.num_programs(1) * NUM_SPLITS
-        prefetch_share(Pref, pref_lines, program, programs, PREFETCH == 1, 128)
+    Q,
+    K_Buffer,
+    V_Buffer,
+    Req_to_token,
+    Req_pool_indices,
+    Sel_pos,
+    Sel_cnt,
+    Sel_rows,
+    Tail_start,
+    Seq_lens,
+    K_new,
+    V_new,
+    Out_loc,
+    Cos_sin,
+    Rope_pos,
+    Q_w,
+    K_w,
+    q_eps,
+    k_eps,
+    Mid_O,
+    Mid_lse,
+    sm_scale,
+    stride_qb,
+    stride_qh,
+    stride_kbs,
+    stride_kh,
+    stride_vbs,
+    stride_vh,
+    stride_rt,
+    stride_knb,
+    stride_knh,
+    stride_vnb,
+    stride_vnh,
+    stride_cs,
+    stride_sb,
+    stride_sh,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    KMAX: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    LOGIT_CAP: tl.constexpr,
+    HAS_SEL_ROWS: tl.constexpr,
+    SEL_SLOTS: tl.constexpr,
+    NEW_KV: tl.constexpr,
+    ROPE: tl.constexpr,
+    NORM: tl.constexpr,
+    PDL: tl.constexpr,
+):
     if PDL:  # the next launch may start now; every input here may be the previous launch's output
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -114,11 +156,7 @@ def _sparse_decode_stage1(
     cs_row = Cos_sin
     if ROPE:
         cs_row += tl.load(Rope_pos + cur_b).to(tl.int64) * stride_cs
-    if NEW_KV:
-        k_new_ptr = K_new + cur_b * stride_knb + cur_kv_head * stride_knh
-        if LATE_PROLOGUE:  # the new key as a one-row tile, the shape the prologue works on
-            k_row = tl.load(k_new_ptr + offs_d[None, :], mask=mask_d[None, :], other=0.0)
-    if (ROPE or NORM) and not LATE_PROLOGUE:
+    if ROPE or NORM:
         q = prologue_rows(q, q_ptr, offs_d[None, :], q_mask, Q_w, q_eps, cs_row, D, NORM, ROPE)
     if split_end > split_start:
         for start_n in range(split_start, split_end, BLOCK_N):
@@ -126,31 +164,27 @@ def _sparse_decode_stage1(
                 sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, BLOCK_N, SEL_SLOTS
             )
             k, v = load_kv_tile(
-                K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
+                K_Buffer,
+                V_Buffer,
+                slot,
+                valid,
+                cur_kv_head,
+                stride_kbs,
+                stride_kh,
+                stride_vbs,
+                stride_vh,
+                offs_d,
                 mask_d,
-            )  # fmt: skip
-            if (ROPE or NORM) and LATE_PROLOGUE:
-                # In the first tile, once the pipeline has sent the first tiles' index and K/V loads: ahead of the
-                # loop, the prologue's loads and waits held all of those back.
-                if start_n == split_start:
-                    q, k_row = prologue_q_and_key(
-                        q, q_ptr, q_mask, k_row, k_new_ptr, offs_d, Q_w, K_w, q_eps, k_eps, cs_row, D, NORM, ROPE
-                    )
+            )
             # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
             e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
-    elif (ROPE or NORM) and LATE_PROLOGUE:  # no tile: the current token below still needs them
-        q, k_row = prologue_q_and_key(
-            q, q_ptr, q_mask, k_row, k_new_ptr, offs_d, Q_w, K_w, q_eps, k_eps, cs_row, D, NORM, ROPE
-        )
     if NEW_KV:
-        if not LATE_PROLOGUE:
-            # Loaded and rotated ahead of the loop instead, the round took 1.8 ms longer on the H200
-            # (steps_qwen3-1.7b[_sparse_e837f22]_h200_64d2031.json: 36.16 vs 34.34 ms).
-            k_row = tl.load(k_new_ptr + offs_d[None, :], mask=mask_d[None, :], other=0.0)
-            if ROPE or NORM:
-                k_row = prologue_rows(
-                    k_row, k_new_ptr, offs_d[None, :], mask_d[None, :], K_w, k_eps, cs_row, D, NORM, ROPE
-                )
+        # The new key as a one-row tile, the shape the prologue works on. Loaded before the loop instead, the round
+        # took 1.8 ms longer on the H200 (steps_qwen3-1.7b[_sparse_e837f22]_h200_64d2031.json: 36.16 vs 34.34 ms).
+        k_new_ptr = K_new + cur_b * stride_knb + cur_kv_head * stride_knh
+        k_row = tl.load(k_new_ptr + offs_d[None, :], mask=mask_d[None, :], other=0.0)
+        if ROPE or NORM:
+            k_row = prologue_rows(k_row, k_new_ptr, offs_d[None, :], mask_d[None, :], K_w, k_eps, cs_row, D, NORM, ROPE)
         k_new = tl.reshape(k_row, (BLOCK_D,))
         v_new = tl.load(V_new + cur_b * stride_vnb + cur_kv_head * stride_vnh + offs_d, mask=mask_d, other=0.0)
         if split == 0:  # one program per (request, KV head) writes the slot; none of this launch reads it
@@ -199,9 +233,6 @@ def sparse_decode_fwd(
     num_warps: int = 4,
     num_stages: int = 3,
     pdl: bool = False,
-    late_prologue: bool = False,
-    prefetch: torch.Tensor | None = None,
-    prefetch_hint: str = "evict_last",
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -223,11 +254,6 @@ def sparse_decode_fwd(
     block_n, num_warps, num_stages: tile width, warps, pipeline depth (speed only; kernels_tune_sparse_h100.json).
     pdl: stage 1 as a programmatic dependent launch (sm_90+, compiled only; speed only): the next launch may start
     as soon as it runs; it waits for the previous launch before reading anything.
-    late_prologue: with rope / qk_norm, q and the new key are normalized and rotated in the first K/V tile, under its
-    loads, instead of q before the tiles and the key after them (speed only; the same arithmetic).
-    prefetch: a contiguous tensor the next launch reads (the layer's o projection weight), asked of L2 by the
-    programs before their own loads, with ``prefetch_hint`` (``l2_prefetch.HINTS``) as the lines' L2 priority
-    (speed only; on a GPU only).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -280,9 +306,6 @@ def sparse_decode_fwd(
     else:
         q_w = k_w = q  # unused: NORM is off
         q_eps = k_eps = 0.0
-    if prefetch_hint not in HINTS:
-        raise ValueError(f"prefetch_hint must be one of {HINTS}, got {prefetch_hint!r}")
-    pref, pref_lines = prefetch_lines(prefetch) or (q, 0)
     group = h_q // h_kv
     if num_kv_splits is None:
         num_kv_splits = default_num_splits(bs * h_kv, q.device)
@@ -296,7 +319,7 @@ def sparse_decode_fwd(
         mid_lse = torch.empty((bs, h_q, num_kv_splits), dtype=torch.float32, device=q.device)
     _sparse_decode_stage1[(bs, h_kv, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, sel_pos, sel_cnt, sel_rows, tail_start, seq_lens,
-        k_new, v_new, out_loc, cos_sin, rope_pos, q_w, k_w, q_eps, k_eps, mid_o, mid_lse, pref, pref_lines, sm_scale,
+        k_new, v_new, out_loc, cos_sin, rope_pos, q_w, k_w, q_eps, k_eps, mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         cos_sin.stride(0), sel_pos.stride(0), sel_pos.stride(1),
@@ -304,7 +327,6 @@ def sparse_decode_fwd(
         GROUP=group, KMAX=sel_pos.shape[2], D=d, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,
         SEL_SLOTS=sel_slots, NEW_KV=new_kv is not None, ROPE=rope is not None, NORM=qk_norm is not None, PDL=pdl,
-        LATE_PROLOGUE=late_prologue, PREFETCH=0 if pref_lines == 0 else 1 + HINTS.index(prefetch_hint),
         num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
     )  # fmt: skip
     if num_kv_splits == 1:

@@ -21,7 +21,6 @@ plans and the segments their whole prefix and own rows, through the verify kerne
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -38,10 +37,7 @@ from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.state import PlanState
 
 from .contacts import create_flashinfer_kv_indices_triton
-from .draft_mlp import unquantized_linear
 from .draft_qk import DeferredQK, take_deferred
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -133,8 +129,6 @@ class PillarDraftBackend(TritonAttnBackend):
         self.whole: WholePrefixMeta | None = None
         # The round's selections as slots in batch order (--pillar-draft-sel-index slots), from ``look_up_slots``.
         self.slots: PlanState | None = None
-        # Layer id -> the o projection weight its sparse attention asks L2 for (--pillar-draft-prefetch o_proj).
-        self.prefetch: dict[int, torch.Tensor] = {}
         self.stores_in_kernel = (
             fused and not oracle and _plain_mha_pool(self.token_to_kv_pool, getattr(self, "dcp_size", 1))
         )
@@ -169,20 +163,6 @@ class PillarDraftBackend(TritonAttnBackend):
         self.slots = PlanState.allocate(
             max_bs, state.num_layers, state.num_kv_heads, per_head, state.kmax, state.sel_pos.device
         )
-
-    def use_prefetch(self, model: torch.nn.Module) -> None:
-        """Each draft layer's sparse attention asks L2 for the weight of the GEMM after it: the o projection of the
-        attention module that holds the layer's attention (``attn``, its ``layer_id``) next to an unquantized,
-        contiguous ``o_proj`` without bias. Layers of other shapes go without."""
-        for module in model.modules():
-            layer_id = getattr(getattr(module, "attn", None), "layer_id", None)
-            o_proj = getattr(module, "o_proj", None)
-            weight = getattr(o_proj, "weight", None)
-            plain = isinstance(weight, torch.Tensor) and weight.is_contiguous() and unquantized_linear(o_proj)
-            if isinstance(layer_id, int) and plain:
-                self.prefetch[layer_id] = weight
-        if not self.prefetch:
-            logger.warning("PILLAR: --pillar-draft-prefetch o_proj found no plain o projection; prefetching nothing")
 
     def look_up_slots(self, bs: int) -> None:
         """Before a round's first draft step (after ``inputs`` holds its rows and tail starts): the slots of
@@ -314,7 +294,6 @@ class PillarDraftBackend(TritonAttnBackend):
             rope=rope,
             qk_norm=norm,
             sel_slots=on_slots,
-            prefetch=self.prefetch.get(layer.layer_id),
         )
 
     def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):

@@ -32,7 +32,7 @@ def fused_mlp() -> Iterator[None]:
         _FUSE.reset(token)
 
 
-def unquantized_linear(linear) -> bool:
+def _unquantized(linear) -> bool:
     """SGLang's plain linear layer: unquantized weights (an attribute a release lacks: not plain), no bias."""
     method = getattr(linear, "quant_method", None)
     return type(method).__name__ == "UnquantizedLinearMethod" and getattr(linear, "bias", None) is None
@@ -42,9 +42,7 @@ def _fusable(mlp, x: torch.Tensor) -> bool:
     gate_up = getattr(mlp, "gate_up_proj", None)
     weight = getattr(gate_up, "weight", None)
     if not (
-        isinstance(weight, torch.Tensor)
-        and unquantized_linear(gate_up)
-        and unquantized_linear(getattr(mlp, "down_proj", None))
+        isinstance(weight, torch.Tensor) and _unquantized(gate_up) and _unquantized(getattr(mlp, "down_proj", None))
     ):
         return False
     dual = getattr(mlp, "dual_gemm", None)  # SGLang's own fused gate/up path (0.5.22 on): where it runs, it wins

@@ -34,14 +34,7 @@ from dataclasses import dataclass
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 
-from sglang_sparsespec.config import (
-    DraftMlp,
-    DraftPrefetch,
-    DraftPrologue,
-    DraftSelIndex,
-    PillarConfig,
-    SelectionPolicy,
-)
+from sglang_sparsespec.config import DraftMlp, DraftPrologue, DraftSelIndex, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord
 
@@ -193,8 +186,6 @@ class PillarDraftRunner:
         self.qk_in_kernel = self.backend.stores_in_kernel and type(model_runner.model).__name__ in QK_IN_KERNEL
         if cfg.draft_sel_index is DraftSelIndex.SLOTS:
             self.backend.use_slots(max_bs)
-        if cfg.draft_prefetch is DraftPrefetch.O_PROJ:
-            self.backend.use_prefetch(model_runner.model)
         self.fuse_mlp = cfg.draft_mlp is DraftMlp.FUSED  # gate/up and SiLU-and-mul in one launch (draft_mlp.py)
         self.graphs = DecodeGraphs(model_runner, capture_bs, max_bs, "draft")
         self.capture_bs = self.graphs.capture_bs

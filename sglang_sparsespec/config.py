@@ -114,15 +114,6 @@ class DraftSelIndex(str, Enum):
     SLOTS = "slots"
 
 
-class DraftPrefetch(str, Enum):
-    """What a draft step's sparse attention asks L2 for while it runs (kernels/l2_prefetch.py)."""
-
-    # Nothing.
-    OFF = "off"
-    # The layer's o projection weight, which the GEMM after the attention then reads from L2.
-    O_PROJ = "o_proj"
-
-
 class DraftLmHead(str, Enum):
     """The weights a draft step's LM head reads (patches/draft_lm_head.py)."""
 
@@ -195,7 +186,6 @@ class PillarConfig:
     draft_prologue: DraftPrologue = DraftPrologue.FUSED
     draft_mlp: DraftMlp = DraftMlp.FUSED
     draft_sel_index: DraftSelIndex = DraftSelIndex.POSITIONS
-    draft_prefetch: DraftPrefetch = DraftPrefetch.OFF
     draft_lm_head: DraftLmHead = DraftLmHead.BF16
     verify_logits: VerifyLogits = VerifyLogits.FP32
 
@@ -350,14 +340,13 @@ KNOBS: tuple[Knob, ...] = (
          f"${CACHE_ENV}/costs, off, or a file path"),
     Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards, "
          "then one verify; mixed = one group's verify and the others' draft step a forward (slower on H100/H200)"),
-    Knob("DRAFT_PROLOGUE", "draft_prologue", "a draft step's K/V store, q/k norm and rotary: fused = in its sparse "
-         "attention (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), else and with sglang = SGLang's kernels"),
-    Knob("DRAFT_MLP", "draft_mlp", "a draft step's gate/up and SiLU-and-mul: fused = one Triton launch "
-         "(unquantized, <= 64 rows), else and with sglang = SGLang's two"),
+    Knob("DRAFT_PROLOGUE", "draft_prologue", "where a draft step's K/V store, q/k norm and rotary run: "
+         "fused = in its sparse attention kernel (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), else and "
+         "with sglang = SGLang's kernels"),
+    Knob("DRAFT_MLP", "draft_mlp", "a draft step's MLP gate/up and SiLU-and-mul: fused = one Triton launch "
+         "(unquantized, <= 64 rows), else and with sglang = SGLang's GEMM, then its activation"),
     Knob("DRAFT_SEL_INDEX", "draft_sel_index", "how draft steps reach their selected tokens: positions = via "
          "req_to_token each step; slots = looked up once a round"),
-    Knob("DRAFT_PREFETCH", "draft_prefetch", "o_proj = draft layers' sparse attention asks L2 for the o "
-         "projection's weight (unquantized); off = nothing"),
     Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head: bf16 = the model's; fp8 = a copy with a scale "
          "a row (half the bytes; moves acceptance only)"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "

@@ -115,9 +115,6 @@ def main() -> None:
             (1, {"new_kv": new_kv, "rope": rope}),
             (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm}),
             (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm, "sel_slots": True}),
-            (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm, "late_prologue": False}),
-            (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm, "prefetch": torch.empty(d, d, dtype=torch.bfloat16)}),
-            (1, {"new_kv": new_kv, "rope": rope, "prefetch": torch.empty(d, 8), "prefetch_hint": "evict_normal"}),
             (1, {"pdl": True}),  # as tools/gemm_chain.py's fused layer launches it
             (1, {"block_n": 16, "num_warps": 2}),
             (2, {"block_n": 64, "num_warps": 8}),

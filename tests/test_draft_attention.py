@@ -39,7 +39,7 @@ def _backend(max_bs: int, req_to_token: torch.Tensor) -> PillarDraftBackend:
         attn_logits=torch.zeros((max_bs, H_Q, SPLITS, D), dtype=torch.float32, device=DEVICE),
         attn_lse=torch.zeros((max_bs, H_Q, SPLITS), dtype=torch.float32, device=DEVICE),
     )
-    be.oracle, be.slots, be.prefetch = False, None, {}
+    be.oracle, be.slots = False, None
     be.max_kv_splits, be.num_head, be.num_kv_head = SPLITS, H_Q, H_KV
     be.static_kv_splits, be.enable_deterministic, be.split_tile_size = False, False, None
     be.device_core_count = 132  # an H100/H200's SM count: the split heuristic's input
@@ -232,31 +232,3 @@ def test_a_draft_step_on_slots_looked_up_once_attends_as_on_positions() -> None:
     assert got[0, 1, 3] == req_to_token[2, 11] and be.slots.sel_cnt[:bs].tolist() == [4, 4]
     on_slots = be.forward_decode(q, k, v, layer, SimpleNamespace(out_cache_loc=loc))
     assert torch.equal(on_slots, on_positions)
-
-
-def test_o_proj_prefetch_finds_each_layers_plain_o_projection_and_hands_it_to_its_kernel(monkeypatch) -> None:
-    """--pillar-draft-prefetch o_proj: each attention module's unquantized o_proj weight, keyed by its attention's
-    layer id (a quantized or strided one left out), reaches that layer's sparse attention launch as ``prefetch``."""
-    from sglang_sparsespec.patches import draft_attention as da
-
-    plain = type("UnquantizedLinearMethod", (), {})()
-    quant = type("Fp8LinearMethod", (), {})()
-
-    def attention(layer_id: int, weight: torch.Tensor, method) -> torch.nn.Module:
-        module = torch.nn.Module()
-        module.attn = SimpleNamespace(layer_id=layer_id)
-        module.o_proj = SimpleNamespace(weight=weight, quant_method=method, bias=None)
-        return module
-
-    w0, w1, w2 = torch.randn(8, 6), torch.randn(8, 6), torch.randn(6, 8).T
-    model = torch.nn.ModuleList([attention(0, w0, plain), attention(1, w1, quant), attention(2, w2, plain)])
-    be = _backend(2, torch.zeros(2, 8, dtype=torch.int32, device=DEVICE))
-    be.use_prefetch(model)
-    assert list(be.prefetch) == [0] and be.prefetch[0] is w0
-    launches = []
-    monkeypatch.setattr(da, "sparse_decode_fwd", lambda *a, **kw: launches.append(kw["prefetch"]))
-    be.state = PlanState.allocate(2, 3, H_KV, True, 4, torch.device(DEVICE))
-    q = torch.zeros(1, H_Q, D)
-    for layer_id in (0, 2):
-        be._sparse_decode(q, q, SimpleNamespace(layer_id=layer_id, scaling=1.0), None, None, 0.0)
-    assert launches[0] is w0 and launches[1] is None

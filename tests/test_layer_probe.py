@@ -52,23 +52,6 @@ def test_the_probes_attention_stores_the_steps_key_as_a_draft_step_does(monkeypa
     assert torch.equal(layer.v[slots], v_new)
 
 
-def test_the_attention_launch_variants_compute_the_draft_steps_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prefetching w_o (at either L2 priority; compiled only) and the prologue ahead of the first tile change speed
-    only: each variant's attention output equals the draft steps' launch bit for bit (SmolLM2's rotary prologue)."""
-    for module in (kernels_setup, layer_probe):
-        monkeypatch.setattr(module, "DEVICE", DEVICE)
-    torch.manual_seed(1)
-    norm, silu_mul, _ = layer_probe.small_kernels()
-    step = layer_probe.DraftStep("smollm2-135m", 2, 40, 1, norm, silu_mul)
-    layer, q = step.layers[0], step.qkv[:, : step.q_cols].view(step.q_shape)
-    step.attend(layer, q)
-    served = step.o.clone()
-    for launch in layer_probe.ATTENTION_LAUNCHES:
-        step.o.fill_(float("nan"))
-        step.attend(layer, q, launch=launch)
-        assert torch.equal(step.o, served), launch
-
-
 def test_a_qwen3_prologue_normalizes_q_and_k() -> None:
     """Qwen3's shape adds the per-head q/k RMS norm (unit weights) to the store and rotary; SmolLM2's does not."""
     shapes = {s.name: s for s in kernels_setup.SHAPES}

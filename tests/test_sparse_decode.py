@@ -127,33 +127,6 @@ def test_sparse_decode_writes_the_step_kv_and_attends_it_from_registers(num_kv_s
     assert torch.equal(case["k_buffer"][untouched], before_k) and torch.equal(case["v_buffer"][untouched], before_v)
 
 
-@pytest.mark.parametrize("num_kv_splits", [1, 3])
-def test_the_step_prologue_in_the_first_tile_equals_it_ahead_of_the_tiles(num_kv_splits):
-    """late_prologue normalizes and rotates q and the new key in the first K/V tile (rows or splits without a tile:
-    after the loop) instead of q before the tiles and the key after them: the outputs and the stored K/V are the
-    other launch's bit for bit. Rows: tiles over splits, only the current token, selections only, nothing."""
-    torch.manual_seed(80 + num_kv_splits)
-    h_kv, group = 2, 2
-    specs = [(150, 90, 40, 3), (1, 0, 0, 0), (70, 60, 48, 0), (30, 30, 0, 0)]
-    case = decode_case(group, specs, kmax=48, h_kv=h_kv)
-    cur = case["req_to_token"][case["req_pool_indices"], case["seq_lens"] - 1].long()
-    k_new, v_new = (torch.randn(len(specs), h_kv, D, device=DEVICE).to(torch.bfloat16) for _ in range(2))
-    q_w, k_w = ((torch.rand(D, device=DEVICE) + 0.5).to(torch.bfloat16) for _ in range(2))
-    launch = dict(num_kv_splits=num_kv_splits, block_n=16, new_kv=(k_new, v_new, cur), qk_norm=(q_w, k_w, 1e-6, 1e-5))
-    launch["rope"] = (_cos_sin_cache(200), case["seq_lens"] - 1)
-    case["q"] = case["q"] * 5
-    runs = []
-    for late in (False, True):
-        run = dict(case, k_buffer=case["k_buffer"].clone(), v_buffer=case["v_buffer"].clone())
-        o = torch.full_like(case["q"], float("nan"))
-        sparse_decode_fwd(o=o, late_prologue=late, **launch, **run)
-        runs.append((o, run["k_buffer"], run["v_buffer"]))
-    assert not runs[0][0].isnan().any()
-    for early, late in zip(*runs):
-        assert torch.equal(early, late)
-    assert not torch.equal(runs[0][1], case["k_buffer"])  # the step's keys were stored
-
-
 def test_sparse_decode_refuses_new_kv_it_cannot_store():
     case = decode_case(1, [(10, 5, 0, 0)], kmax=4)
     o = torch.empty_like(case["q"])

@@ -20,12 +20,7 @@ activation alone; ``prefetch`` the prefetch kernel alone over each layer's w_o a
 ``layer_prefetch_o`` the layer with a side stream forked after the qkv GEMM that reads w_o (8 MB) with evict_last
 loads while the attention runs, joined before the o GEMM; ``layer_prefetch_o_qkv`` the same reading the next
 layer's w_qkv (16 MB) too, which must then outlive the o, gate/up and down GEMMs' 46 MB in L2;
-``layer_cublaslt`` the layer captured with ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
-``layer_attn_prefetch_o`` (``_normal``) the layer whose attention kernel itself asks L2 for w_o before its own
-loads (``--pillar-draft-prefetch o_proj``: ``prefetch.global.L2`` with evict_last, or normal, priority), no side
-stream; ``layer_prologue_first`` the layer with the attention's q/k norm and rotary ahead of its first tile (the
-launch before ``late_prologue``). Expected before measuring: the in-kernel prefetch ~2-3 us a layer less (the o GEMM
-from L2: ~6 -> ~3 us), the prologue in the first tile ~2 us less than prologue-first.
+``layer_cublaslt`` the layer captured with ``torch.backends.cuda.preferred_blas_library("cublaslt")``.
 
 Reading the result: a prefetch helps if ``layer_prefetch_o`` (or ``_o_qkv``) is below ``layer`` by more than the
 run-to-run noise (run the probe twice to see it); a ``prefetch`` longer than ``attention`` (per layer) means the
@@ -114,18 +109,8 @@ VARIANTS = {
     "layer_prefetch_o": ("weights", "kv"),
     "layer_prefetch_o_qkv": ("weights", "kv"),
     "layer_cublaslt": ("weights", "kv"),
-    "layer_attn_prefetch_o": ("weights", "kv"),
-    "layer_attn_prefetch_o_normal": ("weights", "kv"),
-    "layer_prologue_first": ("weights", "kv"),
 }
 PREFETCHES = {"layer_prefetch_o": "o", "layer_prefetch_o_qkv": "o_qkv"}
-# Variants whose attention launch differs from the draft steps': the sparse attention asking L2 for the layer's w_o
-# (kernels/l2_prefetch.py, at either priority), or normalizing and rotating q and the key ahead of its first tile.
-ATTENTION_LAUNCHES: dict[str, dict[str, Any]] = {
-    "layer_attn_prefetch_o": {"prefetch_hint": "evict_last"},
-    "layer_attn_prefetch_o_normal": {"prefetch_hint": "evict_normal"},
-    "layer_prologue_first": {"late_prologue": False},
-}
 
 
 @triton.jit
@@ -250,20 +235,15 @@ class DraftStep:
             weights.append(self.layers[i + 1].qkv)
         return weights
 
-    def attend(self, layer: Layer, q: torch.Tensor, pdl: bool = False, launch: str = "") -> None:
-        """The layer's sparse attention as the draft steps launch it, or as ATTENTION_LAUNCHES[launch] changes it."""
-        extra = dict(ATTENTION_LAUNCHES.get(launch, {}))
-        if "prefetch_hint" in extra:
-            extra["prefetch"] = layer.o
+    def attend(self, layer: Layer, q: torch.Tensor, pdl: bool = False) -> None:
         sparse_decode_fwd(
             q, layer.k, layer.v, self.o, self.req_to_token, self.rpi, self.sel, self.sel_cnt, self.tail_start,
-            self.seq_lens, self.shape.d**-0.5, pdl=pdl, **self.prologue, **extra,
+            self.seq_lens, self.shape.d**-0.5, pdl=pdl, **self.prologue,
         )  # fmt: skip
 
-    def layer(self, i: int, hidden: torch.Tensor, prefetch: str = "", launch: str = "") -> torch.Tensor:
+    def layer(self, i: int, hidden: torch.Tensor, prefetch: str = "") -> torch.Tensor:
         """Layer i on ``hidden`` (normalized in place, as SGLang's layer does), its output returned; with
-        ``prefetch`` a side stream reads ``prefetched(i, prefetch)`` while the attention runs; ``launch``: the
-        attention's (``attend``)."""
+        ``prefetch`` a side stream reads ``prefetched(i, prefetch)`` while the attention runs."""
         layer = self.layers[i]
         self.norm(hidden, self.residual, layer.norm_in, EPS)
         qkv = F.linear(hidden, layer.qkv)
@@ -276,7 +256,7 @@ class DraftStep:
                     prefetch_l2(w, self.sums[row])
         # q as a strided view of qkv's first columns: the kernel takes q's row and head strides (only its last
         # dim must be contiguous), as SGLang hands it the split of the fused projection
-        self.attend(layer, qkv[:, : self.q_cols].view(self.q_shape), launch=launch)
+        self.attend(layer, qkv[:, : self.q_cols].view(self.q_shape))
         if prefetch:
             main.wait_stream(self.side)
         hidden = F.linear(self.attn, layer.o)
@@ -284,11 +264,11 @@ class DraftStep:
         self.silu_mul(F.linear(hidden, layer.gate_up), self.act)
         return F.linear(self.act, layer.down)
 
-    def layers_output(self, prefetch: str = "", launch: str = "") -> torch.Tensor:
+    def layers_output(self, prefetch: str = "") -> torch.Tensor:
         """Every layer on ``x`` (and the residual stream), the last layer's output returned."""
         hidden = self.x
         for i in range(len(self.layers)):
-            hidden = self.layer(i, hidden, prefetch, launch)
+            hidden = self.layer(i, hidden, prefetch)
         return hidden
 
     def gemms(self) -> None:
@@ -317,7 +297,7 @@ class DraftStep:
     def call(self, name: str) -> Callable[[], None]:
         """The work of variant ``name`` over all layers."""
         parts = {"gemms": self.gemms, "attention": self.attention, "small": self.small, "prefetch": self.prefetch_only}
-        return parts.get(name, lambda: self.layers_output(PREFETCHES.get(name, ""), name))
+        return parts.get(name, lambda: self.layers_output(PREFETCHES.get(name, "")))
 
 
 def measure(step: DraftStep, name: str, replays: int) -> dict[str, Any]:

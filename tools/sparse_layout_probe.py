@@ -18,9 +18,6 @@ with the draft steps' prologue (q/k norm, rotary, the step's K/V store). ``compa
 would build the compact rows once a round (torch.index_select of K and V over the pool's KV-head rows).
 Each variant is timed on --layers layers' own pools captured in one CUDA graph (mean of replays, us a layer) and
 on one layer with L2 flushed (median); the outputs of the three are compared (same bytes in the same order).
-``positions_prologue_first`` and ``slots_prologue_first`` run those two with the step's q/k norm and rotary ahead of
-the first tile (``late_prologue=False``) instead of inside it as the server does: what moving the prologue under
-the first tiles' loads saves a call (expected ~2-3 us of the 3.7 the prologue costs; the same output bit for bit).
 
 Expected before measuring: positions ~27 us, slots ~22, compact ~14, compact_copy ~30 a layer: a compact round of
 8 draft steps would save ~8 x 13 - 30 = ~74 us a layer, ~2 ms a round at 28 layers. Measured on an H200
@@ -32,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +67,6 @@ class Launch:
     heads: int  # KV heads a row: the shape's for positions, 1 for slots and compact
     tiles: tuple[int, int, int] = (32, 4, 3)  # block_n, num_warps, num_stages (the server's launch)
     splits: int | None = None  # num_kv_splits (None: the kernel's default, one at 64 x 8 programs)
-    late_prologue: bool = True  # the step's q/k norm and rotary in the first tile (the server's); False: ahead of it
 
     @classmethod
     def over_rows(cls, q: torch.Tensor, rows: torch.Tensor, prologue: dict[str, Any]) -> Launch:
@@ -87,7 +83,7 @@ class Launch:
         return sparse_decode_fwd(
             self.q, k, v, o.view(self.q.shape), self.table, rows, self.sel, self.sel_cnt, self.tail_start,
             self.seq_lens, d**-0.5, num_kv_splits=self.splits, block_n=self.tiles[0], num_warps=self.tiles[1],
-            num_stages=self.tiles[2], late_prologue=self.late_prologue, **self.prologue,
+            num_stages=self.tiles[2], **self.prologue,
         )  # fmt: skip
 
 
@@ -159,8 +155,6 @@ def outputs_agree(lay: Layouts) -> dict[str, float]:
     kc, vc = (torch.empty(lay.rows.numel(), d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
     lay.gather(0, kc, vc)
     o["compact"] = lay.launches["compact"].run(kc, vc, torch.empty_like(lay.launches["compact"].q))
-    early = replace(lay.launches["positions"], late_prologue=False)
-    o["positions_prologue_first"] = early.run(lay.k[0], lay.v[0], torch.empty_like(early.q))
     ref = o["positions"].float().view(-1)
     return {name: (out.float().view(-1) - ref).abs().max().item() for name, out in o.items() if name != "positions"}
 
@@ -183,9 +177,6 @@ def measure(lay: Layouts, replays: int) -> dict[str, dict[str, float]]:
     ks, vs = lay.compact_pools()
     pools = {"positions": (lay.k, lay.v), "slots": (lay.k, lay.v), "compact": (ks, vs)}
     out = {name: timed(lay, lay.launches[name], *pools[name], replays) for name in VARIANTS}
-    for name in ("positions", "slots"):
-        early = replace(lay.launches[name], late_prologue=False)
-        out[f"{name}_prologue_first"] = timed(lay, early, *pools[name], replays)
     copy = graph_ms(lambda: [lay.gather(i, ks[i], vs[i]) for i in range(len(ks))], replays) * 1e3 / len(ks)
     out["compact_copy"] = {"us_per_layer": copy, "GBps": 2 * 2 * lay.rows.numel() * lay.shape.d * 2 / copy / 1e3}
     return out

@@ -36,23 +36,16 @@ from .sparse_decode_merge import merge_split_partials
 
 
 @triton.jit
-def _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, BLOCK_N: tl.constexpr, SEL_SLOTS):
+def _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, BLOCK_N: tl.constexpr):
     """(KV slots [BLOCK_N] int64, valid [BLOCK_N]) of virtual indices start_n .. start_n + BLOCK_N - 1: index
-    j < cnt is the j-th selected position (kept below tail_start), j >= cnt tail position tail_start + j - cnt.
-    SEL_SLOTS: the selections are already slots (``sel_slots.py``, dropped entries -1), one dependent load less."""
+    j < cnt is the j-th selected position (kept below tail_start), j >= cnt tail position tail_start + j - cnt."""
     offs_j = start_n + tl.arange(0, BLOCK_N)
-    in_range, in_sel = offs_j < split_end, offs_j < cnt
-    sel = tl.load(sel_base + offs_j, mask=in_range & in_sel, other=-1)
-    if SEL_SLOTS:
-        tail_pos = tail_start + offs_j - cnt
-        in_tail = in_range & ~in_sel & (tail_pos < seq_len)
-        valid = (in_sel & in_range & (sel >= 0)) | in_tail
-        slot = tl.where(in_sel, sel, tl.load(req_row + tail_pos, mask=in_tail, other=0))
-    else:
-        pos = tl.where(in_sel, sel, tail_start + offs_j - cnt)
-        valid = in_range & (pos >= 0) & (pos < tl.where(in_sel, tail_start, seq_len))
-        slot = tl.load(req_row + pos, mask=valid, other=0)
-    return slot.to(tl.int64), valid
+    in_range = offs_j < split_end
+    in_sel = offs_j < cnt
+    sel_pos = tl.load(sel_base + offs_j, mask=in_range & in_sel, other=-1)
+    pos = tl.where(in_sel, sel_pos, tail_start + offs_j - cnt)
+    valid = in_range & (pos >= 0) & (pos < tl.where(in_sel, tail_start, seq_len))
+    return tl.load(req_row + pos, mask=valid, other=0).to(tl.int64), valid
 
 
 @triton.jit
@@ -107,7 +100,6 @@ def _sparse_decode_stage1(
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     HAS_SEL_ROWS: tl.constexpr,
-    SEL_SLOTS: tl.constexpr,
     NEW_KV: tl.constexpr,
     ROPE: tl.constexpr,
     NORM: tl.constexpr,
@@ -160,9 +152,7 @@ def _sparse_decode_stage1(
         q = prologue_rows(q, q_ptr, offs_d[None, :], q_mask, Q_w, q_eps, cs_row, D, NORM, ROPE)
     if split_end > split_start:
         for start_n in range(split_start, split_end, BLOCK_N):
-            slot, valid = _tile_slots(
-                sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, BLOCK_N, SEL_SLOTS
-            )
+            slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, BLOCK_N)
             k, v = load_kv_tile(
                 K_Buffer,
                 V_Buffer,
@@ -227,7 +217,6 @@ def sparse_decode_fwd(
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
-    sel_slots: bool = False,
     num_kv_splits: int | None = None,
     block_n: int = 32,
     num_warps: int = 4,
@@ -241,8 +230,6 @@ def sparse_decode_fwd(
     sel_pos: [N, H_kv, Kmax] int32 sorted positions (-1 padded), e.g. a layer slice of topk_select's
     output; sel_cnt: [N] int32 valid entries (clamped to [0, Kmax]); sel_rows: optional [bs] row of
     request b in sel_pos/sel_cnt (e.g. req_pool_indices), default b.
-    sel_slots: sel_pos holds KV slots instead of positions (``sel_slots_fwd``'s output: entries not attended -1,
-    none at or past tail_start), read without the req_to_token lookup.
     new_kv: optional (k [bs, H_kv, D], v [bs, H_kv, D] in the cache's dtype, out_loc [bs] int slots): the
     current token's K/V, written into slot out_loc[b] by this launch (the slot need not hold them before).
     rope: optional (cos_sin_cache [max_pos, D] with cos | sin halves, positions [bs] int), with new_kv only: q
@@ -251,14 +238,16 @@ def sparse_decode_fwd(
     before their per-head RMS norm too, which the kernel applies first.
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
-    block_n, num_warps, num_stages: tile width, warps, pipeline depth (speed only; kernels_tune_sparse_h100.json).
-    pdl: stage 1 as a programmatic dependent launch (sm_90+, compiled only; speed only): the next launch may start
-    as soon as it runs; it waits for the previous launch before reading anything.
+    block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
+    H100 sweep, benchmarks/results/kernels/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
+    pdl: stage 1 as a programmatic dependent launch (sm_90 and later, compiled only; speed only): it lets the
+    next launch start as soon as it runs and waits for the previous launch before reading anything.
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
         raise ValueError(f"q [bs, H_q, D] and equal k/v buffers [slots, H_kv, D] expected, got {shapes}")
-    (bs, h_q, d), h_kv = q.shape, k_buffer.shape[1]
+    bs, h_q, d = q.shape
+    h_kv = k_buffer.shape[1]
     if h_q % h_kv:
         raise ValueError(f"H_q={h_q} is not a multiple of H_kv={h_kv}")
     if o.shape != q.shape or o.dtype != q.dtype or o.stride(2) != 1 or q.stride(2) != 1:
@@ -326,7 +315,7 @@ def sparse_decode_fwd(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, KMAX=sel_pos.shape[2], D=d, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,
-        SEL_SLOTS=sel_slots, NEW_KV=new_kv is not None, ROPE=rope is not None, NORM=qk_norm is not None, PDL=pdl,
+        NEW_KV=new_kv is not None, ROPE=rope is not None, NORM=qk_norm is not None, PDL=pdl,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
     )  # fmt: skip
     if num_kv_splits == 1:

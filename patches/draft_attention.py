@@ -28,7 +28,6 @@ from sglang.srt.layers.attention.triton_backend import (
     TritonAttnBackend,
     logit_capping_mod,
 )
-from sglang_sparsespec.kernels.sel_slots import sel_slots_fwd
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
@@ -127,8 +126,6 @@ class PillarDraftBackend(TritonAttnBackend):
         self.whole_prefix = False  # the current step is the plain step
         self.segments: SegmentMeta | None = None  # the current step is a mixed-phase forward
         self.whole: WholePrefixMeta | None = None
-        # The round's selections as slots in batch order (--pillar-draft-sel-index slots), from ``look_up_slots``.
-        self.slots: PlanState | None = None
         self.stores_in_kernel = (
             fused and not oracle and _plain_mha_pool(self.token_to_kv_pool, getattr(self, "dcp_size", 1))
         )
@@ -152,29 +149,6 @@ class PillarDraftBackend(TritonAttnBackend):
                 (max_bs, state.num_kv_heads, state.kmax), dtype=torch.int32, device=model_runner.device
             )
             self.oracle_cnt = torch.empty(max_bs, dtype=torch.int32, device=model_runner.device)
-
-    def use_slots(self, max_bs: int) -> None:
-        """Draft steps read their selections as slots looked up once a round (``look_up_slots``): a buffer of
-        the plans' shape for ``max_bs`` rows in batch order (the oracle looks its own positions up each step)."""
-        if self.oracle:
-            return
-        state = self.state
-        per_head = state.sel_pos.shape[1] != 1
-        self.slots = PlanState.allocate(
-            max_bs, state.num_layers, state.num_kv_heads, per_head, state.kmax, state.sel_pos.device
-        )
-
-    def look_up_slots(self, bs: int) -> None:
-        """Before a round's first draft step (after ``inputs`` holds its rows and tail starts): the slots of
-        the plans' positions. Slots hold for the round: KV moves only between rounds."""
-        if self.slots is None:
-            return
-        rpi = self.inputs.req_pool_indices[:bs]
-        sel_slots_fwd(
-            self.state.sel_pos, self.state.sel_cnt, self.inputs.tail_start[:bs], self.req_to_token, rpi,
-            self.slots.sel_pos,
-        )  # fmt: skip
-        torch.index_select(self.state.sel_cnt, 0, rpi, out=self.slots.sel_cnt[:bs])
 
     def plan(self, bs: int, whole_prefix: bool, segments: SegmentMeta | None = None) -> None:
         """Before a step's forward, what every layer's attention shares: for the plain step
@@ -265,15 +239,12 @@ class PillarDraftBackend(TritonAttnBackend):
         bs = q.shape[0]
         inputs = self.inputs
         rpi, tail_start, seq_lens = inputs.req_pool_indices[:bs], inputs.tail_start[:bs], inputs.seq_lens[:bs]
-        on_slots = self.slots is not None and self.segments is None  # a mixed forward's draft rows keep positions
         if self.oracle:
             oracle_select(
                 q, k_buffer, self.req_to_token, rpi, seq_lens, tail_start, inputs.sel_cnt[:bs],
                 layer.scaling, logit_cap, self.oracle_pos, self.oracle_cnt,
             )  # fmt: skip
             sel_pos, sel_cnt, sel_rows = self.oracle_pos, self.oracle_cnt, None
-        elif on_slots:
-            sel_pos, sel_cnt, sel_rows = self.slots.layer(layer.layer_id), self.slots.sel_cnt, None
         else:
             sel_pos, sel_cnt, sel_rows = self.state.layer(layer.layer_id), self.state.sel_cnt, rpi
         sparse_decode_fwd(
@@ -293,7 +264,6 @@ class PillarDraftBackend(TritonAttnBackend):
             new_kv=new_kv,
             rope=rope,
             qk_norm=norm,
-            sel_slots=on_slots,
         )
 
     def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):

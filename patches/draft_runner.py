@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 
-from sglang_sparsespec.config import DraftMlp, DraftPrologue, DraftSelIndex, PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import DraftMlp, DraftPrologue, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord
 
@@ -184,8 +184,6 @@ class PillarDraftRunner:
         # The draft steps' attention normalizes and rotates q and k itself where it stores K/V in-kernel
         # (patches/draft_qk.py).
         self.qk_in_kernel = self.backend.stores_in_kernel and type(model_runner.model).__name__ in QK_IN_KERNEL
-        if cfg.draft_sel_index is DraftSelIndex.SLOTS:
-            self.backend.use_slots(max_bs)
         self.fuse_mlp = cfg.draft_mlp is DraftMlp.FUSED  # gate/up and SiLU-and-mul in one launch (draft_mlp.py)
         self.graphs = DecodeGraphs(model_runner, capture_bs, max_bs, "draft")
         self.capture_bs = self.graphs.capture_bs
@@ -198,7 +196,6 @@ class PillarDraftRunner:
         self.inputs.tail_start[:bs] = self.state.tail_start[rpi] * self.sparse[:bs]
         if self.backend.oracle:  # only the oracle reads the counts in batch order
             self.inputs.sel_cnt[:bs] = self.state.sel_cnt[rpi]
-        self.backend.look_up_slots(bs)
         self.step.zero_()
 
     def _forward(self, bs: int, positions: torch.Tensor, whole_prefix: bool = False) -> torch.Tensor:

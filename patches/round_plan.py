@@ -78,7 +78,6 @@ def setup_identity(cfg: PillarConfig, server_args, model_runner) -> dict[str, An
         "batch_phases": cfg.batch_phases.value,  # a mixed iteration prices the full-length round
         "draft_prologue": cfg.draft_prologue.value,  # three launches a layer of every draft step
         "draft_mlp": cfg.draft_mlp.value,  # one launch a layer of every draft step
-        "draft_sel_index": cfg.draft_sel_index.value,  # one dependent load less a tile of every draft step
         "draft_lm_head": cfg.draft_lm_head.value,  # half the LM head's bytes in every draft step
         "verify_logits": cfg.verify_logits.value,  # the verify's logit copy and the acceptance's reads
         "plugin": plugin,

@@ -105,15 +105,6 @@ class DraftMlp(str, Enum):
     SGLANG = "sglang"
 
 
-class DraftSelIndex(str, Enum):
-    """How a draft step's sparse attention reaches its selected tokens (kernels/sel_slots.py)."""
-
-    # Through each position's slot in req_to_token, in every layer of every draft step.
-    POSITIONS = "positions"
-    # Slots looked up once a round, before the first draft step: one dependent load less a tile.
-    SLOTS = "slots"
-
-
 class DraftLmHead(str, Enum):
     """The weights a draft step's LM head reads (patches/draft_lm_head.py)."""
 
@@ -185,7 +176,6 @@ class PillarConfig:
     batch_phases: BatchPhases = BatchPhases.SPLIT
     draft_prologue: DraftPrologue = DraftPrologue.FUSED
     draft_mlp: DraftMlp = DraftMlp.FUSED
-    draft_sel_index: DraftSelIndex = DraftSelIndex.POSITIONS
     draft_lm_head: DraftLmHead = DraftLmHead.BF16
     verify_logits: VerifyLogits = VerifyLogits.FP32
 
@@ -345,8 +335,6 @@ KNOBS: tuple[Knob, ...] = (
          "with sglang = SGLang's kernels"),
     Knob("DRAFT_MLP", "draft_mlp", "a draft step's MLP gate/up and SiLU-and-mul: fused = one Triton launch "
          "(unquantized, <= 64 rows), else and with sglang = SGLang's GEMM, then its activation"),
-    Knob("DRAFT_SEL_INDEX", "draft_sel_index", "how draft steps reach their selected tokens: positions = via "
-         "req_to_token each step; slots = looked up once a round"),
     Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head: bf16 = the model's; fp8 = a copy with a scale "
          "a row (half the bytes; moves acceptance only)"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "

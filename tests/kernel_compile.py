@@ -57,7 +57,6 @@ def main() -> None:
     from sglang_sparsespec.kernels.glu_gemm import glu_gemm
     from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
     from sglang_sparsespec.kernels.score_capture import score_capture
-    from sglang_sparsespec.kernels.sel_slots import sel_slots_fwd
     from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
     from sglang_sparsespec.kernels.target_filter import target_filter_fwd
     from sglang_sparsespec.kernels.topk_select import topk_select
@@ -114,7 +113,6 @@ def main() -> None:
             (2, {"new_kv": new_kv}),
             (1, {"new_kv": new_kv, "rope": rope}),
             (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm}),
-            (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm, "sel_slots": True}),
             (1, {"pdl": True}),  # as tools/gemm_chain.py's fused layer launches it
             (1, {"block_n": 16, "num_warps": 2}),
             (2, {"block_n": 64, "num_warps": 8}),
@@ -154,14 +152,6 @@ def main() -> None:
         torch.full((bs,), 16, dtype=torch.int32),
         torch.empty(bs, 8, 16, dtype=torch.int32),
         torch.empty(bs, dtype=torch.int32),
-    )
-    sel_slots_fwd(  # a round's slots at Qwen3-1.7B's 28 x 8 plans and a 4K budget's Kmax
-        torch.empty(bs, 224, 256, dtype=torch.int32),
-        torch.empty(bs, dtype=torch.int32),
-        torch.empty(bs, dtype=torch.int32),
-        torch.empty(bs, 4096, dtype=torch.int32),
-        torch.arange(bs),
-        torch.empty(bs, 224, 256, dtype=torch.int32),
     )
     # The draft steps' gate/up with its SiLU-and-mul epilogue at the launch they use (Qwen3-1.7B, SmolLM2).
     for rows in (1, 16, 64):

@@ -14,7 +14,6 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang_sparsespec.kernels.qk_prologue import rms_norm_ref, rope_neox_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
 from sglang_sparsespec.patches import draft_qk as dq
-from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.patches.draft_attention import (
     DraftStepInputs,
     PillarDraftBackend,
@@ -39,7 +38,7 @@ def _backend(max_bs: int, req_to_token: torch.Tensor) -> PillarDraftBackend:
         attn_logits=torch.zeros((max_bs, H_Q, SPLITS, D), dtype=torch.float32, device=DEVICE),
         attn_lse=torch.zeros((max_bs, H_Q, SPLITS), dtype=torch.float32, device=DEVICE),
     )
-    be.oracle, be.slots = False, None
+    be.oracle = False
     be.max_kv_splits, be.num_head, be.num_kv_head = SPLITS, H_Q, H_KV
     be.static_kv_splits, be.enable_deterministic, be.split_tile_size = False, False, None
     be.device_core_count = 132  # an H100/H200's SM count: the split heuristic's input
@@ -199,36 +198,3 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
     torch.testing.assert_close(pool.k.float(), ref_k.float(), atol=2e-2, rtol=2e-2)
     assert torch.equal(pool.v, ref_v)
     torch.testing.assert_close(out.view(bs, H_Q, D).float(), expected.float(), atol=2e-2, rtol=2e-2)
-
-
-def test_a_draft_step_on_slots_looked_up_once_attends_as_on_positions() -> None:
-    """--pillar-draft-sel-index slots: the round's slots, looked up before its first step, give the step the output
-    the positions give it (the selections at or past a row's tail start dropped either way)."""
-    gen = torch.Generator().manual_seed(6)
-    rows, width, slots = 3, 48, 160
-    req_to_token = torch.randperm(slots, generator=gen)[: rows * width].view(rows, width).to(torch.int32).to(DEVICE)
-    pool = _Pool(slots, gen)
-    state = PlanState.allocate(rows, 1, H_KV, True, 8, torch.device(DEVICE))
-    state.sel_pos[:, :, :4] = torch.tensor([[1, 4, 9, 33], [2, 5, 7, 11]], dtype=torch.int32)  # 33: in row 2's tail
-    state.sel_cnt[:] = 4
-    be = _draft_step_backend(pool, req_to_token, state.sel_pos, state.sel_cnt)
-    be.state = state
-    rpi, lens, tails = [2, 0], [40, 12], [30, 10]
-    bs = len(rpi)
-    be.inputs.req_pool_indices[:bs], be.inputs.seq_lens[:bs] = torch.tensor(rpi), torch.tensor(lens)
-    be.inputs.tail_start[:bs] = torch.tensor(tails, dtype=torch.int32)
-    loc = req_to_token[torch.tensor(rpi), torch.tensor(lens) - 1].long()
-    q, k, v = (torch.randn(bs, h * D, generator=gen).to(torch.bfloat16).to(DEVICE) for h in (H_Q, H_KV, H_KV))
-    layer = SimpleNamespace(
-        layer_id=0, scaling=D**-0.5, sliding_window_size=None, qk_head_dim=D, v_head_dim=D, tp_q_head_num=H_Q,
-        tp_k_head_num=H_KV, tp_v_head_num=H_KV, k_scale=None, v_scale=None, logit_capping_method="tanh", logit_cap=0.0,
-    )  # fmt: skip
-    on_positions = be.forward_decode(q, k, v, layer, SimpleNamespace(out_cache_loc=loc))
-    be.use_slots(4)
-    be.look_up_slots(bs)
-    got = be.slots.sel_pos[:bs, :, :4]
-    assert got[0, 0, 3] == -1 and (got[1, :, 3] == -1).all()  # 33 past row 2's tail start (30), 33 and 11 past row 0's
-    assert (got[1, :, :3] >= 0).all()
-    assert got[0, 1, 3] == req_to_token[2, 11] and be.slots.sel_cnt[:bs].tolist() == [4, 4]
-    on_slots = be.forward_decode(q, k, v, layer, SimpleNamespace(out_cache_loc=loc))
-    assert torch.equal(on_slots, on_positions)

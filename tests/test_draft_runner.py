@@ -20,7 +20,7 @@ from sglang_sparsespec.patches import draft_runner as dr
 from sglang_sparsespec.patches.decode_graphs import Kind
 from triton_env import DEVICE
 
-from sglang_sparsespec.config import DraftSelIndex, PillarConfig
+from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.selection.state import PlanState
 
 V, K, BS = 97, 4, 3
@@ -32,14 +32,6 @@ class FakeBackend:
     def __init__(self, model_runner, state, inputs, oracle, plain=False, fused=True):
         self.inputs, self.oracle = inputs, oracle
         self.plans: list[tuple[int, bool]] = []
-        self.slot_rows: int | None = None  # use_slots' max_bs
-
-    def use_slots(self, max_bs: int) -> None:
-        self.slot_rows = max_bs
-
-    def look_up_slots(self, bs: int) -> None:
-        if self.slot_rows is not None:
-            self.plans.append((bs, "slots"))
 
     def plan(self, bs: int, whole_prefix: bool) -> None:
         self.plans.append((bs, whole_prefix))
@@ -315,18 +307,3 @@ def test_captured_seeded_step_drafts_as_the_eager_body(monkeypatch) -> None:
         tokens, q = seeded_round(graphed, seeds, global_seed=0)
         ref_tokens, ref_q = seeded_round(make_runner([], seeded=True), seeds, global_seed=1)
         assert torch.equal(tokens, ref_tokens) and torch.allclose(q, ref_q)
-
-
-@pytest.mark.parametrize("index", list(DraftSelIndex))
-def test_slots_are_looked_up_once_a_round_before_its_first_step(monkeypatch, index: DraftSelIndex) -> None:
-    """--pillar-draft-sel-index slots: the backend gets a slot buffer for the runner's rows and looks the round's
-    slots up after the round's rows and tail starts are loaded, before its first draft step; positions: never."""
-    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
-    runner = make_runner([], draft_sel_index=index)
-    rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
-    for _ in range(2):
-        runner.run(rpi, seq_lens, bonus, sampling(True), 3)
-    step = [(BS, False)] * 3
-    looked = [(BS, "slots")] if index is DraftSelIndex.SLOTS else []
-    assert runner.backend.plans == (looked + step) * 2
-    assert runner.backend.slot_rows == (8 if index is DraftSelIndex.SLOTS else None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.qwen3_shapes import SHAPES
 from sglang_sparsespec.config import ENV_PREFIX, PillarConfig, SelectionPolicy
 from sglang_sparsespec.rounds.timing import GAP, PHASES
 
@@ -154,8 +155,6 @@ def forward_weight_bytes(config: dict[str, Any]) -> int:
 
 def _weight_bytes(doc: dict[str, Any]) -> int | None:
     """A run's forward weight bytes: recorded, or (runs before they were) from the named Qwen3 shape."""
-    from benchmarks.step_times import SHAPES
-
     model, shape = doc["settings"].get("model") or {}, doc["settings"].get("shape")
     if "weight_bytes" in model:
         return model["weight_bytes"]

@@ -42,47 +42,13 @@ from benchmarks.configs import (
     resolve_config,
 )
 from benchmarks.meta import new_run_id, run_metadata
+from benchmarks.qwen3_shapes import SHAPES
 from benchmarks.runlog import Deadline, RunLog, write_json
 from benchmarks.server import MIN_START_S, STOP_RESERVE_S, Server, begin, start_recorded
 from benchmarks.step_analysis import capture_overhead, model_shape, projections
 from benchmarks.step_point import kv_pool_tokens, measure_point, pool_skip_reason, random_prompts, sampling
 from sglang_sparsespec.config import ENV_PREFIX
 
-# Shapes of the public Qwen3 configs (no weights are read: --load-format dummy).
-_QWEN3_COMMON = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-}
-SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3-1.7b": {
-        **_QWEN3_COMMON,
-        "hidden_size": 2048,
-        "intermediate_size": 6144,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "tie_word_embeddings": True,
-    },
-    "qwen3-8b": {
-        **_QWEN3_COMMON,
-        "hidden_size": 4096,
-        "intermediate_size": 12288,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "tie_word_embeddings": False,
-    },
-}
 TIMING_EVERY = 10
 
 

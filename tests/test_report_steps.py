@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from benchmarks import report, step_analysis
+from benchmarks.qwen3_shapes import SHAPES
 from benchmarks.report.steps_plot import OVER_IDEAL, IdealBar, ideal_panels, ideal_plot_name, informative, plot_ideal
-from benchmarks.step_times import SHAPES
 
 PILLAR_CONFIG = {
     "num_steps": 8,

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tools.kernels_setup import bench_us, provenance, write_result
+from benchmarks.qwen3_shapes import SHAPES as QWEN3_SHAPES
 from benchmarks.step_analysis import stock_step_ms
-from benchmarks.step_times import SHAPES as QWEN3_SHAPES
+from tools.kernels_setup import bench_us, provenance, write_result
 
 SMOLLM2 = {
     "hidden_size": 576,

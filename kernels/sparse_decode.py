@@ -21,6 +21,10 @@ partial output and its LSE; stage 2 (``sparse_decode_merge.py``) merges the spli
 boundaries come from the device lengths, the grid only from static sizes, so launches are
 CUDA-graph safe. bf16/fp16 inputs, fp32 accumulation, natural-log softmax, optional tanh logit
 soft-cap. An empty attention set yields a zero output row.
+
+At a full draft batch (64 requests x 8 KV heads of Qwen3-1.7B) the 512 programs run in one wave only while the
+sm_90 build stays at or under 128 registers a thread (today 88-90): a variant that kept the normalized q live
+across the tile loop took 162 and ran 41.8 instead of 27.9 us a layer (sparse_layout_h200_e26c1cb.json).
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from tools.kernels_setup import (
 )
 
 VARIANTS = ("positions", "slots", "compact")
+SERVED_TILES = (32, 4, 3)  # block_n, num_warps, num_stages: sparse_decode_fwd's defaults, the draft steps' launch
 IDEAL_GBPS = 4300.0  # the bandwidth the ideal time assumes (an H200's HBM: 4.8 TB/s peak)
 
 
@@ -65,7 +66,7 @@ class Launch:
     seq_lens: torch.Tensor  # [rows] int64
     prologue: dict[str, Any]
     heads: int  # KV heads a row: the shape's for positions, 1 for slots and compact
-    tiles: tuple[int, int, int] = (32, 4, 3)  # block_n, num_warps, num_stages (the server's launch)
+    tiles: tuple[int, int, int] = SERVED_TILES  # block_n, num_warps, num_stages
     splits: int | None = None  # num_kv_splits (None: the kernel's default, one at 64 x 8 programs)
 
     @classmethod
@@ -204,9 +205,9 @@ def compact_launch(shape: Shape, bs: int, n: int, prologue: bool) -> Launch:
 def sweep(shape: Shape, layers: int, replays: int) -> list[dict[str, Any]]:
     """The compact layout over SWEEP_BATCHES x SWEEP_LENGTHS at the server's launch; at 64 x 221 also without the
     prologue, at two splits and over SWEEP_TILES (us a layer, every layer's own rows in one graph)."""
-    points = [(bs, n, True, (32, 4, 3), None) for bs in SWEEP_BATCHES for n in SWEEP_LENGTHS]
-    points += [(64, 221, False, (32, 4, 3), None), (64, 221, True, (32, 4, 3), 2)]
-    points += [(64, 221, True, tiles, None) for tiles in SWEEP_TILES if tiles != (32, 4, 3)]
+    points = [(bs, n, True, SERVED_TILES, None) for bs in SWEEP_BATCHES for n in SWEEP_LENGTHS]
+    points += [(64, 221, False, SERVED_TILES, None), (64, 221, True, SERVED_TILES, 2)]
+    points += [(64, 221, True, tiles, None) for tiles in SWEEP_TILES if tiles != SERVED_TILES]
     out = []
     for bs, n, prologue, tiles, splits in points:
         launch = compact_launch(shape, bs, n, prologue)

@@ -31,7 +31,9 @@ does; MHATokenToKVPool's store and its quantization, store dtype and HND layout,
 sparse kernel only where SGLang's store is a plain row write), ``spec_algo`` (ModelConfig, to refuse unsupported
 attention and mrope at launch),
 ``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the Triton backend that
-serves TARGET_VERIFY under --attention-backend flashinfer), ``request_guard`` (SamplingParams' and the tokenized
+serves TARGET_VERIFY under --attention-backend flashinfer; forward_extend's save_kv_cache and the backend's
+dcp_size, _translate_kv_loc and KV pool, to store the chain's K/V as SGLang would), ``cuda_graph`` (the decode graph
+runner's capture_forward_mode and attn_backend), ``request_guard`` (SamplingParams' and the tokenized
 request's msgspec schema and SGLang's IPC codec, to check a request before dispatch), ``sampler_warmup`` (the sampler's
 FlashInfer entry points, built at start instead of on the first sampled request), ``slot_warmup``
 (write_req_to_token_pool_triton's signature as write_cache_indices calls it: both alignment variants built at start),
@@ -105,6 +107,14 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "AROUND",
         cuda_graph.graph_runner_spec_info,
         "TARGET_VERIFY graph capture gets no spec metadata for plugin algorithms; give it EAGLE's topk=1 dummy",
+    ),
+    Hook(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture",
+        "AROUND",
+        cuda_graph.verify_capture_scope,
+        "a TARGET_VERIFY graph records the verify prologue's one launch in place of the model's q/k norm and "
+        "rotary kernels only if the model's forwards are captured with those calls left to it (capture_forward_mode "
+        "and attn_backend say which graph and backend)",
     ),
     Hook(
         "sglang.srt.speculative.spec_info.create_dummy_verify_input",
@@ -194,15 +204,17 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.forward_cuda",
         "AROUND",
         draft_qk.defer_draft_rope,
-        "a draft step's sparse attention kernel rotates q and the new key as it loads them (one launch less per "
-        "layer); only inside the draft runner's draft steps, every other call runs SGLang's kernel",
+        "a draft step's sparse attention kernel rotates q and the new key as it loads them, a verify's prologue "
+        "launch the chain's q and k (one launch less per layer); only inside the draft runner's draft steps and "
+        "verify_qk_scope's verifies, every other call runs SGLang's kernel",
     ),
     Hook(
         "sglang.srt.models.qwen3.apply_qk_norm",
         "AROUND",
         draft_qk.defer_draft_qk_norm,
-        "a Qwen3 draft step's sparse attention kernel applies the per-head q/k norm as it loads q and the new key "
-        "(one launch less per layer); only inside the draft runner's draft steps, every other call runs SGLang's",
+        "a Qwen3 draft step's sparse attention kernel applies the per-head q/k norm as it loads q and the new key, "
+        "a verify's prologue launch to the chain's (one launch less per layer); only inside the draft runner's "
+        "draft steps and verify_qk_scope's verifies, every other call runs SGLang's",
     ),
     Hook(
         "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",

@@ -87,7 +87,7 @@ class SegmentMeta:
     sink: VerifyScoreSink | None
 
 
-def _plain_mha_pool(pool, dcp_size: int) -> bool:
+def plain_mha_pool(pool, dcp_size: int) -> bool:
     """Whether a store into ``pool`` is exactly a row write of each layer's [slots, H_kv, D] buffers, as the
     sparse kernel does it: SGLang's MHA pool itself (no subclass store), unquantized, stored in its dtype,
     token-major, one decode-context-parallel rank. An attribute a release lacks counts as not plain."""
@@ -117,6 +117,7 @@ class PillarDraftBackend(TritonAttnBackend):
         oracle: bool,
         plain: bool = False,
         fused: bool = True,
+        pdl: bool = False,
     ):
         super().__init__(model_runner)
         self.state = state
@@ -126,8 +127,10 @@ class PillarDraftBackend(TritonAttnBackend):
         self.whole_prefix = False  # the current step is the plain step
         self.segments: SegmentMeta | None = None  # the current step is a mixed-phase forward
         self.whole: WholePrefixMeta | None = None
+        # SGLang's own check of the device (use_pdl: sm_90 and later) gates the sparse kernel's dependent launch
+        self.pdl = pdl and bool(getattr(self, "use_pdl", False))
         self.stores_in_kernel = (
-            fused and not oracle and _plain_mha_pool(self.token_to_kv_pool, getattr(self, "dcp_size", 1))
+            fused and not oracle and plain_mha_pool(self.token_to_kv_pool, getattr(self, "dcp_size", 1))
         )
         if plain:
             max_bs = inputs.req_pool_indices.shape[0]
@@ -264,6 +267,7 @@ class PillarDraftBackend(TritonAttnBackend):
             new_kv=new_kv,
             rope=rope,
             qk_norm=norm,
+            pdl=self.pdl,
         )
 
     def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):

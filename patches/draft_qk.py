@@ -1,4 +1,5 @@
-"""Draft steps normalize and rotate q and the new key inside the sparse attention kernel: fewer launches a layer.
+"""Draft steps normalize and rotate q and the new key inside the sparse attention kernel, verifies inside their
+prologue launch: fewer launches a layer.
 
 A layer of a decode forward runs SGLang's q/k norm kernel (Qwen3) and rotary kernel on (q, k), then its attention,
 which in a draft step is PILLAR's sparse kernel (``patches/draft_attention.py``). That kernel already loads q and
@@ -7,13 +8,15 @@ the step's key (it stores the key itself), so it can normalize and rotate them a
 work (the norm weights, SGLang's neox cos | sin cache, the positions) to the layer's attention call, which either
 fuses it or, where it cannot store in-kernel, runs SGLang's own calls first, in the model's order. On the H200's
 Qwen3-1.7B round the q/k norm and rotary launches took 2.0 and 2.2 us a layer of every draft step, each with its
-gap (trace_qwen3-1.7b_round_h200_e8410c8).
+gap (trace_qwen3-1.7b_round_h200_e8410c8). A verify layer's prologue (``kernels/verify_prologue.py``, run by
+``patches/triton_verify.py`` inside its ``verify_qk_scope``) takes the same deferred work for the chain's q and k.
 
 Only for the architectures in ``QK_IN_KERNEL``: their attention calls the q/k norm (Qwen3) and the rotary
 embedding once on (q, k) and passes the result straight to the attention layer, so nothing between sees the
 untouched values. A rotation the kernel cannot do (another style, partial rotary, offsets) runs SGLang's, after
-the deferred norm it must follow. Draft numerics never touch the output's exactness (the verify keeps SGLang's
-kernels); they only move acceptance.
+the deferred norm it must follow. Draft numerics never touch the output's exactness; they only move acceptance.
+The verify's prologue computes SGLang's math in SGLang's order and roundings (fp32, rounded to the activations'
+dtype after the norm and after the rotation); only its norm's sum of squares may add in another order.
 """
 
 from __future__ import annotations

@@ -13,6 +13,12 @@ For a TARGET_VERIFY forward on a backend that PILLAR marked (``attach_verify``),
    into the sink's buffer and the capture kernel re-reads Q and K (not V) of the layer to rebuild
    the attention probabilities of the prefix.
 
+Before SGLang's forward_extend runs, a marked backend's ``prologue`` stores the chain's K/V and hands k and v
+over contiguous in one launch (``kernels/verify_prologue.py``), so forward_extend neither stores nor copies them;
+inside ``verify_qk_scope`` (TARGET_VERIFY captures and eager verifies, for the models of ``QK_IN_KERNEL``) the
+model's q/k norm and rotary calls are left to that launch too (``patches/draft_qk.py``). Where it cannot store as
+SGLang's pool would, the left calls run as SGLang's, in the model's order, and forward_extend stores.
+
 Because this runs while the target's TARGET_VERIFY graph is being captured, these kernels become
 part of that graph; other forward modes, other backends and unmarked backends pass through.
 """
@@ -22,17 +28,22 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
+import torch
 from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
+from sglang_sparsespec.kernels.verify_prologue import QKPrologue, verify_prologue
 
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 
 from .contacts import attention_backends, resolved
+from .draft_attention import plain_mha_pool
+from .draft_qk import DeferredQK, deferred_qk, take_deferred
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +87,13 @@ class ExtendCall:
 @dataclass(frozen=True)
 class VerifyHooks:
     """What PILLAR adds to a backend's verify pass: ``sink`` receives the scores (None: the policy
-    does not select from verify scores); ``split_kernel`` enables the split-KV attention."""
+    does not select from verify scores); ``split_kernel`` enables the split-KV attention; ``prologue``: the K/V
+    store and copies in one launch; ``qk``: the model's q/k norm and rotary in that launch too."""
 
     sink: VerifyScoreSink | None
     split_kernel: bool
+    prologue: bool = False
+    qk: bool = False
 
 
 def verify_backend(backend: Any) -> Any:
@@ -206,10 +220,59 @@ class _VerifyRouter:
 _VERIFY_CALL: ContextVar[tuple[VerifyHooks, Any] | None] = ContextVar("pillar_verify_call", default=None)
 
 
+def verify_qk_scope(backend: Any, mode: Any) -> AbstractContextManager[None]:
+    """Where a ``mode`` forward on ``backend`` leaves the model's q/k norm and rotary to the verify prologue: a
+    TARGET_VERIFY forward on a backend marked with ``qk``; else nothing changes."""
+    if not _HOOKS or backend is None or not mode.is_target_verify():
+        return nullcontext()
+    from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend
+
+    if isinstance(backend, HybridAttnBackend):
+        backend = backend._select_backend(mode)
+    hooks = _HOOKS.get(backend)
+    return deferred_qk() if hooks is not None and hooks.qk else nullcontext()
+
+
+def _stores_as_sglang(backend, layer, k: torch.Tensor, forward_batch) -> bool:
+    """Whether SGLang's store of this call is a row write of k and v at out_cache_loc into the layer's buffers."""
+    pool, loc = backend.token_to_kv_pool, forward_batch.out_cache_loc
+    return (
+        plain_mha_pool(pool, getattr(backend, "dcp_size", 1))
+        and getattr(backend, "_translate_kv_loc", None) is None  # a unified pool's virtual slots
+        and layer.k_scale is None
+        and layer.v_scale is None
+        and k.dtype == pool.dtype
+        and isinstance(loc, torch.Tensor)
+        and loc.shape == k.shape[:1]
+    )
+
+
+def _qk_prologue(deferred: DeferredQK | None) -> QKPrologue | None:
+    if deferred is None:
+        return None
+    norm, rope = deferred.norm, deferred.rope
+    return QKPrologue(
+        norm=None if norm is None else (norm.q_weight, norm.k_weight, norm.q_eps, norm.k_eps),
+        rope=None if rope is None else (rope.cos_sin, rope.positions),
+    )
+
+
 def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwargs):
     hooks = attached_hooks(backend)
     if hooks is None or not forward_batch.forward_mode.is_target_verify():
         return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
+    deferred = take_deferred()  # the model's q/k norm and rotary, left to this call inside verify_qk_scope
+    # forward_extend(q, k, v, layer, forward_batch, save_kv_cache=True, ...)
+    save = args[0] if args else kwargs.get("save_kv_cache", True)
+    if hooks.prologue and k is not None and save and _stores_as_sglang(backend, layer, k, forward_batch):
+        pool = backend.token_to_kv_pool
+        k, v = verify_prologue(
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim), k, v, pool.get_key_buffer(layer.layer_id),
+            pool.get_value_buffer(layer.layer_id), forward_batch.out_cache_loc, _qk_prologue(deferred),
+        )  # fmt: skip
+        args, kwargs = ((False, *args[1:]), kwargs) if args else (args, {**kwargs, "save_kv_cache": False})
+    elif deferred is not None:
+        q, k = deferred.apply(q, k)
     token = _VERIFY_CALL.set((hooks, layer))
     try:
         return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)

@@ -35,6 +35,7 @@ from sglang.srt.speculative.spec_utils import (
 from sglang.srt.utils.async_probe import maybe_detect_inf, maybe_detect_nan, maybe_detect_oob
 
 from .contacts import compute_spec_logprobs
+from .triton_verify import verify_qk_scope
 from .verify_input import PillarVerifyInput
 
 
@@ -141,7 +142,13 @@ def _prepare(batch, verify_input: PillarVerifyInput, pools: Pools, vpass: Verify
 
 
 def _run(fb, target_worker, vpass: VerifyPass, graphed: bool):
-    """The forward; a GenerationBatchResult-like output with logits_output and the capture outputs."""
+    """The forward; a GenerationBatchResult-like output with logits_output and the capture outputs. An eager
+    forward leaves the model's q/k norm and rotary to the verify prologue where the pass's hooks ask for it."""
+    with verify_qk_scope(vpass.attn_backend, fb.forward_mode):
+        return _run_in_scope(fb, target_worker, vpass, graphed)
+
+
+def _run_in_scope(fb, target_worker, vpass: VerifyPass, graphed: bool):
     if vpass.own:  # SGLang's own path: the model runner replays its verify graph or plans eagerly
         return target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
     with forward_context(ForwardContext(attn_backend=vpass.attn_backend)):

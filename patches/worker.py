@@ -24,6 +24,7 @@ from sglang_sparsespec.adaptive.policy import SpeculationPolicy
 from sglang_sparsespec.config import (
     PillarConfig,
     PlainPath,
+    Prologue,
     ScoreRows,
     SelectionPolicy,
     DraftLmHead,
@@ -40,6 +41,7 @@ from sglang_sparsespec.selection.state import PlanState
 from .contacts import resolved
 from .draft_lm_head import prepare_fp8_lm_head
 from .draft_logits import keep_verify_logits
+from .draft_qk import QK_IN_KERNEL
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner
 from .round_plan import RoundPlanner, seeded_config, setup_identity
@@ -146,7 +148,7 @@ class PillarWorker(BaseSpecWorker):
         # Must precede the target's CUDA-graph capture (the scheduler calls init_cuda_graphs
         # after every backend is initialised), so the verify kernels are recorded into the
         # TARGET_VERIFY graph.
-        attach_verify(backend, VerifyHooks(sink, split_kernel=self.cfg.verify_kernel is VerifyKernel.SPLIT))
+        attach_verify(backend, self._verify_hooks(sink))
         self.selector = make_selector(self.cfg, self.state, sink)
         self.sink = sink
         if self.planner.policy is not None:
@@ -194,6 +196,15 @@ class PillarWorker(BaseSpecWorker):
             plain, self.max_bs, self.device,
         )  # fmt: skip
 
+    def _verify_hooks(self, sink: VerifyScoreSink | None) -> VerifyHooks:
+        prologue = self.cfg.verify_prologue is Prologue.FUSED
+        return VerifyHooks(
+            sink,
+            split_kernel=self.cfg.verify_kernel is VerifyKernel.SPLIT,
+            prologue=prologue,
+            qk=prologue and type(self.model_runner.model).__name__ in QK_IN_KERNEL,
+        )
+
     def _build_plain_pass(self) -> VerifyPass:
         # As SGLang builds EAGLE's per-step-count states: the backend and the graph runner read the
         # verify width from the spec config at construction, so it is overridden around them.
@@ -208,7 +219,7 @@ class PillarWorker(BaseSpecWorker):
         get_context().override("sparsespec.plain_capture", speculative_num_steps=0, speculative_num_draft_tokens=1)
         try:
             backend = new_verify_backend(mr)
-            attach_verify(backend, VerifyHooks(None, split_kernel=self.cfg.verify_kernel is VerifyKernel.SPLIT))
+            attach_verify(backend, self._verify_hooks(None))
             runner = None
             if not self.server_args.disable_cuda_graph:
                 runner = DecodeCudaGraphRunner(

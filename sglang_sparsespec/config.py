@@ -87,10 +87,11 @@ class BatchPhases(str, Enum):
     MIXED = "mixed"
 
 
-class DraftPrologue(str, Enum):
-    """Where a draft step's K/V store, q/k norm and rotary embedding run (patches/draft_qk.py)."""
+class Prologue(str, Enum):
+    """Where a draft step's or a verify's K/V store, q/k norm and rotary embedding run (patches/draft_qk.py)."""
 
-    # Inside the sparse attention kernel, where SGLang's KV pool and the model allow it; else SGLang's kernels.
+    # In PILLAR's kernels (the draft's sparse attention, the verify's prologue), where SGLang's KV pool and the
+    # model allow it; else SGLang's kernels.
     FUSED = "fused"
     # SGLang's own kernels, one launch each a layer.
     SGLANG = "sglang"
@@ -103,6 +104,16 @@ class DraftMlp(str, Enum):
     FUSED = "fused"
     # SGLang's GEMM, then its activation kernel.
     SGLANG = "sglang"
+
+
+class DraftLaunch(str, Enum):
+    """How a draft step's own Triton kernels (the sparse attention, the fused gate/up) launch."""
+
+    # Programmatic dependent launches (sm_90 and later): each kernel waits in-kernel for the launch before it,
+    # so its own launch overlaps that one's end. Elsewhere ordinary launches.
+    PDL = "pdl"
+    # Ordinary launches: a kernel starts once the one before it has finished.
+    PLAIN = "plain"
 
 
 class DraftLmHead(str, Enum):
@@ -174,8 +185,10 @@ class PillarConfig:
     cost_cache: str = "auto"
     offload_host_gb: float = 0.0
     batch_phases: BatchPhases = BatchPhases.SPLIT
-    draft_prologue: DraftPrologue = DraftPrologue.FUSED
+    draft_prologue: Prologue = Prologue.FUSED
+    verify_prologue: Prologue = Prologue.FUSED
     draft_mlp: DraftMlp = DraftMlp.FUSED
+    draft_launch: DraftLaunch = DraftLaunch.PDL
     draft_lm_head: DraftLmHead = DraftLmHead.BF16
     verify_logits: VerifyLogits = VerifyLogits.FP32
 
@@ -330,16 +343,19 @@ KNOBS: tuple[Knob, ...] = (
          f"${CACHE_ENV}/costs, off, or a file path"),
     Knob("BATCH_PHASES", "batch_phases", "how full-length rounds share forwards: split = k draft forwards, "
          "then one verify; mixed = one group's verify and the others' draft step a forward (slower on H100/H200)"),
-    Knob("DRAFT_PROLOGUE", "draft_prologue", "where a draft step's K/V store, q/k norm and rotary run: "
-         "fused = in its sparse attention kernel (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), else and "
-         "with sglang = SGLang's kernels"),
-    Knob("DRAFT_MLP", "draft_mlp", "a draft step's MLP gate/up and SiLU-and-mul: fused = one Triton launch "
-         "(unquantized, <= 64 rows), else and with sglang = SGLang's GEMM, then its activation"),
+    Knob("DRAFT_PROLOGUE", "draft_prologue", "a draft step's K/V store, q/k norm and rotary: fused = in its sparse "
+         "attention (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), else and with sglang = SGLang's kernels"),
+    Knob("VERIFY_PROLOGUE", "verify_prologue", "a verify's K/V store and copies, q/k norm and rotary: fused = one "
+         "launch a layer (as DRAFT_PROLOGUE's), else and with sglang = SGLang's kernels"),
+    Knob("DRAFT_MLP", "draft_mlp", "a draft step's gate/up and SiLU-and-mul: fused = one launch (unquantized, "
+         "<= 64 rows), else and with sglang = SGLang's two"),
+    Knob("DRAFT_LAUNCH", "draft_launch", "a draft step's sparse attention and gate/up launches: pdl = "
+         "programmatic dependent (sm_90+), else and with plain = ordinary"),
     Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head: bf16 = the model's; fp8 = a copy with a scale "
          "a row (half the bytes; moves acceptance only)"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "
-         "SGLang's copy; half = the LM head's (half the bytes; penalties, logit bias, grammars, logprobs or "
-         "custom processors still get fp32)"),
+         "SGLang's copy; half = the LM head's (half the bytes; batches whose logits are read or changed otherwise "
+         "still get fp32)"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

@@ -62,6 +62,7 @@ def main() -> None:
     from sglang_sparsespec.kernels.topk_select import topk_select
     from sglang_sparsespec.kernels.verify_accept import rejection_fwd
     from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
+    from sglang_sparsespec.kernels.verify_prologue import QKPrologue, verify_prologue
 
     vocab, bs, k, c = 151936, 64, 8, 64
     n = bs * (k + 1)
@@ -142,6 +143,12 @@ def main() -> None:
         verify_attention_fwd(
             qv, kv_ext, kv_ext, torch.empty_like(qv), kb, kb, qo, kv_indptr, kv_indices, k + 1, d**-0.5, lse=lse
         )
+        # the verify's prologue from the fused qkv projection's strided views, with and without Qwen3's q/k work
+        qkv = torch.empty(n, (h_q + 2 * h_kv) * d, dtype=torch.bfloat16)
+        qs, ks, vs = (x.view(n, -1, d) for x in qkv.split([h_q * d, h_kv * d, h_kv * d], dim=-1))
+        cache_loc = torch.zeros(n, dtype=torch.int64)
+        for qk in (None, QKPrologue(norm, (rope[0], torch.zeros(n, dtype=torch.int64)))):
+            verify_prologue(qs, ks, vs, kb, kb, cache_loc, qk)
         scores = torch.empty(h_kv, bs * ctx, dtype=torch.float16)
         score_capture(qv, kb, lse, qo, kv_indptr, kv_indices, scores, d**-0.5)
         print(f"attention kernels h_q={h_q} h_kv={h_kv} d={d}: ok")
@@ -159,6 +166,8 @@ def main() -> None:
             glu_gemm(
                 torch.empty(rows, hidden, dtype=torch.bfloat16), torch.empty(2 * inter, hidden, dtype=torch.bfloat16)
             )
+    x64, w64 = torch.empty(64, 2048, dtype=torch.bfloat16), torch.empty(2 * 6144, 2048, dtype=torch.bfloat16)
+    glu_gemm(x64, w64, pdl=True)  # as a draft step launches it with --pillar-draft-launch pdl
     print("draft gate/up kernel: ok")
     # The probes of tools/ run on the GPU as they are: a compile error there would waste device time.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -18,7 +18,7 @@ from sglang_sparsespec.patches.draft_attention import (
     DraftStepInputs,
     PillarDraftBackend,
     WholePrefixMeta,
-    _plain_mha_pool,
+    plain_mha_pool,
 )
 from triton_env import DEVICE
 
@@ -43,7 +43,7 @@ def _backend(max_bs: int, req_to_token: torch.Tensor) -> PillarDraftBackend:
     be.static_kv_splits, be.enable_deterministic, be.split_tile_size = False, False, None
     be.device_core_count = 132  # an H100/H200's SM count: the split heuristic's input
     be.decode_attention_fwd = decode_attention_fwd
-    be.use_pdl, be.page_size = False, 1
+    be.use_pdl, be.pdl, be.page_size = False, False, 1
     return be
 
 
@@ -94,20 +94,20 @@ class _Pool(MHATokenToKVPool):
 def test_only_a_plain_mha_pool_takes_the_store_inside_the_sparse_kernel():
     gen = torch.Generator().manual_seed(4)
     pool = _Pool(8, gen)
-    assert _plain_mha_pool(pool, dcp_size=1)
-    assert not _plain_mha_pool(pool, dcp_size=2)
+    assert plain_mha_pool(pool, dcp_size=1)
+    assert not plain_mha_pool(pool, dcp_size=2)
     for name, value in (("store_dtype", torch.uint8), ("use_hnd", True), ("is_quantized_kv_cache", True)):
         changed = _Pool(8, gen)
         setattr(changed, name, value)
-        assert not _plain_mha_pool(changed, dcp_size=1), name
+        assert not plain_mha_pool(changed, dcp_size=1), name
 
     class OwnStore(_Pool):
         def set_kv_buffer(self, *args, **kwargs) -> None:  # e.g. a pool that tracks what it stores
             raise AssertionError
 
-    assert not _plain_mha_pool(OwnStore(8, gen), dcp_size=1)
+    assert not plain_mha_pool(OwnStore(8, gen), dcp_size=1)
     release_without = SimpleNamespace(dtype=torch.bfloat16, store_dtype=torch.bfloat16, set_kv_buffer=None)
-    assert not _plain_mha_pool(release_without, dcp_size=1)
+    assert not plain_mha_pool(release_without, dcp_size=1)
 
 
 def _draft_step_backend(pool: _Pool, req_to_token: torch.Tensor, sel_pos: torch.Tensor, sel_cnt: torch.Tensor):
@@ -115,7 +115,7 @@ def _draft_step_backend(pool: _Pool, req_to_token: torch.Tensor, sel_pos: torch.
     be.token_to_kv_pool = pool
     be.state = SimpleNamespace(layer=lambda layer_id: sel_pos, sel_cnt=sel_cnt)
     be.whole_prefix, be.segments = False, None
-    be.stores_in_kernel = _plain_mha_pool(pool, dcp_size=1)
+    be.stores_in_kernel = plain_mha_pool(pool, dcp_size=1)
     return be
 
 

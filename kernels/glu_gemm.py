@@ -31,11 +31,8 @@ STAGES = 4
 @triton.jit
 def _glu_gemm_kernel(
     X, W, Out, M, N, K, stride_xm, stride_wn, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    if PDL:  # the next launch may start now; X may be the previous launch's output
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,14 +69,12 @@ def glu_gemm(
     block_k: int | None = None,
     warps: int = WARPS,
     stages: int = STAGES,
-    pdl: bool = False,
 ) -> torch.Tensor:
     """silu(x @ gate.T) * (x @ up.T) into ``out`` (default: a new [M, N] tensor in x's dtype); returns it.
 
     x: [M, K] with M <= GLU_MAX_ROWS, contiguous rows; w: [2N, K] = [gate | up] rows, contiguous, in x's dtype
     (bf16 or fp16); K a multiple of 32. The launch parameters (default: the measured launch; ``block_k``: by
-    default ``glu_block_k``, else a divisor of K) change speed only. ``pdl``: a programmatic dependent launch
-    (sm_90 and later, compiled only; speed only) that waits for the previous launch before reading anything.
+    default ``glu_block_k``, else a divisor of K) change speed only.
     """
     if x.dim() != 2 or w.dim() != 2 or w.shape[0] % 2 or w.shape[1] != x.shape[1]:
         raise ValueError(f"x [M, K] and w [2N, K] expected, got {tuple(x.shape)} {tuple(w.shape)}")
@@ -101,8 +96,7 @@ def glu_gemm(
     block_m = max(16, triton.next_power_of_2(m))
     _glu_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, PDL=pdl,
-        num_warps=warps, launch_pdl=pdl,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, num_warps=warps,
     )  # fmt: skip
     return out
 

@@ -117,7 +117,6 @@ class PillarDraftBackend(TritonAttnBackend):
         oracle: bool,
         plain: bool = False,
         fused: bool = True,
-        pdl: bool = False,
     ):
         super().__init__(model_runner)
         self.state = state
@@ -127,8 +126,6 @@ class PillarDraftBackend(TritonAttnBackend):
         self.whole_prefix = False  # the current step is the plain step
         self.segments: SegmentMeta | None = None  # the current step is a mixed-phase forward
         self.whole: WholePrefixMeta | None = None
-        # SGLang's own check of the device (use_pdl: sm_90 and later) gates the sparse kernel's dependent launch
-        self.pdl = pdl and bool(getattr(self, "use_pdl", False))
         self.stores_in_kernel = (
             fused and not oracle and plain_mha_pool(self.token_to_kv_pool, getattr(self, "dcp_size", 1))
         )
@@ -267,7 +264,6 @@ class PillarDraftBackend(TritonAttnBackend):
             new_kv=new_kv,
             rope=rope,
             qk_norm=norm,
-            pdl=self.pdl,
         )
 
     def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):

@@ -20,19 +20,16 @@ import torch
 from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, glu_block_k, glu_gemm
 
 _FUSE: ContextVar[bool] = ContextVar("pillar_fused_mlp", default=False)
-_PDL: ContextVar[bool] = ContextVar("pillar_fused_mlp_pdl", default=False)
 
 
 @contextmanager
-def fused_mlp(pdl: bool = False) -> Iterator[None]:
-    """A draft step's forward whose MLPs run gate/up and the activation as one launch where they can (``pdl``: a
-    programmatic dependent launch, where the device has them)."""
-    token, pdl_token = _FUSE.set(True), _PDL.set(pdl)
+def fused_mlp() -> Iterator[None]:
+    """A draft step's forward whose MLPs run gate/up and the activation as one launch where they can."""
+    token = _FUSE.set(True)
     try:
         yield
     finally:
         _FUSE.reset(token)
-        _PDL.reset(pdl_token)
 
 
 def _unquantized(linear) -> bool:
@@ -68,7 +65,7 @@ def fuse_qwen2_mlp(original, mlp, x, forward_batch=None):
     launch, then the layer's down projection as SGLang calls it; else SGLang's."""
     if not (_FUSE.get() and _fusable(mlp, x)):
         return original(mlp, x, forward_batch)
-    out, _ = mlp.down_proj(glu_gemm(x, mlp.gate_up_proj.weight, pdl=_PDL.get()), forward_batch=forward_batch)
+    out, _ = mlp.down_proj(glu_gemm(x, mlp.gate_up_proj.weight), forward_batch=forward_batch)
     return out
 
 
@@ -76,5 +73,5 @@ def fuse_llama_mlp(original, mlp, x, forward_batch=None):
     """AROUND ``LlamaMLP.forward`` (Llama, Mistral): as ``fuse_qwen2_mlp``; its down projection takes no batch."""
     if not (_FUSE.get() and _fusable(mlp, x)):
         return original(mlp, x, forward_batch)
-    out, _ = mlp.down_proj(glu_gemm(x, mlp.gate_up_proj.weight, pdl=_PDL.get()))
+    out, _ = mlp.down_proj(glu_gemm(x, mlp.gate_up_proj.weight))
     return out

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 
-from sglang_sparsespec.config import DraftLaunch, DraftMlp, Prologue, PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import DraftMlp, Prologue, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord
 
@@ -178,7 +178,6 @@ class PillarDraftRunner:
             oracle=cfg.policy is SelectionPolicy.ORACLE,
             plain=plain_decode,
             fused=cfg.draft_prologue is Prologue.FUSED,
-            pdl=cfg.draft_launch is DraftLaunch.PDL,
         )
         # One draft step per (batch-size bucket, GREEDY / SAMPLED): all-greedy batches draft by argmax
         # and skip the draft records, which their verify never reads; PLAIN: the plain-decoding step.
@@ -215,7 +214,7 @@ class PillarDraftRunner:
         with (
             draft_step(),
             deferred_qk() if self.qk_in_kernel else nullcontext(),
-            fused_mlp(self.backend.pdl) if self.fuse_mlp else nullcontext(),
+            fused_mlp() if self.fuse_mlp else nullcontext(),
         ):
             logits = self._forward(bs, self.seq_lens[:bs] + self.step)  # in the LM head's dtype
         drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)

@@ -106,16 +106,6 @@ class DraftMlp(str, Enum):
     SGLANG = "sglang"
 
 
-class DraftLaunch(str, Enum):
-    """How a draft step's own Triton kernels (the sparse attention, the fused gate/up) launch."""
-
-    # Programmatic dependent launches (sm_90 and later): each kernel waits in-kernel for the launch before it,
-    # so its own launch overlaps that one's end. Elsewhere ordinary launches.
-    PDL = "pdl"
-    # Ordinary launches: a kernel starts once the one before it has finished.
-    PLAIN = "plain"
-
-
 class DraftLmHead(str, Enum):
     """The weights a draft step's LM head reads (patches/draft_lm_head.py)."""
 
@@ -188,7 +178,6 @@ class PillarConfig:
     draft_prologue: Prologue = Prologue.FUSED
     verify_prologue: Prologue = Prologue.FUSED
     draft_mlp: DraftMlp = DraftMlp.FUSED
-    draft_launch: DraftLaunch = DraftLaunch.PDL
     draft_lm_head: DraftLmHead = DraftLmHead.BF16
     verify_logits: VerifyLogits = VerifyLogits.FP32
 
@@ -349,8 +338,6 @@ KNOBS: tuple[Knob, ...] = (
          "launch a layer (as DRAFT_PROLOGUE's), else and with sglang = SGLang's kernels"),
     Knob("DRAFT_MLP", "draft_mlp", "a draft step's gate/up and SiLU-and-mul: fused = one launch (unquantized, "
          "<= 64 rows), else and with sglang = SGLang's two"),
-    Knob("DRAFT_LAUNCH", "draft_launch", "a draft step's sparse attention and gate/up launches: pdl = "
-         "programmatic dependent (sm_90+), else and with plain = ordinary"),
     Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head: bf16 = the model's; fp8 = a copy with a scale "
          "a row (half the bytes; moves acceptance only)"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "

@@ -43,7 +43,7 @@ def _backend(max_bs: int, req_to_token: torch.Tensor) -> PillarDraftBackend:
     be.static_kv_splits, be.enable_deterministic, be.split_tile_size = False, False, None
     be.device_core_count = 132  # an H100/H200's SM count: the split heuristic's input
     be.decode_attention_fwd = decode_attention_fwd
-    be.use_pdl, be.pdl, be.page_size = False, False, 1
+    be.use_pdl, be.page_size = False, 1
     return be
 
 

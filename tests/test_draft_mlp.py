@@ -18,7 +18,7 @@ from sglang.srt.models.llama import LlamaMLP
 from sglang.srt.models.qwen2 import Qwen2MLP
 from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
-from sglang_sparsespec.config import DraftLaunch, DraftMlp
+from sglang_sparsespec.config import DraftMlp
 from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, glu_gemm
 from sglang_sparsespec.patches import draft_mlp as dm
 from sglang_sparsespec.patches.contacts import resolve
@@ -89,11 +89,11 @@ def published(llama_config_dir):
 
 @pytest.mark.parametrize("cls", [Qwen2MLP, LlamaMLP])
 def test_the_loaded_plugin_fuses_sglangs_mlp_inside_draft_steps_only(published, monkeypatch, cls: type) -> None:
-    launches: list[tuple[int, bool]] = []
+    launches: list[int] = []
 
-    def counted(x: torch.Tensor, w: torch.Tensor, pdl: bool) -> torch.Tensor:
-        launches.append((x.shape[0], pdl))
-        return glu_gemm(x, w)  # the dependent launch exists only compiled: the bits are the same
+    def counted(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        launches.append(x.shape[0])
+        return glu_gemm(x, w)
 
     monkeypatch.setattr(dm, "glu_gemm", counted)
     mlp, batch = _mlp(cls), SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: False))
@@ -101,13 +101,13 @@ def test_the_loaded_plugin_fuses_sglangs_mlp_inside_draft_steps_only(published, 
     outside = cls.forward(mlp, x, batch)
     assert launches == []
     torch.testing.assert_close(outside.float(), _sglang_path(mlp, x).float(), rtol=3e-2, atol=3e-2)
-    with dm.fused_mlp(pdl=True):
+    with dm.fused_mlp():
         inside = cls.forward(mlp, x, batch)
-    assert launches == [(5, True)]
+    assert launches == [5]
     # Qwen2MLP hands its batch to the down projection, LlamaMLP does not: the hook calls it as SGLang does
     assert mlp.down_proj.batches == [batch, batch] if cls is Qwen2MLP else [None, None]
     torch.testing.assert_close(inside.float(), outside.float(), rtol=3e-2, atol=3e-2)
-    assert cls.forward(mlp, x, batch) is not None and launches == [(5, True)]  # the context's end restores SGLang's
+    assert cls.forward(mlp, x, batch) is not None and launches == [5]  # the context's end restores SGLang's
 
 
 @pytest.mark.parametrize(
@@ -156,10 +156,3 @@ def test_the_knob_fuses_draft_steps_never_the_plain_step(monkeypatch, mode: Draf
     from test_draft_runner import probe_forwards
 
     assert probe_forwards(monkeypatch, dm._FUSE.get, draft_mlp=mode) == [fused, fused, False]
-
-
-@pytest.mark.parametrize("launch, pdl", [(DraftLaunch.PDL, True), (DraftLaunch.PLAIN, False)])
-def test_the_launch_knob_reaches_the_draft_steps_gate_up(monkeypatch, launch: DraftLaunch, pdl: bool) -> None:
-    from test_draft_runner import probe_forwards
-
-    assert probe_forwards(monkeypatch, dm._PDL.get, draft_launch=launch) == [pdl, pdl, False]

@@ -29,8 +29,8 @@ V, K, BS = 97, 4, 3
 class FakeBackend:
     stores_in_kernel = False  # no KV pool: the draft steps keep the model's own rotary call
 
-    def __init__(self, model_runner, state, inputs, oracle, plain=False, fused=True, pdl=False):
-        self.inputs, self.oracle, self.pdl = inputs, oracle, pdl
+    def __init__(self, model_runner, state, inputs, oracle, plain=False, fused=True):
+        self.inputs, self.oracle = inputs, oracle
         self.plans: list[tuple[int, bool]] = []
 
     def plan(self, bs: int, whole_prefix: bool) -> None:

@@ -35,8 +35,8 @@ PROMPTS = [[(5 * i + j) % V for j in range(4 + 3 * i)] for i in range(5)]
 class FakeBackend:
     stores_in_kernel = False  # no KV pool: the draft steps keep the model's own rotary call
 
-    def __init__(self, model_runner, state, inputs, oracle, plain=False, fused=True, pdl=False):
-        self.inputs, self.pdl = inputs, pdl
+    def __init__(self, model_runner, state, inputs, oracle, plain=False, fused=True):
+        self.inputs = inputs
         self.segments = None
 
     def plan(self, bs: int, whole_prefix: bool, segments=None) -> None:

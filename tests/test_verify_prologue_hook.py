@@ -54,6 +54,8 @@ def _verify_layer(backend, seed: int = 0):
     raw = (q.clone(), k.clone(), v.clone())
     positions = torch.randint(0, 256, (T,), generator=gen).to(DEVICE)
     q_norm, k_norm, rotary = _norm(seed=1), _norm(eps=1e-5, seed=2), _rotary()
+    for norm in (q_norm, k_norm):  # the kernel reads the weights where the activations are
+        norm.weight.data = norm.weight.data.to(torch.bfloat16).to(DEVICE)
     calls: list[str] = []
 
     def sglang_norm(q_, k_, qn, kn, head_dim, *a, **kw):

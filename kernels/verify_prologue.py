@@ -114,14 +114,9 @@ def verify_prologue(
 
 
 def verify_prologue_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    loc: torch.Tensor,
-    qk: QKPrologue | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+    loc: torch.Tensor, qk: QKPrologue | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Plain-torch ``verify_prologue``: SGLang's order (norm, rotary, store), each rounded to the dtype."""
     norm, rope = (None, None) if qk is None else (qk.norm, qk.rope)
     qn, kn = q, k

@@ -1,4 +1,4 @@
-"""Launch helpers shared by the PillarAttn kernels (host-side, no device syncs)."""
+"""Launch helpers shared by the kernels (host-side, no device syncs)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,21 @@ def check_int_vector(name: str, t: torch.Tensor, n: int) -> None:
     """ValueError unless `t` is an integer tensor of shape [n] (metadata only, no sync)."""
     if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1 or t.shape[0] != n:
         raise ValueError(f"{name} must be an int32/int64 tensor of shape [{n}], got {t.dtype} {tuple(t.shape)}")
+
+
+def skinny_operands(x: torch.Tensor, w: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    """ValueError unless x [M, K] (contiguous rows) and w [*, K] (contiguous) share one half-precision dtype and
+    ``out`` is None or [M, n] in it with contiguous rows; returns ``out``, a new tensor when None."""
+    if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
+        raise ValueError(f"x and w in one half-precision dtype, got {x.dtype} {w.dtype}")
+    if x.stride(1) != 1 or not w.is_contiguous():
+        raise ValueError("x needs contiguous rows and w must be contiguous")
+    m = x.shape[0]
+    if out is None:
+        return torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with contiguous rows, got {out.dtype} {tuple(out.shape)}")
+    return out
 
 
 def splits_cap(uniform_splits: int, cap: int | None = None) -> int:

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import skinny_operands
+
 # Rows up to here run one program row (a 16-64-row tile); at 256 rows cuBLAS's gate/up alone beat the skinny tile
 # (20.5 against 30.6 us, draft_gemm_h200_e8410c8.json), so larger batches keep SGLang's launches.
 GLU_MAX_ROWS = 64
@@ -78,19 +80,12 @@ def glu_gemm(
     """
     if x.dim() != 2 or w.dim() != 2 or w.shape[0] % 2 or w.shape[1] != x.shape[1]:
         raise ValueError(f"x [M, K] and w [2N, K] expected, got {tuple(x.shape)} {tuple(w.shape)}")
-    if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
-        raise ValueError(f"x and w in one half-precision dtype, got {x.dtype} {w.dtype}")
-    if x.stride(1) != 1 or not w.is_contiguous():
-        raise ValueError("x needs contiguous rows and w must be contiguous")
     m, k = x.shape
     n = w.shape[0] // 2
+    out = skinny_operands(x, w, n, out)
     block_k = glu_block_k(k) if block_k is None else block_k
     if block_k is None or k % block_k or m > GLU_MAX_ROWS:
         raise ValueError(f"K={k} must be a multiple of 32 (of block_k={block_k}) and M={m} at most {GLU_MAX_ROWS}")
-    if out is None:
-        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with contiguous rows, got {out.dtype} {tuple(out.shape)}")
     if m == 0:
         return out
     block_m = max(16, triton.next_power_of_2(m))

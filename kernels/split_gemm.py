@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import skinny_operands
+
 # One program row: a draft batch up to here (the draft steps' bucket sizes) runs a 16-64-row tile.
 SPLIT_MAX_ROWS = 64
 BLOCK_N = 32
@@ -83,21 +85,14 @@ def split_gemm(x: torch.Tensor, w: torch.Tensor, ws: SplitWorkspace, out: torch.
     """
     if x.dim() != 2 or w.dim() != 2 or w.shape[1] != x.shape[1]:
         raise ValueError(f"x [M, K] and w [N, K] expected, got {tuple(x.shape)} {tuple(w.shape)}")
-    if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
-        raise ValueError(f"x and w in one half-precision dtype, got {x.dtype} {w.dtype}")
-    if x.stride(1) != 1 or not w.is_contiguous():
-        raise ValueError("x needs contiguous rows and w must be contiguous")
     m, k = x.shape
     n = w.shape[0]
+    out = skinny_operands(x, w, n, out)
     block_k = split_block_k(k)
     if block_k is None or m > SPLIT_MAX_ROWS:
         raise ValueError(f"M={m} must be at most {SPLIT_MAX_ROWS} and K={k} a multiple of {SPLIT_K * 32}")
     if ws.parts.shape != (SPLIT_K, SPLIT_MAX_ROWS, n) or ws.counters.shape != (triton.cdiv(n, BLOCK_N),):
         raise ValueError(f"the workspace is not one for N={n}")
-    if out is None:
-        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with contiguous rows, got {out.dtype} {tuple(out.shape)}")
     if m == 0:
         return out
     _split_gemm_kernel[(triton.cdiv(n, BLOCK_N), SPLIT_K)](

@@ -247,6 +247,16 @@ def _stores_as_sglang(backend, layer, k: torch.Tensor, forward_batch) -> bool:
     )
 
 
+def _prologue_serves(backend, layer, k: torch.Tensor | None, forward_batch, deferred: DeferredQK | None) -> bool:
+    """Whether the prologue does this call's store as SGLang would, and the rotation left to it (if any) has one
+    position a row."""
+    return (
+        k is not None
+        and _stores_as_sglang(backend, layer, k, forward_batch)
+        and (deferred is None or deferred.rope is None or deferred.rope.positions.shape == k.shape[:1])
+    )
+
+
 def _qk_prologue(deferred: DeferredQK | None) -> QKPrologue | None:
     if deferred is None:
         return None
@@ -264,7 +274,7 @@ def pillar_verify(original, backend, q, k, v, layer, forward_batch, *args, **kwa
     deferred = take_deferred()  # the model's q/k norm and rotary, left to this call inside verify_qk_scope
     # forward_extend(q, k, v, layer, forward_batch, save_kv_cache=True, ...)
     save = args[0] if args else kwargs.get("save_kv_cache", True)
-    if hooks.prologue and k is not None and save and _stores_as_sglang(backend, layer, k, forward_batch):
+    if hooks.prologue and save and _prologue_serves(backend, layer, k, forward_batch, deferred):
         pool = backend.token_to_kv_pool
         k, v = verify_prologue(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim), k, v, pool.get_key_buffer(layer.layer_id),

@@ -44,7 +44,7 @@ def _pool(seed: int) -> _Pool:
 
 
 @torch.no_grad()
-def _verify_layer(backend, seed: int = 0):
+def _verify_layer(backend, seed: int = 0, position_rows: int = T):
     """One verify layer as Qwen3's attention runs it inside ``verify_qk_scope``: qkv split, q/k norm, rotary (each
     through draft_qk's hook, SGLang's call recorded), then forward_extend through the hook. Returns (q, k and v as
     the model had them before the norm, what forward_extend received, SGLang's calls, the slots, the norms)."""
@@ -52,7 +52,7 @@ def _verify_layer(backend, seed: int = 0):
     qkv = torch.randn(T, (H_KV * GROUP + 2 * H_KV) * HEAD, generator=gen).to(torch.bfloat16).to(DEVICE)
     q, k, v = qkv.split([H_KV * GROUP * HEAD, H_KV * HEAD, H_KV * HEAD], dim=-1)
     raw = (q.clone(), k.clone(), v.clone())
-    positions = torch.randint(0, 256, (T,), generator=gen).to(DEVICE)
+    positions = torch.randint(0, 256, (position_rows,), generator=gen).to(DEVICE)
     q_norm, k_norm, rotary = _norm(seed=1), _norm(eps=1e-5, seed=2), _rotary()
     for norm in (q_norm, k_norm):  # the kernel reads the weights where the activations are
         norm.weight.data = norm.weight.data.to(torch.bfloat16).to(DEVICE)
@@ -66,6 +66,7 @@ def _verify_layer(backend, seed: int = 0):
 
     def sglang_rope(rot, pos, q_, k_, *a, **kw):
         calls.append("rope")
+        pos = pos[:T]  # a release whose positions carry more rows than the chain rotates the chain's own
         q_.copy_(rope_neox_ref(q_.view(T, -1, HEAD), rot.cos_sin_cache, pos).view_as(q_))
         k_.copy_(rope_neox_ref(k_.view(T, -1, HEAD), rot.cos_sin_cache, pos).view_as(k_))
         return q_, k_
@@ -92,6 +93,7 @@ def _expected(raw, norms):
     q_norm, k_norm, rotary, positions = norms
     q = rms_norm_ref(raw[0].view(T, -1, HEAD), q_norm.weight, q_norm.variance_epsilon)
     k = rms_norm_ref(raw[1].view(T, -1, HEAD), k_norm.weight, k_norm.variance_epsilon)
+    positions = positions[:T]
     return rope_neox_ref(q, rotary.cos_sin_cache, positions), rope_neox_ref(k, rotary.cos_sin_cache, positions)
 
 
@@ -123,6 +125,15 @@ def test_a_pool_sglang_stores_otherwise_keeps_sglangs_calls_and_store() -> None:
     q_want, k_want = _expected(raw, norms)
     torch.testing.assert_close(got["k"].float(), k_want.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(pool.k[loc].float(), k_want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_a_rotation_without_one_position_a_row_keeps_sglangs_calls() -> None:
+    """Positions that are not one a chain row (the prologue's kernel would refuse them): SGLang's calls and store."""
+    pool = _pool(5)
+    backend = _Backend(VerifyHooks(None, split_kernel=True, prologue=True, qk=True), pool)
+    raw, got, calls, loc, norms = _verify_layer(backend, position_rows=T + 1)
+    assert calls == ["norm", "rope"] and got["save"] is True
+    torch.testing.assert_close(pool.k[loc].float(), _expected(raw, norms)[1].float(), rtol=2e-2, atol=2e-2)
 
 
 def test_without_the_prologue_the_verify_is_sglangs() -> None:

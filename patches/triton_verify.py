@@ -96,18 +96,22 @@ class VerifyHooks:
     qk: bool = False
 
 
-def verify_backend(backend: Any) -> Any:
-    """The TritonAttnBackend that runs ``backend``'s TARGET_VERIFY forwards.
-
-    With --attention-backend flashinfer the runner's backend is SGLang's HybridAttnBackend
-    (spec_algo.route_attention); asking it the way it routes each forward finds the Triton child.
-    """
+def _verify_child(backend: Any) -> Any:
+    """The backend ``backend`` routes its TARGET_VERIFY forwards to: itself, or under --attention-backend
+    flashinfer (SGLang's HybridAttnBackend, spec_algo.route_attention) the child it picks for them."""
     from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     if isinstance(backend, HybridAttnBackend):
-        backend = backend._select_backend(ForwardMode.TARGET_VERIFY)
+        return backend._select_backend(ForwardMode.TARGET_VERIFY)
+    return backend
+
+
+def verify_backend(backend: Any) -> Any:
+    """The TritonAttnBackend that runs ``backend``'s TARGET_VERIFY forwards (``_verify_child``)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    backend = _verify_child(backend)
     if not isinstance(backend, TritonAttnBackend):
         raise TypeError(f"PILLAR verifies through the Triton attention backend, got {type(backend).__name__}")
     return backend
@@ -225,11 +229,7 @@ def verify_qk_scope(backend: Any, mode: Any) -> AbstractContextManager[None]:
     TARGET_VERIFY forward on a backend marked with ``qk``; else nothing changes."""
     if not _HOOKS or backend is None or not mode.is_target_verify():
         return nullcontext()
-    from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend
-
-    if isinstance(backend, HybridAttnBackend):
-        backend = backend._select_backend(mode)
-    hooks = _HOOKS.get(backend)
+    hooks = _HOOKS.get(_verify_child(backend))
     return deferred_qk() if hooks is not None and hooks.qk else nullcontext()
 
 

@@ -9,6 +9,11 @@ program writes its fp32 slice, then counts itself in its column tile's counter (
 program that counts last reads the SPLIT_K slices in slice order, so the sum is the same whichever finishes last, writes
 the tile and resets the counter for the next launch. ``SplitWorkspace`` holds the slices and the counters (zero
 between launches); one workspace serves one stream's launches one after another.
+
+The launch is the fastest of the 144 the draft GEMM probe timed for that projection at 64 rows (32-column tiles,
+K steps of 256, two slices, 4 warps, 4 stages: 11.3 us with a separate sum, draft_gemm_h200_2021a7f.json): its
+64 x 2 = 128 programs, each filling one multiprocessor's shared memory, run in one wave on 132. Four slices made
+256 programs, two waves: 19.4 us a call in the server (steps_qwen3-1.7b_h200_5851633.json), as the probe had it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from ._common import skinny_operands
 # One program row: a draft batch up to here (the draft steps' bucket sizes) runs a 16-64-row tile.
 SPLIT_MAX_ROWS = 64
 BLOCK_N = 32
-SPLIT_K = 4
+SPLIT_K = 2
 WARPS = 4
 STAGES = 4
 
@@ -105,8 +110,8 @@ def split_gemm(x: torch.Tensor, w: torch.Tensor, ws: SplitWorkspace, out: torch.
 
 def split_block_k(k: int) -> int | None:
     """The K step for a reduction of length ``k``: the widest of 256, 128, 64 and 32 that divides each of the
-    SPLIT_K slices (256 for Qwen3-1.7B's 6144, 128 for SmolLM2's 1536); None: none does, and the caller keeps
-    SGLang's launches."""
+    SPLIT_K slices (256 for Qwen3-1.7B's 6144 and SmolLM2's 1536, 128 for 2 x 384); None: none does, and the caller
+    keeps SGLang's launches."""
     return next((b for b in (256, 128, 64, 32) if k % (SPLIT_K * b) == 0), None)
 
 

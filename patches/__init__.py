@@ -23,9 +23,11 @@ context, graph capture mode and the capture-time gc freeze, for both runners' DE
 final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and
 LoRA hooks, the logits processor's fp32 and RL on-policy flags), ``draft_mlp`` (the MLP's gate_up_proj weight,
 down_proj and act_fn, the linear layers' quant_method and bias, a release's DualGemm.can_run, the down projection's
-weight, input_size and input_size_per_partition for its split GEMM), ``draft_qk`` (the
-rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's apply_qk_norm and the
-RMSNorm fields it reads; the decoder class names whose attention calls them right before attending),
+weight, input_size and input_size_per_partition for its split GEMM; for the deferred add-RMSNorm the decoder
+layer's mlp, the communicator's post_attention_layernorm, its norm function's name, the RMSNorm's fp32_residual),
+``draft_qk`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's
+apply_qk_norm and the RMSNorm fields it reads; the decoder class names whose attention calls them right before
+attending),
 ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain step its decode_attention_fwd,
 get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode
 does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write a draft step's K/V inside the
@@ -237,6 +239,23 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "AROUND",
         draft_mlp.fuse_llama_mlp,
         "as Qwen2MLP.forward's, for Llama and Mistral draft steps",
+    ),
+    Hook(
+        "sglang.srt.models.qwen3.Qwen3DecoderLayer.forward",
+        "AROUND",
+        draft_mlp.name_layer_mlp,
+        "with --pillar-draft-mlp fused_norm names the layer's MLP for prepare_mlp's hook, which must know that the "
+        "fused gate/up kernel consumes its output; only inside the draft runner's draft steps",
+        versions=releases(last="0.5.20"),
+    ),
+    Hook(
+        "sglang.srt.layers.communicator.LayerCommunicator.prepare_mlp",
+        "AROUND",
+        draft_mlp.defer_mlp_norm,
+        "with --pillar-draft-mlp fused_norm a draft step's Qwen3 layer hands the attention's output to its MLP "
+        "un-normed and the gate/up kernel runs the add-RMSNorm (one launch less per layer); only where the "
+        "communicator does nothing but the norm; 0.5.21 on, Qwen3 norms through its layer boundary instead",
+        versions=releases(last="0.5.20"),
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler.init_metrics_reporter",

@@ -103,8 +103,9 @@ def take_deferred() -> DeferredQK | None:
     return DeferredQK(norm, rope)
 
 
-def _plain_rms_norm(norm, head_dim: int) -> bool:
-    """SGLang's RMSNorm over a whole head, weight applied in fp32 (an attribute a release lacks: not plain)."""
+def plain_rms_norm(norm, size: int) -> bool:
+    """SGLang's RMSNorm over ``size`` values (a whole head, a hidden row), weight applied in fp32 (an attribute a
+    release lacks: not plain)."""
     from sglang.srt.layers.layernorm import RMSNorm
 
     weight = getattr(norm, "weight", None)
@@ -115,14 +116,14 @@ def _plain_rms_norm(norm, head_dim: int) -> bool:
         and getattr(norm, "variance_size_override", 0) is None
         and getattr(norm, "override_orig_dtype", 0) is None
         and isinstance(weight, torch.Tensor)
-        and weight.shape == (head_dim,)
+        and weight.shape == (size,)
     )
 
 
 def defer_draft_qk_norm(original, q, k, q_norm, k_norm, head_dim, *args, **kwargs):
     """AROUND Qwen3's ``apply_qk_norm``: inside ``deferred_qk()``, plain RMS norms of whole heads are recorded for
     the layer's attention and (q, k) are returned as they came; else SGLang's."""
-    if not (_DEFER.get() and _plain_rms_norm(q_norm, head_dim) and _plain_rms_norm(k_norm, head_dim)):
+    if not (_DEFER.get() and plain_rms_norm(q_norm, head_dim) and plain_rms_norm(k_norm, head_dim)):
         return original(q, k, q_norm, k_norm, head_dim, *args, **kwargs)
     _NORM.set(
         DeferredNorm(

@@ -39,6 +39,9 @@ STAGES = 4
 # With the add-RMSNorm the residual's tile joins the pipeline: at 128-wide K steps the sm_90 build asks 254 KB of
 # shared memory (227 KB there) and spills; 64-wide steps build in 131 KB and 241 registers, no spill.
 NORM_BLOCK_K = 64
+# norm_gemm's column tile (a qkv projection: 4096 columns at Qwen3-1.7B, 128 programs); its single weight tile leaves
+# 128-wide K steps room: 164 KB of shared memory at 64 rows.
+NORM_BLOCK_N = 32
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class AddNorm:
 def _glu_gemm_kernel(
     X, W, Out, R, ROut, NormW, M, N, K, eps, stride_xm, stride_wn, stride_om, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, ADD_NORM: tl.constexpr,
+    GLU: tl.constexpr,
 ):  # fmt: skip
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -80,7 +84,8 @@ def _glu_gemm_kernel(
             sumsq += tl.sum(h * h, axis=1)
             x = (h * tl.load(NormW + k0 + offs_k).to(tl.float32)[None, :]).to(X.dtype.element_ty)
         gate = tl.dot(x, tl.trans(tl.load(gate_ptr, mask=n_ok, other=0.0)), gate)
-        up = tl.dot(x, tl.trans(tl.load(up_ptr, mask=n_ok, other=0.0)), up)
+        if GLU:
+            up = tl.dot(x, tl.trans(tl.load(up_ptr, mask=n_ok, other=0.0)), up)
         x_ptr += BLOCK_K
         gate_ptr += BLOCK_K
         up_ptr += BLOCK_K
@@ -88,7 +93,7 @@ def _glu_gemm_kernel(
         scale = tl.rsqrt(sumsq / K + eps)[:, None]
         gate *= scale
         up *= scale
-    out = gate * tl.sigmoid(gate) * up
+    out = gate * tl.sigmoid(gate) * up if GLU else gate  # without GLU: the plain product x @ w.T
     ok = m_ok & (offs_n < N)[None, :]
     tl.store(Out + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty), mask=ok)
 
@@ -118,13 +123,35 @@ def glu_gemm(
     """
     if x.dim() != 2 or w.dim() != 2 or w.shape[0] % 2 or w.shape[1] != x.shape[1]:
         raise ValueError(f"x [M, K] and w [2N, K] expected, got {tuple(x.shape)} {tuple(w.shape)}")
+    if block_k is None and glu_block_k(x.shape[1]) is not None:
+        block_k = glu_block_k(x.shape[1]) if add_norm is None else min(glu_block_k(x.shape[1]), NORM_BLOCK_K)
+    return _launch(x, w, w.shape[0] // 2, out, (block_n, block_k, warps, stages), add_norm, glu=True)
+
+
+def norm_gemm(x: torch.Tensor, w: torch.Tensor, add_norm: AddNorm, out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm(x + residual) @ w.T into ``out`` (default: a new [M, N] tensor in x's dtype), x + residual into
+    ``add_norm.residual_out``; returns ``out``: a projection with the add-RMSNorm ahead of it (a draft layer's qkv).
+
+    x: [M, K] as ``glu_gemm``'s; w: [N, K], contiguous, in x's dtype. One NORM_BLOCK_N-column program a tile, K
+    steps of ``glu_block_k`` (the plain product's tiles leave the residual's tile room in shared memory)."""
+    if x.dim() != 2 or w.dim() != 2 or w.shape[1] != x.shape[1]:
+        raise ValueError(f"x [M, K] and w [N, K] expected, got {tuple(x.shape)} {tuple(w.shape)}")
+    launch = (NORM_BLOCK_N, glu_block_k(x.shape[1]), WARPS, STAGES)
+    return _launch(x, w, w.shape[0], out, launch, add_norm, glu=False)
+
+
+def _launch(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    n: int,
+    out: torch.Tensor | None,
+    launch: tuple[int, int | None, int, int],
+    add_norm: AddNorm | None,
+    glu: bool,
+) -> torch.Tensor:
     m, k = x.shape
-    n = w.shape[0] // 2
+    block_n, block_k, warps, stages = launch
     out = skinny_operands(x, w, n, out)
-    if block_k is None:
-        block_k = glu_block_k(k)
-        if add_norm is not None and block_k is not None:
-            block_k = min(block_k, NORM_BLOCK_K)
     if block_k is None or k % block_k or m > GLU_MAX_ROWS:
         raise ValueError(f"K={k} must be a multiple of 32 (of block_k={block_k}) and M={m} at most {GLU_MAX_ROWS}")
     if add_norm is not None:
@@ -139,17 +166,22 @@ def glu_gemm(
     )
     _glu_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         x, w, out, r, r_out, norm_w, m, n, k, eps, x.stride(0), w.stride(0), out.stride(0), r.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, ADD_NORM=add_norm is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, ADD_NORM=add_norm is not None, GLU=glu,
         num_warps=warps,
     )  # fmt: skip
     return out
 
 
-def glu_norm_fits(n: int, k: int) -> bool:
+def glu_norm_fits(n: int, k: int, glu: bool = True) -> bool:
     """Whether the default launch with ``add_norm`` writes the whole new residual at N output columns and
-    reduction length K: as many column programs as K steps at least (Qwen3-1.7B: 96 programs, 32 steps)."""
+    reduction length K (glu_gemm's, else norm_gemm's): as many column programs as K steps at least (Qwen3-1.7B:
+    gate/up 96 programs, qkv 128, for 32 and 16 steps)."""
     block_k = glu_block_k(k)
-    return block_k is not None and triton.cdiv(n, BLOCK_N) * min(block_k, NORM_BLOCK_K) >= k
+    if block_k is None:
+        return False
+    if glu:
+        return triton.cdiv(n, BLOCK_N) * min(block_k, NORM_BLOCK_K) >= k
+    return triton.cdiv(n, NORM_BLOCK_N) * block_k >= k
 
 
 def _check_add_norm(add_norm: AddNorm, x: torch.Tensor, tiles_cover_k: bool) -> None:

@@ -24,7 +24,10 @@ final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the 
 LoRA hooks, the logits processor's fp32 and RL on-policy flags), ``draft_mlp`` (the MLP's gate_up_proj weight,
 down_proj and act_fn, the linear layers' quant_method and bias, a release's DualGemm.can_run, the down projection's
 weight, input_size and input_size_per_partition for its split GEMM; for the deferred add-RMSNorm the decoder
-layer's mlp, the communicator's post_attention_layernorm, its norm function's name, the RMSNorm's fp32_residual),
+layer's mlp, the communicator's post_attention_layernorm and its norm function's name), ``draft_norm`` (the decoder
+layer's self_attn, its qkv_proj's weight, quant_method, bias and tp_size and use_fused_qk_norm_mrope, the
+communicator's input_layernorm, _communicate_simple_fn's name and qkv_latent_func, a row tensor's
+_sglang_needs_allreduce_fusion, the RMSNorm's fp32_residual),
 ``draft_qk`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's
 apply_qk_norm and the RMSNorm fields it reads; the decoder class names whose attention calls them right before
 attending),
@@ -62,6 +65,7 @@ from . import (
     draft_lm_head,
     draft_logits,
     draft_mlp,
+    draft_norm,
     draft_qk,
     finish_check,
     kv_cache_builder,
@@ -243,18 +247,34 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
     Hook(
         "sglang.srt.models.qwen3.Qwen3DecoderLayer.forward",
         "AROUND",
-        draft_mlp.name_layer_mlp,
-        "with --pillar-draft-mlp fused_norm names the layer's MLP for prepare_mlp's hook, which must know that the "
-        "fused gate/up kernel consumes its output; only inside the draft runner's draft steps",
+        draft_norm.name_layer,
+        "with --pillar-draft-mlp fused_norm names the layer for the communicator's hooks, which must know that a "
+        "fused kernel consumes the rows they hand on, and refuses a norm no consumer took; draft steps only",
+        versions=releases(last="0.5.20"),
+    ),
+    Hook(
+        "sglang.srt.layers.communicator.LayerCommunicator.prepare_attn",
+        "AROUND",
+        draft_norm.defer_attn_norm,
+        "with --pillar-draft-mlp fused_norm a draft step's Qwen3 layer hands its input rows to the qkv projection "
+        "un-normed and the qkv kernel runs the add-RMSNorm (one launch less per layer); only where the norm is "
+        "SGLang's plain one; 0.5.21 on, Qwen3 norms through its layer boundary instead",
         versions=releases(last="0.5.20"),
     ),
     Hook(
         "sglang.srt.layers.communicator.LayerCommunicator.prepare_mlp",
         "AROUND",
         draft_mlp.defer_mlp_norm,
-        "with --pillar-draft-mlp fused_norm a draft step's Qwen3 layer hands the attention's output to its MLP "
-        "un-normed and the gate/up kernel runs the add-RMSNorm (one launch less per layer); only where the "
-        "communicator does nothing but the norm; 0.5.21 on, Qwen3 norms through its layer boundary instead",
+        "as prepare_attn's, for the post-attention add-RMSNorm and the gate/up kernel; only where the communicator "
+        "does nothing but the norm",
+        versions=releases(last="0.5.20"),
+    ),
+    Hook(
+        "sglang.srt.layers.linear.ColumnParallelLinear.forward",
+        "AROUND",
+        draft_norm.fuse_qkv_norm,
+        "the qkv projection a deferred input norm was left to (by its rows' identity) runs it as its prologue; "
+        "every other call is SGLang's",
         versions=releases(last="0.5.20"),
     ),
     Hook(

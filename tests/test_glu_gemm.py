@@ -1,7 +1,7 @@
 """The draft steps' gate/up GEMM with its SiLU-and-mul epilogue (kernels/glu_gemm.py) against its reference and
 against SGLang's two steps (the product rounded to the activations' dtype, then silu(gate) * up): row and column
 tails, every K step, fp16; with the add-RMSNorm ahead of it, against SGLang's add-RMSNorm then the two steps, the
-new residual written whole; refused inputs.
+new residual written whole; the plain projection with that prologue (a draft layer's qkv); refused inputs.
 
 Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py); with CUDA it runs compiled.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, AddNorm, glu_block_k, glu_gemm, glu_gemm_ref
+from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, AddNorm, glu_block_k, glu_gemm, glu_gemm_ref, norm_gemm
 from triton_env import DEVICE
 
 
@@ -103,6 +103,24 @@ def test_the_add_norm_prologue_is_sglangs_add_rms_norm_then_the_mlp(m: int, n: i
     torch.testing.assert_close(out.float(), glu_gemm_ref(x, w, ref_norm).float(), rtol=2e-2, atol=2e-2)
     normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.float()).to(x.dtype)
     torch.testing.assert_close(out.float(), _sglang_steps(normed, w), rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 64, 128), (19, 96, 96), (64, 160, 64)])
+def test_norm_gemm_is_sglangs_add_rms_norm_then_the_projection(m: int, n: int, k: int) -> None:
+    """The qkv projection with the input add-RMSNorm ahead of it: x + residual into residual_out, the output the
+    product of the normalized rows within the roundings (1 row, a partial row tile, 64 rows; partial and whole
+    32-column tiles; K steps of 128, 32 and 64)."""
+    gen = torch.Generator().manual_seed(m + n)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(torch.bfloat16).to(DEVICE)
+    norm = _add_norm(x, seed=n)
+    out = norm_gemm(x, w, norm)
+    h = x.float() + norm.residual.float()
+    torch.testing.assert_close(norm.residual_out.float(), h, rtol=2**-7, atol=0)
+    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.float()).to(x.dtype)
+    torch.testing.assert_close(out.float(), (normed.float() @ w.float().T), rtol=5e-2, atol=5e-2)
+    with pytest.raises(ValueError, match=r"w \[N, K\]"):
+        norm_gemm(x, w[:, 1:], norm)
 
 
 def test_the_add_norm_prologue_refuses_what_it_cannot_write() -> None:

@@ -108,6 +108,7 @@ def _qkv_takes(attn, rows: torch.Tensor) -> bool:
     method = getattr(qkv, "quant_method", None)
     return (
         type(attn).__name__ == "Qwen3Attention"
+        and type(qkv).__name__ == "QKVParallelLinear"  # its forward is the hooked one (a LoRA wrapper's is not)
         and not getattr(attn, "use_fused_qk_norm_mrope", False)
         and type(method).__name__ == "UnquantizedLinearMethod"
         and getattr(qkv, "bias", None) is None

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ColumnParallelLinear
+from sglang.srt.layers.linear import QKVParallelLinear
 from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.models.qwen2 import Qwen2MLP
 from sglang.srt.models.qwen3 import Qwen3Attention
@@ -51,9 +51,9 @@ def _communicator(fn_name: str = "_simple") -> SimpleNamespace:
     )  # fmt: skip
 
 
-def _qkv() -> ColumnParallelLinear:
-    """SGLang's ColumnParallelLinear on one rank (its __init__ needs a TP group): the fields its forward reads."""
-    linear = ColumnParallelLinear.__new__(ColumnParallelLinear)
+def _qkv() -> QKVParallelLinear:
+    """SGLang's QKVParallelLinear on one rank (its __init__ needs a TP group): the fields its forward reads."""
+    linear = QKVParallelLinear.__new__(QKVParallelLinear)
     torch.nn.Module.__init__(linear)
     gen = torch.Generator().manual_seed(3)
     weight = (torch.randn(QKV, HIDDEN, generator=gen) / HIDDEN**0.5).to(torch.bfloat16).to(DEVICE)
@@ -61,6 +61,18 @@ def _qkv() -> ColumnParallelLinear:
     linear.bias, linear.skip_bias_add, linear.gather_output, linear.tp_size = None, False, False, 1
     linear.quant_method = UnquantizedLinearMethod()
     return linear
+
+
+class _Wrapped(torch.nn.Module):
+    """A module around the projection that calls it (as SGLang's LoRA layers do), with its weight and fields."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.weight, self.bias, self.tp_size, self.quant_method = inner.weight, None, 1, inner.quant_method
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return self.inner(x)
 
 
 def _layer() -> SimpleNamespace:
@@ -136,6 +148,7 @@ def test_the_qkv_and_gate_up_kernels_run_the_layers_add_rms_norms(monkeypatch) -
         ("norms off", set()),
         ("all-reduce", {"qkv"}),  # the post-attention norm's communicator does more than norm
         ("sharded qkv", {"mlp"}),
+        ("wrapped qkv", {"mlp"}),  # a LoRA layer around the projection: its forward is not the hooked one
         ("fp32 residual", set()),
         ("rows", set()),  # past the kernels' 64 rows
         ("unnamed layer", set()),
@@ -149,6 +162,8 @@ def test_sglangs_add_rms_norm_runs_where_no_kernel_can_take_it(monkeypatch, case
         comm.input_layernorm.fp32_residual = comm.post_attention_layernorm.fp32_residual = True
     if case == "sharded qkv":
         layer.self_attn.qkv_proj.tp_size = 2
+    if case == "wrapped qkv":
+        layer.self_attn.qkv_proj = _Wrapped(layer.self_attn.qkv_proj)
     hidden, residual = _rows(GLU_MAX_ROWS + 1 if case == "rows" else 5, seed=2)
     expected, expected_residual, _ = _sglang_layer(comm, layer, hidden, residual)
     forward = _forward(comm, batch)

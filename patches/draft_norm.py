@@ -69,8 +69,14 @@ def plain_norm(norm, rows: torch.Tensor, residual) -> bool:
     )
 
 
+_UNTAKEN = "a deferred add-RMSNorm was not taken by its consumer: run --pillar-draft-mlp fused"
+
+
 def leave(rows: torch.Tensor, residual: torch.Tensor, norm, consumer: torch.nn.Module) -> torch.Tensor:
-    """Leaves ``norm`` of rows + residual to ``consumer``; returns the new residual buffer it will fill."""
+    """Leaves ``norm`` of rows + residual to ``consumer``; returns the new residual buffer it will fill. A norm
+    still waiting means its consumer was skipped: refused."""
+    if _PENDING.get() is not None:
+        raise RuntimeError(_UNTAKEN)
     new_residual = torch.empty_like(residual)
     add_norm = AddNorm(residual, norm.weight, float(norm.variance_epsilon), new_residual)
     _PENDING.set(_DeferredNorm(rows, consumer, add_norm))
@@ -97,7 +103,7 @@ def name_layer(original, decoder_layer, *args, **kwargs):
     finally:
         _LAYER.reset(token)
     if _PENDING.get() is not None:
-        raise RuntimeError("a deferred add-RMSNorm was not taken by its consumer: run --pillar-draft-mlp fused")
+        raise RuntimeError(_UNTAKEN)
     return out
 
 

@@ -178,14 +178,19 @@ def test_sglangs_add_rms_norm_runs_where_no_kernel_can_take_it(monkeypatch, case
 
 
 @pytest.mark.usefixtures("published")
-def test_a_norm_no_consumer_took_stops_the_layer() -> None:
+@pytest.mark.parametrize("then_mlp", [False, True])
+def test_a_norm_no_consumer_took_stops_the_layer(then_mlp: bool) -> None:
     """A deferred norm whose rows reach something else than its consumer (here the layer skips the qkv call) would
-    project un-normed rows: the layer raises."""
+    project un-normed rows: the layer raises, at its end or when the next norm would be left (before the MLP)."""
     comm, layer = _communicator(), _layer()
     hidden, residual = _rows(3, seed=4)
 
     def skips_qkv(layer, hidden: torch.Tensor, residual: torch.Tensor):
-        return communicator.LayerCommunicator.prepare_attn(comm, hidden, residual, None)
+        hidden, residual = communicator.LayerCommunicator.prepare_attn(comm, hidden, residual, None)
+        if then_mlp:
+            hidden, residual = communicator.LayerCommunicator.prepare_mlp(comm, hidden * 0.5, residual, None)
+            return Qwen2MLP.forward(layer.mlp, hidden), residual
+        return hidden, residual
 
     with dm.fused_mlp(), dn.deferred_norms(), pytest.raises(RuntimeError, match="not taken"):
         dn.name_layer(skips_qkv, layer, hidden, residual)

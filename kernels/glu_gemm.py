@@ -14,6 +14,8 @@ With ``add_norm`` (``AddNorm``) the kernel is also the layer's post-attention ad
 h = x + residual tile by tile as it steps through K, feeds h * norm weight to the products, sums h * h per row and
 scales both accumulators by the rows' 1 / rms before the activation (the norm's row scale commutes with the product);
 the first K / BLOCK_K column programs write one K tile each of h, rounded, as the next layer's residual.
+``norm_gemm`` is the same kernel without the activation: a projection (a draft layer's qkv) with the layer's input
+add-RMSNorm as its prologue.
 
 Numerics: the products stay fp32 through the activation, where SGLang rounds gate_up to the activations' dtype
 first, so the rows differ from SGLang's by that rounding (with ``add_norm``, also by where the row scale applies).

@@ -22,15 +22,15 @@ context, graph capture mode and the capture-time gc freeze, for both runners' DE
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
 final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and
 LoRA hooks, the logits processor's fp32 and RL on-policy flags), ``draft_mlp`` (the MLP's gate_up_proj weight,
-down_proj and act_fn, the linear layers' quant_method and bias, a release's DualGemm.can_run, the down projection's
+down_proj and act_fn, a release's DualGemm.can_run, the down projection's
 weight, input_size and input_size_per_partition for its split GEMM; for the deferred add-RMSNorm the decoder
 layer's mlp, the communicator's post_attention_layernorm and its norm function's name), ``draft_norm`` (the decoder
-layer's self_attn, its qkv_proj's weight, quant_method, bias and tp_size and use_fused_qk_norm_mrope, the
+layer's self_attn, its qkv_proj's weight and tp_size and use_fused_qk_norm_mrope, the
 communicator's input_layernorm, _communicate_simple_fn's name and qkv_latent_func, a row tensor's
-_sglang_needs_allreduce_fusion, the RMSNorm's fp32_residual),
+_sglang_needs_allreduce_fusion, the RMSNorm's fp32_residual), ``plain_layers`` (the RMSNorm fields and the linear
+layers' quant_method and bias that say a fused kernel computes the layer's call),
 ``draft_qk`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's
-apply_qk_norm and the RMSNorm fields it reads; the decoder class names whose attention calls them right before
-attending),
+apply_qk_norm; the decoder class names whose attention calls them right before attending),
 ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain step its decode_attention_fwd,
 get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode
 does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write a draft step's K/V inside the

@@ -26,6 +26,7 @@ from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, glu_block_k, glu_ge
 from sglang_sparsespec.kernels.split_gemm import SplitWorkspace, split_block_k, split_gemm
 
 from . import draft_norm
+from .plain_layers import plain_linear
 
 _FUSE: ContextVar[bool] = ContextVar("pillar_fused_mlp", default=False)
 _DOWN: ContextVar[SplitWorkspace | None] = ContextVar("pillar_fused_down", default=None)
@@ -63,17 +64,11 @@ def _down(mlp, act: torch.Tensor, **kwargs) -> torch.Tensor:
     return out
 
 
-def _unquantized(linear) -> bool:
-    """SGLang's plain linear layer: unquantized weights (an attribute a release lacks: not plain), no bias."""
-    method = getattr(linear, "quant_method", None)
-    return type(method).__name__ == "UnquantizedLinearMethod" and getattr(linear, "bias", None) is None
-
-
 def _fusable(mlp, x: torch.Tensor) -> bool:
     gate_up = getattr(mlp, "gate_up_proj", None)
     weight = getattr(gate_up, "weight", None)
     if not (
-        isinstance(weight, torch.Tensor) and _unquantized(gate_up) and _unquantized(getattr(mlp, "down_proj", None))
+        isinstance(weight, torch.Tensor) and plain_linear(gate_up) and plain_linear(getattr(mlp, "down_proj", None))
     ):
         return False
     dual = getattr(mlp, "dual_gemm", None)  # SGLang's own fused gate/up path (0.5.22 on): where it runs, it wins

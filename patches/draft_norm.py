@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, AddNorm, glu_block_k, glu_norm_fits, norm_gemm
 
-from .draft_qk import plain_rms_norm
+from .plain_layers import plain_linear, plain_rms_norm
 
 
 @dataclass(frozen=True)
@@ -111,13 +111,11 @@ def _qkv_takes(attn, rows: torch.Tensor) -> bool:
     """Qwen3's attention projects these rows with an unsharded, unquantized, bias-free qkv GEMM norm_gemm serves."""
     qkv = getattr(attn, "qkv_proj", None)
     weight = getattr(qkv, "weight", None)
-    method = getattr(qkv, "quant_method", None)
     return (
         type(attn).__name__ == "Qwen3Attention"
         and type(qkv).__name__ == "QKVParallelLinear"  # its forward is the hooked one (a LoRA wrapper's is not)
         and not getattr(attn, "use_fused_qk_norm_mrope", False)
-        and type(method).__name__ == "UnquantizedLinearMethod"
-        and getattr(qkv, "bias", None) is None
+        and plain_linear(qkv)
         and getattr(qkv, "tp_size", None) == 1
         and isinstance(weight, torch.Tensor)
         and weight.dtype == rows.dtype == torch.bfloat16  # Qwen3's forward casts other rows to bf16 (a new tensor)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .plain_layers import plain_rms_norm
+
 # Decoder classes whose attention is `[q, k = apply_qk_norm(q, k, ...)]; q, k = rotary_emb(positions, q, k)`
 # followed by `attn(q, k, v, ...)`.
 QK_IN_KERNEL = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
@@ -101,23 +103,6 @@ def take_deferred() -> DeferredQK | None:
     _NORM.set(None)
     _ROPE.set(None)
     return DeferredQK(norm, rope)
-
-
-def plain_rms_norm(norm, size: int) -> bool:
-    """SGLang's RMSNorm over ``size`` values (a whole head, a hidden row), weight applied in fp32 (an attribute a
-    release lacks: not plain)."""
-    from sglang.srt.layers.layernorm import RMSNorm
-
-    weight = getattr(norm, "weight", None)
-    return (
-        type(norm) is RMSNorm
-        and getattr(norm, "has_weight", False) is True
-        and getattr(norm, "cast_x_before_out_mul", True) is False
-        and getattr(norm, "variance_size_override", 0) is None
-        and getattr(norm, "override_orig_dtype", 0) is None
-        and isinstance(weight, torch.Tensor)
-        and weight.shape == (size,)
-    )
 
 
 def defer_draft_qk_norm(original, q, k, q_norm, k_norm, head_dim, *args, **kwargs):

@@ -125,8 +125,8 @@ def glu_gemm(
     """
     if x.dim() != 2 or w.dim() != 2 or w.shape[0] % 2 or w.shape[1] != x.shape[1]:
         raise ValueError(f"x [M, K] and w [2N, K] expected, got {tuple(x.shape)} {tuple(w.shape)}")
-    if block_k is None and glu_block_k(x.shape[1]) is not None:
-        block_k = glu_block_k(x.shape[1]) if add_norm is None else min(glu_block_k(x.shape[1]), NORM_BLOCK_K)
+    if block_k is None:
+        block_k = _default_block_k(x.shape[1], add_norm is not None)
     return _launch(x, w, w.shape[0] // 2, out, (block_n, block_k, warps, stages), add_norm, glu=True)
 
 
@@ -138,7 +138,7 @@ def norm_gemm(x: torch.Tensor, w: torch.Tensor, add_norm: AddNorm, out: torch.Te
     steps of ``glu_block_k`` (the plain product's tiles leave the residual's tile room in shared memory)."""
     if x.dim() != 2 or w.dim() != 2 or w.shape[1] != x.shape[1]:
         raise ValueError(f"x [M, K] and w [N, K] expected, got {tuple(x.shape)} {tuple(w.shape)}")
-    launch = (NORM_BLOCK_N, glu_block_k(x.shape[1]), WARPS, STAGES)
+    launch = (NORM_BLOCK_N, _default_block_k(x.shape[1], False), WARPS, STAGES)
     return _launch(x, w, w.shape[0], out, launch, add_norm, glu=False)
 
 
@@ -157,7 +157,7 @@ def _launch(
     if block_k is None or k % block_k or m > GLU_MAX_ROWS:
         raise ValueError(f"K={k} must be a multiple of 32 (of block_k={block_k}) and M={m} at most {GLU_MAX_ROWS}")
     if add_norm is not None:
-        _check_add_norm(add_norm, x, triton.cdiv(n, block_n) * block_k >= k)
+        _check_add_norm(add_norm, x, _tiles_cover_k(n, block_n, block_k, k))
     if m == 0:
         return out
     block_m = max(16, triton.next_power_of_2(m))
@@ -178,12 +178,19 @@ def glu_norm_fits(n: int, k: int, glu: bool = True) -> bool:
     """Whether the default launch with ``add_norm`` writes the whole new residual at N output columns and
     reduction length K (glu_gemm's, else norm_gemm's): as many column programs as K steps at least (Qwen3-1.7B:
     gate/up 96 programs, qkv 128, for 32 and 16 steps)."""
+    block_k = _default_block_k(k, glu)
+    return block_k is not None and _tiles_cover_k(n, BLOCK_N if glu else NORM_BLOCK_N, block_k, k)
+
+
+def _default_block_k(k: int, gate_up_norm: bool) -> int | None:
+    """The default K step: ``glu_block_k``, at most NORM_BLOCK_K for gate/up with the add-RMSNorm."""
     block_k = glu_block_k(k)
-    if block_k is None:
-        return False
-    if glu:
-        return triton.cdiv(n, BLOCK_N) * min(block_k, NORM_BLOCK_K) >= k
-    return triton.cdiv(n, NORM_BLOCK_N) * block_k >= k
+    return min(block_k, NORM_BLOCK_K) if gate_up_norm and block_k is not None else block_k
+
+
+def _tiles_cover_k(n: int, block_n: int, block_k: int, k: int) -> bool:
+    """Whether the column programs are at least the K steps: each writes one K tile of the new residual."""
+    return triton.cdiv(n, block_n) * block_k >= k
 
 
 def _check_add_norm(add_norm: AddNorm, x: torch.Tensor, tiles_cover_k: bool) -> None:

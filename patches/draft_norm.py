@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
-from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, AddNorm, glu_block_k, glu_norm_fits, norm_gemm
+from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, AddNorm, glu_norm_fits, norm_gemm
 
 from .plain_layers import plain_linear, plain_rms_norm
 
@@ -125,7 +125,6 @@ def _qkv_takes(attn, rows: torch.Tensor) -> bool:
         and rows.dim() == 2
         and 0 < rows.shape[0] <= GLU_MAX_ROWS
         and rows.stride(1) == 1
-        and glu_block_k(rows.shape[1]) is not None
         and glu_norm_fits(weight.shape[0], rows.shape[1], glu=False)
     )
 

@@ -22,15 +22,11 @@ context, graph capture mode and the capture-time gc freeze, for both runners' DE
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
 final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and
 LoRA hooks, the logits processor's fp32 and RL on-policy flags), ``draft_mlp`` (the MLP's gate_up_proj weight,
-down_proj and act_fn, a release's DualGemm.can_run, the down projection's
-weight, input_size and input_size_per_partition for its split GEMM; for the deferred add-RMSNorm the decoder
-layer's mlp, the communicator's post_attention_layernorm and its norm function's name), ``draft_norm`` (the decoder
-layer's self_attn, its qkv_proj's weight and tp_size and use_fused_qk_norm_mrope, the
-communicator's input_layernorm, _communicate_simple_fn's name and qkv_latent_func, a row tensor's
-_sglang_needs_allreduce_fusion, the RMSNorm's fp32_residual), ``plain_layers`` (the RMSNorm fields and the linear
-layers' quant_method and bias that say a fused kernel computes the layer's call),
-``draft_qk`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's
-apply_qk_norm; the decoder class names whose attention calls them right before attending),
+down_proj and act_fn, a release's DualGemm.can_run, the down projection's weight, input_size and
+input_size_per_partition for its split GEMM), ``plain_layers`` (the RMSNorm fields and the linear layers'
+quant_method and bias that say a fused kernel computes the layer's call), ``draft_qk`` (the
+rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's apply_qk_norm; the
+decoder class names whose attention calls them right before attending),
 ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain step its decode_attention_fwd,
 get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode
 does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write a draft step's K/V inside the
@@ -65,7 +61,6 @@ from . import (
     draft_lm_head,
     draft_logits,
     draft_mlp,
-    draft_norm,
     draft_qk,
     finish_check,
     kv_cache_builder,
@@ -243,39 +238,6 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "AROUND",
         draft_mlp.fuse_llama_mlp,
         "as Qwen2MLP.forward's, for Llama and Mistral draft steps",
-    ),
-    Hook(
-        "sglang.srt.models.qwen3.Qwen3DecoderLayer.forward",
-        "AROUND",
-        draft_norm.name_layer,
-        "with --pillar-draft-mlp fused_norm names the layer for the communicator's hooks, which must know that a "
-        "fused kernel consumes the rows they hand on, and refuses a norm no consumer took; draft steps only",
-        versions=releases(last="0.5.20"),
-    ),
-    Hook(
-        "sglang.srt.layers.communicator.LayerCommunicator.prepare_attn",
-        "AROUND",
-        draft_norm.defer_attn_norm,
-        "with --pillar-draft-mlp fused_norm a draft step's Qwen3 layer hands its input rows to the qkv projection "
-        "un-normed and the qkv kernel runs the add-RMSNorm (one launch less per layer); only where the norm is "
-        "SGLang's plain one; 0.5.21 on, Qwen3 norms through its layer boundary instead",
-        versions=releases(last="0.5.20"),
-    ),
-    Hook(
-        "sglang.srt.layers.communicator.LayerCommunicator.prepare_mlp",
-        "AROUND",
-        draft_mlp.defer_mlp_norm,
-        "as prepare_attn's, for the post-attention add-RMSNorm and the gate/up kernel; only where the communicator "
-        "does nothing but the norm",
-        versions=releases(last="0.5.20"),
-    ),
-    Hook(
-        "sglang.srt.layers.linear.ColumnParallelLinear.forward",
-        "AROUND",
-        draft_norm.fuse_qkv_norm,
-        "the qkv projection a deferred input norm was left to (by its rows' identity) runs it as its prologue; "
-        "every other call is SGLang's",
-        versions=releases(last="0.5.20"),
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler.init_metrics_reporter",

@@ -5,14 +5,11 @@ projection. Inside ``fused_mlp()`` (the draft runner's draft steps, with ``--pil
 compute silu(gate) * up in the GEMM's epilogue and hand it to the layer's own down projection: one launch and one
 gap less a layer of every draft step, and the [M, 2N] intermediate never written. With ``fused_down`` the down
 projection of an unsharded layer is ``kernels/split_gemm.py`` too, which sums its split-K slices in its own launch
-where cuBLAS runs a second one: another launch and gap less a layer. With ``fused_norm`` a Qwen3 layer's
-post-attention add-RMSNorm becomes the gate/up kernel's prologue (``defer_mlp_norm``; patches/draft_norm.py has the
-mechanism and the input norm's counterpart). Only where that is the same computation: unquantized bf16 / fp16
-gate/up and down projections without bias, SGLang's ``SiluAndMul``, at most ``GLU_MAX_ROWS`` rows, a reduction length
-the kernel steps through, a plain RMSNorm with no communication around it, and where SGLang has no fused path of its
-own for the call (its dual GEMM, where a release has one and it can run).
-Everything else runs SGLang's forward. The verify and the plain step never enter ``fused_mlp()``: only draft numerics
-change, so only acceptance can.
+where cuBLAS runs a second one: another launch and gap less a layer. Only where that is the same
+computation: unquantized bf16 / fp16 gate/up and down projections without bias, SGLang's ``SiluAndMul``, at most
+``GLU_MAX_ROWS`` rows, a reduction length the kernel steps through, and where SGLang has no fused path of its own
+for the call (its dual GEMM, where a release has one and it can run). Everything else runs SGLang's forward. The
+verify and the plain step never enter ``fused_mlp()``: only draft numerics change, so only acceptance can.
 """
 
 from __future__ import annotations
@@ -22,10 +19,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
-from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, glu_block_k, glu_gemm, glu_norm_fits
+from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, glu_block_k, glu_gemm
 from sglang_sparsespec.kernels.split_gemm import SplitWorkspace, split_block_k, split_gemm
 
-from . import draft_norm
 from .plain_layers import plain_linear
 
 _FUSE: ContextVar[bool] = ContextVar("pillar_fused_mlp", default=False)
@@ -88,12 +84,10 @@ def _fusable(mlp, x: torch.Tensor) -> bool:
 
 def fuse_qwen2_mlp(original, mlp, x, forward_batch=None):
     """AROUND ``Qwen2MLP.forward`` (Qwen2 and Qwen3): inside ``fused_mlp()``, gate/up and SiLU-and-mul in one
-    launch (with the add-RMSNorm ``defer_mlp_norm`` left to it, if any), then the layer's down projection as SGLang
-    calls it; else SGLang's."""
-    add_norm = draft_norm.take(x, mlp)
-    if add_norm is None and not (_FUSE.get() and _fusable(mlp, x)):
+    launch, then the layer's down projection as SGLang calls it; else SGLang's."""
+    if not (_FUSE.get() and _fusable(mlp, x)):
         return original(mlp, x, forward_batch)
-    return _down(mlp, glu_gemm(x, mlp.gate_up_proj.weight, add_norm=add_norm), forward_batch=forward_batch)
+    return _down(mlp, glu_gemm(x, mlp.gate_up_proj.weight), forward_batch=forward_batch)
 
 
 def fuse_llama_mlp(original, mlp, x, forward_batch=None):
@@ -101,25 +95,3 @@ def fuse_llama_mlp(original, mlp, x, forward_batch=None):
     if not (_FUSE.get() and _fusable(mlp, x)):
         return original(mlp, x, forward_batch)
     return _down(mlp, glu_gemm(x, mlp.gate_up_proj.weight))
-
-
-def defer_mlp_norm(original, communicator, hidden_states, residual, forward_batch, cache=None):
-    """AROUND ``LayerCommunicator.prepare_mlp``: inside ``draft_norm.deferred_norms()``, where the communicator only
-    norms (no all-reduce, scatter or gather) and the layer's MLP runs the fused kernel on these rows, returns the
-    attention's output as it came and a new residual buffer the MLP's kernel fills (patches/draft_norm.py); else
-    SGLang's."""
-    decoder_layer = draft_norm.layer()
-    mlp, norm = getattr(decoder_layer, "mlp", None), getattr(communicator, "post_attention_layernorm", None)
-    fn = getattr(communicator, "_communicate_with_all_reduce_and_layer_norm_fn", None)
-    if not (
-        decoder_layer is not None
-        and cache is None
-        and getattr(fn, "__name__", None) == "_simple"
-        and type(mlp).__name__ == "Qwen2MLP"  # the class fuse_qwen2_mlp hooks (Qwen3's MLP)
-        and draft_norm.plain_norm(norm, hidden_states, residual)
-        and _FUSE.get()
-        and _fusable(mlp, hidden_states)
-        and glu_norm_fits(mlp.gate_up_proj.weight.shape[0] // 2, hidden_states.shape[-1])
-    ):
-        return original(communicator, hidden_states, residual, forward_batch, cache)
-    return hidden_states, draft_norm.leave(hidden_states, residual, norm, mlp)

@@ -43,7 +43,6 @@ from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward
 from .draft_attention import DraftStepInputs, PillarDraftBackend
 from .draft_logits import draft_step
 from .draft_mlp import fused_mlp
-from .draft_norm import deferred_norms
 from .draft_qk import QK_IN_KERNEL, deferred_qk
 
 
@@ -186,11 +185,9 @@ class PillarDraftRunner:
         # The draft steps' attention normalizes and rotates q and k itself where it stores K/V in-kernel
         # (patches/draft_qk.py).
         self.qk_in_kernel = self.backend.stores_in_kernel and type(model_runner.model).__name__ in QK_IN_KERNEL
-        # gate/up and SiLU-and-mul in one launch, with FUSED_DOWN the down projection's split sum in its own
-        # (draft_mlp.py; the draft steps run on one stream, so one workspace serves every layer), with FUSED_NORM
-        # the layers' add-RMSNorms in the qkv and gate/up launches (draft_norm.py)
-        self.fuse_mlp = cfg.draft_mlp is not DraftMlp.SGLANG
-        self.fuse_norm = cfg.draft_mlp is DraftMlp.FUSED_NORM
+        # gate/up and SiLU-and-mul in one launch, and with FUSED_DOWN the down projection's split sum in its own
+        # (draft_mlp.py); the draft steps run on one stream, so one workspace serves every layer
+        self.fuse_mlp = cfg.draft_mlp in (DraftMlp.FUSED, DraftMlp.FUSED_DOWN)
         self.down_workspace = (
             SplitWorkspace.create(model_runner.model_config.hidden_size, model_runner.device)
             if cfg.draft_mlp is DraftMlp.FUSED_DOWN
@@ -226,7 +223,6 @@ class PillarDraftRunner:
             draft_step(),
             deferred_qk() if self.qk_in_kernel else nullcontext(),
             fused_mlp(self.down_workspace) if self.fuse_mlp else nullcontext(),
-            deferred_norms() if self.fuse_norm else nullcontext(),
         ):
             logits = self._forward(bs, self.seq_lens[:bs] + self.step)  # in the LM head's dtype
         drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)

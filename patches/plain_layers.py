@@ -11,7 +11,7 @@ import torch
 
 
 def plain_rms_norm(norm, size: int) -> bool:
-    """SGLang's RMSNorm over ``size`` values (a whole head, a hidden row), weight applied in fp32."""
+    """SGLang's RMSNorm over ``size`` values (a whole head), weight applied in fp32."""
     from sglang.srt.layers.layernorm import RMSNorm
 
     weight = getattr(norm, "weight", None)

@@ -92,7 +92,7 @@ def published(llama_config_dir):
 def test_the_loaded_plugin_fuses_sglangs_mlp_inside_draft_steps_only(published, monkeypatch, cls: type) -> None:
     launches: list[int] = []
 
-    def counted(x: torch.Tensor, w: torch.Tensor, add_norm: None = None) -> torch.Tensor:
+    def counted(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         launches.append(x.shape[0])
         return glu_gemm(x, w)
 

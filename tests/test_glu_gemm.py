@@ -1,7 +1,6 @@
 """The draft steps' gate/up GEMM with its SiLU-and-mul epilogue (kernels/glu_gemm.py) against its reference and
 against SGLang's two steps (the product rounded to the activations' dtype, then silu(gate) * up): row and column
-tails, every K step, fp16; with the add-RMSNorm ahead of it, against SGLang's add-RMSNorm then the two steps, the
-new residual written whole; the plain projection with that prologue (a draft layer's qkv); refused inputs.
+tails, every K step, fp16; refused inputs.
 
 Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py); with CUDA it runs compiled.
 """
@@ -10,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, AddNorm, glu_block_k, glu_gemm, glu_gemm_ref, norm_gemm
+from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, glu_block_k, glu_gemm, glu_gemm_ref
 from triton_env import DEVICE
 
 
@@ -77,60 +76,3 @@ def test_glu_gemm_refuses_what_it_cannot_compute() -> None:
         glu_gemm(torch.zeros(GLU_MAX_ROWS + 1, 64, dtype=x.dtype, device=DEVICE), w)
     with pytest.raises(ValueError, match="out must be"):
         glu_gemm(x, w, torch.empty(4, 31, dtype=x.dtype, device=DEVICE))
-
-
-def _add_norm(x: torch.Tensor, seed: int) -> AddNorm:
-    gen = torch.Generator().manual_seed(seed)
-    residual = (4 * torch.randn(x.shape, generator=gen)).to(x.dtype).to(DEVICE)
-    weight = (1 + 0.2 * torch.randn(x.shape[1], generator=gen)).to(x.dtype).to(DEVICE)
-    return AddNorm(residual, weight, 1e-6, torch.full_like(residual, float("nan")))
-
-
-@pytest.mark.parametrize("m, n, k, block_n", [(1, 64, 128, 32), (19, 40, 64, 16), (64, 96, 96, 16)])
-def test_the_add_norm_prologue_is_sglangs_add_rms_norm_then_the_mlp(m: int, n: int, k: int, block_n: int) -> None:
-    """x + residual rounded into residual_out (every K tile, written by the column program of its index); the
-    output equal to the reference, and to SGLang's path (fused add-RMSNorm rounding its output, then the two steps)
-    within the roundings: 1 row, a partial row tile, 64 rows; K steps of 64 and 32, one to three of them."""
-    x, w = _inputs(m, n, k, seed=m + k)
-    norm = _add_norm(x, seed=m)
-    residual = norm.residual.clone()
-    out = glu_gemm(x, w, block_n=block_n, add_norm=norm)
-    h = x.float() + residual.float()
-    # every element written (NaN before), rounded (the interpreter truncates where the GPU rounds to nearest)
-    torch.testing.assert_close(norm.residual_out.float(), h, rtol=2**-7, atol=0)
-    assert torch.equal(norm.residual, residual)
-    ref_norm = AddNorm(residual, norm.weight, norm.eps, torch.empty_like(residual))
-    torch.testing.assert_close(out.float(), glu_gemm_ref(x, w, ref_norm).float(), rtol=2e-2, atol=2e-2)
-    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.float()).to(x.dtype)
-    torch.testing.assert_close(out.float(), _sglang_steps(normed, w), rtol=5e-2, atol=5e-2)
-
-
-@pytest.mark.parametrize("m, n, k", [(1, 64, 128), (19, 96, 96), (64, 160, 64)])
-def test_norm_gemm_is_sglangs_add_rms_norm_then_the_projection(m: int, n: int, k: int) -> None:
-    """The qkv projection with the input add-RMSNorm ahead of it: x + residual into residual_out, the output the
-    product of the normalized rows within the roundings (1 row, a partial row tile, 64 rows; partial and whole
-    32-column tiles; K steps of 128, 32 and 64)."""
-    gen = torch.Generator().manual_seed(m + n)
-    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
-    w = (torch.randn(n, k, generator=gen) / k**0.5).to(torch.bfloat16).to(DEVICE)
-    norm = _add_norm(x, seed=n)
-    out = norm_gemm(x, w, norm)
-    h = x.float() + norm.residual.float()
-    torch.testing.assert_close(norm.residual_out.float(), h, rtol=2**-7, atol=0)
-    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.float()).to(x.dtype)
-    torch.testing.assert_close(out.float(), (normed.float() @ w.float().T), rtol=5e-2, atol=5e-2)
-    with pytest.raises(ValueError, match=r"w \[N, K\]"):
-        norm_gemm(x, w[:, 1:], norm)
-
-
-def test_the_add_norm_prologue_refuses_what_it_cannot_write() -> None:
-    x, w = _inputs(4, 32, 128, seed=9)
-    norm = _add_norm(x, seed=9)
-    with pytest.raises(ValueError, match="column tiles"):  # one 64-column tile, two 64-wide K steps
-        glu_gemm(x, w, block_k=64, add_norm=norm)
-    with pytest.raises(ValueError, match="of its own"):
-        glu_gemm(x, w, add_norm=AddNorm(norm.residual, norm.weight, norm.eps, norm.residual))
-    with pytest.raises(ValueError, match="residual and residual_out must be"):
-        glu_gemm(x, w, add_norm=AddNorm(norm.residual[:2], norm.weight, norm.eps, norm.residual_out))
-    with pytest.raises(ValueError, match="one value a column"):
-        glu_gemm(x, w, add_norm=AddNorm(norm.residual, norm.weight[:64], norm.eps, norm.residual_out))

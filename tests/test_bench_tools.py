@@ -158,3 +158,27 @@ def test_the_vocab_pass_probes_bins_only_pass_bins_what_the_histogram_counts() -
     assert torch.equal(probe_hist.cpu(), passes.hist.cpu())
     calls["hist1_nb64"]()
     assert torch.equal(probe_hist[..., :64].sum(-1).cpu(), passes.hist.sum(-1).cpu())
+
+
+def test_flashinfer_aot_install_keeps_only_the_modules_that_pass_their_check(tmp_path: Path) -> None:
+    """A prebuilt module that fails its GPU check must leave FlashInfer's AOT folder again (FlashInfer then compiles
+    it as before); one that passes stays; one never built is reported, not copied."""
+    from types import SimpleNamespace
+
+    from tools.flashinfer_aot import Module, install
+
+    def failing() -> None:
+        raise RuntimeError("undefined symbol: cuTensorMapEncodeTiled\nmore lines")
+
+    src, dst = tmp_path / "built", tmp_path / "aot"
+    for name in ("good", "bad"):
+        (src / name).mkdir(parents=True)
+        (src / name / f"{name}.so").write_bytes(b"\x7fELF")
+    modules = tuple(
+        Module(key, lambda name=name: SimpleNamespace(name=name), check)
+        for key, name, check in (("g", "good", lambda: None), ("b", "bad", failing), ("m", "missing", lambda: None))
+    )
+    outcome = install(src, dst, modules)
+    assert (dst / "good" / "good.so").is_file() and not (dst / "bad").exists() and not (dst / "missing").exists()
+    assert outcome["g"].startswith("checked in ") and outcome["m"] == "not built"
+    assert outcome["b"] == "removed (RuntimeError: undefined symbol: cuTensorMapEncodeTiled)"

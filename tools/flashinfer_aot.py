@@ -7,8 +7,8 @@
 
 FlashInfer compiles a module the first time a process asks for it. On a bare GPU node that is a server start's
 largest single cost: 100 s for the sampling module in PILLAR's first start and 130-280 s of attention modules in
-stock FlashInfer's (the server logs of steps_qwen3-1.7b_h200_dbf05cb / steps_qwen3-8b_h200_dbf05cb), time a
-measuring session pays again on every fresh machine. FlashInfer first looks for a module in its package's
+stock FlashInfer's (the server logs of steps_qwen3-1.7b_h200_dbf05cb / steps_qwen3-8b_h200_dbf05cb), time paid
+again on every fresh machine. FlashInfer first looks for a module in its package's
 ``data/aot/<name>/<name>.so`` and compiles only when that is missing. ``build`` compiles the modules the
 benchmarks' servers ask for (sampling; batch decode, and fa2 / fa3 prefill, bf16, head dims 128 for Qwen3 and 64
 for SmolLM2) with FlashInfer's own build rules for sm_90a. ``install`` copies each into FlashInfer's package and
@@ -20,6 +20,7 @@ took a minute compiled instead of loading.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import subprocess
@@ -64,6 +65,14 @@ def _sampling_spec() -> Any:
     return gen_sampling_module()
 
 
+def _segments(lens: list[int], dev: Any) -> tuple[Any, list[tuple[int, int]]]:
+    """The indptr [len(lens) + 1] int32 of rows of these lengths laid end to end, and each row's (start, end)."""
+    import torch
+
+    bounds = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    return torch.tensor(bounds, dtype=torch.int32, device=dev), list(itertools.pairwise(bounds))
+
+
 def _reference(q: Any, k: Any, v: Any, causal: bool) -> Any:
     """Attention of q [n, Hq, D] over k, v [L, Hkv, D] in fp32, the query rows the last n of L when causal."""
     import torch
@@ -86,14 +95,14 @@ def _check_decode(head_dim: int, group: int, tensor_cores: bool) -> None:
     dev, bf = torch.device("cuda"), torch.bfloat16
     k, v = (torch.randn(sum(lens), h_kv, head_dim, device=dev, dtype=bf) for _ in "kv")
     q = torch.randn(len(lens), h_kv * group, head_dim, device=dev, dtype=bf)
-    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    indptr, rows = _segments(lens, dev)
     work = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(work, "NHD", use_tensor_cores=tensor_cores)
     ones = torch.ones(len(lens), dtype=torch.int32, device=dev)
     wrapper.plan(indptr, torch.arange(sum(lens), dtype=torch.int32, device=dev), ones, h_kv * group, h_kv, head_dim,
                  1, q_data_type=bf, kv_data_type=bf)  # fmt: skip
     out = wrapper.run(q, (k.unsqueeze(1), v.unsqueeze(1)))  # page size 1: [pages, 1, H_kv, D]
-    for b, (lo, hi) in enumerate(zip(indptr[:-1].tolist(), indptr[1:].tolist(), strict=True)):
+    for b, (lo, hi) in enumerate(rows):
         ref = _reference(q[b : b + 1], k[lo:hi], v[lo:hi], causal=False)
         torch.testing.assert_close(out[b : b + 1].float(), ref, atol=2e-2, rtol=2e-2)
 
@@ -106,12 +115,12 @@ def _check_prefill(backend: str, head_dim: int) -> None:
     dev, bf = torch.device("cuda"), torch.bfloat16
     q = torch.randn(sum(lens), h_kv * group, head_dim, device=dev, dtype=bf)
     k, v = (torch.randn(sum(lens), h_kv, head_dim, device=dev, dtype=bf) for _ in "kv")
-    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    indptr, rows = _segments(lens, dev)
     work = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
     wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(work, "NHD", backend=backend)
     wrapper.plan(indptr, indptr, h_kv * group, h_kv, head_dim, causal=True, q_data_type=bf, kv_data_type=bf)
     out = wrapper.run(q, k, v)
-    for lo, hi in zip(indptr[:-1].tolist(), indptr[1:].tolist(), strict=True):
+    for lo, hi in rows:
         ref = _reference(q[lo:hi], k[lo:hi], v[lo:hi], causal=True)
         torch.testing.assert_close(out[lo:hi].float(), ref, atol=2e-2, rtol=2e-2)
 

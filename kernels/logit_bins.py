@@ -260,34 +260,6 @@ def _hist_kernel(
 
 
 @triton.jit
-def _range_bin(z, m, r, base, first, NB_C: tl.constexpr):
-    """A token's bin at the level of a row's final range: level_bin's instructions, the level chosen per row."""
-    x = tl.minimum((m - z) * r, 1.0e9)
-    j = x.to(tl.int32) - base
-    return tl.where(first != 0, tl.minimum(j, NB_C - 2), j)
-
-
-@triton.jit
-def _write_taken(base_l, start, vocab, inv_t, m, r, base, lo, hi, first, filled, ids_row, z_row, list_cap,
-                 NB_C: tl.constexpr, BLOCK_V: tl.constexpr, SCAN_V: tl.constexpr):  # fmt: skip
-    """Write the taken tokens of tile [start, start + BLOCK_V) in id order from slot ``filled``; returns the next
-    slot. The tile is read again SCAN_V tokens at a time (from cache): a scan over the whole tile held ~60 more
-    registers a thread through the gather's streaming loop, which then ran fewer programs per multiprocessor."""
-    offs = tl.arange(0, SCAN_V)
-    for part in range(0, BLOCK_V, SCAN_V):
-        idx = start + part + offs
-        z = load_z(base_l, idx, vocab, inv_t)
-        j = _range_bin(z, m, r, base, first, NB_C)
-        take = (z > -float("inf")) & (j >= lo) & (j <= hi)
-        slot = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
-        keep = take & (slot < list_cap)
-        tl.store(ids_row + slot, idx, mask=keep)
-        tl.store(z_row + slot, z, mask=keep)
-        filled += tl.sum(take.to(tl.int32), axis=0)
-    return filled
-
-
-@triton.jit
 def _gather_kernel(
     Logits,
     Temperature,
@@ -311,7 +283,6 @@ def _gather_kernel(
     CHUNK_C: tl.constexpr,
     BLOCK_V: tl.constexpr,
     STAGE: tl.constexpr,
-    SCAN_V: tl.constexpr = 256,
 ):
     """A chunk's tokens in its row's range [lo, hi] (level bins; lo very negative: everything above too),
     written in id order from the chunk's offset (BIG rows, too many to list, write none); the exact mass
@@ -336,9 +307,12 @@ def _gather_kernel(
         z_lo = float("inf")
         z_hi = -float("inf")
         for sub in range(0, CHUNK_C, BLOCK_V):
-            z = load_z(base_l, ch * CHUNK_C + sub + offs, vocab, inv_t)
+            idx = ch * CHUNK_C + sub + offs
+            z = load_z(base_l, idx, vocab, inv_t)
             finite = z > -float("inf")
-            j = _range_bin(z, m, r, base, first, NB_C)
+            x = tl.minimum((m - z) * r, 1.0e9)  # level_bin's instructions, the level chosen per row
+            j = x.to(tl.int32) - base
+            j = tl.where(first != 0, tl.minimum(j, NB_C - 2), j)
             take = finite & (j >= lo) & (j <= hi)
             if STAGE == 2:  # a bracket's list: the exact mass above it, and its values' range (one tie?)
                 mass_above += tl.sum(tl.where(finite & (j < lo), tl.exp(z - m), 0.0), axis=0)
@@ -346,11 +320,11 @@ def _gather_kernel(
                 z_hi = tl.maximum(z_hi, tl.max(tl.where(take, z, -float("inf")), axis=0))
             n_take = tl.sum(take.to(tl.int32), axis=0)
             if (path != BIG) & (n_take > 0):  # most tiles of a short list take nothing: no scan for them
-                filled = _write_taken(base_l, ch * CHUNK_C + sub, vocab, inv_t, m, r, base, lo, hi, first, filled,
-                                      ListIds + row * list_cap, ListZ + row * list_cap, list_cap, NB_C, BLOCK_V,
-                                      SCAN_V)  # fmt: skip
-            else:
-                filled += n_take
+                slot = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
+                take = take & (slot < list_cap)
+                tl.store(ListIds + row * list_cap + slot, idx, mask=take)
+                tl.store(ListZ + row * list_cap + slot, z, mask=take)
+            filled += n_take
         if STAGE == 2:
             tl.store(AboveMass + row * NCH + ch, mass_above)
             tl.store(RangeZ + (row * NCH + ch) * 2, z_lo)

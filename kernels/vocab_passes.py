@@ -176,6 +176,16 @@ class PassRows:
     block_v: int
     num_warps: int
 
+    def __post_init__(self) -> None:
+        # A tile narrower than the program's threads is held replicated across them. Compiled (Triton 3.6, H200),
+        # the target filter's rows came out wrong at 32-token tiles on 4 warps where the interpreter's were right
+        # (gpu_tests_h200_10bafe1.log; the served 2048-token tiles were right): the passes' histograms and
+        # list writes assume each token is one thread's.
+        if self.block_v < 32 * self.num_warps:
+            raise ValueError(
+                f"block_v {self.block_v} must hold a token a thread: at least 32 x num_warps ({32 * self.num_warps})"
+            )
+
     @property
     def params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(top_k, top_p, min_p) as the kernels take them: top_p stands in for an absent min_p (never read)."""

@@ -54,8 +54,8 @@ N_CHAINS = 30_000
 N_CONTROL = 10_000
 N_KERNEL = 40
 # A list shorter than the vocabulary (rows decided on their top list and rows past it both occur) and a
-# vocabulary tile the size of the row (the interpreter's time goes with the tile's width).
-KERNEL_LAUNCH = {"list_cap": 4, "chunk": V, "block_v": V}
+# vocabulary tile of one warp's 32 threads, the narrowest a launch takes (the interpreter's time goes with its width).
+KERNEL_LAUNCH = {"list_cap": 4, "chunk": 32, "block_v": 32, "num_warps": 1}
 
 
 @dataclass

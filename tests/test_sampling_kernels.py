@@ -142,7 +142,8 @@ def test_rejection_on_compact_rows_matches_reference(rank_rule, logit_dtype):
     t = torch.full((bs,), 0.8, device=DEVICE)
     top_k = torch.tensor([20, -1, 3, 1] * (bs // 4), dtype=torch.int32, device=DEVICE)
     top_p = torch.tensor([0.9, 0.95, 1.0, 1.0] * (bs // 4), device=DEVICE)
-    rows = target_filter_fwd(logits, t, top_k, top_p, None, k + 1, rank_rule, list_cap=32, chunk=64, block_v=32)
+    launch = {"list_cap": 32, "chunk": 64, "block_v": 32, "num_warps": 1}
+    rows = target_filter_fwd(logits, t, top_k, top_p, None, k + 1, rank_rule, **launch)
     dense = rows.dense().view(bs, k + 1, vocab)
     full = rows.path == RowPath.FULL
     assert full.sum() >= bs * (k + 1) - 2 and not full.all()
@@ -158,9 +159,7 @@ def test_rejection_on_compact_rows_matches_reference(rank_rule, logit_dtype):
     assert torch.equal(out[1], ref[1]) and torch.equal(out[0], ref[0])
     assert len(set(out[1].tolist())) > 1 and out[1][0] == 0 and dense[0, 0, out[0][0, 0]] > 0
     if logit_dtype is torch.bfloat16:
-        rows32 = target_filter_fwd(
-            logits.float(), t, top_k, top_p, None, k + 1, rank_rule, list_cap=32, chunk=64, block_v=32
-        )
+        rows32 = target_filter_fwd(logits.float(), t, top_k, top_p, None, k + 1, rank_rule, **launch)
         torch.testing.assert_close(rows32.dense(), rows.dense(), rtol=1e-5, atol=1e-7)
         out32 = rejection_fwd(rows32, tokens, ids, q, q_tok, k, coins, final, chunk=64, block_v=32)
         assert torch.equal(out32[0], out[0]) and torch.equal(out32[1], out[1])

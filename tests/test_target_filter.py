@@ -20,7 +20,7 @@ from triton_env import DEVICE
 from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
 L, CHUNK, BLOCK_V = 48, 64, 32
-LAUNCH = {"list_cap": L, "chunk": CHUNK, "block_v": BLOCK_V}
+LAUNCH = {"list_cap": L, "chunk": CHUNK, "block_v": BLOCK_V, "num_warps": 1}  # a token a thread
 BACKENDS = list(SamplingBackend)
 
 
@@ -146,6 +146,8 @@ def test_rejects_bad_shapes():
         target_filter_fwd(logits, one, one, one, None, repeats=2)
     with pytest.raises(ValueError, match="multiple"):
         target_filter_fwd(logits, one, k, one, None, repeats=2, chunk=48, block_v=32)
+    with pytest.raises(ValueError, match="a token a thread"):  # 32 tokens over 4 warps' 128 threads
+        target_filter_fwd(logits, one, k, one, None, repeats=2, chunk=64, block_v=32)
 
 
 def test_launch_parameters_do_not_change_the_rows():
@@ -155,7 +157,7 @@ def test_launch_parameters_do_not_change_the_rows():
     k = torch.tensor([20, -1, 3, 1], dtype=torch.int32, device=DEVICE)
     p = torch.tensor([0.95, 0.9, 1.0, 1.0], device=DEVICE)
     a = target_filter_fwd(logits, t, k, p, None, 2, **LAUNCH).dense()
-    b = target_filter_fwd(logits, t, k, p, None, 2, **(LAUNCH | {"chunk": 128, "block_v": 64})).dense()
+    b = target_filter_fwd(logits, t, k, p, None, 2, **(LAUNCH | {"chunk": 128, "block_v": 64, "num_warps": 2})).dense()
     assert torch.equal(a > 0, b > 0)  # the sums round differently per chunking, the support never
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
@@ -169,10 +171,10 @@ def test_near_uniform_rows_are_refined_not_scanned(backend):
     logits = torch.randn(4, 3000, generator=gen) * 1e-3
     logits[2:] = logits[2:].to(torch.bfloat16).float()  # bf16 values: ties at the cut
     args = (logits, [0.6, 1.0, 0.6, 1.0], [-1, -1, -1, 2000], [0.95, 0.9, 0.95, 0.99], None, 1, backend)
-    out, ref = _run(*args, list_cap=16, chunk=256, block_v=64)
+    out, ref = _run(*args, list_cap=16, chunk=256, block_v=64, num_warps=2)
     _assert_same(out, ref)
     assert set(out.path.tolist()) <= {RowPath.WINDOW, RowPath.TIE} and RowPath.WINDOW in out.path.tolist()
-    one, ref = _run(*args, list_cap=16, chunk=256, block_v=64, levels=1)
+    one, ref = _run(*args, list_cap=16, chunk=256, block_v=64, num_warps=2, levels=1)
     _assert_same(one, ref)
     assert RowPath.VOCAB in one.path.tolist()
 
@@ -232,5 +234,6 @@ def test_random_rows_match_target_probs(seed):
             list_cap=rng.choice([16, 48, 128]),
             chunk=chunk,
             block_v=block_v,
+            num_warps=block_v // 32,
         )
         _assert_same(out, ref)

@@ -3,9 +3,7 @@
 A decoder layer's MLP is SGLang's gate/up GEMM (cuBLAS, [M, 2N] out), its SiLU-and-mul kernel, then the down
 projection. Inside ``fused_mlp()`` (the draft runner's draft steps, with ``--pillar-draft-mlp fused``) the hooks below
 compute silu(gate) * up in the GEMM's epilogue and hand it to the layer's own down projection: one launch and one
-gap less a layer of every draft step, and the [M, 2N] intermediate never written. With ``fused_down`` the down
-projection of an unsharded layer is ``kernels/split_gemm.py`` too, which sums its split-K slices in its own launch
-where cuBLAS runs a second one: another launch and gap less a layer. Only where that is the same
+gap less a layer of every draft step, and the [M, 2N] intermediate never written. Only where that is the same
 computation: unquantized bf16 / fp16 gate/up and down projections without bias, SGLang's ``SiluAndMul``, at most
 ``GLU_MAX_ROWS`` rows, a reduction length the kernel steps through, and where SGLang has no fused path of its own
 for the call (its dual GEMM, where a release has one and it can run). Everything else runs SGLang's forward. The
@@ -20,44 +18,20 @@ from contextvars import ContextVar
 
 import torch
 from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, glu_block_k, glu_gemm
-from sglang_sparsespec.kernels.split_gemm import SplitWorkspace, split_block_k, split_gemm
 
 from .plain_layers import plain_linear
 
 _FUSE: ContextVar[bool] = ContextVar("pillar_fused_mlp", default=False)
-_DOWN: ContextVar[SplitWorkspace | None] = ContextVar("pillar_fused_down", default=None)
 
 
 @contextmanager
-def fused_mlp(down: SplitWorkspace | None = None) -> Iterator[None]:
-    """A draft step's forward whose MLPs run gate/up and the activation as one launch where they can; with ``down``
-    (a workspace for the hidden size, used by this step's stream only) the down projection sums its split-K slices
-    inside its own launch where it can."""
-    token, down_token = _FUSE.set(True), _DOWN.set(down)
+def fused_mlp() -> Iterator[None]:
+    """A draft step's forward whose MLPs run gate/up and the activation as one launch where they can."""
+    token = _FUSE.set(True)
     try:
         yield
     finally:
         _FUSE.reset(token)
-        _DOWN.reset(down_token)
-
-
-def _down(mlp, act: torch.Tensor, **kwargs) -> torch.Tensor:
-    """The layer's down projection of ``act``: one launch with its split sum inside ``fused_mlp(down)`` for an
-    unquantized, unsharded projection (no all-reduce after it) at a width the workspace serves; else SGLang's."""
-    ws, proj = _DOWN.get(), mlp.down_proj
-    weight = getattr(proj, "weight", None)
-    if (
-        ws is not None
-        and getattr(proj, "input_size_per_partition", None) == getattr(proj, "input_size", 0)  # unsharded
-        and isinstance(weight, torch.Tensor)
-        and weight.dtype == act.dtype
-        and weight.is_contiguous()
-        and weight.shape == (ws.parts.shape[2], act.shape[1])
-        and split_block_k(act.shape[1]) is not None
-    ):
-        return split_gemm(act, weight, ws)
-    out, _ = proj(act, **kwargs)
-    return out
 
 
 def _fusable(mlp, x: torch.Tensor) -> bool:
@@ -87,11 +61,13 @@ def fuse_qwen2_mlp(original, mlp, x, forward_batch=None):
     launch, then the layer's down projection as SGLang calls it; else SGLang's."""
     if not (_FUSE.get() and _fusable(mlp, x)):
         return original(mlp, x, forward_batch)
-    return _down(mlp, glu_gemm(x, mlp.gate_up_proj.weight), forward_batch=forward_batch)
+    out, _ = mlp.down_proj(glu_gemm(x, mlp.gate_up_proj.weight), forward_batch=forward_batch)
+    return out
 
 
 def fuse_llama_mlp(original, mlp, x, forward_batch=None):
     """AROUND ``LlamaMLP.forward`` (Llama, Mistral): as ``fuse_qwen2_mlp``; its down projection takes no batch."""
     if not (_FUSE.get() and _fusable(mlp, x)):
         return original(mlp, x, forward_batch)
-    return _down(mlp, glu_gemm(x, mlp.gate_up_proj.weight))
+    out, _ = mlp.down_proj(glu_gemm(x, mlp.gate_up_proj.weight))
+    return out

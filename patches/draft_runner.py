@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
-from sglang_sparsespec.kernels.split_gemm import SplitWorkspace
 
 from sglang_sparsespec.config import DraftMlp, Prologue, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
@@ -185,14 +184,7 @@ class PillarDraftRunner:
         # The draft steps' attention normalizes and rotates q and k itself where it stores K/V in-kernel
         # (patches/draft_qk.py).
         self.qk_in_kernel = self.backend.stores_in_kernel and type(model_runner.model).__name__ in QK_IN_KERNEL
-        # gate/up and SiLU-and-mul in one launch, and with FUSED_DOWN the down projection's split sum in its own
-        # (draft_mlp.py); the draft steps run on one stream, so one workspace serves every layer
-        self.fuse_mlp = cfg.draft_mlp in (DraftMlp.FUSED, DraftMlp.FUSED_DOWN)
-        self.down_workspace = (
-            SplitWorkspace.create(model_runner.model_config.hidden_size, model_runner.device)
-            if cfg.draft_mlp is DraftMlp.FUSED_DOWN
-            else None
-        )
+        self.fuse_mlp = cfg.draft_mlp is DraftMlp.FUSED  # gate/up and SiLU-and-mul in one launch (draft_mlp.py)
         self.graphs = DecodeGraphs(model_runner, capture_bs, max_bs, "draft")
         self.capture_bs = self.graphs.capture_bs
 
@@ -222,7 +214,7 @@ class PillarDraftRunner:
         with (
             draft_step(),
             deferred_qk() if self.qk_in_kernel else nullcontext(),
-            fused_mlp(self.down_workspace) if self.fuse_mlp else nullcontext(),
+            fused_mlp() if self.fuse_mlp else nullcontext(),
         ):
             logits = self._forward(bs, self.seq_lens[:bs] + self.step)  # in the LM head's dtype
         drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)

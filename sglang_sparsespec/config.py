@@ -102,8 +102,6 @@ class DraftMlp(str, Enum):
 
     # One Triton launch with the activation as the GEMM's epilogue, where the layer allows it; else SGLang's.
     FUSED = "fused"
-    # FUSED, and the down projection's split-K sum inside its own launch (kernels/split_gemm.py) where it can.
-    FUSED_DOWN = "fused_down"
     # SGLang's GEMM, then its activation kernel.
     SGLANG = "sglang"
 
@@ -339,7 +337,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("VERIFY_PROLOGUE", "verify_prologue", "a verify's K/V store and copies, q/k norm and rotary: fused = one "
          "launch a layer (as DRAFT_PROLOGUE's), else and with sglang = SGLang's kernels"),
     Knob("DRAFT_MLP", "draft_mlp", "a draft step's gate/up and SiLU-and-mul: fused = one launch (unquantized, "
-         "<= 64 rows), fused_down = and the down GEMM's split sum in its launch, else and with sglang = SGLang's"),
+         "<= 64 rows), else and with sglang = SGLang's two"),
     Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head: bf16 = the model's; fp8 = a copy with a scale "
          "a row (half the bytes; moves acceptance only)"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "

@@ -20,7 +20,6 @@ from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
 from sglang_sparsespec.config import DraftMlp
 from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, glu_gemm
-from sglang_sparsespec.kernels.split_gemm import SPLIT_K, SplitWorkspace, split_gemm
 from sglang_sparsespec.patches import draft_mlp as dm
 from sglang_sparsespec.patches.contacts import resolve
 from triton_env import DEVICE
@@ -157,42 +156,3 @@ def test_the_knob_fuses_draft_steps_never_the_plain_step(monkeypatch, mode: Draf
     from test_draft_runner import probe_forwards
 
     assert probe_forwards(monkeypatch, dm._FUSE.get, draft_mlp=mode) == [fused, fused, False]
-
-
-def test_fused_down_sums_the_split_inside_the_launch_for_unsharded_layers(published, monkeypatch) -> None:
-    """``fused_mlp(workspace)``: an unsharded down projection (SGLang adds no all-reduce) runs the split GEMM, the
-    MLP's output that of SGLang's path; a sharded one, or a width the kernel cannot step, runs SGLang's call."""
-    launches: list[tuple[int, ...]] = []
-
-    def counted(act: torch.Tensor, w: torch.Tensor, ws: SplitWorkspace) -> torch.Tensor:
-        launches.append(tuple(act.shape))
-        return split_gemm(act, w, ws)
-
-    monkeypatch.setattr(dm, "split_gemm", counted)
-    inter, gen = SPLIT_K * 32, torch.Generator().manual_seed(7)
-    mlp = _mlp(Qwen2MLP)
-    mlp.gate_up_proj = _Linear(
-        (torch.randn(2 * inter, HIDDEN, generator=gen) / HIDDEN**0.5).to(torch.bfloat16).to(DEVICE)
-    )
-    mlp.down_proj = _Linear((torch.randn(HIDDEN, inter, generator=gen) / inter**0.5).to(torch.bfloat16).to(DEVICE))
-    mlp.down_proj.input_size = mlp.down_proj.input_size_per_partition = inter
-    x = torch.randn(5, HIDDEN, generator=gen).to(torch.bfloat16).to(DEVICE)
-    ws, batch = SplitWorkspace.create(HIDDEN, DEVICE), object()
-    with dm.fused_mlp(ws):
-        out = dm.fuse_qwen2_mlp(lambda *a, **k: pytest.fail("SGLang's MLP"), mlp, x, batch)
-    assert launches == [(5, inter)] and mlp.down_proj.batches == []
-    torch.testing.assert_close(out.float(), _sglang_path(mlp, x).float(), rtol=3e-2, atol=3e-2)
-    mlp.down_proj.input_size = 2 * inter  # sharded over two ranks: SGLang's call, which all-reduces
-    with dm.fused_mlp(ws):
-        dm.fuse_qwen2_mlp(lambda *a, **k: pytest.fail("SGLang's MLP"), mlp, x, batch)
-    with dm.fused_mlp():  # fused without a workspace: gate/up only
-        dm.fuse_qwen2_mlp(lambda *a, **k: pytest.fail("SGLang's MLP"), mlp, x, batch)
-    assert launches == [(5, inter)] and mlp.down_proj.batches == [batch, batch]
-
-
-def test_the_knob_gives_the_draft_steps_a_down_workspace(monkeypatch) -> None:
-    from test_draft_runner import probe_forwards
-
-    with_ws = lambda: dm._DOWN.get() is not None  # noqa: E731
-    assert probe_forwards(monkeypatch, with_ws, draft_mlp=DraftMlp.FUSED_DOWN) == [True, True, False]
-    assert probe_forwards(monkeypatch, with_ws, draft_mlp=DraftMlp.FUSED) == [False, False, False]

@@ -65,7 +65,7 @@ def make_runner(
     mr = SimpleNamespace(
         device=DEVICE,
         model=FakeModel(),
-        model_config=SimpleNamespace(vocab_size=V, hidden_size=64),
+        model_config=SimpleNamespace(vocab_size=V),
         spec_algorithm=None,
         req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
         server_args=SimpleNamespace(enable_cudagraph_gc=False),

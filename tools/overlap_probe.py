@@ -174,8 +174,10 @@ def two_streams(
             a.post(layer)
         with on(side):
             b.post(layer)
-    a.finish()
-    b.finish()
+    with on(main):
+        a.finish()
+    with on(side):  # b's last layer is the side stream's work: its copy must queue behind it there
+        b.finish()
     if side is not None:
         main.wait_stream(side)
 

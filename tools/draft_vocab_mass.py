@@ -15,16 +15,11 @@ draft the subset cannot make), and the bound that puts on a round's accept lengt
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.meta import git_commit, package_version
-from benchmarks.workload import build_prompts, load_tokenizer
-from tools.fp8_head_tv import answers_hidden, draft_q, solve_acceptance
+from tools.fp8_head_tv import answer_parser, draft_q, round_slope, smollm2_answers, write_doc
 
 SIZES = (4096, 8192, 16384, 24576, 32768)
 
@@ -47,54 +42,18 @@ def mass_past(q: torch.Tensor, sizes: tuple[int, ...]) -> dict[int, dict[str, fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--num-prompts", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.6)
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--k", type=int, default=8, help="drafts a round")
-    parser.add_argument(
-        "--accept-length", type=float, default=4.39, help="measured mean tokens a round (SmolLM2 256 x 7000, T 0.6)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    from transformers import AutoModelForCausalLM
-
-    from sglang_sparsespec.models.smollm2 import build_smollm2
-
+    args = answer_parser(__doc__.splitlines()[0]).parse_args()
     started = time.time()
-    folder = build_smollm2()
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16).eval()
-    prompts = build_prompts(load_tokenizer(str(folder)), args.data_dir, args.num_prompts)
-    hidden = answers_hidden(model, prompts, args.new_tokens, args.temperature, args.top_p, args.seed)
+    weight, hidden = smollm2_answers(args)
     with torch.no_grad():
-        q = draft_q(hidden @ model.get_output_embeddings().weight.detach().t(), args.temperature, args.top_p)
-    a = solve_acceptance(args.accept_length, args.k)
-    slope = sum(i * a ** (i - 1) for i in range(1, args.k + 1))
+        q = draft_q(hidden @ weight.t(), args.temperature, args.top_p)
+    a, slope = round_slope(args)
     sizes = {
         s: {**m, "accept_length_bound_rel": slope * m["mean"] / args.accept_length}
         for s, m in mass_past(q, SIZES).items()
     }
-    doc = {
-        "kind": "draft_vocab_mass",
-        "device": "cpu",
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git_commit": git_commit(),
-        "torch": torch.__version__,
-        "transformers": package_version("transformers"),
-        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, bf16)",
-        "vocab": q.shape[1],
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "positions": q.shape[0],
-        "per_token_acceptance": a,
-        "subsets": sizes,
-        "seconds": round(time.time() - started, 1),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in doc.items() if k != "settings"}, indent=1))
+    fields = {"vocab": q.shape[1], "positions": q.shape[0], "per_token_acceptance": a, "subsets": sizes}
+    write_doc(args, "draft_vocab_mass", started, fields)
 
 
 if __name__ == "__main__":

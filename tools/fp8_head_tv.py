@@ -71,8 +71,10 @@ def answers_hidden(model, prompts, new_tokens: int, temperature: float, top_p: f
     return torch.cat(states)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def answer_parser(description: str) -> argparse.ArgumentParser:
+    """The options of a probe along SmolLM2's own answers: the prompts, the answers' length and sampling, and the
+    round (drafts, measured accept length) its acceptance bound is taken at."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=256)
@@ -84,26 +86,27 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    return parser
+
+
+def smollm2_answers(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """(LM head weight [V, hidden], final hidden states [rows, hidden]) of SmolLM2-135M-Instruct (bf16, built from
+    the GGUF package) along its own sampled answers to ``args``' prompts."""
     from transformers import AutoModelForCausalLM
 
     from sglang_sparsespec.models.smollm2 import build_smollm2
 
-    started = time.time()
     folder = build_smollm2()
     model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16).eval()
     prompts = build_prompts(load_tokenizer(str(folder)), args.data_dir, args.num_prompts)
     hidden = answers_hidden(model, prompts, args.new_tokens, args.temperature, args.top_p, args.seed)
-    weight = model.get_output_embeddings().weight.detach()
-    w8, w_scale = quantize_rows(weight)
-    with torch.no_grad():
-        ref = hidden @ weight.t()  # bf16, as SGLang's LM head computes it
-        got = fp8_logits(hidden, w8, w_scale)
-    tv = 0.5 * (draft_q(ref, args.temperature, args.top_p) - draft_q(got, args.temperature, args.top_p)).abs().sum(-1)
-    a = solve_acceptance(args.accept_length, args.k)
-    slope = sum(i * a ** (i - 1) for i in range(1, args.k + 1))
+    return model.get_output_embeddings().weight.detach(), hidden
+
+
+def write_doc(args: argparse.Namespace, kind: str, started: float, fields: dict) -> None:
+    """The probe's JSON (provenance, settings, ``fields``) to ``args.out``; printed without the settings."""
     doc = {
-        "kind": "fp8_head_tv",
+        "kind": kind,
         "device": "cpu",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git_commit": git_commit(),
@@ -111,6 +114,31 @@ def main() -> None:
         "transformers": package_version("transformers"),
         "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, bf16)",
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **fields,
+        "seconds": round(time.time() - started, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in doc.items() if k != "settings"}, indent=1))
+
+
+def round_slope(args: argparse.Namespace) -> tuple[float, float]:
+    """(per-token acceptance a of the measured round, d accept_length / d a): the bound's factor."""
+    a = solve_acceptance(args.accept_length, args.k)
+    return a, sum(i * a ** (i - 1) for i in range(1, args.k + 1))
+
+
+def main() -> None:
+    args = answer_parser(__doc__.splitlines()[0]).parse_args()
+    started = time.time()
+    weight, hidden = smollm2_answers(args)
+    w8, w_scale = quantize_rows(weight)
+    with torch.no_grad():
+        ref = hidden @ weight.t()  # bf16, as SGLang's LM head computes it
+        got = fp8_logits(hidden, w8, w_scale)
+    tv = 0.5 * (draft_q(ref, args.temperature, args.top_p) - draft_q(got, args.temperature, args.top_p)).abs().sum(-1)
+    a, slope = round_slope(args)
+    fields = {
         "positions": int(tv.numel()),
         "tv_mean": tv.mean().item(),
         "tv_p99": tv.quantile(0.99).item(),
@@ -119,11 +147,8 @@ def main() -> None:
         "per_token_acceptance": a,
         "accept_length_bound": slope * tv.mean().item(),
         "accept_length_bound_rel": slope * tv.mean().item() / args.accept_length,
-        "seconds": round(time.time() - started, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in doc.items() if k != "settings"}, indent=1))
+    write_doc(args, "fp8_head_tv", started, fields)
 
 
 if __name__ == "__main__":

@@ -141,6 +141,20 @@ def run_layers(half: Half, num_layers: int, attention: bool = True, gemms: bool 
     half.finish()
 
 
+def _up_to_attention(half: Half, layer: int, stream: Stream, after: Event, event: Callable[[], Event]) -> Event:
+    """``half``'s layer through its attention on ``stream``, the attention queued behind ``after`` (None: no wait);
+    returns an event recorded as the attention ends (None on a CPU)."""
+    with on(stream):
+        half.pre(layer)
+        if after is not None:
+            stream.wait_event(after)
+        half.attend()
+        done = event()
+        if done is not None:
+            done.record(stream)
+    return done
+
+
 def two_streams(
     a: Half, b: Half, num_layers: int, side: Stream, turns: bool, event: Callable[[], Event] = lambda: None
 ) -> None:
@@ -154,22 +168,8 @@ def two_streams(
     b.start()
     b_done: Event = None
     for layer in range(num_layers):
-        with on(main):
-            a.pre(layer)
-            if turns and b_done is not None:
-                main.wait_event(b_done)
-            a.attend()
-            a_done = event()
-            if a_done is not None:
-                a_done.record(main)
-        with on(side):
-            b.pre(layer)
-            if turns and a_done is not None:
-                side.wait_event(a_done)
-            b.attend()
-            b_done = event()
-            if b_done is not None:
-                b_done.record(side)
+        a_done = _up_to_attention(a, layer, main, b_done if turns else None, event)
+        b_done = _up_to_attention(b, layer, side, a_done if turns else None, event)
         with on(main):
             a.post(layer)
         with on(side):

@@ -22,8 +22,7 @@ context, graph capture mode and the capture-time gc freeze, for both runners' DE
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
 final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and
 LoRA hooks, the logits processor's fp32 and RL on-policy flags), ``draft_mlp`` (the MLP's gate_up_proj weight,
-down_proj and act_fn, a release's DualGemm.can_run, the down projection's weight, input_size and
-input_size_per_partition for its split GEMM), ``plain_layers`` (the RMSNorm fields and the linear layers'
+down_proj and act_fn, a release's DualGemm.can_run), ``plain_layers`` (the RMSNorm fields and the linear layers'
 quant_method and bias that say a fused kernel computes the layer's call), ``draft_qk`` (the
 rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's apply_qk_norm; the
 decoder class names whose attention calls them right before attending),

@@ -151,11 +151,9 @@ def outputs_agree(lay: Layouts) -> dict[str, float]:
     same order, so 0 up to the split of the work (none: one split each at these sizes)."""
     o = {}
     # positions first: its launch stores the step's K/V into the pool, which the compact copy then includes
-    o["positions"] = lay.launches["positions"].run(lay.k[0], lay.v[0], torch.empty_like(lay.launches["positions"].q))
-    o["positions_early"] = lay.launches["positions_early"].run(
-        lay.k[0], lay.v[0], torch.empty_like(lay.launches["positions"].q)
-    )
-    o["slots"] = lay.launches["slots"].run(lay.k[0], lay.v[0], torch.empty_like(lay.launches["slots"].q))
+    for name in ("positions", "positions_early", "slots"):
+        launch = lay.launches[name]
+        o[name] = launch.run(lay.k[0], lay.v[0], torch.empty_like(launch.q))
     d = lay.shape.d
     kc, vc = (torch.empty(lay.rows.numel(), d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
     lay.gather(0, kc, vc)

@@ -228,7 +228,7 @@ def sparse_decode_fwd(
     num_warps: int = 4,
     num_stages: int = 3,
     pdl: bool = False,
-    early_slots: bool = True,
+    early_slots: bool = False,
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -250,7 +250,7 @@ def sparse_decode_fwd(
     pdl: stage 1 as a programmatic dependent launch (sm_90 and later, compiled only; speed only): it lets the
     next launch start as soon as it runs and waits for the previous launch before reading anything.
     early_slots: the first tile's positions and slots looked up before q's loads and prologue, which then overlap
-    that dependent chain (speed only: the same tiles in the same order; False = after the prologue).
+    that dependent chain (speed only: the same tiles in the same order).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"

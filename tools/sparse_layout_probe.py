@@ -6,10 +6,9 @@ The draft kernel (kernels/sparse_decode.py) reaches each attended token through 
 selected position, the position's slot in req_to_token, then the slot's K and V rows (256 bytes a KV head at
 Qwen3's D = 128). In the server it runs at ~2.1 TB/s (27.3 us a call at Qwen3-1.7B 64 x 4096) against ~12 us of
 bytes at 4.8 TB/s. This probe asks how much of that gap the index chain costs and how much the scatter:
-``positions``  per-head sorted positions -> req_to_token -> K/V, over a pool whose slots interleave the requests as
-               decoding leaves them (position p of request b in slot 1 + p * bs + b), each tile's lookups in its turn;
-``positions_early`` as the server runs it: the same, the first tile's position and slot looked up before q's loads
-               and prologue;
+``positions``  as the server runs it: per-head sorted positions -> req_to_token -> K/V, over a pool whose slots
+               interleave the requests as decoding leaves them (position p of request b in slot 1 + p * bs + b);
+``positions_early`` the same, the first tile's position and slot looked up before q's loads and prologue;
 ``slots``      the same rows from per-head slot lists (what a once-a-round conversion of the selections would
                hand the draft steps): two dependent loads a tile, the rows as scattered;
 ``compact``    each (request, KV head)'s attended rows copied one after another (what a once-a-round gather would

@@ -32,13 +32,13 @@ def _queued(scheduler) -> Iterator[Any]:
     if getattr(scheduler, "dllm_config", None) is not None:
         yield from scheduler.dllm_manager.waiting_queue
         yield from scheduler.dllm_manager.staging_queue
-    # PD disaggregation's queues (absent attributes outside that mode).
+    # PD disaggregation's queues: None outside that mode (Scheduler.init_disaggregation), absent in some releases.
     for name in ("disagg_prefill_bootstrap_queue", "disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
         queue = getattr(scheduler, name, None)
         for item in getattr(queue, "queue", ()):
             yield getattr(item, "req", item)
         yield from getattr(queue, "retracted_queue", ())
-    yield from getattr(scheduler, "disagg_prefill_inflight_queue", ())
+    yield from getattr(scheduler, "disagg_prefill_inflight_queue", None) or ()
 
 
 def _batched(scheduler) -> Iterator[Any]:

@@ -24,7 +24,9 @@ soft-cap. An empty attention set yields a zero output row.
 
 At a full draft batch (64 requests x 8 KV heads of Qwen3-1.7B) the 512 programs run in one wave only while the
 sm_90 build stays at or under 128 registers a thread (today 88-90): a variant that kept the normalized q live
-across the tile loop took 162 and ran 41.8 instead of 27.9 us a layer (sparse_layout_h200_e26c1cb.json).
+across the tile loop took 162 and ran 41.8 instead of 27.9 us a layer (sparse_layout_h200_e26c1cb.json). The first
+tile taken out of the loop to look its slots up ahead of q's prologue (90 registers) ran 40.8 against 29.6
+(sparse_layout_h200_2b172bd.json): the tiles stay in one loop.
 """
 
 from __future__ import annotations
@@ -108,7 +110,6 @@ def _sparse_decode_stage1(
     ROPE: tl.constexpr,
     NORM: tl.constexpr,
     PDL: tl.constexpr,
-    EARLY_SLOTS: tl.constexpr,
 ):
     if PDL:  # the next launch may start now; every input here may be the previous launch's output
         tl.extra.cuda.gdc_launch_dependents()
@@ -149,8 +150,6 @@ def _sparse_decode_stage1(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     q_ptr = Q + cur_b * stride_qb + cur_heads[:, None] * stride_qh
     q_mask = mask_h[:, None] & mask_d[None, :]
-    if EARLY_SLOTS:  # the first tile's index chain issued ahead of q's loads and prologue, which then overlap it
-        slot0, valid0 = _tile_slots(sel_base, req_row, split_start, split_end, cnt, tail_start, cached_len, BLOCK_N)
     q = tl.load(q_ptr + offs_d[None, :], mask=q_mask, other=0.0)
     cs_row = Cos_sin
     if ROPE:
@@ -158,20 +157,21 @@ def _sparse_decode_stage1(
     if ROPE or NORM:
         q = prologue_rows(q, q_ptr, offs_d[None, :], q_mask, Q_w, q_eps, cs_row, D, NORM, ROPE)
     if split_end > split_start:
-        first = split_start
-        if EARLY_SLOTS:
-            k, v = load_kv_tile(
-                K_Buffer, V_Buffer, slot0, valid0, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
-                mask_d,
-            )  # fmt: skip
-            e_max, e_sum, acc = attend_tile(q, k, v, valid0[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
-            first += BLOCK_N
-        for start_n in range(first, split_end, BLOCK_N):
+        for start_n in range(split_start, split_end, BLOCK_N):
             slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, BLOCK_N)
             k, v = load_kv_tile(
-                K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
+                K_Buffer,
+                V_Buffer,
+                slot,
+                valid,
+                cur_kv_head,
+                stride_kbs,
+                stride_kh,
+                stride_vbs,
+                stride_vh,
+                offs_d,
                 mask_d,
-            )  # fmt: skip
+            )
             # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
             e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
     if NEW_KV:
@@ -228,7 +228,6 @@ def sparse_decode_fwd(
     num_warps: int = 4,
     num_stages: int = 3,
     pdl: bool = False,
-    early_slots: bool = False,
 ) -> torch.Tensor:
     """Sparse decode attention of one layer into `o` (semantics in the module docstring); returns `o`.
 
@@ -249,8 +248,6 @@ def sparse_decode_fwd(
     H100 sweep, benchmarks/results/kernels/kernels_tune_sparse_h100.json: 3 stages are 12-30% faster than 2).
     pdl: stage 1 as a programmatic dependent launch (sm_90 and later, compiled only; speed only): it lets the
     next launch start as soon as it runs and waits for the previous launch before reading anything.
-    early_slots: the first tile's positions and slots looked up before q's loads and prologue, which then overlap
-    that dependent chain (speed only: the same tiles in the same order).
     """
     if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.shape != k_buffer.shape or q.shape[2] != k_buffer.shape[2]:
         shapes = f"{tuple(q.shape)} {tuple(k_buffer.shape)} {tuple(v_buffer.shape)}"
@@ -325,7 +322,6 @@ def sparse_decode_fwd(
         GROUP=group, KMAX=sel_pos.shape[2], D=d, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,
         NEW_KV=new_kv is not None, ROPE=rope is not None, NORM=qk_norm is not None, PDL=pdl,
-        EARLY_SLOTS=early_slots,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
     )  # fmt: skip
     if num_kv_splits == 1:

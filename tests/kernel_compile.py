@@ -121,7 +121,6 @@ def main() -> None:
             (2, {"new_kv": new_kv}),
             (1, {"new_kv": new_kv, "rope": rope}),
             (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm}),
-            (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm, "early_slots": True}),  # the layout probe's variant
             (1, {"pdl": True}),  # as tools/gemm_chain.py's fused layer launches it
             (1, {"block_n": 16, "num_warps": 2}),
             (2, {"block_n": 64, "num_warps": 8}),

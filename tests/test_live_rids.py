@@ -74,6 +74,11 @@ def _sched(waiting=(), running=(), grammar=()):
         last_batch=None,
         ipc_channels=SimpleNamespace(send_to_tokenizer=SimpleNamespace(send_output=lambda msg, req: sent.append(msg))),
         mm_receiver=None,
+        # PD disaggregation's queues as Scheduler.init_disaggregation leaves them outside that mode
+        disagg_prefill_bootstrap_queue=None,
+        disagg_prefill_inflight_queue=None,
+        disagg_decode_prealloc_queue=None,
+        disagg_decode_transfer_queue=None,
         rust_server=None,
         beam_coordinator=SimpleNamespace(retire_group=lambda req: None),
         enable_continuous_input_polling=False,
@@ -178,6 +183,18 @@ def test_the_rid_book_needs_the_live_list_only_for_a_rid_seen_before_and_stays_s
     assert scans == [] and book.maybe_live("r7")
     book.accept("new", live)  # past MIN_PRUNE ids: only the live ones stay
     assert scans == [1] and book.seen == {"a", "b", "new"} and not book.maybe_live("r7")
+
+
+def test_the_live_list_is_read_on_a_scheduler_outside_pd_disaggregation():
+    """Past RidBook.MIN_PRUNE accepted rids the hook prunes its book to the scheduler's live requests: with
+    SGLang's disaggregation queues left None, that read (and every abort's) goes through to the next request."""
+    sched = _sched(waiting=["q0"], running=["r0"])
+    for i in range(RidBook.MIN_PRUNE + 1):
+        live_rids.refuse_live_duplicate(_accepted_by_sglang, sched, _tokenized(f"rid{i}"))
+    book = vars(sched)[live_rids._BOOK]
+    assert len(sched.waiting_queue) == RidBook.MIN_PRUNE + 2 and sched.sent == []
+    assert len(book.seen) == RidBook.MIN_PRUNE + 3  # pruned to the live ones: every one accepted is still queued
+    assert live_rids.live_ids(sched) == book.seen
 
 
 def test_the_refusal_reaches_the_client_as_a_400_through_sglangs_tokenizer_manager(tmp_path):

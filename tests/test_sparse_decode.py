@@ -146,18 +146,3 @@ def test_sparse_decode_refuses_new_kv_it_cannot_store():
         sparse_decode_fwd(o=o, qk_norm=(w, w, 1e-6, 1e-6), **case)
     with pytest.raises(ValueError, match="qk_norm needs new_kv"):
         sparse_decode_fwd(o=o, new_kv=(kv, kv, pos), qk_norm=(w[:8], w, 1e-6, 1e-6), **case)
-
-
-@pytest.mark.parametrize("num_kv_splits", [1, 3])
-def test_early_slots_attend_the_same_tiles(num_kv_splits):
-    """The first tile's slots looked up ahead of q's prologue: the same tiles in the same order, so the output is
-    the plain launch's bit for bit (splits with no tile, one partial tile, several tiles), and the reference's."""
-    torch.manual_seed(90 + num_kv_splits)
-    specs = [(150, 90, 40, 3), (1, 0, 0, 0), (70, 60, 48, 0), (25, 25, 5, 0), (30, 30, 0, 0)]
-    case = decode_case(2, specs, kmax=48)
-    plain, early, expected = (torch.full_like(case["q"], float("nan")) for _ in range(3))
-    sparse_decode_fwd(o=plain, num_kv_splits=num_kv_splits, block_n=16, **case)
-    sparse_decode_fwd(o=early, num_kv_splits=num_kv_splits, block_n=16, early_slots=True, **case)
-    sparse_decode_ref(o=expected, **case)
-    assert torch.equal(early, plain)
-    torch.testing.assert_close(early.float(), expected.float(), rtol=2e-2, atol=2e-2)

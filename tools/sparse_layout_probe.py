@@ -8,7 +8,6 @@ Qwen3's D = 128). In the server it runs at ~2.1 TB/s (27.3 us a call at Qwen3-1.
 bytes at 4.8 TB/s. This probe asks how much of that gap the index chain costs and how much the scatter:
 ``positions``  as the server runs it: per-head sorted positions -> req_to_token -> K/V, over a pool whose slots
                interleave the requests as decoding leaves them (position p of request b in slot 1 + p * bs + b);
-``positions_early`` the same, the first tile's position and slot looked up before q's loads and prologue;
 ``slots``      the same rows from per-head slot lists (what a once-a-round conversion of the selections would
                hand the draft steps): two dependent loads a tile, the rows as scattered;
 ``compact``    each (request, KV head)'s attended rows copied one after another (what a once-a-round gather would
@@ -30,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ from tools.kernels_setup import (
     write_result,
 )
 
-VARIANTS = ("positions", "positions_early", "slots", "compact")
+VARIANTS = ("positions", "slots", "compact")
 SERVED_TILES = (32, 4, 3)  # block_n, num_warps, num_stages: sparse_decode_fwd's defaults, the draft steps' launch
 IDEAL_GBPS = 4300.0  # the bandwidth the ideal time assumes (an H200's HBM: 4.8 TB/s peak)
 
@@ -69,7 +68,6 @@ class Launch:
     heads: int  # KV heads a row: the shape's for positions, 1 for slots and compact
     tiles: tuple[int, int, int] = SERVED_TILES  # block_n, num_warps, num_stages
     splits: int | None = None  # num_kv_splits (None: the kernel's default, one at 64 x 8 programs)
-    early_slots: bool = False  # the first tile's index chain ahead of q's prologue
 
     @classmethod
     def over_rows(cls, q: torch.Tensor, rows: torch.Tensor, prologue: dict[str, Any]) -> Launch:
@@ -86,7 +84,7 @@ class Launch:
         return sparse_decode_fwd(
             self.q, k, v, o.view(self.q.shape), self.table, rows, self.sel, self.sel_cnt, self.tail_start,
             self.seq_lens, d**-0.5, num_kv_splits=self.splits, block_n=self.tiles[0], num_warps=self.tiles[1],
-            num_stages=self.tiles[2], early_slots=self.early_slots, **self.prologue,
+            num_stages=self.tiles[2], **self.prologue,
         )  # fmt: skip
 
 
@@ -109,8 +107,9 @@ class Layouts:
         q = torch.randn(bs, shape.h_q, d, device=DEVICE, dtype=torch.bfloat16)
         k_new, v_new = (torch.randn(bs, h, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
         prologue = draft_prologue(shape, k_new, v_new, table, seq_lens)
-        positions = Launch(q, table, self.sel, sel_cnt, seq_lens - TAIL, seq_lens, prologue, h)
-        self.launches = {"positions": positions, "positions_early": replace(positions, early_slots=True)}
+        self.launches = {
+            "positions": Launch(q, table, self.sel, sel_cnt, seq_lens - TAIL, seq_lens, prologue, h),
+        }
         # Each (request, KV head)'s attended positions in the kernel's order: the selections, then the tail.
         tail = (seq_len - TAIL + torch.arange(TAIL, device=DEVICE)).expand(bs, h, TAIL)
         pos = torch.cat([self.sel[:, :, : self.selected].long(), tail], dim=2)  # [bs, H, n]
@@ -151,7 +150,7 @@ def outputs_agree(lay: Layouts) -> dict[str, float]:
     same order, so 0 up to the split of the work (none: one split each at these sizes)."""
     o = {}
     # positions first: its launch stores the step's K/V into the pool, which the compact copy then includes
-    for name in ("positions", "positions_early", "slots"):
+    for name in ("positions", "slots"):
         launch = lay.launches[name]
         o[name] = launch.run(lay.k[0], lay.v[0], torch.empty_like(launch.q))
     d = lay.shape.d
@@ -178,12 +177,7 @@ def timed(lay: Layouts, launch: Launch, k: list[torch.Tensor], v: list[torch.Ten
 def measure(lay: Layouts, replays: int) -> dict[str, dict[str, float]]:
     """Each variant's ``timed`` and the compact copy's us a layer (every layer in one graph)."""
     ks, vs = lay.compact_pools()
-    pools = {
-        "positions": (lay.k, lay.v),
-        "positions_early": (lay.k, lay.v),
-        "slots": (lay.k, lay.v),
-        "compact": (ks, vs),
-    }
+    pools = {"positions": (lay.k, lay.v), "slots": (lay.k, lay.v), "compact": (ks, vs)}
     out = {name: timed(lay, lay.launches[name], *pools[name], replays) for name in VARIANTS}
     copy = graph_ms(lambda: [lay.gather(i, ks[i], vs[i]) for i in range(len(ks))], replays) * 1e3 / len(ks)
     out["compact_copy"] = {"us_per_layer": copy, "GBps": 2 * 2 * lay.rows.numel() * lay.shape.d * 2 / copy / 1e3}

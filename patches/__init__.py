@@ -20,34 +20,32 @@ which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets
 the runtime context's server args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward
 context, graph capture mode and the capture-time gc freeze, for both runners' DECODE forwards and graphs),
 ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size and
-final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and
-LoRA hooks, the logits processor's fp32 and RL on-policy flags), ``draft_mlp`` (the MLP's gate_up_proj weight,
-down_proj and act_fn, a release's DualGemm.can_run), ``plain_layers`` (the RMSNorm fields and the linear layers'
-quant_method and bias that say a fused kernel computes the layer's call), ``draft_qk`` (the
-rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's apply_qk_norm; the
-decoder class names whose attention calls them right before attending),
-``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain step its decode_attention_fwd,
-get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode
-does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write a draft step's K/V inside the
-sparse kernel only where SGLang's store is a plain row write), ``spec_algo`` (ModelConfig, to refuse unsupported
-attention and mrope at launch),
-``triton_verify`` (extend_attention_fwd's signature; HybridAttnBackend's own routing, to find the Triton backend that
-serves TARGET_VERIFY under --attention-backend flashinfer; forward_extend's save_kv_cache and the backend's
-dcp_size, _translate_kv_loc and KV pool, to store the chain's K/V as SGLang would), ``cuda_graph`` (the decode graph
-runner's capture_forward_mode and attn_backend), ``request_guard`` (SamplingParams' and the tokenized
-request's msgspec schema and SGLang's IPC codec, to check a request before dispatch), ``sampler_warmup`` (the sampler's
-FlashInfer entry points, built at start instead of on the first sampled request), ``slot_warmup``
-(write_req_to_token_pool_triton's signature as write_cache_indices calls it: both alignment variants built at start),
-``serve_warmup`` (SGLang's custom-warmup registry, ``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real
-warm-up batches before the server listens; ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP
-group's CPU group and rank_in_group, to broadcast rank 0's round shape and let rank 0 alone write the cost file),
-``openai_guard`` (FastAPI's body fields of the HTTP app's routes, whose validation it wraps), ``mixed_runner``
-(create_flashinfer_kv_indices_triton for the verify segments' prefix slots, and SamplingBatchInfo fields that say which
-batches a mixed iteration serves), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the model runner's KV
-allocator; the load snapshot's msgspec struct), ``live_rids`` (the scheduler's request queues and batches, AbortReq and
-FINISH_ABORT, to find live rids and answer a refused one), ``ollama_guard`` (FastAPI's HTTPException and
-StreamingResponse around the Ollama handlers). Nothing outside this package imports SGLang internals.
-"""
+final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and LoRA
+hooks, the logits processor's fp32 and RL on-policy flags), ``draft_mlp`` (the MLP's gate_up_proj weight, down_proj and
+act_fn, a release's DualGemm.can_run), ``plain_layers`` (the RMSNorm fields and the linear layers' quant_method and bias
+that say a fused kernel computes the layer's call), ``draft_qk`` (the rotary embedding's cos_sin_cache, head and rotary
+dims, neox style and fallback flag; Qwen3's apply_qk_norm; the decoder class names whose attention calls them right
+before attending), ``draft_attention`` (a TritonAttnBackend subclass for the draft steps; for the plain step its
+decode_attention_fwd, get_num_kv_splits and max_kv_splits, and create_flashinfer_kv_indices_triton's signature, to
+attend as SGLang's decode does; MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write a
+draft step's K/V inside the sparse kernel only where SGLang's store is a plain row write), ``spec_algo`` (ModelConfig,
+to refuse unsupported attention and mrope at launch), ``triton_verify`` (extend_attention_fwd's signature;
+HybridAttnBackend's own routing, to find the Triton backend that serves TARGET_VERIFY under --attention-backend
+flashinfer; forward_extend's save_kv_cache and the backend's dcp_size, _translate_kv_loc and KV pool, to store the
+chain's K/V as SGLang would), ``cuda_graph`` (the decode graph runner's capture_forward_mode and attn_backend),
+``request_guard`` (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to check a request
+before dispatch), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start instead of on the first
+sampled request), ``slot_warmup`` (write_req_to_token_pool_triton's signature as write_cache_indices calls it: both
+alignment variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry,
+``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the server listens;
+``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to
+broadcast rank 0's round shape and let rank 0 alone write the cost file), ``openai_guard`` (FastAPI's body fields of the
+HTTP app's routes, whose validation it wraps), ``mixed_runner`` (create_flashinfer_kv_indices_triton for the verify
+segments' prefix slots, and SamplingBatchInfo fields that say which batches a mixed iteration serves), ``offload_kv`` /
+``offload_hooks`` (the MHA host pool and the model runner's KV allocator; the load snapshot's msgspec struct),
+``live_rids`` (the scheduler's request queues and batches, from 0.5.23 its _collect_inflight_batches, its Rust server,
+AbortReq and FINISH_ABORT, to find live rids and answer a refused one), ``ollama_guard`` (FastAPI's HTTPException and
+StreamingResponse around the Ollama handlers). Nothing outside this package imports SGLang internals."""
 
 from __future__ import annotations
 

@@ -43,8 +43,13 @@ def _queued(scheduler) -> Iterator[Any]:
 
 def _batched(scheduler) -> Iterator[Any]:
     """Requests of the batches Scheduler.abort_request searches (a finished one already sent its output)."""
-    pp = getattr(getattr(scheduler, "ps", None), "pp_size", 1)
-    batches = [scheduler.running_batch, scheduler.last_batch] if pp == 1 else [*scheduler.running_mbs, *scheduler.mbs]
+    collect = getattr(scheduler, "_collect_inflight_batches", None)
+    if collect is not None:  # from 0.5.23 SGLang's own list (pipeline micro-batches, the polled result queue)
+        batches = collect()
+    elif scheduler.ps.pp_size == 1:
+        batches = [scheduler.running_batch, scheduler.last_batch]
+    else:
+        batches = [*scheduler.running_mbs, *scheduler.mbs]
     for batch in batches:
         if batch is not None:
             yield from batch.reqs
@@ -77,6 +82,10 @@ def _refuse(scheduler, recv_req) -> None:
 def refuse_live_duplicate(original, scheduler, recv_req, *args, **kwargs):
     """Scheduler.handle_generate_request: a rid live in this scheduler is a 400; each TP rank decides
     alike (the same requests in the same order), only rank 0 has a socket to answer on."""
+    if getattr(scheduler, "rust_server", None) is not None:
+        # SGLang's embedded Rust server answers its clients itself: nothing reads the tokenizer socket a refusal
+        # would go out on, so the refused client would wait forever. Its requests take SGLang's own path.
+        return original(scheduler, recv_req, *args, **kwargs)
     rid = recv_req.rid
     book = vars(scheduler).get(_BOOK)
     if book is None:

@@ -79,6 +79,7 @@ CALLED: tuple[str, ...] = (
     "sglang.srt.speculative.eagle_utils.eagle_sample",
     "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input",
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.__init__",  # the keywords the scheduler builds a worker with
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",  # and calls it with
     "sglang.srt.speculative.spec_registry.register_algorithm",
     "sglang.srt.speculative.spec_utils.GrammarTree.from_device",
     "sglang.srt.speculative.spec_utils.build_grammar_vocab_mask",

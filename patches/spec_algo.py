@@ -209,6 +209,11 @@ def validate_server_args(sa: ServerArgs) -> None:
         reject(
             f"needs a 16-bit KV cache (its Triton kernels read K/V unscaled), got --kv-cache-dtype {sa.kv_cache_dtype}"
         )
+    if sa.enable_lora or sa.lora_paths:
+        reject(
+            "does not support LoRA (--enable-lora, --lora-paths): its draft steps run outside "
+            "ForwardBatch.init_new, where SGLang prepares a batch's adapters"
+        )
     if sa.enable_mixed_chunk:
         reject("cannot mix prefill chunks into decode batches; remove --enable-mixed-chunk")
     neighbour_gap = unsupported_neighbour(sa)

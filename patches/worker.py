@@ -231,7 +231,9 @@ class PillarWorker(BaseSpecWorker):
         return VerifyPass(backend, runner, own=False)
 
     # ---- per step --------------------------------------------------------------------
-    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        # pp_proxy_tensors: what SGLang's scheduler passes a speculative worker under --disable-overlap-schedule from
+        # 0.5.19; always None here (pipeline parallelism is refused at launch).
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             return self.rounds.prefill(batch, on_publish)
         return self.rounds.decode(batch, on_publish, grammar_barrier)
@@ -250,11 +252,15 @@ class PillarWorker(BaseSpecWorker):
         # harmless because every request's first forward (prefill) rewrites its row.
         pass
 
+    # Up to 0.5.20 the scheduler loads disk and IPC weights into its target worker, then asks the speculative worker
+    # to load its draft's: PILLAR's draft is the target, already updated, and passing the call on loaded it twice.
+    # Tensors go to the speculative worker alone, so it passes them on. From 0.5.21 the scheduler updates the
+    # runners each worker lists (weight_update_runners: none here) and calls none of these.
     def update_weights_from_disk(self, recv_req):
-        return self._target_worker.update_weights_from_disk(recv_req)
+        return True, "PILLAR drafts with the target's weights, which the scheduler has updated"
 
     def update_weights_from_tensor(self, recv_req):
         return self._target_worker.update_weights_from_tensor(recv_req)
 
     def update_weights_from_ipc(self, recv_req):
-        return self._target_worker.update_weights_from_ipc(recv_req)
+        return True, "PILLAR drafts with the target's weights, which the scheduler has updated"

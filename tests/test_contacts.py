@@ -15,6 +15,7 @@ import inspect
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 pytest.importorskip("sglang")
 
@@ -195,6 +196,58 @@ def test_the_worker_takes_the_keywords_every_release_builds_a_worker_with():
         params = stand_in("sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.__init__", r)
         names = [n for n in inspect.signature(params).parameters if n != "self"]
         inspect.signature(PillarWorker).bind(**{n: None for n in names})
+
+
+def test_the_worker_takes_the_keywords_every_release_steps_a_speculative_worker_with():
+    """The scheduler steps the worker as it steps EAGLE's (from 0.5.19 under --disable-overlap-schedule: with
+    pp_proxy_tensors), so every keyword of EAGLEWorkerV2.forward_batch_generation binds on PILLAR's."""
+    from sglang_sparsespec.patches.worker import PillarWorker
+
+    for r in SUPPORTED:
+        params = stand_in("sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation", r)
+        names = [n for n in inspect.signature(params).parameters if n not in ("self", "batch")]
+        inspect.signature(PillarWorker.forward_batch_generation).bind(None, None, **{n: None for n in names})
+
+
+def test_a_weight_update_loads_the_target_once(monkeypatch):
+    """SGLang's own weight updater with PILLAR as its speculative worker: disk, IPC and tensor updates each reach
+    the target model once (up to 0.5.20 the scheduler asks both workers; from 0.5.21 the runners each lists)."""
+    from sglang.srt.managers import io_struct
+    from sglang.srt.managers.scheduler_components import weight_updater as wu
+
+    from sglang_sparsespec.patches.worker import PillarWorker
+
+    loads: list[str] = []
+
+    def load(kind):
+        return lambda *a, **k: (loads.append(kind), (True, "ok"))[1]
+
+    runner = SimpleNamespace(weight_updater=SimpleNamespace(
+        update_weights_from_disk=load("disk"), update_weights_from_ipc=load("ipc"),
+        update_weights_from_tensor=load("tensor")))  # fmt: skip
+    target = SimpleNamespace(
+        update_weights_from_disk=load("disk"), update_weights_from_ipc=load("ipc"),
+        update_weights_from_tensor=load("tensor"), weight_update_runners=lambda: [("target", runner)],
+        deserialize_own_rank=lambda tensors: tensors, model_runner=runner,
+    )  # fmt: skip
+    worker = object.__new__(PillarWorker)
+    worker._target_worker = target
+    cls = wu.SchedulerWeightUpdaterManager
+    manager = object.__new__(cls)  # its fields as the scheduler fills them
+    fields = {"tp_worker": target, "draft_worker": worker, "tp_cpu_group": None, "metrics_collector": None,
+              "flush_cache": lambda **k: True, "_session": SimpleNamespace()}  # fmt: skip
+    for name, value in fields.items():
+        if name in cls.__dataclass_fields__:
+            object.__setattr__(manager, name, value)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda **k: None)
+    if "_session" in cls.__dataclass_fields__:  # from 0.5.21 updates run inside a session
+        monkeypatch.setattr(wu.msgspec.structs, "replace", lambda session, **k: session)
+        monkeypatch.setattr(cls, "record_weight_version_after_update", lambda self, version: None)
+        monkeypatch.setattr(cls, "flush_cache_after_weight_update", lambda self, req, ok, msg: (ok, msg))
+    manager.update_weights_from_disk(io_struct.UpdateWeightFromDiskReqInput(model_path="m"))
+    manager.update_weights_from_ipc(io_struct.UpdateWeightsFromIPCReqInput(zmq_handles={}))
+    manager.update_weights_from_tensor(io_struct.UpdateWeightsFromTensorReqInput(serialized_named_tensors=[]))
+    assert sorted(loads) == ["disk", "ipc", "tensor"]
 
 
 @pytest.mark.parametrize("end", ENDS)

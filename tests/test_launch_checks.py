@@ -44,3 +44,15 @@ def test_mrope_models_are_refused_under_pillar_only(tmp_path, algorithm, refused
     plain.mkdir()
     (plain / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
     assert _args(plain, speculative_algorithm=algorithm).speculative_num_steps == 8
+
+
+@pytest.mark.parametrize("flags", [{"enable_lora": True}, {"lora_paths": ["adapter=/tmp/adapter"]}])
+def test_lora_is_refused_under_pillar(llama_config_dir, flags):
+    """The draft steps build their ForwardBatch outside ForwardBatch.init_new, which prepares LoRA batches."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    with pytest.raises(ValueError) as err:
+        _args(llama_config_dir, speculative_algorithm="pillar", **flags)
+    text = str(err.value)
+    assert text.startswith("--speculative-algorithm PILLAR") and "LoRA" in text and "\n" not in text

@@ -197,6 +197,27 @@ def test_the_live_list_is_read_on_a_scheduler_outside_pd_disaggregation():
     assert live_rids.live_ids(sched) == book.seen
 
 
+def test_a_rust_server_scheduler_takes_sglangs_own_path():
+    """With SGLang's embedded Rust server nothing reads the tokenizer socket: no refusal is sent there."""
+    sched = _sched()
+    sched.rust_server = SimpleNamespace()
+    for _ in range(2):
+        live_rids.refuse_live_duplicate(_accepted_by_sglang, sched, _tokenized("dup"))
+    assert sched.sent == [] and [r.rid for r in sched.waiting_queue] == ["dup", "dup"]
+
+
+def test_the_batches_searched_are_the_ones_sglangs_abort_searches():
+    """From 0.5.23 the scheduler lists its in-flight batches itself (with continuous input polling, the result
+    queue's too); the live list reads that list."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    sched = _sched(running=["r0"])
+    sched.result_queue = [(SimpleNamespace(reqs=[_req("polled")]), None)]
+    sched.enable_continuous_input_polling = True
+    expected = {"r0", "polled"} if hasattr(Scheduler, "_collect_inflight_batches") else {"r0"}
+    assert live_rids.live_ids(sched) == expected
+
+
 def test_the_refusal_reaches_the_client_as_a_400_through_sglangs_tokenizer_manager(tmp_path):
     """The AbortReq the scheduler sends back is read by SGLang's own TokenizerManager._handle_abort_req:
     the second client gets a 400 naming the rid; the first is untouched."""

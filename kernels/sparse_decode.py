@@ -160,18 +160,9 @@ def _sparse_decode_stage1(
         for start_n in range(split_start, split_end, BLOCK_N):
             slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, BLOCK_N)
             k, v = load_kv_tile(
-                K_Buffer,
-                V_Buffer,
-                slot,
-                valid,
-                cur_kv_head,
-                stride_kbs,
-                stride_kh,
-                stride_vbs,
-                stride_vh,
-                offs_d,
+                K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
                 mask_d,
-            )
+            )  # fmt: skip
             # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
             e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
     if NEW_KV:

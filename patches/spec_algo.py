@@ -209,6 +209,20 @@ def validate_server_args(sa: ServerArgs) -> None:
         reject(
             f"needs a 16-bit KV cache (its Triton kernels read K/V unscaled), got --kv-cache-dtype {sa.kv_cache_dtype}"
         )
+    if (getattr(sa, "dcp_size", 1) or 1) > 1:
+        reject(
+            f"does not support decode context parallelism (--dcp-size {sa.dcp_size}): its draft, plain and verify "
+            "attention read the KV pool by global slot and merge no per-rank attention"
+        )
+    if (sa.moe_a2a_backend or "none") != "none" or sa.moe_dense_tp_size is not None:
+        reject(
+            "does not support MoE all-to-all dispatch (--moe-a2a-backend, --moe-dense-tp-size): its draft graphs "
+            "replay without SGLang's per-replay dispatch set-up"
+        )
+    for flag, on in (("--enable-pdmux", sa.enable_pdmux), ("--enable-two-batch-overlap", sa.enable_two_batch_overlap),
+                     ("--enable-return-routed-experts", sa.enable_return_routed_experts)):  # fmt: skip
+        if on:
+            reject(f"does not support {flag}: its rounds run forwards outside the model runner paths it hooks")
     if sa.enable_lora or sa.lora_paths:
         reject(
             "does not support LoRA (--enable-lora, --lora-paths): its draft steps run outside "
@@ -234,6 +248,8 @@ def validate_server_args(sa: ServerArgs) -> None:
     # Built here, not through sa.get_model_config(), which would cache it on the ServerArgs
     # before __post_init__ has finished adjusting them.
     model_config = ModelConfig.from_server_args(sa)
+    if not model_config.is_generation or model_config.is_encoder_decoder:
+        reject("serves decoder-only generation models only (not embedding, reward or encoder-decoder models)")
     gap = unsupported_attention(model_config)
     if gap is not None:
         reject(f"cannot serve a model with {gap}: its draft and verify kernels need full causal attention")

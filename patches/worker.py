@@ -61,6 +61,14 @@ class PillarWorker(BaseSpecWorker):
         self.server_args = server_args = resolved(server_args)  # the resolved values (contacts.resolved)
         self._target_worker = target_worker
         self.model_runner = target_worker.model_runner
+        kv_dtype = getattr(self.model_runner, "kv_cache_dtype", torch.bfloat16)
+        if kv_dtype not in (torch.bfloat16, torch.float16):
+            # --kv-cache-dtype auto follows a checkpoint that asks for an fp8 cache (ModelOpt's kv_cache_quant_algo),
+            # past the launch check on the flag: PILLAR's kernels read K/V unscaled.
+            raise ValueError(
+                f"--speculative-algorithm PILLAR: needs a 16-bit KV cache, and this model's checkpoint makes it "
+                f"{kv_dtype}; pass --kv-cache-dtype bf16"
+            )
         self.device = server_args.device
         self.cfg = seeded_config(PillarConfig.from_env(server_args.speculative_num_steps), server_args)
         # Before the target's verify graphs are captured (Scheduler.init_cuda_graphs, after the workers).

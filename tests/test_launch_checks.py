@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -56,3 +57,38 @@ def test_lora_is_refused_under_pillar(llama_config_dir, flags):
         _args(llama_config_dir, speculative_algorithm="pillar", **flags)
     text = str(err.value)
     assert text.startswith("--speculative-algorithm PILLAR") and "LoRA" in text and "\n" not in text
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        ({"tp_size": 2, "dcp_size": 2}, "--dcp-size"),
+        ({"moe_a2a_backend": "deepep"}, "--moe-a2a-backend"),
+        ({"enable_pdmux": True}, "--enable-pdmux"),
+        ({"enable_two_batch_overlap": True}, "--enable-two-batch-overlap"),
+        ({"enable_return_routed_experts": True}, "--enable-return-routed-experts"),
+    ],
+)
+def test_forward_paths_the_rounds_bypass_are_refused_under_pillar(llama_config_dir, flags, named):
+    """Flags whose set-up SGLang does in the model runner paths PILLAR's draft and plain steps do not take."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    with pytest.raises(ValueError) as err:
+        _args(llama_config_dir, speculative_algorithm="pillar", **flags)
+    text = str(err.value)
+    assert text.startswith("--speculative-algorithm PILLAR") and named in text and "\n" not in text
+
+
+def test_a_checkpoint_that_makes_the_kv_cache_fp8_stops_the_worker(llama_config_dir):
+    """--kv-cache-dtype auto resolves to fp8 for checkpoints that ask for it, past the launch check on the flag."""
+    import torch
+    from sglang.srt.plugins import load_plugins
+
+    from sglang_sparsespec.patches.worker import PillarWorker
+
+    load_plugins()
+    sa = _args(llama_config_dir, speculative_algorithm="pillar")
+    target = SimpleNamespace(model_runner=SimpleNamespace(kv_cache_dtype=torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match="needs a 16-bit KV cache"):
+        PillarWorker(sa, 0, 0, target)

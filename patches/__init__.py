@@ -45,7 +45,8 @@ segments' prefix slots, and SamplingBatchInfo fields that say which batches a mi
 ``offload_hooks`` (the MHA host pool and the model runner's KV allocator; the load snapshot's msgspec struct),
 ``live_rids`` (the scheduler's request queues and batches, from 0.5.23 its _collect_inflight_batches, its Rust server,
 AbortReq and FINISH_ABORT, to find live rids and answer a refused one), ``ollama_guard`` (FastAPI's HTTPException and
-StreamingResponse around the Ollama handlers). Nothing outside this package imports SGLang internals."""
+StreamingResponse around the Ollama handlers). Nothing outside this package imports SGLang internals.
+"""
 
 from __future__ import annotations
 

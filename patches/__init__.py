@@ -43,7 +43,7 @@ broadcast rank 0's round shape and let rank 0 alone write the cost file), ``open
 HTTP app's routes, whose validation it wraps), ``mixed_runner`` (create_flashinfer_kv_indices_triton for the verify
 segments' prefix slots, and SamplingBatchInfo fields that say which batches a mixed iteration serves), ``offload_kv`` /
 ``offload_hooks`` (the MHA host pool and the model runner's KV allocator; the load snapshot's msgspec struct),
-``live_rids`` (the scheduler's request queues and batches, from 0.5.23 its _collect_inflight_batches, its Rust server,
+``live_rids`` (the scheduler's request queues and batches, from 0.5.22 its _collect_inflight_batches, its Rust server,
 AbortReq and FINISH_ABORT, to find live rids and answer a refused one), ``ollama_guard`` (FastAPI's HTTPException and
 StreamingResponse around the Ollama handlers). Nothing outside this package imports SGLang internals.
 """

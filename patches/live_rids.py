@@ -43,13 +43,15 @@ def _queued(scheduler) -> Iterator[Any]:
 
 def _batched(scheduler) -> Iterator[Any]:
     """Requests of the batches Scheduler.abort_request searches (a finished one already sent its output)."""
+    from sglang.srt.runtime_context import get_parallel
+
     collect = getattr(scheduler, "_collect_inflight_batches", None)
-    if collect is not None:  # from 0.5.23 SGLang's own list (pipeline micro-batches, the polled result queue)
+    if collect is not None:  # from 0.5.22 SGLang's own list (pipeline micro-batches, the polled result queue)
         batches = collect()
-    elif scheduler.ps.pp_size == 1:
-        batches = [scheduler.running_batch, scheduler.last_batch]
-    else:
-        batches = [*scheduler.running_mbs, *scheduler.mbs]
+    else:  # what abort_request reads: Scheduler.ps up to 0.5.20, the runtime context in 0.5.21
+        ps = getattr(scheduler, "ps", None)
+        pp = ps.pp_size if ps is not None else get_parallel().pp_size
+        batches = [scheduler.running_batch, scheduler.last_batch] if pp == 1 else [*scheduler.running_mbs, *scheduler.mbs]
     for batch in batches:
         if batch is not None:
             yield from batch.reqs

@@ -207,7 +207,7 @@ def test_a_rust_server_scheduler_takes_sglangs_own_path():
 
 
 def test_the_batches_searched_are_the_ones_sglangs_abort_searches():
-    """From 0.5.23 the scheduler lists its in-flight batches itself (with continuous input polling, the result
+    """From 0.5.22 the scheduler lists its in-flight batches itself (with continuous input polling, the result
     queue's too); the live list reads that list."""
     from sglang.srt.managers.scheduler import Scheduler
 
@@ -216,6 +216,18 @@ def test_the_batches_searched_are_the_ones_sglangs_abort_searches():
     sched.enable_continuous_input_polling = True
     expected = {"r0", "polled"} if hasattr(Scheduler, "_collect_inflight_batches") else {"r0"}
     assert live_rids.live_ids(sched) == expected
+
+
+def test_a_scheduler_without_ps_or_its_own_list_reads_the_pipeline_size_from_the_runtime_context(monkeypatch):
+    """0.5.21's scheduler has neither Scheduler.ps nor _collect_inflight_batches: its abort reads the runtime
+    context's pipeline size, and so does the live list (an AttributeError there would end the scheduler)."""
+    from sglang.srt import runtime_context
+
+    sched = _sched(waiting=["q0"], running=["r0"])
+    for name in ("ps", "_collect_inflight_batches"):
+        vars(sched).pop(name, None)
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(pp_size=1))
+    assert live_rids.live_ids(sched) == {"q0", "r0"}
 
 
 def test_the_refusal_reaches_the_client_as_a_400_through_sglangs_tokenizer_manager(tmp_path):

@@ -51,7 +51,10 @@ def _batched(scheduler) -> Iterator[Any]:
     else:  # what abort_request reads: Scheduler.ps up to 0.5.20, the runtime context in 0.5.21
         ps = getattr(scheduler, "ps", None)
         pp = ps.pp_size if ps is not None else get_parallel().pp_size
-        batches = [scheduler.running_batch, scheduler.last_batch] if pp == 1 else [*scheduler.running_mbs, *scheduler.mbs]
+        if pp == 1:
+            batches = [scheduler.running_batch, scheduler.last_batch]
+        else:
+            batches = [*scheduler.running_mbs, *scheduler.mbs]
     for batch in batches:
         if batch is not None:
             yield from batch.reqs

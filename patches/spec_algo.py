@@ -156,11 +156,29 @@ NEIGHBOUR_FLAGS: tuple[tuple[str, str, object], ...] = (
 )
 
 
-def unsupported_neighbour(sa: ServerArgs) -> str | None:
-    """The first of ``NEIGHBOUR_FLAGS`` that is set, as one line; None when none is."""
-    for flag, field, off in NEIGHBOUR_FLAGS:
-        if getattr(sa, field, off) not in (off, None):
-            return f"drafts and verifies with its own kernels; {flag} is not supported"
+# Flags whose set-up SGLang does in the model runner's own paths (ForwardBatch.init_new, the runner's forward and
+# graph replays), which PILLAR's draft and plain steps do not take: decode context parallelism (per-rank KV slots and
+# attention merges), MoE all-to-all dispatch (the per-replay dispatch mode), split prefill, two-batch overlap,
+# routed-expert capture. (flag, field, off value), read as NEIGHBOUR_FLAGS are.
+RUNNER_FLAGS: tuple[tuple[str, str, object], ...] = (
+    ("--dcp-size", "dcp_size", 1),
+    ("--moe-a2a-backend", "moe_a2a_backend", "none"),
+    ("--moe-dense-tp-size", "moe_dense_tp_size", None),
+    ("--enable-pdmux", "enable_pdmux", False),
+    ("--enable-two-batch-overlap", "enable_two_batch_overlap", False),
+    ("--enable-return-routed-experts", "enable_return_routed_experts", False),
+)
+
+
+def unsupported_flag(sa: ServerArgs) -> str | None:
+    """The first of ``NEIGHBOUR_FLAGS`` and ``RUNNER_FLAGS`` that is set, as one line; None when none is."""
+    for flags, why in (
+        (NEIGHBOUR_FLAGS, "drafts and verifies with its own kernels"),
+        (RUNNER_FLAGS, "runs its draft and plain steps outside the model-runner paths that set it up"),
+    ):
+        for flag, field, off in flags:
+            if getattr(sa, field, off) not in (off, None):
+                return f"{why}; {flag} is not supported"
     return None
 
 
@@ -209,20 +227,6 @@ def validate_server_args(sa: ServerArgs) -> None:
         reject(
             f"needs a 16-bit KV cache (its Triton kernels read K/V unscaled), got --kv-cache-dtype {sa.kv_cache_dtype}"
         )
-    if (getattr(sa, "dcp_size", 1) or 1) > 1:
-        reject(
-            f"does not support decode context parallelism (--dcp-size {sa.dcp_size}): its draft, plain and verify "
-            "attention read the KV pool by global slot and merge no per-rank attention"
-        )
-    if (sa.moe_a2a_backend or "none") != "none" or sa.moe_dense_tp_size is not None:
-        reject(
-            "does not support MoE all-to-all dispatch (--moe-a2a-backend, --moe-dense-tp-size): its draft graphs "
-            "replay without SGLang's per-replay dispatch set-up"
-        )
-    for flag, on in (("--enable-pdmux", sa.enable_pdmux), ("--enable-two-batch-overlap", sa.enable_two_batch_overlap),
-                     ("--enable-return-routed-experts", sa.enable_return_routed_experts)):  # fmt: skip
-        if on:
-            reject(f"does not support {flag}: its rounds run forwards outside the model runner paths it hooks")
     if sa.enable_lora or sa.lora_paths:
         reject(
             "does not support LoRA (--enable-lora, --lora-paths): its draft steps run outside "
@@ -230,9 +234,9 @@ def validate_server_args(sa: ServerArgs) -> None:
         )
     if sa.enable_mixed_chunk:
         reject("cannot mix prefill chunks into decode batches; remove --enable-mixed-chunk")
-    neighbour_gap = unsupported_neighbour(sa)
-    if neighbour_gap is not None:
-        reject(neighbour_gap)
+    flag_gap = unsupported_flag(sa)
+    if flag_gap is not None:
+        reject(flag_gap)
     sampling_gap = unsupported_sampling(sa)
     if sampling_gap is not None:
         reject(sampling_gap)

@@ -20,11 +20,23 @@ from benchmarks.run_clock import RunClock  # noqa: E402
 DOCS = load_results(DEFAULT_RESULTS)[0]
 
 
-def test_the_headline_is_the_best_point_against_every_stock_backend() -> None:
+def test_the_headline_is_the_latest_point_against_every_stock_backend() -> None:
     rows = headline_point(DOCS)
     assert [r["config"] for r in rows] == ["stock", "stock-flashinfer", "pillar"]
-    assert {r["run_id"] for r in rows} == {"sampled-3dc3540-7000"} and rows[-1]["concurrency"] == 256
-    assert round(rows[-1]["ratio_vs_best_stock"], 2) == 1.72
+    assert len({r["run_id"] for r in rows}) == 1 and rows[-1]["concurrency"] == 256
+    assert rows[-1]["ratio_vs_best_stock"] == rows[-1]["tok_s"] / max(r["tok_s"] for r in rows[:-1])
+    dates = {d["meta"]["run_id"]: d["meta"]["date_utc"] for d in DOCS if d.get("kind") == "throughput"}
+    # Every run id holding PILLAR and both stock backends at a sampled two-wave point is older than the headline's,
+    # the earlier best reading among them (1.72x on an H100) too.
+    complete = {
+        r["run_id"]
+        for r in throughput_rows(DOCS)
+        if {*STOCK_BACKENDS, "pillar"}
+        <= {o["config"] for o in throughput_rows(DOCS) if o["run_id"] == r["run_id"] and o["tok_s"]}
+        and r["num_prompts"] == 2 * r["concurrency"]
+    }
+    assert "sampled-3dc3540-7000" in complete and rows[-1]["run_id"] in complete
+    assert all(dates[run] <= dates[rows[-1]["run_id"]] for run in complete)
     # Faster runs against stock Triton alone exist; without stock FlashInfer in their run they are no headline.
     faster = [r for r in throughput_rows(DOCS) if r["config"] == "pillar" and (r["ratio_vs_stock"] or 0) > 1.8]
     assert faster and all(r["run_id"] != rows[-1]["run_id"] for r in faster)

@@ -4,8 +4,9 @@ results page and the README (between ``HEADLINE_BEGIN`` and ``HEADLINE_END``), w
 The point is chosen among the throughput runs: sampled requests (temperature and top-p) that all arrive at once,
 two waves (twice the concurrency in requests), streamed in chunks (at stream interval 1 SGLang's per-token
 streaming caps what reaches the client), at a concurrency where one run id holds ok runs of PILLAR as served
-(``pillar``) and of every stock backend (``STOCK_BACKENDS``): one GPU, one hardware state. Among those points,
-PILLAR's highest out tok/s over the fastest stock backend's wins (ties: the latest). Every number of the block
+(``pillar``) and of every stock backend (``STOCK_BACKENDS``): one GPU, one hardware state. Among those points the
+latest run wins (ties: PILLAR's higher ratio over the fastest stock backend): the headline is what the code serves now,
+not the best reading an older commit once gave. Every number of the block
 comes from that point's files, and the block names the model, the GPU, the commit, the files and the command.
 """
 
@@ -58,7 +59,7 @@ def headline_point(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | Non
     complete = [p for p in points.values() if all(c in p for c in (*STOCK_BACKENDS, PILLAR))]
     if not complete:
         return None
-    best = max(complete, key=lambda p: (p[PILLAR]["ratio_vs_best_stock"], dates[p[PILLAR]["run_id"]]))
+    best = max(complete, key=lambda p: (dates[p[PILLAR]["run_id"]], p[PILLAR]["ratio_vs_best_stock"]))
     return [best[c] for c in (*STOCK_BACKENDS, PILLAR)]
 
 

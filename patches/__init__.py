@@ -18,8 +18,9 @@ server's sampling backend; the Sampler's apply_custom_logit_processor), ``reques
 output ids, retraction count and processor, which say which requests take one token per round, and ScheduleBatch /
 SamplingBatchInfo fields that say which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets,
 vocabulary size and output ids, and the runtime context's server args, around the hooked update_finish_state),
-``decode_graphs`` (ForwardBatch, forward context, graph capture mode and the capture-time gc freeze, for both runners'
-DECODE forwards and graphs), ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits
+``decode_graphs`` (ForwardBatch, forward context, graph_capture(), graph capture mode and the capture-time gc
+freeze, for both runners' DECODE forwards and graphs), ``draft_runner`` (murmur_hash32 for seeded draft noise),
+``draft_logits`` (the logits
 processor's vocab_size and final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the LM head's
 weight, quant_method and LoRA hooks, the logits processor's fp32 and RL on-policy flags), ``draft_mlp`` (the MLP's
 gate_up_proj weight, down_proj and act_fn, a release's DualGemm.can_run), ``plain_layers`` (the RMSNorm fields and the

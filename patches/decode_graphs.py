@@ -116,16 +116,24 @@ class DecodeGraphs:
 
     @contextmanager
     def capturing(self, label: str) -> Iterator[None]:
-        """Around a runner's captures: SGLang's graph capture mode, and its gc freeze (every
-        torch.cuda.graph() entry runs gc.collect(), which walks the whole server heap unless it is
-        frozen first), as SGLang's own runners capture."""
+        """Around a runner's captures, as SGLang's own runners capture: its ``graph_capture()`` (the
+        capture stream; under tensor parallelism the custom all-reduce records the graphs' buffers and
+        registers them with the other ranks on exit, and PyNccl takes the all-reduces that custom
+        all-reduce does not, where torch.distributed's would be captured otherwise), its graph capture
+        mode, and its gc freeze (every torch.cuda.graph() entry runs gc.collect(), which walks the whole
+        server heap unless it is frozen first)."""
+        from sglang.srt.distributed.parallel_state import graph_capture
         from sglang.srt.model_executor.runner import model_capture_mode
         from sglang.srt.model_executor.runner.base_cuda_graph_runner import freeze_gc
 
         t0 = time.monotonic()
-        self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
         try:
-            with model_capture_mode(), freeze_gc(self.mr.server_args.enable_cudagraph_gc):
+            with (
+                graph_capture() as context,
+                model_capture_mode(),
+                freeze_gc(self.mr.server_args.enable_cudagraph_gc),
+            ):
+                self._pool, self._stream = torch.cuda.graph_pool_handle(), context.stream
                 yield
         finally:
             self._pool = self._stream = None
@@ -134,8 +142,9 @@ class DecodeGraphs:
     def capture(self, key: GraphKey, body: Callable[[], None], prepare: Callable[[], None]) -> None:
         """Capture ``body`` under ``key`` (inside ``capturing``): ``prepare`` loads the padding inputs,
         then one eager warm-up run on the side stream (Triton JIT must not run under capture; these
-        kernels do not autotune, so a second run adds nothing), then ``prepare`` again, since the
-        warm-up advanced the body's state, and the capture (it records, it runs nothing)."""
+        kernels do not autotune, so a second run adds nothing; under tensor parallelism its all-reduces
+        return zeros, as in SGLang's own warm-ups), then ``prepare`` again, since the warm-up advanced the
+        body's state, and the capture (it records, it runs nothing)."""
         stream = self._stream
         if stream is None:
             raise RuntimeError("DecodeGraphs.capture outside capturing()")

@@ -37,6 +37,7 @@ CALLED: tuple[str, ...] = (
     "sglang.srt.arg_groups.model_override_base.attention_backends_of",
     "sglang.srt.arg_groups.model_override_base.resolved_view",
     "sglang.srt.configs.model_config.ModelConfig.from_server_args",
+    "sglang.srt.distributed.parallel_state.graph_capture",
     "sglang.srt.layers.attention.base_attn_backend.AttentionBackend.update_verify_buffers_to_fill_after_draft",
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.get_num_kv_splits",

@@ -4,9 +4,11 @@ GPU tests, tests/test_draft_runner.py and tests/test_mixed_runner.py, replay it)
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
+import torch
 from sglang_sparsespec.patches.decode_graphs import DecodeGraphs, Kind
 
 
@@ -46,3 +48,32 @@ def test_the_graph_kind_follows_only_greediness():
 def test_capture_outside_capturing_is_refused():
     with pytest.raises(RuntimeError, match="outside capturing"):
         graphs([4]).capture((4, Kind.GREEDY), lambda: None, lambda: None)
+
+
+def test_captures_run_inside_sglangs_graph_capture(monkeypatch):
+    """PILLAR's graphs are captured as SGLang's own runners capture theirs: inside its graph_capture() (under
+    tensor parallelism the custom all-reduce registers the captured buffers with the other ranks on exit, and
+    PyNccl, not torch.distributed, takes the rest), on the stream it hands out, in its capture mode and gc freeze."""
+    import sglang.srt.distributed.parallel_state as parallel_state
+    import sglang.srt.model_executor.runner as runner
+    events: list[str] = []
+
+    def context(name, value=None):
+        @contextmanager
+        def manager(*args, **kwargs):
+            events.append(f"enter {name}")
+            yield value
+            events.append(f"exit {name}")
+
+        return manager
+
+    stream = object()
+    monkeypatch.setattr(parallel_state, "graph_capture", context("graph_capture", SimpleNamespace(stream=stream)))
+    monkeypatch.setattr(runner, "model_capture_mode", context("capture mode"))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    g = DecodeGraphs(SimpleNamespace(server_args=SimpleNamespace(enable_cudagraph_gc=False)), [4], 8, "draft")
+    with g.capturing("draft-step graphs"):
+        assert events == ["enter graph_capture", "enter capture mode"]
+        assert g._stream is stream and g._pool == "pool"
+    assert events[-2:] == ["exit capture mode", "exit graph_capture"]
+    assert g._stream is None  # capture() is refused again once the runner's captures are done

@@ -135,6 +135,9 @@ class DecodeGraphs:
             ):
                 self._pool, self._stream = torch.cuda.graph_pool_handle(), context.stream
                 yield
+                # The captures' warm-ups and input copies ran on the capture stream, which the default stream
+                # does not wait for once the context is left: the first rounds must not race them.
+                context.stream.synchronize()
         finally:
             self._pool = self._stream = None
         logger.info("PILLAR %s captured in %.1f s for batch sizes %s", label, time.monotonic() - t0, self.capture_bs)

@@ -67,7 +67,7 @@ def test_captures_run_inside_sglangs_graph_capture(monkeypatch):
 
         return manager
 
-    stream = object()
+    stream = SimpleNamespace(synchronize=lambda: events.append("synchronize"))
     monkeypatch.setattr(parallel_state, "graph_capture", context("graph_capture", SimpleNamespace(stream=stream)))
     monkeypatch.setattr(runner, "model_capture_mode", context("capture mode"))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
@@ -75,5 +75,5 @@ def test_captures_run_inside_sglangs_graph_capture(monkeypatch):
     with g.capturing("draft-step graphs"):
         assert events == ["enter graph_capture", "enter capture mode"]
         assert g._stream is stream and g._pool == "pool"
-    assert events[-2:] == ["exit capture mode", "exit graph_capture"]
+    assert events[-3:] == ["synchronize", "exit capture mode", "exit graph_capture"]
     assert g._stream is None  # capture() is refused again once the runner's captures are done

@@ -212,6 +212,7 @@ def check_round(out: dr.DraftOutput, rpi, seq_lens, bonus, steps: int) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.usefixtures("sglang_groups")
 def test_captured_step_replays_like_the_eager_body(monkeypatch) -> None:
     monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
     graphed, eager = make_runner([4]), make_runner([])
@@ -233,6 +234,7 @@ def test_captured_step_replays_like_the_eager_body(monkeypatch) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.usefixtures("sglang_groups")
 def test_captured_plain_step_replays_like_the_eager_body(monkeypatch) -> None:
     monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
     graphed = make_runner([4], plain_decode=True)
@@ -297,6 +299,7 @@ def test_seeded_noise_is_exponential_and_independent_across_steps() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.usefixtures("sglang_groups")
 def test_captured_seeded_step_drafts_as_the_eager_body(monkeypatch) -> None:
     """The seeded noise inside the captured step (the step's columns picked on the device): replays
     draft exactly the eager body's tokens for the same seeds."""

@@ -233,6 +233,7 @@ def peak_chain(root: int, position: int, n: int) -> list[int]:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.usefixtures("sglang_groups")
 @pytest.mark.parametrize("greedy", [True, False])
 def test_captured_iterations_replay_like_the_eager_body(monkeypatch, greedy):
     monkeypatch.setattr(mxr, "sampling_backend", lambda: SamplingBackend.FLASHINFER)

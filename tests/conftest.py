@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,18 @@ SMOLLM2_CONFIG = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Where the suite ran, as the run's last line: a GPU run's log is checked in as a result, so it names its
+    device, date, commit and releases itself."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is a folder of the checkout
+    from benchmarks.meta import run_metadata
+
+    meta = run_metadata("tests")
+    fields = ("device", "date_utc", "git_commit", "sglang_version", "torch_version")
+    line = ", ".join(f"{k} {meta[k]}" for k in fields)
+    terminalreporter.write_line(f"ran on: {line}, TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')}")
 
 
 @pytest.fixture(scope="session")

@@ -170,11 +170,22 @@ RUNNER_FLAGS: tuple[tuple[str, str, object], ...] = (
 )
 
 
+# KV cache layouts other than SGLang's default one [slot, KV head, dim] tensor per layer, which PILLAR's draft, verify
+# and score kernels index by slot (the page-major envelope's per-layer views are 4-D, a token's stride spanning every
+# layer; the unified pool implies it): read with the default's strides they would attend to other tokens' K/V.
+LAYOUT_FLAGS: tuple[tuple[str, str, object], ...] = (
+    ("--enable-page-major-kv-layout", "enable_page_major_kv_layout", False),
+    ("--enable-unified-memory", "enable_unified_memory", False),
+)
+
+
 def unsupported_flag(sa: ServerArgs) -> str | None:
-    """The first of ``NEIGHBOUR_FLAGS`` and ``RUNNER_FLAGS`` that is set, as one line; None when none is."""
+    """The first of ``NEIGHBOUR_FLAGS``, ``RUNNER_FLAGS`` and ``LAYOUT_FLAGS`` that is set, as one line; None when
+    none is."""
     for flags, why in (
         (NEIGHBOUR_FLAGS, "drafts and verifies with its own kernels"),
         (RUNNER_FLAGS, "runs its draft and plain steps outside the model-runner paths that set it up"),
+        (LAYOUT_FLAGS, "reads the KV cache as one [slot, head, dim] tensor per layer"),
     ):
         for flag, field, off in flags:
             if getattr(sa, field, off) not in (off, None):

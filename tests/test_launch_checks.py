@@ -67,10 +67,13 @@ def test_lora_is_refused_under_pillar(llama_config_dir, flags):
         ({"enable_pdmux": True}, "--enable-pdmux"),
         ({"enable_two_batch_overlap": True}, "--enable-two-batch-overlap"),
         ({"enable_return_routed_experts": True}, "--enable-return-routed-experts"),
+        ({"enable_page_major_kv_layout": True}, "--enable-page-major-kv-layout"),
+        ({"enable_unified_memory": True}, "--enable-"),  # it implies the page-major layout; either flag is named
     ],
 )
-def test_forward_paths_the_rounds_bypass_are_refused_under_pillar(llama_config_dir, flags, named):
-    """Flags whose set-up SGLang does in the model runner paths PILLAR's draft and plain steps do not take."""
+def test_forward_paths_the_rounds_bypass_and_kv_layouts_are_refused_under_pillar(llama_config_dir, flags, named):
+    """Flags whose set-up SGLang does in the model runner paths PILLAR's draft and plain steps do not take, and
+    KV cache layouts PILLAR's kernels do not read."""
     from sglang.srt.plugins import load_plugins
 
     load_plugins()

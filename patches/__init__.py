@@ -20,9 +20,9 @@ SamplingBatchInfo fields that say which batches the sampler alone serves), ``fin
 vocabulary size and output ids, and the runtime context's server args, around the hooked update_finish_state),
 ``decode_graphs`` (ForwardBatch, forward context, graph_capture(), graph capture mode and the capture-time gc
 freeze, for both runners' DECODE forwards and graphs), ``draft_runner`` (murmur_hash32 for seeded draft noise),
-``draft_logits`` (the logits
-processor's vocab_size and final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the LM head's
-weight, quant_method and LoRA hooks, the logits processor's fp32 and RL on-policy flags), ``draft_mlp`` (the MLP's
+``draft_logits`` (the logits processor's vocab_size and final_logit_softcapping, LogitsMetadata's forward_mode),
+``draft_lm_head`` (the LM head's weight, quant_method and LoRA hooks, the logits processor's fp32 and RL on-policy
+flags), ``draft_mlp`` (the MLP's
 gate_up_proj weight, down_proj and act_fn, a release's DualGemm.can_run), ``plain_layers`` (the RMSNorm fields and the
 linear layers' quant_method and bias that say a fused kernel computes the layer's call), ``draft_qk`` (the rotary
 embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's apply_qk_norm; the decoder class

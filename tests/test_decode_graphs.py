@@ -56,6 +56,7 @@ def test_captures_run_inside_sglangs_graph_capture(monkeypatch):
     PyNccl, not torch.distributed, takes the rest), on the stream it hands out, in its capture mode and gc freeze."""
     import sglang.srt.distributed.parallel_state as parallel_state
     import sglang.srt.model_executor.runner as runner
+
     events: list[str] = []
 
     def context(name, value=None):

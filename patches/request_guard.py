@@ -61,6 +61,12 @@ PER_PROMPT_LISTS = (
     "lora_path",
     "video_data",
     "audio_data",
+    # PD disaggregation's per-prompt routing, which SGLang expands without counting (outside that mode too)
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "bootstrap_pair_key",
+    "decode_tp_size",
 )
 # Fields of the tokenized message that SGLang pickles (wrap_pickle_fields) instead of typing them.
 PICKLED_FIELDS = ("mm_inputs", "mm_data_mooncake", "time_stats")

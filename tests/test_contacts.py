@@ -243,7 +243,8 @@ def test_a_weight_update_loads_the_target_once(monkeypatch):
     if "_session" in cls.__dataclass_fields__:  # from 0.5.21 updates run inside a session
         monkeypatch.setattr(wu.msgspec.structs, "replace", lambda session, **k: session)
         monkeypatch.setattr(cls, "record_weight_version_after_update", lambda self, version: None)
-        monkeypatch.setattr(cls, "flush_cache_after_weight_update", lambda self, req, ok, msg: (ok, msg))
+        # 0.5.21 flushes after a request alone; later releases pass the outcome through it
+        monkeypatch.setattr(cls, "flush_cache_after_weight_update", lambda self, req, *outcome: outcome or None)
     manager.update_weights_from_disk(io_struct.UpdateWeightFromDiskReqInput(model_path="m"))
     manager.update_weights_from_ipc(io_struct.UpdateWeightsFromIPCReqInput(zmq_handles={}))
     manager.update_weights_from_tensor(io_struct.UpdateWeightsFromTensorReqInput(serialized_named_tensors=[]))

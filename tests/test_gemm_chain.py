@@ -40,3 +40,24 @@ def test_fused_layers_compute_sglangs_layers(monkeypatch: pytest.MonkeyPatch) ->
     assert _rel(got, expected) < 5e-2
     # and the bounds mean something: the layers' input is far from their output
     assert _rel(step.x, expected) > 0.5
+
+
+def test_the_stream_variants_read_the_chains_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Streams`` GEMMs every weight of the chain once: the merged layer's output is the layer's qkv, o and
+    gate/up products side by side, and the flat GEMM's slice of a layer is that layer's merged output."""
+    monkeypatch.setattr(gemm_chain, "DEVICE", "cpu")
+    torch.manual_seed(0)
+    chain = gemm_chain.Chain("smollm2-135m", 4)
+    chain.weights = chain.weights[:3]
+    streams = gemm_chain.Streams(chain)
+    assert streams.bytes_per_layer == sum(w.numel() * 2 for w in (streams.wide[0], streams.down[0]))
+    streams.run("cublas_merged")
+    last = chain.weights[-1]
+    expected = torch.cat([chain.x0.float() @ last[name].float().T for name in gemm_chain.WIDE], dim=1)
+    assert _rel(streams.out["wide"], expected) < 1e-2
+    assert _rel(streams.out["down"], streams.h.float() @ last["down"].float().T) < 1e-2
+    merged_last = streams.out["wide"].clone()
+    streams.run("cublas_flat")
+    width = streams.wide[0].shape[0]
+    assert _rel(streams.out["flat_wide"][:, -width:], merged_last) < 1e-2
+    assert _rel(streams.out["flat_wide"][:, :width], merged_last) > 0.5  # another layer's weights

@@ -25,6 +25,14 @@ add-RMSNorm as its prologue, the attention, o, gate/up with the second add-RMSNo
 launch a programmatic dependent one and every GEMM's weights prefetched (the norms' row scale is applied after the
 product, so the layer's output differs from ``layer``'s by rounding: ``rel_diff_vs_layer``).
 
+Two more run the chain's weights without its waits (``Streams``, cuBLAS): ``cublas_merged``, per layer qkv, o and
+gate/up as one GEMM (they share K) and down as another, and ``cublas_flat``, every layer's in two GEMMs. Written
+before measuring: the LM head's single 622 MB GEMM streams at 4.1 TB/s at 64 rows where the chain's 100 MB a layer
+go at 2.5, so a merged layer near 25 us (against the chain's 40) says ~15 us a layer are launches waiting on each
+other, the share a persistent layer kernel (the next GEMM's weights streamed while the previous one ends) could
+recover, ~3.4 ms a round; a merged layer near the chain's says the loss is inside each GEMM at 64 rows, and such a
+kernel would not pay.
+
 Each chain variant's final x is compared with the ``triton`` chain's (``max_abs_diff``: 0 for the PDL variants, since
 they run the same arithmetic; anything else means a launch read an input before it was written) and with
 ``cublas``'s (rounding only). Reading: a PDL variant well below ``triton`` (and ``cublas``) per layer says the
@@ -73,6 +81,10 @@ LAUNCHES = {
     },
 }
 VARIANTS = ("cublas", "triton", "triton_pdl", "triton_pdl_prefetch")
+# The same weights without the chain's waits (``Streams``): what a persistent layer kernel, which streams the next
+# GEMM's weights while the previous one ends, could approach at these rows.
+STREAM_VARIANTS = ("cublas_merged", "cublas_flat")
+WIDE = ("qkv", "o", "gate_up")  # the projections that read the hidden width: one GEMM in the stream variants
 LAYER_VARIANTS = ("layer", "layer_fused_pdl")
 
 
@@ -119,6 +131,55 @@ class Chain:
 
     def call(self, variant: str) -> Callable[[], None]:
         return lambda: self.run(variant)
+
+
+class Streams:
+    """A chain's weights streamed without its dependencies, by cuBLAS at the chain's rows: ``cublas_merged``, per
+    layer one GEMM over qkv, o and gate/up concatenated (they share K, the hidden width) and one for down;
+    ``cublas_flat``, all layers' in two GEMMs. Neither computes the chain (every GEMM reads fixed inputs): their
+    times are what the bytes cost when no launch waits for the one before, per layer against the chain's."""
+
+    def __init__(self, chain: Chain):
+        self.wide = [torch.cat([layer[name] for name in WIDE]) for layer in chain.weights]
+        self.down = [layer["down"] for layer in chain.weights]
+        self.flat_wide, self.flat_down = torch.cat(self.wide), torch.cat(self.down)
+        rows = chain.x0.shape[0]
+        self.x = chain.x0
+        self.h = torch.randn(rows, self.down[0].shape[1], device=self.x.device, dtype=self.x.dtype)
+        self.out = {
+            "wide": torch.empty(rows, self.wide[0].shape[0], device=self.x.device, dtype=self.x.dtype),
+            "down": torch.empty(rows, self.down[0].shape[0], device=self.x.device, dtype=self.x.dtype),
+            "flat_wide": torch.empty(rows, self.flat_wide.shape[0], device=self.x.device, dtype=self.x.dtype),
+            "flat_down": torch.empty(rows, self.flat_down.shape[0], device=self.x.device, dtype=self.x.dtype),
+        }
+        self.layers = len(chain.weights)
+        self.bytes_per_layer = chain.bytes_per_layer
+
+    def run(self, variant: str) -> None:
+        if variant == "cublas_flat":
+            torch.matmul(self.x, self.flat_wide.T, out=self.out["flat_wide"])
+            torch.matmul(self.h, self.flat_down.T, out=self.out["flat_down"])
+            return
+        for wide, down in zip(self.wide, self.down):
+            torch.matmul(self.x, wide.T, out=self.out["wide"])
+            torch.matmul(self.h, down.T, out=self.out["down"])
+
+    def call(self, variant: str) -> Callable[[], None]:
+        return lambda: self.run(variant)
+
+
+def measure_streams(streams: Streams, replays: int) -> dict[str, Any]:
+    """Each stream variant's time per layer and its bandwidth; an error as a string."""
+    results: dict[str, Any] = {}
+    for variant in STREAM_VARIANTS:
+        try:
+            ms = graph_ms(streams.call(variant), replays)
+        except Exception as exc:  # one variant failing leaves the others standing
+            results[variant] = {"error": repr(exc)[:400]}
+            continue
+        us = ms * 1e3 / streams.layers
+        results[variant] = {"us_per_layer": us, "ms_per_step": ms, "GBps": streams.bytes_per_layer / us / 1e3}
+    return results
 
 
 class FusedLayers:
@@ -222,7 +283,12 @@ def main() -> None:
             else f"error {r['error']}"
         )
         print(f"{variant}: {line}", flush=True)
-    del chain  # its weights, before the layer variants' pools (~33 GB)
+    streams = Streams(chain)
+    for variant, r in measure_streams(streams, args.replays).items():
+        results[variant] = r
+        line = f"{r['us_per_layer']:.1f} us/layer, {r['GBps']:.0f} GB/s" if "error" not in r else r["error"]
+        print(f"{variant}: {line}", flush=True)
+    del chain, streams  # their weights, before the layer variants' pools (~33 GB)
     torch.cuda.empty_cache()
     layers, small_ops = layer_variants(args)
     for variant in LAYER_VARIANTS:

@@ -61,6 +61,11 @@ PER_PROMPT_LISTS = (
     "lora_path",
     "video_data",
     "audio_data",
+    # per-prompt fields SGLang indexes without counting them (its own callers fill them, a client may too)
+    "modalities",
+    "lora_id",
+    "multi_item_delimiter_indices",
+    "token_indices_to_pool",
     # PD disaggregation's per-prompt routing, which SGLang expands without counting (outside that mode too)
     "bootstrap_host",
     "bootstrap_port",
@@ -68,6 +73,7 @@ PER_PROMPT_LISTS = (
     "bootstrap_pair_key",
     "decode_tp_size",
 )
+EMPTY_READS_AS_NONE = ("modalities",)  # SGLang indexes it only when non-empty; its chat route sends []
 # Fields of the tokenized message that SGLang pickles (wrap_pickle_fields) instead of typing them.
 PICKLED_FIELDS = ("mm_inputs", "mm_data_mooncake", "time_stats")
 _PROMPT = "_sparsespec_prompt"  # (index, batch size) stamped on a batch member by GenerateReqInput.__getitem__
@@ -173,7 +179,7 @@ def check_batch_shape(obj: Any) -> None:
     n = obj.batch_size * getattr(obj, "parallel_sample_num", 1)
     for name in PER_PROMPT_LISTS:
         value = getattr(obj, name, None)
-        if isinstance(value, list) and len(value) != n:
+        if isinstance(value, list) and len(value) != n and (value or name not in EMPTY_READS_AS_NONE):
             have = len(value) // max(getattr(obj, "parallel_sample_num", 1), 1)
             raise ValueError(f"{name} has {have} entries for {obj.batch_size} prompts")
 

@@ -44,6 +44,8 @@ MESSAGES = {
     "batch_one_bad_sampling": "prompt 1 of 2 in the batch: temperature must be a non-negative",
     "batch_sampling_list_short": "sampling_params has 1 entries for 3 prompts",
     "batch_bootstrap_room_short": "bootstrap_room has 1 entries for 3 prompts",
+    "batch_modalities_short": "modalities has 1 entries for 3 prompts",
+    "batch_lora_id_short": "lora_id has 1 entries for 3 prompts",
     "max_new_tokens_float": "sampling_params.max_new_tokens: Expected `int | null`, got `float`",
     "max_new_tokens_string": "sampling_params.max_new_tokens",
     "temperature_string": "sampling_params.temperature: Expected `float`, got `str`",

@@ -80,6 +80,8 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
         gen("batch_one_bad_sampling", text=[TEXT, TEXT], sampling_params=[{"max_new_tokens": 8}, {"temperature": -1}]),
         gen("batch_sampling_list_short", text=[TEXT, TEXT, TEXT], sampling_params=[{"max_new_tokens": 8}]),
         gen("batch_bootstrap_room_short", text=[TEXT, TEXT, TEXT], bootstrap_room=[2]),
+        gen("batch_modalities_short", text=[TEXT, TEXT, TEXT], modalities=["image"]),
+        gen("batch_lora_id_short", text=[TEXT, TEXT, TEXT], lora_id=["a"]),
         Probe("context_overflow", GENERATE, {"input_ids": [5] * (context_len + 16)}, 400),
         Probe(
             "context_plus_new_overflow",

@@ -4,9 +4,9 @@
 #   SPARSESPEC_SGLANG=0.5.23 bash examples/run_tests.sh [pytest args...]   # the newest supported SGLang
 # SPARSESPEC_SGLANG picks the SGLang release the suite runs against (default 0.5.17, the one measured on a
 # GPU); each has its own venv (.venv for 0.5.17, .venv-<version> otherwise; SPARSESPEC_VENV overrides) and
-# its exact dependency set, requirements/cpu-test-<version>.txt. Both use torch 2.14.1, which imports
-# SGLang's whole server stack on CPU (0.5.17 pins torch 2.11, a multi-GB CUDA download; 0.5.23 pins
-# 2.14.1 itself). Triton kernels run in the interpreter (TRITON_INTERPRET=1).
+# its exact dependency set, requirements/cpu-test-<version>.txt (0.5.17, 0.5.21, 0.5.23). Each uses torch
+# 2.14.1, which imports SGLang's whole server stack on CPU (0.5.17 pins torch 2.11, a multi-GB CUDA download;
+# 0.5.21 pins 2.13.0; 0.5.23 pins 2.14.1 itself). Triton kernels run in the interpreter (TRITON_INTERPRET=1).
 # pytest-random-order shuffles only when asked (--random-order-bucket / --random-order-seed, as .ci/run's
 # second pass does): a plain run keeps pytest's own order.
 set -euo pipefail

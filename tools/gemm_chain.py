@@ -146,12 +146,8 @@ class Streams:
         rows = chain.x0.shape[0]
         self.x = chain.x0
         self.h = torch.randn(rows, self.down[0].shape[1], device=self.x.device, dtype=self.x.dtype)
-        self.out = {
-            "wide": torch.empty(rows, self.wide[0].shape[0], device=self.x.device, dtype=self.x.dtype),
-            "down": torch.empty(rows, self.down[0].shape[0], device=self.x.device, dtype=self.x.dtype),
-            "flat_wide": torch.empty(rows, self.flat_wide.shape[0], device=self.x.device, dtype=self.x.dtype),
-            "flat_down": torch.empty(rows, self.flat_down.shape[0], device=self.x.device, dtype=self.x.dtype),
-        }
+        weights = {"wide": self.wide[0], "down": self.down[0], "flat_wide": self.flat_wide, "flat_down": self.flat_down}
+        self.out = {name: self.x.new_empty(rows, w.shape[0]) for name, w in weights.items()}
         self.layers = len(chain.weights)
         self.bytes_per_layer = chain.bytes_per_layer
 
@@ -168,18 +164,20 @@ class Streams:
         return lambda: self.run(variant)
 
 
-def measure_streams(streams: Streams, replays: int) -> dict[str, Any]:
-    """Each stream variant's time per layer and its bandwidth; an error as a string."""
-    results: dict[str, Any] = {}
-    for variant in STREAM_VARIANTS:
-        try:
-            ms = graph_ms(streams.call(variant), replays)
-        except Exception as exc:  # one variant failing leaves the others standing
-            results[variant] = {"error": repr(exc)[:400]}
-            continue
-        us = ms * 1e3 / streams.layers
-        results[variant] = {"us_per_layer": us, "ms_per_step": ms, "GBps": streams.bytes_per_layer / us / 1e3}
-    return results
+def timed(call: Callable[[], None], layers: int, bytes_per_layer: int, replays: int) -> dict[str, Any]:
+    """A step's graph time per layer and per step, and its weights' bandwidth against the ideal; an error as a
+    string."""
+    try:
+        ms = graph_ms(call, replays)
+    except Exception as exc:  # one variant failing (capture, launch attribute, kernel) leaves the others to run
+        return {"error": repr(exc)[:400]}
+    us = ms * 1e3 / layers
+    return {
+        "us_per_layer": us,
+        "ms_per_step": ms,
+        "GBps": bytes_per_layer / us / 1e3,
+        "ideal_us_per_layer": bytes_per_layer / IDEAL_GBPS / 1e3,
+    }
 
 
 class FusedLayers:
@@ -244,19 +242,10 @@ def layer_variants(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def measure(chain: Chain, variant: str, replays: int, reference: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Variant's time per layer and per step, its final x against the references; an error as a string."""
-    try:
-        ms = graph_ms(chain.call(variant), replays)
-    except Exception as exc:  # one variant failing (capture, launch attribute, kernel) leaves the others to run
-        return {"error": repr(exc)[:400]}
-    us = ms * 1e3 / len(chain.weights)
-    entry: dict[str, Any] = {
-        "us_per_layer": us,
-        "ms_per_step": ms,
-        "GBps": chain.bytes_per_layer / us / 1e3,
-        "ideal_us_per_layer": chain.bytes_per_layer / IDEAL_GBPS / 1e3,
-    }
-    for ref_name, ref in reference.items():
-        entry[f"max_abs_diff_vs_{ref_name}"] = (chain.x.float() - ref.float()).abs().max().item()
+    entry = timed(chain.call(variant), len(chain.weights), chain.bytes_per_layer, replays)
+    if "error" not in entry:
+        for ref_name, ref in reference.items():
+            entry[f"max_abs_diff_vs_{ref_name}"] = (chain.x.float() - ref.float()).abs().max().item()
     return entry
 
 
@@ -284,8 +273,8 @@ def main() -> None:
         )
         print(f"{variant}: {line}", flush=True)
     streams = Streams(chain)
-    for variant, r in measure_streams(streams, args.replays).items():
-        results[variant] = r
+    for variant in STREAM_VARIANTS:
+        r = results[variant] = timed(streams.call(variant), streams.layers, streams.bytes_per_layer, args.replays)
         line = f"{r['us_per_layer']:.1f} us/layer, {r['GBps']:.0f} GB/s" if "error" not in r else r["error"]
         print(f"{variant}: {line}", flush=True)
     del chain, streams  # their weights, before the layer variants' pools (~33 GB)

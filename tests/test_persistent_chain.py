@@ -1,0 +1,44 @@
+"""The persistent GEMM chain probe (tools/persistent_chain.py) computes the chain that cuBLAS computes: every
+layer's four GEMMs in order, split-K tiles summed once by their last unit, the counters back at 0 after a launch.
+
+Without a GPU it runs in Triton's CPU interpreter with one program (the interpreter runs programs one after another,
+so a barrier that waits for a second program would never return), on SmolLM2-135M's layer sizes; with CUDA, compiled
+with several programs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton_env import DEVICE, INTERPRET
+
+from tools import gemm_chain, persistent_chain
+
+# Every phase split (and one not): SmolLM2's K of 576 and 1536 in three slices of 64-column steps.
+CONFIG = {"qkv": (32, 3), "o": (32, 1), "gate_up": (64, 3), "down": (32, 3)}
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_the_persistent_chain_computes_the_chain(monkeypatch: pytest.MonkeyPatch, per_layer: bool) -> None:
+    monkeypatch.setattr(gemm_chain, "DEVICE", DEVICE)
+    torch.manual_seed(0)
+    chain = gemm_chain.Chain("smollm2-135m", 4)
+    chain.weights = chain.weights[:2]
+    chain.run("cublas")
+    expected = chain.x.float().clone()
+    probe = persistent_chain.PersistentChain(chain, CONFIG, block_k=64, stages=2)
+    programs = 1 if INTERPRET else 8
+    for _ in range(2):  # a second launch starts from the counters the first left
+        got = probe.run(programs, per_layer=per_layer).float()
+        # rounding only, the interpreter's bf16 truncation on each of the 8 GEMMs' stores included (gemm_chain's bound)
+        assert ((got - expected).norm() / expected.norm()).item() < 5e-2
+        assert probe.counter.item() == 0 and not probe.tiles.any()
+    assert ((chain.x0.float() - expected).norm() / expected.norm()).item() > 0.5  # the bound means something
+
+
+def test_a_config_that_does_not_divide_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gemm_chain, "DEVICE", "cpu")
+    chain = gemm_chain.Chain("smollm2-135m", 4)
+    chain.weights = chain.weights[:1]
+    with pytest.raises(ValueError, match="o \\[576, 576\\]"):
+        persistent_chain.PersistentChain(chain, {**CONFIG, "o": (32, 2)}, block_k=64)

@@ -1,0 +1,299 @@
+"""A draft step's weight GEMMs in one persistent launch with grid-wide barriers (Qwen3-1.7B at 64 rows, GPU).
+
+``tools.gemm_chain`` times the four GEMMs of each layer (x -> qkv -> o -> gate/up -> down -> the next layer's x,
+each reading the previous one's output) as launches that wait for one another, and the same weights streamed
+without the waits. At 2e75a5b on an H200 (gemm_chain_h200_2e75a5b.json, us a layer): the chain 41.2 (cuBLAS),
+qkv, o and gate/up as one GEMM then down 34.4, every layer's weights in two GEMMs 25.5 (3.95 TB/s). About 4 us
+a layer go at each launch boundary (the next GEMM's ramp, the previous one's last partial wave), ~16 us a layer,
+~3.5 ms a round of eight draft steps, against 25.5 us of bytes.
+
+Here one program per SM stays resident for the whole chain: each phase (one GEMM) hands its tiles out over the
+programs, a grid-wide barrier (one atomic counter) separates a phase from the next, so no launch ramps and the
+programs that finish early wait on a counter instead of a launch. Small N (o and down: 2048 columns) would leave
+most SMs idle or re-read x from L2 for every narrow tile, so a phase can split K: the units of a tile write fp32
+partials and the last of them to finish (a per-tile counter) sums them in split order, so the result does not
+depend on which finished last. ``prefetch``: before each barrier a program asks L2 for the first K columns of its
+next tile's weights, which do not depend on the phase it waits for.
+
+Variants: ``persistent`` (every layer in one launch), ``persistent_prefetch``, ``persistent_per_layer`` (one launch
+a layer, the boundary where the draft step's attention would run between two layers' GEMMs); each with the tile
+configurations of ``CONFIGS``. Written before measuring: one launch near 28-30 us a layer (the flat stream's 25.5
+plus ~1 us a barrier) says a persistent draft layer kernel recovers ~11-13 us a layer, ~2.5-3 ms a round; near the
+chain's 41 says the barriers and split-K fix-ups cost what the launches did, and the draft GEMMs stay cuBLAS.
+
+    python -m tools.persistent_chain --out benchmarks/results/kernels/persistent_chain_<device>_<commit>.json
+
+Measured on an H200 (persistent_chain_h200_2e75a5b.json, us a layer, against the cuBLAS chain's 41.2 in the same
+run): best 47.0 (narrow tiles, no split, 128 x 4 K steps, two programs a SM), 49-53 for the other narrow launches;
+the split configs 72-113 (the split-K fix-up inside the units' loop keeps Triton from pipelining it). One launch
+a layer costs about what one launch for all layers does (50.2 against 47.0): a barrier costs what a launch
+boundary did. What is lost is each phase's streaming at 64 rows with Triton's loads (one program's few K steps in
+flight), not the boundaries alone: a persistent layer kernel would need the weights streamed by TMA with
+producer warps (CUTLASS-style warp specialisation) to approach the flat 25.5, so the draft GEMMs stay cuBLAS.
+
+Each variant's final x is compared with the cuBLAS chain's (``max_abs_diff_vs_cublas``, rounding only: fp32
+accumulation in another order). Needs every program resident at once (one a SM, at most the SM count), which a
+CUDA graph of this launch alone gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from tools.gemm_chain import CHAIN, Chain, timed
+from tools.kernels_setup import provenance, write_result
+from tools.layer_probe import add_step_args
+from tools.skinny_gemm import _prefetch_slice
+
+# (block_n, split_k) per projection, at BLOCK_K columns a K step. Each config gives every phase a multiple of 128
+# units (tiles x splits), so 128 programs get the same bytes in each phase.
+CONFIGS = {
+    "split": {"qkv": (64, 2), "o": (64, 4), "gate_up": (64, 2), "down": (64, 4)},
+    "narrow": {"qkv": (32, 1), "o": (16, 1), "gate_up": (32, 1), "down": (16, 1)},
+    "wide_gate_up": {"qkv": (64, 2), "o": (64, 4), "gate_up": (128, 4), "down": (64, 4)},
+}
+VARIANTS = ("persistent", "persistent_prefetch", "persistent_per_layer")
+# (block_k, stages): the weight bytes each program keeps in flight, against the shared memory it takes.
+PIPELINES = ((128, 4), (256, 3), (64, 8))
+
+
+@triton.jit
+def _grid_sync(Counter, target):
+    """Every program's stores before, every program's loads after: one arrival on the counter (release), then spin
+    until ``target`` arrivals (acquire), as cooperative groups' grid sync does."""
+    tl.debug_barrier()
+    tl.atomic_add(Counter, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(Counter, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(Counter, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _gemm_phase(
+    X, stride_x, W, Out, stride_o, Part, Tiles, M, pid, nprog,
+    N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """Out[:M] = X[:M, :K] @ W[N, K].T over this program's units (tile, K slice), as one loop over the units' K
+    steps so that the pipeline loads the next unit's first steps while this one's last run (a loop per unit would
+    drain and refill it at every unit). x is the previous phase's output, written by other SMs: loaded from L2
+    (.cg), never from this SM's L1."""
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m[:, None] < M
+    offs_k = tl.arange(0, BLOCK_K)
+    K_LEN: tl.constexpr = K // SPLIT
+    STEPS: tl.constexpr = K_LEN // BLOCK_K
+    units = tl.cdiv((N // BLOCK_N) * SPLIT - pid, nprog)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for i in tl.range(0, units * STEPS, num_stages=STAGES):
+        unit = pid + (i // STEPS) * nprog
+        step = i % STEPS
+        tile, s = unit // SPLIT, unit % SPLIT
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        k0 = s * K_LEN + step * BLOCK_K
+        x = tl.load(X + offs_m[:, None] * stride_x + (k0 + offs_k)[None, :], mask=m_ok, other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+        w = tl.load(W + offs_n[:, None].to(tl.int64) * K + (k0 + offs_k)[None, :])
+        acc = tl.dot(x, tl.trans(w), acc)
+        if step == STEPS - 1:
+            out_off = offs_m[:, None] * stride_o + offs_n[None, :]
+            if SPLIT == 1:
+                tl.store(Out + out_off, acc.to(Out.dtype.element_ty), mask=m_ok)
+            else:
+                tl.store(Part + (s * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=m_ok)
+                tl.debug_barrier()
+                if tl.atomic_add(Tiles + tile, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+                    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                    for j in tl.static_range(SPLIT):  # split order, whichever unit came last
+                        part = Part + (j * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :]
+                        total += tl.load(part, mask=m_ok, other=0.0, cache_modifier=".cg")
+                    tl.store(Out + out_off, total.to(Out.dtype.element_ty), mask=m_ok)
+                    tl.atomic_xchg(Tiles + tile, 0)  # ready for the next phase that splits
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+
+
+@triton.jit
+def _prefetch_next(W, pid, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                   PREFETCH_K: tl.constexpr):  # fmt: skip
+    """The first PREFETCH_K columns of this program's first unit in the next phase, asked of L2."""
+    tile, s = pid // SPLIT, pid % SPLIT
+    if tile < N // BLOCK_N:
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        LINE: tl.constexpr = 64  # bf16 elements in a 128-byte line
+        _prefetch_slice(W, offs_n, N, K, s * (K // SPLIT), PREFETCH_K, PREFETCH_K, LINE)
+
+
+@triton.jit
+def _chain_kernel(
+    X, W, Out0, Out1, Out2, Part, Tiles, Counter, M, layers, layer_elems,
+    N0: tl.constexpr, K0: tl.constexpr, BN0: tl.constexpr, S0: tl.constexpr,
+    N1: tl.constexpr, K1: tl.constexpr, BN1: tl.constexpr, S1: tl.constexpr,
+    N2: tl.constexpr, K2: tl.constexpr, BN2: tl.constexpr, S2: tl.constexpr,
+    N3: tl.constexpr, K3: tl.constexpr, BN3: tl.constexpr, S3: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PREFETCH_K: tl.constexpr,
+):  # fmt: skip
+    """``layers`` layers of the chain x -> out0 -> out1 -> out2 -> x (phase p reads the first K_p columns of the
+    previous output; the last writes x), the weights of layer l at W + l * layer_elems, phase after phase."""
+    pid, nprog = tl.program_id(0), tl.num_programs(0)
+    W1_AT: tl.constexpr = N0 * K0
+    W2_AT: tl.constexpr = W1_AT + N1 * K1
+    W3_AT: tl.constexpr = W2_AT + N2 * K2
+    phase = 0
+    w = W
+    for layer in range(layers):
+        _gemm_phase(X, K0, w, Out0, N0, Part, Tiles, M, pid, nprog, N0, K0, BLOCK_M, BN0, BLOCK_K, S0, STAGES)
+        if PREFETCH_K > 0:
+            _prefetch_next(w + W1_AT, pid, N1, K1, BN1, S1, PREFETCH_K)
+        phase += 1
+        _grid_sync(Counter, phase * nprog)
+        _gemm_phase(Out0, N0, w + W1_AT, Out1, N1, Part, Tiles, M, pid, nprog, N1, K1, BLOCK_M, BN1, BLOCK_K, S1,
+                    STAGES)  # fmt: skip
+        if PREFETCH_K > 0:
+            _prefetch_next(w + W2_AT, pid, N2, K2, BN2, S2, PREFETCH_K)
+        phase += 1
+        _grid_sync(Counter, phase * nprog)
+        _gemm_phase(Out1, N1, w + W2_AT, Out2, N2, Part, Tiles, M, pid, nprog, N2, K2, BLOCK_M, BN2, BLOCK_K, S2,
+                    STAGES)  # fmt: skip
+        if PREFETCH_K > 0:
+            _prefetch_next(w + W3_AT, pid, N3, K3, BN3, S3, PREFETCH_K)
+        phase += 1
+        _grid_sync(Counter, phase * nprog)
+        _gemm_phase(Out2, N2, w + W3_AT, X, K0, Part, Tiles, M, pid, nprog, N3, K3, BLOCK_M, BN3, BLOCK_K, S3,
+                    STAGES)  # fmt: skip
+        if PREFETCH_K > 0:  # noqa: SIM102 (Triton takes no `and` of a constexpr and a runtime value)
+            if layer + 1 < layers:
+                _prefetch_next(w + layer_elems, pid, N0, K0, BN0, S0, PREFETCH_K)  # the next layer's qkv
+        phase += 1
+        _grid_sync(Counter, phase * nprog)
+        w += layer_elems  # a pointer step: the offset of a late layer can pass int32
+    # The counter back to 0 for the next launch: every program has passed every barrier once it arrives here,
+    # and the last to arrive resets it.
+    if tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu") == (phase + 1) * nprog - 1:
+        tl.atomic_xchg(Counter, 0)
+
+
+class PersistentChain:
+    """``Chain``'s weights, each layer's four in one flat buffer in chain order, and the persistent launch's
+    activations, partials and counters."""
+
+    def __init__(self, chain: Chain, config: dict[str, tuple[int, int]], block_k: int = 128, stages: int = 4):
+        self.chain, self.config, self.block_k, self.stages = chain, config, block_k, stages
+        first = chain.weights[0]
+        self.dims = [tuple(first[name].shape) for name in CHAIN]
+        self.layer_elems = sum(n * k for n, k in self.dims)
+        self.w = torch.cat([layer[name].reshape(-1) for layer in chain.weights for name in CHAIN])
+        self.rows = chain.x0.shape[0]
+        self.block_m = max(16, triton.next_power_of_2(self.rows))
+        device = chain.x0.device
+        self.x = torch.zeros(self.block_m, self.dims[0][1], device=device, dtype=chain.x0.dtype)
+        self.outs = [torch.zeros(self.block_m, n, device=device, dtype=chain.x0.dtype) for n, _ in self.dims[:3]]
+        for (n, k), name in zip(self.dims, CHAIN):
+            block_n, split = config[name]
+            if n % block_n or k % (split * block_k):
+                raise ValueError(f"{name} [{n}, {k}]: block_n {block_n} and split {split} x {block_k} must divide it")
+        part = max(config[name][1] * n for (n, _), name in zip(self.dims, CHAIN))
+        self.part = torch.empty(part * self.block_m, device=device)
+        self.tiles = torch.zeros(max(n // config[name][0] for (n, _), name in zip(self.dims, CHAIN)),
+                                 device=device, dtype=torch.int32)  # fmt: skip
+        self.counter = torch.zeros(1, device=device, dtype=torch.int32)
+
+    def launch(self, layer0: int, layers: int, programs: int, prefetch_k: int) -> Any:
+        """One launch over ``layers`` layers from ``layer0``; returns the compiled kernel."""
+        phases = [v for (n, k), name in zip(self.dims, CHAIN) for v in (n, k, *self.config[name])]
+        return _chain_kernel[(programs,)](
+            self.x, self.w[layer0 * self.layer_elems :], *self.outs, self.part, self.tiles, self.counter,
+            self.rows, layers, self.layer_elems, *phases, BLOCK_M=self.block_m, BLOCK_K=self.block_k,
+            STAGES=self.stages, PREFETCH_K=prefetch_k, num_warps=4,
+        )  # fmt: skip
+
+    def run(self, programs: int, per_layer: bool = False, prefetch_k: int = 0) -> torch.Tensor:
+        """The chain from ``chain.x0``; returns its final x [rows, hidden]."""
+        self.x[: self.rows].copy_(self.chain.x0)
+        n_layers = len(self.chain.weights)
+        for layer0 in range(n_layers) if per_layer else (0,):
+            self.launch(layer0, 1 if per_layer else n_layers, programs, prefetch_k)
+        return self.x[: self.rows]
+
+    def resident(self, prefetch_k: int) -> int:
+        """How many programs of this launch a GPU holds at once (the barriers need all of them): the SM count times
+        what one SM's registers and shared memory hold, read off the kernel compiled by a launch of one a SM."""
+        props = torch.cuda.get_device_properties(0)
+        kernel = self.launch(0, 1, props.multi_processor_count, prefetch_k)
+        by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(1, kernel.n_regs * 32 * 4)
+        by_smem = props.shared_memory_per_multiprocessor // max(1, kernel.metadata.shared + 1024)
+        return props.multi_processor_count * min(by_regs, by_smem)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_args(parser)
+    parser.add_argument("--programs", default="128,256", help="grid sizes to try (one that a GPU cannot hold at "
+                        "once is skipped: the barriers need every program resident)")  # fmt: skip
+    parser.add_argument("--prefetch-k", type=int, default=256, help="columns of the next tile asked of L2")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("persistent_chain needs a CUDA GPU")
+    started = time.time()
+    chain = Chain(args.model, args.bs)
+    chain.run("cublas")
+    reference = chain.x.clone()
+    layers, per_layer_bytes = len(chain.weights), chain.bytes_per_layer
+    results: dict[str, Any] = {"cublas_chain": timed(chain.call("cublas"), layers, per_layer_bytes, args.replays)}
+    print(f"cublas_chain: {results['cublas_chain'].get('us_per_layer', 0):.1f} us/layer", flush=True)
+    for name, config in CONFIGS.items():
+        for block_k, stages in PIPELINES:
+            try:
+                probe = PersistentChain(chain, config, block_k, stages)
+            except ValueError as exc:
+                results[f"{name}:k{block_k}x{stages}"] = {"error": str(exc)}
+                continue
+            for variant in VARIANTS:
+                prefetch_k = args.prefetch_k if variant == "persistent_prefetch" else 0
+                try:
+                    resident = probe.resident(prefetch_k)
+                except Exception as exc:  # one launch failing to compile (shared memory) leaves the others
+                    results[f"{variant}:{name}:k{block_k}x{stages}"] = {"error": repr(exc)[:300]}
+                    continue
+                for programs in (int(p) for p in args.programs.split(",")):
+                    key = f"{variant}:{name}:k{block_k}x{stages}:p{programs}"
+                    if programs > resident:
+                        results[key] = {"error": f"{programs} programs, {resident} resident at once"}
+                        continue
+                    kwargs = {"per_layer": variant == "persistent_per_layer", "prefetch_k": prefetch_k}
+                    call = functools.partial(probe.run, programs, **kwargs)
+                    entry = results[key] = timed(call, layers, per_layer_bytes, args.replays)
+                    if "error" in entry:
+                        print(f"{key}: {entry['error']}", flush=True)
+                        continue
+                    got = probe.run(programs, **kwargs)
+                    entry["max_abs_diff_vs_cublas"] = (got.float() - reference.float()).abs().max().item()
+                    print(f"{key}: {entry['us_per_layer']:.1f} us/layer, diff vs cublas "
+                          f"{entry['max_abs_diff_vs_cublas']:.3g}", flush=True)  # fmt: skip
+            del probe
+    settings = {
+        "model": args.model,
+        "bs": args.bs,
+        "layers": layers,
+        "programs": args.programs,
+        "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+        "prefetch_k": args.prefetch_k,
+        "configs": CONFIGS,
+        "pipelines": PIPELINES,
+        "bytes_per_layer": per_layer_bytes,
+        "replays": args.replays,
+        "timing": "the chain captured in one CUDA graph after an eager call on a side stream, mean of the replays",
+        "wall_s": time.time() - started,
+    }
+    write_result(args.out, {**provenance("persistent_chain"), "settings": settings, "variants": results})
+
+
+if __name__ == "__main__":
+    main()

@@ -163,3 +163,28 @@ def test_report_writes_one_page_per_kind_and_keeps_the_hand_written_text(tmp_pat
     readme.write_text(text.replace("More hand-written text.", "Changed by hand."))
     assert report.main(argv) == 0
     assert readme.read_text() == text.replace("More hand-written text.", "Changed by hand.")
+
+
+def test_the_exactness_table_judges_a_run_without_its_power_check_at_the_parity_threshold() -> None:
+    """A run whose power check was cut by its time budget has no verdict threshold: its rows are judged at the
+    parity comparison's, the verdict column carries the parity verdict, and a missing control p reads '-'."""
+    from benchmarks.report.correctness import exactness_markdown
+
+    test = {"temperature": 0.6, "top_p": 0.95, "context": 0, "df": 9, "stat": 70.0}
+    doc = {
+        "kind": "exactness",
+        "_file": "exactness_x.json",
+        "meta": {"run_id": "r", "git_commit": "abc1234"},
+        "settings": {"candidate": "pillar", "reference": "stock"},
+        "tests": [{**test, "position": "token 2", "p_value": 0.4}, {**test, "position": "token 3", "p_value": 1e-11}],
+        "control": None,
+        "verdict": "INCOMPLETE",
+        "bonferroni_threshold": None,
+        "parity": {"threshold": 1e-4, "verdict": "WITHIN"},
+    }
+    rows = [line for line in exactness_markdown([doc]).splitlines() if line.startswith("| exactness_x.json")]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert [c[-3:] for c in cells] == [
+        ["-", "passes", "INCOMPLETE; parity WITHIN"],
+        ["-", "rejects", "INCOMPLETE; parity WITHIN"],
+    ]

@@ -207,8 +207,11 @@ def exactness_markdown(docs: Sequence[dict[str, Any]]) -> str:
     rows = []
     for d in sorted((d for d in docs if d.get("kind") == "exactness"), key=lambda d: d["meta"]["run_id"]):
         control = d.get("control") or {}
-        threshold = d.get("bonferroni_threshold")
+        parity = d.get("parity") or {}
+        # a run whose power check did not run has no verdict threshold; its parity comparison judged at the same one
+        threshold = d.get("bonferroni_threshold") or parity.get("threshold")
         reference = d["settings"].get("reference", "stock")
+        verdict = d.get("verdict", "-") + (f"; parity {parity['verdict']}" if "verdict" in parity else "")
         for t in d["tests"]:
             judged = "-" if threshold is None else ("rejects" if t["p_value"] < threshold else "passes")
             rows.append(
@@ -224,9 +227,9 @@ def exactness_markdown(docs: Sequence[dict[str, Any]]) -> str:
                     fmt(t["stat"], ".1f"),
                     t["df"],
                     f"{t['p_value']:.3g}",
-                    f"{control.get('p_value', float('nan')):.3g}",
+                    f"{control['p_value']:.3g}" if "p_value" in control else "-",
                     judged,
-                    d.get("verdict", "-"),
+                    verdict,
                 ]
             )
     if not rows:
@@ -237,7 +240,9 @@ def exactness_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "against the reference server's on the same context; control = the reference vs itself at a higher "
         "temperature (must reject); `at alpha / tests` judges each test at the run's Bonferroni threshold. Verdict "
         "NUMERICS: token 1, drawn before any PILLAR code runs, differs, so the servers' forwards round differently "
-        "and the run says nothing about the speculation.\n\n"
+        "and the run says nothing about the speculation. `parity WITHIN`: every test PILLAR rejects deviates from the "
+        "reference no more than a control speculation's (SGLang's own, against the same reference) does; BEYOND: "
+        "one deviates more.\n\n"
         + markdown_table(
             (
                 "file",

@@ -18,8 +18,8 @@ from tools import gemm_chain, persistent_chain
 CONFIG = {"qkv": (32, 3), "o": (32, 1), "gate_up": (64, 3), "down": (32, 3)}
 
 
-@pytest.mark.parametrize("per_layer", [False, True])
-def test_the_persistent_chain_computes_the_chain(monkeypatch: pytest.MonkeyPatch, per_layer: bool) -> None:
+@pytest.mark.parametrize(("per_layer", "tma"), [(False, False), (True, False), (False, True)])
+def test_the_persistent_chain_computes_the_chain(monkeypatch: pytest.MonkeyPatch, per_layer: bool, tma: bool) -> None:
     monkeypatch.setattr(gemm_chain, "DEVICE", DEVICE)
     torch.manual_seed(0)
     chain = gemm_chain.Chain("smollm2-135m", 4)
@@ -29,7 +29,7 @@ def test_the_persistent_chain_computes_the_chain(monkeypatch: pytest.MonkeyPatch
     probe = persistent_chain.PersistentChain(chain, CONFIG, block_k=64, stages=2)
     programs = 1 if INTERPRET else 8
     for _ in range(2):  # a second launch starts from the counters the first left
-        got = probe.run(programs, per_layer=per_layer).float()
+        got = probe.run(programs, per_layer=per_layer, tma=tma).float()
         # rounding only, the interpreter's bf16 truncation on each of the 8 GEMMs' stores included (gemm_chain's bound)
         assert ((got - expected).norm() / expected.norm()).item() < 5e-2
         assert probe.counter.item() == 0 and not probe.tiles.any()

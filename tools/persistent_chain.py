@@ -15,11 +15,13 @@ partials and the last of them to finish (a per-tile counter) sums them in split 
 depend on which finished last. ``prefetch``: before each barrier a program asks L2 for the first K columns of its
 next tile's weights, which do not depend on the phase it waits for.
 
-Variants: ``persistent`` (every layer in one launch), ``persistent_prefetch``, ``persistent_per_layer`` (one launch
-a layer, the boundary where the draft step's attention would run between two layers' GEMMs); each with the tile
-configurations of ``CONFIGS``. Written before measuring: one launch near 28-30 us a layer (the flat stream's 25.5
-plus ~1 us a barrier) says a persistent draft layer kernel recovers ~11-13 us a layer, ~2.5-3 ms a round; near the
-chain's 41 says the barriers and split-K fix-ups cost what the launches did, and the draft GEMMs stay cuBLAS.
+Variants: ``persistent`` (every layer in one launch), ``persistent_prefetch``, ``persistent_tma`` (the weights
+loaded by TMA from tensor descriptors, one thread issuing each tile's copy, not every thread's loads),
+``persistent_per_layer`` (one launch a layer, the boundary where the draft step's attention would run between two
+layers' GEMMs); each with the tile configurations of ``CONFIGS``. Written before measuring: one launch near 28-30 us
+a layer (the flat stream's 25.5 plus ~1 us a barrier) says a persistent draft layer kernel recovers ~11-13 us a
+layer, ~2.5-3 ms a round; near the chain's 41 says the barriers and split-K fix-ups cost what the launches did, and
+the draft GEMMs stay cuBLAS.
 
     python -m tools.persistent_chain --out benchmarks/results/kernels/persistent_chain_<device>_<commit>.json
 
@@ -27,9 +29,12 @@ Measured on an H200 (persistent_chain_h200_2e75a5b.json, us a layer, against the
 run): best 47.0 (narrow tiles, no split, 128 x 4 K steps, two programs a SM), 49-53 for the other narrow launches;
 the split configs 72-113 (the split-K fix-up inside the units' loop keeps Triton from pipelining it). One launch
 a layer costs about what one launch for all layers does (50.2 against 47.0): a barrier costs what a launch
-boundary did. What is lost is each phase's streaming at 64 rows with Triton's loads (one program's few K steps in
-flight), not the boundaries alone: a persistent layer kernel would need the weights streamed by TMA with
-producer warps (CUTLASS-style warp specialisation) to approach the flat 25.5, so the draft GEMMs stay cuBLAS.
+boundary did. With the weights loaded by TMA (persistent_chain_h200_56c1a0e.json, cuBLAS chain 41.0): 50.2 against
+48.9 with pointer loads for the same narrow launch, so the issuing of the loads is not what holds a phase back.
+What is lost is each phase's streaming at 64 rows (a program's few K steps in flight, x re-read from L2 for every
+narrow tile), not the boundaries alone: a persistent layer kernel would need the weights streamed ahead across the
+phases by producer warps (CUTLASS-style warp specialisation) to approach the flat 25.5, so the draft GEMMs stay
+cuBLAS.
 
 Each variant's final x is compared with the cuBLAS chain's (``max_abs_diff_vs_cublas``, rounding only: fp32
 accumulation in another order). Needs every program resident at once (one a SM, at most the SM count), which a
@@ -57,9 +62,8 @@ from tools.skinny_gemm import _prefetch_slice
 CONFIGS = {
     "split": {"qkv": (64, 2), "o": (64, 4), "gate_up": (64, 2), "down": (64, 4)},
     "narrow": {"qkv": (32, 1), "o": (16, 1), "gate_up": (32, 1), "down": (16, 1)},
-    "wide_gate_up": {"qkv": (64, 2), "o": (64, 4), "gate_up": (128, 4), "down": (64, 4)},
 }
-VARIANTS = ("persistent", "persistent_prefetch", "persistent_per_layer")
+VARIANTS = ("persistent", "persistent_prefetch", "persistent_tma", "persistent_per_layer")
 # (block_k, stages): the weight bytes each program keeps in flight, against the shared memory it takes.
 PIPELINES = ((128, 4), (256, 3), (64, 8))
 
@@ -78,14 +82,15 @@ def _grid_sync(Counter, target):
 
 @triton.jit
 def _gemm_phase(
-    X, stride_x, W, Out, stride_o, Part, Tiles, M, pid, nprog,
+    X, stride_x, W, row0, Out, stride_o, Part, Tiles, M, pid, nprog,
     N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr, STAGES: tl.constexpr,
+    SPLIT: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """Out[:M] = X[:M, :K] @ W[N, K].T over this program's units (tile, K slice), as one loop over the units' K
-    steps so that the pipeline loads the next unit's first steps while this one's last run (a loop per unit would
-    drain and refill it at every unit). x is the previous phase's output, written by other SMs: loaded from L2
-    (.cg), never from this SM's L1."""
+    """Out[:M] = X[:M, :K] @ W[row0 : row0 + N, :K].T over this program's units (tile, K slice), as one loop over
+    the units' K steps so that the pipeline loads the next unit's first steps while this one's last run (a loop per
+    unit would drain and refill it at every unit). W is the layers' stacked weights, a pointer or (TMA) a tensor
+    descriptor of [BLOCK_N, BLOCK_K] boxes. x is the previous phase's output, written by other SMs: loaded from L2
+    (.cg), never from this SM's L1, and never by TMA (the async proxy would need a proxy fence after the barrier)."""
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m[:, None] < M
     offs_k = tl.arange(0, BLOCK_K)
@@ -101,7 +106,10 @@ def _gemm_phase(
         k0 = s * K_LEN + step * BLOCK_K
         x = tl.load(X + offs_m[:, None] * stride_x + (k0 + offs_k)[None, :], mask=m_ok, other=0.0,
                     cache_modifier=".cg")  # fmt: skip
-        w = tl.load(W + offs_n[:, None].to(tl.int64) * K + (k0 + offs_k)[None, :])
+        if TMA:
+            w = W.load([row0 + tile * BLOCK_N, k0])
+        else:
+            w = tl.load(W + (row0 + offs_n)[:, None].to(tl.int64) * K + (k0 + offs_k)[None, :])
         acc = tl.dot(x, tl.trans(w), acc)
         if step == STEPS - 1:
             out_off = offs_m[:, None] * stride_o + offs_n[None, :]
@@ -121,59 +129,56 @@ def _gemm_phase(
 
 
 @triton.jit
-def _prefetch_next(W, pid, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+def _prefetch_next(W, row0, pid, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    PREFETCH_K: tl.constexpr):  # fmt: skip
     """The first PREFETCH_K columns of this program's first unit in the next phase, asked of L2."""
     tile, s = pid // SPLIT, pid % SPLIT
     if tile < N // BLOCK_N:
-        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = row0 + tile * BLOCK_N + tl.arange(0, BLOCK_N)
         LINE: tl.constexpr = 64  # bf16 elements in a 128-byte line
         _prefetch_slice(W, offs_n, N, K, s * (K // SPLIT), PREFETCH_K, PREFETCH_K, LINE)
 
 
 @triton.jit
 def _chain_kernel(
-    X, W, Out0, Out1, Out2, Part, Tiles, Counter, M, layers, layer_elems,
+    X, W0, W1, W2, W3, Out0, Out1, Out2, Part, Tiles, Counter, M, layer0, layers,
     N0: tl.constexpr, K0: tl.constexpr, BN0: tl.constexpr, S0: tl.constexpr,
     N1: tl.constexpr, K1: tl.constexpr, BN1: tl.constexpr, S1: tl.constexpr,
     N2: tl.constexpr, K2: tl.constexpr, BN2: tl.constexpr, S2: tl.constexpr,
     N3: tl.constexpr, K3: tl.constexpr, BN3: tl.constexpr, S3: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PREFETCH_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PREFETCH_K: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """``layers`` layers of the chain x -> out0 -> out1 -> out2 -> x (phase p reads the first K_p columns of the
-    previous output; the last writes x), the weights of layer l at W + l * layer_elems, phase after phase."""
+    """Layers layer0 .. layer0 + layers of the chain x -> out0 -> out1 -> out2 -> x (phase p reads the first K_p
+    columns of the previous output; the last writes x), phase p's weights the rows l * N_p .. (l + 1) * N_p of W_p
+    for layer l."""
     pid, nprog = tl.program_id(0), tl.num_programs(0)
-    W1_AT: tl.constexpr = N0 * K0
-    W2_AT: tl.constexpr = W1_AT + N1 * K1
-    W3_AT: tl.constexpr = W2_AT + N2 * K2
     phase = 0
-    w = W
-    for layer in range(layers):
-        _gemm_phase(X, K0, w, Out0, N0, Part, Tiles, M, pid, nprog, N0, K0, BLOCK_M, BN0, BLOCK_K, S0, STAGES)
+    for layer in range(layer0, layer0 + layers):
+        _gemm_phase(X, K0, W0, layer * N0, Out0, N0, Part, Tiles, M, pid, nprog, N0, K0, BLOCK_M, BN0, BLOCK_K, S0,
+                    STAGES, TMA)  # fmt: skip
         if PREFETCH_K > 0:
-            _prefetch_next(w + W1_AT, pid, N1, K1, BN1, S1, PREFETCH_K)
+            _prefetch_next(W1, layer * N1, pid, N1, K1, BN1, S1, PREFETCH_K)
         phase += 1
         _grid_sync(Counter, phase * nprog)
-        _gemm_phase(Out0, N0, w + W1_AT, Out1, N1, Part, Tiles, M, pid, nprog, N1, K1, BLOCK_M, BN1, BLOCK_K, S1,
-                    STAGES)  # fmt: skip
+        _gemm_phase(Out0, N0, W1, layer * N1, Out1, N1, Part, Tiles, M, pid, nprog, N1, K1, BLOCK_M, BN1, BLOCK_K,
+                    S1, STAGES, TMA)  # fmt: skip
         if PREFETCH_K > 0:
-            _prefetch_next(w + W2_AT, pid, N2, K2, BN2, S2, PREFETCH_K)
+            _prefetch_next(W2, layer * N2, pid, N2, K2, BN2, S2, PREFETCH_K)
         phase += 1
         _grid_sync(Counter, phase * nprog)
-        _gemm_phase(Out1, N1, w + W2_AT, Out2, N2, Part, Tiles, M, pid, nprog, N2, K2, BLOCK_M, BN2, BLOCK_K, S2,
-                    STAGES)  # fmt: skip
+        _gemm_phase(Out1, N1, W2, layer * N2, Out2, N2, Part, Tiles, M, pid, nprog, N2, K2, BLOCK_M, BN2, BLOCK_K,
+                    S2, STAGES, TMA)  # fmt: skip
         if PREFETCH_K > 0:
-            _prefetch_next(w + W3_AT, pid, N3, K3, BN3, S3, PREFETCH_K)
+            _prefetch_next(W3, layer * N3, pid, N3, K3, BN3, S3, PREFETCH_K)
         phase += 1
         _grid_sync(Counter, phase * nprog)
-        _gemm_phase(Out2, N2, w + W3_AT, X, K0, Part, Tiles, M, pid, nprog, N3, K3, BLOCK_M, BN3, BLOCK_K, S3,
-                    STAGES)  # fmt: skip
+        _gemm_phase(Out2, N2, W3, layer * N3, X, K0, Part, Tiles, M, pid, nprog, N3, K3, BLOCK_M, BN3, BLOCK_K, S3,
+                    STAGES, TMA)  # fmt: skip
         if PREFETCH_K > 0:  # noqa: SIM102 (Triton takes no `and` of a constexpr and a runtime value)
-            if layer + 1 < layers:
-                _prefetch_next(w + layer_elems, pid, N0, K0, BN0, S0, PREFETCH_K)  # the next layer's qkv
+            if layer + 1 < layer0 + layers:
+                _prefetch_next(W0, (layer + 1) * N0, pid, N0, K0, BN0, S0, PREFETCH_K)  # the next layer's qkv
         phase += 1
         _grid_sync(Counter, phase * nprog)
-        w += layer_elems  # a pointer step: the offset of a late layer can pass int32
     # The counter back to 0 for the next launch: every program has passed every barrier once it arrives here,
     # and the last to arrive resets it.
     if tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu") == (phase + 1) * nprog - 1:
@@ -181,15 +186,13 @@ def _chain_kernel(
 
 
 class PersistentChain:
-    """``Chain``'s weights, each layer's four in one flat buffer in chain order, and the persistent launch's
-    activations, partials and counters."""
+    """``Chain``'s weights stacked per projection (``ws[p]``: every layer's [N_p, K_p] in layer order) and the
+    persistent launch's activations, partials and counters."""
 
     def __init__(self, chain: Chain, config: dict[str, tuple[int, int]], block_k: int = 128, stages: int = 4):
         self.chain, self.config, self.block_k, self.stages = chain, config, block_k, stages
-        first = chain.weights[0]
-        self.dims = [tuple(first[name].shape) for name in CHAIN]
-        self.layer_elems = sum(n * k for n, k in self.dims)
-        self.w = torch.cat([layer[name].reshape(-1) for layer in chain.weights for name in CHAIN])
+        self.dims = [tuple(chain.weights[0][name].shape) for name in CHAIN]
+        self.ws = [torch.cat([layer[name] for layer in chain.weights]) for name in CHAIN]
         self.rows = chain.x0.shape[0]
         self.block_m = max(16, triton.next_power_of_2(self.rows))
         device = chain.x0.device
@@ -205,28 +208,39 @@ class PersistentChain:
                                  device=device, dtype=torch.int32)  # fmt: skip
         self.counter = torch.zeros(1, device=device, dtype=torch.int32)
 
-    def launch(self, layer0: int, layers: int, programs: int, prefetch_k: int) -> Any:
+    def weights(self, tma: bool) -> list[Any]:
+        """The kernel's W_p: the stacked weights, or TMA descriptors of their [block_n, block_k] boxes."""
+        if not tma:
+            return self.ws
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        boxes = [[self.config[name][0], self.block_k] for name in CHAIN]
+        return [TensorDescriptor.from_tensor(w, box) for w, box in zip(self.ws, boxes)]
+
+    def launch(self, layer0: int, layers: int, programs: int, prefetch_k: int, tma: bool = False) -> Any:
         """One launch over ``layers`` layers from ``layer0``; returns the compiled kernel."""
+        if tma and prefetch_k:
+            raise ValueError("the L2 prefetch reads the weights through pointers: not with TMA descriptors")
         phases = [v for (n, k), name in zip(self.dims, CHAIN) for v in (n, k, *self.config[name])]
         return _chain_kernel[(programs,)](
-            self.x, self.w[layer0 * self.layer_elems :], *self.outs, self.part, self.tiles, self.counter,
-            self.rows, layers, self.layer_elems, *phases, BLOCK_M=self.block_m, BLOCK_K=self.block_k,
-            STAGES=self.stages, PREFETCH_K=prefetch_k, num_warps=4,
+            self.x, *self.weights(tma), *self.outs, self.part, self.tiles, self.counter, self.rows, layer0, layers,
+            *phases, BLOCK_M=self.block_m, BLOCK_K=self.block_k, STAGES=self.stages, PREFETCH_K=prefetch_k,
+            TMA=tma, num_warps=4,
         )  # fmt: skip
 
-    def run(self, programs: int, per_layer: bool = False, prefetch_k: int = 0) -> torch.Tensor:
+    def run(self, programs: int, per_layer: bool = False, prefetch_k: int = 0, tma: bool = False) -> torch.Tensor:
         """The chain from ``chain.x0``; returns its final x [rows, hidden]."""
         self.x[: self.rows].copy_(self.chain.x0)
         n_layers = len(self.chain.weights)
         for layer0 in range(n_layers) if per_layer else (0,):
-            self.launch(layer0, 1 if per_layer else n_layers, programs, prefetch_k)
+            self.launch(layer0, 1 if per_layer else n_layers, programs, prefetch_k, tma)
         return self.x[: self.rows]
 
-    def resident(self, prefetch_k: int) -> int:
+    def resident(self, prefetch_k: int, tma: bool) -> int:
         """How many programs of this launch a GPU holds at once (the barriers need all of them): the SM count times
         what one SM's registers and shared memory hold, read off the kernel compiled by a launch of one a SM."""
         props = torch.cuda.get_device_properties(0)
-        kernel = self.launch(0, 1, props.multi_processor_count, prefetch_k)
+        kernel = self.launch(0, 1, props.multi_processor_count, prefetch_k, tma)
         by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(1, kernel.n_regs * 32 * 4)
         by_smem = props.shared_memory_per_multiprocessor // max(1, kernel.metadata.shared + 1024)
         return props.multi_processor_count * min(by_regs, by_smem)
@@ -257,8 +271,9 @@ def main() -> None:
                 continue
             for variant in VARIANTS:
                 prefetch_k = args.prefetch_k if variant == "persistent_prefetch" else 0
+                tma = variant == "persistent_tma"
                 try:
-                    resident = probe.resident(prefetch_k)
+                    resident = probe.resident(prefetch_k, tma)
                 except Exception as exc:  # one launch failing to compile (shared memory) leaves the others
                     results[f"{variant}:{name}:k{block_k}x{stages}"] = {"error": repr(exc)[:300]}
                     continue
@@ -267,7 +282,7 @@ def main() -> None:
                     if programs > resident:
                         results[key] = {"error": f"{programs} programs, {resident} resident at once"}
                         continue
-                    kwargs = {"per_layer": variant == "persistent_per_layer", "prefetch_k": prefetch_k}
+                    kwargs = {"per_layer": variant == "persistent_per_layer", "prefetch_k": prefetch_k, "tma": tma}
                     call = functools.partial(probe.run, programs, **kwargs)
                     entry = results[key] = timed(call, layers, per_layer_bytes, args.replays)
                     if "error" in entry:

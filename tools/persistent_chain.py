@@ -29,7 +29,7 @@ Measured on an H200 (persistent_chain_h200_2e75a5b.json, us a layer, against the
 run): best 47.0 (narrow tiles, no split, 128 x 4 K steps, two programs a SM), 49-53 for the other narrow launches;
 the split configs 72-113 (the split-K fix-up inside the units' loop keeps Triton from pipelining it). One launch
 a layer costs about what one launch for all layers does (50.2 against 47.0): a barrier costs what a launch
-boundary did. With the weights loaded by TMA (persistent_chain_h200_56c1a0e.json, cuBLAS chain 41.0): 50.2 against
+boundary did. With the weights loaded by TMA (persistent_chain_h200_f490eb8.json, cuBLAS chain 41.0): 50.2 against
 48.9 with pointer loads for the same narrow launch, so the issuing of the loads is not what holds a phase back.
 What is lost is each phase's streaming at 64 rows (a program's few K steps in flight, x re-read from L2 for every
 narrow tile), not the boundaries alone: a persistent layer kernel would need the weights streamed ahead across the

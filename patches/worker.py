@@ -46,7 +46,7 @@ from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner
 from .round_plan import RoundPlanner, seeded_config, setup_identity
 from .rounds import Rounds
-from .sampler_warmup import build_sampling_kernels
+from .sampler_warmup import build_sampling_kernels, compile_ahead
 from .slot_warmup import build_slot_kernels
 from .tp_agree import RoundAgreement
 from .triton_verify import VerifyHooks, attach_verify, new_verify_backend, verify_backend
@@ -104,7 +104,8 @@ class PillarWorker(BaseSpecWorker):
             self.cfg, self.metrics, self.clock, policy=policy, agreement=agreement, cost_file=cost_file
         )
         logger.info("PILLAR config: %s", self.cfg)
-        build_sampling_kernels(server_args.sampling_backend, self.model_runner.model_config.vocab_size, self.device)
+        # Compiled while SGLang sets up the KV pool and captures its graphs; loaded at the end of init_cuda_graphs.
+        self.sampling_compile = compile_ahead(server_args.sampling_backend, self.device)
 
     def _phase_report(self, report) -> None:
         logger.info(format_report(report))
@@ -202,6 +203,11 @@ class PillarWorker(BaseSpecWorker):
         self.rounds = Rounds(
             self.cfg, pools, self.planner, self.clock, self.metrics, self.selector, self.draft_runner, self.mixed,
             plain, self.max_bs, self.device,
+        )  # fmt: skip
+        # Every capture is over (the target's before this call, PILLAR's above): load and call them here.
+        build_sampling_kernels(
+            self.server_args.sampling_backend, self.model_runner.model_config.vocab_size, self.device,
+            self.sampling_compile,
         )  # fmt: skip
 
     def _verify_hooks(self, sink: VerifyScoreSink | None) -> VerifyHooks:

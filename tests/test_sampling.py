@@ -352,19 +352,3 @@ def test_cuda_graph_capture_without_sync():
     assert torch.equal(token[greedy], eager[0][greedy])
     # Sampled rows draw fresh noise on replay but stay inside their proposal's support.
     assert (cand_q.gather(1, (cand_ids == token[:, None]).int().argmax(1, keepdim=True)) > 0).all()
-
-
-def test_sampler_warmup_calls_each_flashinfer_entry_as_sglang_does():
-    from sglang_sparsespec.patches.sampler_warmup import TOP_K_ALL, build_sampling_kernels, warm_sampling
-
-    calls = []
-    warm_sampling(
-        lambda *a, **kw: calls.append(("top_k_top_p", a, kw)), lambda *a: calls.append(("min_p", a, {})), 7, "cpu"
-    )
-    (name1, (probs, top_ks, top_ps), kw), (name2, (_, min_ps), _) = calls
-    assert (name1, name2, kw) == ("top_k_top_p", "min_p", {"filter_apply_order": "joint"})
-    assert probs.shape == (1, 7) and probs.dtype == torch.float32 and float(probs.sum()) == pytest.approx(1.0)
-    assert top_ks.dtype == torch.int32 and int(top_ks) == TOP_K_ALL and top_ps.dtype == min_ps.dtype == torch.float32
-    # Another backend (or no GPU) builds nothing and imports nothing of SGLang's sampler.
-    build_sampling_kernels("pytorch", 7, "cpu")
-    build_sampling_kernels("flashinfer", 7, "cpu")

@@ -140,6 +140,23 @@ def _prefetch_next(W, row0, pid, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
+def _phase_and_barrier(
+    X, stride_x, W, row0, Out, stride_o, W_next, row_next, prefetch, Part, Tiles, Counter, phase, M, pid, nprog,
+    N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, S: tl.constexpr, N_NEXT: tl.constexpr,
+    K_NEXT: tl.constexpr, BN_NEXT: tl.constexpr, S_NEXT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr, PREFETCH_K: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """One GEMM phase, the next phase's first weights asked of L2 (where ``prefetch``), then the grid barrier that
+    ends phase ``phase``."""
+    _gemm_phase(X, stride_x, W, row0, Out, stride_o, Part, Tiles, M, pid, nprog, N, K, BLOCK_M, BN, BLOCK_K, S,
+                STAGES, TMA)  # fmt: skip
+    if PREFETCH_K > 0:  # noqa: SIM102 (Triton takes no `and` of a constexpr and a runtime value)
+        if prefetch:
+            _prefetch_next(W_next, row_next, pid, N_NEXT, K_NEXT, BN_NEXT, S_NEXT, PREFETCH_K)
+    _grid_sync(Counter, (phase + 1) * nprog)
+
+
+@triton.jit
 def _chain_kernel(
     X, W0, W1, W2, W3, Out0, Out1, Out2, Part, Tiles, Counter, M, layer0, layers,
     N0: tl.constexpr, K0: tl.constexpr, BN0: tl.constexpr, S0: tl.constexpr,
@@ -152,33 +169,22 @@ def _chain_kernel(
     columns of the previous output; the last writes x), phase p's weights the rows l * N_p .. (l + 1) * N_p of W_p
     for layer l."""
     pid, nprog = tl.program_id(0), tl.num_programs(0)
-    phase = 0
-    for layer in range(layer0, layer0 + layers):
-        _gemm_phase(X, K0, W0, layer * N0, Out0, N0, Part, Tiles, M, pid, nprog, N0, K0, BLOCK_M, BN0, BLOCK_K, S0,
-                    STAGES, TMA)  # fmt: skip
-        if PREFETCH_K > 0:
-            _prefetch_next(W1, layer * N1, pid, N1, K1, BN1, S1, PREFETCH_K)
-        phase += 1
-        _grid_sync(Counter, phase * nprog)
-        _gemm_phase(Out0, N0, W1, layer * N1, Out1, N1, Part, Tiles, M, pid, nprog, N1, K1, BLOCK_M, BN1, BLOCK_K,
-                    S1, STAGES, TMA)  # fmt: skip
-        if PREFETCH_K > 0:
-            _prefetch_next(W2, layer * N2, pid, N2, K2, BN2, S2, PREFETCH_K)
-        phase += 1
-        _grid_sync(Counter, phase * nprog)
-        _gemm_phase(Out1, N1, W2, layer * N2, Out2, N2, Part, Tiles, M, pid, nprog, N2, K2, BLOCK_M, BN2, BLOCK_K,
-                    S2, STAGES, TMA)  # fmt: skip
-        if PREFETCH_K > 0:
-            _prefetch_next(W3, layer * N3, pid, N3, K3, BN3, S3, PREFETCH_K)
-        phase += 1
-        _grid_sync(Counter, phase * nprog)
-        _gemm_phase(Out2, N2, W3, layer * N3, X, K0, Part, Tiles, M, pid, nprog, N3, K3, BLOCK_M, BN3, BLOCK_K, S3,
-                    STAGES, TMA)  # fmt: skip
-        if PREFETCH_K > 0:  # noqa: SIM102 (Triton takes no `and` of a constexpr and a runtime value)
-            if layer + 1 < layer0 + layers:
-                _prefetch_next(W0, (layer + 1) * N0, pid, N0, K0, BN0, S0, PREFETCH_K)  # the next layer's qkv
-        phase += 1
-        _grid_sync(Counter, phase * nprog)
+    for i in range(layers):
+        layer, phase = layer0 + i, 4 * i
+        _phase_and_barrier(X, K0, W0, layer * N0, Out0, N0, W1, layer * N1, True, Part, Tiles, Counter, phase, M,
+                           pid, nprog, N0, K0, BN0, S0, N1, K1, BN1, S1, BLOCK_M, BLOCK_K, STAGES, PREFETCH_K,
+                           TMA)  # fmt: skip
+        _phase_and_barrier(Out0, N0, W1, layer * N1, Out1, N1, W2, layer * N2, True, Part, Tiles, Counter, phase + 1,
+                           M, pid, nprog, N1, K1, BN1, S1, N2, K2, BN2, S2, BLOCK_M, BLOCK_K, STAGES, PREFETCH_K,
+                           TMA)  # fmt: skip
+        _phase_and_barrier(Out1, N1, W2, layer * N2, Out2, N2, W3, layer * N3, True, Part, Tiles, Counter, phase + 2,
+                           M, pid, nprog, N2, K2, BN2, S2, N3, K3, BN3, S3, BLOCK_M, BLOCK_K, STAGES, PREFETCH_K,
+                           TMA)  # fmt: skip
+        # the last phase asks for the next layer's qkv, if there is one
+        _phase_and_barrier(Out2, N2, W3, layer * N3, X, K0, W0, (layer + 1) * N0, i + 1 < layers, Part, Tiles,
+                           Counter, phase + 3, M, pid, nprog, N3, K3, BN3, S3, N0, K0, BN0, S0, BLOCK_M, BLOCK_K,
+                           STAGES, PREFETCH_K, TMA)  # fmt: skip
+    phase = 4 * layers
     # The counter back to 0 for the next launch: every program has passed every barrier once it arrives here,
     # and the last to arrive resets it.
     if tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu") == (phase + 1) * nprog - 1:

@@ -33,8 +33,9 @@ boundary did. With the weights loaded by TMA (persistent_chain_h200_f490eb8.json
 48.9 with pointer loads for the same narrow launch, so the issuing of the loads is not what holds a phase back.
 What is lost is each phase's streaming at 64 rows (a program's few K steps in flight, x re-read from L2 for every
 narrow tile), not the boundaries alone: a persistent layer kernel would need the weights streamed ahead across the
-phases by producer warps (CUTLASS-style warp specialisation) to approach the flat 25.5, so the draft GEMMs stay
-cuBLAS.
+phases by producer warps (CUTLASS-style warp specialisation) to approach the flat 25.5. Triton's own warp
+specialisation (``tl.range(..., warp_specialize=True)``) is for Blackwell only (Triton 3.6-3.8), so on Hopper that
+kernel is CUDA C++ work; the draft GEMMs stay cuBLAS.
 
 Each variant's final x is compared with the cuBLAS chain's (``max_abs_diff_vs_cublas``, rounding only: fp32
 accumulation in another order). Needs every program resident at once (one a SM, at most the SM count), which a

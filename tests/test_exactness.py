@@ -195,3 +195,16 @@ def test_parity_sets_each_control_beside_the_candidate():
     assert "(it rejects no statistic)" in stats.parity_line(
         stats.parity(tests[:1] + tests[2:3], "pillar", ["ngram"], 1e-4)
     )
+
+
+def test_an_untimed_group_is_expected_to_take_its_share_of_the_samples(tmp_path):
+    """The power check's group draws half the main group's samples: it is expected to take half the main's time,
+    not the whole (which skips a check that fits), and its own time once it has one."""
+    base = ["--model", "m", "--data-dir", str(tmp_path), "--out", str(tmp_path / "e.json"), "--samples", "1000"]
+    args = exactness.parse_args(base + ["--temperature", "0.6", "--top-p", "0.95"])
+    seconds = {"main | context 0": 140.0}
+    assert exactness.part_samples(args, "main") == 1000 and exactness.part_samples(args, "hot") == 500
+    assert exactness.group_estimate(seconds, "hot | context 0", args) == pytest.approx(70.0)
+    assert exactness.group_estimate(seconds, "main | context 1", args) == pytest.approx(140.0)
+    assert exactness.group_estimate({**seconds, "hot | context 0": 30.0}, "hot | context 0", args) == 30.0
+    assert exactness.group_estimate({}, "main | context 0", args) == 0.0

@@ -227,20 +227,34 @@ def server_for(name: str, args: argparse.Namespace, fraction: float, log_dir: Pa
     }
 
 
+def part_samples(args: argparse.Namespace, part: str) -> int:
+    """Samples a server draws in a group: a control's half the main's (it only has to show the test can reject)."""
+    return args.samples if part == "main" else args.samples // 2
+
+
+def group_estimate(seconds: dict[str, float], group: str, args: argparse.Namespace) -> float:
+    """A group's expected seconds: its own earlier time, else the longest timed group's scaled by the samples each
+    draws ("part | context i" keys); no timed group: 0."""
+    if group in seconds:
+        return seconds[group]
+    per_sample = (s / part_samples(args, g.split(" | ")[0]) for g, s in seconds.items())
+    return max(per_sample, default=0.0) * part_samples(args, group.split(" | ")[0])
+
+
 def run_groups(
     servers: dict[str, Server], args: argparse.Namespace, doc: dict[str, Any], deadline: Deadline, log: RunLog
 ) -> None:
-    """Sample every missing cell, each group's servers at once; a group starts only if its earlier time fits."""
+    """Sample every missing cell, each group's servers at once; a group starts only if its expected time fits."""
     for part, ci, names in cell_plan(args):
         names = [n for n in names if cell_key(n, part, ci) not in doc["counts"]]
         if not names:
             continue
         group = f"{part} | context {ci}"
-        est = doc["seconds"].get(group, max(doc["seconds"].values(), default=0.0))
+        est = group_estimate(doc["seconds"], group, args)
         if not deadline.allows(est + 5):
             log.line(f"{group}: SKIPPED (time budget: {deadline.remaining():.0f} s left, ~{est:.0f} s needed)")
             return
-        n = args.samples if part == "main" else args.samples // 2  # a control only has to show the test can reject
+        n = part_samples(args, part)
         params, t0 = part_params(args, part), time.monotonic()
         with ThreadPoolExecutor(len(names)) as pool:
             outs = list(

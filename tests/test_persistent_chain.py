@@ -42,3 +42,29 @@ def test_a_config_that_does_not_divide_is_refused(monkeypatch: pytest.MonkeyPatc
     chain.weights = chain.weights[:1]
     with pytest.raises(ValueError, match="o \\[576, 576\\]"):
         persistent_chain.PersistentChain(chain, {**CONFIG, "o": (32, 2)}, block_k=64)
+
+
+def test_the_cuda_chains_phase_table_follows_the_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tools/persistent_chain_cuda.py's table, one row a GEMM: each phase reads the buffer the one before wrote
+    (qkv x, o qkv's output, gate/up o's, down gate/up's and writes x again), with its leading dimensions, N and K;
+    a width the kernel's tiles do not divide is refused."""
+    from tools import persistent_chain_cuda as cuda_chain
+
+    chain = object.__new__(gemm_chain.Chain)
+    shapes = {"qkv": (256, 128), "o": (128, 128), "gate_up": (512, 128), "down": (128, 256)}
+    chain.weights = [{name: torch.zeros(n, k, dtype=torch.bfloat16) for name, (n, k) in shapes.items()}
+                     for _ in range(2)]  # fmt: skip
+    x = torch.zeros(64, 128, dtype=torch.bfloat16)
+    outs = [torch.zeros(64, n, dtype=torch.bfloat16) for n in (256, 128, 512)]
+    table = cuda_chain.phase_table(chain, x, outs).tolist()
+    reads = [x, outs[0], outs[1], outs[2]]
+    writes = [outs[0], outs[1], outs[2], x]
+    expected = [
+        [layer[name].data_ptr(), reads[p].data_ptr(), writes[p].data_ptr(), reads[p].stride(0), writes[p].stride(0),
+         *shapes[name]]
+        for layer in chain.weights for p, name in enumerate(gemm_chain.CHAIN)
+    ]  # fmt: skip
+    assert table == expected
+    chain.weights[1]["o"] = torch.zeros(128, 96, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"o \[128, 96\]"):
+        cuda_chain.phase_table(chain, x, outs)

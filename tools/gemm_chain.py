@@ -164,6 +164,39 @@ class Streams:
         return lambda: self.run(variant)
 
 
+TIMING = "the chain captured in one CUDA graph after an eager call on a side stream, mean of the replays"
+
+
+def probe_args(doc: str, tool: str, options: Callable[[argparse.ArgumentParser], None] | None = None) -> Any:
+    """A chain probe's command line (``add_step_args`` and the probe's ``options``), on a CUDA GPU only."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add_step_args(parser)
+    if options is not None:
+        options(parser)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{tool} needs a CUDA GPU")
+    return args
+
+
+def cublas_baseline(chain: Chain, replays: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The cuBLAS chain's final x (what a probe's output is compared with) and its time."""
+    chain.run("cublas")
+    reference = chain.x.clone()
+    entry = timed(chain.call("cublas"), len(chain.weights), chain.bytes_per_layer, replays)
+    print(f"cublas_chain: {entry.get('us_per_layer', 0):.1f} us/layer", flush=True)
+    return reference, entry
+
+
+def probe_settings(args: argparse.Namespace, chain: Chain, started: float, **extra: Any) -> dict[str, Any]:
+    """A chain probe's settings: the model, rows, layers, the probe's own ``extra``, bytes, timing, wall time."""
+    return {
+        "model": args.model, "bs": args.bs, "layers": len(chain.weights), **extra,
+        "bytes_per_layer": chain.bytes_per_layer, "replays": args.replays, "timing": TIMING,
+        "wall_s": time.time() - started,
+    }  # fmt: skip
+
+
 def timed(call: Callable[[], None], layers: int, bytes_per_layer: int, replays: int) -> dict[str, Any]:
     """A step's graph time per layer and per step, and its weights' bandwidth against the ideal; an error as a
     string."""
@@ -250,11 +283,7 @@ def measure(chain: Chain, variant: str, replays: int, reference: dict[str, torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_step_args(parser)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("gemm_chain needs a CUDA GPU")
+    args = probe_args(__doc__, "gemm_chain")
     started = time.time()
     chain = Chain(args.model, args.bs)
     bytes_per_layer = chain.bytes_per_layer
@@ -294,8 +323,7 @@ def main() -> None:
         "bytes_per_layer": bytes_per_layer,
         "small_ops": small_ops,
         "replays": args.replays,
-        "timing": "the layers' chain captured in one CUDA graph after an eager call on a side stream, mean of the "
-        "replays",
+        "timing": TIMING,
         "wall_s": time.time() - started,
     }
     write_result(args.out, {**provenance("gemm_chain"), "settings": settings, "variants": results})

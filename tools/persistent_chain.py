@@ -53,9 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tools.gemm_chain import CHAIN, Chain, timed
+from tools.gemm_chain import CHAIN, Chain, cublas_baseline, probe_args, probe_settings, timed
 from tools.kernels_setup import provenance, write_result
-from tools.layer_probe import add_step_args
 from tools.skinny_gemm import _prefetch_slice
 
 # (block_n, split_k) per projection, at BLOCK_K columns a K step. Each config gives every phase a multiple of 128
@@ -253,22 +252,19 @@ class PersistentChain:
         return props.multi_processor_count * min(by_regs, by_smem)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_step_args(parser)
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--programs", default="128,256", help="grid sizes to try (one that a GPU cannot hold at "
                         "once is skipped: the barriers need every program resident)")  # fmt: skip
     parser.add_argument("--prefetch-k", type=int, default=256, help="columns of the next tile asked of L2")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("persistent_chain needs a CUDA GPU")
+
+
+def main() -> None:
+    args = probe_args(__doc__, "persistent_chain", options)
     started = time.time()
     chain = Chain(args.model, args.bs)
-    chain.run("cublas")
-    reference = chain.x.clone()
+    reference, baseline = cublas_baseline(chain, args.replays)
     layers, per_layer_bytes = len(chain.weights), chain.bytes_per_layer
-    results: dict[str, Any] = {"cublas_chain": timed(chain.call("cublas"), layers, per_layer_bytes, args.replays)}
-    print(f"cublas_chain: {results['cublas_chain'].get('us_per_layer', 0):.1f} us/layer", flush=True)
+    results: dict[str, Any] = {"cublas_chain": baseline}
     for name, config in CONFIGS.items():
         for block_k, stages in PIPELINES:
             try:
@@ -300,20 +296,10 @@ def main() -> None:
                     print(f"{key}: {entry['us_per_layer']:.1f} us/layer, diff vs cublas "
                           f"{entry['max_abs_diff_vs_cublas']:.3g}", flush=True)  # fmt: skip
             del probe
-    settings = {
-        "model": args.model,
-        "bs": args.bs,
-        "layers": layers,
-        "programs": args.programs,
-        "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-        "prefetch_k": args.prefetch_k,
-        "configs": CONFIGS,
-        "pipelines": PIPELINES,
-        "bytes_per_layer": per_layer_bytes,
-        "replays": args.replays,
-        "timing": "the chain captured in one CUDA graph after an eager call on a side stream, mean of the replays",
-        "wall_s": time.time() - started,
-    }
+    settings = probe_settings(
+        args, chain, started, programs=args.programs, sms=torch.cuda.get_device_properties(0).multi_processor_count,
+        prefetch_k=args.prefetch_k, configs=CONFIGS, pipelines=PIPELINES,
+    )  # fmt: skip
     write_result(args.out, {**provenance("persistent_chain"), "settings": settings, "variants": results})
 
 

@@ -18,16 +18,14 @@ in another order).
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tools.gemm_chain import CHAIN, Chain, timed
+from tools.gemm_chain import CHAIN, Chain, cublas_baseline, probe_args, probe_settings, timed
 from tools.kernels_setup import provenance, write_result
-from tools.layer_probe import add_step_args
 
 SOURCE = Path(__file__).with_suffix(".cu")
 ROWS = 64  # the kernel's four warps take 16 rows each
@@ -77,18 +75,12 @@ class CudaChain:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_step_args(parser)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("persistent_chain_cuda needs a CUDA GPU")
+    args = probe_args(__doc__, "persistent_chain_cuda")
     started = time.time()
     chain = Chain(args.model, args.bs)
-    chain.run("cublas")
-    reference = chain.x.clone()
+    reference, baseline = cublas_baseline(chain, args.replays)
     layers, per_layer = len(chain.weights), chain.bytes_per_layer
-    results: dict[str, Any] = {"cublas_chain": timed(chain.call("cublas"), layers, per_layer, args.replays)}
-    print(f"cublas_chain: {results['cublas_chain'].get('us_per_layer', 0):.1f} us/layer", flush=True)
+    results: dict[str, Any] = {"cublas_chain": baseline}
     try:
         probe = CudaChain(chain)
         entry = results["persistent_cuda"] = timed(probe.run, layers, per_layer, args.replays)
@@ -97,17 +89,7 @@ def main() -> None:
     except Exception as exc:  # the build or the launch failing still leaves the baseline's row
         results["persistent_cuda"] = {"error": repr(exc)[:2000]}
     print(f"persistent_cuda: {results['persistent_cuda']}", flush=True)
-    settings = {
-        "model": args.model,
-        "bs": args.bs,
-        "layers": layers,
-        "block_n": BLOCK_N,
-        "block_k": BLOCK_K,
-        "bytes_per_layer": per_layer,
-        "replays": args.replays,
-        "timing": "the chain captured in one CUDA graph after an eager call on a side stream, mean of the replays",
-        "wall_s": time.time() - started,
-    }
+    settings = probe_settings(args, chain, started, block_n=BLOCK_N, block_k=BLOCK_K)
     write_result(args.out, {**provenance("persistent_chain_cuda"), "settings": settings, "variants": results})
 
 

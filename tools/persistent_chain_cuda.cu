@@ -15,7 +15,6 @@ namespace {
 
 constexpr int BN = 32;                        // output columns a tile
 constexpr int BK = 128;                       // K columns a chunk
-constexpr int STAGES = 8;                     // chunks in shared memory (STAGES - 1 in flight)
 constexpr int THREADS = 128;                  // four warps, 16 rows each
 constexpr int SROW = BK * 2 + 16;             // bytes a chunk row takes in shared memory: padded off the banks
 constexpr int STAGE_BYTES = BN * SROW;
@@ -30,8 +29,9 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_wait_all_but_newest() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+template <int PENDING>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
@@ -62,6 +62,8 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[KSTEPS][4], const __nv_bflo
 
 }  // namespace
 
+// STAGES: chunks in shared memory, STAGES - 1 of them in flight.
+template <int STAGES>
 __global__ void __launch_bounds__(THREADS, 1)
     chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counter) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -106,7 +108,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       uint32_t a[KSTEPS][4], a_next[KSTEPS][4];
       load_a(a, x, ph.ldx, row, 0, t);
       for (int c = 0; c < chunks; ++c) {
-        cp_wait_all_but_newest();
+        cp_wait<STAGES - 2>();
         __syncthreads();  // chunk `consumed` has landed for every thread's copies; its stage is free to read
         if (c + 1 < chunks) load_a(a_next, x, ph.ldx, row, (long long)(c + 1) * BK, t);
         const unsigned char* stage = smem + (consumed % STAGES) * STAGE_BYTES;
@@ -148,30 +150,48 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     __syncthreads();
   }
-  cp_wait_all_but_newest();  // nothing left in flight but empty groups
+  cp_wait<0>();  // nothing left in flight
 }
 
-// Host entry: one launch over `phases` ([P, 7] int64 on the device); `counter` is zeroed first. (Left out by
+// Host entry: one launch over `phases` ([P, 7] int64 on the device) with `stages` chunks in shared memory;
+// `counter` is zeroed first. (Left out by
 // -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where torch's headers are not at hand.)
-#ifndef CHAIN_KERNEL_ONLY
+#ifdef CHAIN_KERNEL_ONLY
+template __global__ void chain_kernel<4>(const Phase*, int, unsigned*);
+template __global__ void chain_kernel<8>(const Phase*, int, unsigned*);
+template __global__ void chain_kernel<12>(const Phase*, int, unsigned*);
+#else
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-void chain(torch::Tensor phases, torch::Tensor counter, int64_t grid) {
+template <int STAGES>
+void launch(const torch::Tensor& phases, const torch::Tensor& counter, int64_t grid, cudaStream_t stream) {
+  constexpr int smem = STAGES * STAGE_BYTES;
+  static const bool sized = [] {  // once, on the first (eager) call, never inside a graph capture
+    return cudaFuncSetAttribute(chain_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+           cudaSuccess;
+  }();
+  TORCH_CHECK(sized, "the chain kernel's shared memory could not be set");
+  chain_kernel<STAGES><<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(
+      reinterpret_cast<const Phase*>(phases.data_ptr<int64_t>()), static_cast<int>(phases.size(0)),
+      reinterpret_cast<unsigned*>(counter.data_ptr<int32_t>()));
+}
+
+void chain(torch::Tensor phases, torch::Tensor counter, int64_t grid, int64_t stages) {
   TORCH_CHECK(phases.is_cuda() && phases.dtype() == torch::kInt64 && phases.dim() == 2 && phases.size(1) == 7);
   TORCH_CHECK(counter.is_cuda() && counter.dtype() == torch::kInt32 && counter.numel() == 1);
   auto stream = at::cuda::getCurrentCUDAStream();
-  const int smem = STAGES * STAGE_BYTES;
-  static const bool sized = [] {  // once, on the first (eager) call, never inside a graph capture
-    return cudaFuncSetAttribute(chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                STAGES * STAGE_BYTES) == cudaSuccess;
-  }();
-  TORCH_CHECK(sized, "the chain kernel's shared memory could not be set");
   cudaMemsetAsync(counter.data_ptr(), 0, sizeof(unsigned), stream);
-  chain_kernel<<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(
-      reinterpret_cast<const Phase*>(phases.data_ptr<int64_t>()), static_cast<int>(phases.size(0)),
-      reinterpret_cast<unsigned*>(counter.data_ptr<int32_t>()));
+  if (stages == 4) {
+    launch<4>(phases, counter, grid, stream);
+  } else if (stages == 8) {
+    launch<8>(phases, counter, grid, stream);
+  } else if (stages == 12) {
+    launch<12>(phases, counter, grid, stream);
+  } else {
+    TORCH_CHECK(false, "stages: 4, 8 or 12, got ", stages);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -6,7 +6,7 @@ boundaries (``tools/persistent_chain_cuda.cu``), timed against the cuBLAS chain 
 ``tools.gemm_chain`` puts ~16 us of a Qwen3-1.7B draft layer's 41 us of GEMMs at the launch boundaries (every
 layer's weights streamed in two GEMMs take 25.5), and ``tools.persistent_chain`` found that a Triton kernel with
 grid barriers does not recover them (47-50 us): each phase restarts its loads after the barrier. Here each CTA
-keeps seven 8 KB weight chunks in flight with cp.async over its whole schedule, so when it reaches a grid barrier
+keeps 8 KB weight chunks in flight with cp.async over its whole schedule (3, 7 or 11: ``STAGES``), so when it reaches a grid barrier
 the next phase's first chunks are already loading; only the activations wait for the barrier (read from L2,
 one chunk ahead in registers). Written before measuring: near 30 us a layer (the flat stream plus ~1 us a barrier)
 says a persistent draft layer built this way recovers ~10 us a layer, ~2.5 ms a round; near the chain's 41 or
@@ -18,6 +18,7 @@ in another order).
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from tools.kernels_setup import provenance, write_result
 SOURCE = Path(__file__).with_suffix(".cu")
 ROWS = 64  # the kernel's four warps take 16 rows each
 BLOCK_N, BLOCK_K = 32, 128  # the kernel's tile and chunk (BN, BK in the source)
+STAGES = (4, 8, 12)  # weight chunks in shared memory (one fewer in flight): the builds the source instantiates
 
 
 def phase_table(chain: Chain, x: torch.Tensor, outs: list[torch.Tensor]) -> torch.Tensor:
@@ -68,9 +70,9 @@ class CudaChain:
         self.counter = torch.zeros(1, device=device, dtype=torch.int32)
         self.grid = torch.cuda.get_device_properties(device).multi_processor_count
 
-    def run(self) -> torch.Tensor:
+    def run(self, stages: int) -> torch.Tensor:
         self.x.copy_(self.chain.x0)
-        self.module.chain(self.phases, self.counter, self.grid)
+        self.module.chain(self.phases, self.counter, self.grid, stages)
         return self.x
 
 
@@ -83,13 +85,16 @@ def main() -> None:
     results: dict[str, Any] = {"cublas_chain": baseline}
     try:
         probe = CudaChain(chain)
-        entry = results["persistent_cuda"] = timed(probe.run, layers, per_layer, args.replays)
+    except Exception as exc:  # the build failing still leaves the baseline's row
+        probe, results["build"] = None, {"error": repr(exc)[:4000]}
+        print(f"build: {results['build']['error']}", flush=True)
+    for stages in STAGES if probe is not None else ():
+        key = f"persistent_cuda:s{stages}"
+        entry = results[key] = timed(functools.partial(probe.run, stages), layers, per_layer, args.replays)
         if "error" not in entry:
-            entry["max_abs_diff_vs_cublas"] = (probe.run().float() - reference.float()).abs().max().item()
-    except Exception as exc:  # the build or the launch failing still leaves the baseline's row
-        results["persistent_cuda"] = {"error": repr(exc)[:2000]}
-    print(f"persistent_cuda: {results['persistent_cuda']}", flush=True)
-    settings = probe_settings(args, chain, started, block_n=BLOCK_N, block_k=BLOCK_K)
+            entry["max_abs_diff_vs_cublas"] = (probe.run(stages).float() - reference.float()).abs().max().item()
+        print(f"{key}: {entry}", flush=True)
+    settings = probe_settings(args, chain, started, block_n=BLOCK_N, block_k=BLOCK_K, stages=STAGES)
     write_result(args.out, {**provenance("persistent_chain_cuda"), "settings": settings, "variants": results})
 
 

@@ -5,12 +5,12 @@ boundaries (``tools/persistent_chain_cuda.cu``), timed against the cuBLAS chain 
 
 ``tools.gemm_chain`` puts ~16 us of a Qwen3-1.7B draft layer's 41 us of GEMMs at the launch boundaries (every
 layer's weights streamed in two GEMMs take 25.5), and ``tools.persistent_chain`` found that a Triton kernel with
-grid barriers does not recover them (47-50 us): each phase restarts its loads after the barrier. Here each CTA
-keeps 8 KB weight chunks in flight with cp.async over its whole schedule (3, 7 or 11: ``STAGES``), so when it reaches a grid barrier
-the next phase's first chunks are already loading; only the activations wait for the barrier (read from L2,
-one chunk ahead in registers). Written before measuring: near 30 us a layer (the flat stream plus ~1 us a barrier)
-says a persistent draft layer built this way recovers ~10 us a layer, ~2.5 ms a round; near the chain's 41 or
-above says the activations' L2 reads (twice the weight bytes at 32-column tiles) or the barriers cap it.
+grid barriers does not recover them (47-50 us): each phase restarts its loads after the barrier. Here each CTA keeps
+8 KB weight chunks in flight with cp.async over its whole schedule (3, 7 or 11: ``STAGES``), so when it reaches a
+grid barrier the next phase's first chunks are already loading; only the activations wait for the barrier (read from
+L2, one chunk ahead in registers). Written before measuring: near 30 us a layer (the flat stream plus ~1 us a
+barrier) says a persistent draft layer built this way recovers ~10 us a layer, ~2.5 ms a round; near the chain's 41
+or above says the activations' L2 reads (twice the weight bytes at 32-column tiles) or the barriers cap it.
 
 The final x is compared with the cuBLAS chain's (``max_abs_diff_vs_cublas``: rounding only, fp32 accumulation
 in another order).

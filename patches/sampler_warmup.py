@@ -4,8 +4,9 @@ ninja runs. Measured on the H100 on 2026-11-25 (reliability run of ea994c4): the
 requests timed out after 57 s, the scheduler's stack in ``flashinfer.sampling.get_sampling_module``.
 Building them while the server starts puts that wait where a user expects it (before /health).
 
-The build itself is ninja running nvcc, no CUDA call of this process: ``compile_ahead`` starts it on a
-thread of its own when the worker is made, so it runs beside the KV pool set-up and the graph captures
+The build itself is ninja running nvcc, no CUDA call of this process (the GPUs' capabilities its flags name
+come from torch's cache, filled before the thread starts): ``compile_ahead`` starts it on a thread of its own
+when the worker is made, so it runs beside the KV pool set-up and the graph captures
 (an H200 without FlashInfer's cache spent 108 s on it before any of them, reliability_h200_8d05398), and
 ``build_sampling_kernels``, at the end of the worker's captures, waits for it, then loads and calls the
 kernels on the worker's thread as before."""
@@ -51,13 +52,16 @@ def compile_ahead(sampling_backend: str, device: torch.device | str) -> threadin
     if not samples_with_flashinfer(sampling_backend, device):
         return None
     try:
-        # On this thread: the import reads the GPU's architectures for nvcc's flags, a CUDA call the compile
-        # thread must not make while the graphs capture.
         from flashinfer.jit.sampling import gen_sampling_module
 
         spec = gen_sampling_module()
         if spec.is_aot or spec.is_compiled:
             return None
+        # The compile's nvcc flags read every GPU's capability (FlashInfer's CompilationContext, made again when
+        # the ninja file is written): read here first, torch answers the compile thread from its cache, with no
+        # CUDA call beside the graph captures.
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.get_device_capability(index)
     except Exception as exc:  # FlashInfer's JIT internals are not SGLang's contract: fall back to the end
         logger.info("PILLAR: FlashInfer sampling kernels not compiled ahead (%r)", exc)
         return None

@@ -188,6 +188,21 @@ def cublas_baseline(chain: Chain, replays: int) -> tuple[torch.Tensor, dict[str,
     return reference, entry
 
 
+def timed_against(
+    key: str, call: Callable[[], torch.Tensor], reference: torch.Tensor, chain: Chain, replays: int
+) -> dict[str, Any]:
+    """A probe's variant timed over the chain's layers (``timed``), its output (``call()``'s return, one more eager
+    run) against the cuBLAS chain's final x, and the line it printed; an error as a string."""
+    entry = timed(call, len(chain.weights), chain.bytes_per_layer, replays)
+    if "error" in entry:
+        print(f"{key}: {entry['error']}", flush=True)
+        return entry
+    entry["max_abs_diff_vs_cublas"] = (call().float() - reference.float()).abs().max().item()
+    print(f"{key}: {entry['us_per_layer']:.1f} us/layer, diff vs cublas {entry['max_abs_diff_vs_cublas']:.3g}",
+          flush=True)  # fmt: skip
+    return entry
+
+
 def probe_settings(args: argparse.Namespace, chain: Chain, started: float, **extra: Any) -> dict[str, Any]:
     """A chain probe's settings: the model, rows, layers, the probe's own ``extra``, bytes, timing, wall time."""
     return {

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tools.gemm_chain import CHAIN, Chain, cublas_baseline, probe_args, probe_settings, timed
+from tools.gemm_chain import CHAIN, Chain, cublas_baseline, probe_args, probe_settings, timed_against
 from tools.kernels_setup import provenance, write_result
 from tools.skinny_gemm import _prefetch_slice
 
@@ -263,7 +263,6 @@ def main() -> None:
     started = time.time()
     chain = Chain(args.model, args.bs)
     reference, baseline = cublas_baseline(chain, args.replays)
-    layers, per_layer_bytes = len(chain.weights), chain.bytes_per_layer
     results: dict[str, Any] = {"cublas_chain": baseline}
     for name, config in CONFIGS.items():
         for block_k, stages in PIPELINES:
@@ -287,14 +286,7 @@ def main() -> None:
                         continue
                     kwargs = {"per_layer": variant == "persistent_per_layer", "prefetch_k": prefetch_k, "tma": tma}
                     call = functools.partial(probe.run, programs, **kwargs)
-                    entry = results[key] = timed(call, layers, per_layer_bytes, args.replays)
-                    if "error" in entry:
-                        print(f"{key}: {entry['error']}", flush=True)
-                        continue
-                    got = probe.run(programs, **kwargs)
-                    entry["max_abs_diff_vs_cublas"] = (got.float() - reference.float()).abs().max().item()
-                    print(f"{key}: {entry['us_per_layer']:.1f} us/layer, diff vs cublas "
-                          f"{entry['max_abs_diff_vs_cublas']:.3g}", flush=True)  # fmt: skip
+                    results[key] = timed_against(key, call, reference, chain, args.replays)
             del probe
     settings = probe_settings(
         args, chain, started, programs=args.programs, sms=torch.cuda.get_device_properties(0).multi_processor_count,

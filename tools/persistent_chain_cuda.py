@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from tools.gemm_chain import CHAIN, Chain, cublas_baseline, probe_args, probe_settings, timed
+from tools.gemm_chain import CHAIN, Chain, cublas_baseline, probe_args, probe_settings, timed_against
 from tools.kernels_setup import provenance, write_result
 
 SOURCE = Path(__file__).with_suffix(".cu")
@@ -81,7 +81,6 @@ def main() -> None:
     started = time.time()
     chain = Chain(args.model, args.bs)
     reference, baseline = cublas_baseline(chain, args.replays)
-    layers, per_layer = len(chain.weights), chain.bytes_per_layer
     results: dict[str, Any] = {"cublas_chain": baseline}
     try:
         probe = CudaChain(chain)
@@ -90,10 +89,7 @@ def main() -> None:
         print(f"build: {results['build']['error']}", flush=True)
     for stages in STAGES if probe is not None else ():
         key = f"persistent_cuda:s{stages}"
-        entry = results[key] = timed(functools.partial(probe.run, stages), layers, per_layer, args.replays)
-        if "error" not in entry:
-            entry["max_abs_diff_vs_cublas"] = (probe.run(stages).float() - reference.float()).abs().max().item()
-        print(f"{key}: {entry}", flush=True)
+        results[key] = timed_against(key, functools.partial(probe.run, stages), reference, chain, args.replays)
     settings = probe_settings(args, chain, started, block_n=BLOCK_N, block_k=BLOCK_K, stages=STAGES)
     write_result(args.out, {**provenance("persistent_chain_cuda"), "settings": settings, "variants": results})
 

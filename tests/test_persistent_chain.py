@@ -44,27 +44,56 @@ def test_a_config_that_does_not_divide_is_refused(monkeypatch: pytest.MonkeyPatc
         persistent_chain.PersistentChain(chain, {**CONFIG, "o": (32, 2)}, block_k=64)
 
 
-def test_the_cuda_chains_phase_table_follows_the_chain(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tools/persistent_chain_cuda.py's table, one row a GEMM: each phase reads the buffer the one before wrote
-    (qkv x, o qkv's output, gate/up o's, down gate/up's and writes x again), with its leading dimensions, N and K;
-    a width the kernel's tiles do not divide is refused."""
-    from tools import persistent_chain_cuda as cuda_chain
-
+def _small_chain() -> gemm_chain.Chain:
+    """Two layers whose widths the CUDA kernel's 128-column units and 64-column chunks divide (hidden 128)."""
     chain = object.__new__(gemm_chain.Chain)
     shapes = {"qkv": (256, 128), "o": (128, 128), "gate_up": (512, 128), "down": (128, 256)}
-    chain.weights = [{name: torch.zeros(n, k, dtype=torch.bfloat16) for name, (n, k) in shapes.items()}
+    chain.weights = [{name: torch.randn(n, k).bfloat16() / k**0.5 for name, (n, k) in shapes.items()}
                      for _ in range(2)]  # fmt: skip
-    x = torch.zeros(64, 128, dtype=torch.bfloat16)
-    outs = [torch.zeros(64, n, dtype=torch.bfloat16) for n in (256, 128, 512)]
-    table = cuda_chain.phase_table(chain, x, outs).tolist()
-    reads = [x, outs[0], outs[1], outs[2]]
-    writes = [outs[0], outs[1], outs[2], x]
-    expected = [
-        [layer[name].data_ptr(), reads[p].data_ptr(), writes[p].data_ptr(), reads[p].stride(0), writes[p].stride(0),
-         *shapes[name]]
-        for layer in chain.weights for p, name in enumerate(gemm_chain.CHAIN)
-    ]  # fmt: skip
+    chain.x0 = torch.randn(64, 128).bfloat16()
+    return chain
+
+
+def test_the_cuda_chains_phase_table_follows_the_chain() -> None:
+    """tools/persistent_chain_cuda.py's table, one row a GEMM: each phase reads the buffer the one before wrote
+    (qkv x, o qkv's output, gate/up o's, down gate/up's and writes x again), with its leading dimensions, N, K, its
+    K slices and the rotation that starts its units where the previous phase's ended; a width the kernel's units do
+    not divide is refused."""
+    from tools import persistent_chain_cuda as cuda_chain
+
+    torch.manual_seed(0)
+    chain = _small_chain()
+    buffers = [torch.zeros(64, n) for n in (128, 256, 128, 512)]
+    buffers.append(buffers[0])
+    splits, grid = (2, 1, 2, 2), 5
+    table = cuda_chain.phase_table(chain, buffers, splits, grid).tolist()
+    units, expected = 0, []
+    for layer in chain.weights:
+        for p, name in enumerate(gemm_chain.CHAIN):
+            n, k = layer[name].shape
+            expected.append([layer[name].data_ptr(), buffers[p].data_ptr(), buffers[p + 1].data_ptr(),
+                             buffers[p].stride(0), buffers[p + 1].stride(0), n, k, splits[p],
+                             units % grid])  # fmt: skip
+            units += n // 128 * splits[p]
     assert table == expected
-    chain.weights[1]["o"] = torch.zeros(128, 96, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"o \[128, 96\]"):
-        cuda_chain.phase_table(chain, x, outs)
+    with pytest.raises(ValueError, match=r"o \[128, 128\]: N a multiple of 128, K of 4 x 64"):
+        cuda_chain.phase_table(chain, buffers, (2, 4, 2, 2), grid)
+
+
+@pytest.mark.parametrize("grid", [1, 3, 7])
+def test_the_cuda_chains_plan_computes_the_chain(grid: int) -> None:
+    """The kernel's plan (its units over the CTAs, K split and added into fp32, each phase zeroing what the one
+    before read, for the phase after next to add into) gives the chain's output, every unit run once."""
+    from tools import persistent_chain_cuda as cuda_chain
+
+    torch.manual_seed(0)
+    chain = _small_chain()
+    x = chain.x0
+    for layer in chain.weights:  # the chain as cuBLAS runs it: bf16 outputs, each GEMM reading the one before's
+        qkv = (x.float() @ layer["qkv"].float().T).bfloat16()
+        o = (qkv[:, :128].float() @ layer["o"].float().T).bfloat16()
+        gate_up = (o.float() @ layer["gate_up"].float().T).bfloat16()
+        x = (gate_up[:, :256].float() @ layer["down"].float().T).bfloat16()
+    got = cuda_chain.simulate(chain, (2, 1, 2, 2), grid)
+    assert ((got - x.float()).norm() / x.float().norm()).item() < 1e-2
+    assert ((chain.x0.float() - x.float()).norm() / x.float().norm()).item() > 0.5  # the bound means something

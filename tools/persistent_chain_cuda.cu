@@ -1,42 +1,84 @@
 // The draft step's four GEMMs a layer (x -> qkv -> o -> gate/up -> down -> x, 64 rows) in one persistent launch
 // whose weight stream never waits for a phase boundary (tools/persistent_chain_cuda.py builds and times it).
 //
-// One CTA a SM, four warps; each warp owns 16 of the 64 rows. A CTA walks its schedule -- every phase (one GEMM
-// of one layer), its tiles (32 output columns, tile = cta, cta + grid, ...), each tile's K chunks (128 columns) --
-// and keeps STAGES - 1 weight chunks in flight with cp.async. The issue cursor runs over the same schedule, so at
-// the end of a phase the next phase's first weight chunks are already loading while the CTA waits at the grid
-// barrier for the phase's outputs (weights never depend on them). The activations (the previous phase's output,
-// written by other SMs) are read after the barrier, from L2 (ld.global.cg), one chunk ahead in registers.
-// bf16 in, fp32 accumulation (mma.sync m16n8k16), bf16 out.
+// One CTA a SM, three warp roles over one schedule: every phase (one GEMM of one layer), the CTA's units in it
+// (a unit: 128 output columns x one K slice; unit u of a phase goes to CTA (u + offset) % grid, the offset rotating
+// so that the layer's units spread evenly), each unit's 64-column K chunks.
+// - warp 0 streams weight chunks (128 rows x 128 B) into an SW-deep shared-memory ring with 1-D bulk copies
+//   (cp.async.bulk, completion counted in bytes on the stage's mbarrier). Weights never depend on activations, so
+//   it runs on across phase boundaries as far as the ring allows: at a grid barrier the next phase's first chunks
+//   are already in shared memory.
+// - warp 1 streams the activations' chunks (64 rows x 64 fp32) into an SX-deep ring the same way, but waits at each
+//   phase's start for the grid barrier (every CTA done with the previous phase). At that point it also zeroes its
+//   slice of the buffer the previous phase read, which nothing reads again before the phase after next adds into it.
+// - warps 2-5 multiply: each takes 16 rows, mma.sync m16n8k16 bf16 (x rounded to bf16 as it is read), fp32
+//   accumulation; a unit's partial sums are added into the phase's fp32 output (atomics when K is split, stores
+//   when not).
+// Grid barrier: one counter a phase, two arrivals a CTA (the activation warp after zeroing, the multiplying warps
+// after their last unit's adds); the next phase's activations are loaded once the counter reaches 2 x grid.
 #include <cuda_bf16.h>
 #include <cstdint>
 
 namespace {
 
-constexpr int BN = 32;                        // output columns a tile
-constexpr int BK = 128;                       // K columns a chunk
-constexpr int THREADS = 128;                  // four warps, 16 rows each
-constexpr int SROW = BK * 2 + 16;             // bytes a chunk row takes in shared memory: padded off the banks
-constexpr int STAGE_BYTES = BN * SROW;
-constexpr int SEGMENTS = BN * BK * 2 / 16;    // 16-byte copies a chunk
-constexpr int KSTEPS = BK / 16;               // mma K steps a chunk
+constexpr int ROWS = 64;                  // the batch: four warps of 16 rows
+constexpr int BN = 128;                   // output columns a unit
+constexpr int BK = 64;                    // K columns a chunk
+constexpr int W_PITCH = BK * 2 + 16;      // bytes a weight row takes in shared memory: padded off the banks
+constexpr int W_STAGE = BN * W_PITCH;
+constexpr int W_BYTES = BN * BK * 2;      // what a weight chunk's copies complete
+constexpr int X_PITCH = BK * 4 + 32;      // an fp32 activation row, padded so that float2 reads spread over banks
+constexpr int X_STAGE = ROWS * X_PITCH;
+constexpr int X_BYTES = ROWS * BK * 4;
+constexpr int MMA_WARPS = 4;
+constexpr int THREADS = 32 * (2 + MMA_WARPS);
+constexpr int NO_ACTIVATIONS = 1;         // flags: the activation warp copies nothing (times the weight stream)
+constexpr int NO_BARRIER = 2;             // flags: phases do not wait for each other (times the barriers)
+constexpr long long SPIN_LIMIT = 1ll << 26;  // a wait that long means a broken schedule: trap, never hang
 
-struct Phase {                                // one GEMM: out[:64, :n] = x[:64, :k] @ w[n, k].T
-  long long w, x, out, ldx, ldo, n, k;        // pointers as integers; leading dimensions in elements
+struct Phase {                            // one GEMM: out[:64, :n] (+)= x[:64, :k] @ w[n, k].T, K in `split` slices
+  long long w, x, out, ldx, ldo, n, k, split, offset;  // pointers as integers; leading dimensions in elements
 };
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int PENDING>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+__device__ __forceinline__ void bar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint32_t bar) {
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  for (long long spins = 0; !done; ++spins) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (spins > SPIN_LIMIT) __trap();
+  }
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ void add_pair(float* p, float a, float b) {  // no value back, so no wait on it
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ uint32_t bf16x2(float2 v) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
+  return *reinterpret_cast<const uint32_t*>(&h);
 }
 __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -46,151 +88,213 @@ __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The A fragments of one chunk (KSTEPS steps of 16 columns) for the warp's 16 rows, from L2.
-__device__ __forceinline__ void load_a(uint32_t (&a)[KSTEPS][4], const __nv_bfloat16* x, long long ldx, int row,
-                                       long long k0, int t) {
-  const __nv_bfloat16* r0 = x + row * ldx + k0 + t * 2;
-  const __nv_bfloat16* r8 = r0 + 8 * ldx;
+// A phase's shape as the three roles walk it.
+struct Walk {
+  int units, slice_k, chunks, first;
+  __device__ Walk(const Phase& ph, int cta, int grid)
+      : units(static_cast<int>(ph.n / BN * ph.split)),
+        slice_k(static_cast<int>(ph.k / ph.split)),
+        chunks(static_cast<int>(ph.k / ph.split / BK)),
+        first(static_cast<int>((cta - ph.offset % grid + grid) % grid)) {}
+};
+
+// Warp 0: every weight chunk of the CTA's schedule, as far ahead as the ring's free stages allow.
+template <int SW>
+__device__ void stream_weights(const Phase* phases, int num_phases, uint32_t ring, uint32_t full, uint32_t empty,
+                               int lane) {
+  uint32_t n = 0;
+  for (int p = 0; p < num_phases; ++p) {
+    const Phase ph = phases[p];
+    const Walk walk(ph, blockIdx.x, gridDim.x);
+    for (int u = walk.first; u < walk.units; u += gridDim.x) {
+      const __nv_bfloat16* w = reinterpret_cast<const __nv_bfloat16*>(ph.w) + (u / ph.split) * BN * ph.k +
+                               (u % ph.split) * walk.slice_k;
+      for (int c = 0; c < walk.chunks; ++c, ++n) {
+        const uint32_t s = n % SW;
+        if (n >= SW) bar_wait(empty + 8 * s, (n / SW - 1) & 1);
+        if (lane == 0) bar_expect(full + 8 * s, W_BYTES);
+        __syncwarp();
+        for (int r = lane; r < BN; r += 32)
+          bulk_copy(ring + s * W_STAGE + r * W_PITCH, w + r * ph.k + c * BK, BK * 2, full + 8 * s);
+      }
+    }
+  }
+}
+
+// Warp 1: at each phase's start the grid barrier and the zeroing, then the phase's activation chunks.
+template <int SX>
+__device__ void stream_activations(const Phase* phases, int num_phases, unsigned* counters, int flags, uint32_t ring,
+                                   uint32_t full, uint32_t empty, int lane) {
+  uint32_t n = 0;
+  for (int p = 0; p < num_phases; ++p) {
+    const Phase ph = phases[p];
+    if (p > 0) {
+      if (lane == 0 && !(flags & NO_BARRIER)) {
+        for (long long spins = 0; load_acquire(counters + p - 1) < 2u * gridDim.x; ++spins)
+          if (spins > SPIN_LIMIT) __trap();
+      }
+      __syncwarp();
+      // Phase p - 1's x was read by every CTA (their arrivals above say so); phase p + 2 adds into it next.
+      float4* stale = reinterpret_cast<float4*>(phases[p - 1].x);
+      const long long count = ROWS * phases[p - 1].ldx / 4;
+      for (long long i = blockIdx.x * 32ll + lane; i < count; i += gridDim.x * 32ll) stale[i] = make_float4(0, 0, 0, 0);
+      __threadfence();
+      __syncwarp();
+    }
+    if (lane == 0) atomicAdd(counters + p, 1u);
+    // the bulk copies read, through the async proxy, what other SMs wrote through the generic one
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    const Walk walk(ph, blockIdx.x, gridDim.x);
+    for (int u = walk.first; u < walk.units; u += gridDim.x) {
+      const float* x = reinterpret_cast<const float*>(ph.x) + (u % ph.split) * walk.slice_k;
+      for (int c = 0; c < walk.chunks; ++c, ++n) {
+        const uint32_t s = n % SX;
+        if (n >= SX) bar_wait(empty + 8 * s, (n / SX - 1) & 1);
+        if (flags & NO_ACTIVATIONS) {
+          if (lane == 0) bar_arrive(full + 8 * s);
+          continue;
+        }
+        if (lane == 0) bar_expect(full + 8 * s, X_BYTES);
+        __syncwarp();
+        for (int r = lane; r < ROWS; r += 32)
+          bulk_copy(ring + s * X_STAGE + r * X_PITCH, x + r * ph.ldx + c * BK, BK * 4, full + 8 * s);
+      }
+    }
+  }
+}
+
+// Warps 2-5: the products, 16 rows a warp, and each unit's partial sums into the phase's output.
+template <int SW, int SX>
+__device__ void multiply(const Phase* phases, int num_phases, unsigned* counters, const unsigned char* w_ring,
+                         const unsigned char* x_ring, uint32_t w_full, uint32_t w_empty, uint32_t x_full,
+                         uint32_t x_empty, int mma_warp, int lane) {
+  const int g = lane >> 2, t = lane & 3, row = mma_warp * 16 + g;
+  uint32_t n = 0;
+  for (int p = 0; p < num_phases; ++p) {
+    const Phase ph = phases[p];
+    const Walk walk(ph, blockIdx.x, gridDim.x);
+    for (int u = walk.first; u < walk.units; u += gridDim.x) {
+      float acc[BN / 8][4] = {};
+      for (int c = 0; c < walk.chunks; ++c, ++n) {
+        const uint32_t sw = n % SW, sx = n % SX;
+        bar_wait(w_full + 8 * sw, (n / SW) & 1);
+        bar_wait(x_full + 8 * sx, (n / SX) & 1);
+        const unsigned char* ws = w_ring + sw * W_STAGE + g * W_PITCH + t * 4;
+        const unsigned char* xs = x_ring + sx * X_STAGE + row * X_PITCH + t * 8;
 #pragma unroll
-  for (int s = 0; s < KSTEPS; ++s) {
-    a[s][0] = __ldcg(reinterpret_cast<const unsigned*>(r0 + s * 16));
-    a[s][1] = __ldcg(reinterpret_cast<const unsigned*>(r8 + s * 16));
-    a[s][2] = __ldcg(reinterpret_cast<const unsigned*>(r0 + s * 16 + 8));
-    a[s][3] = __ldcg(reinterpret_cast<const unsigned*>(r8 + s * 16 + 8));
+        for (int kk = 0; kk < BK; kk += 16) {
+          const uint32_t a[4] = {
+              bf16x2(*reinterpret_cast<const float2*>(xs + kk * 4)),
+              bf16x2(*reinterpret_cast<const float2*>(xs + 8 * X_PITCH + kk * 4)),
+              bf16x2(*reinterpret_cast<const float2*>(xs + (kk + 8) * 4)),
+              bf16x2(*reinterpret_cast<const float2*>(xs + 8 * X_PITCH + (kk + 8) * 4)),
+          };
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const unsigned char* b = ws + j * 8 * W_PITCH + kk * 2;
+            mma16816(acc[j], a, *reinterpret_cast<const uint32_t*>(b), *reinterpret_cast<const uint32_t*>(b + 16));
+          }
+        }
+        __syncwarp();
+        if (lane == 0) {  // this warp is done with both stages
+          bar_arrive(w_empty + 8 * sw);
+          bar_arrive(x_empty + 8 * sx);
+        }
+      }
+      float* out = reinterpret_cast<float*>(ph.out) + row * ph.ldo + (u / ph.split) * BN + t * 2;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        float* top = out + j * 8;
+        float* bottom = out + 8 * ph.ldo + j * 8;
+        if (ph.split == 1) {
+          *reinterpret_cast<float2*>(top) = make_float2(acc[j][0], acc[j][1]);
+          *reinterpret_cast<float2*>(bottom) = make_float2(acc[j][2], acc[j][3]);
+        } else {
+          add_pair(top, acc[j][0], acc[j][1]);
+          add_pair(bottom, acc[j][2], acc[j][3]);
+        }
+      }
+    }
+    __threadfence();
+    asm volatile("bar.sync 1, %0;\n" ::"n"(32 * MMA_WARPS) : "memory");  // the multiplying warps only
+    if (mma_warp == 0 && lane == 0) atomicAdd(counters + p, 1u);
   }
 }
 
 }  // namespace
 
-// STAGES: chunks in shared memory, STAGES - 1 of them in flight.
-template <int STAGES>
+// SW weight chunks and SX activation chunks in shared memory.
+template <int SW, int SX>
 __global__ void __launch_bounds__(THREADS, 1)
-    chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counter) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int grid = gridDim.x, cta = blockIdx.x, tid = threadIdx.x;
-  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-
-  // The issue cursor: the next weight chunk to load (phase, tile, chunk) and how many were issued.
-  int ip = 0, it = cta, ic = 0, issued = 0;
-  auto issue_next = [&]() {
-    while (ip < num_phases && it >= phases[ip].n / BN) {  // a phase with no tile for this CTA
-      ++ip;
-      it = cta;
-      ic = 0;
+    chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counters, int flags) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const unsigned char* w_ring = smem;
+  const unsigned char* x_ring = smem + SW * W_STAGE;
+  const uint32_t w_full = smem_addr(x_ring + SX * X_STAGE), w_empty = w_full + 8 * SW;
+  const uint32_t x_full = w_empty + 8 * SW, x_empty = x_full + 8 * SX;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < SW; ++s) {
+      bar_init(w_full + 8 * s, 1);
+      bar_init(w_empty + 8 * s, MMA_WARPS);
     }
-    if (ip < num_phases) {
-      const Phase ph = phases[ip];
-      const __nv_bfloat16* w = reinterpret_cast<const __nv_bfloat16*>(ph.w) + (long long)it * BN * ph.k + ic * BK;
-      const uint32_t stage = smem_base + (issued % STAGES) * STAGE_BYTES;
-#pragma unroll
-      for (int i = 0; i < SEGMENTS / THREADS; ++i) {
-        const int seg = tid + i * THREADS, row = seg / (BK / 8), col = seg % (BK / 8);
-        cp_async16(stage + row * SROW + col * 16, w + row * ph.k + col * 8);
-      }
-      ++issued;
-      if (++ic == ph.k / BK) {
-        ic = 0;
-        it += grid;
-      }
+    for (int s = 0; s < SX; ++s) {
+      bar_init(x_full + 8 * s, 1);
+      bar_init(x_empty + 8 * s, MMA_WARPS);
     }
-    cp_commit();  // one group an iteration, empty past the schedule's end, so the wait counts stay aligned
-  };
-
-  for (int s = 0; s < STAGES - 1; ++s) issue_next();
-  int consumed = 0;
-  for (int p = 0; p < num_phases; ++p) {
-    const Phase ph = phases[p];
-    const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(ph.x);
-    const int chunks = ph.k / BK, row = warp * 16 + g;
-    for (int tile = cta; tile < ph.n / BN; tile += grid) {
-      float acc[BN / 8][4] = {};
-      uint32_t a[KSTEPS][4], a_next[KSTEPS][4];
-      load_a(a, x, ph.ldx, row, 0, t);
-      for (int c = 0; c < chunks; ++c) {
-        cp_wait<STAGES - 2>();
-        __syncthreads();  // chunk `consumed` has landed for every thread's copies; its stage is free to read
-        if (c + 1 < chunks) load_a(a_next, x, ph.ldx, row, (long long)(c + 1) * BK, t);
-        const unsigned char* stage = smem + (consumed % STAGES) * STAGE_BYTES;
-#pragma unroll
-        for (int s = 0; s < KSTEPS; ++s) {
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const unsigned char* wrow = stage + (j * 8 + g) * SROW + (s * 16 + t * 2) * 2;
-            mma16816(acc[j], a[s], *reinterpret_cast<const uint32_t*>(wrow),
-                     *reinterpret_cast<const uint32_t*>(wrow + 16));
-          }
-        }
-        __syncthreads();  // every warp is done with the stage the next issue overwrites
-        issue_next();
-        ++consumed;
-#pragma unroll
-        for (int s = 0; s < KSTEPS; ++s)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) a[s][q] = a_next[s][q];
-      }
-      __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(ph.out) + tile * BN + t * 2;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        *reinterpret_cast<__nv_bfloat162*>(out + row * ph.ldo + j * 8) = __floats2bfloat162_rn(acc[j][0], acc[j][1]);
-        *reinterpret_cast<__nv_bfloat162*>(out + (row + 8) * ph.ldo + j * 8) =
-            __floats2bfloat162_rn(acc[j][2], acc[j][3]);
-      }
-    }
-    // Grid barrier: the phase's outputs written everywhere before any CTA reads them as the next x. The next
-    // phase's weight chunks issued above keep loading meanwhile.
-    __syncthreads();
-    if (tid == 0) {
-      __threadfence();
-      atomicAdd(counter, 1u);
-      const unsigned target = static_cast<unsigned>(p + 1) * grid;
-      while (load_acquire(counter) < target) {
-      }
-      __threadfence();
-    }
-    __syncthreads();
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  cp_wait<0>();  // nothing left in flight
+  __syncthreads();
+  if (warp == 0) {
+    stream_weights<SW>(phases, num_phases, smem_addr(w_ring), w_full, w_empty, lane);
+  } else if (warp == 1) {
+    stream_activations<SX>(phases, num_phases, counters, flags, smem_addr(x_ring), x_full, x_empty, lane);
+  } else {
+    multiply<SW, SX>(phases, num_phases, counters, w_ring, x_ring, w_full, w_empty, x_full, x_empty, warp - 2, lane);
+  }
 }
 
-// Host entry: one launch over `phases` ([P, 7] int64 on the device) with `stages` chunks in shared memory;
-// `counter` is zeroed first. (Left out by
-// -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where torch's headers are not at hand.)
+constexpr int smem_bytes(int sw, int sx) { return sw * W_STAGE + sx * X_STAGE + 16 * (sw + sx); }
+
+// Host entry: one launch over `phases` ([P, 9] int64 on the device) with (sw, sx) ring depths; `counters` (P
+// int32) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where torch's headers
+// are not at hand.)
 #ifdef CHAIN_KERNEL_ONLY
-template __global__ void chain_kernel<4>(const Phase*, int, unsigned*);
-template __global__ void chain_kernel<8>(const Phase*, int, unsigned*);
-template __global__ void chain_kernel<12>(const Phase*, int, unsigned*);
+template __global__ void chain_kernel<8, 3>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<6, 4>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<10, 2>(const Phase*, int, unsigned*, int);
 #else
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-template <int STAGES>
-void launch(const torch::Tensor& phases, const torch::Tensor& counter, int64_t grid, cudaStream_t stream) {
-  constexpr int smem = STAGES * STAGE_BYTES;
+template <int SW, int SX>
+void launch(const torch::Tensor& phases, const torch::Tensor& counters, int64_t grid, int64_t flags,
+            cudaStream_t stream) {
+  constexpr int smem = smem_bytes(SW, SX);
   static const bool sized = [] {  // once, on the first (eager) call, never inside a graph capture
-    return cudaFuncSetAttribute(chain_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+    return cudaFuncSetAttribute(chain_kernel<SW, SX>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
            cudaSuccess;
   }();
   TORCH_CHECK(sized, "the chain kernel's shared memory could not be set");
-  chain_kernel<STAGES><<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(
+  chain_kernel<SW, SX><<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(
       reinterpret_cast<const Phase*>(phases.data_ptr<int64_t>()), static_cast<int>(phases.size(0)),
-      reinterpret_cast<unsigned*>(counter.data_ptr<int32_t>()));
+      reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()), static_cast<int>(flags));
 }
 
-void chain(torch::Tensor phases, torch::Tensor counter, int64_t grid, int64_t stages) {
-  TORCH_CHECK(phases.is_cuda() && phases.dtype() == torch::kInt64 && phases.dim() == 2 && phases.size(1) == 7);
-  TORCH_CHECK(counter.is_cuda() && counter.dtype() == torch::kInt32 && counter.numel() == 1);
+void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, int64_t sw, int64_t sx, int64_t flags) {
+  TORCH_CHECK(phases.is_cuda() && phases.dtype() == torch::kInt64 && phases.dim() == 2 && phases.size(1) == 9);
+  TORCH_CHECK(counters.is_cuda() && counters.dtype() == torch::kInt32 && counters.numel() == phases.size(0));
   auto stream = at::cuda::getCurrentCUDAStream();
-  cudaMemsetAsync(counter.data_ptr(), 0, sizeof(unsigned), stream);
-  if (stages == 4) {
-    launch<4>(phases, counter, grid, stream);
-  } else if (stages == 8) {
-    launch<8>(phases, counter, grid, stream);
-  } else if (stages == 12) {
-    launch<12>(phases, counter, grid, stream);
+  cudaMemsetAsync(counters.data_ptr(), 0, counters.numel() * sizeof(unsigned), stream);
+  if (sw == 8 && sx == 3) {
+    launch<8, 3>(phases, counters, grid, flags, stream);
+  } else if (sw == 6 && sx == 4) {
+    launch<6, 4>(phases, counters, grid, flags, stream);
+  } else if (sw == 10 && sx == 2) {
+    launch<10, 2>(phases, counters, grid, flags, stream);
   } else {
-    TORCH_CHECK(false, "stages: 4, 8 or 12, got ", stages);
+    TORCH_CHECK(false, "rings (8, 3), (6, 4) or (10, 2), got (", sw, ", ", sx, ")");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

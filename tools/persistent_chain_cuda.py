@@ -1,19 +1,28 @@
-"""The draft step's four GEMMs a layer in one persistent CUDA launch whose weight stream runs on across the phase
-boundaries (``tools/persistent_chain_cuda.cu``), timed against the cuBLAS chain (GPU only; nvcc builds it).
+"""The draft step's four GEMMs a layer in one persistent CUDA launch, producer warps streaming the weights across
+the phase boundaries (``tools/persistent_chain_cuda.cu``), timed against the cuBLAS chain (GPU only; nvcc builds
+it).
 
     python -m tools.persistent_chain_cuda --out benchmarks/results/kernels/persistent_chain_cuda_<device>_<commit>.json
 
 ``tools.gemm_chain`` puts ~16 us of a Qwen3-1.7B draft layer's 41 us of GEMMs at the launch boundaries (every
 layer's weights streamed in two GEMMs take 25.5), and ``tools.persistent_chain`` found that a Triton kernel with
-grid barriers does not recover them (47-50 us): each phase restarts its loads after the barrier. Here each CTA keeps
-8 KB weight chunks in flight with cp.async over its whole schedule (3, 7 or 11: ``STAGES``), so when it reaches a
-grid barrier the next phase's first chunks are already loading; only the activations wait for the barrier (read from
-L2, one chunk ahead in registers). Written before measuring: near 30 us a layer (the flat stream plus ~1 us a
-barrier) says a persistent draft layer built this way recovers ~10 us a layer, ~2.5 ms a round; near the chain's 41
-or above says the activations' L2 reads (twice the weight bytes at 32-column tiles) or the barriers cap it.
+grid barriers does not recover them (47-50 us): each phase restarts its loads after the barrier.
 
-The final x is compared with the cuBLAS chain's (``max_abs_diff_vs_cublas``: rounding only, fp32 accumulation
-in another order).
+The first form of this kernel (every thread issuing cp.async, 32-column tiles, x read from L2 into registers one
+chunk ahead, one warp a SM sub-partition) computed the chain but took 221-310 us a layer
+(``persistent_chain_cuda_h200_4cdd06e.json``): each 8 KB chunk waited for its x loads and two CTA barriers, ~1.7
+us a chunk, and o and down (2048 columns, 64 tiles) kept half the SMs idle. This form separates the roles: one warp
+streams 16 KB weight chunks (128 columns x 64 K) into an 8-, 6- or 10-deep ring with bulk copies and never waits for
+a phase; one warp waits at each phase's grid barrier and streams the activations (fp32, 64 rows x 64 K) into their
+own ring; four warps multiply. K is split (``SPLITS``, per phase) so that o and down have units for every SM, the
+partial sums added into fp32 outputs (a phase with K unsplit stores them); a phase's units rotate over the CTAs
+from where the previous phase's ended.
+
+Written before measuring: near 28-30 us a layer (the flat stream's 25.5 plus the barriers) says a persistent draft
+layer built this way recovers ~10 us a layer, ~2.5 ms a round; the diagnostic runs say what holds it back if not:
+``no_x`` (no activation copies) times the weight stream and the products, ``no_barrier`` lets the phases overlap.
+Those two compute nothing meaningful (their outputs are not compared); the others' final x is compared with the
+cuBLAS chain's (``max_abs_diff_vs_cublas``: rounding only, fp32 accumulation in another order).
 """
 
 from __future__ import annotations
@@ -29,30 +38,61 @@ from tools.gemm_chain import CHAIN, Chain, cublas_baseline, probe_args, probe_se
 from tools.kernels_setup import provenance, write_result
 
 SOURCE = Path(__file__).with_suffix(".cu")
-ROWS = 64  # the kernel's four warps take 16 rows each
-BLOCK_N, BLOCK_K = 32, 128  # the kernel's tile and chunk (BN, BK in the source)
-STAGES = (4, 8, 12)  # weight chunks in shared memory (one fewer in flight): the builds the source instantiates
+ROWS = 64  # the kernel's four multiplying warps take 16 rows each
+BLOCK_N, BLOCK_K = 128, 64  # a unit's output columns and a chunk's K columns (BN, BK in the source)
+RINGS = ((8, 3), (6, 4), (10, 2))  # (weight, activation) chunks in shared memory: the builds the source instantiates
+# K slices per phase (qkv, o, gate/up, down): units for every SM in each phase (A); gate/up unsplit, its 96 units
+# stored without adds (B); half the adds (C).
+SPLITS = {"A": (4, 8, 4, 8), "B": (4, 8, 1, 8), "C": (2, 4, 1, 4)}
+FLAGS = {"no_x": 1, "no_barrier": 2}  # the diagnostic runs (NO_ACTIVATIONS, NO_BARRIER in the source)
 
 
-def phase_table(chain: Chain, x: torch.Tensor, outs: list[torch.Tensor]) -> torch.Tensor:
-    """[4 x layers, 7] int64 rows (weight, x, out pointers; x's and out's leading dimensions; N; K), one per GEMM
-    in chain order: qkv reads x, o the first K columns of qkv's output, gate/up o's, down gate/up's first half and
-    writes x, which the next layer's qkv reads (``Chain.inputs``)."""
-    buffers = [x, *outs, x]  # phase p reads buffers[p] and writes buffers[p + 1]
-    rows = []
+def phase_table(chain: Chain, buffers: list[torch.Tensor], splits: tuple[int, ...], grid: int) -> torch.Tensor:
+    """[4 x layers, 9] int64 rows (weight, x, out pointers; x's and out's leading dimensions; N; K; K slices; the
+    rotation), one per GEMM in chain order. Phase p reads ``buffers[p]`` and writes ``buffers[p + 1]`` (x, qkv's, o's
+    and gate/up's outputs, x: fp32, their full widths as leading dimensions, a GEMM reading its first K columns as
+    ``Chain.inputs`` does). A phase's unit u runs on CTA (u + rotation) % grid, the rotation counting every earlier
+    phase's units."""
+    rows, done = [], 0
     for layer in chain.weights:
-        for p, name in enumerate(CHAIN):
+        for p, (name, split) in enumerate(zip(CHAIN, splits)):
             w = layer[name]
             n, k = w.shape
-            if n % BLOCK_N or k % BLOCK_K or not w.is_contiguous():
-                raise ValueError(f"{name} [{n}, {k}]: N a multiple of {BLOCK_N}, K of {BLOCK_K}, contiguous rows")
+            if n % BLOCK_N or k % (split * BLOCK_K) or not w.is_contiguous():
+                raise ValueError(f"{name} [{n}, {k}]: N a multiple of {BLOCK_N}, K of {split} x {BLOCK_K}, contiguous")
             src, dst = buffers[p], buffers[p + 1]
-            rows.append([w.data_ptr(), src.data_ptr(), dst.data_ptr(), src.stride(0), dst.stride(0), n, k])
+            rows.append([w.data_ptr(), src.data_ptr(), dst.data_ptr(), src.stride(0), dst.stride(0), n, k, split,
+                         done % grid])  # fmt: skip
+            done += n // BLOCK_N * split
     return torch.tensor(rows, dtype=torch.int64)
 
 
+def simulate(chain: Chain, splits: tuple[int, ...], grid: int) -> torch.Tensor:
+    """The kernel's plan in torch, on the chain's device: the phase table's units per CTA, each unit's product of
+    bf16-rounded x with its weights added into the fp32 output, phase p zeroing what phase p - 1 read. Returns the
+    final x (fp32) and checks that every unit ran on exactly one CTA."""
+    dims = [chain.weights[0][name].shape[0] for name in CHAIN[:3]]
+    buffers = [chain.x0.float(), *(chain.x0.new_zeros(ROWS, n, dtype=torch.float32) for n in dims)]
+    buffers.append(buffers[0])
+    table = phase_table(chain, buffers, splits, grid).tolist()
+    by_ptr = {b.data_ptr(): b for b in buffers}
+    weights = [layer[name] for layer in chain.weights for name in CHAIN]
+    for p, (_, x_ptr, out_ptr, _, _, n, k, split, rotation) in enumerate(table):
+        if p:
+            by_ptr[table[p - 1][1]].zero_()
+        x, out, w = by_ptr[x_ptr], by_ptr[out_ptr], weights[p]
+        units, slice_k = n // BLOCK_N * split, k // split
+        ran = [u for cta in range(grid) for u in range((cta - rotation) % grid, units, grid)]
+        assert sorted(ran) == list(range(units)), f"phase {p}: units {sorted(ran)}"
+        for u in ran:
+            tile, part = divmod(u, split)
+            cols, ks = slice(tile * BLOCK_N, (tile + 1) * BLOCK_N), slice(part * slice_k, (part + 1) * slice_k)
+            out[:, cols] += x[:, ks].bfloat16().float() @ w[cols, ks].float().T
+    return buffers[0]
+
+
 class CudaChain:
-    """The compiled kernel over ``Chain``'s weights, with its own activation buffers of 64 rows."""
+    """The compiled kernel over ``Chain``'s weights, with its own fp32 activation buffers of 64 rows."""
 
     def __init__(self, chain: Chain):
         from torch.utils.cpp_extension import load
@@ -61,18 +101,21 @@ class CudaChain:
             raise ValueError(f"the kernel runs {ROWS} rows, the chain has {chain.x0.shape[0]}")
         self.chain = chain
         # torch picks the C++ standard and the GPU's architecture for nvcc
-        self.module = load(name="sparsespec_persistent_chain", sources=[str(SOURCE)], extra_cuda_cflags=["-O3"])
-        device, dtype = chain.x0.device, chain.x0.dtype
-        self.x = torch.empty_like(chain.x0)
-        self.outs = [torch.empty(ROWS, chain.weights[0][name].shape[0], device=device, dtype=dtype)
-                     for name in CHAIN[:3]]  # fmt: skip
-        self.phases = phase_table(chain, self.x, self.outs).to(device)
-        self.counter = torch.zeros(1, device=device, dtype=torch.int32)
+        self.module = load(name="sparsespec_persistent_chain2", sources=[str(SOURCE)], extra_cuda_cflags=["-O3"])
+        device = chain.x0.device
         self.grid = torch.cuda.get_device_properties(device).multi_processor_count
+        self.x = torch.empty(ROWS, chain.x0.shape[1], device=device, dtype=torch.float32)
+        self.outs = [torch.empty(ROWS, chain.weights[0][name].shape[0], device=device, dtype=torch.float32)
+                     for name in CHAIN[:3]]  # fmt: skip
+        buffers = [self.x, *self.outs, self.x]
+        self.tables = {key: phase_table(chain, buffers, s, self.grid).to(device) for key, s in SPLITS.items()}
+        self.counters = torch.zeros(len(chain.weights) * len(CHAIN), device=device, dtype=torch.int32)
 
-    def run(self, stages: int) -> torch.Tensor:
+    def run(self, ring: tuple[int, int], splits: str, flags: int = 0) -> torch.Tensor:
         self.x.copy_(self.chain.x0)
-        self.module.chain(self.phases, self.counter, self.grid, stages)
+        for out in self.outs:  # the first layer's qkv, o and gate/up add into zeros; later ones the kernel zeroes
+            out.zero_()
+        self.module.chain(self.tables[splits], self.counters, self.grid, *ring, flags)
         return self.x
 
 
@@ -87,10 +130,16 @@ def main() -> None:
     except Exception as exc:  # the build failing still leaves the baseline's row
         probe, results["build"] = None, {"error": repr(exc)[:4000]}
         print(f"build: {results['build']['error']}", flush=True)
-    for stages in STAGES if probe is not None else ():
-        key = f"persistent_cuda:s{stages}"
-        results[key] = timed_against(key, functools.partial(probe.run, stages), reference, chain, args.replays)
-    settings = probe_settings(args, chain, started, block_n=BLOCK_N, block_k=BLOCK_K, stages=STAGES)
+    runs = [(ring, splits, 0) for splits in SPLITS for ring in RINGS]
+    runs += [(RINGS[0], "A", flag) for flag in FLAGS.values()] + [(RINGS[0], "A", sum(FLAGS.values()))]
+    for ring, splits, flags in runs if probe is not None else ():
+        names = [name for name, bit in FLAGS.items() if flags & bit]
+        key = f"persistent_cuda:w{ring[0]}x{ring[1]}:{splits}" + "".join(f":{name}" for name in names)
+        call = functools.partial(probe.run, ring, splits, flags)
+        results[key] = timed_against(key, call, reference, chain, args.replays)
+        if flags:  # a diagnostic's output means nothing
+            results[key].pop("max_abs_diff_vs_cublas", None)
+    settings = probe_settings(args, chain, started, block_n=BLOCK_N, block_k=BLOCK_K, rings=RINGS, splits=SPLITS)
     write_result(args.out, {**provenance("persistent_chain_cuda"), "settings": settings, "variants": results})
 
 

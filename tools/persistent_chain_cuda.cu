@@ -34,6 +34,8 @@ constexpr int MMA_WARPS = 4;
 constexpr int THREADS = 32 * (2 + MMA_WARPS);
 constexpr int NO_ACTIVATIONS = 1;         // flags: the activation warp copies nothing (times the weight stream)
 constexpr int NO_BARRIER = 2;             // flags: phases do not wait for each other (times the barriers)
+constexpr int NO_PRODUCTS = 4;            // flags: the multiplying warps only take and release the chunks
+constexpr int NO_WEIGHTS = 8;             // flags: the weight warp copies nothing (times the rest)
 constexpr long long SPIN_LIMIT = 1ll << 26;  // a wait that long means a broken schedule: trap, never hang
 
 struct Phase {                            // one GEMM: out[:64, :n] (+)= x[:64, :k] @ w[n, k].T, K in `split` slices
@@ -68,6 +70,13 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// An arrival on `bar` once every cp.async this thread issued so far has landed (counted in the barrier's init).
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -98,10 +107,11 @@ struct Walk {
         first(static_cast<int>((cta - ph.offset % grid + grid) % grid)) {}
 };
 
-// Warp 0: every weight chunk of the CTA's schedule, as far ahead as the ring's free stages allow.
-template <int SW>
-__device__ void stream_weights(const Phase* phases, int num_phases, uint32_t ring, uint32_t full, uint32_t empty,
-                               int lane) {
+// Warp 0: every weight chunk of the CTA's schedule, as far ahead as the ring's free stages allow, as one bulk copy
+// a row (BULK) or as every lane's 16-byte cp.async.
+template <int SW, bool BULK>
+__device__ void stream_weights(const Phase* phases, int num_phases, int flags, uint32_t ring, uint32_t full,
+                               uint32_t empty, int lane) {
   uint32_t n = 0;
   for (int p = 0; p < num_phases; ++p) {
     const Phase ph = phases[p];
@@ -112,10 +122,23 @@ __device__ void stream_weights(const Phase* phases, int num_phases, uint32_t rin
       for (int c = 0; c < walk.chunks; ++c, ++n) {
         const uint32_t s = n % SW;
         if (n >= SW) bar_wait(empty + 8 * s, (n / SW - 1) & 1);
-        if (lane == 0) bar_expect(full + 8 * s, W_BYTES);
-        __syncwarp();
-        for (int r = lane; r < BN; r += 32)
-          bulk_copy(ring + s * W_STAGE + r * W_PITCH, w + r * ph.k + c * BK, BK * 2, full + 8 * s);
+        if (flags & NO_WEIGHTS) {
+          if (lane == 0 || !BULK) bar_arrive(full + 8 * s);
+          continue;
+        }
+        if constexpr (BULK) {
+          if (lane == 0) bar_expect(full + 8 * s, W_BYTES);
+          __syncwarp();
+          for (int r = lane; r < BN; r += 32)
+            bulk_copy(ring + s * W_STAGE + r * W_PITCH, w + r * ph.k + c * BK, BK * 2, full + 8 * s);
+        } else {
+#pragma unroll 8
+          for (int seg = lane; seg < W_BYTES / 16; seg += 32) {  // a warp's instruction: four rows' 128 bytes
+            const int r = seg / (BK / 8), col = seg % (BK / 8);
+            cp_async16(ring + s * W_STAGE + r * W_PITCH + col * 16, w + r * ph.k + c * BK + col * 8);
+          }
+          cp_async_arrive(full + 8 * s);
+        }
       }
     }
   }
@@ -165,7 +188,7 @@ __device__ void stream_activations(const Phase* phases, int num_phases, unsigned
 
 // Warps 2-5: the products, 16 rows a warp, and each unit's partial sums into the phase's output.
 template <int SW, int SX>
-__device__ void multiply(const Phase* phases, int num_phases, unsigned* counters, const unsigned char* w_ring,
+__device__ void multiply(const Phase* phases, int num_phases, unsigned* counters, int flags, const unsigned char* w_ring,
                          const unsigned char* x_ring, uint32_t w_full, uint32_t w_empty, uint32_t x_full,
                          uint32_t x_empty, int mma_warp, int lane) {
   const int g = lane >> 2, t = lane & 3, row = mma_warp * 16 + g;
@@ -183,6 +206,7 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
         const unsigned char* xs = x_ring + sx * X_STAGE + row * X_PITCH + t * 8;
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
+          if (flags & NO_PRODUCTS) break;
           const uint32_t a[4] = {
               bf16x2(*reinterpret_cast<const float2*>(xs + kk * 4)),
               bf16x2(*reinterpret_cast<const float2*>(xs + 8 * X_PITCH + kk * 4)),
@@ -223,8 +247,8 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
 
 }  // namespace
 
-// SW weight chunks and SX activation chunks in shared memory.
-template <int SW, int SX>
+// SW weight chunks and SX activation chunks in shared memory; the weights by bulk copies or cp.async (BULK).
+template <int SW, int SX, bool BULK>
 __global__ void __launch_bounds__(THREADS, 1)
     chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counters, int flags) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -235,7 +259,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int s = 0; s < SW; ++s) {
-      bar_init(w_full + 8 * s, 1);
+      bar_init(w_full + 8 * s, BULK ? 1 : 32);
       bar_init(w_empty + 8 * s, MMA_WARPS);
     }
     for (int s = 0; s < SX; ++s) {
@@ -246,11 +270,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   __syncthreads();
   if (warp == 0) {
-    stream_weights<SW>(phases, num_phases, smem_addr(w_ring), w_full, w_empty, lane);
+    stream_weights<SW, BULK>(phases, num_phases, flags, smem_addr(w_ring), w_full, w_empty, lane);
   } else if (warp == 1) {
     stream_activations<SX>(phases, num_phases, counters, flags, smem_addr(x_ring), x_full, x_empty, lane);
   } else {
-    multiply<SW, SX>(phases, num_phases, counters, w_ring, x_ring, w_full, w_empty, x_full, x_empty, warp - 2, lane);
+    multiply<SW, SX>(phases, num_phases, counters, flags, w_ring, x_ring, w_full, w_empty, x_full, x_empty, warp - 2, lane);
   }
 }
 
@@ -260,41 +284,41 @@ constexpr int smem_bytes(int sw, int sx) { return sw * W_STAGE + sx * X_STAGE + 
 // int32) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where torch's headers
 // are not at hand.)
 #ifdef CHAIN_KERNEL_ONLY
-template __global__ void chain_kernel<8, 3>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<6, 4>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<10, 2>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<8, 3, true>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<10, 2, true>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<8, 3, false>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<10, 2, false>(const Phase*, int, unsigned*, int);
 #else
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-template <int SW, int SX>
+template <int SW, int SX, bool BULK>
 void launch(const torch::Tensor& phases, const torch::Tensor& counters, int64_t grid, int64_t flags,
             cudaStream_t stream) {
   constexpr int smem = smem_bytes(SW, SX);
   static const bool sized = [] {  // once, on the first (eager) call, never inside a graph capture
-    return cudaFuncSetAttribute(chain_kernel<SW, SX>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+    return cudaFuncSetAttribute(chain_kernel<SW, SX, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
            cudaSuccess;
   }();
   TORCH_CHECK(sized, "the chain kernel's shared memory could not be set");
-  chain_kernel<SW, SX><<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(
+  chain_kernel<SW, SX, BULK><<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(
       reinterpret_cast<const Phase*>(phases.data_ptr<int64_t>()), static_cast<int>(phases.size(0)),
       reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()), static_cast<int>(flags));
 }
 
-void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, int64_t sw, int64_t sx, int64_t flags) {
+void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, int64_t sw, int64_t sx, bool bulk,
+           int64_t flags) {
   TORCH_CHECK(phases.is_cuda() && phases.dtype() == torch::kInt64 && phases.dim() == 2 && phases.size(1) == 9);
   TORCH_CHECK(counters.is_cuda() && counters.dtype() == torch::kInt32 && counters.numel() == phases.size(0));
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaMemsetAsync(counters.data_ptr(), 0, counters.numel() * sizeof(unsigned), stream);
   if (sw == 8 && sx == 3) {
-    launch<8, 3>(phases, counters, grid, flags, stream);
-  } else if (sw == 6 && sx == 4) {
-    launch<6, 4>(phases, counters, grid, flags, stream);
+    (bulk ? launch<8, 3, true> : launch<8, 3, false>)(phases, counters, grid, flags, stream);
   } else if (sw == 10 && sx == 2) {
-    launch<10, 2>(phases, counters, grid, flags, stream);
+    (bulk ? launch<10, 2, true> : launch<10, 2, false>)(phases, counters, grid, flags, stream);
   } else {
-    TORCH_CHECK(false, "rings (8, 3), (6, 4) or (10, 2), got (", sw, ", ", sx, ")");
+    TORCH_CHECK(false, "rings (8, 3) or (10, 2), got (", sw, ", ", sx, ")");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

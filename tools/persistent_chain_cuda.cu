@@ -4,10 +4,9 @@
 // One CTA a SM, three warp roles over one schedule: every phase (one GEMM of one layer), the CTA's units in it
 // (a unit: 128 output columns x one K slice; unit u of a phase goes to CTA (u + offset) % grid, the offset rotating
 // so that the layer's units spread evenly), each unit's 64-column K chunks.
-// - warp 0 streams weight chunks (128 rows x 128 B) into an SW-deep shared-memory ring with 1-D bulk copies
-//   (cp.async.bulk, completion counted in bytes on the stage's mbarrier). Weights never depend on activations, so
-//   it runs on across phase boundaries as far as the ring allows: at a grid barrier the next phase's first chunks
-//   are already in shared memory.
+// - warp 0 streams weight chunks (128 rows x 128 B) into an SW-deep shared-memory ring, each lane's 16-byte
+//   cp.async counted on the stage's mbarrier. Weights never depend on activations, so it runs on across phase
+//   boundaries as far as the ring allows: at a grid barrier the next phase's first chunks are already in place.
 // - warp 1 streams the activations' chunks (64 rows x 64 fp32) into an SX-deep ring the same way, but waits at each
 //   phase's start for the grid barrier (every CTA done with the previous phase). At that point it also zeroes its
 //   slice of the buffer the previous phase read, which nothing reads again before the phase after next adds into it.
@@ -16,6 +15,7 @@
 //   when not).
 // Grid barrier: one counter a phase, two arrivals a CTA (the activation warp after zeroing, the multiplying warps
 // after their last unit's adds); the next phase's activations are loaded once the counter reaches 2 x grid.
+// (1-D bulk copies, one a row, streamed at a third of this rate: 128- and 256-byte copies are too small for them.)
 #include <cuda_bf16.h>
 #include <cstdint>
 
@@ -26,16 +26,17 @@ constexpr int BN = 128;                   // output columns a unit
 constexpr int BK = 64;                    // K columns a chunk
 constexpr int W_PITCH = BK * 2 + 16;      // bytes a weight row takes in shared memory: padded off the banks
 constexpr int W_STAGE = BN * W_PITCH;
-constexpr int W_BYTES = BN * BK * 2;      // what a weight chunk's copies complete
+constexpr int W_SEGMENTS = BN * BK * 2 / 16;  // 16-byte copies a weight chunk
 constexpr int X_PITCH = BK * 4 + 32;      // an fp32 activation row, padded so that float2 reads spread over banks
 constexpr int X_STAGE = ROWS * X_PITCH;
-constexpr int X_BYTES = ROWS * BK * 4;
+constexpr int X_SEGMENTS = ROWS * BK * 4 / 16;
 constexpr int MMA_WARPS = 4;
 constexpr int THREADS = 32 * (2 + MMA_WARPS);
 constexpr int NO_ACTIVATIONS = 1;         // flags: the activation warp copies nothing (times the weight stream)
 constexpr int NO_BARRIER = 2;             // flags: phases do not wait for each other (times the barriers)
 constexpr int NO_PRODUCTS = 4;            // flags: the multiplying warps only take and release the chunks
 constexpr int NO_WEIGHTS = 8;             // flags: the weight warp copies nothing (times the rest)
+constexpr int NO_ADDS = 16;               // flags: a unit's sums are not written (times the adds)
 constexpr long long SPIN_LIMIT = 1ll << 26;  // a wait that long means a broken schedule: trap, never hang
 
 struct Phase {                            // one GEMM: out[:64, :n] (+)= x[:64, :k] @ w[n, k].T, K in `split` slices
@@ -51,9 +52,6 @@ __device__ __forceinline__ void bar_init(uint32_t bar, uint32_t count) {
 __device__ __forceinline__ void bar_arrive(uint32_t bar) {
   asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
-__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   for (long long spins = 0; !done; ++spins) {
@@ -64,11 +62,6 @@ __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
     if (spins > SPIN_LIMIT) __trap();
   }
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
 }
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
@@ -89,8 +82,9 @@ __device__ __forceinline__ uint32_t bf16x2(float2 v) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
+// Not volatile: the compiler may schedule the shared-memory loads of the next products ahead of this one.
 __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -107,9 +101,8 @@ struct Walk {
         first(static_cast<int>((cta - ph.offset % grid + grid) % grid)) {}
 };
 
-// Warp 0: every weight chunk of the CTA's schedule, as far ahead as the ring's free stages allow, as one bulk copy
-// a row (BULK) or as every lane's 16-byte cp.async.
-template <int SW, bool BULK>
+// Warp 0: every weight chunk of the CTA's schedule, as far ahead as the ring's free stages allow.
+template <int SW>
 __device__ void stream_weights(const Phase* phases, int num_phases, int flags, uint32_t ring, uint32_t full,
                                uint32_t empty, int lane) {
   uint32_t n = 0;
@@ -123,22 +116,15 @@ __device__ void stream_weights(const Phase* phases, int num_phases, int flags, u
         const uint32_t s = n % SW;
         if (n >= SW) bar_wait(empty + 8 * s, (n / SW - 1) & 1);
         if (flags & NO_WEIGHTS) {
-          if (lane == 0 || !BULK) bar_arrive(full + 8 * s);
+          bar_arrive(full + 8 * s);
           continue;
         }
-        if constexpr (BULK) {
-          if (lane == 0) bar_expect(full + 8 * s, W_BYTES);
-          __syncwarp();
-          for (int r = lane; r < BN; r += 32)
-            bulk_copy(ring + s * W_STAGE + r * W_PITCH, w + r * ph.k + c * BK, BK * 2, full + 8 * s);
-        } else {
 #pragma unroll 8
-          for (int seg = lane; seg < W_BYTES / 16; seg += 32) {  // a warp's instruction: four rows' 128 bytes
-            const int r = seg / (BK / 8), col = seg % (BK / 8);
-            cp_async16(ring + s * W_STAGE + r * W_PITCH + col * 16, w + r * ph.k + c * BK + col * 8);
-          }
-          cp_async_arrive(full + 8 * s);
+        for (int seg = lane; seg < W_SEGMENTS; seg += 32) {  // a warp's instruction: four rows' 128 bytes
+          const int r = seg / (BK / 8), col = seg % (BK / 8);
+          cp_async16(ring + s * W_STAGE + r * W_PITCH + col * 16, w + r * ph.k + c * BK + col * 8);
         }
+        cp_async_arrive(full + 8 * s);
       }
     }
   }
@@ -165,8 +151,6 @@ __device__ void stream_activations(const Phase* phases, int num_phases, unsigned
       __syncwarp();
     }
     if (lane == 0) atomicAdd(counters + p, 1u);
-    // the bulk copies read, through the async proxy, what other SMs wrote through the generic one
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
     const Walk walk(ph, blockIdx.x, gridDim.x);
     for (int u = walk.first; u < walk.units; u += gridDim.x) {
       const float* x = reinterpret_cast<const float*>(ph.x) + (u % ph.split) * walk.slice_k;
@@ -174,13 +158,15 @@ __device__ void stream_activations(const Phase* phases, int num_phases, unsigned
         const uint32_t s = n % SX;
         if (n >= SX) bar_wait(empty + 8 * s, (n / SX - 1) & 1);
         if (flags & NO_ACTIVATIONS) {
-          if (lane == 0) bar_arrive(full + 8 * s);
+          bar_arrive(full + 8 * s);
           continue;
         }
-        if (lane == 0) bar_expect(full + 8 * s, X_BYTES);
-        __syncwarp();
-        for (int r = lane; r < ROWS; r += 32)
-          bulk_copy(ring + s * X_STAGE + r * X_PITCH, x + r * ph.ldx + c * BK, BK * 4, full + 8 * s);
+#pragma unroll 8
+        for (int seg = lane; seg < X_SEGMENTS; seg += 32) {  // a warp's instruction: two rows' 256 bytes
+          const int r = seg / (BK / 4), col = seg % (BK / 4);
+          cp_async16(ring + s * X_STAGE + r * X_PITCH + col * 16, x + r * ph.ldx + c * BK + col * 4);
+        }
+        cp_async_arrive(full + 8 * s);
       }
     }
   }
@@ -207,6 +193,12 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
           if (flags & NO_PRODUCTS) break;
+          uint32_t b[BN / 8][2];  // every product's weights loaded before the first product issues
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            b[j][0] = *reinterpret_cast<const uint32_t*>(ws + j * 8 * W_PITCH + kk * 2);
+            b[j][1] = *reinterpret_cast<const uint32_t*>(ws + j * 8 * W_PITCH + kk * 2 + 16);
+          }
           const uint32_t a[4] = {
               bf16x2(*reinterpret_cast<const float2*>(xs + kk * 4)),
               bf16x2(*reinterpret_cast<const float2*>(xs + 8 * X_PITCH + kk * 4)),
@@ -214,10 +206,7 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
               bf16x2(*reinterpret_cast<const float2*>(xs + 8 * X_PITCH + (kk + 8) * 4)),
           };
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const unsigned char* b = ws + j * 8 * W_PITCH + kk * 2;
-            mma16816(acc[j], a, *reinterpret_cast<const uint32_t*>(b), *reinterpret_cast<const uint32_t*>(b + 16));
-          }
+          for (int j = 0; j < BN / 8; ++j) mma16816(acc[j], a, b[j][0], b[j][1]);
         }
         __syncwarp();
         if (lane == 0) {  // this warp is done with both stages
@@ -228,6 +217,7 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
       float* out = reinterpret_cast<float*>(ph.out) + row * ph.ldo + (u / ph.split) * BN + t * 2;
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
+        if (flags & NO_ADDS) break;
         float* top = out + j * 8;
         float* bottom = out + 8 * ph.ldo + j * 8;
         if (ph.split == 1) {
@@ -247,8 +237,8 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
 
 }  // namespace
 
-// SW weight chunks and SX activation chunks in shared memory; the weights by bulk copies or cp.async (BULK).
-template <int SW, int SX, bool BULK>
+// SW weight chunks and SX activation chunks in shared memory.
+template <int SW, int SX>
 __global__ void __launch_bounds__(THREADS, 1)
     chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counters, int flags) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -259,18 +249,18 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int s = 0; s < SW; ++s) {
-      bar_init(w_full + 8 * s, BULK ? 1 : 32);
+      bar_init(w_full + 8 * s, 32);  // each streaming lane's cp.async arrival
       bar_init(w_empty + 8 * s, MMA_WARPS);
     }
     for (int s = 0; s < SX; ++s) {
-      bar_init(x_full + 8 * s, 1);
+      bar_init(x_full + 8 * s, 32);
       bar_init(x_empty + 8 * s, MMA_WARPS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   if (warp == 0) {
-    stream_weights<SW, BULK>(phases, num_phases, flags, smem_addr(w_ring), w_full, w_empty, lane);
+    stream_weights<SW>(phases, num_phases, flags, smem_addr(w_ring), w_full, w_empty, lane);
   } else if (warp == 1) {
     stream_activations<SX>(phases, num_phases, counters, flags, smem_addr(x_ring), x_full, x_empty, lane);
   } else {
@@ -284,39 +274,36 @@ constexpr int smem_bytes(int sw, int sx) { return sw * W_STAGE + sx * X_STAGE + 
 // int32) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where torch's headers
 // are not at hand.)
 #ifdef CHAIN_KERNEL_ONLY
-template __global__ void chain_kernel<8, 3, true>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<10, 2, true>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<8, 3, false>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<10, 2, false>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<8, 3>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<10, 2>(const Phase*, int, unsigned*, int);
 #else
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-template <int SW, int SX, bool BULK>
+template <int SW, int SX>
 void launch(const torch::Tensor& phases, const torch::Tensor& counters, int64_t grid, int64_t flags,
             cudaStream_t stream) {
   constexpr int smem = smem_bytes(SW, SX);
   static const bool sized = [] {  // once, on the first (eager) call, never inside a graph capture
-    return cudaFuncSetAttribute(chain_kernel<SW, SX, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+    return cudaFuncSetAttribute(chain_kernel<SW, SX>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
            cudaSuccess;
   }();
   TORCH_CHECK(sized, "the chain kernel's shared memory could not be set");
-  chain_kernel<SW, SX, BULK><<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(
+  chain_kernel<SW, SX><<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(
       reinterpret_cast<const Phase*>(phases.data_ptr<int64_t>()), static_cast<int>(phases.size(0)),
       reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()), static_cast<int>(flags));
 }
 
-void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, int64_t sw, int64_t sx, bool bulk,
-           int64_t flags) {
+void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, int64_t sw, int64_t sx, int64_t flags) {
   TORCH_CHECK(phases.is_cuda() && phases.dtype() == torch::kInt64 && phases.dim() == 2 && phases.size(1) == 9);
   TORCH_CHECK(counters.is_cuda() && counters.dtype() == torch::kInt32 && counters.numel() == phases.size(0));
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaMemsetAsync(counters.data_ptr(), 0, counters.numel() * sizeof(unsigned), stream);
   if (sw == 8 && sx == 3) {
-    (bulk ? launch<8, 3, true> : launch<8, 3, false>)(phases, counters, grid, flags, stream);
+    launch<8, 3>(phases, counters, grid, flags, stream);
   } else if (sw == 10 && sx == 2) {
-    (bulk ? launch<10, 2, true> : launch<10, 2, false>)(phases, counters, grid, flags, stream);
+    launch<10, 2>(phases, counters, grid, flags, stream);
   } else {
     TORCH_CHECK(false, "rings (8, 3) or (10, 2), got (", sw, ", ", sx, ")");
   }

@@ -4,14 +4,14 @@
 // One CTA a SM, three warp roles over one schedule: every phase (one GEMM of one layer), the CTA's units in it
 // (a unit: 128 output columns x one K slice; unit u of a phase goes to CTA (u + offset) % grid, the offset rotating
 // so that the layer's units spread evenly), each unit's 64-column K chunks.
-// - warp 0 streams weight chunks (128 rows x 128 B) into an SW-deep shared-memory ring, each lane's 16-byte
+// - WW warps stream weight chunks (128 rows x 128 B) into an SW-deep shared-memory ring, each lane's 16-byte
 //   cp.async counted on the stage's mbarrier. Weights never depend on activations, so it runs on across phase
 //   boundaries as far as the ring allows: at a grid barrier the next phase's first chunks are already in place.
-// - warp 1 streams the activations' chunks (64 rows x 64 fp32) into an SX-deep ring the same way, but waits at each
+// - the next warp streams the activations' chunks (64 rows x 64 fp32) into an SX-deep ring the same way, but waits at each
 //   phase's start for the grid barrier (every CTA done with the previous phase). At that point it also zeroes its
 //   slice of the buffer the previous phase read, which nothing reads again before the phase after next adds into it.
-// - warps 2-5 multiply: each takes 16 rows, mma.sync m16n8k16 bf16 (x rounded to bf16 as it is read), fp32
-//   accumulation; a unit's partial sums are added into the phase's fp32 output (atomics when K is split, stores
+// - MW warps multiply: each takes 16 rows and 128 / (MW / 4) columns, mma.sync m16n8k16 bf16 (weights loaded with
+//   ldmatrix, x rounded to bf16 as it is read), fp32 accumulation; a unit's partial sums are added into the phase's fp32 output (atomics when K is split, stores
 //   when not).
 // Grid barrier: one counter a phase, two arrivals a CTA (the activation warp after zeroing, the multiplying warps
 // after their last unit's adds); the next phase's activations are loaded once the counter reaches 2 x grid.
@@ -21,7 +21,7 @@
 
 namespace {
 
-constexpr int ROWS = 64;                  // the batch: four warps of 16 rows
+constexpr int ROWS = 64;                  // the batch: four row blocks of 16
 constexpr int BN = 128;                   // output columns a unit
 constexpr int BK = 64;                    // K columns a chunk
 constexpr int W_PITCH = BK * 2 + 16;      // bytes a weight row takes in shared memory: padded off the banks
@@ -30,8 +30,6 @@ constexpr int W_SEGMENTS = BN * BK * 2 / 16;  // 16-byte copies a weight chunk
 constexpr int X_PITCH = BK * 4 + 32;      // an fp32 activation row, padded so that float2 reads spread over banks
 constexpr int X_STAGE = ROWS * X_PITCH;
 constexpr int X_SEGMENTS = ROWS * BK * 4 / 16;
-constexpr int MMA_WARPS = 4;
-constexpr int THREADS = 32 * (2 + MMA_WARPS);
 constexpr int NO_ACTIVATIONS = 1;         // flags: the activation warp copies nothing (times the weight stream)
 constexpr int NO_BARRIER = 2;             // flags: phases do not wait for each other (times the barriers)
 constexpr int NO_PRODUCTS = 4;            // flags: the multiplying warps only take and release the chunks
@@ -70,6 +68,12 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// Two 8-column blocks' B fragments (K +0 and +8 each) from the addresses the lanes give (``multiply``'s ld_row).
+__device__ __forceinline__ void load_b(uint32_t* b0, uint32_t* b1, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
+               : "r"(addr));
+}
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -101,10 +105,11 @@ struct Walk {
         first(static_cast<int>((cta - ph.offset % grid + grid) % grid)) {}
 };
 
-// Warp 0: every weight chunk of the CTA's schedule, as far ahead as the ring's free stages allow.
-template <int SW>
+// The weight warps (ww of WW): every weight chunk of the CTA's schedule, as far ahead as the ring's free stages
+// allow, each warp a share of every chunk's rows.
+template <int SW, int WW>
 __device__ void stream_weights(const Phase* phases, int num_phases, int flags, uint32_t ring, uint32_t full,
-                               uint32_t empty, int lane) {
+                               uint32_t empty, int ww, int lane) {
   uint32_t n = 0;
   for (int p = 0; p < num_phases; ++p) {
     const Phase ph = phases[p];
@@ -120,7 +125,7 @@ __device__ void stream_weights(const Phase* phases, int num_phases, int flags, u
           continue;
         }
 #pragma unroll 8
-        for (int seg = lane; seg < W_SEGMENTS; seg += 32) {  // a warp's instruction: four rows' 128 bytes
+        for (int seg = ww * 32 + lane; seg < W_SEGMENTS; seg += 32 * WW) {  // an instruction: four rows' 128 bytes
           const int r = seg / (BK / 8), col = seg % (BK / 8);
           cp_async16(ring + s * W_STAGE + r * W_PITCH + col * 16, w + r * ph.k + c * BK + col * 8);
         }
@@ -130,7 +135,7 @@ __device__ void stream_weights(const Phase* phases, int num_phases, int flags, u
   }
 }
 
-// Warp 1: at each phase's start the grid barrier and the zeroing, then the phase's activation chunks.
+// The activation warp: at each phase's start the grid barrier and the zeroing, then the phase's activation chunks.
 template <int SX>
 __device__ void stream_activations(const Phase* phases, int num_phases, unsigned* counters, int flags, uint32_t ring,
                                    uint32_t full, uint32_t empty, int lane) {
@@ -172,33 +177,34 @@ __device__ void stream_activations(const Phase* phases, int num_phases, unsigned
   }
 }
 
-// Warps 2-5: the products, 16 rows a warp, and each unit's partial sums into the phase's output.
-template <int SW, int SX>
+// The multiplying warps (mw of MW): the products, 16 rows and NB 8-column blocks a warp, and each unit's partial
+// sums into the phase's output.
+template <int SW, int SX, int MW>
 __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters, int flags, const unsigned char* w_ring,
                          const unsigned char* x_ring, uint32_t w_full, uint32_t w_empty, uint32_t x_full,
-                         uint32_t x_empty, int mma_warp, int lane) {
-  const int g = lane >> 2, t = lane & 3, row = mma_warp * 16 + g;
+                         uint32_t x_empty, int mw, int lane) {
+  constexpr int NB = BN / 8 / (MW / 4);
+  const int g = lane >> 2, t = lane & 3, row = mw % 4 * 16 + g, col0 = mw / 4 * NB * 8;
+  // ldmatrix: lane l gives the row address of matrix l / 8 (column block +0 or +1, K +0 or +8), row l % 8
+  const int ld_row = col0 + (lane >> 4) * 8 + (lane & 7), ld_k = (lane >> 3 & 1) * 8;
   uint32_t n = 0;
   for (int p = 0; p < num_phases; ++p) {
     const Phase ph = phases[p];
     const Walk walk(ph, blockIdx.x, gridDim.x);
     for (int u = walk.first; u < walk.units; u += gridDim.x) {
-      float acc[BN / 8][4] = {};
+      float acc[NB][4] = {};
       for (int c = 0; c < walk.chunks; ++c, ++n) {
         const uint32_t sw = n % SW, sx = n % SX;
         bar_wait(w_full + 8 * sw, (n / SW) & 1);
         bar_wait(x_full + 8 * sx, (n / SX) & 1);
-        const unsigned char* ws = w_ring + sw * W_STAGE + g * W_PITCH + t * 4;
+        const uint32_t ws = smem_addr(w_ring + sw * W_STAGE + ld_row * W_PITCH + ld_k * 2);
         const unsigned char* xs = x_ring + sx * X_STAGE + row * X_PITCH + t * 8;
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
           if (flags & NO_PRODUCTS) break;
-          uint32_t b[BN / 8][2];  // every product's weights loaded before the first product issues
+          uint32_t b[NB][2];  // every product's weights loaded before the first product issues
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            b[j][0] = *reinterpret_cast<const uint32_t*>(ws + j * 8 * W_PITCH + kk * 2);
-            b[j][1] = *reinterpret_cast<const uint32_t*>(ws + j * 8 * W_PITCH + kk * 2 + 16);
-          }
+          for (int j = 0; j < NB; j += 2) load_b(b[j], b[j + 1], ws + j * 8 * W_PITCH + kk * 2);
           const uint32_t a[4] = {
               bf16x2(*reinterpret_cast<const float2*>(xs + kk * 4)),
               bf16x2(*reinterpret_cast<const float2*>(xs + 8 * X_PITCH + kk * 4)),
@@ -206,7 +212,7 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
               bf16x2(*reinterpret_cast<const float2*>(xs + 8 * X_PITCH + (kk + 8) * 4)),
           };
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) mma16816(acc[j], a, b[j][0], b[j][1]);
+          for (int j = 0; j < NB; ++j) mma16816(acc[j], a, b[j][0], b[j][1]);
         }
         __syncwarp();
         if (lane == 0) {  // this warp is done with both stages
@@ -214,9 +220,9 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
           bar_arrive(x_empty + 8 * sx);
         }
       }
-      float* out = reinterpret_cast<float*>(ph.out) + row * ph.ldo + (u / ph.split) * BN + t * 2;
+      float* out = reinterpret_cast<float*>(ph.out) + row * ph.ldo + (u / ph.split) * BN + col0 + t * 2;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
+      for (int j = 0; j < NB; ++j) {
         if (flags & NO_ADDS) break;
         float* top = out + j * 8;
         float* bottom = out + 8 * ph.ldo + j * 8;
@@ -230,16 +236,21 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
       }
     }
     __threadfence();
-    asm volatile("bar.sync 1, %0;\n" ::"n"(32 * MMA_WARPS) : "memory");  // the multiplying warps only
-    if (mma_warp == 0 && lane == 0) atomicAdd(counters + p, 1u);
+    asm volatile("bar.sync 1, %0;\n" ::"n"(32 * MW) : "memory");  // the multiplying warps only
+    if (mw == 0 && lane == 0) atomicAdd(counters + p, 1u);
   }
 }
 
 }  // namespace
 
-// SW weight chunks and SX activation chunks in shared memory.
-template <int SW, int SX>
-__global__ void __launch_bounds__(THREADS, 1)
+template <int MW, int WW>
+constexpr int threads() {
+  return 32 * (WW + 1 + MW);
+}
+
+// SW weight chunks and SX activation chunks in shared memory; MW multiplying and WW weight-streaming warps.
+template <int SW, int SX, int MW, int WW>
+__global__ void __launch_bounds__(threads<MW, WW>(), 1)
     chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counters, int flags) {
   extern __shared__ __align__(128) unsigned char smem[];
   const unsigned char* w_ring = smem;
@@ -249,63 +260,69 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int s = 0; s < SW; ++s) {
-      bar_init(w_full + 8 * s, 32);  // each streaming lane's cp.async arrival
-      bar_init(w_empty + 8 * s, MMA_WARPS);
+      bar_init(w_full + 8 * s, 32 * WW);  // each streaming lane's cp.async arrival
+      bar_init(w_empty + 8 * s, MW);
     }
     for (int s = 0; s < SX; ++s) {
       bar_init(x_full + 8 * s, 32);
-      bar_init(x_empty + 8 * s, MMA_WARPS);
+      bar_init(x_empty + 8 * s, MW);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (warp == 0) {
-    stream_weights<SW>(phases, num_phases, flags, smem_addr(w_ring), w_full, w_empty, lane);
-  } else if (warp == 1) {
+  if (warp < WW) {
+    stream_weights<SW, WW>(phases, num_phases, flags, smem_addr(w_ring), w_full, w_empty, warp, lane);
+  } else if (warp == WW) {
     stream_activations<SX>(phases, num_phases, counters, flags, smem_addr(x_ring), x_full, x_empty, lane);
   } else {
-    multiply<SW, SX>(phases, num_phases, counters, flags, w_ring, x_ring, w_full, w_empty, x_full, x_empty, warp - 2, lane);
+    multiply<SW, SX, MW>(phases, num_phases, counters, flags, w_ring, x_ring, w_full, w_empty, x_full, x_empty,
+                         warp - WW - 1, lane);
   }
 }
 
 constexpr int smem_bytes(int sw, int sx) { return sw * W_STAGE + sx * X_STAGE + 16 * (sw + sx); }
 
-// Host entry: one launch over `phases` ([P, 9] int64 on the device) with (sw, sx) ring depths; `counters` (P
-// int32) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where torch's headers
+// Host entry: one launch over `phases` ([P, 9] int64 on the device) with (sw, sx) ring depths and (mw, ww) warps;
+// `counters` (P int32) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where torch's headers
 // are not at hand.)
 #ifdef CHAIN_KERNEL_ONLY
-template __global__ void chain_kernel<8, 3>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<10, 2>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<8, 3, 8, 2>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<8, 3, 8, 1>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<8, 3, 4, 2>(const Phase*, int, unsigned*, int);
 #else
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-template <int SW, int SX>
+template <int SW, int SX, int MW, int WW>
 void launch(const torch::Tensor& phases, const torch::Tensor& counters, int64_t grid, int64_t flags,
             cudaStream_t stream) {
   constexpr int smem = smem_bytes(SW, SX);
   static const bool sized = [] {  // once, on the first (eager) call, never inside a graph capture
-    return cudaFuncSetAttribute(chain_kernel<SW, SX>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+    return cudaFuncSetAttribute(chain_kernel<SW, SX, MW, WW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
            cudaSuccess;
   }();
   TORCH_CHECK(sized, "the chain kernel's shared memory could not be set");
-  chain_kernel<SW, SX><<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(
+  chain_kernel<SW, SX, MW, WW><<<static_cast<unsigned>(grid), threads<MW, WW>(), smem, stream>>>(
       reinterpret_cast<const Phase*>(phases.data_ptr<int64_t>()), static_cast<int>(phases.size(0)),
       reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()), static_cast<int>(flags));
 }
 
-void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, int64_t sw, int64_t sx, int64_t flags) {
+void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, int64_t sw, int64_t sx, int64_t mw, int64_t ww,
+           int64_t flags) {
   TORCH_CHECK(phases.is_cuda() && phases.dtype() == torch::kInt64 && phases.dim() == 2 && phases.size(1) == 9);
   TORCH_CHECK(counters.is_cuda() && counters.dtype() == torch::kInt32 && counters.numel() == phases.size(0));
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaMemsetAsync(counters.data_ptr(), 0, counters.numel() * sizeof(unsigned), stream);
-  if (sw == 8 && sx == 3) {
-    launch<8, 3>(phases, counters, grid, flags, stream);
-  } else if (sw == 10 && sx == 2) {
-    launch<10, 2>(phases, counters, grid, flags, stream);
+  TORCH_CHECK(sw == 8 && sx == 3, "rings (8, 3), got (", sw, ", ", sx, ")");
+  if (mw == 8 && ww == 2) {
+    launch<8, 3, 8, 2>(phases, counters, grid, flags, stream);
+  } else if (mw == 8 && ww == 1) {
+    launch<8, 3, 8, 1>(phases, counters, grid, flags, stream);
+  } else if (mw == 4 && ww == 2) {
+    launch<8, 3, 4, 2>(phases, counters, grid, flags, stream);
   } else {
-    TORCH_CHECK(false, "rings (8, 3) or (10, 2), got (", sw, ", ", sx, ")");
+    TORCH_CHECK(false, "warps (8, 2), (8, 1) or (4, 2), got (", mw, ", ", ww, ")");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -23,13 +23,16 @@ namespace {
 
 constexpr int ROWS = 64;                  // the batch: four row blocks of 16
 constexpr int BN = 128;                   // output columns a unit
-constexpr int BK = 64;                    // K columns a chunk
-constexpr int W_PITCH = BK * 2 + 16;      // bytes a weight row takes in shared memory: padded off the banks
-constexpr int W_STAGE = BN * W_PITCH;
-constexpr int W_SEGMENTS = BN * BK * 2 / 16;  // 16-byte copies a weight chunk
-constexpr int X_PITCH = BK * 4 + 32;      // an fp32 activation row, padded so that float2 reads spread over banks
-constexpr int X_STAGE = ROWS * X_PITCH;
-constexpr int X_SEGMENTS = ROWS * BK * 4 / 16;
+template <int BK_>                        // K columns a chunk: 64 or 128
+struct Chunk {
+  static constexpr int BK = BK_;
+  static constexpr int W_PITCH = BK * 2 + 16;  // bytes a weight row takes in shared memory: padded off the banks
+  static constexpr int W_STAGE = BN * W_PITCH;
+  static constexpr int W_SEGMENTS = BN * BK * 2 / 16;  // 16-byte copies a weight chunk
+  static constexpr int X_PITCH = BK * 4 + 32;  // an fp32 activation row, padded so that float2 reads spread over banks
+  static constexpr int X_STAGE = ROWS * X_PITCH;
+  static constexpr int X_SEGMENTS = ROWS * BK * 4 / 16;
+};
 constexpr int NO_ACTIVATIONS = 1;         // flags: the activation warp copies nothing (times the weight stream)
 constexpr int NO_BARRIER = 2;             // flags: phases do not wait for each other (times the barriers)
 constexpr int NO_PRODUCTS = 4;            // flags: the multiplying warps only take and release the chunks
@@ -98,22 +101,22 @@ __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b
 // A phase's shape as the three roles walk it.
 struct Walk {
   int units, slice_k, chunks, first;
-  __device__ Walk(const Phase& ph, int cta, int grid)
+  __device__ Walk(const Phase& ph, int cta, int grid, int bk)
       : units(static_cast<int>(ph.n / BN * ph.split)),
         slice_k(static_cast<int>(ph.k / ph.split)),
-        chunks(static_cast<int>(ph.k / ph.split / BK)),
+        chunks(static_cast<int>(ph.k / ph.split / bk)),
         first(static_cast<int>((cta - ph.offset % grid + grid) % grid)) {}
 };
 
 // The weight warps (ww of WW): every weight chunk of the CTA's schedule, as far ahead as the ring's free stages
 // allow, each warp a share of every chunk's rows.
-template <int SW, int WW>
+template <typename C, int SW, int WW>
 __device__ void stream_weights(const Phase* phases, int num_phases, int flags, uint32_t ring, uint32_t full,
                                uint32_t empty, int ww, int lane) {
   uint32_t n = 0;
   for (int p = 0; p < num_phases; ++p) {
     const Phase ph = phases[p];
-    const Walk walk(ph, blockIdx.x, gridDim.x);
+    const Walk walk(ph, blockIdx.x, gridDim.x, C::BK);
     for (int u = walk.first; u < walk.units; u += gridDim.x) {
       const __nv_bfloat16* w = reinterpret_cast<const __nv_bfloat16*>(ph.w) + (u / ph.split) * BN * ph.k +
                                (u % ph.split) * walk.slice_k;
@@ -125,9 +128,9 @@ __device__ void stream_weights(const Phase* phases, int num_phases, int flags, u
           continue;
         }
 #pragma unroll 8
-        for (int seg = ww * 32 + lane; seg < W_SEGMENTS; seg += 32 * WW) {  // an instruction: four rows' 128 bytes
-          const int r = seg / (BK / 8), col = seg % (BK / 8);
-          cp_async16(ring + s * W_STAGE + r * W_PITCH + col * 16, w + r * ph.k + c * BK + col * 8);
+        for (int seg = ww * 32 + lane; seg < C::W_SEGMENTS; seg += 32 * WW) {  // an instruction: whole rows
+          const int r = seg / (C::BK / 8), col = seg % (C::BK / 8);
+          cp_async16(ring + s * C::W_STAGE + r * C::W_PITCH + col * 16, w + r * ph.k + c * C::BK + col * 8);
         }
         cp_async_arrive(full + 8 * s);
       }
@@ -136,7 +139,7 @@ __device__ void stream_weights(const Phase* phases, int num_phases, int flags, u
 }
 
 // The activation warp: at each phase's start the grid barrier and the zeroing, then the phase's activation chunks.
-template <int SX>
+template <typename C, int SX>
 __device__ void stream_activations(const Phase* phases, int num_phases, unsigned* counters, int flags, uint32_t ring,
                                    uint32_t full, uint32_t empty, int lane) {
   uint32_t n = 0;
@@ -156,7 +159,7 @@ __device__ void stream_activations(const Phase* phases, int num_phases, unsigned
       __syncwarp();
     }
     if (lane == 0) atomicAdd(counters + p, 1u);
-    const Walk walk(ph, blockIdx.x, gridDim.x);
+    const Walk walk(ph, blockIdx.x, gridDim.x, C::BK);
     for (int u = walk.first; u < walk.units; u += gridDim.x) {
       const float* x = reinterpret_cast<const float*>(ph.x) + (u % ph.split) * walk.slice_k;
       for (int c = 0; c < walk.chunks; ++c, ++n) {
@@ -167,9 +170,9 @@ __device__ void stream_activations(const Phase* phases, int num_phases, unsigned
           continue;
         }
 #pragma unroll 8
-        for (int seg = lane; seg < X_SEGMENTS; seg += 32) {  // a warp's instruction: two rows' 256 bytes
-          const int r = seg / (BK / 4), col = seg % (BK / 4);
-          cp_async16(ring + s * X_STAGE + r * X_PITCH + col * 16, x + r * ph.ldx + c * BK + col * 4);
+        for (int seg = lane; seg < C::X_SEGMENTS; seg += 32) {  // a warp's instruction: whole rows
+          const int r = seg / (C::BK / 4), col = seg % (C::BK / 4);
+          cp_async16(ring + s * C::X_STAGE + r * C::X_PITCH + col * 16, x + r * ph.ldx + c * C::BK + col * 4);
         }
         cp_async_arrive(full + 8 * s);
       }
@@ -179,7 +182,7 @@ __device__ void stream_activations(const Phase* phases, int num_phases, unsigned
 
 // The multiplying warps (mw of MW): the products, 16 rows and NB 8-column blocks a warp, and each unit's partial
 // sums into the phase's output.
-template <int SW, int SX, int MW>
+template <typename C, int SW, int SX, int MW>
 __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters, int flags, const unsigned char* w_ring,
                          const unsigned char* x_ring, uint32_t w_full, uint32_t w_empty, uint32_t x_full,
                          uint32_t x_empty, int mw, int lane) {
@@ -190,26 +193,26 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
   uint32_t n = 0;
   for (int p = 0; p < num_phases; ++p) {
     const Phase ph = phases[p];
-    const Walk walk(ph, blockIdx.x, gridDim.x);
+    const Walk walk(ph, blockIdx.x, gridDim.x, C::BK);
     for (int u = walk.first; u < walk.units; u += gridDim.x) {
       float acc[NB][4] = {};
       for (int c = 0; c < walk.chunks; ++c, ++n) {
         const uint32_t sw = n % SW, sx = n % SX;
         bar_wait(w_full + 8 * sw, (n / SW) & 1);
         bar_wait(x_full + 8 * sx, (n / SX) & 1);
-        const uint32_t ws = smem_addr(w_ring + sw * W_STAGE + ld_row * W_PITCH + ld_k * 2);
-        const unsigned char* xs = x_ring + sx * X_STAGE + row * X_PITCH + t * 8;
+        const uint32_t ws = smem_addr(w_ring + sw * C::W_STAGE + ld_row * C::W_PITCH + ld_k * 2);
+        const unsigned char* xs = x_ring + sx * C::X_STAGE + row * C::X_PITCH + t * 8;
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
+        for (int kk = 0; kk < C::BK; kk += 16) {
           if (flags & NO_PRODUCTS) break;
           uint32_t b[NB][2];  // every product's weights loaded before the first product issues
 #pragma unroll
-          for (int j = 0; j < NB; j += 2) load_b(b[j], b[j + 1], ws + j * 8 * W_PITCH + kk * 2);
+          for (int j = 0; j < NB; j += 2) load_b(b[j], b[j + 1], ws + j * 8 * C::W_PITCH + kk * 2);
           const uint32_t a[4] = {
               bf16x2(*reinterpret_cast<const float2*>(xs + kk * 4)),
-              bf16x2(*reinterpret_cast<const float2*>(xs + 8 * X_PITCH + kk * 4)),
+              bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + kk * 4)),
               bf16x2(*reinterpret_cast<const float2*>(xs + (kk + 8) * 4)),
-              bf16x2(*reinterpret_cast<const float2*>(xs + 8 * X_PITCH + (kk + 8) * 4)),
+              bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + (kk + 8) * 4)),
           };
 #pragma unroll
           for (int j = 0; j < NB; ++j) mma16816(acc[j], a, b[j][0], b[j][1]);
@@ -248,14 +251,15 @@ constexpr int threads() {
   return 32 * (WW + 1 + MW);
 }
 
-// SW weight chunks and SX activation chunks in shared memory; MW multiplying and WW weight-streaming warps.
-template <int SW, int SX, int MW, int WW>
+// SW weight chunks and SX activation chunks of BK columns in shared memory; MW multiplying and WW weight-streaming
+// warps.
+template <int BK, int SW, int SX, int MW, int WW>
 __global__ void __launch_bounds__(threads<MW, WW>(), 1)
     chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counters, int flags) {
   extern __shared__ __align__(128) unsigned char smem[];
   const unsigned char* w_ring = smem;
-  const unsigned char* x_ring = smem + SW * W_STAGE;
-  const uint32_t w_full = smem_addr(x_ring + SX * X_STAGE), w_empty = w_full + 8 * SW;
+  const unsigned char* x_ring = smem + SW * Chunk<BK>::W_STAGE;
+  const uint32_t w_full = smem_addr(x_ring + SX * Chunk<BK>::X_STAGE), w_empty = w_full + 8 * SW;
   const uint32_t x_full = w_empty + 8 * SW, x_empty = x_full + 8 * SX;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
@@ -271,58 +275,60 @@ __global__ void __launch_bounds__(threads<MW, WW>(), 1)
   }
   __syncthreads();
   if (warp < WW) {
-    stream_weights<SW, WW>(phases, num_phases, flags, smem_addr(w_ring), w_full, w_empty, warp, lane);
+    stream_weights<Chunk<BK>, SW, WW>(phases, num_phases, flags, smem_addr(w_ring), w_full, w_empty, warp, lane);
   } else if (warp == WW) {
-    stream_activations<SX>(phases, num_phases, counters, flags, smem_addr(x_ring), x_full, x_empty, lane);
+    stream_activations<Chunk<BK>, SX>(phases, num_phases, counters, flags, smem_addr(x_ring), x_full, x_empty, lane);
   } else {
-    multiply<SW, SX, MW>(phases, num_phases, counters, flags, w_ring, x_ring, w_full, w_empty, x_full, x_empty,
+    multiply<Chunk<BK>, SW, SX, MW>(phases, num_phases, counters, flags, w_ring, x_ring, w_full, w_empty, x_full, x_empty,
                          warp - WW - 1, lane);
   }
 }
 
-constexpr int smem_bytes(int sw, int sx) { return sw * W_STAGE + sx * X_STAGE + 16 * (sw + sx); }
+template <int BK>
+constexpr int smem_bytes(int sw, int sx) {
+  return sw * Chunk<BK>::W_STAGE + sx * Chunk<BK>::X_STAGE + 16 * (sw + sx);
+}
 
-// Host entry: one launch over `phases` ([P, 9] int64 on the device) with (sw, sx) ring depths and (mw, ww) warps;
+// Host entry: one launch over `phases` ([P, 9] int64 on the device) with bk-column chunks and mw multiplying warps;
 // `counters` (P int32) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where torch's headers
 // are not at hand.)
 #ifdef CHAIN_KERNEL_ONLY
-template __global__ void chain_kernel<8, 3, 8, 2>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<8, 3, 8, 1>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<8, 3, 4, 2>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<64, 8, 3, 4, 2>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<128, 4, 2, 4, 2>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<128, 4, 2, 8, 2>(const Phase*, int, unsigned*, int);
 #else
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-template <int SW, int SX, int MW, int WW>
+template <int BK, int SW, int SX, int MW, int WW>
 void launch(const torch::Tensor& phases, const torch::Tensor& counters, int64_t grid, int64_t flags,
             cudaStream_t stream) {
-  constexpr int smem = smem_bytes(SW, SX);
+  constexpr int smem = smem_bytes<BK>(SW, SX);
   static const bool sized = [] {  // once, on the first (eager) call, never inside a graph capture
-    return cudaFuncSetAttribute(chain_kernel<SW, SX, MW, WW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+    return cudaFuncSetAttribute(chain_kernel<BK, SW, SX, MW, WW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
            cudaSuccess;
   }();
   TORCH_CHECK(sized, "the chain kernel's shared memory could not be set");
-  chain_kernel<SW, SX, MW, WW><<<static_cast<unsigned>(grid), threads<MW, WW>(), smem, stream>>>(
+  chain_kernel<BK, SW, SX, MW, WW><<<static_cast<unsigned>(grid), threads<MW, WW>(), smem, stream>>>(
       reinterpret_cast<const Phase*>(phases.data_ptr<int64_t>()), static_cast<int>(phases.size(0)),
       reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()), static_cast<int>(flags));
 }
 
-void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, int64_t sw, int64_t sx, int64_t mw, int64_t ww,
-           int64_t flags) {
+void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, int64_t bk, int64_t mw, int64_t flags) {
   TORCH_CHECK(phases.is_cuda() && phases.dtype() == torch::kInt64 && phases.dim() == 2 && phases.size(1) == 9);
   TORCH_CHECK(counters.is_cuda() && counters.dtype() == torch::kInt32 && counters.numel() == phases.size(0));
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaMemsetAsync(counters.data_ptr(), 0, counters.numel() * sizeof(unsigned), stream);
-  TORCH_CHECK(sw == 8 && sx == 3, "rings (8, 3), got (", sw, ", ", sx, ")");
-  if (mw == 8 && ww == 2) {
-    launch<8, 3, 8, 2>(phases, counters, grid, flags, stream);
-  } else if (mw == 8 && ww == 1) {
-    launch<8, 3, 8, 1>(phases, counters, grid, flags, stream);
-  } else if (mw == 4 && ww == 2) {
-    launch<8, 3, 4, 2>(phases, counters, grid, flags, stream);
+  // the builds: 64-column chunks, rings of 8 and 3; 128-column chunks, rings of 4 and 2; two weight warps
+  if (bk == 64 && mw == 4) {
+    launch<64, 8, 3, 4, 2>(phases, counters, grid, flags, stream);
+  } else if (bk == 128 && mw == 4) {
+    launch<128, 4, 2, 4, 2>(phases, counters, grid, flags, stream);
+  } else if (bk == 128 && mw == 8) {
+    launch<128, 4, 2, 8, 2>(phases, counters, grid, flags, stream);
   } else {
-    TORCH_CHECK(false, "warps (8, 2), (8, 1) or (4, 2), got (", mw, ", ", ww, ")");
+    TORCH_CHECK(false, "(chunk columns, multiplying warps): (64, 4), (128, 4) or (128, 8), got (", bk, ", ", mw, ")");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

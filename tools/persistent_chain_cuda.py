@@ -39,10 +39,11 @@ from tools.kernels_setup import provenance, write_result
 
 SOURCE = Path(__file__).with_suffix(".cu")
 ROWS = 64  # the kernel's four multiplying warps take 16 rows each
-BLOCK_N, BLOCK_K = 128, 64  # a unit's output columns and a chunk's K columns (BN, BK in the source)
-RING = (8, 3)  # (weight, activation) chunks in shared memory
-# (multiplying, weight-streaming) warps: the builds the source instantiates
-WARPS = ((8, 2), (8, 1), (4, 2))
+BLOCK_N = 128  # a unit's output columns (BN in the source)
+# (a chunk's K columns, multiplying warps): the builds the source instantiates, with rings of 8 weight and 3
+# activation chunks at 64 columns, 4 and 2 at 128, two weight-streaming warps each
+BUILDS = ((64, 4), (128, 4), (128, 8))
+BLOCK_K = max(bk for bk, _ in BUILDS)  # what every K slice must divide into
 # K slices per phase (qkv, o, gate/up, down): units for every SM in each phase (A); gate/up unsplit, its 96 units
 # stored without adds (B); half the adds (C).
 SPLITS = {"A": (4, 8, 4, 8), "B": (4, 8, 1, 8), "C": (2, 4, 1, 4)}
@@ -119,11 +120,11 @@ class CudaChain:
         self.tables = {key: phase_table(chain, buffers, s, self.grid).to(device) for key, s in SPLITS.items()}
         self.counters = torch.zeros(len(chain.weights) * len(CHAIN), device=device, dtype=torch.int32)
 
-    def run(self, warps: tuple[int, int], splits: str, flags: int = 0) -> torch.Tensor:
+    def run(self, build: tuple[int, int], splits: str, flags: int = 0) -> torch.Tensor:
         self.x.copy_(self.chain.x0)
         for out in self.outs:  # the first layer's qkv, o and gate/up add into zeros; later ones the kernel zeroes
             out.zero_()
-        self.module.chain(self.tables[splits], self.counters, self.grid, *RING, *warps, flags)
+        self.module.chain(self.tables[splits], self.counters, self.grid, *build, flags)
         return self.x
 
 
@@ -138,17 +139,16 @@ def main() -> None:
     except Exception as exc:  # the build failing still leaves the baseline's row
         probe, results["build"] = None, {"error": repr(exc)[:4000]}
         print(f"build: {results['build']['error']}", flush=True)
-    runs = [(warps, splits, ()) for warps in WARPS for splits in SPLITS]
-    runs += [(WARPS[0], "A", names) for names in DIAGNOSTICS]
-    for warps, splits, names in runs if probe is not None else ():
+    runs = [(build, splits, ()) for build in BUILDS for splits in SPLITS]
+    runs += [(BUILDS[1], "A", names) for names in DIAGNOSTICS] + [(BUILDS[0], "A", DIAGNOSTICS[-1])]
+    for build, splits, names in runs if probe is not None else ():
         flags = sum(FLAGS[name] for name in names)
-        key = f"persistent_cuda:m{warps[0]}w{warps[1]}:{splits}" + "".join(f":{name}" for name in names)
-        call = functools.partial(probe.run, warps, splits, flags)
+        key = f"persistent_cuda:k{build[0]}m{build[1]}:{splits}" + "".join(f":{name}" for name in names)
+        call = functools.partial(probe.run, build, splits, flags)
         results[key] = timed_against(key, call, reference, chain, args.replays)
         if flags:  # a diagnostic's output means nothing
             results[key].pop("max_abs_diff_vs_cublas", None)
-    settings = probe_settings(args, chain, started, block_n=BLOCK_N, block_k=BLOCK_K, ring=RING, warps=WARPS,
-                              splits=SPLITS)  # fmt: skip
+    settings = probe_settings(args, chain, started, block_n=BLOCK_N, builds=BUILDS, splits=SPLITS)
     write_result(args.out, {**provenance("persistent_chain_cuda"), "settings": settings, "variants": results})
 
 

@@ -23,11 +23,20 @@ namespace {
 
 constexpr int ROWS = 64;                  // the batch: four row blocks of 16
 constexpr int BN = 128;                   // output columns a unit
-template <int BK_>                        // K columns a chunk: 64 or 128
+// BK_: K columns a chunk, 64 or 128. WG_: the weights laid out for wgmma (8-row x 16-byte core matrices, K-major,
+// no swizzle: a row group's K-adjacent ones 128 bytes apart, row groups BK x 16 bytes apart), else padded rows for
+// ldmatrix.
+template <int BK_, bool WG_>
 struct Chunk {
   static constexpr int BK = BK_;
+  static constexpr bool WG = WG_;
   static constexpr int W_PITCH = BK * 2 + 16;  // bytes a weight row takes in shared memory: padded off the banks
-  static constexpr int W_STAGE = BN * W_PITCH;
+  static constexpr int W_GROUP = BK * 16;      // wgmma: bytes between two 8-row groups
+  static constexpr int W_STAGE = WG ? BN * BK * 2 : BN * W_PITCH;
+  // where the 16 bytes at (row r, segment c) of a weight chunk go
+  static __device__ __forceinline__ int w_offset(int r, int c) {
+    return WG ? r / 8 * W_GROUP + c * 128 + r % 8 * 16 : r * W_PITCH + c * 16;
+  }
   static constexpr int W_SEGMENTS = BN * BK * 2 / 16;  // 16-byte copies a weight chunk
   static constexpr int X_PITCH = BK * 4 + 32;  // an fp32 activation row, padded so that float2 reads spread over banks
   static constexpr int X_STAGE = ROWS * X_PITCH;
@@ -98,6 +107,43 @@ __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The warpgroup's products for one K step of 16: d (64 rows x 128 columns, fp32, each warp's 16 rows as mma.sync
+// lays them out) += a (each warp's 16 rows, bf16, mma.sync's A layout) x the weights the descriptor points to.
+__device__ __forceinline__ void wgmma_128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"  // scale-d: add to d
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+}
+// Keeps the compiler from moving the accumulators' reads or writes across the asynchronous products.
+__device__ __forceinline__ void fence_operands(float (&d)[16][4]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+    asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory");
+}
+
 // A phase's shape as the three roles walk it.
 struct Walk {
   int units, slice_k, chunks, first;
@@ -128,9 +174,11 @@ __device__ void stream_weights(const Phase* phases, int num_phases, int flags, u
           continue;
         }
 #pragma unroll 8
-        for (int seg = ww * 32 + lane; seg < C::W_SEGMENTS; seg += 32 * WW) {  // an instruction: whole rows
-          const int r = seg / (C::BK / 8), col = seg % (C::BK / 8);
-          cp_async16(ring + s * C::W_STAGE + r * C::W_PITCH + col * 16, w + r * ph.k + c * C::BK + col * 8);
+        for (int seg = ww * 32 + lane; seg < C::W_SEGMENTS; seg += 32 * WW) {
+          // an instruction: whole rows (padded), or eight rows' four core matrices, 512 bytes apart from no other
+          const int r = C::WG ? seg / C::BK * 8 + seg % 8 : seg / (C::BK / 8);
+          const int col = C::WG ? seg / 8 % (C::BK / 8) : seg % (C::BK / 8);
+          cp_async16(ring + s * C::W_STAGE + C::w_offset(r, col), w + r * ph.k + c * C::BK + col * 8);
         }
         cp_async_arrive(full + 8 * s);
       }
@@ -180,6 +228,52 @@ __device__ void stream_activations(const Phase* phases, int num_phases, unsigned
   }
 }
 
+// A chunk's products for one warp (mma.sync): its 16 rows x NB 8-column blocks; ws is the lane's ldmatrix address.
+template <typename C, int NB>
+__device__ __forceinline__ void mma_chunk(float (&acc)[NB][4], uint32_t ws, const unsigned char* xs) {
+#pragma unroll
+  for (int kk = 0; kk < C::BK; kk += 16) {
+    uint32_t b[NB][2];  // every product's weights loaded before the first product issues
+#pragma unroll
+    for (int j = 0; j < NB; j += 2) load_b(b[j], b[j + 1], ws + j * 8 * C::W_PITCH + kk * 2);
+    const uint32_t a[4] = {
+        bf16x2(*reinterpret_cast<const float2*>(xs + kk * 4)),
+        bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + kk * 4)),
+        bf16x2(*reinterpret_cast<const float2*>(xs + (kk + 8) * 4)),
+        bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + (kk + 8) * 4)),
+    };
+#pragma unroll
+    for (int j = 0; j < NB; ++j) mma16816(acc[j], a, b[j][0], b[j][1]);
+  }
+}
+
+// A chunk's products for the warpgroup (wgmma): x's bf16 fragments for every K step first, then the products.
+template <typename C>
+__device__ __forceinline__ void wgmma_chunk(float (&acc)[16][4], uint32_t stage, const unsigned char* xs) {
+  uint32_t a[C::BK / 16][4];
+#pragma unroll
+  for (int s = 0; s < C::BK / 16; ++s) {
+    a[s][0] = bf16x2(*reinterpret_cast<const float2*>(xs + s * 64));
+    a[s][1] = bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + s * 64));
+    a[s][2] = bf16x2(*reinterpret_cast<const float2*>(xs + s * 64 + 32));
+    a[s][3] = bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + s * 64 + 32));
+  }
+  // the weights came through cp.async (the generic proxy); wgmma reads them through the async one
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  fence_operands(acc);
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int s = 0; s < C::BK / 16; ++s) {  // a K step of 16 spans two core matrices: 256 bytes on
+    const uint32_t start = stage + s * 256;
+    const uint64_t desc = static_cast<uint64_t>((start & 0x3FFFF) >> 4) | static_cast<uint64_t>(128 >> 4) << 16 |
+                          static_cast<uint64_t>(C::W_GROUP >> 4) << 32;
+    wgmma_128(acc, a[s], desc);
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the stage is read before it is released
+  fence_operands(acc);
+}
+
 // The multiplying warps (mw of MW): the products, 16 rows and NB 8-column blocks a warp, and each unit's partial
 // sums into the phase's output.
 template <typename C, int SW, int SX, int MW>
@@ -200,22 +294,13 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
         const uint32_t sw = n % SW, sx = n % SX;
         bar_wait(w_full + 8 * sw, (n / SW) & 1);
         bar_wait(x_full + 8 * sx, (n / SX) & 1);
-        const uint32_t ws = smem_addr(w_ring + sw * C::W_STAGE + ld_row * C::W_PITCH + ld_k * 2);
         const unsigned char* xs = x_ring + sx * C::X_STAGE + row * C::X_PITCH + t * 8;
-#pragma unroll
-        for (int kk = 0; kk < C::BK; kk += 16) {
-          if (flags & NO_PRODUCTS) break;
-          uint32_t b[NB][2];  // every product's weights loaded before the first product issues
-#pragma unroll
-          for (int j = 0; j < NB; j += 2) load_b(b[j], b[j + 1], ws + j * 8 * C::W_PITCH + kk * 2);
-          const uint32_t a[4] = {
-              bf16x2(*reinterpret_cast<const float2*>(xs + kk * 4)),
-              bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + kk * 4)),
-              bf16x2(*reinterpret_cast<const float2*>(xs + (kk + 8) * 4)),
-              bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + (kk + 8) * 4)),
-          };
-#pragma unroll
-          for (int j = 0; j < NB; ++j) mma16816(acc[j], a, b[j][0], b[j][1]);
+        if (!(flags & NO_PRODUCTS)) {
+          if constexpr (C::WG) {
+            wgmma_chunk<C>(acc, smem_addr(w_ring + sw * C::W_STAGE), xs);
+          } else {
+            mma_chunk<C, NB>(acc, smem_addr(w_ring + sw * C::W_STAGE + ld_row * C::W_PITCH + ld_k * 2), xs);
+          }
         }
         __syncwarp();
         if (lane == 0) {  // this warp is done with both stages
@@ -247,19 +332,21 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
 }  // namespace
 
 template <int MW, int WW>
-constexpr int threads() {
+constexpr int threads() {  // MW multiplying, WW weight and one activation warp
   return 32 * (WW + 1 + MW);
 }
 
-// SW weight chunks and SX activation chunks of BK columns in shared memory; MW multiplying and WW weight-streaming
-// warps.
-template <int BK, int SW, int SX, int MW, int WW>
+// SW weight chunks and SX activation chunks of BK columns in shared memory; MW multiplying warps (first: with WG,
+// one warpgroup of four using wgmma), WW weight-streaming warps and the activation warp.
+template <int BK, bool WG, int SW, int SX, int MW, int WW>
 __global__ void __launch_bounds__(threads<MW, WW>(), 1)
     chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counters, int flags) {
   extern __shared__ __align__(128) unsigned char smem[];
   const unsigned char* w_ring = smem;
-  const unsigned char* x_ring = smem + SW * Chunk<BK>::W_STAGE;
-  const uint32_t w_full = smem_addr(x_ring + SX * Chunk<BK>::X_STAGE), w_empty = w_full + 8 * SW;
+  using C = Chunk<BK, WG>;
+  static_assert(!WG || MW == 4, "wgmma: one warpgroup multiplies");
+  const unsigned char* x_ring = smem + SW * C::W_STAGE;
+  const uint32_t w_full = smem_addr(x_ring + SX * C::X_STAGE), w_empty = w_full + 8 * SW;
   const uint32_t x_full = w_empty + 8 * SW, x_empty = x_full + 8 * SX;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
@@ -274,61 +361,56 @@ __global__ void __launch_bounds__(threads<MW, WW>(), 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (warp < WW) {
-    stream_weights<Chunk<BK>, SW, WW>(phases, num_phases, flags, smem_addr(w_ring), w_full, w_empty, warp, lane);
-  } else if (warp == WW) {
-    stream_activations<Chunk<BK>, SX>(phases, num_phases, counters, flags, smem_addr(x_ring), x_full, x_empty, lane);
+  if (warp < MW) {
+    multiply<C, SW, SX, MW>(phases, num_phases, counters, flags, w_ring, x_ring, w_full, w_empty, x_full, x_empty,
+                            warp, lane);
+  } else if (warp < MW + WW) {
+    stream_weights<C, SW, WW>(phases, num_phases, flags, smem_addr(w_ring), w_full, w_empty, warp - MW, lane);
   } else {
-    multiply<Chunk<BK>, SW, SX, MW>(phases, num_phases, counters, flags, w_ring, x_ring, w_full, w_empty, x_full, x_empty,
-                         warp - WW - 1, lane);
+    stream_activations<C, SX>(phases, num_phases, counters, flags, smem_addr(x_ring), x_full, x_empty, lane);
   }
 }
 
-template <int BK>
+template <int BK, bool WG>
 constexpr int smem_bytes(int sw, int sx) {
-  return sw * Chunk<BK>::W_STAGE + sx * Chunk<BK>::X_STAGE + 16 * (sw + sx);
+  return sw * Chunk<BK, WG>::W_STAGE + sx * Chunk<BK, WG>::X_STAGE + 16 * (sw + sx);
 }
 
-// Host entry: one launch over `phases` ([P, 9] int64 on the device) with bk-column chunks and mw multiplying warps;
+// Host entry: one launch over `phases` ([P, 9] int64 on the device), its products by mma.sync or wgmma;
 // `counters` (P int32) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where torch's headers
 // are not at hand.)
 #ifdef CHAIN_KERNEL_ONLY
-template __global__ void chain_kernel<64, 8, 3, 4, 2>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<128, 4, 2, 4, 2>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<128, 4, 2, 8, 2>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<128, false, 4, 2, 4, 2>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<128, true, 4, 2, 4, 2>(const Phase*, int, unsigned*, int);
 #else
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-template <int BK, int SW, int SX, int MW, int WW>
+template <int BK, bool WG, int SW, int SX, int MW, int WW>
 void launch(const torch::Tensor& phases, const torch::Tensor& counters, int64_t grid, int64_t flags,
             cudaStream_t stream) {
-  constexpr int smem = smem_bytes<BK>(SW, SX);
+  constexpr int smem = smem_bytes<BK, WG>(SW, SX);
   static const bool sized = [] {  // once, on the first (eager) call, never inside a graph capture
-    return cudaFuncSetAttribute(chain_kernel<BK, SW, SX, MW, WW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+    return cudaFuncSetAttribute(chain_kernel<BK, WG, SW, SX, MW, WW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
            cudaSuccess;
   }();
   TORCH_CHECK(sized, "the chain kernel's shared memory could not be set");
-  chain_kernel<BK, SW, SX, MW, WW><<<static_cast<unsigned>(grid), threads<MW, WW>(), smem, stream>>>(
+  chain_kernel<BK, WG, SW, SX, MW, WW><<<static_cast<unsigned>(grid), threads<MW, WW>(), smem, stream>>>(
       reinterpret_cast<const Phase*>(phases.data_ptr<int64_t>()), static_cast<int>(phases.size(0)),
       reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()), static_cast<int>(flags));
 }
 
-void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, int64_t bk, int64_t mw, int64_t flags) {
+void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, bool wgmma, int64_t flags) {
   TORCH_CHECK(phases.is_cuda() && phases.dtype() == torch::kInt64 && phases.dim() == 2 && phases.size(1) == 9);
   TORCH_CHECK(counters.is_cuda() && counters.dtype() == torch::kInt32 && counters.numel() == phases.size(0));
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaMemsetAsync(counters.data_ptr(), 0, counters.numel() * sizeof(unsigned), stream);
-  // the builds: 64-column chunks, rings of 8 and 3; 128-column chunks, rings of 4 and 2; two weight warps
-  if (bk == 64 && mw == 4) {
-    launch<64, 8, 3, 4, 2>(phases, counters, grid, flags, stream);
-  } else if (bk == 128 && mw == 4) {
-    launch<128, 4, 2, 4, 2>(phases, counters, grid, flags, stream);
-  } else if (bk == 128 && mw == 8) {
-    launch<128, 4, 2, 8, 2>(phases, counters, grid, flags, stream);
+  // the builds: 128-column chunks, rings of 4 and 2, four multiplying and two weight warps; mma.sync or wgmma
+  if (wgmma) {
+    launch<128, true, 4, 2, 4, 2>(phases, counters, grid, flags, stream);
   } else {
-    TORCH_CHECK(false, "(chunk columns, multiplying warps): (64, 4), (128, 4) or (128, 8), got (", bk, ", ", mw, ")");
+    launch<128, false, 4, 2, 4, 2>(phases, counters, grid, flags, stream);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -3,19 +3,21 @@
 //
 // One CTA a SM, three warp roles over one schedule: every phase (one GEMM of one layer), the CTA's units in it
 // (a unit: 128 output columns x one K slice; unit u of a phase goes to CTA (u + offset) % grid, the offset rotating
-// so that the layer's units spread evenly), each unit's 64-column K chunks.
-// - WW warps stream weight chunks (128 rows x 128 B) into an SW-deep shared-memory ring, each lane's 16-byte
-//   cp.async counted on the stage's mbarrier. Weights never depend on activations, so it runs on across phase
-//   boundaries as far as the ring allows: at a grid barrier the next phase's first chunks are already in place.
-// - the next warp streams the activations' chunks (64 rows x 64 fp32) into an SX-deep ring the same way, but waits at each
-//   phase's start for the grid barrier (every CTA done with the previous phase). At that point it also zeroes its
-//   slice of the buffer the previous phase read, which nothing reads again before the phase after next adds into it.
-// - MW warps multiply: each takes 16 rows and 128 / (MW / 4) columns, mma.sync m16n8k16 bf16 (weights loaded with
-//   ldmatrix, x rounded to bf16 as it is read), fp32 accumulation; a unit's partial sums are added into the phase's fp32 output (atomics when K is split, stores
-//   when not).
+// so that the layer's units spread evenly), each unit's K chunks of BK columns.
+// - WW warps stream weight chunks (128 rows x BK) into an SW-deep shared-memory ring, each lane's 16-byte cp.async
+//   counted on the stage's mbarrier. Weights never depend on activations, so they run on across phase boundaries as
+//   far as the ring allows: at a grid barrier the next phase's first chunks are already in place.
+// - the next warp streams the activations' chunks (64 rows x BK, fp32) into an SX-deep ring the same way, but waits
+//   at each phase's start for the grid barrier (every CTA done with the previous phase). At that point it also
+//   zeroes its slice of the buffer the previous phase read, which nothing reads again before the phase after next
+//   adds into it.
+// - MW warps multiply, first in the CTA: each warp's mma.sync m16n8k16 (16 rows x 128 / (MW / 4) columns, weights
+//   by ldmatrix) or, with WG, one warpgroup's wgmma m64n128k16 reading the weights from shared memory; x rounded to
+//   bf16 as it is read, fp32 accumulation. A unit's partial sums are added into the phase's fp32 output (atomics
+//   when K is split, stores when not).
 // Grid barrier: one counter a phase, two arrivals a CTA (the activation warp after zeroing, the multiplying warps
 // after their last unit's adds); the next phase's activations are loaded once the counter reaches 2 x grid.
-// (1-D bulk copies, one a row, streamed at a third of this rate: 128- and 256-byte copies are too small for them.)
+// (1-D bulk copies, one a row, streamed ~0.5 TB/s: 128- and 256-byte copies are too small for the copy engine.)
 #include <cuda_bf16.h>
 #include <cstdint>
 
@@ -277,9 +279,9 @@ __device__ __forceinline__ void wgmma_chunk(float (&acc)[16][4], uint32_t stage,
 // The multiplying warps (mw of MW): the products, 16 rows and NB 8-column blocks a warp, and each unit's partial
 // sums into the phase's output.
 template <typename C, int SW, int SX, int MW>
-__device__ void multiply(const Phase* phases, int num_phases, unsigned* counters, int flags, const unsigned char* w_ring,
-                         const unsigned char* x_ring, uint32_t w_full, uint32_t w_empty, uint32_t x_full,
-                         uint32_t x_empty, int mw, int lane) {
+__device__ void multiply(const Phase* phases, int num_phases, unsigned* counters, int flags,
+                         const unsigned char* w_ring, const unsigned char* x_ring, uint32_t w_full,
+                         uint32_t w_empty, uint32_t x_full, uint32_t x_empty, int mw, int lane) {
   constexpr int NB = BN / 8 / (MW / 4);
   const int g = lane >> 2, t = lane & 3, row = mw % 4 * 16 + g, col0 = mw / 4 * NB * 8;
   // ldmatrix: lane l gives the row address of matrix l / 8 (column block +0 or +1, K +0 or +8), row l % 8
@@ -377,8 +379,8 @@ constexpr int smem_bytes(int sw, int sx) {
 }
 
 // Host entry: one launch over `phases` ([P, 9] int64 on the device), its products by mma.sync or wgmma;
-// `counters` (P int32) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where torch's headers
-// are not at hand.)
+// `counters` (P int32) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where
+// torch's headers are not at hand.)
 #ifdef CHAIN_KERNEL_ONLY
 template __global__ void chain_kernel<128, false, 4, 2, 4, 2>(const Phase*, int, unsigned*, int);
 template __global__ void chain_kernel<128, true, 4, 2, 4, 2>(const Phase*, int, unsigned*, int);
@@ -392,8 +394,8 @@ void launch(const torch::Tensor& phases, const torch::Tensor& counters, int64_t 
             cudaStream_t stream) {
   constexpr int smem = smem_bytes<BK, WG>(SW, SX);
   static const bool sized = [] {  // once, on the first (eager) call, never inside a graph capture
-    return cudaFuncSetAttribute(chain_kernel<BK, WG, SW, SX, MW, WW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
-           cudaSuccess;
+    auto kernel = chain_kernel<BK, WG, SW, SX, MW, WW>;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess;
   }();
   TORCH_CHECK(sized, "the chain kernel's shared memory could not be set");
   chain_kernel<BK, WG, SW, SX, MW, WW><<<static_cast<unsigned>(grid), threads<MW, WW>(), smem, stream>>>(

@@ -8,21 +8,35 @@ it).
 layer's weights streamed in two GEMMs take 25.5), and ``tools.persistent_chain`` found that a Triton kernel with
 grid barriers does not recover them (47-50 us): each phase restarts its loads after the barrier.
 
-The first form of this kernel (every thread issuing cp.async, 32-column tiles, x read from L2 into registers one
-chunk ahead, one warp a SM sub-partition) computed the chain but took 221-310 us a layer
-(``persistent_chain_cuda_h200_4cdd06e.json``): each 8 KB chunk waited for its x loads and two CTA barriers, ~1.7
-us a chunk, and o and down (2048 columns, 64 tiles) kept half the SMs idle. This form separates the roles: one warp
-streams 16 KB weight chunks (128 columns x 64 K) into an 8-, 6- or 10-deep ring with bulk copies and never waits for
-a phase; one warp waits at each phase's grid barrier and streams the activations (fp32, 64 rows x 64 K) into their
-own ring; four warps multiply. K is split (``SPLITS``, per phase) so that o and down have units for every SM, the
-partial sums added into fp32 outputs (a phase with K unsplit stores them); a phase's units rotate over the CTAs
-from where the previous phase's ended.
+This kernel separates the roles: two warps stream the weights in 32 KB chunks (128 columns x 128 K) into a 4-deep
+ring with cp.async and never wait for a phase; one warp waits at each phase's grid barrier and streams the
+activations (fp32, 64 rows x 128 K) into their own ring; four warps multiply (``BUILDS``: each warp's mma.sync with
+the weights by ldmatrix, or one warpgroup's wgmma reading them from shared memory). K is split (``SPLITS``, per
+phase) so that o and down have units for every SM, the partial sums added into fp32 outputs (a phase with K unsplit
+stores them); a phase's units rotate over the CTAs from where the previous phase's ended. Diagnostics (``FLAGS``)
+leave parts out: the activation copies, the grid barriers, the products, the weight copies, the adds; their outputs
+mean nothing and are not compared.
 
 Written before measuring: near 28-30 us a layer (the flat stream's 25.5 plus the barriers) says a persistent draft
-layer built this way recovers ~10 us a layer, ~2.5 ms a round; the diagnostic runs say what holds it back if not:
-``no_x`` (no activation copies) times the weight stream and the products, ``no_barrier`` lets the phases overlap.
-Those two compute nothing meaningful (their outputs are not compared); the others' final x is compared with the
-cuBLAS chain's (``max_abs_diff_vs_cublas``: rounding only, fp32 accumulation in another order).
+layer built this way recovers ~10 us a layer, ~2.5 ms a round. Every variant's final x is compared with the cuBLAS
+chain's (``max_abs_diff_vs_cublas``: rounding only, fp32 accumulation in another order).
+
+Measured on one H200 (us a layer against the cuBLAS chain's 40-41 in the same run; outputs always match it):
+- first form (every thread's cp.async, 32-column tiles, x read from L2 into registers one chunk ahead): 221-310
+  (``_4cdd06e``): each chunk waited for its x loads and two CTA barriers, and o and down kept half the SMs idle;
+- warp roles with 1-D bulk copies a row: 198-200 whatever the activations or barriers (``_12dcec4``, ``_8e65f47``):
+  128- and 256-byte bulk copies stream ~0.5 TB/s; as cp.async 134;
+- cp.async for both streams, the products' weights loaded before they issue: 72.4 (``_4f16a23``); eight
+  multiplying warps 72.1, four 69.3 (``_ec1b777``); 128-column chunks 68.7 (``_fa4cbe3``);
+- wgmma: 83.2 against mma.sync's 68.8 in the same run (``_ad6ebbf``).
+What each part costs (``_fa4cbe3``, ``_ad6ebbf``, the others left out): the weight stream alone 27.8 (256-byte rows;
+30.3 at 128) and 35.6 with the grid barriers; the products alone 37.9 with mma.sync, 31.0 with wgmma; the adds ~11,
+the activations ~10, the barriers ~19 (the phases wait for their slowest CTA). With the weights laid out in wgmma's
+core matrices (eight rows' 64-byte pieces a copy) the stream alone fell to 44.9. So the stream is near cuBLAS's
+flat one; what is left is the products (x's fp32 fragments converted in every warp, one chunk's products waited for
+before the next) and what the barriers expose. Next: the weights in wgmma's 128-byte swizzled layout (whole rows a
+copy, no bank conflicts) or by TMA tensor maps, x in bf16 (the split-K adds into fp32 are what keep it fp32), and
+the next chunk's products issued before the last one's are waited for.
 """
 
 from __future__ import annotations

@@ -45,12 +45,13 @@ def test_a_config_that_does_not_divide_is_refused(monkeypatch: pytest.MonkeyPatc
 
 
 def _small_chain() -> gemm_chain.Chain:
-    """Two layers whose widths the CUDA kernel's 128-column units and chunks divide (hidden 256)."""
+    """Two layers whose widths the CUDA kernel's 128-column units and pairs of 128-column chunks divide (hidden
+    512)."""
     chain = object.__new__(gemm_chain.Chain)
-    shapes = {"qkv": (512, 256), "o": (256, 256), "gate_up": (1024, 256), "down": (256, 512)}
+    shapes = {"qkv": (512, 512), "o": (256, 512), "gate_up": (1024, 256), "down": (512, 512)}
     chain.weights = [{name: torch.randn(n, k).bfloat16() / k**0.5 for name, (n, k) in shapes.items()}
                      for _ in range(2)]  # fmt: skip
-    chain.x0 = torch.randn(64, 256).bfloat16()
+    chain.x0 = torch.randn(64, 512).bfloat16()
     return chain
 
 
@@ -63,9 +64,9 @@ def test_the_cuda_chains_phase_table_follows_the_chain() -> None:
 
     torch.manual_seed(0)
     chain = _small_chain()
-    buffers = [torch.zeros(64, n) for n in (256, 512, 256, 1024)]
+    buffers = [torch.zeros(64, n) for n in (512, 512, 256, 1024)]
     buffers.append(buffers[0])
-    splits, grid = (2, 1, 2, 2), 5
+    splits, grid = (2, 2, 1, 2), 5
     table = cuda_chain.phase_table(chain, buffers, splits, grid).tolist()
     units, expected = 0, []
     for layer in chain.weights:
@@ -76,8 +77,8 @@ def test_the_cuda_chains_phase_table_follows_the_chain() -> None:
                              units % grid])  # fmt: skip
             units += n // 128 * splits[p]
     assert table == expected
-    with pytest.raises(ValueError, match=r"o \[256, 256\]: N a multiple of 128, K of 4 x 128"):
-        cuda_chain.phase_table(chain, buffers, (2, 4, 2, 2), grid)
+    with pytest.raises(ValueError, match=r"o \[256, 512\]: N a multiple of 128, K of 4 x 256"):
+        cuda_chain.phase_table(chain, buffers, (2, 4, 1, 2), grid)
 
 
 @pytest.mark.parametrize("grid", [1, 3, 7])
@@ -91,9 +92,9 @@ def test_the_cuda_chains_plan_computes_the_chain(grid: int) -> None:
     x = chain.x0
     for layer in chain.weights:  # the chain as cuBLAS runs it: bf16 outputs, each GEMM reading the one before's
         qkv = (x.float() @ layer["qkv"].float().T).bfloat16()
-        o = (qkv[:, :256].float() @ layer["o"].float().T).bfloat16()
+        o = (qkv[:, :512].float() @ layer["o"].float().T).bfloat16()
         gate_up = (o.float() @ layer["gate_up"].float().T).bfloat16()
         x = (gate_up[:, :512].float() @ layer["down"].float().T).bfloat16()
-    got = cuda_chain.simulate(chain, (2, 1, 2, 2), grid)
+    got = cuda_chain.simulate(chain, (2, 2, 1, 2), grid)
     assert ((got - x.float()).norm() / x.float().norm()).item() < 1e-2
     assert ((chain.x0.float() - x.float()).norm() / x.float().norm()).item() > 0.5  # the bound means something

@@ -25,19 +25,19 @@ namespace {
 
 constexpr int ROWS = 64;                  // the batch: four row blocks of 16
 constexpr int BN = 128;                   // output columns a unit
-// BK_: K columns a chunk, 64 or 128. WG_: the weights laid out for wgmma (8-row x 16-byte core matrices, K-major,
-// no swizzle: a row group's K-adjacent ones 128 bytes apart, row groups BK x 16 bytes apart), else padded rows for
-// ldmatrix.
+// BK_: K columns a chunk, 64 or 128. WG_: the weights laid out for wgmma, K-major with the 128-byte swizzle (64
+// columns a 128-byte row, the 16-byte pieces of row r permuted by r % 8; 8-row groups 1024 bytes apart, the 64-column
+// halves of K BN x 128 bytes apart), else padded rows for ldmatrix.
 template <int BK_, bool WG_>
 struct Chunk {
   static constexpr int BK = BK_;
   static constexpr bool WG = WG_;
   static constexpr int W_PITCH = BK * 2 + 16;  // bytes a weight row takes in shared memory: padded off the banks
-  static constexpr int W_GROUP = BK * 16;      // wgmma: bytes between two 8-row groups
+  static constexpr int W_HALF = BN * 128;      // wgmma: bytes between two 64-column halves of K
   static constexpr int W_STAGE = WG ? BN * BK * 2 : BN * W_PITCH;
   // where the 16 bytes at (row r, segment c) of a weight chunk go
   static __device__ __forceinline__ int w_offset(int r, int c) {
-    return WG ? r / 8 * W_GROUP + c * 128 + r % 8 * 16 : r * W_PITCH + c * 16;
+    return WG ? c / 8 * W_HALF + r / 8 * 1024 + r % 8 * 128 + (c % 8 ^ r % 8) * 16 : r * W_PITCH + c * 16;
   }
   static constexpr int W_SEGMENTS = BN * BK * 2 / 16;  // 16-byte copies a weight chunk
   static constexpr int X_PITCH = BK * 4 + 32;  // an fp32 activation row, padded so that float2 reads spread over banks
@@ -64,16 +64,22 @@ __device__ __forceinline__ void bar_init(uint32_t bar, uint32_t count) {
 __device__ __forceinline__ void bar_arrive(uint32_t bar) {
   asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
+// The spin lives inside one asm statement: to the compiler the wait is straight-line code, so the multiplying
+// warps' asynchronous products in flight across it are not serialized (ptxas serializes wgmma across divergent
+// paths). Past SPIN_LIMIT tries it traps: a broken schedule fails, never hangs.
 __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  for (long long spins = 0; !done; ++spins) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (spins > SPIN_LIMIT) __trap();
-  }
+  asm volatile(
+      "{\n .reg .pred p, late;\n .reg .u64 tries;\n mov.u64 tries, 0;\n"
+      "WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @p bra DONE;\n"
+      " add.u64 tries, tries, 1;\n setp.gt.u64 late, tries, %2;\n @late trap;\n bra WAIT;\n"
+      "DONE:\n}\n" ::"r"(bar), "r"(parity), "n"(SPIN_LIMIT)
+      : "memory");
+}
+// One arrival by the lane that passes `first` (the others skip it inside the asm: no branch for the compiler).
+__device__ __forceinline__ void bar_arrive_if(uint32_t bar, bool first) {
+  asm volatile("{\n .reg .pred p;\n .reg .b64 state;\n setp.ne.b32 p, %1, 0;\n"
+               " @p mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar), "r"(static_cast<int>(first))
+               : "memory");
 }
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
@@ -176,10 +182,8 @@ __device__ void stream_weights(const Phase* phases, int num_phases, int flags, u
           continue;
         }
 #pragma unroll 8
-        for (int seg = ww * 32 + lane; seg < C::W_SEGMENTS; seg += 32 * WW) {
-          // an instruction: whole rows (padded), or eight rows' four core matrices, 512 bytes apart from no other
-          const int r = C::WG ? seg / C::BK * 8 + seg % 8 : seg / (C::BK / 8);
-          const int col = C::WG ? seg / 8 % (C::BK / 8) : seg % (C::BK / 8);
+        for (int seg = ww * 32 + lane; seg < C::W_SEGMENTS; seg += 32 * WW) {  // an instruction: whole rows
+          const int r = seg / (C::BK / 8), col = seg % (C::BK / 8);
           cp_async16(ring + s * C::W_STAGE + C::w_offset(r, col), w + r * ph.k + c * C::BK + col * 8);
         }
         cp_async_arrive(full + 8 * s);
@@ -249,10 +253,48 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NB][4], uint32_t ws, cons
   }
 }
 
-// A chunk's products for the warpgroup (wgmma): x's bf16 fragments for every K step first, then the products.
-template <typename C>
-__device__ __forceinline__ void wgmma_chunk(float (&acc)[16][4], uint32_t stage, const unsigned char* xs) {
-  uint32_t a[C::BK / 16][4];
+// The two rings and their barriers, as the multiplying warps see them.
+struct Rings {
+  const unsigned char* w;
+  const unsigned char* x;
+  uint32_t w_full, w_empty, x_full, x_empty;
+};
+
+// Chunk n's stages in the two rings: waited for full, released empty (one arrival a multiplying warp).
+template <int SW, int SX>
+struct Slot {
+  uint32_t n, w, x;
+  __device__ explicit Slot(uint32_t chunk) : n(chunk), w(chunk % SW), x(chunk % SX) {}
+  __device__ void wait(const Rings& r) const {
+    bar_wait(r.w_full + 8 * w, (n / SW) & 1);
+    bar_wait(r.x_full + 8 * x, (n / SX) & 1);
+  }
+  __device__ void release_w(const Rings& r, int lane) const {
+    __syncwarp();
+    bar_arrive_if(r.w_empty + 8 * w, lane == 0);
+  }
+  __device__ void release_x(const Rings& r, int lane) const {
+    __syncwarp();
+    bar_arrive_if(r.x_empty + 8 * x, lane == 0);
+  }
+};
+
+// wgmma's view of 16 K columns of the swizzled weights at addr: 8-row groups 1024 bytes apart, the 128-byte swizzle.
+__device__ __forceinline__ uint64_t swizzled(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | 1ull << 16 | static_cast<uint64_t>(1024 >> 4) << 32 |
+         1ull << 62;
+}
+
+// Chunk n's products for the warpgroup (wgmma), issued without waiting for them: x's bf16 fragments into `a` (which
+// the products read until they complete, so consecutive chunks use two sets; x's stage is free once they are
+// read), one product a K step of 16; then chunk n - 1's products are waited for and, if `previous`, its weight
+// stage released.
+template <typename C, int SW, int SX>
+__device__ __forceinline__ void wgmma_step(float (&acc)[16][4], uint32_t (&a)[C::BK / 16][4], uint32_t n,
+                                           bool previous, const Rings& rings, int xs_offset, int flags, int lane) {
+  const Slot<SW, SX> slot(n);
+  slot.wait(rings);
+  const unsigned char* xs = rings.x + slot.x * C::X_STAGE + xs_offset;
 #pragma unroll
   for (int s = 0; s < C::BK / 16; ++s) {
     a[s][0] = bf16x2(*reinterpret_cast<const float2*>(xs + s * 64));
@@ -260,30 +302,49 @@ __device__ __forceinline__ void wgmma_chunk(float (&acc)[16][4], uint32_t stage,
     a[s][2] = bf16x2(*reinterpret_cast<const float2*>(xs + s * 64 + 32));
     a[s][3] = bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + s * 64 + 32));
   }
-  // the weights came through cp.async (the generic proxy); wgmma reads them through the async one
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  fence_operands(acc);
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  slot.release_x(rings, lane);
+  if (!(flags & NO_PRODUCTS)) {
+    // the weights came through cp.async (the generic proxy); wgmma reads them through the async one
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_operands(acc);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    const uint32_t stage = smem_addr(rings.w + slot.w * C::W_STAGE);
 #pragma unroll
-  for (int s = 0; s < C::BK / 16; ++s) {  // a K step of 16 spans two core matrices: 256 bytes on
-    const uint32_t start = stage + s * 256;
-    const uint64_t desc = static_cast<uint64_t>((start & 0x3FFFF) >> 4) | static_cast<uint64_t>(128 >> 4) << 16 |
-                          static_cast<uint64_t>(C::W_GROUP >> 4) << 32;
-    wgmma_128(acc, a[s], desc);
+    for (int s = 0; s < C::BK / 16; ++s) wgmma_128(acc, a[s], swizzled(stage + s / 4 * C::W_HALF + s % 4 * 32));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // chunk n - 1's products are done
   }
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the stage is read before it is released
-  fence_operands(acc);
+  if (previous) Slot<SW, SX>(n - 1).release_w(rings, lane);
+}
+
+// A unit's partial sums (a warp's 16 rows x NB 8-column blocks from col0) into the phase's output: added when K is
+// split, stored when not.
+template <int NB>
+__device__ __forceinline__ void write_unit(const float (&acc)[NB][4], const Phase& ph, int u, int row, int col0,
+                                           int t) {
+  float* out = reinterpret_cast<float*>(ph.out) + row * ph.ldo + (u / ph.split) * BN + col0 + t * 2;
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    float* top = out + j * 8;
+    float* bottom = out + 8 * ph.ldo + j * 8;
+    if (ph.split == 1) {
+      *reinterpret_cast<float2*>(top) = make_float2(acc[j][0], acc[j][1]);
+      *reinterpret_cast<float2*>(bottom) = make_float2(acc[j][2], acc[j][3]);
+    } else {
+      add_pair(top, acc[j][0], acc[j][1]);
+      add_pair(bottom, acc[j][2], acc[j][3]);
+    }
+  }
 }
 
 // The multiplying warps (mw of MW): the products, 16 rows and NB 8-column blocks a warp, and each unit's partial
-// sums into the phase's output.
+// sums into the phase's output. With wgmma a unit's chunks go in pairs (the phase table makes their count even).
 template <typename C, int SW, int SX, int MW>
-__device__ void multiply(const Phase* phases, int num_phases, unsigned* counters, int flags,
-                         const unsigned char* w_ring, const unsigned char* x_ring, uint32_t w_full,
-                         uint32_t w_empty, uint32_t x_full, uint32_t x_empty, int mw, int lane) {
+__device__ void multiply(const Phase* phases, int num_phases, unsigned* counters, int flags, const Rings& rings,
+                         int mw, int lane) {
   constexpr int NB = BN / 8 / (MW / 4);
   const int g = lane >> 2, t = lane & 3, row = mw % 4 * 16 + g, col0 = mw / 4 * NB * 8;
+  const int xs_offset = row * C::X_PITCH + t * 8;
   // ldmatrix: lane l gives the row address of matrix l / 8 (column block +0 or +1, K +0 or +8), row l % 8
   const int ld_row = col0 + (lane >> 4) * 8 + (lane & 7), ld_k = (lane >> 3 & 1) * 8;
   uint32_t n = 0;
@@ -292,38 +353,28 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
     const Walk walk(ph, blockIdx.x, gridDim.x, C::BK);
     for (int u = walk.first; u < walk.units; u += gridDim.x) {
       float acc[NB][4] = {};
-      for (int c = 0; c < walk.chunks; ++c, ++n) {
-        const uint32_t sw = n % SW, sx = n % SX;
-        bar_wait(w_full + 8 * sw, (n / SW) & 1);
-        bar_wait(x_full + 8 * sx, (n / SX) & 1);
-        const unsigned char* xs = x_ring + sx * C::X_STAGE + row * C::X_PITCH + t * 8;
-        if (!(flags & NO_PRODUCTS)) {
-          if constexpr (C::WG) {
-            wgmma_chunk<C>(acc, smem_addr(w_ring + sw * C::W_STAGE), xs);
-          } else {
-            mma_chunk<C, NB>(acc, smem_addr(w_ring + sw * C::W_STAGE + ld_row * C::W_PITCH + ld_k * 2), xs);
+      if constexpr (C::WG) {
+        uint32_t even[C::BK / 16][4], odd[C::BK / 16][4];
+        for (int c = 0; c < walk.chunks; c += 2, n += 2) {
+          wgmma_step<C, SW, SX>(acc, even, n, c > 0, rings, xs_offset, flags, lane);
+          wgmma_step<C, SW, SX>(acc, odd, n + 1, true, rings, xs_offset, flags, lane);
+        }
+        if (!(flags & NO_PRODUCTS)) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        fence_operands(acc);
+        Slot<SW, SX>(n - 1).release_w(rings, lane);
+      } else {
+        for (int c = 0; c < walk.chunks; ++c, ++n) {
+          const Slot<SW, SX> slot(n);
+          slot.wait(rings);
+          if (!(flags & NO_PRODUCTS)) {
+            mma_chunk<C, NB>(acc, smem_addr(rings.w + slot.w * C::W_STAGE + ld_row * C::W_PITCH + ld_k * 2),
+                             rings.x + slot.x * C::X_STAGE + xs_offset);
           }
-        }
-        __syncwarp();
-        if (lane == 0) {  // this warp is done with both stages
-          bar_arrive(w_empty + 8 * sw);
-          bar_arrive(x_empty + 8 * sx);
+          slot.release_w(rings, lane);
+          slot.release_x(rings, lane);
         }
       }
-      float* out = reinterpret_cast<float*>(ph.out) + row * ph.ldo + (u / ph.split) * BN + col0 + t * 2;
-#pragma unroll
-      for (int j = 0; j < NB; ++j) {
-        if (flags & NO_ADDS) break;
-        float* top = out + j * 8;
-        float* bottom = out + 8 * ph.ldo + j * 8;
-        if (ph.split == 1) {
-          *reinterpret_cast<float2*>(top) = make_float2(acc[j][0], acc[j][1]);
-          *reinterpret_cast<float2*>(bottom) = make_float2(acc[j][2], acc[j][3]);
-        } else {
-          add_pair(top, acc[j][0], acc[j][1]);
-          add_pair(bottom, acc[j][2], acc[j][3]);
-        }
-      }
+      if (!(flags & NO_ADDS)) write_unit<NB>(acc, ph, u, row, col0, t);
     }
     __threadfence();
     asm volatile("bar.sync 1, %0;\n" ::"n"(32 * MW) : "memory");  // the multiplying warps only
@@ -343,14 +394,18 @@ constexpr int threads() {  // MW multiplying, WW weight and one activation warp
 template <int BK, bool WG, int SW, int SX, int MW, int WW>
 __global__ void __launch_bounds__(threads<MW, WW>(), 1)
     chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counters, int flags) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // the swizzle is a function of the address: the weight ring starts on 1024 bytes (smem_bytes leaves room)
+  unsigned char* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   const unsigned char* w_ring = smem;
   using C = Chunk<BK, WG>;
   static_assert(!WG || MW == 4, "wgmma: one warpgroup multiplies");
   const unsigned char* x_ring = smem + SW * C::W_STAGE;
   const uint32_t w_full = smem_addr(x_ring + SX * C::X_STAGE), w_empty = w_full + 8 * SW;
   const uint32_t x_full = w_empty + 8 * SW, x_empty = x_full + 8 * SX;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // the warp's index through a shuffle: the compiler then knows it is warp-uniform, and the roles' branches below
+  // are not divergent paths (ptxas would serialize the wgmma products in one)
+  const int warp = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x >> 5), 0), lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int s = 0; s < SW; ++s) {
       bar_init(w_full + 8 * s, 32 * WW);  // each streaming lane's cp.async arrival
@@ -364,8 +419,8 @@ __global__ void __launch_bounds__(threads<MW, WW>(), 1)
   }
   __syncthreads();
   if (warp < MW) {
-    multiply<C, SW, SX, MW>(phases, num_phases, counters, flags, w_ring, x_ring, w_full, w_empty, x_full, x_empty,
-                            warp, lane);
+    const Rings rings{w_ring, x_ring, w_full, w_empty, x_full, x_empty};
+    multiply<C, SW, SX, MW>(phases, num_phases, counters, flags, rings, warp, lane);
   } else if (warp < MW + WW) {
     stream_weights<C, SW, WW>(phases, num_phases, flags, smem_addr(w_ring), w_full, w_empty, warp - MW, lane);
   } else {
@@ -375,7 +430,7 @@ __global__ void __launch_bounds__(threads<MW, WW>(), 1)
 
 template <int BK, bool WG>
 constexpr int smem_bytes(int sw, int sx) {
-  return sw * Chunk<BK, WG>::W_STAGE + sx * Chunk<BK, WG>::X_STAGE + 16 * (sw + sx);
+  return sw * Chunk<BK, WG>::W_STAGE + sx * Chunk<BK, WG>::X_STAGE + 16 * (sw + sx) + 1024;
 }
 
 // Host entry: one launch over `phases` ([P, 9] int64 on the device), its products by mma.sync or wgmma;

@@ -28,15 +28,21 @@ Measured on one H200 (us a layer against the cuBLAS chain's 40-41 in the same ru
   128- and 256-byte bulk copies stream ~0.5 TB/s; as cp.async 134;
 - cp.async for both streams, the products' weights loaded before they issue: 72.4 (``_4f16a23``); eight
   multiplying warps 72.1, four 69.3 (``_ec1b777``); 128-column chunks 68.7 (``_fa4cbe3``);
-- wgmma: 83.2 against mma.sync's 68.8 in the same run (``_ad6ebbf``).
+- wgmma with the weights in its core matrices, unswizzled: 83.2 against mma.sync's 68.8 in the same run
+  (``_ad6ebbf``).
 What each part costs (``_fa4cbe3``, ``_ad6ebbf``, the others left out): the weight stream alone 27.8 (256-byte rows;
 30.3 at 128) and 35.6 with the grid barriers; the products alone 37.9 with mma.sync, 31.0 with wgmma; the adds ~11,
 the activations ~10, the barriers ~19 (the phases wait for their slowest CTA). With the weights laid out in wgmma's
-core matrices (eight rows' 64-byte pieces a copy) the stream alone fell to 44.9. So the stream is near cuBLAS's
-flat one; what is left is the products (x's fp32 fragments converted in every warp, one chunk's products waited for
-before the next) and what the barriers expose. Next: the weights in wgmma's 128-byte swizzled layout (whole rows a
-copy, no bank conflicts) or by TMA tensor maps, x in bf16 (the split-K adds into fp32 are what keep it fp32), and
-the next chunk's products issued before the last one's are waited for.
+unswizzled core matrices (eight rows' 64-byte pieces a copy) the stream alone fell to 44.9. So the stream is near
+cuBLAS's flat one; what is left is the products and what the barriers expose.
+
+The wgmma build since then (not yet run): the weights in the 128-byte swizzled layout (whole 256-byte rows a copy
+again, written without bank conflicts), a chunk's products issued before the previous chunk's are waited for (x's
+fragments in two register sets, x's stage released once they are read), and the waits written so that ptxas does
+not serialize the products (the spin inside one asm statement, the warp roles branched on a shuffled warp index:
+``ptxas -v`` no longer reports serialized wgmma). Expected: the products near the stream, so the whole near the
+mma.sync build less the products' share (~55 us). Further: x in bf16 (the split-K adds into fp32 are what keep it
+fp32), and units of the next phase waiting only for the tiles they read instead of a grid barrier.
 """
 
 from __future__ import annotations
@@ -82,8 +88,10 @@ def phase_table(chain: Chain, buffers: list[torch.Tensor], splits: tuple[int, ..
         for p, (name, split) in enumerate(zip(CHAIN, splits)):
             w = layer[name]
             n, k = w.shape
-            if n % BLOCK_N or k % (split * BLOCK_K) or not w.is_contiguous():
-                raise ValueError(f"{name} [{n}, {k}]: N a multiple of {BLOCK_N}, K of {split} x {BLOCK_K}, contiguous")
+            # the wgmma build takes a unit's chunks in pairs: a K slice of an even number of chunks
+            if n % BLOCK_N or k % (split * 2 * BLOCK_K) or not w.is_contiguous():
+                raise ValueError(f"{name} [{n}, {k}]: N a multiple of {BLOCK_N}, K of {split} x {2 * BLOCK_K}, "
+                                 "contiguous")  # fmt: skip
             src, dst = buffers[p], buffers[p + 1]
             rows.append([w.data_ptr(), src.data_ptr(), dst.data_ptr(), src.stride(0), dst.stride(0), n, k, split,
                          done % grid])  # fmt: skip

@@ -45,46 +45,51 @@ def test_a_config_that_does_not_divide_is_refused(monkeypatch: pytest.MonkeyPatc
 
 
 def _small_chain() -> gemm_chain.Chain:
-    """Two layers whose widths the CUDA kernel's 128-column units and pairs of 128-column chunks divide (hidden
-    512)."""
+    """Three layers (the third reuses the first's output buffers) whose widths the CUDA kernel's 128-column units
+    and pairs of 128-column chunks divide (hidden 512)."""
     chain = object.__new__(gemm_chain.Chain)
     shapes = {"qkv": (512, 512), "o": (256, 512), "gate_up": (1024, 256), "down": (512, 512)}
     chain.weights = [{name: torch.randn(n, k).bfloat16() / k**0.5 for name, (n, k) in shapes.items()}
-                     for _ in range(2)]  # fmt: skip
+                     for _ in range(3)]  # fmt: skip
     chain.x0 = torch.randn(64, 512).bfloat16()
     return chain
 
 
 def test_the_cuda_chains_phase_table_follows_the_chain() -> None:
-    """tools/persistent_chain_cuda.py's table, one row a GEMM: each phase reads the buffer the one before wrote
-    (qkv x, o qkv's output, gate/up o's, down gate/up's and writes x again), with its leading dimensions, N, K, its
-    K slices and the rotation that starts its units where the previous phase's ended; a width the kernel's units do
-    not divide is refused."""
+    """tools/persistent_chain_cuda.py's table, one row a GEMM: each phase reads the buffer the one before wrote (qkv
+    x, then down's output), outputs alternating between two sets by layer parity, with leading dimensions, N, K, K
+    slices, the rotation that starts its units where the previous phase's ended, where its tile counters start and,
+    from the second layer on, the buffer the phase four on adds into (cleared at its start); a width the kernel's
+    units do not divide is refused."""
     from tools import persistent_chain_cuda as cuda_chain
 
     torch.manual_seed(0)
     chain = _small_chain()
-    buffers = [torch.zeros(64, n) for n in (512, 512, 256, 1024)]
-    buffers.append(buffers[0])
+    buffers = cuda_chain.Buffers(chain)
     splits, grid = (2, 2, 1, 2), 5
     table = cuda_chain.phase_table(chain, buffers, splits, grid).tolist()
-    units, expected = 0, []
-    for layer in chain.weights:
-        for p, name in enumerate(gemm_chain.CHAIN):
-            n, k = layer[name].shape
-            expected.append([layer[name].data_ptr(), buffers[p].data_ptr(), buffers[p + 1].data_ptr(),
-                             buffers[p].stride(0), buffers[p + 1].stride(0), n, k, splits[p],
-                             units % grid])  # fmt: skip
-            units += n // 128 * splits[p]
-    assert table == expected
+    assert len(table) == 12
+    units = tiles = 0
+    for p, row in enumerate(table):
+        layer, name = divmod(p, 4)
+        w = chain.weights[layer][gemm_chain.CHAIN[name]]
+        n, k = w.shape
+        src = buffers.x if p == 0 else buffers.outs[(p - 1) // 4 % 2][(p - 1) % 4]
+        dst = buffers.outs[layer % 2][name]
+        clear = buffers.outs[(layer + 1) % 2][name] if 4 <= p < 8 else None
+        assert row == [w.data_ptr(), src.data_ptr(), dst.data_ptr(), src.stride(0), dst.stride(0), n, k, splits[name],
+                       units % grid, tiles, clear.data_ptr() if clear is not None else 0,
+                       clear.numel() if clear is not None else 0]  # fmt: skip
+        units += n // 128 * splits[name]
+        tiles += n // 128
     with pytest.raises(ValueError, match=r"o \[256, 512\]: N a multiple of 128, K of 4 x 256"):
         cuda_chain.phase_table(chain, buffers, (2, 4, 1, 2), grid)
 
 
 @pytest.mark.parametrize("grid", [1, 3, 7])
 def test_the_cuda_chains_plan_computes_the_chain(grid: int) -> None:
-    """The kernel's plan (its units over the CTAs, K split and added into fp32, each phase zeroing what the one
-    before read, for the phase after next to add into) gives the chain's output, every unit run once."""
+    """The kernel's plan (its units over the CTAs, K split and added into fp32, outputs by layer parity, each
+    buffer cleared before the layer after next adds into it) gives the chain's output, every unit run once."""
     from tools import persistent_chain_cuda as cuda_chain
 
     torch.manual_seed(0)

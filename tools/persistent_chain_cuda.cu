@@ -6,17 +6,15 @@
 // so that the layer's units spread evenly), each unit's K chunks of BK columns.
 // - WW warps stream weight chunks (128 rows x BK) into an SW-deep shared-memory ring, each lane's 16-byte cp.async
 //   counted on the stage's mbarrier. Weights never depend on activations, so they run on across phase boundaries as
-//   far as the ring allows: at a grid barrier the next phase's first chunks are already in place.
-// - the next warp streams the activations' chunks (64 rows x BK, fp32) into an SX-deep ring the same way, but waits
-//   at each phase's start for the grid barrier (every CTA done with the previous phase). At that point it also
-//   zeroes its slice of the buffer the previous phase read, which nothing reads again before the phase after next
-//   adds into it.
+//   far as the ring allows: when a phase's activations arrive, its first weight chunks are already in place.
+// - the next warp streams the activations' chunks (64 rows x BK, fp32) into an SX-deep ring the same way; each
+//   chunk (BK = BN: one output tile of the previous phase) once that tile's units are all counted done. Phases
+//   overlap wherever their tiles allow: no grid barrier. Outputs alternate between two buffers a GEMM by layer
+//   parity; a phase's start clears the buffer the phase four on adds into, once the phase that last read it is done.
 // - MW warps multiply, first in the CTA: each warp's mma.sync m16n8k16 (16 rows x 128 / (MW / 4) columns, weights
 //   by ldmatrix) or, with WG, one warpgroup's wgmma m64n128k16 reading the weights from shared memory; x rounded to
 //   bf16 as it is read, fp32 accumulation. A unit's partial sums are added into the phase's fp32 output (atomics
 //   when K is split, stores when not).
-// Grid barrier: one counter a phase, two arrivals a CTA (the activation warp after zeroing, the multiplying warps
-// after their last unit's adds); the next phase's activations are loaded once the counter reaches 2 x grid.
 // (1-D bulk copies, one a row, streamed ~0.5 TB/s: 128- and 256-byte copies are too small for the copy engine.)
 #include <cuda_bf16.h>
 #include <cstdint>
@@ -45,15 +43,29 @@ struct Chunk {
   static constexpr int X_SEGMENTS = ROWS * BK * 4 / 16;
 };
 constexpr int NO_ACTIVATIONS = 1;         // flags: the activation warp copies nothing (times the weight stream)
-constexpr int NO_BARRIER = 2;             // flags: phases do not wait for each other (times the barriers)
+constexpr int NO_WAITS = 2;               // flags: activations loaded without waiting for their tiles (times the waits)
 constexpr int NO_PRODUCTS = 4;            // flags: the multiplying warps only take and release the chunks
 constexpr int NO_WEIGHTS = 8;             // flags: the weight warp copies nothing (times the rest)
 constexpr int NO_ADDS = 16;               // flags: a unit's sums are not written (times the adds)
 constexpr long long SPIN_LIMIT = 1ll << 26;  // a wait that long means a broken schedule: trap, never hang
 
-struct Phase {                            // one GEMM: out[:64, :n] (+)= x[:64, :k] @ w[n, k].T, K in `split` slices
-  long long w, x, out, ldx, ldo, n, k, split, offset;  // pointers as integers; leading dimensions in elements
+// One GEMM: out[:64, :n] (+)= x[:64, :k] @ w[n, k].T, K in `split` slices; pointers as integers, leading dimensions
+// in elements. offset: the rotation of its units over the CTAs; tiles: where its tiles' counters start; zero, zeros:
+// the buffer (and its floats) this phase's start clears for the phase four on (0: none).
+struct Phase {
+  long long w, x, out, ldx, ldo, n, k, split, offset, tiles, zero, zeros;
 };
+
+// The launch's counters (int32, zeroed before it): units done a tile, units done a phase, CTAs that cleared the
+// buffer a phase adds into.
+struct Counters {
+  unsigned* tile_units;
+  unsigned* phase_units;
+  unsigned* cleared;
+};
+
+// Lane 0 waits until *count reaches target (acquire: what the counted writes wrote is visible after), then the warp.
+__device__ __forceinline__ void wait_count(const unsigned* count, unsigned target, int lane);
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -101,6 +113,23 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 }
 __device__ __forceinline__ void add_pair(float* p, float a, float b) {  // no value back, so no wait on it
   asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+// One count (a release: what the CTA wrote before it is visible to whoever acquires the count) by the thread that
+// passes `first`, branch-free for the compiler like bar_arrive_if.
+__device__ __forceinline__ void count_if(unsigned* count, bool first) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %1, 0;\n @p red.release.gpu.global.add.u32 [%0], 1;\n}\n"
+               ::"l"(count), "r"(static_cast<int>(first))
+               : "memory");
+}
+__device__ __forceinline__ void wait_count(const unsigned* count, unsigned target, int lane) {
+  asm volatile(  // lane 0 spins inside the asm, like bar_wait (no divergent path for the compiler)
+      "{\n .reg .pred done, late, rest;\n .reg .u32 seen;\n .reg .u64 tries;\n mov.u64 tries, 0;\n"
+      " setp.ne.u32 rest, %2, 0;\n @rest bra DONE;\n"
+      "WAIT:\n ld.acquire.gpu.global.u32 seen, [%0];\n setp.ge.u32 done, seen, %1;\n @done bra DONE;\n"
+      " add.u64 tries, tries, 1;\n setp.gt.u64 late, tries, %3;\n @late trap;\n bra WAIT;\n"
+      "DONE:\n}\n" ::"l"(count), "r"(target), "r"(lane), "n"(SPIN_LIMIT)
+      : "memory");
+  __syncwarp();
 }
 __device__ __forceinline__ uint32_t bf16x2(float2 v) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
@@ -192,33 +221,43 @@ __device__ void stream_weights(const Phase* phases, int num_phases, int flags, u
   }
 }
 
-// The activation warp: at each phase's start the grid barrier and the zeroing, then the phase's activation chunks.
+// The activation warp, phase by phase: first the clearing of the buffer the phase four on adds into (once the
+// phase that last read it is done), then, once every CTA has cleared this phase's own buffer, the phase's
+// activation chunks, each once the tile of the previous phase it reads is complete (BK = BN: a chunk is one tile).
 template <typename C, int SX>
-__device__ void stream_activations(const Phase* phases, int num_phases, unsigned* counters, int flags, uint32_t ring,
-                                   uint32_t full, uint32_t empty, int lane) {
+__device__ void stream_activations(const Phase* phases, int num_phases, const Counters& counters, int flags,
+                                   uint32_t ring, uint32_t full, uint32_t empty, int lane) {
+  static_assert(C::BK == BN, "an activation chunk is one output tile of the previous phase");
+  const bool waits = !(flags & NO_WAITS);
   uint32_t n = 0;
   for (int p = 0; p < num_phases; ++p) {
     const Phase ph = phases[p];
-    if (p > 0) {
-      if (lane == 0 && !(flags & NO_BARRIER)) {
-        for (long long spins = 0; load_acquire(counters + p - 1) < 2u * gridDim.x; ++spins)
-          if (spins > SPIN_LIMIT) __trap();
+    if (ph.zero) {  // the buffer phase p - 4 wrote, phase p - 3 read and phase p + 4 adds into
+      const Phase reader = phases[p - 3];
+      if (waits) wait_count(counters.phase_units + p - 3, static_cast<unsigned>(reader.n / BN * reader.split), lane);
+      // the same trip count in every lane, the store predicated: no divergent path for the compiler (ptxas
+      // serializes wgmma in the multiplying warps when any role has one, as it does for the waits' spins)
+      float4* stale = reinterpret_cast<float4*>(ph.zero);
+      for (long long i = blockIdx.x * 32ll; i < ph.zeros / 4; i += gridDim.x * 32ll) {
+        if (i + lane < ph.zeros / 4) stale[i + lane] = float4{};
       }
-      __syncwarp();
-      // Phase p - 1's x was read by every CTA (their arrivals above say so); phase p + 2 adds into it next.
-      float4* stale = reinterpret_cast<float4*>(phases[p - 1].x);
-      const long long count = ROWS * phases[p - 1].ldx / 4;
-      for (long long i = blockIdx.x * 32ll + lane; i < count; i += gridDim.x * 32ll) stale[i] = make_float4(0, 0, 0, 0);
       __threadfence();
       __syncwarp();
+      count_if(counters.cleared + p + 4, lane == 0);
     }
-    if (lane == 0) atomicAdd(counters + p, 1u);
+    if (p >= 8 && waits) wait_count(counters.cleared + p, gridDim.x, lane);
     const Walk walk(ph, blockIdx.x, gridDim.x, C::BK);
+    const Phase source = phases[p > 0 ? p - 1 : 0];
     for (int u = walk.first; u < walk.units; u += gridDim.x) {
-      const float* x = reinterpret_cast<const float*>(ph.x) + (u % ph.split) * walk.slice_k;
+      const int k0 = (u % ph.split) * walk.slice_k;
+      const float* x = reinterpret_cast<const float*>(ph.x) + k0;
       for (int c = 0; c < walk.chunks; ++c, ++n) {
         const uint32_t s = n % SX;
         if (n >= SX) bar_wait(empty + 8 * s, (n / SX - 1) & 1);
+        if (p > 0 && waits) {
+          const int tile = (k0 + c * C::BK) / BN;
+          wait_count(counters.tile_units + source.tiles + tile, static_cast<unsigned>(source.split), lane);
+        }
         if (flags & NO_ACTIVATIONS) {
           bar_arrive(full + 8 * s);
           continue;
@@ -340,7 +379,7 @@ __device__ __forceinline__ void write_unit(const float (&acc)[NB][4], const Phas
 // The multiplying warps (mw of MW): the products, 16 rows and NB 8-column blocks a warp, and each unit's partial
 // sums into the phase's output. With wgmma a unit's chunks go in pairs (the phase table makes their count even).
 template <typename C, int SW, int SX, int MW>
-__device__ void multiply(const Phase* phases, int num_phases, unsigned* counters, int flags, const Rings& rings,
+__device__ void multiply(const Phase* phases, int num_phases, const Counters& counters, int flags, const Rings& rings,
                          int mw, int lane) {
   constexpr int NB = BN / 8 / (MW / 4);
   const int g = lane >> 2, t = lane & 3, row = mw % 4 * 16 + g, col0 = mw / 4 * NB * 8;
@@ -375,10 +414,12 @@ __device__ void multiply(const Phase* phases, int num_phases, unsigned* counters
         }
       }
       if (!(flags & NO_ADDS)) write_unit<NB>(acc, ph, u, row, col0, t);
+      // the unit counted once every warp's adds are visible: its tile's and its phase's counters
+      __threadfence();
+      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * MW) : "memory");  // the multiplying warps only
+      count_if(counters.tile_units + ph.tiles + u / ph.split, mw == 0 && lane == 0);
+      count_if(counters.phase_units + p, mw == 0 && lane == 0);
     }
-    __threadfence();
-    asm volatile("bar.sync 1, %0;\n" ::"n"(32 * MW) : "memory");  // the multiplying warps only
-    if (mw == 0 && lane == 0) atomicAdd(counters + p, 1u);
   }
 }
 
@@ -393,7 +434,8 @@ constexpr int threads() {  // MW multiplying, WW weight and one activation warp
 // one warpgroup of four using wgmma), WW weight-streaming warps and the activation warp.
 template <int BK, bool WG, int SW, int SX, int MW, int WW>
 __global__ void __launch_bounds__(threads<MW, WW>(), 1)
-    chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counters, int flags) {
+    chain_kernel(const Phase* __restrict__ phases, int num_phases, unsigned* counts, int tiles, int flags) {
+  const Counters counters{counts, counts + tiles, counts + tiles + num_phases};
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // the swizzle is a function of the address: the weight ring starts on 1024 bytes (smem_bytes leaves room)
   unsigned char* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
@@ -433,12 +475,12 @@ constexpr int smem_bytes(int sw, int sx) {
   return sw * Chunk<BK, WG>::W_STAGE + sx * Chunk<BK, WG>::X_STAGE + 16 * (sw + sx) + 1024;
 }
 
-// Host entry: one launch over `phases` ([P, 9] int64 on the device), its products by mma.sync or wgmma;
-// `counters` (P int32) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the kernel alone where
-// torch's headers are not at hand.)
+// Host entry: one launch over `phases` ([P, 12] int64 on the device), its products by mma.sync or wgmma; `counters`
+// (int32: the phases' tiles, then 2 x P) are zeroed first. (Left out by -DCHAIN_KERNEL_ONLY, which compiles the
+// kernel alone where torch's headers are not at hand.)
 #ifdef CHAIN_KERNEL_ONLY
-template __global__ void chain_kernel<128, false, 4, 2, 4, 2>(const Phase*, int, unsigned*, int);
-template __global__ void chain_kernel<128, true, 4, 2, 4, 2>(const Phase*, int, unsigned*, int);
+template __global__ void chain_kernel<128, false, 4, 2, 4, 2>(const Phase*, int, unsigned*, int, int);
+template __global__ void chain_kernel<128, true, 4, 2, 4, 2>(const Phase*, int, unsigned*, int, int);
 #else
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -455,12 +497,13 @@ void launch(const torch::Tensor& phases, const torch::Tensor& counters, int64_t 
   TORCH_CHECK(sized, "the chain kernel's shared memory could not be set");
   chain_kernel<BK, WG, SW, SX, MW, WW><<<static_cast<unsigned>(grid), threads<MW, WW>(), smem, stream>>>(
       reinterpret_cast<const Phase*>(phases.data_ptr<int64_t>()), static_cast<int>(phases.size(0)),
-      reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()), static_cast<int>(flags));
+      reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()),
+      static_cast<int>(counters.numel() - 2 * phases.size(0)), static_cast<int>(flags));
 }
 
 void chain(torch::Tensor phases, torch::Tensor counters, int64_t grid, bool wgmma, int64_t flags) {
-  TORCH_CHECK(phases.is_cuda() && phases.dtype() == torch::kInt64 && phases.dim() == 2 && phases.size(1) == 9);
-  TORCH_CHECK(counters.is_cuda() && counters.dtype() == torch::kInt32 && counters.numel() == phases.size(0));
+  TORCH_CHECK(phases.is_cuda() && phases.dtype() == torch::kInt64 && phases.dim() == 2 && phases.size(1) == 12);
+  TORCH_CHECK(counters.is_cuda() && counters.dtype() == torch::kInt32 && counters.numel() > 2 * phases.size(0));
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaMemsetAsync(counters.data_ptr(), 0, counters.numel() * sizeof(unsigned), stream);
   // the builds: 128-column chunks, rings of 4 and 2, four multiplying and two weight warps; mma.sync or wgmma

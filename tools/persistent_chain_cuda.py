@@ -9,13 +9,14 @@ layer's weights streamed in two GEMMs take 25.5), and ``tools.persistent_chain``
 grid barriers does not recover them (47-50 us): each phase restarts its loads after the barrier.
 
 This kernel separates the roles: two warps stream the weights in 32 KB chunks (128 columns x 128 K) into a 4-deep
-ring with cp.async and never wait for a phase; one warp waits at each phase's grid barrier and streams the
-activations (fp32, 64 rows x 128 K) into their own ring; four warps multiply (``BUILDS``: each warp's mma.sync with
-the weights by ldmatrix, or one warpgroup's wgmma reading them from shared memory). K is split (``SPLITS``, per
-phase) so that o and down have units for every SM, the partial sums added into fp32 outputs (a phase with K unsplit
-stores them); a phase's units rotate over the CTAs from where the previous phase's ended. Diagnostics (``FLAGS``)
-leave parts out: the activation copies, the grid barriers, the products, the weight copies, the adds; their outputs
-mean nothing and are not compared.
+ring with cp.async and never wait for a phase; one warp streams the activations (fp32, 64 rows x 128 K) into their
+own ring, each chunk once the tile of the previous phase it reads is complete (per-tile counters: the phases overlap
+wherever their tiles allow, no grid barrier); four warps multiply (``BUILDS``: each warp's mma.sync with the weights
+by ldmatrix, or one warpgroup's wgmma reading them from shared memory). K is split (``SPLITS``, per phase) so that o
+and down have units for every SM, the partial sums added into fp32 outputs (a phase with K unsplit stores them);
+a phase's units rotate over the CTAs from where the previous phase's ended. Diagnostics (``FLAGS``) leave parts
+out: the activation copies, the waits for tiles, the products, the weight copies, the adds; their outputs mean
+nothing and are not compared.
 
 Written before measuring: near 28-30 us a layer (the flat stream's 25.5 plus the barriers) says a persistent draft
 layer built this way recovers ~10 us a layer, ~2.5 ms a round. Every variant's final x is compared with the cuBLAS
@@ -36,13 +37,14 @@ the activations ~10, the barriers ~19 (the phases wait for their slowest CTA). W
 unswizzled core matrices (eight rows' 64-byte pieces a copy) the stream alone fell to 44.9. So the stream is near
 cuBLAS's flat one; what is left is the products and what the barriers expose.
 
-The wgmma build since then (not yet run): the weights in the 128-byte swizzled layout (whole 256-byte rows a copy
-again, written without bank conflicts), a chunk's products issued before the previous chunk's are waited for (x's
-fragments in two register sets, x's stage released once they are read), and the waits written so that ptxas does
-not serialize the products (the spin inside one asm statement, the warp roles branched on a shuffled warp index:
-``ptxas -v`` no longer reports serialized wgmma). Expected: the products near the stream, so the whole near the
-mma.sync build less the products' share (~55 us). Further: x in bf16 (the split-K adds into fp32 are what keep it
-fp32), and units of the next phase waiting only for the tiles they read instead of a grid barrier.
+Since then, not yet run: grid barriers replaced by per-tile counters (above; the runs before had one barrier a
+phase), and the wgmma build with the weights in the 128-byte swizzled layout (whole 256-byte rows a copy again,
+written without bank conflicts), each chunk's products issued before the previous chunk's are waited for (x's
+fragments in two register sets, x's stage released once they are read), the waits' spins inside one asm
+statement. Expected: the mma.sync build well below its 68.7 (the barriers' ~19 us are mostly the phases waiting
+for their slowest CTA). Open: ptxas (``-v``) reports the wgmma build's products serialized ("WG.DP in divergent
+path") since the activation warp gained the counters' waits and the clearing; with a grid barrier a phase it did
+not. Further: x in bf16 (the split-K adds into fp32 are what keep it fp32).
 """
 
 from __future__ import annotations
@@ -68,51 +70,78 @@ BUILDS = {"mma.sync": False, "wgmma": True}
 # K slices per phase (qkv, o, gate/up, down): units for every SM in each phase (A); gate/up unsplit, its 96 units
 # stored without adds (B); half the adds (C).
 SPLITS = {"A": (4, 8, 4, 8), "B": (4, 8, 1, 8), "C": (2, 4, 1, 4)}
-FLAGS = {"no_x": 1, "no_barrier": 2, "no_products": 4, "no_weights": 8, "no_adds": 16}  # NO_* in the source
+FLAGS = {"no_x": 1, "no_waits": 2, "no_products": 4, "no_weights": 8, "no_adds": 16}  # NO_* in the source
 DIAGNOSTICS = (
-    ("no_adds",), ("no_barrier",), ("no_x",), ("no_products",), ("no_weights",),
-    ("no_weights", "no_x", "no_adds"),  # the products and barriers alone
-    ("no_products", "no_x", "no_adds"),  # the weight stream and barriers alone
-    ("no_products", "no_x", "no_adds", "no_barrier"),  # the weight stream alone
+    ("no_adds",), ("no_waits",), ("no_x",), ("no_products",), ("no_weights",),
+    ("no_weights", "no_x", "no_adds"),  # the products and waits alone
+    ("no_products", "no_x", "no_adds"),  # the weight stream and waits alone
+    ("no_products", "no_x", "no_adds", "no_waits"),  # the weight stream alone
 )  # fmt: skip
 
 
-def phase_table(chain: Chain, buffers: list[torch.Tensor], splits: tuple[int, ...], grid: int) -> torch.Tensor:
-    """[4 x layers, 9] int64 rows (weight, x, out pointers; x's and out's leading dimensions; N; K; K slices; the
-    rotation), one per GEMM in chain order. Phase p reads ``buffers[p]`` and writes ``buffers[p + 1]`` (x, qkv's, o's
-    and gate/up's outputs, x: fp32, their full widths as leading dimensions, a GEMM reading its first K columns as
-    ``Chain.inputs`` does). A phase's unit u runs on CTA (u + rotation) % grid, the rotation counting every earlier
-    phase's units."""
-    rows, done = [], 0
-    for layer in chain.weights:
-        for p, (name, split) in enumerate(zip(CHAIN, splits)):
-            w = layer[name]
-            n, k = w.shape
-            # the wgmma build takes a unit's chunks in pairs: a K slice of an even number of chunks
-            if n % BLOCK_N or k % (split * 2 * BLOCK_K) or not w.is_contiguous():
-                raise ValueError(f"{name} [{n}, {k}]: N a multiple of {BLOCK_N}, K of {split} x {2 * BLOCK_K}, "
-                                 "contiguous")  # fmt: skip
-            src, dst = buffers[p], buffers[p + 1]
-            rows.append([w.data_ptr(), src.data_ptr(), dst.data_ptr(), src.stride(0), dst.stride(0), n, k, split,
-                         done % grid])  # fmt: skip
-            done += n // BLOCK_N * split
+class Buffers:
+    """The kernel's fp32 activations: the chain's input x, and each GEMM's output twice over, by layer parity, so
+    that a layer's outputs are cleared while the next layer's are being written."""
+
+    def __init__(self, chain: Chain):
+        widths = [chain.weights[0][name].shape[0] for name in CHAIN]  # down's is x's
+        self.x = chain.x0.new_empty(ROWS, chain.x0.shape[1], dtype=torch.float32)
+        self.outs = [[chain.x0.new_zeros(ROWS, n, dtype=torch.float32) for n in widths] for _ in range(2)]
+
+    def out(self, p: int) -> torch.Tensor:
+        """What phase p (layer p // 4, GEMM p % 4) writes."""
+        return self.outs[p // 4 % 2][p % 4]
+
+    def source(self, p: int) -> torch.Tensor:
+        """What phase p reads: x, or the previous phase's output."""
+        return self.x if p == 0 else self.out(p - 1)
+
+    def reset(self, x0: torch.Tensor) -> None:
+        """A launch's start: x from the chain's, every output zero (the kernel clears them for their reuse)."""
+        self.x.copy_(x0)
+        for outs in self.outs:
+            for out in outs:
+                out.zero_()
+
+
+def phase_table(chain: Chain, buffers: Buffers, splits: tuple[int, ...], grid: int) -> torch.Tensor:
+    """[4 x layers, 12] int64 rows, one per GEMM in chain order: weight, x and out pointers; x's and out's leading
+    dimensions (their full widths: a GEMM reads its first K columns as ``Chain.inputs`` does); N; K; K slices; the
+    rotation (unit u runs on CTA (u + rotation) % grid, counting every earlier phase's units); where its tiles'
+    counters start; the buffer its start clears and its floats: from layer 1 on, the one the phase four on adds into
+    (phase p - 4 wrote it, phase p - 3 read it), or none."""
+    rows, units, tiles = [], 0, 0
+    count = len(chain.weights) * len(CHAIN)
+    for p in range(count):
+        name, split = CHAIN[p % 4], splits[p % 4]
+        w = chain.weights[p // 4][name]
+        n, k = w.shape
+        # the wgmma build takes a unit's chunks in pairs: a K slice of an even number of chunks
+        if n % BLOCK_N or k % (split * 2 * BLOCK_K) or not w.is_contiguous():
+            raise ValueError(f"{name} [{n}, {k}]: N a multiple of {BLOCK_N}, K of {split} x {2 * BLOCK_K}, "
+                             "contiguous")  # fmt: skip
+        src, dst = buffers.source(p), buffers.out(p)
+        clear = buffers.out(p + 4) if 4 <= p < count - 4 else None
+        rows.append([w.data_ptr(), src.data_ptr(), dst.data_ptr(), src.stride(0), dst.stride(0), n, k, split,
+                     units % grid, tiles, 0 if clear is None else clear.data_ptr(),
+                     0 if clear is None else clear.numel()])  # fmt: skip
+        units += n // BLOCK_N * split
+        tiles += n // BLOCK_N
     return torch.tensor(rows, dtype=torch.int64)
 
 
 def simulate(chain: Chain, splits: tuple[int, ...], grid: int) -> torch.Tensor:
-    """The kernel's plan in torch, on the chain's device: the phase table's units per CTA, each unit's product of
-    bf16-rounded x with its weights added into the fp32 output, phase p zeroing what phase p - 1 read. Returns the
-    final x (fp32) and checks that every unit ran on exactly one CTA."""
-    dims = [chain.weights[0][name].shape[0] for name in CHAIN[:3]]
-    buffers = [chain.x0.float(), *(chain.x0.new_zeros(ROWS, n, dtype=torch.float32) for n in dims)]
-    buffers.append(buffers[0])
+    """The kernel's plan in torch, on the chain's device, phase by phase: the clearing, the phase table's units per
+    CTA, each unit's product of bf16-rounded x with its weights added into the fp32 output. Returns the final x
+    (fp32) and checks that every unit ran on exactly one CTA."""
+    buffers = Buffers(chain)
+    buffers.reset(chain.x0)
     table = phase_table(chain, buffers, splits, grid).tolist()
-    by_ptr = {b.data_ptr(): b for b in buffers}
-    weights = [layer[name] for layer in chain.weights for name in CHAIN]
-    for p, (_, x_ptr, out_ptr, _, _, n, k, split, rotation) in enumerate(table):
-        if p:
-            by_ptr[table[p - 1][1]].zero_()
-        x, out, w = by_ptr[x_ptr], by_ptr[out_ptr], weights[p]
+    by_ptr = {b.data_ptr(): b for b in [buffers.x, *buffers.outs[0], *buffers.outs[1]]}
+    for p, (_, x_ptr, out_ptr, _, _, n, k, split, rotation, _, clear, _) in enumerate(table):
+        if clear:
+            by_ptr[clear].zero_()
+        x, out, w = by_ptr[x_ptr], by_ptr[out_ptr], chain.weights[p // 4][CHAIN[p % 4]]
         units, slice_k = n // BLOCK_N * split, k // split
         ran = [u for cta in range(grid) for u in range((cta - rotation) % grid, units, grid)]
         assert sorted(ran) == list(range(units)), f"phase {p}: units {sorted(ran)}"
@@ -120,7 +149,7 @@ def simulate(chain: Chain, splits: tuple[int, ...], grid: int) -> torch.Tensor:
             tile, part = divmod(u, split)
             cols, ks = slice(tile * BLOCK_N, (tile + 1) * BLOCK_N), slice(part * slice_k, (part + 1) * slice_k)
             out[:, cols] += x[:, ks].bfloat16().float() @ w[cols, ks].float().T
-    return buffers[0]
+    return buffers.out(len(table) - 1)
 
 
 class CudaChain:
@@ -134,22 +163,21 @@ class CudaChain:
         self.chain = chain
         # torch picks the C++ standard; wgmma needs the sm_90a target
         os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
-        self.module = load(name="sparsespec_persistent_chain2", sources=[str(SOURCE)], extra_cuda_cflags=["-O3"])
-        device = chain.x0.device
-        self.grid = torch.cuda.get_device_properties(device).multi_processor_count
-        self.x = torch.empty(ROWS, chain.x0.shape[1], device=device, dtype=torch.float32)
-        self.outs = [torch.empty(ROWS, chain.weights[0][name].shape[0], device=device, dtype=torch.float32)
-                     for name in CHAIN[:3]]  # fmt: skip
-        buffers = [self.x, *self.outs, self.x]
-        self.tables = {key: phase_table(chain, buffers, s, self.grid).to(device) for key, s in SPLITS.items()}
-        self.counters = torch.zeros(len(chain.weights) * len(CHAIN), device=device, dtype=torch.int32)
+        self.module = load(name="sparsespec_persistent_chain3", sources=[str(SOURCE)], extra_cuda_cflags=["-O3"])
+        self.grid = torch.cuda.get_device_properties(chain.x0.device).multi_processor_count
+        self.buffers = Buffers(chain)
+        self.tables = {key: phase_table(chain, self.buffers, s, self.grid).to(chain.x0.device)
+                       for key, s in SPLITS.items()}  # fmt: skip
+        table = self.tables["A"]
+        # a counter a tile, then two a phase (``Counters`` in the source)
+        tiles = int((table[:, 5] // BLOCK_N).sum())
+        self.counters = torch.zeros(tiles + 2 * len(table), device=chain.x0.device, dtype=torch.int32)
 
     def run(self, build: str, splits: str, flags: int = 0) -> torch.Tensor:
-        self.x.copy_(self.chain.x0)
-        for out in self.outs:  # the first layer's qkv, o and gate/up add into zeros; later ones the kernel zeroes
-            out.zero_()
-        self.module.chain(self.tables[splits], self.counters, self.grid, BUILDS[build], flags)
-        return self.x
+        self.buffers.reset(self.chain.x0)
+        table = self.tables[splits]
+        self.module.chain(table, self.counters, self.grid, BUILDS[build], flags)
+        return self.buffers.out(len(table) - 1)
 
 
 def main() -> None:

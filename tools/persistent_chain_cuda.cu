@@ -47,7 +47,7 @@ constexpr int NO_WAITS = 2;               // flags: activations loaded without w
 constexpr int NO_PRODUCTS = 4;            // flags: the multiplying warps only take and release the chunks
 constexpr int NO_WEIGHTS = 8;             // flags: the weight warp copies nothing (times the rest)
 constexpr int NO_ADDS = 16;               // flags: a unit's sums are not written (times the adds)
-constexpr long long SPIN_LIMIT = 1ll << 26;  // a wait that long means a broken schedule: trap, never hang
+constexpr long long SPIN_LIMIT = 1ll << 24;  // tries (seconds): a broken schedule traps, never hangs
 
 // One GEMM: out[:64, :n] (+)= x[:64, :k] @ w[n, k].T, K in `split` slices; pointers as integers, leading dimensions
 // in elements. offset: the rotation of its units over the CTAs; tiles: where its tiles' counters start; zero, zeros:

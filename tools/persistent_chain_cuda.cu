@@ -64,8 +64,8 @@ struct Counters {
   unsigned* cleared;
 };
 
-// Lane 0 waits until *count reaches target (acquire: what the counted writes wrote is visible after), then the warp.
-__device__ __forceinline__ void wait_count(const unsigned* count, unsigned target, int lane);
+// The warp waits until *count reaches target (acquire: what the counted writes wrote is visible after).
+__device__ __forceinline__ void wait_count(const unsigned* count, unsigned target);
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -106,11 +106,6 @@ __device__ __forceinline__ void load_b(uint32_t* b0, uint32_t* b1, uint32_t addr
                : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
                : "r"(addr));
 }
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 __device__ __forceinline__ void add_pair(float* p, float a, float b) {  // no value back, so no wait on it
   asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
@@ -121,15 +116,13 @@ __device__ __forceinline__ void count_if(unsigned* count, bool first) {
                ::"l"(count), "r"(static_cast<int>(first))
                : "memory");
 }
-__device__ __forceinline__ void wait_count(const unsigned* count, unsigned target, int lane) {
-  asm volatile(  // lane 0 spins inside the asm, like bar_wait (no divergent path for the compiler)
-      "{\n .reg .pred done, late, rest;\n .reg .u32 seen;\n .reg .u64 tries;\n mov.u64 tries, 0;\n"
-      " setp.ne.u32 rest, %2, 0;\n @rest bra DONE;\n"
+__device__ __forceinline__ void wait_count(const unsigned* count, unsigned target) {
+  asm volatile(  // every lane polls, inside the asm like bar_wait: no lane-dependent path for the compiler
+      "{\n .reg .pred done, late;\n .reg .u32 seen;\n .reg .u64 tries;\n mov.u64 tries, 0;\n"
       "WAIT:\n ld.acquire.gpu.global.u32 seen, [%0];\n setp.ge.u32 done, seen, %1;\n @done bra DONE;\n"
-      " add.u64 tries, tries, 1;\n setp.gt.u64 late, tries, %3;\n @late trap;\n bra WAIT;\n"
-      "DONE:\n}\n" ::"l"(count), "r"(target), "r"(lane), "n"(SPIN_LIMIT)
+      " add.u64 tries, tries, 1;\n setp.gt.u64 late, tries, %2;\n @late trap;\n bra WAIT;\n"
+      "DONE:\n}\n" ::"l"(count), "r"(target), "n"(SPIN_LIMIT)
       : "memory");
-  __syncwarp();
 }
 __device__ __forceinline__ uint32_t bf16x2(float2 v) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
@@ -234,18 +227,16 @@ __device__ void stream_activations(const Phase* phases, int num_phases, const Co
     const Phase ph = phases[p];
     if (ph.zero) {  // the buffer phase p - 4 wrote, phase p - 3 read and phase p + 4 adds into
       const Phase reader = phases[p - 3];
-      if (waits) wait_count(counters.phase_units + p - 3, static_cast<unsigned>(reader.n / BN * reader.split), lane);
-      // the same trip count in every lane, the store predicated: no divergent path for the compiler (ptxas
-      // serializes wgmma in the multiplying warps when any role has one, as it does for the waits' spins)
+      if (waits) wait_count(counters.phase_units + p - 3, static_cast<unsigned>(reader.n / BN * reader.split));
+      // the same trip count in every lane (a buffer's float4s are a multiple of 32): no lane-dependent path, which
+      // ptxas answers by serializing the multiplying warps' wgmma products
       float4* stale = reinterpret_cast<float4*>(ph.zero);
-      for (long long i = blockIdx.x * 32ll; i < ph.zeros / 4; i += gridDim.x * 32ll) {
-        if (i + lane < ph.zeros / 4) stale[i + lane] = float4{};
-      }
+      for (long long i = blockIdx.x * 32ll; i < ph.zeros / 4; i += gridDim.x * 32ll) stale[i + lane] = float4{};
       __threadfence();
       __syncwarp();
       count_if(counters.cleared + p + 4, lane == 0);
     }
-    if (p >= 8 && waits) wait_count(counters.cleared + p, gridDim.x, lane);
+    if (p >= 8 && waits) wait_count(counters.cleared + p, gridDim.x);
     const Walk walk(ph, blockIdx.x, gridDim.x, C::BK);
     const Phase source = phases[p > 0 ? p - 1 : 0];
     for (int u = walk.first; u < walk.units; u += gridDim.x) {
@@ -256,7 +247,7 @@ __device__ void stream_activations(const Phase* phases, int num_phases, const Co
         if (n >= SX) bar_wait(empty + 8 * s, (n / SX - 1) & 1);
         if (p > 0 && waits) {
           const int tile = (k0 + c * C::BK) / BN;
-          wait_count(counters.tile_units + source.tiles + tile, static_cast<unsigned>(source.split), lane);
+          wait_count(counters.tile_units + source.tiles + tile, static_cast<unsigned>(source.split));
         }
         if (flags & NO_ACTIVATIONS) {
           bar_arrive(full + 8 * s);

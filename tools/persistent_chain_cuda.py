@@ -41,10 +41,11 @@ Since then, not yet run: grid barriers replaced by per-tile counters (above; the
 phase), and the wgmma build with the weights in the 128-byte swizzled layout (whole 256-byte rows a copy again,
 written without bank conflicts), each chunk's products issued before the previous chunk's are waited for (x's
 fragments in two register sets, x's stage released once they are read), the waits' spins inside one asm
-statement. Expected: the mma.sync build well below its 68.7 (the barriers' ~19 us are mostly the phases waiting
-for their slowest CTA). Open: ptxas (``-v``) reports the wgmma build's products serialized ("WG.DP in divergent
-path") since the activation warp gained the counters' waits and the clearing; with a grid barrier a phase it did
-not. Further: x in bf16 (the split-K adds into fp32 are what keep it fp32).
+statement and no lane-dependent branch in any role (ptxas serializes the wgmma products when one exists: ``-v``
+reports "serialized ... in divergent path"; it reports nothing of the kind for this build). Expected: the mma.sync
+build well below its 68.7 (the barriers' ~19 us are mostly the phases waiting for their slowest CTA). Further: x
+in bf16 (the split-K adds into fp32 are what keep it fp32; x in shared memory would then halve, and wgmma could
+read it there too).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ constexpr int NO_WAITS = 2;               // flags: activations loaded without w
 constexpr int NO_PRODUCTS = 4;            // flags: the multiplying warps only take and release the chunks
 constexpr int NO_WEIGHTS = 8;             // flags: the weight warp copies nothing (times the rest)
 constexpr int NO_ADDS = 16;               // flags: a unit's sums are not written (times the adds)
-constexpr long long SPIN_LIMIT = 1ll << 24;  // tries (seconds): a broken schedule traps, never hangs
+constexpr long long SPIN_LIMIT = 1ll << 24;  // tries of a wait, seconds of it: past them a broken schedule traps
 
 // One GEMM: out[:64, :n] (+)= x[:64, :k] @ w[n, k].T, K in `split` slices; pointers as integers, leading dimensions
 // in elements. offset: the rotation of its units over the CTAs; tiles: where its tiles' counters start; zero, zeros:
@@ -63,9 +63,6 @@ struct Counters {
   unsigned* phase_units;
   unsigned* cleared;
 };
-
-// The warp waits until *count reaches target (acquire: what the counted writes wrote is visible after).
-__device__ __forceinline__ void wait_count(const unsigned* count, unsigned target);
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -116,8 +113,10 @@ __device__ __forceinline__ void count_if(unsigned* count, bool first) {
                ::"l"(count), "r"(static_cast<int>(first))
                : "memory");
 }
+// The warp waits until *count reaches target (acquire: what the counted writes wrote is visible after). Every lane
+// polls, inside the asm like bar_wait: no lane-dependent path for the compiler.
 __device__ __forceinline__ void wait_count(const unsigned* count, unsigned target) {
-  asm volatile(  // every lane polls, inside the asm like bar_wait: no lane-dependent path for the compiler
+  asm volatile(
       "{\n .reg .pred done, late;\n .reg .u32 seen;\n .reg .u64 tries;\n mov.u64 tries, 0;\n"
       "WAIT:\n ld.acquire.gpu.global.u32 seen, [%0];\n setp.ge.u32 done, seen, %1;\n @done bra DONE;\n"
       " add.u64 tries, tries, 1;\n setp.gt.u64 late, tries, %2;\n @late trap;\n bra WAIT;\n"

@@ -47,6 +47,7 @@ constexpr int NO_WAITS = 2;               // flags: activations loaded without w
 constexpr int NO_PRODUCTS = 4;            // flags: the multiplying warps only take and release the chunks
 constexpr int NO_WEIGHTS = 8;             // flags: the weight warp copies nothing (times the rest)
 constexpr int NO_ADDS = 16;               // flags: a unit's sums are not written (times the adds)
+constexpr int BARRIERS = 32;              // flags: a phase waits for the whole previous one (a grid barrier each)
 constexpr long long SPIN_LIMIT = 1ll << 24;  // tries of a wait, seconds of it: past them a broken schedule traps
 
 // One GEMM: out[:64, :n] (+)= x[:64, :k] @ w[n, k].T, K in `split` slices; pointers as integers, leading dimensions
@@ -215,7 +216,8 @@ __device__ void stream_weights(const Phase* phases, int num_phases, int flags, u
 
 // The activation warp, phase by phase: first the clearing of the buffer the phase four on adds into (once the
 // phase that last read it is done), then, once every CTA has cleared this phase's own buffer, the phase's
-// activation chunks, each once the tile of the previous phase it reads is complete (BK = BN: a chunk is one tile).
+// activation chunks, each once the tile of the previous phase it reads is complete (BK = BN: a chunk is one tile),
+// or, with BARRIERS, all of them once the whole previous phase is.
 template <typename C, int SX>
 __device__ void stream_activations(const Phase* phases, int num_phases, const Counters& counters, int flags,
                                    uint32_t ring, uint32_t full, uint32_t empty, int lane) {
@@ -236,15 +238,17 @@ __device__ void stream_activations(const Phase* phases, int num_phases, const Co
       count_if(counters.cleared + p + 4, lane == 0);
     }
     if (p >= 8 && waits) wait_count(counters.cleared + p, gridDim.x);
-    const Walk walk(ph, blockIdx.x, gridDim.x, C::BK);
     const Phase source = phases[p > 0 ? p - 1 : 0];
+    const bool barrier = waits && (flags & BARRIERS) && p > 0;
+    if (barrier) wait_count(counters.phase_units + p - 1, static_cast<unsigned>(source.n / BN * source.split));
+    const Walk walk(ph, blockIdx.x, gridDim.x, C::BK);
     for (int u = walk.first; u < walk.units; u += gridDim.x) {
       const int k0 = (u % ph.split) * walk.slice_k;
       const float* x = reinterpret_cast<const float*>(ph.x) + k0;
       for (int c = 0; c < walk.chunks; ++c, ++n) {
         const uint32_t s = n % SX;
         if (n >= SX) bar_wait(empty + 8 * s, (n / SX - 1) & 1);
-        if (p > 0 && waits) {
+        if (p > 0 && waits && !barrier) {
           const int tile = (k0 + c * C::BK) / BN;
           wait_count(counters.tile_units + source.tiles + tile, static_cast<unsigned>(source.split));
         }

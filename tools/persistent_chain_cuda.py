@@ -16,7 +16,7 @@ by ldmatrix, or one warpgroup's wgmma reading them from shared memory). K is spl
 and down have units for every SM, the partial sums added into fp32 outputs (a phase with K unsplit stores them);
 a phase's units rotate over the CTAs from where the previous phase's ended. Diagnostics (``FLAGS``) leave parts
 out: the activation copies, the waits for tiles, the products, the weight copies, the adds; their outputs mean
-nothing and are not compared.
+nothing and are not compared. ``barriers`` puts a grid barrier a phase back in place of the tiles' waits.
 
 Written before measuring: near 28-30 us a layer (the flat stream's 25.5 plus the barriers) says a persistent draft
 layer built this way recovers ~10 us a layer, ~2.5 ms a round. Every variant's final x is compared with the cuBLAS
@@ -71,7 +71,8 @@ BUILDS = {"mma.sync": False, "wgmma": True}
 # K slices per phase (qkv, o, gate/up, down): units for every SM in each phase (A); gate/up unsplit, its 96 units
 # stored without adds (B); half the adds (C).
 SPLITS = {"A": (4, 8, 4, 8), "B": (4, 8, 1, 8), "C": (2, 4, 1, 4)}
-FLAGS = {"no_x": 1, "no_waits": 2, "no_products": 4, "no_weights": 8, "no_adds": 16}  # NO_* in the source
+# diagnostics that leave a part out (NO_* in the source), and the grid barrier a phase in place of the tiles' waits
+FLAGS = {"no_x": 1, "no_waits": 2, "no_products": 4, "no_weights": 8, "no_adds": 16, "barriers": 32}
 DIAGNOSTICS = (
     ("no_adds",), ("no_waits",), ("no_x",), ("no_products",), ("no_weights",),
     ("no_weights", "no_x", "no_adds"),  # the products and waits alone
@@ -192,14 +193,14 @@ def main() -> None:
     except Exception as exc:  # the build failing still leaves the baseline's row
         probe, results["build"] = None, {"error": repr(exc)[:4000]}
         print(f"build: {results['build']['error']}", flush=True)
-    runs = [(build, splits, ()) for build in reversed(BUILDS) for splits in SPLITS]
-    runs += [("wgmma", "A", names) for names in DIAGNOSTICS]
+    runs = [(build, splits, ()) for build in BUILDS for splits in SPLITS]
+    runs += [(build, "A", names) for build in BUILDS for names in (("barriers",), *DIAGNOSTICS)]
     for build, splits, names in runs if probe is not None else ():
         flags = sum(FLAGS[name] for name in names)
         key = f"persistent_cuda:{build}:{splits}" + "".join(f":{name}" for name in names)
         call = functools.partial(probe.run, build, splits, flags)
         results[key] = timed_against(key, call, reference, chain, args.replays)
-        if flags:  # a diagnostic's output means nothing
+        if flags & ~FLAGS["barriers"]:  # a diagnostic's output means nothing; the barriers' computes the chain
             results[key].pop("max_abs_diff_vs_cublas", None)
     settings = probe_settings(args, chain, started, block_n=BLOCK_N, block_k=BLOCK_K, builds=list(BUILDS),
                               splits=SPLITS)  # fmt: skip

@@ -86,10 +86,12 @@ def test_the_cuda_chains_phase_table_follows_the_chain() -> None:
         cuda_chain.phase_table(chain, buffers, (2, 4, 1, 2), grid)
 
 
-@pytest.mark.parametrize("grid", [1, 3, 7])
-def test_the_cuda_chains_plan_computes_the_chain(grid: int) -> None:
+@pytest.mark.parametrize(("grid", "seed"), [(1, None), (3, None), (7, None), (5, 0), (5, 1), (5, 2)])
+def test_the_cuda_chains_plan_computes_the_chain(grid: int, seed: int | None) -> None:
     """The kernel's plan (its units over the CTAs, K split and added into fp32, outputs by layer parity, each
-    buffer cleared before the layer after next adds into it) gives the chain's output, every unit run once."""
+    buffer cleared before the layer after next adds into it) gives the chain's output, every unit run once: phase
+    by phase, and in random orders that keep only the kernel's waits (a unit runs once the tiles it reads are done,
+    not the whole previous phase)."""
     from tools import persistent_chain_cuda as cuda_chain
 
     torch.manual_seed(0)
@@ -100,6 +102,6 @@ def test_the_cuda_chains_plan_computes_the_chain(grid: int) -> None:
         o = (qkv[:, :512].float() @ layer["o"].float().T).bfloat16()
         gate_up = (o.float() @ layer["gate_up"].float().T).bfloat16()
         x = (gate_up[:, :512].float() @ layer["down"].float().T).bfloat16()
-    got = cuda_chain.simulate(chain, (2, 2, 1, 2), grid)
+    got = cuda_chain.simulate(chain, (2, 2, 1, 2), grid, seed)
     assert ((got - x.float()).norm() / x.float().norm()).item() < 1e-2
     assert ((chain.x0.float() - x.float()).norm() / x.float().norm()).item() > 0.5  # the bound means something

@@ -215,7 +215,7 @@ __device__ void stream_weights(const Phase* phases, int num_phases, int flags, u
 }
 
 // The activation warp, phase by phase: first the clearing of the buffer the phase four on adds into (once the
-// phase that last read it is done), then, once every CTA has cleared this phase's own buffer, the phase's
+// phases that last wrote and read it are done), then, once every CTA has cleared this phase's own buffer, the phase's
 // activation chunks, each once the tile of the previous phase it reads is complete (BK = BN: a chunk is one tile),
 // or, with BARRIERS, all of them once the whole previous phase is.
 template <typename C, int SX>
@@ -226,9 +226,10 @@ __device__ void stream_activations(const Phase* phases, int num_phases, const Co
   uint32_t n = 0;
   for (int p = 0; p < num_phases; ++p) {
     const Phase ph = phases[p];
-    if (ph.zero) {  // the buffer phase p - 4 wrote, phase p - 3 read and phase p + 4 adds into
-      const Phase reader = phases[p - 3];
-      if (waits) wait_count(counters.phase_units + p - 3, static_cast<unsigned>(reader.n / BN * reader.split));
+    if (ph.zero) {  // the buffer phase p - 4 wrote (all of it: its reader may take only the first columns), phase
+                    // p - 3 read and phase p + 4 adds into
+      for (int q = p - 4; q <= p - 3 && waits; ++q)
+        wait_count(counters.phase_units + q, static_cast<unsigned>(phases[q].n / BN * phases[q].split));
       // the same trip count in every lane (a buffer's float4s are a multiple of 32): no lane-dependent path, which
       // ptxas answers by serializing the multiplying warps' wgmma products
       float4* stale = reinterpret_cast<float4*>(ph.zero);

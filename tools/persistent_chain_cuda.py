@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -132,25 +133,57 @@ def phase_table(chain: Chain, buffers: Buffers, splits: tuple[int, ...], grid: i
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def simulate(chain: Chain, splits: tuple[int, ...], grid: int) -> torch.Tensor:
-    """The kernel's plan in torch, on the chain's device, phase by phase: the clearing, the phase table's units per
-    CTA, each unit's product of bf16-rounded x with its weights added into the fp32 output. Returns the final x
-    (fp32) and checks that every unit ran on exactly one CTA."""
+def simulate(chain: Chain, splits: tuple[int, ...], grid: int, seed: int | None = None) -> torch.Tensor:
+    """The kernel's plan in torch, on the chain's device: each phase's clearing and units (checked to run on exactly
+    one CTA each), a unit's product of bf16-rounded x with its weights added into the fp32 output. Phase by phase,
+    or with ``seed`` in a random order that keeps only what the kernel's waits keep: a phase's clearing once the
+    phases four and three back (the buffer's writer and reader) are done; a unit once every tile of the previous
+    phase that its chunks read is, and, from the third layer on, once its own output was cleared. Returns the final
+    x (fp32); a plan whose waits could never all pass raises."""
     buffers = Buffers(chain)
     buffers.reset(chain.x0)
     table = phase_table(chain, buffers, splits, grid).tolist()
     by_ptr = {b.data_ptr(): b for b in [buffers.x, *buffers.outs[0], *buffers.outs[1]]}
-    for p, (_, x_ptr, out_ptr, _, _, n, k, split, rotation, _, clear, _) in enumerate(table):
-        if clear:
-            by_ptr[clear].zero_()
-        x, out, w = by_ptr[x_ptr], by_ptr[out_ptr], chain.weights[p // 4][CHAIN[p % 4]]
-        units, slice_k = n // BLOCK_N * split, k // split
+    pending: list[tuple[int, int]] = []  # (phase, unit), unit -1 for the phase's clearing
+    for p, (_, _, _, _, _, n, _, split, rotation, _, clear, _) in enumerate(table):
+        units = n // BLOCK_N * split
         ran = [u for cta in range(grid) for u in range((cta - rotation) % grid, units, grid)]
         assert sorted(ran) == list(range(units)), f"phase {p}: units {sorted(ran)}"
-        for u in ran:
-            tile, part = divmod(u, split)
-            cols, ks = slice(tile * BLOCK_N, (tile + 1) * BLOCK_N), slice(part * slice_k, (part + 1) * slice_k)
-            out[:, cols] += x[:, ks].bfloat16().float() @ w[cols, ks].float().T
+        pending += [(p, -1)] * bool(clear) + [(p, u) for u in ran]
+    done: set[tuple[int, int]] = set()
+
+    def tile_done(p: int, tile: int) -> bool:
+        return all((p, tile * table[p][7] + part) in done for part in range(table[p][7]))
+
+    def phase_done(p: int) -> bool:
+        return all((p, u) in done for u in range(table[p][5] // BLOCK_N * table[p][7]))
+
+    def ready(p: int, u: int) -> bool:
+        if u < 0:
+            return phase_done(p - 4) and phase_done(p - 3)
+        if p >= 8 and (p - 4, -1) not in done:
+            return False
+        slice_k = table[p][6] // table[p][7]
+        k0 = u % table[p][7] * slice_k
+        return p == 0 or all(tile_done(p - 1, k // BLOCK_N) for k in range(k0, k0 + slice_k, BLOCK_K))
+
+    order = random.Random(seed)
+    while pending:
+        candidates = [event for event in pending if ready(*event)] if seed is not None else pending[:1]
+        if not candidates:
+            raise RuntimeError(f"the plan's waits never pass for {pending[:4]}")
+        p, u = candidates[order.randrange(len(candidates))]
+        pending.remove((p, u))
+        done.add((p, u))
+        _, x_ptr, out_ptr, _, _, n, k, split, _, _, clear, _ = table[p]
+        if u < 0:
+            by_ptr[clear].zero_()
+            continue
+        x, out, w = by_ptr[x_ptr], by_ptr[out_ptr], chain.weights[p // 4][CHAIN[p % 4]]
+        tile, part = divmod(u, split)
+        cols = slice(tile * BLOCK_N, (tile + 1) * BLOCK_N)
+        ks = slice(part * (k // split), (part + 1) * (k // split))
+        out[:, cols] += x[:, ks].bfloat16().float() @ w[cols, ks].float().T
     return buffers.out(len(table) - 1)
 
 

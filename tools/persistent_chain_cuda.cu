@@ -23,9 +23,10 @@ namespace {
 
 constexpr int ROWS = 64;                  // the batch: four row blocks of 16
 constexpr int BN = 128;                   // output columns a unit
-// BK_: K columns a chunk, 64 or 128. WG_: the weights laid out for wgmma, K-major with the 128-byte swizzle (64
-// columns a 128-byte row, the 16-byte pieces of row r permuted by r % 8; 8-row groups 1024 bytes apart, the 64-column
-// halves of K BN x 128 bytes apart), else padded rows for ldmatrix.
+// BK_: K columns a chunk (BN: the activation warp takes one output tile a chunk). WG_: the weights laid out for
+// wgmma, K-major with the 128-byte swizzle (64 columns a 128-byte row, the 16-byte pieces of row r permuted by
+// r % 8; 8-row groups 1024 bytes apart, the 64-column halves of K BN x 128 bytes apart), else padded rows for
+// ldmatrix.
 template <int BK_, bool WG_>
 struct Chunk {
   static constexpr int BK = BK_;
@@ -174,11 +175,14 @@ __device__ __forceinline__ void fence_operands(float (&d)[16][4]) {
     asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory");
 }
 
+// A phase's units: its tiles times its K slices.
+__device__ __forceinline__ int units_of(const Phase& ph) { return static_cast<int>(ph.n / BN * ph.split); }
+
 // A phase's shape as the three roles walk it.
 struct Walk {
   int units, slice_k, chunks, first;
   __device__ Walk(const Phase& ph, int cta, int grid, int bk)
-      : units(static_cast<int>(ph.n / BN * ph.split)),
+      : units(units_of(ph)),
         slice_k(static_cast<int>(ph.k / ph.split)),
         chunks(static_cast<int>(ph.k / ph.split / bk)),
         first(static_cast<int>((cta - ph.offset % grid + grid) % grid)) {}
@@ -229,7 +233,7 @@ __device__ void stream_activations(const Phase* phases, int num_phases, const Co
     if (ph.zero) {  // the buffer phase p - 4 wrote (all of it: its reader may take only the first columns), phase
                     // p - 3 read and phase p + 4 adds into
       for (int q = p - 4; q <= p - 3 && waits; ++q)
-        wait_count(counters.phase_units + q, static_cast<unsigned>(phases[q].n / BN * phases[q].split));
+        wait_count(counters.phase_units + q, units_of(phases[q]));
       // the same trip count in every lane (a buffer's float4s are a multiple of 32): no lane-dependent path, which
       // ptxas answers by serializing the multiplying warps' wgmma products
       float4* stale = reinterpret_cast<float4*>(ph.zero);
@@ -241,7 +245,7 @@ __device__ void stream_activations(const Phase* phases, int num_phases, const Co
     if (p >= 8 && waits) wait_count(counters.cleared + p, gridDim.x);
     const Phase source = phases[p > 0 ? p - 1 : 0];
     const bool barrier = waits && (flags & BARRIERS) && p > 0;
-    if (barrier) wait_count(counters.phase_units + p - 1, static_cast<unsigned>(source.n / BN * source.split));
+    if (barrier) wait_count(counters.phase_units + p - 1, units_of(source));
     const Walk walk(ph, blockIdx.x, gridDim.x, C::BK);
     for (int u = walk.first; u < walk.units; u += gridDim.x) {
       const int k0 = (u % ph.split) * walk.slice_k;
@@ -268,6 +272,16 @@ __device__ void stream_activations(const Phase* phases, int num_phases, const Co
   }
 }
 
+// One K step's A fragment (mma.sync's layout, which wgmma's register operand shares) for the lane, from the fp32
+// activation stage at xs (the lane's row and column pair), 16 columns from kk, rounded to bf16.
+template <typename C>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const unsigned char* xs, int kk) {
+  a[0] = bf16x2(*reinterpret_cast<const float2*>(xs + kk * 4));
+  a[1] = bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + kk * 4));
+  a[2] = bf16x2(*reinterpret_cast<const float2*>(xs + (kk + 8) * 4));
+  a[3] = bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + (kk + 8) * 4));
+}
+
 // A chunk's products for one warp (mma.sync): its 16 rows x NB 8-column blocks; ws is the lane's ldmatrix address.
 template <typename C, int NB>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NB][4], uint32_t ws, const unsigned char* xs) {
@@ -276,12 +290,8 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NB][4], uint32_t ws, cons
     uint32_t b[NB][2];  // every product's weights loaded before the first product issues
 #pragma unroll
     for (int j = 0; j < NB; j += 2) load_b(b[j], b[j + 1], ws + j * 8 * C::W_PITCH + kk * 2);
-    const uint32_t a[4] = {
-        bf16x2(*reinterpret_cast<const float2*>(xs + kk * 4)),
-        bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + kk * 4)),
-        bf16x2(*reinterpret_cast<const float2*>(xs + (kk + 8) * 4)),
-        bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + (kk + 8) * 4)),
-    };
+    uint32_t a[4];
+    load_a<C>(a, xs, kk);
 #pragma unroll
     for (int j = 0; j < NB; ++j) mma16816(acc[j], a, b[j][0], b[j][1]);
   }
@@ -330,12 +340,7 @@ __device__ __forceinline__ void wgmma_step(float (&acc)[16][4], uint32_t (&a)[C:
   slot.wait(rings);
   const unsigned char* xs = rings.x + slot.x * C::X_STAGE + xs_offset;
 #pragma unroll
-  for (int s = 0; s < C::BK / 16; ++s) {
-    a[s][0] = bf16x2(*reinterpret_cast<const float2*>(xs + s * 64));
-    a[s][1] = bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + s * 64));
-    a[s][2] = bf16x2(*reinterpret_cast<const float2*>(xs + s * 64 + 32));
-    a[s][3] = bf16x2(*reinterpret_cast<const float2*>(xs + 8 * C::X_PITCH + s * 64 + 32));
-  }
+  for (int s = 0; s < C::BK / 16; ++s) load_a<C>(a[s], xs, s * 16);
   slot.release_x(rings, lane);
   if (!(flags & NO_PRODUCTS)) {
     // the weights came through cp.async (the generic proxy); wgmma reads them through the async one

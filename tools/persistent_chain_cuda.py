@@ -144,11 +144,11 @@ def simulate(chain: Chain, splits: tuple[int, ...], grid: int, seed: int | None 
     buffers.reset(chain.x0)
     table = phase_table(chain, buffers, splits, grid).tolist()
     by_ptr = {b.data_ptr(): b for b in [buffers.x, *buffers.outs[0], *buffers.outs[1]]}
+    units = [n // BLOCK_N * split for _, _, _, _, _, n, _, split, *_ in table]
     pending: list[tuple[int, int]] = []  # (phase, unit), unit -1 for the phase's clearing
-    for p, (_, _, _, _, _, n, _, split, rotation, _, clear, _) in enumerate(table):
-        units = n // BLOCK_N * split
-        ran = [u for cta in range(grid) for u in range((cta - rotation) % grid, units, grid)]
-        assert sorted(ran) == list(range(units)), f"phase {p}: units {sorted(ran)}"
+    for p, (*_, rotation, _, clear, _) in enumerate(table):
+        ran = [u for cta in range(grid) for u in range((cta - rotation) % grid, units[p], grid)]
+        assert sorted(ran) == list(range(units[p])), f"phase {p}: units {sorted(ran)}"
         pending += [(p, -1)] * bool(clear) + [(p, u) for u in ran]
     done: set[tuple[int, int]] = set()
 
@@ -156,7 +156,7 @@ def simulate(chain: Chain, splits: tuple[int, ...], grid: int, seed: int | None 
         return all((p, tile * table[p][7] + part) in done for part in range(table[p][7]))
 
     def phase_done(p: int) -> bool:
-        return all((p, u) in done for u in range(table[p][5] // BLOCK_N * table[p][7]))
+        return all((p, u) in done for u in range(units[p]))
 
     def ready(p: int, u: int) -> bool:
         if u < 0:

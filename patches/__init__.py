@@ -36,8 +36,9 @@ signature; HybridAttnBackend's own routing, to find the Triton backend that serv
 pool, to store the chain's K/V as SGLang would), ``cuda_graph`` (the decode graph runner's capture_forward_mode and
 attn_backend), ``request_guard`` (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to
 check a request before dispatch), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start instead of
-on the first sampled request), ``slot_warmup`` (write_req_to_token_pool_triton's signature as write_cache_indices calls
-it: both alignment variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry,
+on the first sampled request; FlashInfer's own JIT spec, not an SGLang symbol, compiled on a thread beside the
+captures), ``slot_warmup`` (write_req_to_token_pool_triton's signature as write_cache_indices calls it: both
+alignment variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry,
 ``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the server listens;
 ``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to
 broadcast rank 0's round shape and let rank 0 alone write the cost file), ``openai_guard`` (FastAPI's body fields of

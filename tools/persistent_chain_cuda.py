@@ -77,6 +77,7 @@ FLAGS = {"no_x": 1, "no_waits": 2, "no_products": 4, "no_weights": 8, "no_adds":
 DIAGNOSTICS = (
     ("no_adds",), ("no_waits",), ("no_x",), ("no_products",), ("no_weights",),
     ("no_weights", "no_x", "no_adds"),  # the products and waits alone
+    ("no_x", "no_adds"),  # the weight stream, products and waits: the chain with its activations and adds free
     ("no_products", "no_x", "no_adds"),  # the weight stream and waits alone
     ("no_products", "no_x", "no_adds", "no_waits"),  # the weight stream alone
 )  # fmt: skip

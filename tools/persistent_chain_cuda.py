@@ -37,15 +37,17 @@ the activations ~10, the barriers ~19 (the phases wait for their slowest CTA). W
 unswizzled core matrices (eight rows' 64-byte pieces a copy) the stream alone fell to 44.9. So the stream is near
 cuBLAS's flat one; what is left is the products and what the barriers expose.
 
-Since then, not yet run: grid barriers replaced by per-tile counters (above; the runs before had one barrier a
-phase), and the wgmma build with the weights in the 128-byte swizzled layout (whole 256-byte rows a copy again,
-written without bank conflicts), each chunk's products issued before the previous chunk's are waited for (x's
-fragments in two register sets, x's stage released once they are read), the waits' spins inside one asm
-statement and no lane-dependent branch in any role (ptxas serializes the wgmma products when one exists: ``-v``
-reports "serialized ... in divergent path"; it reports nothing of the kind for this build). Expected: the mma.sync
-build well below its 68.7 (the barriers' ~19 us are mostly the phases waiting for their slowest CTA). Further: x
-in bf16 (the split-K adds into fp32 are what keep it fp32; x in shared memory would then halve, and wgmma could
-read it there too).
+Without grid barriers (per-tile counters, as above) and with wgmma on the 128-byte swizzled weights (whole
+256-byte rows a copy; each chunk's products issued before the previous chunk's are waited for; no lane-dependent
+branch in any role, so ptxas serializes nothing): wgmma 65.0-65.1, mma.sync 68.0 (``_ed67a05``, ``_d2dc772``), a
+grid barrier a phase 69.4 / 71.5: the barriers' share was 4 us, not the ~19 the diagnostics had put on them. Each
+part left out saves 8-16 us (wgmma: activations 14, adds 14, waits 16, products 8, weights 10), the parts overlap
+little, and with both the activations and the adds left out, a bound no real chain reaches, the kernel takes 38.3
+against the cuBLAS chain's 41.2 (mma.sync 42.7). So a kernel of these four GEMMs alone can win ~3 us a layer at
+most, ~0.7 ms of a Qwen3-1.7B round: at 64 rows each phase's split-K partial sums (adds) and x reloaded a unit
+(as many bytes as the unit's weights in fp32) cost what the launch boundaries did. What such a kernel could still
+win is the rest of the layer (the norms, the attention, the gaps between ~200 launches a step), which needs all of
+it in one launch.
 """
 
 from __future__ import annotations

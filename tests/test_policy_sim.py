@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
 from tools.policy_sim import (
+    Sampling,
     SimResult,
+    _verify,
     first_divergence_from_greedy,
     register_attention,
     simulate,
 )
-from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +108,30 @@ def test_fp16_scores_round_like_the_gpu_and_ties_go_to_the_lower_position() -> N
     sel32, tail = _next_plan(cfg, scores, (5, 2), 6, 8)
     sel16, _ = _next_plan(cfg, scores, (5, 2), 6, 8, torch.float16)
     assert tail == 5 and sorted(sel32[0, 0].tolist()) == [0, 4] and sorted(sel16[0, 0].tolist()) == [0, 3]
+
+
+def test_sampled_verify_draws_the_target_distribution():
+    # Whatever q proposes, rejection sampling's first token follows p: accepted drafts plus residual draws.
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    logits = torch.log(p).expand(2, 4)  # the verify's rows: p at temperature 1, no filter
+    sampling, gen = Sampling(temperature=1.0), torch.Generator().manual_seed(7)
+    counts = torch.zeros(4)
+    for _ in range(20000):
+        x = int(torch.multinomial(q, 1, generator=gen))
+        accepted, after = _verify([x], logits, [q], sampling, gen)
+        counts[x if accepted else after] += 1
+    assert torch.allclose(counts / counts.sum(), p, atol=0.015)
+
+
+def test_sampled_rounds_accept_every_draft_at_a_full_budget_only(tiny_model):
+    sampling = Sampling(temperature=3.0, top_p=0.95, seed=3)  # rows spread over several tokens (sharpened head)
+    full = simulate(
+        tiny_model, PROMPT, 40, PillarConfig(num_steps=4, budget_ratio=1.0, min_budget=1), sampling=sampling
+    )
+    assert full.accept_length > 4.9  # q equals p up to fp32 rounding between one-row and five-row forwards
+    sparse_cfg = PillarConfig(num_steps=4, min_budget=2, recent_window=0, sink_tokens=0)
+    sparse = simulate(tiny_model, PROMPT, 40, sparse_cfg, sampling=sampling)
+    assert sparse.accept_length < full.accept_length
+    again = simulate(tiny_model, PROMPT, 40, sparse_cfg, sampling=sampling)
+    assert again.output_ids == sparse.output_ids and again.accepts == sparse.accepts  # one seed, one run

@@ -1,8 +1,8 @@
-"""CPU reference of PILLAR's greedy rounds in plain Hugging Face attention (no SGLang, no GPU).
+"""CPU reference of PILLAR's rounds in plain Hugging Face attention (no SGLang, no GPU), greedy or sampled.
 
     python -m tools.policy_sim --model M --data-dir D [--prompt-index 1] [--max-new-tokens 1500] \\
         [--policies pillar,coarse,streaming] [--recent-window 64] [--min-budget 128] [--out F.json] \\
-        [--select-every 4] [--score-rows all|last] [--check-lossless]
+        [--select-every 4] [--score-rows all|last] [--check-lossless] [--temperature 0.6 --top-p 0.95 --seed 0]
 
 Each round is simulated as the PILLAR worker runs it: k greedy draft steps whose attention, per
 layer and KV head, is restricted to the policy's plan (the budget rule, windows and streaming seed
@@ -15,6 +15,16 @@ own HF implementation on CPU (fp32 unless --dtype bfloat16), so policies and kno
 without device time; it matches the GPU's acceptance (AIME24 prompt 1, 1500 tokens, recent window
 16: 5.34 here, 5.93 on the H100 in bf16). Greedy outputs must equal plain greedy decoding
 (--check-lossless verifies it). The ORACLE policy is GPU-only (benchmarks/acceptance.py).
+
+With ``--temperature`` > 0 the rounds are sampled, as served: each draft token is drawn from its draft
+distribution q (stock's flashinfer rule at the request's temperature, top-p and top-k over the sparse forward's
+logits, the whole filtered distribution where the worker keeps its 64 most probable tokens), and the verify
+accepts it with probability min(1, p / q), p the full forward's filtered distribution, else
+draws the next token from the residual max(0, p - q) and ends the round; a round that accepts every draft
+draws its bonus token from p. Greedy decoding loops on this model, which flatters drafts that attend the recent
+window; sampled rounds compare policies where the headline runs (T 0.6 / top-p 0.95). One seed draws every
+token, so a run is reproducible; its accept length over ~600 rounds is a sample (a standard error of ~0.1 if the
+rounds were independent).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import Any
 import torch
 
 from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
+from sglang_sparsespec.sampling.target import SamplingRows, target_probs
 from sglang_sparsespec.selection.policy import draft_window, streaming_plan
 
 SIM_POLICIES = (SelectionPolicy.PILLAR, SelectionPolicy.COARSE, SelectionPolicy.STREAMING)
@@ -116,6 +127,49 @@ class SimResult:
         return out
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Sampled rounds' parameters (module docstring); one generator draws every token and coin."""
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[n, V] logits -> [n, V] stock's filtered distribution (flashinfer's rule)."""
+        n = logits.shape[0]
+        rows = SamplingRows(
+            torch.full((n,), self.temperature),
+            torch.full((n,), self.top_p),
+            torch.full((n,), self.top_k, dtype=torch.int32),
+        )
+        return target_probs(logits.float(), rows)
+
+
+def _draw(probs: torch.Tensor, gen: torch.Generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _verify(
+    drafts: list[int], logits: torch.Tensor, qs: list[torch.Tensor], sampling: Sampling | None, gen: torch.Generator
+) -> tuple[int, int]:
+    """(drafts accepted, the token after them) from the verify's k+1 rows of logits: greedy matches of the argmax,
+    or rejection sampling against the drafts' distributions ``qs``."""
+    if sampling is None:
+        target = logits.argmax(-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == target[accepted]:
+            accepted += 1
+        return accepted, target[accepted]
+    p = sampling.probs(logits)
+    for j, (x, q) in enumerate(zip(drafts, qs)):
+        if torch.rand((), generator=gen) * q[x] >= p[j, x]:  # rejected: probability 1 - min(1, p / q)
+            residual = (p[j] - q).clamp_min(0.0)
+            return j, _draw(residual if residual.sum() > 0 else p[j], gen)
+    return len(drafts), _draw(p[len(drafts)], gen)
+
+
 def _keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: int) -> torch.Tensor:
     """[layers, H_kv, width] bool from (selected positions [layers, H_kv, n] or [n], tail_start)."""
     sel, tail_start = plan
@@ -153,9 +207,15 @@ def _next_plan(
 
 
 def simulate(
-    model, prompt_ids: Sequence[int], max_new_tokens: int, cfg: PillarConfig, score_dtype: torch.dtype = torch.float32
+    model,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    cfg: PillarConfig,
+    score_dtype: torch.dtype = torch.float32,
+    sampling: Sampling | None = None,
 ) -> SimResult:
-    """Greedy PILLAR rounds of ``cfg.policy`` until ``max_new_tokens`` are committed (batch 1).
+    """PILLAR rounds of ``cfg.policy`` until ``max_new_tokens`` are committed (batch 1): greedy, or sampled
+    with ``sampling``.
 
     ``cfg.select_every = N > 1`` re-selects only every N-th round and keeps the plan in between (its
     recent tail grows by the tokens committed since), as the worker's ScoredSelector does.
@@ -178,6 +238,7 @@ def simulate(
     scores: torch.Tensor | None = None  # [layers, H_kv, V] mass of the last verify's prefix
     window: tuple[int, int] | None = None  # (tail_start, count) of the last verify
     plan: tuple[torch.Tensor, int] | None = None
+    gen = torch.Generator().manual_seed(sampling.seed if sampling else 0)
     while len(seq) - len(prompt_ids) < max_new_tokens:
         v = len(seq) - 1  # positions with KV; the last committed token is fed by draft step 0
         # Between selections (select_every > 1) the last plan stands; its tail grows by the tokens committed since.
@@ -186,13 +247,17 @@ def simulate(
         keep = _keep_mask(plan, v + k, layers, h_kv)
         draft_sets.append(float(keep[..., :v].sum(-1, dtype=torch.float64).mean()))
         keep = keep.repeat_interleave(h_q // h_kv, dim=1)
-        drafts, token = [], seq[-1]
+        drafts, qs, token = [], [], seq[-1]
         with torch.no_grad():
             _STATE.keep = keep
             try:
                 for _ in range(k):
                     out = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True)
-                    token = int(out.logits[0, -1].argmax())
+                    if sampling is None:
+                        token = int(out.logits[0, -1].argmax())
+                    else:
+                        qs.append(sampling.probs(out.logits[0, -1:])[0])
+                        token = _draw(qs[-1], gen)
                     drafts.append(token)
             finally:
                 _STATE.keep = None
@@ -202,11 +267,8 @@ def simulate(
                 out = model(torch.tensor([[seq[-1], *drafts]]), past_key_values=cache, use_cache=True)
             finally:
                 _STATE.record = False
-        target = out.logits[0].argmax(-1).tolist()
-        accepted = 0
-        while accepted < k and drafts[accepted] == target[accepted]:
-            accepted += 1
-        seq += drafts[:accepted] + [target[accepted]]
+        accepted, after = _verify(drafts, out.logits[0], qs, sampling, gen)
+        seq += drafts[:accepted] + [after]
         accepts.append(accepted + 1)
         cache.crop(v + accepted + 1)  # exact KV of the last committed token and the accepted drafts
         rows = slice(-1, None) if cfg.score_rows is ScoreRows.LAST else slice(None)
@@ -263,12 +325,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="storage of pillar's per-layer scores before top-K (the GPU worker: float16)",
     )
     p.add_argument("--check-lossless", action="store_true", help="compare every output with plain greedy decoding")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy rounds; > 0: sampled rounds")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=0, help="sampled rounds: the generator's seed")
     p.add_argument("--out", type=Path, default=None, help="JSON result path")
     args = p.parse_args(argv)
     try:
         args.policies = [SelectionPolicy(x) for x in args.policies.split(",") if x]
     except ValueError as e:
         p.error(str(e))
+    if args.check_lossless and args.temperature > 0:
+        p.error("--check-lossless compares with greedy decoding: it needs --temperature 0")
     return args
 
 
@@ -309,7 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             select_every=args.select_every,
             score_rows=ScoreRows(args.score_rows),
         )
-        res = simulate(model, prompt.input_ids, args.max_new_tokens, cfg, getattr(torch, args.score_dtype))
+        sampling = Sampling(args.temperature, args.top_p, args.top_k, args.seed) if args.temperature > 0 else None
+        res = simulate(model, prompt.input_ids, args.max_new_tokens, cfg, getattr(torch, args.score_dtype), sampling)
         rec: dict[str, Any] = {
             "accept_length": res.accept_length,
             "rounds": len(res.accepts),

@@ -275,6 +275,7 @@ SIM_HEADERS = (
     "budget ratio",
     "select every",
     "score rows",
+    "rounds by",
     "model / score dtype",
     "policy",
     "accept len",
@@ -283,6 +284,12 @@ SIM_HEADERS = (
     "lossless",
     "accept len per 1K output tokens",
 )
+
+
+def _rounds_by(settings: dict[str, Any]) -> str:
+    """How a policy_sim run decoded: greedy, or sampled at its temperature / top-p (seed)."""
+    t = settings.get("temperature", 0.0)
+    return "greedy" if not t else f"T {t:g} / top-p {settings.get('top_p', 1.0):g} (seed {settings.get('seed', 0)})"
 
 
 def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
@@ -303,6 +310,7 @@ def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
                     fmt(s.get("budget_ratio")),
                     s.get("select_every", 1),
                     s.get("score_rows", "all"),
+                    _rounds_by(s),
                     f"{s.get('dtype', 'float32')} / {s.get('score_dtype', 'float32')}",
                     policy,
                     fmt(r["accept_length"], ".2f"),
@@ -316,7 +324,8 @@ def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
         return ""
     return (
         "### Draft policies in the CPU reference (policy_sim)\n\n"
-        "Greedy rounds re-run in the model's own HF attention on CPU, same plans as the worker (the GPU serves "
+        "Rounds re-run in the model's own HF attention on CPU, greedy or sampled (rejection sampling), same plans "
+        "as the worker (the GPU serves "
         "bf16 and stores `pillar`'s per-layer scores in fp16); "
         "draft set = prefix positions a draft step attends per layer and KV head, mean over rounds; "
         "`lossless` = output equals plain greedy decoding; the last column splits the output into 1024-token "

@@ -4,9 +4,9 @@
         [--policies pillar,coarse,streaming] [--recent-window 64] [--min-budget 128] [--out F.json] \\
         [--select-every 4] [--score-rows all|last] [--check-lossless] [--temperature 0.6 --top-p 0.95 --seed 0]
 
-Each round is simulated as the PILLAR worker runs it: k greedy draft steps whose attention, per
+Each round is simulated as the PILLAR worker runs it: k draft steps (greedy; sampled below) whose attention, per
 layer and KV head, is restricted to the policy's plan (the budget rule, windows and streaming seed
-of ``sglang_sparsespec.selection``), then a full-attention verify of the k+1 tokens, greedy
+of ``sglang_sparsespec.selection``), then a full-attention verify of the k+1 tokens, its
 acceptance, and the next plan from the verify rows' softmax mass over the prefix (averaged over the
 GQA group and the k+1 rows, or the last row only with --score-rows last; per layer and KV head for
 ``pillar``, summed for ``coarse``). Draft KV

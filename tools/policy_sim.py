@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
+from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.sampling.target import SamplingRows, target_probs
 from sglang_sparsespec.selection.policy import draft_window, streaming_plan
 
@@ -155,19 +156,20 @@ def _verify(
     drafts: list[int], logits: torch.Tensor, qs: list[torch.Tensor], sampling: Sampling | None, gen: torch.Generator
 ) -> tuple[int, int]:
     """(drafts accepted, the token after them) from the verify's k+1 rows of logits: greedy matches of the argmax,
-    or rejection sampling against the drafts' distributions ``qs``."""
+    or ``rejection_sample`` against the drafts' distributions ``qs``."""
     if sampling is None:
         target = logits.argmax(-1).tolist()
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == target[accepted]:
             accepted += 1
         return accepted, target[accepted]
-    p = sampling.probs(logits)
-    for j, (x, q) in enumerate(zip(drafts, qs)):
-        if torch.rand((), generator=gen) * q[x] >= p[j, x]:  # rejected: probability 1 - min(1, p / q)
-            residual = (p[j] - q).clamp_min(0.0)
-            return j, _draw(residual if residual.sum() > 0 else p[j], gen)
-    return len(drafts), _draw(p[len(drafts)], gen)
+    # The worker's own acceptance: each q as a record over the whole vocabulary (the worker keeps 64 candidates).
+    q = torch.stack(qs)[None]  # [1, k, V]
+    tokens = torch.tensor([drafts])
+    record = DraftRecord(tokens, torch.arange(q.shape[-1]).expand_as(q), q, q[0].gather(1, tokens.T).T)
+    coins, final_coins = torch.rand(1, len(drafts), generator=gen), torch.rand(1, generator=gen)
+    emitted, accepted = rejection_sample(sampling.probs(logits)[None], record, coins, final_coins)
+    return int(accepted), int(emitted[0, accepted])
 
 
 def _keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: int) -> torch.Tensor:

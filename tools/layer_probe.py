@@ -20,7 +20,11 @@ activation alone; ``prefetch`` the prefetch kernel alone over each layer's w_o a
 ``layer_prefetch_o`` the layer with a side stream forked after the qkv GEMM that reads w_o (8 MB) with evict_last
 loads while the attention runs, joined before the o GEMM; ``layer_prefetch_o_qkv`` the same reading the next
 layer's w_qkv (16 MB) too, which must then outlive the o, gate/up and down GEMMs' 46 MB in L2;
-``layer_cublaslt`` the layer captured with ``torch.backends.cuda.preferred_blas_library("cublaslt")``.
+``layer_cublaslt`` the layer captured with ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
+``layer_glu`` the layer as the draft steps serve it (gate/up and SiLU-and-mul in one launch, ``glu_gemm``);
+``layer_folded`` that layer with its norms folded (``--pillar-draft-norms folded``, patches/draft_norms.py): qkv and
+gate/up read the residual stream through the norm (``norm_gemm``, ``glu_gemm(norm=)``), o and down add into it
+(``addmm_``), no norm launch. Folding pays if ``layer_folded`` is below ``layer_glu`` by more than the noise.
 
 Reading the result: a prefetch helps if ``layer_prefetch_o`` (or ``_o_qkv``) is below ``layer`` by more than the
 run-to-run noise (run the probe twice to see it); a ``prefetch`` longer than ``attention`` (per layer) means the
@@ -47,6 +51,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from sglang_sparsespec.kernels.glu_gemm import glu_gemm, norm_gemm
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 
 from tools.kernels_setup import (
@@ -109,6 +114,8 @@ VARIANTS = {
     "layer_prefetch_o": ("weights", "kv"),
     "layer_prefetch_o_qkv": ("weights", "kv"),
     "layer_cublaslt": ("weights", "kv"),
+    "layer_glu": ("weights", "kv"),
+    "layer_folded": ("weights", "kv"),
 }
 PREFETCHES = {"layer_prefetch_o": "o", "layer_prefetch_o_qkv": "o_qkv"}
 
@@ -241,9 +248,10 @@ class DraftStep:
             self.seq_lens, self.shape.d**-0.5, pdl=pdl, **self.prologue,
         )  # fmt: skip
 
-    def layer(self, i: int, hidden: torch.Tensor, prefetch: str = "") -> torch.Tensor:
+    def layer(self, i: int, hidden: torch.Tensor, prefetch: str = "", glu: bool = False) -> torch.Tensor:
         """Layer i on ``hidden`` (normalized in place, as SGLang's layer does), its output returned; with
-        ``prefetch`` a side stream reads ``prefetched(i, prefetch)`` while the attention runs."""
+        ``prefetch`` a side stream reads ``prefetched(i, prefetch)`` while the attention runs; ``glu``: gate/up
+        and the activation in one launch."""
         layer = self.layers[i]
         self.norm(hidden, self.residual, layer.norm_in, EPS)
         qkv = F.linear(hidden, layer.qkv)
@@ -261,15 +269,29 @@ class DraftStep:
             main.wait_stream(self.side)
         hidden = F.linear(self.attn, layer.o)
         self.norm(hidden, self.residual, layer.norm_post, EPS)
-        self.silu_mul(F.linear(hidden, layer.gate_up), self.act)
+        if glu:
+            glu_gemm(hidden, layer.gate_up, out=self.act)
+        else:
+            self.silu_mul(F.linear(hidden, layer.gate_up), self.act)
         return F.linear(self.act, layer.down)
 
-    def layers_output(self, prefetch: str = "") -> torch.Tensor:
+    def layers_output(self, prefetch: str = "", glu: bool = False) -> torch.Tensor:
         """Every layer on ``x`` (and the residual stream), the last layer's output returned."""
         hidden = self.x
         for i in range(len(self.layers)):
-            hidden = self.layer(i, hidden, prefetch)
+            hidden = self.layer(i, hidden, prefetch, glu)
         return hidden
+
+    def folded(self) -> torch.Tensor:
+        """Every layer with its norms folded, on a copy of ``x`` as the residual stream (each replay from x)."""
+        h = self.residual
+        h.copy_(self.x)
+        for layer in self.layers:
+            norm_gemm(h, layer.qkv, (layer.norm_in, EPS), out=self.qkv)
+            self.attend(layer, self.qkv[:, : self.q_cols].view(self.q_shape))
+            h.addmm_(self.attn, layer.o.t())
+            h.addmm_(glu_gemm(h, layer.gate_up, out=self.act, norm=(layer.norm_post, EPS)), layer.down.t())
+        return h
 
     def gemms(self) -> None:
         for layer in self.layers:
@@ -297,6 +319,7 @@ class DraftStep:
     def call(self, name: str) -> Callable[[], None]:
         """The work of variant ``name`` over all layers."""
         parts = {"gemms": self.gemms, "attention": self.attention, "small": self.small, "prefetch": self.prefetch_only}
+        parts |= {"layer_glu": lambda: self.layers_output(glu=True), "layer_folded": self.folded}
         return parts.get(name, lambda: self.layers_output(PREFETCHES.get(name, "")))
 
 

@@ -22,7 +22,8 @@ loads while the attention runs, joined before the o GEMM; ``layer_prefetch_o_qkv
 layer's w_qkv (16 MB) too, which must then outlive the o, gate/up and down GEMMs' 46 MB in L2;
 ``layer_cublaslt`` the layer captured with ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
 ``layer_glu`` the layer as the draft steps serve it (gate/up and SiLU-and-mul in one launch, ``glu_gemm``);
-``layer_folded`` that layer with its norms folded (``--pillar-draft-norms folded``, patches/draft_norms.py): qkv and
+``part_<name>`` one of those layers' GEMMs alone, every layer's (``PARTS``: cuBLAS, the norm read through, the
+residual added in place); ``layer_folded`` that layer with its norms folded (``--pillar-draft-norms folded``, patches/draft_norms.py): qkv and
 gate/up read the residual stream through the norm (``norm_gemm``, ``glu_gemm(norm=)``), o and down add into it
 (``addmm_``), no norm launch. Folding pays if ``layer_folded`` is below ``layer_glu`` by more than the noise.
 
@@ -103,6 +104,10 @@ EPS = 1e-6
 IDEAL_GBPS = 4300.0  # the bandwidth the ideal times assume (an H200's HBM: 4.8 TB/s peak)
 PREFETCH_BLOCK = 16384  # elements a tile: at 8 warps, eight 16-byte loads in flight a thread before the sum
 PREFETCH_WARPS = 8
+# One GEMM of every layer, as the served layer or the folded one runs it (the ``part_<name>`` variants).
+PARTS = (
+    "qkv", "qkv_norm32", "qkv_norm64", "o", "o_addmm", "gate_up_glu", "gate_up_glu_norm", "down", "down_addmm",
+)  # fmt: skip
 # The bytes each variant reads from HBM at the ideal: the layers' GEMM weights, the attention's KV gathers, the
 # prefetched weights (the prefetched variants still read them from HBM once, only earlier).
 VARIANTS = {
@@ -116,6 +121,7 @@ VARIANTS = {
     "layer_cublaslt": ("weights", "kv"),
     "layer_glu": ("weights", "kv"),
     "layer_folded": ("weights", "kv"),
+    **{f"part_{name}": () for name in PARTS},
 }
 PREFETCHES = {"layer_prefetch_o": "o", "layer_prefetch_o_qkv": "o_qkv"}
 
@@ -300,6 +306,22 @@ class DraftStep:
             F.linear(self.x, layer.gate_up)
             F.linear(self.act, layer.down)
 
+    def part(self, name: str) -> None:
+        """One GEMM of every layer (``PARTS``), on the step's activations."""
+        for layer in self.layers:
+            run = {
+                "qkv": lambda: F.linear(self.x, layer.qkv),
+                "qkv_norm32": lambda: norm_gemm(self.x, layer.qkv, (layer.norm_in, EPS), out=self.qkv, block_n=32),
+                "qkv_norm64": lambda: norm_gemm(self.x, layer.qkv, (layer.norm_in, EPS), out=self.qkv, block_n=64),
+                "o": lambda: F.linear(self.attn, layer.o),
+                "o_addmm": lambda: self.residual.addmm_(self.attn, layer.o.t()),
+                "gate_up_glu": lambda: glu_gemm(self.x, layer.gate_up, out=self.act),
+                "gate_up_glu_norm": lambda: glu_gemm(self.x, layer.gate_up, out=self.act, norm=(layer.norm_post, EPS)),
+                "down": lambda: F.linear(self.act, layer.down),
+                "down_addmm": lambda: self.residual.addmm_(self.act, layer.down.t()),
+            }
+            run[name]()
+
     def attention(self) -> None:
         q = self.qkv[:, : self.q_cols].view(self.q_shape)
         for layer in self.layers:
@@ -320,6 +342,7 @@ class DraftStep:
         """The work of variant ``name`` over all layers."""
         parts = {"gemms": self.gemms, "attention": self.attention, "small": self.small, "prefetch": self.prefetch_only}
         parts |= {"layer_glu": lambda: self.layers_output(glu=True), "layer_folded": self.folded}
+        parts |= {f"part_{p}": lambda p=p: self.part(p) for p in PARTS}
         return parts.get(name, lambda: self.layers_output(PREFETCHES.get(name, "")))
 
 

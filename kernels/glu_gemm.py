@@ -12,13 +12,6 @@ against 18.1 us for cuBLAS then SGLang's activation.
 Numerics: the products stay fp32 through the activation, where SGLang rounds gate_up to the activations' dtype
 first, so the rows differ from SGLang's by that rounding. Only draft steps use it: it moves acceptance, never the
 output (the verify runs SGLang's MLP).
-
-The same launch can read its input through the RMSNorm before it (``norm=(g, eps)``; ``norm_gemm`` is the plain
-product so, for the qkv projection): norm(x) @ w.T = rsqrt(mean(x^2) + eps) * ((x * g) @ w.T), one scale a row and
-one a column. Each program streams all of x's row block over K anyway, so it sums the squares on the way, multiplies
-the tile by g before the product and scales its rows in the epilogue (before the activation): the norm costs no
-launch and no pass of its own (``patches/draft_norms.py``). SGLang rounds the normalized row once before its GEMM;
-here x * g is rounded before the product and the row scale applied to the fp32 sums.
 """
 
 from __future__ import annotations
@@ -33,17 +26,14 @@ from ._common import skinny_operands
 # (20.5 against 30.6 us, draft_gemm_h200_e8410c8.json), so larger batches keep SGLang's launches.
 GLU_MAX_ROWS = 64
 BLOCK_N = 64
-# norm_gemm's column tile: the qkv projection has fewer columns than gate/up, 32-column tiles keep every SM streaming.
-NORM_BLOCK_N = 32
 WARPS = 4
 STAGES = 4
 
 
 @triton.jit
-def _skinny_gemm_kernel(
-    X, W, G, Out, M, N, K, stride_xm, stride_wn, stride_om, eps,
+def _glu_gemm_kernel(
+    X, W, Out, M, N, K, stride_xm, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-    GLU: tl.constexpr, NORM: tl.constexpr,
 ):  # fmt: skip
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -52,31 +42,17 @@ def _skinny_gemm_kernel(
     m_ok, n_ok = offs_m[:, None] < M, offs_n[:, None] < N
     x_ptr = X + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
     gate_ptr = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    up_ptr = gate_ptr + N.to(tl.int64) * stride_wn  # GLU: the up rows sit N rows below the gate rows
-    g_ptr = G + offs_k
+    up_ptr = gate_ptr + N.to(tl.int64) * stride_wn  # the up rows sit N rows below the gate rows
     gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
     for _ in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         x = tl.load(x_ptr, mask=m_ok, other=0.0)
-        if NORM:  # the row's squares as it streams past; the column scale before the product
-            xf = x.to(tl.float32)
-            squares += tl.sum(xf * xf, axis=1)
-            x = (xf * tl.load(g_ptr).to(tl.float32)[None, :]).to(x.dtype)
-            g_ptr += BLOCK_K
         gate = tl.dot(x, tl.trans(tl.load(gate_ptr, mask=n_ok, other=0.0)), gate)
-        if GLU:
-            up = tl.dot(x, tl.trans(tl.load(up_ptr, mask=n_ok, other=0.0)), up)
-            up_ptr += BLOCK_K
+        up = tl.dot(x, tl.trans(tl.load(up_ptr, mask=n_ok, other=0.0)), up)
         x_ptr += BLOCK_K
         gate_ptr += BLOCK_K
-    if NORM:
-        scale = tl.rsqrt(squares / K + eps)[:, None]
-        gate = gate * scale
-        up = up * scale
-    out = gate
-    if GLU:
-        out = gate * tl.sigmoid(gate) * up
+        up_ptr += BLOCK_K
+    out = gate * tl.sigmoid(gate) * up
     ok = m_ok & (offs_n < N)[None, :]
     tl.store(Out + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty), mask=ok)
 
@@ -87,21 +63,16 @@ def glu_block_k(k: int) -> int | None:
     return next((b for b in (128, 64, 32) if k % b == 0), None)
 
 
-Norm = tuple[torch.Tensor, float]  # an RMSNorm's weight [K] and epsilon, read through by ``norm=``
-
-
 def glu_gemm(
     x: torch.Tensor,
     w: torch.Tensor,
     out: torch.Tensor | None = None,
-    norm: Norm | None = None,
     block_n: int = BLOCK_N,
     block_k: int | None = None,
     warps: int = WARPS,
     stages: int = STAGES,
 ) -> torch.Tensor:
     """silu(x @ gate.T) * (x @ up.T) into ``out`` (default: a new [M, N] tensor in x's dtype); returns it.
-    ``norm`` = (g [K], eps): of rmsnorm(x) = x * rsqrt(mean(x^2) + eps) * g instead of x.
 
     x: [M, K] with M <= GLU_MAX_ROWS, contiguous rows; w: [2N, K] = [gate | up] rows, contiguous, in x's dtype
     (bf16 or fp16); K a multiple of 32. The launch parameters (default: the measured launch; ``block_k``: by
@@ -109,72 +80,23 @@ def glu_gemm(
     """
     if x.dim() != 2 or w.dim() != 2 or w.shape[0] % 2 or w.shape[1] != x.shape[1]:
         raise ValueError(f"x [M, K] and w [2N, K] expected, got {tuple(x.shape)} {tuple(w.shape)}")
-    return _launch(x, w, w.shape[0] // 2, out, norm, True, block_n, block_k, warps, stages)
-
-
-def norm_gemm(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    norm: Norm,
-    out: torch.Tensor | None = None,
-    block_n: int = NORM_BLOCK_N,
-    block_k: int | None = None,
-    warps: int = WARPS,
-    stages: int = STAGES,
-) -> torch.Tensor:
-    """rmsnorm(x) @ w.T into ``out`` (default: a new [M, N] tensor in x's dtype); returns it. ``norm`` = (g [K],
-    eps); x, w [N, K] and the launch parameters as ``glu_gemm``'s."""
-    if x.dim() != 2 or w.dim() != 2 or w.shape[1] != x.shape[1]:
-        raise ValueError(f"x [M, K] and w [N, K] expected, got {tuple(x.shape)} {tuple(w.shape)}")
-    return _launch(x, w, w.shape[0], out, norm, False, block_n, block_k, warps, stages)
-
-
-def _launch(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    n: int,
-    out: torch.Tensor | None,
-    norm: Norm | None,
-    glu: bool,
-    block_n: int,
-    block_k: int | None,
-    warps: int,
-    stages: int,
-) -> torch.Tensor:
     m, k = x.shape
+    n = w.shape[0] // 2
     out = skinny_operands(x, w, n, out)
     block_k = glu_block_k(k) if block_k is None else block_k
     if block_k is None or k % block_k or m > GLU_MAX_ROWS:
         raise ValueError(f"K={k} must be a multiple of 32 (of block_k={block_k}) and M={m} at most {GLU_MAX_ROWS}")
-    g, eps = (x, 0.0) if norm is None else norm  # without a norm the kernel never reads G
-    if norm is not None and (g.shape != (k,) or not g.is_floating_point() or g.stride(0) != 1 or g.device != x.device):
-        raise ValueError(f"the norm's weight must be a contiguous float vector [{k}] on x's device, got {g.shape}")
     if m == 0:
         return out
     block_m = max(16, triton.next_power_of_2(m))
-    _skinny_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
-        x, w, g, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), float(eps),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, GLU=glu, NORM=norm is not None,
-        num_warps=warps,
+    _glu_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
+        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, num_warps=warps,
     )  # fmt: skip
     return out
 
 
-def rms_norm_ref(x: torch.Tensor, norm: Norm | None) -> torch.Tensor:
-    """x in fp32, through the RMSNorm ``norm`` = (g, eps) where given (nothing rounded)."""
-    if norm is None:
-        return x.float()
-    g, eps = norm
-    xf = x.float()
-    return xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps) * g.float()
-
-
-def glu_gemm_ref(x: torch.Tensor, w: torch.Tensor, norm: Norm | None = None) -> torch.Tensor:
-    """Plain-torch ``glu_gemm``: fp32 norm, products and activation, rounded to x's dtype once."""
-    gate, up = (rms_norm_ref(x, norm) @ w.float().T).chunk(2, dim=-1)
+def glu_gemm_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Plain-torch ``glu_gemm``: fp32 products and activation, rounded to x's dtype once."""
+    gate, up = (x.float() @ w.float().T).chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(x.dtype)
-
-
-def norm_gemm_ref(x: torch.Tensor, w: torch.Tensor, norm: Norm) -> torch.Tensor:
-    """Plain-torch ``norm_gemm``: fp32 norm and product, rounded to x's dtype once."""
-    return (rms_norm_ref(x, norm) @ w.float().T).to(x.dtype)

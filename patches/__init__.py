@@ -23,8 +23,6 @@ capture-time gc freeze, for both runners' DECODE forwards and graphs), ``draft_r
 noise), ``draft_logits`` (the logits processor's vocab_size and final_logit_softcapping, LogitsMetadata's
 forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and LoRA hooks, the logits processor's fp32 and RL
 on-policy flags), ``draft_mlp`` (the MLP's gate_up_proj weight, down_proj and act_fn, a release's DualGemm.can_run),
-``draft_norms`` (the decoder layer's norms, self_attn, qkv_proj, o_proj and mlp, the linear layers' tp_size and
-reduction flags),
 ``plain_layers`` (the RMSNorm fields and the linear layers' quant_method and bias that say a fused kernel computes the
 layer's call), ``draft_qk`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag;
 Qwen3's apply_qk_norm; the decoder class names whose attention calls them right before attending), ``draft_attention``
@@ -64,7 +62,6 @@ from . import (
     draft_lm_head,
     draft_logits,
     draft_mlp,
-    draft_norms,
     draft_qk,
     finish_check,
     kv_cache_builder,
@@ -76,7 +73,6 @@ from . import (
     spec_alloc,
     triton_verify,
 )
-from .contacts import FOLD_RELEASES
 from .hook import Hook
 from .hooks_boundary import BOUNDARY_HOOKS
 from .hooks_offload import OFFLOAD_HOOKS
@@ -243,45 +239,6 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
         "AROUND",
         draft_mlp.fuse_llama_mlp,
         "as Qwen2MLP.forward's, for Llama and Mistral draft steps",
-    ),
-    Hook(
-        "sglang.srt.models.llama.LlamaDecoderLayer.forward",
-        "AROUND",
-        draft_norms.fold_decoder_layer,
-        "with --pillar-draft-norms folded a draft step's Llama / Mistral layer runs without its two add-RMSNorm "
-        "launches (the norms inside the qkv and gate/up GEMMs, the residual adds inside o and down); only inside "
-        "the draft runner's draft steps, every other call runs SGLang's",
-        versions=FOLD_RELEASES,
-    ),
-    Hook(
-        "sglang.srt.models.qwen2.Qwen2DecoderLayer.forward",
-        "AROUND",
-        draft_norms.fold_decoder_layer,
-        "as LlamaDecoderLayer.forward's, for Qwen2 draft steps",
-        versions=FOLD_RELEASES,
-    ),
-    Hook(
-        "sglang.srt.models.qwen3.Qwen3DecoderLayer.forward",
-        "AROUND",
-        draft_norms.fold_decoder_layer,
-        "as LlamaDecoderLayer.forward's, for Qwen3 draft steps (its layer communicator only normalizes at one rank)",
-        versions=FOLD_RELEASES,
-    ),
-    Hook(
-        "sglang.srt.layers.linear.ColumnParallelLinear.forward",
-        "AROUND",
-        draft_norms.fold_qkv_proj,
-        "a folded draft layer's qkv projection reads the residual stream through the layer's input norm; only for "
-        "the qkv_proj and rows the folded layer names, every other call runs SGLang's",
-        versions=FOLD_RELEASES,
-    ),
-    Hook(
-        "sglang.srt.layers.linear.RowParallelLinear.forward",
-        "AROUND",
-        draft_norms.fold_o_proj,
-        "a folded draft layer's o projection adds into the residual stream in its GEMM; only for the o_proj the "
-        "folded layer names, every other call runs SGLang's",
-        versions=FOLD_RELEASES,
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler.init_metrics_reporter",

@@ -121,10 +121,3 @@ STOCK_STREAMS_BY_UNSENT = since("0.5.22")
 # buffer description. The offload pool parks and restores exactly that bookkeeping, so it serves the
 # releases before these changes and is refused at launch on the rest.
 OFFLOAD_RELEASES = releases("0.5.17", "0.5.20")
-
-
-# ---- the decoder layers' residual stream: an argument up to 0.5.20, a per-forward boundary object after ----------
-# Qwen3DecoderLayer.forward (0.5.21) and the Llama / Qwen2 layers (0.5.22) no longer take and return the residual;
-# their attn / ffn boundaries hold it for the forward. The folded draft norms hand h from layer to layer as the
-# residual argument, so they serve the releases before that and are refused at launch on the rest.
-FOLD_RELEASES = releases("0.5.17", "0.5.20")

@@ -34,8 +34,7 @@ def fused_mlp() -> Iterator[None]:
         _FUSE.reset(token)
 
 
-def fusable(mlp, x: torch.Tensor) -> bool:
-    """Whether the one-launch gate/up computes ``mlp``'s gate/up and activation on rows ``x`` (the conditions above)."""
+def _fusable(mlp, x: torch.Tensor) -> bool:
     gate_up = getattr(mlp, "gate_up_proj", None)
     weight = getattr(gate_up, "weight", None)
     if not (
@@ -60,7 +59,7 @@ def fusable(mlp, x: torch.Tensor) -> bool:
 def fuse_qwen2_mlp(original, mlp, x, forward_batch=None):
     """AROUND ``Qwen2MLP.forward`` (Qwen2 and Qwen3): inside ``fused_mlp()``, gate/up and SiLU-and-mul in one
     launch, then the layer's down projection as SGLang calls it; else SGLang's."""
-    if not (_FUSE.get() and fusable(mlp, x)):
+    if not (_FUSE.get() and _fusable(mlp, x)):
         return original(mlp, x, forward_batch)
     out, _ = mlp.down_proj(glu_gemm(x, mlp.gate_up_proj.weight), forward_batch=forward_batch)
     return out
@@ -68,7 +67,7 @@ def fuse_qwen2_mlp(original, mlp, x, forward_batch=None):
 
 def fuse_llama_mlp(original, mlp, x, forward_batch=None):
     """AROUND ``LlamaMLP.forward`` (Llama, Mistral): as ``fuse_qwen2_mlp``; its down projection takes no batch."""
-    if not (_FUSE.get() and fusable(mlp, x)):
+    if not (_FUSE.get() and _fusable(mlp, x)):
         return original(mlp, x, forward_batch)
     out, _ = mlp.down_proj(glu_gemm(x, mlp.gate_up_proj.weight))
     return out

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 
-from sglang_sparsespec.config import DraftMlp, DraftNorms, Prologue, PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import DraftMlp, Prologue, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord
 
@@ -42,7 +42,6 @@ from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward
 from .draft_attention import DraftStepInputs, PillarDraftBackend
 from .draft_logits import draft_step
 from .draft_mlp import fused_mlp
-from .draft_norms import folded_norms
 from .draft_qk import QK_IN_KERNEL, deferred_qk
 
 
@@ -186,7 +185,6 @@ class PillarDraftRunner:
         # (patches/draft_qk.py).
         self.qk_in_kernel = self.backend.stores_in_kernel and type(model_runner.model).__name__ in QK_IN_KERNEL
         self.fuse_mlp = cfg.draft_mlp is DraftMlp.FUSED  # gate/up and SiLU-and-mul in one launch (draft_mlp.py)
-        self.fold_norms = cfg.draft_norms is DraftNorms.FOLDED  # no norm launches (draft_norms.py)
         self.graphs = DecodeGraphs(model_runner, capture_bs, max_bs, "draft")
         self.capture_bs = self.graphs.capture_bs
 
@@ -217,7 +215,6 @@ class PillarDraftRunner:
             draft_step(),
             deferred_qk() if self.qk_in_kernel else nullcontext(),
             fused_mlp() if self.fuse_mlp else nullcontext(),
-            folded_norms() if self.fold_norms else nullcontext(),
         ):
             logits = self._forward(bs, self.seq_lens[:bs] + self.step)  # in the LM head's dtype
         drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)

@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_sparsespec.config import DraftNorms, PillarConfig
+from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.sampling.target import SamplingBackend
 
-from . import versions
-from .contacts import FOLD_RELEASES, attention_backends, dp_attention
+from .contacts import attention_backends, dp_attention
 from .serve_warmup import add_to_server_args
 from .signatures import launch_refusal
 
@@ -282,11 +281,6 @@ def validate_server_args(sa: ServerArgs) -> None:
             f"for --speculative-num-steps {num_steps}, got {sa.speculative_num_draft_tokens}"
         )
     cfg = PillarConfig.from_env(num_steps)  # fail here, in the launcher, on bad SPARSESPEC_* values
-    if cfg.draft_norms is DraftNorms.FOLDED and versions.INSTALLED not in FOLD_RELEASES:
-        reject(
-            f"--pillar-draft-norms folded runs on SGLang {FOLD_RELEASES[0]}-{FOLD_RELEASES[-1]}, whose decoder layers "
-            f"pass the residual stream as an argument; installed {versions.INSTALLED}: use --pillar-draft-norms sglang"
-        )
     if cfg.mixed and sa.tp_size != 1:
         # Its acceptance runs inside the forward's CUDA graph, without rank 0's broadcast of the tokens.
         reject(f"--pillar-batch-phases mixed runs on one GPU (--tp-size 1), got --tp-size {sa.tp_size}")

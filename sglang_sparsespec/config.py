@@ -106,15 +106,6 @@ class DraftMlp(str, Enum):
     SGLANG = "sglang"
 
 
-class DraftNorms(str, Enum):
-    """How a draft step's decoder layers run their two add-RMSNorms (patches/draft_norms.py)."""
-
-    # Inside the GEMMs that read them (qkv, gate/up) and the residual adds inside the ones before (o, down).
-    FOLDED = "folded"
-    # SGLang's fused add-RMSNorm kernel, two launches a layer.
-    SGLANG = "sglang"
-
-
 class DraftLmHead(str, Enum):
     """The weights a draft step's LM head reads (patches/draft_lm_head.py)."""
 
@@ -187,7 +178,6 @@ class PillarConfig:
     draft_prologue: Prologue = Prologue.FUSED
     verify_prologue: Prologue = Prologue.FUSED
     draft_mlp: DraftMlp = DraftMlp.FUSED
-    draft_norms: DraftNorms = DraftNorms.SGLANG
     draft_lm_head: DraftLmHead = DraftLmHead.BF16
     verify_logits: VerifyLogits = VerifyLogits.FP32
 
@@ -345,11 +335,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("DRAFT_PROLOGUE", "draft_prologue", "a draft step's K/V store, q/k norm and rotary: fused = in its sparse "
          "attention (SGLang's plain KV pool; Llama, Mistral, Qwen2, Qwen3), else and with sglang = SGLang's kernels"),
     Knob("VERIFY_PROLOGUE", "verify_prologue", "a verify's K/V store and copies, q/k norm and rotary: fused = one "
-         "launch a layer where it can, sglang = SGLang's kernels"),
+         "launch a layer (as DRAFT_PROLOGUE's), else and with sglang = SGLang's kernels"),
     Knob("DRAFT_MLP", "draft_mlp", "a draft step's gate/up and SiLU-and-mul: fused = one launch (unquantized, "
-         "<= 64 rows), sglang = SGLang's two"),
-    Knob("DRAFT_NORMS", "draft_norms", "a draft layer's add-RMSNorms: folded = inside its GEMMs (SGLang <= "
-         "0.5.20, one GPU, <= 64 rows), sglang = two launches"),
+         "<= 64 rows), else and with sglang = SGLang's two"),
     Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head: bf16 = the model's; fp8 = a copy with a scale "
          "a row (half the bytes; moves acceptance only)"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "

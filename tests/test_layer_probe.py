@@ -68,21 +68,23 @@ def test_a_qwen3_prologue_normalizes_q_and_k() -> None:
             assert got["qk_norm"][0].shape == got["qk_norm"][1].shape == (shape.d,)
 
 
-def test_the_folded_layers_run_on_the_residual_stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The folded variant (norms inside qkv and gate/up, residual adds inside o and down) takes x as the stream's
-    start on every call, and its first layer's qkv is the norm then the GEMM (SmolLM2-135M's shape, two layers)."""
+
+def test_each_gemm_part_computes_its_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The part variants run one GEMM of every layer: o_addmm / down_addmm add the product into the residual
+    stream, the others write what the served layer computes (SmolLM2-135M's shape, one layer)."""
     for module in (kernels_setup, layer_probe):
         monkeypatch.setattr(module, "DEVICE", DEVICE)
-    torch.manual_seed(1)
+    torch.manual_seed(2)
     norm, silu_mul, _ = layer_probe.small_kernels()
     step = layer_probe.DraftStep("smollm2-135m", 3, 48, 1, norm, silu_mul)
-    step.layers = step.layers[:2]
-    first = step.folded().clone()
-    assert torch.isfinite(first.float()).all() and not torch.equal(first, step.x)
-    torch.testing.assert_close(step.folded(), first)  # the same start each call: x, not the last call's output
-    layer = step.layers[0]
-    h = step.x.float()
-    normed = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + layer_probe.EPS) * layer.norm_in.float()
     step.layers = step.layers[:1]
-    step.folded()
-    torch.testing.assert_close(step.qkv.float(), normed @ layer.qkv.float().T, rtol=3e-2, atol=3e-2)
+    layer = step.layers[0]
+    before = step.residual.float().clone()
+    step.call("part_down_addmm")()
+    added = step.act.float() @ layer.down.float().T
+    torch.testing.assert_close(step.residual.float(), before + added, rtol=3e-2, atol=3e-2)
+    step.call("part_gate_up_glu")()
+    gate, up = (step.x.float() @ layer.gate_up.float().T).chunk(2, dim=-1)
+    torch.testing.assert_close(step.act.float(), torch.nn.functional.silu(gate) * up, rtol=3e-2, atol=3e-2)
+    for name in layer_probe.PARTS:
+        step.call(f"part_{name}")()  # every part runs

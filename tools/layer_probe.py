@@ -22,10 +22,8 @@ loads while the attention runs, joined before the o GEMM; ``layer_prefetch_o_qkv
 layer's w_qkv (16 MB) too, which must then outlive the o, gate/up and down GEMMs' 46 MB in L2;
 ``layer_cublaslt`` the layer captured with ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
 ``layer_glu`` the layer as the draft steps serve it (gate/up and SiLU-and-mul in one launch, ``glu_gemm``);
-``part_<name>`` one of those layers' GEMMs alone, every layer's (``PARTS``: cuBLAS, the norm read through, the
-residual added in place); ``layer_folded`` that layer with its norms folded (``--pillar-draft-norms folded``, patches/draft_norms.py): qkv and
-gate/up read the residual stream through the norm (``norm_gemm``, ``glu_gemm(norm=)``), o and down add into it
-(``addmm_``), no norm launch. Folding pays if ``layer_folded`` is below ``layer_glu`` by more than the noise.
+``part_<name>`` one of those layers' GEMMs alone, every layer's (``PARTS``; ``o_addmm`` / ``down_addmm``: the
+residual added in the GEMM, cuBLAS with beta 1 in place).
 
 Reading the result: a prefetch helps if ``layer_prefetch_o`` (or ``_o_qkv``) is below ``layer`` by more than the
 run-to-run noise (run the probe twice to see it); a ``prefetch`` longer than ``attention`` (per layer) means the
@@ -37,6 +35,13 @@ Measured at e837f22 on an H200 (layer_probe_h200_e837f22.json, us a layer): laye
 layer_prefetch_o 86.4 and layer_prefetch_o_qkv 104.0; layer_cublaslt 73.8. Neither route shortens the layer.
 That probe (and layer_probe_h200_64d2031.json: attention 24.9) ran the attention without its prologue, which the
 server's trace times at 27.2 us a call (trace_qwen3-1.7b_round_h200_e837f22).
+
+Measured at 0ab19df and c71b4a4 on an H200 (layer_probe_h200_0ab19df.json, _repeat, layer_probe_parts_h200_c71b4a4.json,
+us a layer): layer_glu 76.3-76.4 (layer 78.9); its GEMMs qkv 7.2, o 6.3, gate/up 16.0, down 12.0, and o_addmm 6.2,
+down_addmm 12.1: a residual added inside cuBLAS's GEMM costs nothing. A layer with both add-RMSNorms folded into
+its GEMMs (the residual adds as addmm_, the norms read inside Triton GEMMs' K loops: each program summing x's
+squares and scaling its tile by the norm weight before the product; since removed) took 114.2-114.3 against 76.4:
+the norm in the loop took qkv to 25.8 us and gate/up to 39.3, far more than the 5.8 us of norm launches it saved.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from sglang_sparsespec.kernels.glu_gemm import glu_gemm, norm_gemm
+from sglang_sparsespec.kernels.glu_gemm import glu_gemm
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 
 from tools.kernels_setup import (
@@ -104,10 +109,9 @@ EPS = 1e-6
 IDEAL_GBPS = 4300.0  # the bandwidth the ideal times assume (an H200's HBM: 4.8 TB/s peak)
 PREFETCH_BLOCK = 16384  # elements a tile: at 8 warps, eight 16-byte loads in flight a thread before the sum
 PREFETCH_WARPS = 8
-# One GEMM of every layer, as the served layer or the folded one runs it (the ``part_<name>`` variants).
-PARTS = (
-    "qkv", "qkv_norm32", "qkv_norm64", "o", "o_addmm", "gate_up_glu", "gate_up_glu_norm", "down", "down_addmm",
-)  # fmt: skip
+# One GEMM of every layer (the ``part_<name>`` variants): as the served layer runs it, and o / down with the residual
+# added in the GEMM (cuBLAS with beta 1, in place).
+PARTS = ("qkv", "o", "o_addmm", "gate_up_glu", "down", "down_addmm")
 # The bytes each variant reads from HBM at the ideal: the layers' GEMM weights, the attention's KV gathers, the
 # prefetched weights (the prefetched variants still read them from HBM once, only earlier).
 VARIANTS = {
@@ -120,7 +124,6 @@ VARIANTS = {
     "layer_prefetch_o_qkv": ("weights", "kv"),
     "layer_cublaslt": ("weights", "kv"),
     "layer_glu": ("weights", "kv"),
-    "layer_folded": ("weights", "kv"),
     **{f"part_{name}": () for name in PARTS},
 }
 PREFETCHES = {"layer_prefetch_o": "o", "layer_prefetch_o_qkv": "o_qkv"}
@@ -288,17 +291,6 @@ class DraftStep:
             hidden = self.layer(i, hidden, prefetch, glu)
         return hidden
 
-    def folded(self) -> torch.Tensor:
-        """Every layer with its norms folded, on a copy of ``x`` as the residual stream (each replay from x)."""
-        h = self.residual
-        h.copy_(self.x)
-        for layer in self.layers:
-            norm_gemm(h, layer.qkv, (layer.norm_in, EPS), out=self.qkv)
-            self.attend(layer, self.qkv[:, : self.q_cols].view(self.q_shape))
-            h.addmm_(self.attn, layer.o.t())
-            h.addmm_(glu_gemm(h, layer.gate_up, out=self.act, norm=(layer.norm_post, EPS)), layer.down.t())
-        return h
-
     def gemms(self) -> None:
         for layer in self.layers:
             F.linear(self.x, layer.qkv)
@@ -311,12 +303,9 @@ class DraftStep:
         for layer in self.layers:
             run = {
                 "qkv": lambda: F.linear(self.x, layer.qkv),
-                "qkv_norm32": lambda: norm_gemm(self.x, layer.qkv, (layer.norm_in, EPS), out=self.qkv, block_n=32),
-                "qkv_norm64": lambda: norm_gemm(self.x, layer.qkv, (layer.norm_in, EPS), out=self.qkv, block_n=64),
                 "o": lambda: F.linear(self.attn, layer.o),
                 "o_addmm": lambda: self.residual.addmm_(self.attn, layer.o.t()),
                 "gate_up_glu": lambda: glu_gemm(self.x, layer.gate_up, out=self.act),
-                "gate_up_glu_norm": lambda: glu_gemm(self.x, layer.gate_up, out=self.act, norm=(layer.norm_post, EPS)),
                 "down": lambda: F.linear(self.act, layer.down),
                 "down_addmm": lambda: self.residual.addmm_(self.act, layer.down.t()),
             }
@@ -341,7 +330,7 @@ class DraftStep:
     def call(self, name: str) -> Callable[[], None]:
         """The work of variant ``name`` over all layers."""
         parts = {"gemms": self.gemms, "attention": self.attention, "small": self.small, "prefetch": self.prefetch_only}
-        parts |= {"layer_glu": lambda: self.layers_output(glu=True), "layer_folded": self.folded}
+        parts |= {"layer_glu": lambda: self.layers_output(glu=True)}
         parts |= {f"part_{p}": lambda p=p: self.part(p) for p in PARTS}
         return parts.get(name, lambda: self.layers_output(PREFETCHES.get(name, "")))
 

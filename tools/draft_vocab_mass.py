@@ -11,6 +11,11 @@ from q by TV(q, q_S) = q(ids >= S), and a draft's acceptance moves by at most th
 along SmolLM2-135M-Instruct's own sampled answers to the competition problems (the final hidden states its LM head
 scores while serving them; q as ``tools.fp8_head_tv.draft_q`` forms it), how often q's argmax is past S (a greedy
 draft the subset cannot make), and the bound that puts on a round's accept length.
+
+Id order is a poor frequency order for this text (``subsets``). A server can rank the vocabulary by what it has
+drafted: ``subsets_seen`` ranks ids by their summed q over the first half of the positions (the first prompts'
+answers; ids q never touched after them, in id order) and measures q's mass past the first S of that ranking over
+the second half, beside ``subsets_held_out``, the id-order numbers of the same second half.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 
 from tools.fp8_head_tv import answer_parser, draft_q, round_slope, smollm2_answers, write_doc
 
-SIZES = (4096, 8192, 16384, 24576, 32768)
+SIZES = (1024, 2048, 4096, 8192, 16384, 24576, 32768)
 
 
 def mass_past(q: torch.Tensor, sizes: tuple[int, ...]) -> dict[int, dict[str, float]]:
@@ -41,6 +46,12 @@ def mass_past(q: torch.Tensor, sizes: tuple[int, ...]) -> dict[int, dict[str, fl
     return out
 
 
+def seen_ranking(q: torch.Tensor) -> torch.Tensor:
+    """Token ids by their summed q over the rows of ``q`` (most first), ids of equal sum (none seen) in id order."""
+    total = q.sum(0)
+    return torch.argsort(-total, stable=True)  # stable: ties keep id order
+
+
 def main() -> None:
     args = answer_parser(__doc__.splitlines()[0]).parse_args()
     started = time.time()
@@ -48,11 +59,22 @@ def main() -> None:
     with torch.no_grad():
         q = draft_q(hidden @ weight.t(), args.temperature, args.top_p)
     a, slope = round_slope(args)
-    sizes = {
-        s: {**m, "accept_length_bound_rel": slope * m["mean"] / args.accept_length}
-        for s, m in mass_past(q, SIZES).items()
+    half = q.shape[0] // 2
+    held_out = q[half:]
+    ranked = held_out[:, seen_ranking(q[:half])]  # columns in the first half's order: "ids >= S" = past the top S
+
+    def bounded(m: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+        return {s: {**v, "accept_length_bound_rel": slope * v["mean"] / args.accept_length} for s, v in m.items()}
+
+    fields = {
+        "vocab": q.shape[1],
+        "positions": q.shape[0],
+        "per_token_acceptance": a,
+        "subsets": bounded(mass_past(q, SIZES)),
+        "ranking_positions": half,
+        "subsets_held_out": bounded(mass_past(held_out, SIZES)),
+        "subsets_seen": bounded(mass_past(ranked, SIZES)),
     }
-    fields = {"vocab": q.shape[1], "positions": q.shape[0], "per_token_acceptance": a, "subsets": sizes}
     write_doc(args, "draft_vocab_mass", started, fields)
 
 

@@ -68,7 +68,6 @@ def test_a_qwen3_prologue_normalizes_q_and_k() -> None:
             assert got["qk_norm"][0].shape == got["qk_norm"][1].shape == (shape.d,)
 
 
-
 def test_each_gemm_part_computes_its_product(monkeypatch: pytest.MonkeyPatch) -> None:
     """The part variants run one GEMM of every layer: o_addmm / down_addmm add the product into the residual
     stream, the others write what the served layer computes (SmolLM2-135M's shape, one layer)."""

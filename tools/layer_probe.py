@@ -300,16 +300,16 @@ class DraftStep:
 
     def part(self, name: str) -> None:
         """One GEMM of every layer (``PARTS``), on the step's activations."""
+        gemm: Callable[[Layer], Any] = {
+            "qkv": lambda w: F.linear(self.x, w.qkv),
+            "o": lambda w: F.linear(self.attn, w.o),
+            "o_addmm": lambda w: self.residual.addmm_(self.attn, w.o.t()),
+            "gate_up_glu": lambda w: glu_gemm(self.x, w.gate_up, out=self.act),
+            "down": lambda w: F.linear(self.act, w.down),
+            "down_addmm": lambda w: self.residual.addmm_(self.act, w.down.t()),
+        }[name]
         for layer in self.layers:
-            run = {
-                "qkv": lambda: F.linear(self.x, layer.qkv),
-                "o": lambda: F.linear(self.attn, layer.o),
-                "o_addmm": lambda: self.residual.addmm_(self.attn, layer.o.t()),
-                "gate_up_glu": lambda: glu_gemm(self.x, layer.gate_up, out=self.act),
-                "down": lambda: F.linear(self.act, layer.down),
-                "down_addmm": lambda: self.residual.addmm_(self.act, layer.down.t()),
-            }
-            run[name]()
+            gemm(layer)
 
     def attention(self) -> None:
         q = self.qkv[:, : self.q_cols].view(self.q_shape)

@@ -22,7 +22,8 @@ update_finish_state), ``decode_graphs`` (ForwardBatch, forward context, graph_ca
 capture-time gc freeze, for both runners' DECODE forwards and graphs), ``draft_runner`` (murmur_hash32 for seeded draft
 noise), ``draft_logits`` (the logits processor's vocab_size and final_logit_softcapping, LogitsMetadata's
 forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and LoRA hooks, the logits processor's fp32 and RL
-on-policy flags), ``draft_mlp`` (the MLP's gate_up_proj weight, down_proj and act_fn, a release's DualGemm.can_run),
+on-policy flags and caller-owned output), ``draft_mlp`` (the MLP's gate_up_proj weight, down_proj and act_fn, a
+release's DualGemm.can_run),
 ``plain_layers`` (the RMSNorm fields and the linear layers' quant_method and bias that say a fused kernel computes the
 layer's call), ``draft_qk`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag;
 Qwen3's apply_qk_norm; the decoder class names whose attention calls them right before attending), ``draft_attention``
@@ -222,9 +223,10 @@ PILLAR_HOOKS: tuple[Hook, ...] = (
     Hook(
         "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
         "AROUND",
-        draft_lm_head.fp8_draft_lm_head,
-        "with --pillar-draft-lm-head fp8 a draft step's LM head reads an fp8 copy of its weight (half the bytes); "
-        "only inside the draft runner's draft steps, every other forward runs SGLang's GEMM",
+        draft_lm_head.draft_lm_head,
+        "with --pillar-draft-vocab N a draft step's LM head scores only the N ids the server commits most, with "
+        "--pillar-draft-lm-head fp8 it reads an fp8 copy of its weight (half the bytes); only inside the draft "
+        "runner's draft steps, every other forward runs SGLang's GEMM",
     ),
     Hook(
         "sglang.srt.models.qwen2.Qwen2MLP.forward",

@@ -40,6 +40,7 @@ from sglang_sparsespec.sampling.rejection import DraftRecord
 
 from .decode_graphs import DecodeGraphs, DecodeRows, Kind, decode_forward
 from .draft_attention import DraftStepInputs, PillarDraftBackend
+from .draft_lm_head import use_draft_vocab
 from .draft_logits import draft_step
 from .draft_mlp import fused_mlp
 from .draft_qk import QK_IN_KERNEL, deferred_qk
@@ -185,6 +186,9 @@ class PillarDraftRunner:
         # (patches/draft_qk.py).
         self.qk_in_kernel = self.backend.stores_in_kernel and type(model_runner.model).__name__ in QK_IN_KERNEL
         self.fuse_mlp = cfg.draft_mlp is DraftMlp.FUSED  # gate/up and SiLU-and-mul in one launch (draft_mlp.py)
+        # Draft steps score only the draft vocabulary's ids (draft_lm_head.py), before their graphs capture it.
+        head = getattr(model_runner.model, "lm_head", None)
+        self.vocab = use_draft_vocab(head, cfg.draft_vocab) if cfg.draft_vocab else None
         self.graphs = DecodeGraphs(model_runner, capture_bs, max_bs, "draft")
         self.capture_bs = self.graphs.capture_bs
 
@@ -218,6 +222,10 @@ class PillarDraftRunner:
         ):
             logits = self._forward(bs, self.seq_lens[:bs] + self.step)  # in the LM head's dtype
         drafted = logits.argmax(dim=-1) if greedy else self._sample_step(logits, bs)
+        if self.vocab is not None and logits.shape[1] == self.vocab.size:  # picks over the draft vocabulary's ids
+            drafted = self.vocab.to_ids(drafted)
+            if not greedy:
+                self.step_ids[:bs] = self.vocab.to_ids(self.step_ids[:bs])
         self.out_tokens[:bs].index_copy_(1, self.step, drafted.view(bs, 1))
         if not greedy:
             self.cand_ids[:, :bs].index_copy_(0, self.step, self.step_ids[:bs].unsqueeze(0))

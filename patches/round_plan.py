@@ -80,6 +80,7 @@ def setup_identity(cfg: PillarConfig, server_args, model_runner) -> dict[str, An
         "verify_prologue": cfg.verify_prologue.value,  # up to four launches a layer of every verify
         "draft_mlp": cfg.draft_mlp.value,  # one launch a layer of every draft step
         "draft_lm_head": cfg.draft_lm_head.value,  # half the LM head's bytes in every draft step
+        "draft_vocab": cfg.draft_vocab,  # the LM head's and the draft sampler's width in every draft step
         "verify_logits": cfg.verify_logits.value,  # the verify's logit copy and the acceptance's reads
         "plugin": plugin,
     }

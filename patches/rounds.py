@@ -98,6 +98,8 @@ class Rounds:
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         self.selector.after_prefill(batch.req_pool_indices, batch.seq_lens)
+        if self.draft_runner.vocab is not None:  # the prompts' ids rank the draft vocabulary too
+            self.draft_runner.vocab.observe(batch.input_ids)
         if self.mixed is not None:
             self.mixed.tracker.forget([r.rid for r in batch.reqs])
         result.next_draft_input = self._relay(result.next_token_ids)
@@ -146,6 +148,8 @@ class Rounds:
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         result.next_draft_input = self._relay(bonus)
+        if self.draft_runner.vocab is not None:  # each request's committed token of the round (from p)
+            self.draft_runner.vocab.observe(bonus)
         return result
 
     # ---- the four kinds: each returns (SGLang's batch result, each request's next pending token [bs]) --

@@ -281,6 +281,9 @@ def validate_server_args(sa: ServerArgs) -> None:
             f"for --speculative-num-steps {num_steps}, got {sa.speculative_num_draft_tokens}"
         )
     cfg = PillarConfig.from_env(num_steps)  # fail here, in the launcher, on bad SPARSESPEC_* values
+    if cfg.draft_vocab and sa.tp_size != 1:
+        # Each rank holds a slice of the LM head by vocabulary, and the logits are gathered across ranks.
+        reject(f"--pillar-draft-vocab runs on one GPU (--tp-size 1), got --tp-size {sa.tp_size}")
     if cfg.mixed and sa.tp_size != 1:
         # Its acceptance runs inside the forward's CUDA graph, without rank 0's broadcast of the tokens.
         reject(f"--pillar-batch-phases mixed runs on one GPU (--tp-size 1), got --tp-size {sa.tp_size}")

@@ -23,6 +23,8 @@ ENV_PREFIX = "SPARSESPEC_"
 CACHE_ENV = "SPARSESPEC_CACHE"
 # The draft sampler keeps a proposal's candidates in registers of one program.
 MAX_DRAFT_CANDIDATES = 1024
+# The smallest draft vocabulary: at 1,024 ids 16 % of SmolLM2's draft mass lay outside it (draft_vocab.py).
+MIN_DRAFT_VOCAB = 1024
 
 
 class SelectionPolicy(str, Enum):
@@ -179,6 +181,7 @@ class PillarConfig:
     verify_prologue: Prologue = Prologue.FUSED
     draft_mlp: DraftMlp = DraftMlp.FUSED
     draft_lm_head: DraftLmHead = DraftLmHead.BF16
+    draft_vocab: int = 0
     verify_logits: VerifyLogits = VerifyLogits.FP32
 
     def __post_init__(self) -> None:
@@ -214,6 +217,13 @@ class PillarConfig:
         elif self.plain_path is PlainPath.DECODE and self.policy is SelectionPolicy.ORACLE:
             # The oracle's draft backend selects from each query itself; it has no whole-prefix step.
             raise ValueError(f"{ENV_PREFIX}PLAIN_PATH=decode does not combine with {ENV_PREFIX}POLICY=oracle")
+        bf16_head = self.draft_lm_head is DraftLmHead.BF16
+        if self.draft_vocab and (self.draft_vocab < MIN_DRAFT_VOCAB or self.mixed or not bf16_head):
+            # Mixed forwards score draft and verify rows with one LM head call; the fp8 copy is another draft head.
+            raise ValueError(
+                f"{ENV_PREFIX}DRAFT_VOCAB must be 0 or >= {MIN_DRAFT_VOCAB}, with split batch phases and the bf16 "
+                f"draft LM head; got {self.draft_vocab}"
+            )
         if self.batch_phases is BatchPhases.MIXED and self.policy is SelectionPolicy.ORACLE:
             # The oracle selects inside each draft step from a batch of draft rows only.
             raise ValueError(f"{ENV_PREFIX}BATCH_PHASES=mixed does not combine with {ENV_PREFIX}POLICY=oracle")
@@ -340,6 +350,8 @@ KNOBS: tuple[Knob, ...] = (
          "<= 64 rows), else and with sglang = SGLang's two"),
     Knob("DRAFT_LM_HEAD", "draft_lm_head", "a draft step's LM head: bf16 = the model's; fp8 = a copy with a scale "
          "a row (half the bytes; moves acceptance only)"),
+    Knob("DRAFT_VOCAB", "draft_vocab", "draft steps score only the N ids the server commits most, in tokens "
+         "(0 = all)"),
     Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "
          "SGLang's copy; half = the LM head's (half the bytes; batches whose logits are read or changed otherwise "
          "still get fp32)"),

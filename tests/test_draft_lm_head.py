@@ -1,6 +1,7 @@
-"""Draft steps' LM head on an fp8 copy (patches/draft_lm_head.py): which LM heads get a copy, SGLang's own
-``LogitsProcessor._compute_lm_head`` through the loaded plugin (the copy only inside a draft step, within e4m3
-rounding of the exact logits), and every processor setting that keeps SGLang's GEMM."""
+"""Draft steps' LM head on an fp8 copy or a draft vocabulary (patches/draft_lm_head.py): which LM heads get a copy
+or a vocabulary, SGLang's own ``LogitsProcessor._compute_lm_head`` through the loaded plugin (the copy only inside a
+draft step, within e4m3 rounding of the exact logits; the vocabulary's logits the exact ones of its ids), and every
+processor setting that keeps SGLang's GEMM."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def _processor(**flags: object) -> LogitsProcessor:
 @pytest.fixture(autouse=True)
 def no_copies(monkeypatch):
     monkeypatch.setattr(dlh, "_COPIES", {})
+    monkeypatch.setattr(dlh, "_VOCABS", {})
 
 
 @pytest.mark.parametrize(
@@ -100,6 +102,38 @@ def test_processor_settings_that_change_the_gemm_keep_sglangs(flags: dict, bias)
 
     x = torch.zeros(4, HIDDEN, dtype=torch.bfloat16, device=DEVICE)
     with draft_step():
-        dlh.fp8_draft_lm_head(original, _processor(**flags), x, head, bias, out=None)
-        dlh.fp8_draft_lm_head(original, _processor(), x.float(), head)  # rows in another dtype
+        dlh.draft_lm_head(original, _processor(**flags), x, head, bias, out=None)
+        dlh.draft_lm_head(original, _processor(), x.float(), head)  # rows in another dtype
     assert calls == [{"out": None}, {}]
+
+
+def test_the_loaded_plugin_scores_draft_steps_on_the_draft_vocabulary_only() -> None:
+    load_plugins()
+    head, processor = _head(), _processor()
+    vocab = dlh.use_draft_vocab(head, 32)
+    vocab.observe(torch.arange(40, 80, device=DEVICE))
+    vocab.refresh()  # ties: the first 32 counted ids, 40..71
+    x = (torch.randn(8, HIDDEN, generator=torch.Generator().manual_seed(2)) / 4).to(torch.bfloat16).to(DEVICE)
+    full = LogitsProcessor._compute_lm_head(processor, x, head, None)
+    assert full.shape == (8, VOCAB)  # not a draft step: SGLang's
+    out = _out()
+    with draft_step():
+        drafted = LogitsProcessor._compute_lm_head(processor, x, head, None)
+        kept = LogitsProcessor._compute_lm_head(processor, x, head, None, **out)
+    assert vocab.ids.tolist() == list(range(40, 72))
+    torch.testing.assert_close(drafted, full[:, 40:72])
+    assert kept.shape == ((8, VOCAB) if out else (8, 32))  # a caller-owned output (0.5.23): SGLang's GEMM
+
+
+def _out() -> dict:
+    """SGLang 0.5.23's keyword for a caller-owned logits buffer, where the release takes it."""
+    import inspect
+
+    params = inspect.signature(LogitsProcessor._compute_lm_head).parameters
+    return {"out": torch.empty(8, VOCAB, dtype=torch.bfloat16, device=DEVICE)} if "out" in params else {}
+
+
+@pytest.mark.parametrize("odd", [{"dtype": torch.float32}, {"quant_method": SimpleNamespace()}, {"rows": 16}])
+def test_only_plain_lm_heads_wider_than_it_get_a_draft_vocabulary(odd: dict) -> None:
+    assert dlh.use_draft_vocab(_head(**odd), 16) is None and dlh._VOCABS == {}
+    assert dlh.use_draft_vocab(None, 16) is None

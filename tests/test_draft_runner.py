@@ -310,3 +310,39 @@ def test_captured_seeded_step_drafts_as_the_eager_body(monkeypatch) -> None:
         tokens, q = seeded_round(graphed, seeds, global_seed=0)
         ref_tokens, ref_q = seeded_round(make_runner([], seeded=True), seeds, global_seed=1)
         assert torch.equal(tokens, ref_tokens) and torch.allclose(q, ref_q)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_steps_over_a_draft_vocabulary_draft_and_record_its_token_ids(runner, monkeypatch, greedy: bool) -> None:
+    """Logits over the draft vocabulary's ids (as the LM head hook scores a draft step): each greedy draft is the
+    best of those ids, each sampled one and its record's candidates are among them; the plain step keeps [bs, V]."""
+    from sglang_sparsespec.draft_vocab import DraftVocab
+
+    runner.vocab = vocab = DraftVocab(torch.zeros(V, 4, device=DEVICE), 48)
+    vocab.observe(torch.arange(1, V, 2, device=DEVICE))  # the odd ids
+    vocab.refresh()
+    full = FakeModel.forward
+
+    def over_vocab(self, input_ids, positions, fb):
+        out = full(self, input_ids, positions, fb)
+        out.next_token_logits = out.next_token_logits[:, vocab.ids]
+        return out
+
+    monkeypatch.setattr(FakeModel, "forward", over_vocab)
+    rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [10, 3, 20], [7, 8, 9]))
+    torch.manual_seed(1)
+    out = runner.run(rpi, seq_lens, bonus, sampling(greedy), 3)
+    odd = set(vocab.ids.tolist())
+    assert odd == set(range(1, V, 2))
+    for b in range(BS):
+        tok = int(bonus[b])
+        for j in range(3):
+            drafted, pos = int(out.tokens[b, j]), int(seq_lens[b]) + j
+            peak = next_token(tok, pos, b)
+            assert drafted in odd
+            if greedy:  # the odd id nearest the peak, the lower on a tie
+                assert drafted == min(odd, key=lambda t: (abs(t - peak), t))
+            else:
+                q = out.record.cand_q[b, j]
+                assert set(out.record.cand_ids[b, j][q > 0].tolist()) <= odd and drafted in out.record.cand_ids[b, j]
+            tok = drafted

@@ -67,6 +67,7 @@ class Runner:
 
     def __init__(self, logits: torch.Tensor) -> None:
         self.plain_logits, self.logits, self.calls = logits, logits, []
+        self.vocab = None  # no draft vocabulary
 
     def decode_logits(self, rpi, seq_lens, tokens):
         self.calls.append((rpi, seq_lens, tokens))

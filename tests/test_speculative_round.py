@@ -23,6 +23,7 @@ from test_request_exactness import sampling_info
 from verify_inputs import chain_input
 
 from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.draft_vocab import DraftVocab
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.rounds.launch import RoundShape
 
@@ -84,6 +85,7 @@ class Target:
 class DraftRunner:
     def __init__(self):
         self.calls = []
+        self.vocab = None  # no draft vocabulary: the steps score every id
 
     def run(self, rpi, seq_lens, bonus, sampling_info, steps, dense):
         self.calls.append((rpi.tolist(), seq_lens.tolist(), bonus.tolist(), steps, dense))
@@ -102,7 +104,7 @@ class Clock:
         self.marks = []
 
     def __getattr__(self, name):
-        if name in ("start", "drafted", "verified", "accepted", "end"):
+        if name in ("start", "drafted", "verified", "accepted", "end", "interrupt"):
             return lambda *a: self.marks.append(name)
         raise AttributeError(name)
 
@@ -184,3 +186,24 @@ def test_a_speculative_round_accepts_each_request_within_its_own_draft_count(rou
     ((rpi, before, after),) = selector.calls
     assert rpi.tolist() == RPI and before.tolist() == SEQ and after is result.new_seq_lens
     assert clock.marks == ["start", "drafted", "verified", "accepted", "end"]
+
+
+def test_a_round_counts_each_requests_committed_token_for_the_draft_vocabulary(round_parts):
+    """With a draft vocabulary the round's end counts every request's next pending token (from the target)."""
+    rounds, batch, *_ = round_parts
+    vocab = rounds.draft_runner.vocab = DraftVocab(torch.zeros(V, 8), 16)
+    result = rounds.decode(batch, None, None)
+    counted = torch.zeros(V)
+    counted.index_add_(0, result.next_draft_input.bonus_tokens.cpu(), torch.ones(4))
+    assert torch.equal(vocab.counts.cpu(), counted) and counted.sum() == 4
+
+
+def test_a_prefill_counts_its_prompt_tokens_for_the_draft_vocabulary(round_parts):
+    rounds, _, _, target, selector, _ = round_parts
+    vocab = rounds.draft_runner.vocab = DraftVocab(torch.zeros(V, 8), 16)
+    prompt = torch.tensor([4, 9, 9, 30, 4, 4])
+    target.forward_batch_generation = lambda batch: SimpleNamespace(next_token_ids=torch.tensor([5, 6]))
+    selector.after_prefill = lambda *a: None
+    batch = SimpleNamespace(input_ids=prompt, req_pool_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([2, 4]))
+    rounds.prefill(batch, None)
+    assert {i: int(c) for i, c in enumerate(vocab.counts.tolist()) if c} == {4: 3, 9: 2, 30: 1}

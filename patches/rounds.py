@@ -98,7 +98,7 @@ class Rounds:
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         self.selector.after_prefill(batch.req_pool_indices, batch.seq_lens)
-        if self.draft_runner.vocab is not None:  # the prompts' ids rank the draft vocabulary too
+        if self.draft_runner.vocab is not None and batch.input_ids is not None:  # prompt ids rank it too
             self.draft_runner.vocab.observe(batch.input_ids)
         if self.mixed is not None:
             self.mixed.tracker.forget([r.rid for r in batch.reqs])

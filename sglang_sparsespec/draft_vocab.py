@@ -26,6 +26,11 @@ import torch
 REFRESH_EVERY = 64
 
 
+def ranked_ids(counts: torch.Tensor) -> torch.Tensor:
+    """Every id of ``counts`` [V], the most counted first, ids of equal count (the never seen too) in id order."""
+    return torch.argsort(counts, descending=True, stable=True)
+
+
 class DraftVocab:
     """The S ids a draft step scores (``ids`` [S] int64, ascending) and their LM-head rows (``rows`` [S, H])."""
 
@@ -54,7 +59,7 @@ class DraftVocab:
 
     def refresh(self) -> None:
         """Rank the ids by their counts (ties in id order) and keep the top S, ascending, with their rows."""
-        top = torch.argsort(self.counts, descending=True, stable=True)[: self.size]
+        top = ranked_ids(self.counts)[: self.size]
         self.ids.copy_(top.sort().values)
         torch.index_select(self.weight, 0, self.ids, out=self.rows)
 

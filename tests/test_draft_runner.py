@@ -315,7 +315,7 @@ def test_captured_seeded_step_drafts_as_the_eager_body(monkeypatch) -> None:
 @pytest.mark.parametrize("greedy", [True, False])
 def test_steps_over_a_draft_vocabulary_draft_and_record_its_token_ids(runner, monkeypatch, greedy: bool) -> None:
     """Logits over the draft vocabulary's ids (as the LM head hook scores a draft step): each greedy draft is the
-    best of those ids, each sampled one and its record's candidates are among them; the plain step keeps [bs, V]."""
+    best of those ids, each sampled one and its record's candidates are among them."""
     from sglang_sparsespec.draft_vocab import DraftVocab
 
     runner.vocab = vocab = DraftVocab(torch.zeros(V, 4, device=DEVICE), 48)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 
 import torch
+from sglang_sparsespec.draft_vocab import ranked_ids
 
 from tools.fp8_head_tv import answer_parser, draft_q, round_slope, smollm2_answers, write_doc
 
@@ -47,9 +48,9 @@ def mass_past(q: torch.Tensor, sizes: tuple[int, ...]) -> dict[int, dict[str, fl
 
 
 def seen_ranking(q: torch.Tensor) -> torch.Tensor:
-    """Token ids by their summed q over the rows of ``q`` (most first), ids of equal sum (none seen) in id order."""
-    total = q.sum(0)
-    return torch.argsort(-total, stable=True)  # stable: ties keep id order
+    """Token ids by their summed q over the rows of ``q`` (most first), ids of equal sum (none seen) in id order:
+    the server's own ranking (``DraftVocab``), with q's sums as the counts."""
+    return ranked_ids(q.sum(0))
 
 
 def main() -> None:

@@ -10,7 +10,8 @@ Besides the hooked symbols, these modules use SGLang code directly: ``worker`` (
 cache dtype, the plan stream, the decode graph batch sizes, and for plain rounds a second DecodeCudaGraphRunner built
 under a spec-config override), ``rounds`` (EAGLE's chain verify input builder; on the decode path, ModelRunner.sampler
 (Sampler.forward's signature) on the step's logits wrapped in LogitsProcessorOutput, a GenerationBatchResult as
-SGLang's verify builds it; a prefill batch's input_ids, which rank the draft vocabulary), ``verify`` (SGLang's verify steps for a topk=1 chain: the slot kernel, ForwardBatch, the
+SGLang's verify builds it; a prefill batch's input_ids, which rank the draft vocabulary),
+``verify`` (SGLang's verify steps for a topk=1 chain: the slot kernel, ForwardBatch, the
 graph runner's can_run_graph / load_batch / execute, the forward context, the target worker's verify forward, grammar
 masks, the bonus-token kernel, spec logprobs, GenerationBatchResult), ``verify_input`` (EagleVerifyInput, extended,
 with its acceptance: eagle_sample's logit processing, its verify coins and, for plain greedy batches, eagle_sample

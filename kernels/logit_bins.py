@@ -201,6 +201,7 @@ def _hist_kernel(
     Hist,
     AboveCnt,
     AboveMass,
+    Path,
     vocab,
     stride_l,
     repeats,
@@ -214,10 +215,12 @@ def _hist_kernel(
     FIRST: tl.constexpr,
     MIN_P: tl.constexpr,
     SKIP_UNFILTERED: tl.constexpr,
+    PENDING_ONLY: tl.constexpr,
 ):
     """One level's bin counts of a chunk (tokens outside the level: not counted) and, past level 1,
     the chunk's exact count and mass exp(z - m) of the tokens above the level's first bin. Level 1 skips
-    rows with no filter when SKIP_UNFILTERED (the target filter: nothing to cut)."""
+    rows with no filter when SKIP_UNFILTERED (the target filter: nothing to cut), and every row its
+    candidate list decided when PENDING_ONLY."""
     row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if FIRST:
         w = tl.full([], NB_C - 1, tl.int32)
@@ -226,6 +229,8 @@ def _hist_kernel(
                 Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P
             )
             w = tl.where((k_eff >= vocab) & (p_lim == float("inf")) & (min_p <= 0.0), 0, w)
+        if PENDING_ONLY:
+            w = tl.where(tl.load(Path + row) == PENDING, w, 0)
     else:
         w = tl.load(PlanI + row * PLAN_I + 1)
     if w > 0:

@@ -7,21 +7,22 @@ is returned as its kept set's threshold (``TargetRows``: token i is kept iff z_i
 i <= tie_end; p_i = exp(z_i - m) x scale) plus, where every kept token fits, their list.
 
 Launches (grid rows x vocabulary chunks unless said; ``logit_bins`` and ``cut_plan`` hold the passes,
-``target_select`` the two selects):
-    1. statistics per chunk (max, sum-exp, finite count and min), a histogram of log-mass bins, the
-       plan of each row's top list (the top bins holding at most ``list_cap`` tokens) and its gather;
-    2. select (one program per row): a row whose cut provably lies inside its top list (exact sums:
-       the list holds top_k tokens or top_p of the mass, or the next token is under the min-p floor)
-       gets its exact threshold over the list (``target_wide``): the peaked rows;
-    3. the other rows' bracket stage: per level (``levels``, default 3) a plan of the bracket of bins
-       that can hold the cut (bin counts bound its mass; the top list's mass is exact), split into
-       the next level's finer bins while it holds more than ``list_cap`` tokens; then its gather;
+``top_candidates`` the first list, ``target_select`` the two selects):
+    1. statistics per chunk (max, sum-exp, finite count and min), then the candidate list: every token
+       of probability >= 1 / (list_cap - 1) and the row's maxima, at most list_cap of them by
+       construction, with each chunk's exact count and mass;
+    2. select (one program per row): a row whose cut provably lies inside its candidates (exact sums:
+       the list holds top_k tokens or top_p of the mass, or every token under it is under the min-p
+       floor) gets the list sorted by id and its exact threshold over it (``target_wide``): the peaked
+       rows;
+    3. the other rows' bracket stage: level 1's histogram of log-mass bins, then per level (``levels``,
+       default 3) a plan of the bracket of bins that can hold the cut (bin counts bound its mass), split
+       into the next level's finer bins while it holds more than ``list_cap`` tokens; then its gather;
     4. select: the exact threshold over the bracket's list, with the exact count and mass above it;
        a bracket too large to list is one tied value (decided from its count) or, rarely, the row.
-Each pass reads the logits once at full bandwidth: peaked rows take three reads, near-uniform rows
-(a nucleus of most of the vocabulary) four or five, in the same launches. Expected at 64 x 9 x
-151,936 fp32 logits (350 MB) on an H200 (~4 TB/s): ~90 us a read, ~0.35 ms for peaked rows and
-~0.55 ms for near-uniform ones with the small launches.
+Each pass reads the logits once at full bandwidth: peaked rows take two reads, near-uniform rows (a
+nucleus of most of the vocabulary) five or six, in the same launches. ``candidates=False`` takes level 1's
+top bins as the first list instead (a histogram and a scanned gather: two more reads' time on peaked rows).
 
 Rules (``RANK`` selects the pytorch backend's): flashinfer keeps x iff #{z > z_x} < top_k and the
 mass of {z > z_x} < top_p (with min-p: top-p judged on the top-k renormalised row, then p >=
@@ -125,6 +126,7 @@ def target_filter_fwd(
     block_v: int = BLOCK_V,
     levels: int = LEVELS,
     num_warps: int = 4,
+    candidates: bool = True,
 ) -> TargetRows:
     """``target_probs`` on the GPU, as thresholds: row i under request i // repeats.
 
@@ -133,7 +135,8 @@ def target_filter_fwd(
     a batch without min-p; rank_rule: the pytorch backend's rule, else flashinfer's. ``list_cap`` sizes
     the per-row list, ``levels`` the histogram levels; ``chunk`` (tokens per program, a multiple of
     ``block_v``), ``block_v`` and ``num_warps`` (of the vocabulary-parallel passes) are launch parameters
-    only. Shape-static, no host sync.
+    only; ``candidates``: the first list is ``top_candidates``' (else level 1's top bins). Shape-static, no
+    host sync.
     """
     n, vocab = logits.shape
     bs = n // repeats if repeats >= 1 else -1
@@ -156,7 +159,10 @@ def target_filter_fwd(
     passes = VocabPasses.allocate(n, n_chunks, list_cap, dev)
     if n:
         rows = PassRows(logits, temperature, top_k, top_p, min_p, repeats, chunk, block_v, num_warps)
-        passes.top_list(rows, target=True)
+        if candidates:
+            passes.candidates(rows)
+        else:
+            passes.top_list(rows, target=True)
         common = (
             logits,
             temperature,
@@ -176,8 +182,20 @@ def target_filter_fwd(
             "RANK": rank_rule,
             "MIN_P": min_p is not None,
         }
-        select_top_kernel[(n,)](*common, desc, vocab, logits.stride(0), repeats, n_chunks, list_cap, **flags)
-        passes.bracket(rows, rank_rule, levels)
+        select_top_kernel[(n,)](
+            *common,
+            passes.list_mass,
+            desc,
+            vocab,
+            logits.stride(0),
+            repeats,
+            n_chunks,
+            list_cap,
+            **flags,
+            CANDIDATES=candidates,
+            CAP_P2=triton.next_power_of_2(list_cap),
+        )
+        passes.bracket(rows, rank_rule, levels, level1=candidates)
         select_kernel[(n,)](
             *common,
             passes.offsets,

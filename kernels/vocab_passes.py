@@ -15,20 +15,22 @@ import triton
 
 from .cut_plan import bracket_plan_kernel, top_plan_kernel
 from .logit_bins import DEPTH, GREEDY_EPS, NB, PLAN_F, PLAN_I, STATS, _gather_kernel, _hist_kernel, _stats_kernel
+from .top_candidates import _candidate_kernel
 
 
 @dataclass
 class VocabPasses:
     """Scratch and launches of the vocabulary-parallel passes over n rows of n_chunks chunks (NCH: n_chunks
     rounded up to a power of two). stats [n, n_chunks, STATS] f32; hist [n, n_chunks, NB] i32; above_cnt,
-    above_mass, offsets [n, NCH]; range_z [n, NCH, 2] f32; plan_i [n, PLAN_I] i32, plan_f [n, PLAN_F] f32
-    (slots: ``logit_bins.PLAN_I``); list_z [n, L] f32 beside the caller's list ids [n, L] int32, list_n and
-    path [n] int32 (``logit_bins.RowPath``)."""
+    above_mass, list_mass (each chunk's candidates' mass), offsets [n, NCH]; range_z [n, NCH, 2] f32;
+    plan_i [n, PLAN_I] i32, plan_f [n, PLAN_F] f32 (slots: ``logit_bins.PLAN_I``); list_z [n, L] f32 beside
+    the caller's list ids [n, L] int32, list_n and path [n] int32 (``logit_bins.RowPath``)."""
 
     stats: torch.Tensor
     hist: torch.Tensor
     above_cnt: torch.Tensor
     above_mass: torch.Tensor
+    list_mass: torch.Tensor
     offsets: torch.Tensor
     range_z: torch.Tensor
     plan_i: torch.Tensor
@@ -48,16 +50,17 @@ class VocabPasses:
         ints = torch.zeros(n * (2 * nch + int(PLAN_I) + list_cap + 1), **i32).split(
             [n * nch, n * nch, n * int(PLAN_I), n * list_cap, n]
         )
-        floats = torch.zeros(n * (nch + int(PLAN_F)), **f32).split([n * nch, n * int(PLAN_F)])
+        floats = torch.zeros(n * (2 * nch + int(PLAN_F)), **f32).split([n * nch, n * nch, n * int(PLAN_F)])
         return cls(
             torch.empty((n, n_chunks, STATS), **f32),
             torch.empty((n, n_chunks, NB), **i32),
             ints[0].view(n, nch),
             floats[0].view(n, nch),
+            floats[1].view(n, nch),
             ints[1].view(n, nch),
             torch.empty((n, nch, 2), **f32),
             ints[2].view(n, int(PLAN_I)),
-            floats[1].view(n, int(PLAN_F)),
+            floats[2].view(n, int(PLAN_F)),
             torch.empty((n, list_cap), **f32),
             ints[3].view(n, list_cap),
             ints[4],
@@ -74,14 +77,35 @@ class VocabPasses:
         top_plan_kernel[(n,)](self.hist, *plan_args, **plan_consts, TARGET=target)
         self._gather(rows, stage=1)
 
-    def bracket(self, rows: PassRows, rank_rule: bool, levels: int) -> None:
-        """The bracket stage of the PENDING rows: ``levels`` plans (the first on level 1's histogram, each
-        later one after its own histogram), then the gather of the WINDOW rows' lists."""
+    def candidates(self, rows: PassRows) -> None:
+        """Statistics and the candidate list of every filtered row (``top_candidates``); the select that
+        follows decides each row's path from it."""
+        _stats_kernel[self._grid(rows)](rows.logits, rows.temperature, self.stats, *self._args(rows), **rows.launch)
+        _candidate_kernel[self._grid(rows)](
+            rows.logits,
+            rows.temperature,
+            *rows.params,
+            self.stats,
+            self.list_ids,
+            self.list_z,
+            self.list_n,
+            self.list_mass,
+            *self._args(rows),
+            self.list_ids.shape[1],
+            NCH=self.offsets.shape[1],
+            MIN_P=rows.min_p is not None,
+            **rows.launch,
+        )
+
+    def bracket(self, rows: PassRows, rank_rule: bool, levels: int, level1: bool = False) -> None:
+        """The bracket stage of the PENDING rows: ``levels`` plans (the first on level 1's histogram, counted
+        here for the PENDING rows alone when ``level1``, each later one after its own histogram), then the
+        gather of the WINDOW rows' lists."""
         n = rows.logits.shape[0]
         plan_args, plan_consts = self._plan_inputs(rows)
         for level in range(levels):
-            if level:
-                self._hist(rows, first=False, skip_unfiltered=False)
+            if level or level1:
+                self._hist(rows, first=level == 0, skip_unfiltered=False, pending_only=level1 and level == 0)
             bracket_plan_kernel[(n,)](
                 self.hist,
                 self.above_cnt,
@@ -117,7 +141,7 @@ class VocabPasses:
         """(V, row stride, repeats, chunks): what every vocabulary-parallel kernel takes after its tensors."""
         return rows.logits.shape[1], rows.logits.stride(0), rows.repeats, self.stats.shape[1]
 
-    def _hist(self, rows: PassRows, first: bool, skip_unfiltered: bool) -> None:
+    def _hist(self, rows: PassRows, first: bool, skip_unfiltered: bool, pending_only: bool = False) -> None:
         _hist_kernel[self._grid(rows)](
             rows.logits,
             rows.temperature,
@@ -128,6 +152,7 @@ class VocabPasses:
             self.hist,
             self.above_cnt,
             self.above_mass,
+            self.path,
             *self._args(rows),
             NB_C=NB,
             DEPTH_C=DEPTH,
@@ -135,6 +160,7 @@ class VocabPasses:
             FIRST=first,
             MIN_P=rows.min_p is not None,
             SKIP_UNFILTERED=skip_unfiltered,
+            PENDING_ONLY=pending_only,
             **rows.launch,
         )
 

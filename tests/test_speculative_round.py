@@ -3,7 +3,8 @@ different counts, through the round's own verify (``patches/verify.py``: KV slot
 acceptance (``PillarVerifyInput.accept``), with stand-ins for the model forwards only: the draft runner
 proposes tokens from one rule, the target's verify forward scores each row by another, so acceptance
 varies by request and position. Triton kernels (SGLang's slot and bonus-token kernels) run in the
-interpreter.
+interpreter on the round's CPU tensors, so a compiled (GPU) run skips this module: the served round is
+checked there by the servers' own runs.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from sglang_sparsespec.patches import verify_input as verify_input_module
 from sglang_sparsespec.patches.rounds import Rounds
 from sglang_sparsespec.patches.verify import Pools
 from test_request_exactness import sampling_info
+from triton_env import INTERPRET
 from verify_inputs import chain_input
 
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.draft_vocab import DraftVocab
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.rounds.launch import RoundShape
+
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="a round of CPU tensors: SGLang's kernels in the interpreter")
 
 K, V, POOL_LEN = 3, 50, 64
 RPI = [5, 2, 7, 0]  # the requests' pool rows

@@ -122,9 +122,8 @@ def test_nucleus_between_the_candidates_and_the_list(min_p, backend):
     logits[:, 100:130] = (torch.rand(2, 30, generator=gen) * 4).round().div(4) + 4
     out, ref = _run(logits, [1.0, 0.7], [-1, 25], [0.9, 0.95], min_p, 1, backend, list_cap=24)
     # Row 1 under flashinfer's min-p rule judges top-p on its top-25 mass, which a 24-token list cannot
-    # hold: the whole row decides it.
-    joint = min_p is not None and backend is SamplingBackend.FLASHINFER
-    assert out.path.tolist() == [RowPath.WINDOW, RowPath.VOCAB if joint else RowPath.WINDOW]
+    # hold: the bracket stage decides it too.
+    assert out.path.tolist() == [RowPath.WINDOW, RowPath.WINDOW]
     _assert_same(out, ref)
 
 

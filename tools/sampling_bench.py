@@ -127,7 +127,7 @@ def case_inputs(case: str, bs: int, k: int, vocab: int, c: int, dev: str = "cuda
     return logits, params, record, coins
 
 
-def measure(case: str, bs: int, k: int, vocab: int, c: int, tune: bool) -> dict[str, float | str]:
+def measure(case: str, bs: int, k: int, vocab: int, c: int, tune: bool, with_stock: bool) -> dict[str, float | str]:
     logits, (temp, top_k, top_p, min_p), record, (coins, final) = case_inputs(case, bs, k, vocab, c)
 
     def accept(rank_rule: bool, **launch):
@@ -150,6 +150,8 @@ def measure(case: str, bs: int, k: int, vocab: int, c: int, tune: bool) -> dict[
         import flashinfer.sampling  # noqa: F401
         import sgl_kernel  # noqa: F401
     except ImportError:
+        stock = None
+    if not with_stock:
         stock = None
     else:
         stock = lambda: stock_kernels(logits, temp, top_k, top_p, min_p, k + 1, record)  # noqa: E731
@@ -200,6 +202,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--record-candidates", type=int, default=64, help="C of the draft records")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--no-stock", action="store_true", help="leave out stock_kernels (FlashInfer's JIT build)")
     parser.add_argument(
         "--tune",
         action="store_true",
@@ -209,7 +212,9 @@ def main() -> None:
     ms: dict[str, dict] = {}
     for bs in a.batches:
         for case in a.cases:
-            ms[f"{bs}x{a.k + 1}x{a.vocab}/{case}"] = row = measure(case, bs, a.k, a.vocab, a.record_candidates, a.tune)
+            ms[f"{bs}x{a.k + 1}x{a.vocab}/{case}"] = row = measure(
+                case, bs, a.k, a.vocab, a.record_candidates, a.tune, not a.no_stock
+            )
             print(f"{bs}x{a.k + 1}x{a.vocab} {case}: {row}", flush=True)
         ms[f"{bs}x{a.vocab}/draft_step"] = draft_timed(bs, a.vocab, a.record_candidates, a.tune)
     settings = {

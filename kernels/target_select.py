@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .logit_bins import BIG, FULL, NOFILTER, PENDING, PLAN_F, PLAN_I, TIE, VOCAB, WINDOW, load_z, row_params, row_stats
 from .target_wide import above, next_up, tie_cut, wide_cut
-from .top_candidates import candidate_depth, candidate_path
+from .top_candidates import candidate_path
 
 _SLACK_SELECT = tl.constexpr(1e-4)  # the min-p floor's bin test, as the plan's
 _ALL_ABOVE_SELECT = tl.constexpr(-1073741824)  # a list range that holds every token above it
@@ -120,18 +120,20 @@ def select_top_kernel(
     MIN_P: tl.constexpr,
     CANDIDATES: tl.constexpr,
     CAP_P2: tl.constexpr,
+    NB_C: tl.constexpr,
+    DEPTH_C: tl.constexpr,
 ):
     """The rows with a complete top list: the exact threshold when the cut provably lies inside it, else the
     row becomes PENDING with the list's exact count and mass as the bracket stage's start. NOFILTER rows
     get the softmax itself. With CANDIDATES the list is ``top_candidates``' (every row PENDING so far): a row
-    that likely decides from it (its chunks' exact count and mass, a margin under the limits) gets it
-    sorted and becomes FULL; the others stay PENDING for the bracket stage from level 1's first bin."""
+    that likely decides from it (its chunks' exact count and mass) gets it sorted and is decided here; the
+    others stay PENDING with that count and mass as the bracket stage's start."""
     row = tl.program_id(0).to(tl.int64)
     m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
     if CANDIDATES:
         path = candidate_path(
-            Temperature, Top_k, Top_p, Min_p, Path, ListN, ListIds, ListZ, ChunkMass, row, inv_s, fin, vocab,
-            repeats, n_chunks, list_cap, GREEDY_EPS_C, NCH, RANK, MIN_P, CAP_P2,
+            Temperature, Top_k, Top_p, Min_p, Path, PlanI, PlanF, ListN, ListIds, ListZ, ChunkMass, row, m, inv_s,
+            fin, zmin, vocab, repeats, n_chunks, list_cap, GREEDY_EPS_C, NB_C, DEPTH_C, NCH, RANK, MIN_P, CAP_P2,
         )  # fmt: skip
     else:
         path = tl.load(Path + row)
@@ -150,10 +152,8 @@ def select_top_kernel(
         # the mass limit (on flashinfer's min-p rows top_p x the top-k mass: exact from the list once it
         # holds top_k tokens, else at most top_p), or it lies under the min-p floor (surely: its bin does).
         plan = PlanI + row * PLAN_I
-        if CANDIDATES:  # every token under the list lies deeper than its depth
-            under_d = candidate_depth(inv_s, list_cap)
-        else:  # or under its last level-1 bin
-            under_d = (tl.load(plan + 5) + 1.0) / tl.load(PlanF + row * PLAN_F + 1)
+        hi = tl.load(plan + 5)
+        r = tl.load(PlanF + row * PLAN_F + 1)
         p_lim_eff = p_lim
         whole_row = n_items < 0
         if MIN_P and not RANK:
@@ -187,18 +187,15 @@ def select_top_kernel(
         else:
             by_mass = mass >= p_lim_eff
         floor_d = tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
-        by_floor = under_d * (1.0 - _SLACK_SELECT) > floor_d
-        vocab_pass = whole_row
-        if CANDIDATES:
-            vocab_pass = whole_row & False  # the bracket stage takes the row: cheaper than a pass of one program
-        if vocab_pass:
+        by_floor = (hi + 1.0) / r * (1.0 - _SLACK_SELECT) > floor_d
+        if whole_row:
             base_l = Logits + row * stride_l
             z_star, tie_end, kept = whole_row_cut(
                 base_l, vocab, inv_t, m, inv_s, k_eff, p_lim, floor, RANK, MIN_P, BLOCK_V
             )
             _store_desc(Desc, row, m, z_star, inv_s / kept, tie_end)
             tl.store(Path + row, VOCAB)
-        elif ~whole_row & ((n_items >= k_eff) | (n_items >= fin) | by_mass | by_floor):
+        elif (n_items >= k_eff) | (n_items >= fin) | by_mass | by_floor:
             z_star, tie_end, kept = wide_cut(
                 zs,
                 ids,
@@ -220,11 +217,9 @@ def select_top_kernel(
                 BLOCK_V,
             )
             _store_desc(Desc, row, m, z_star, inv_s / kept, tie_end)
-        elif CANDIDATES:  # the bracket stage starts from level 1's first bin (the list is not a run of bins)
-            tl.store(Path + row, PENDING)
         else:
             tl.store(Path + row, PENDING)
-            tl.store(plan + 2, tl.load(plan + 5) + 1)
+            tl.store(plan + 2, hi + 1)
             tl.store(plan + 8, n_items)
             tl.store(PlanF + row * PLAN_F + 2, mass)
 

@@ -1,21 +1,21 @@
-"""The target filter's first list without a histogram: every token of probability >= 1 / (list_cap - 1).
+"""The target filter's first list without a histogram: the level-1 bins whose tokens hold >= 1 / (list_cap - 1).
 
-At most list_cap - 1 tokens of a row can each hold 1 / (list_cap - 1) of its mass, so that set fits the
-list whatever the row looks like; no histogram has to size it first. The row's maxima are listed even when
-they hold less (a greedy row's token); a list that still overflows (a near-uniform row's thousands of tied
-maxima) is not used. On a
-peaked row (a real model's, at the temperatures people sample with) it holds the top-p nucleus, the
-top-k tokens or everything above the min-p floor, and the select decides the row from it exactly; the
-rest go on to the histogram's bracket stage (``cut_plan``). One read of the logits after the statistics
-pass instead of a level-1 histogram and a scanned gather (two reads' time each, ``logit_bins``):
+At most list_cap - 1 tokens of a row can each hold 1 / (list_cap - 1) of its mass, so the bins above that
+depth fit the list whatever the row looks like; no histogram has to size it first. Bin 0 (the maxima: a
+greedy row's token) is listed even when it holds less; a list that still overflows (a near-uniform row's
+thousands of near-tied maxima) is not used. On a peaked row (a real model's, at the temperatures people
+sample with) the list holds the top-p nucleus, the top-k tokens or everything above the min-p floor, and
+the select decides the row from it exactly; the other rows go on to the histogram's bracket stage
+(``cut_plan``) from the bin under the list, with its exact count and mass. One read of the logits after
+the statistics pass instead of a level-1 histogram and a scanned gather (two reads' time each):
 
     ``_candidate_kernel`` (rows x chunks): the chunk's candidates written at slots taken with one relaxed
-        atomic each (only candidates take one; the row's counter is list_n), and the chunk's exact count
-        and mass exp(z - m) of its candidates (per chunk, so their sums do not depend on which chunk
-        took a slot first);
-    ``sort_list`` (in the select, on the rows it keeps): the list put back in id order, the order every
-        reader of a list expects (ties by lower id, the residual draw's scan), so slots taken in any
-        order give one result.
+        atomic each (only candidates take one; the row's counter is list_n), and the chunk's exact mass
+        exp(z - m) of its candidates (per chunk, so the row's sum does not depend on which chunk took a
+        slot first);
+    ``candidate_path`` (in the select): each row's path, and for the rows it keeps ``sort_list``: the list
+        put back in id order, the order every reader of a list expects (ties by lower id, the residual
+        draw's scan), so slots taken in any order give one result.
 Shape-static and sync-free (CUDA-graph safe).
 """
 
@@ -24,14 +24,33 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .logit_bins import FULL, NOFILTER, PENDING, load_z, row_params, row_stats
+from .logit_bins import (
+    FULL,
+    NOFILTER,
+    PENDING,
+    PLAN_F,
+    PLAN_I,
+    first_resolution,
+    level_bin,
+    load_z,
+    row_params,
+    row_stats,
+)
+
+
+# Relative margin on the candidates' mass (the chunks' fp32 sums) when a row's bracket starts under its list.
+_MARGIN = tl.constexpr(1e-5)
 
 
 @triton.jit
-def candidate_depth(inv_s, list_cap):
-    """The depth d = m - z down to which a row's list holds its tokens: ln((list_cap - 1) / S), where p = exp(-d) / S
-    reaches 1 / (list_cap - 1), and at least 0 (the maxima). Every token left out lies deeper."""
-    return tl.maximum(tl.log((list_cap - 1).to(tl.float32) * inv_s), 0.0)
+def candidate_bins(m, zmin, inv_s, list_cap, NB_C: tl.constexpr, DEPTH_C: tl.constexpr):
+    """(r, j0): level 1's resolution (``logit_bins``) and the first level-1 bin under a row's list, which holds
+    bins 0 .. j0 - 1: tokens of depth d = m - z < j0 / r <= ln((list_cap - 1) / S), where p = exp(-d) / S
+    reaches 1 / (list_cap - 1); bin 0 (the maxima) at least. Bin-aligned, so the bracket stage can start
+    under the list with its exact count and mass, as under a top list of bins."""
+    r = first_resolution(m, zmin, NB_C, DEPTH_C)
+    d = tl.log((list_cap - 1).to(tl.float32) * inv_s)
+    return r, tl.minimum(tl.maximum(d * r, 1.0), NB_C - 2).to(tl.int32)  # floor: d * r >= 1 here
 
 
 @triton.jit
@@ -55,6 +74,8 @@ def _candidate_kernel(
     NCH: tl.constexpr,
     CHUNK_C: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    NB_C: tl.constexpr,
+    DEPTH_C: tl.constexpr,
     MIN_P: tl.constexpr,
 ):
     row, ch = tl.program_id(0).to(tl.int64), tl.program_id(1)
@@ -63,14 +84,14 @@ def _candidate_kernel(
     )
     if (k_eff < vocab) | (p_lim < float("inf")) | (min_p > 0.0):  # a row with no filter lists nothing
         m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
-        depth = candidate_depth(inv_s, list_cap)
+        r, j0 = candidate_bins(m, zmin, inv_s, list_cap, NB_C, DEPTH_C)
         base_l = Logits + row * stride_l
         offs = tl.arange(0, BLOCK_V)
         mass = 0.0
         for sub in range(0, CHUNK_C, BLOCK_V):
             idx = ch * CHUNK_C + sub + offs
             z = load_z(base_l, idx, vocab, inv_t)
-            take = (m - z <= depth) & (z > -float("inf"))
+            take = (level_bin(z, m, r, 0, NB_C - 1, True) < j0) & (z > -float("inf"))
             # Relaxed: a slot only has to be unique; the select reads the list after this launch ends.
             slot = tl.atomic_add(ListN + row + idx * 0, 1, mask=take, sem="relaxed")
             keep = take & (slot < list_cap)
@@ -113,18 +134,24 @@ def candidate_path(
     Top_p,
     Min_p,
     Path,
+    PlanI,
+    PlanF,
     ListN,
     ListIds,
     ListZ,
     ChunkMass,
     row,
+    m,
     inv_s,
     fin,
+    zmin,
     vocab,
     repeats,
     n_chunks,
     list_cap,
     GREEDY_EPS_C: tl.constexpr,
+    NB_C: tl.constexpr,
+    DEPTH_C: tl.constexpr,
     NCH: tl.constexpr,
     RANK: tl.constexpr,
     MIN_P: tl.constexpr,
@@ -133,7 +160,8 @@ def candidate_path(
     """A row's path from its candidate list, stored and returned: NOFILTER (no filter); FULL, the list sorted,
     when its count and mass (the chunks' sums: the same whatever order the slots were taken in) say the cut
     lies inside it (the select then decides on exact sums over the sorted list); else PENDING (so is a list
-    that overflowed)."""
+    that overflowed). The plan holds the list's last bin and level 1's resolution, and for a PENDING row the
+    count and mass above the bracket stage's first bin, as ``select_top_kernel`` leaves a top list's."""
     inv_t, k_eff, p_lim, min_p = row_params(
         Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P
     )
@@ -145,17 +173,32 @@ def candidate_path(
         n_items = tl.load(ListN + row)
         chs = tl.arange(0, NCH)
         mass = tl.sum(tl.load(ChunkMass + row * NCH + chs, mask=chs < n_chunks, other=0.0), axis=0) * inv_s
+        r, j0 = candidate_bins(m, zmin, inv_s, list_cap, NB_C, DEPTH_C)
+        plan = PlanI + row * PLAN_I
+        tl.store(plan + 5, j0 - 1)
+        tl.store(PlanF + row * PLAN_F + 1, r)
         if RANK:
             by_mass = mass > p_lim
         else:
             by_mass = mass >= p_lim
         floor_d = tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
-        by_floor = candidate_depth(inv_s, list_cap) > floor_d
-        likely = (n_items <= list_cap) & ((n_items >= k_eff) | (n_items >= fin) | by_mass | by_floor)
+        by_floor = j0.to(tl.float32) / r > floor_d
+        fits = n_items <= list_cap
+        likely = fits & ((n_items >= k_eff) | (n_items >= fin) | by_mass | by_floor)
         if MIN_P and not RANK:  # top_p of the top-k mass: the list must hold the top k
-            likely = likely & ((p_lim == float("inf")) | (k_eff >= vocab) | (n_items >= k_eff))
+            short = (p_lim < float("inf")) & (k_eff < vocab) & (n_items < k_eff)
+            likely = likely & ~short
+            fits = fits & ~short
         if likely:
             sort_list(ListIds + row * list_cap, ListZ + row * list_cap, n_items, CAP_P2)
             path = tl.full([], FULL, tl.int32)
+        else:
+            # Every listed token is kept (fewer than top_k, less than top_p with a margin for the sums'
+            # rounding, above any min-p floor): the bracket starts under the list. Otherwise (an overflowing
+            # list, or top-k mass unknown) it starts at bin 0, which is always right.
+            under = fits & (mass * (1.0 + _MARGIN) < p_lim)
+            tl.store(plan + 2, tl.where(under, j0, 0))
+            tl.store(plan + 8, tl.where(under, n_items, 0))
+            tl.store(PlanF + row * PLAN_F + 2, tl.where(under, mass, 0.0))
     tl.store(Path + row, path)
     return path

@@ -93,6 +93,8 @@ class VocabPasses:
             *self._args(rows),
             self.list_ids.shape[1],
             NCH=self.offsets.shape[1],
+            NB_C=NB,
+            DEPTH_C=DEPTH,
             MIN_P=rows.min_p is not None,
             **rows.launch,
         )

@@ -93,3 +93,24 @@ def test_both_first_lists_give_the_same_rows(launch):
     assert torch.equal(a > 0, b > 0)
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert (new.path == RowPath.FULL).sum() >= 3
+
+
+@pytest.mark.parametrize("rank_rule", [False, True])
+def test_a_nucleus_past_the_candidates_is_bracketed_under_them_not_over_the_row(rank_rule):
+    """Rows whose top-p nucleus runs past the candidates into a dense tail (twenty lifted tokens over 20,000,
+    T 0.6): the bracket stage starts under the candidates with their exact count and mass and lists the
+    rest of the nucleus. From bin 0, without them, the same rows end in a pass of one program over the
+    whole row (VOCAB)."""
+    gen = torch.Generator().manual_seed(7)
+    rows = torch.randn(256, 20000, generator=gen) * 3
+    rows[:, :20] += 9.0
+    p = torch.softmax(rows.double() / 0.6, -1)
+    cap = 256
+    logits = rows[(p * (p >= 1 / (cap - 1))).sum(-1) < 0.95][:2]  # the candidates alone hold < top_p
+    args = (logits, [0.6, 0.6], [1 << 30, 1 << 30], [0.95, 0.95])
+    launch = {"list_cap": cap, "chunk": 2048, "block_v": 256, "num_warps": 2, "rank_rule": rank_rule}
+    out = _filter(*args, **launch)
+    assert len(logits) == 2 and out.path.tolist() == [RowPath.FULL] * 2  # everything above the cut listed
+    a, b = out.dense(), _filter(*args, candidates=False, **launch).dense()
+    assert torch.equal(a > 0, b > 0)
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

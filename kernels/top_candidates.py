@@ -54,6 +54,17 @@ def candidate_bins(m, zmin, inv_s, list_cap, NB_C: tl.constexpr, DEPTH_C: tl.con
 
 
 @triton.jit
+def hopeless(inv_s, fin, k_eff, p_lim, min_p, r, j0, list_cap):
+    """Whether a row's candidates surely cannot decide it, known from its statistics: at most min(list_cap, fin)
+    tokens of at most p_max = 1 / S each reach neither top_p's mass nor top_k's count nor every finite token,
+    and the list's last bin lies above any min-p floor. Such a row (a near-uniform one: random weights'
+    logits) skips the candidate pass, so it costs what it did before the candidates."""
+    floor_d = tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
+    mass_max = tl.minimum(fin, list_cap).to(tl.float32) * inv_s
+    return (mass_max < p_lim * (1.0 - _MARGIN)) & (k_eff > list_cap) & (fin > list_cap) & (j0 / r <= floor_d)
+
+
+@triton.jit
 def _candidate_kernel(
     Logits,
     Temperature,
@@ -85,6 +96,8 @@ def _candidate_kernel(
     if (k_eff < vocab) | (p_lim < float("inf")) | (min_p > 0.0):  # a row with no filter lists nothing
         m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
         r, j0 = candidate_bins(m, zmin, inv_s, list_cap, NB_C, DEPTH_C)
+        if hopeless(inv_s, fin, k_eff, p_lim, min_p, r, j0, list_cap):
+            return
         base_l = Logits + row * stride_l
         offs = tl.arange(0, BLOCK_V)
         mass = 0.0
@@ -183,7 +196,7 @@ def candidate_path(
             by_mass = mass >= p_lim
         floor_d = tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
         by_floor = j0.to(tl.float32) / r > floor_d
-        fits = n_items <= list_cap
+        fits = (n_items <= list_cap) & ~hopeless(inv_s, fin, k_eff, p_lim, min_p, r, j0, list_cap)
         likely = fits & ((n_items >= k_eff) | (n_items >= fin) | by_mass | by_floor)
         if MIN_P and not RANK:  # top_p of the top-k mass: the list must hold the top k
             short = (p_lim < float("inf")) & (k_eff < vocab) & (n_items < k_eff)
@@ -195,7 +208,7 @@ def candidate_path(
         else:
             # Every listed token is kept (fewer than top_k, less than top_p with a margin for the sums'
             # rounding, above any min-p floor): the bracket starts under the list. Otherwise (an overflowing
-            # list, or top-k mass unknown) it starts at bin 0, which is always right.
+            # list, top-k mass unknown, or no list: a hopeless row) it starts at bin 0, which is always right.
             under = fits & (mass * (1.0 + _MARGIN) < p_lim)
             tl.store(plan + 2, tl.where(under, j0, 0))
             tl.store(plan + 8, tl.where(under, n_items, 0))

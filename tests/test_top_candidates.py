@@ -114,3 +114,23 @@ def test_a_nucleus_past_the_candidates_is_bracketed_under_them_not_over_the_row(
     a, b = out.dense(), _filter(*args, candidates=False, **launch).dense()
     assert torch.equal(a > 0, b > 0)
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_near_uniform_rows_skip_the_candidate_pass():
+    """A near-uniform row (random weights' logits) cannot be decided by 47 tokens of ~1 / 2000 each: the pass
+    skips it, listing nothing; a peaked row beside it lists its candidates."""
+    from sglang_sparsespec.kernels.vocab_passes import PassRows, VocabPasses
+
+    gen = torch.Generator().manual_seed(9)
+    logits = (torch.randn(2, 2000, generator=gen) * 1e-3).to(DEVICE)
+    logits[1, 7] += 9.0
+    one = torch.ones(2, device=DEVICE)
+    rows = PassRows(
+        logits, one, torch.full((2,), 1 << 30, dtype=torch.int32, device=DEVICE), one * 0.9, None, 1, 64, 32, 1
+    )
+    passes = VocabPasses.allocate(2, 2000 // 64 + 1, L, logits.device)
+    passes.candidates(rows)
+    assert passes.list_n.tolist()[0] == 0 and passes.list_n.tolist()[1] >= 1
+    out = _filter(logits.cpu(), [1.0, 1.0], [1 << 30, 1 << 30], [0.9, 0.9])
+    ref = _filter(logits.cpu(), [1.0, 1.0], [1 << 30, 1 << 30], [0.9, 0.9], candidates=False)
+    torch.testing.assert_close(out.dense(), ref.dense(), atol=1e-6, rtol=1e-5)

@@ -7,22 +7,25 @@ is returned as its kept set's threshold (``TargetRows``: token i is kept iff z_i
 i <= tie_end; p_i = exp(z_i - m) x scale) plus, where every kept token fits, their list.
 
 Launches (grid rows x vocabulary chunks unless said; ``logit_bins`` and ``cut_plan`` hold the passes,
-``top_candidates`` the first list, ``target_select`` the two selects):
-    1. statistics per chunk (max, sum-exp, finite count and min), then the candidate list: every token
-       of probability >= 1 / (list_cap - 1) and the row's maxima, at most list_cap of them by
-       construction, with each chunk's exact count and mass;
-    2. select (one program per row): a row whose cut provably lies inside its candidates (exact sums:
-       the list holds top_k tokens or top_p of the mass, or every token under it is under the min-p
-       floor) gets the list sorted by id and its exact threshold over it (``target_wide``): the peaked
-       rows;
-    3. the other rows' bracket stage: level 1's histogram of log-mass bins, then per level (``levels``,
-       default 3) a plan of the bracket of bins that can hold the cut (bin counts bound its mass), split
-       into the next level's finer bins while it holds more than ``list_cap`` tokens; then its gather;
+``target_select`` the two selects):
+    1. statistics per chunk (max, sum-exp, finite count and min), then the row's first list: level 1's
+       histogram of log-mass bins, the plan of its top bins holding at most ``list_cap`` tokens and their
+       gather (default); or, with ``candidates``, the bins whose tokens hold >= 1 / (list_cap - 1) of
+       the mass, at most list_cap tokens by construction, gathered in one read (``top_candidates``);
+    2. select (one program per row): a row whose cut provably lies inside its list (exact sums: the list
+       holds top_k tokens or top_p of the mass, or the first token under it lies below the min-p floor)
+       gets its exact threshold over the list (``target_wide``): the peaked rows;
+    3. the other rows' bracket stage, from the bin under the list with the list's exact count and mass
+       above it: per level (``levels``, default 3) a plan of the bracket of bins that can hold the cut
+       (bin counts bound its mass), split into the next level's finer bins while it holds more than
+       ``list_cap`` tokens; then its gather (with ``candidates``, level 1's histogram is counted here, for
+       these rows alone);
     4. select: the exact threshold over the bracket's list, with the exact count and mass above it;
        a bracket too large to list is one tied value (decided from its count) or, rarely, the row.
-Each pass reads the logits once at full bandwidth: peaked rows take two reads, near-uniform rows (a
-nucleus of most of the vocabulary) five or six, in the same launches. ``candidates=False`` takes level 1's
-top bins as the first list instead (a histogram and a scanned gather: two more reads' time on peaked rows).
+Each pass reads the logits once at full bandwidth; peaked rows take three reads (two with ``candidates``),
+near-uniform rows (a nucleus of most of the vocabulary) four or five. Measured on an H200 at 64 x 9 x 151,936
+(``kernels_accept_h200_e7280db.json``), the histogram and the scanned gather take two reads' time each, so
+the candidate list halves the peaked rows' filter.
 
 Rules (``RANK`` selects the pytorch backend's): flashinfer keeps x iff #{z > z_x} < top_k and the
 mass of {z > z_x} < top_p (with min-p: top-p judged on the top-k renormalised row, then p >=
@@ -126,7 +129,7 @@ def target_filter_fwd(
     block_v: int = BLOCK_V,
     levels: int = LEVELS,
     num_warps: int = 4,
-    candidates: bool = True,
+    candidates: bool = False,
 ) -> TargetRows:
     """``target_probs`` on the GPU, as thresholds: row i under request i // repeats.
 
@@ -135,8 +138,9 @@ def target_filter_fwd(
     a batch without min-p; rank_rule: the pytorch backend's rule, else flashinfer's. ``list_cap`` sizes
     the per-row list, ``levels`` the histogram levels; ``chunk`` (tokens per program, a multiple of
     ``block_v``), ``block_v`` and ``num_warps`` (of the vocabulary-parallel passes) are launch parameters
-    only; ``candidates``: the first list is ``top_candidates``' (else level 1's top bins). Shape-static, no
-    host sync.
+    only; ``candidates``: the first list is ``top_candidates``' instead of level 1's top bins (not yet the
+    server's: measured faster on peaked rows, its handling of the rows it cannot decide not yet timed on a
+    GPU). Shape-static, no host sync.
     """
     n, vocab = logits.shape
     bs = n // repeats if repeats >= 1 else -1
@@ -182,15 +186,11 @@ def target_filter_fwd(
             "RANK": rank_rule,
             "MIN_P": min_p is not None,
         }
+        sizes = (desc, vocab, logits.stride(0), repeats, n_chunks, list_cap)  # both selects' last tensor and sizes
         select_top_kernel[(n,)](
             *common,
             passes.list_mass,
-            desc,
-            vocab,
-            logits.stride(0),
-            repeats,
-            n_chunks,
-            list_cap,
+            *sizes,
             **flags,
             CANDIDATES=candidates,
             CAP_P2=triton.next_power_of_2(list_cap),
@@ -203,12 +203,7 @@ def target_filter_fwd(
             passes.offsets,
             passes.above_mass,
             passes.range_z,
-            desc,
-            vocab,
-            logits.stride(0),
-            repeats,
-            n_chunks,
-            list_cap,
+            *sizes,
             NB_C=NB,
             CHUNK_C=chunk,
             **flags,

@@ -2,9 +2,9 @@
 
 Without a GPU the kernels run in Triton's CPU interpreter (see triton_env.py); with CUDA they run
 compiled on the same cases. Small vocabularies with lists of L = 48 tokens, 64-token chunks and
-32-token tiles, so rows span many chunks and each path runs: the top list (peaked rows), a bracket
-under it (nuclei wider than L, one to three histogram levels), a bracket of one tied value, and the
-whole row.
+32-token tiles, so rows span many chunks and each path runs: the first list (peaked rows; level 1's top
+bins and the candidate list, every case with each), a bracket under it (nuclei wider than L, one to
+three histogram levels), a bracket of one tied value, and the whole row.
 """
 
 from __future__ import annotations
@@ -22,6 +22,13 @@ from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, tar
 L, CHUNK, BLOCK_V = 48, 64, 32
 LAUNCH = {"list_cap": L, "chunk": CHUNK, "block_v": BLOCK_V, "num_warps": 1}  # a token a thread
 BACKENDS = list(SamplingBackend)
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["top_bins", "candidates"])
+def first_list(request, monkeypatch):
+    """Every case with either first list: level 1's top bins (the served one) and ``top_candidates``'."""
+    monkeypatch.setitem(LAUNCH, "candidates", request.param)
+    return request.param
 
 
 def _run(logits, temps, top_ks, top_ps, min_ps=None, repeats=1, backend=SamplingBackend.FLASHINFER, **launch):
@@ -115,15 +122,16 @@ def test_nucleus_wider_than_the_candidates_takes_the_exact_path(min_p, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("min_p", [None, [0.01, 0.0]])
-def test_nucleus_between_the_candidates_and_the_list(min_p, backend):
+def test_nucleus_between_the_candidates_and_the_list(min_p, backend, first_list):
     """About 30 tokens near the top (with ties) under a top list too small for them: a bracket under it."""
     gen = torch.Generator().manual_seed(8)
     logits = torch.randn(2, 600, generator=gen) - 4
     logits[:, 100:130] = (torch.rand(2, 30, generator=gen) * 4).round().div(4) + 4
     out, ref = _run(logits, [1.0, 0.7], [-1, 25], [0.9, 0.95], min_p, 1, backend, list_cap=24)
     # Row 1 under flashinfer's min-p rule judges top-p on its top-25 mass, which a 24-token list cannot
-    # hold: the bracket stage decides it too.
-    assert out.path.tolist() == [RowPath.WINDOW, RowPath.WINDOW]
+    # hold: the whole row decides it after a top list of bins, the bracket stage from bin 0 after candidates.
+    joint = min_p is not None and backend is SamplingBackend.FLASHINFER and not first_list
+    assert out.path.tolist() == [RowPath.WINDOW, RowPath.VOCAB if joint else RowPath.WINDOW]
     _assert_same(out, ref)
 
 

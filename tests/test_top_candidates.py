@@ -13,7 +13,7 @@ from sglang_sparsespec.kernels.top_candidates import sort_list
 from triton_env import DEVICE
 
 L = 48
-LAUNCH = {"list_cap": L, "chunk": 64, "block_v": 32, "num_warps": 1}
+LAUNCH = {"list_cap": L, "chunk": 64, "block_v": 32, "num_warps": 1, "candidates": True}
 
 
 def _filter(logits, temps, top_ks, top_ps, **launch):

@@ -15,8 +15,8 @@ tokens; ``flat``: the near-uniform rows of random weights, a nucleus of 95% of t
     graph (the mixed runner's; no launch overhead); for greedy, ``argmax`` (an all-greedy batch runs
     SGLang's argmax) and the greedy rows through the sampled path (``accept``: top_k 1 rows, as in a
     mixed batch).
-``filter``: ``target_filter_fwd`` alone; ``filter_bins`` / ``accept_graph_bins``: the same with level 1's
-    top bins as the first list instead of the candidate list (``candidates=False``).
+``filter``: ``target_filter_fwd`` alone; ``filter_candidates`` / ``accept_graph_candidates``: the same with
+    the candidate list as the first list instead of level 1's top bins (``candidates=True``).
 ``stock_kernels``: the FlashInfer / sgl_kernel path that is exact for our records: softmax at T,
     sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob`` (their supports intersected: the
     flashinfer joint rule) or the min-p chain, each draft record's q scattered into a dense row,
@@ -138,9 +138,9 @@ def measure(case: str, bs: int, k: int, vocab: int, c: int, tune: bool, with_sto
         "accept": lambda: accept(False),
         "accept_pytorch_rule": lambda: accept(True),
         "filter": lambda: target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1),
-        "filter_bins": lambda: target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1, candidates=False),
+        "filter_candidates": lambda: target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1, candidates=True),
     }
-    graphed = {"accept_graph": lambda: accept(False), "accept_graph_bins": lambda: accept(False, candidates=False)}
+    graphed = {"accept_graph": lambda: accept(False), "accept_graph_candidates": lambda: accept(False, candidates=True)}
     for chunk, bv, warps in TUNE_GRID if tune else ():
         kw = {"chunk": chunk, "block_v": bv, "num_warps": warps}
         graphed[f"accept_graph@{chunk}x{bv}x{warps}"] = lambda kw=kw: accept(False, **kw)
@@ -162,8 +162,9 @@ def measure(case: str, bs: int, k: int, vocab: int, c: int, tune: bool, with_sto
             out["stock_kernels"] = round(mean_ms(stock), 4)
         except (RuntimeError, TypeError, ValueError) as err:  # another FlashInfer API: said in the result
             out["stock_kernels"] = f"failed: {type(err).__name__}: {err}"[:300]
-    paths = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1).path
-    out["paths"] = {p.name: round(float((paths == p).float().mean()), 4) for p in RowPath if (paths == p).any()}
+    for key, cand in (("paths", False), ("paths_candidates", True)):
+        paths = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1, candidates=cand).path
+        out[key] = {p.name: round(float((paths == p).float().mean()), 4) for p in RowPath if (paths == p).any()}
     return out
 
 

@@ -7,7 +7,8 @@ thousands of near-tied maxima) is not used. On a peaked row (a real model's, at 
 sample with) the list holds the top-p nucleus, the top-k tokens or everything above the min-p floor, and
 the select decides the row from it exactly; the other rows go on to the histogram's bracket stage
 (``cut_plan``) from the bin under the list, with its exact count and mass. One read of the logits after
-the statistics pass instead of a level-1 histogram and a scanned gather (two reads' time each):
+the statistics pass instead of a level-1 histogram and a scanned gather (two reads' time each); a row whose
+statistics already show that its candidates cannot decide it (``hopeless``: a near-uniform row) skips it:
 
     ``_candidate_kernel`` (rows x chunks): the chunk's candidates written at slots taken with one relaxed
         atomic each (only candidates take one; the row's counter is list_n), and the chunk's exact mass
@@ -16,6 +17,7 @@ the statistics pass instead of a level-1 histogram and a scanned gather (two rea
     ``candidate_path`` (in the select): each row's path, and for the rows it keeps ``sort_list``: the list
         put back in id order, the order every reader of a list expects (ties by lower id, the residual
         draw's scan), so slots taken in any order give one result.
+``target_filter_fwd(candidates=True)`` runs it; the served filter keeps level 1's top bins (its default).
 Shape-static and sync-free (CUDA-graph safe).
 """
 

@@ -20,8 +20,8 @@ import time
 
 import torch
 
-# Triton decides interpreted or compiled when it decorates a kernel: on a CPU the kernels below run interpreted.
-os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+# Triton decides interpreted or compiled when it decorates a kernel; the rows are CPU tensors: interpreted.
+os.environ["TRITON_INTERPRET"] = "1"
 
 from sglang_sparsespec.kernels.logit_bins import RowPath  # noqa: E402
 from sglang_sparsespec.kernels.target_filter import LIST_CAP, target_filter_fwd  # noqa: E402
@@ -32,7 +32,7 @@ TOP_K_OFF = 1 << 30  # SGLang's "no top-k"
 
 
 def nucleus_within(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> float:
-    """Share of rows whose kept set (flashinfer's rule, top-k then top-p) holds only tokens of p >= 1 / (LIST_CAP - 1)."""
+    """Share of rows whose kept set (flashinfer's rule, top-k then top-p) holds only tokens of p >= 1 / (cap - 1)."""
     p = torch.softmax(logits.double() / temperature, -1)
     sorted_p, _ = p.sort(-1, descending=True)
     before = sorted_p.cumsum(-1) - sorted_p  # the mass ranked ahead of each token

@@ -21,7 +21,7 @@ import time
 import torch
 
 # Triton decides interpreted or compiled when it decorates a kernel; the rows are CPU tensors: interpreted.
-os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sglang_sparsespec.kernels.logit_bins import RowPath  # noqa: E402
 from sglang_sparsespec.kernels.target_filter import LIST_CAP, target_filter_fwd  # noqa: E402

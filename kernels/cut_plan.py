@@ -39,9 +39,11 @@ from .logit_bins import (
     PLAN_I,
     WINDOW,
     first_resolution,
+    floor_depth,
     pow2_exponent,
     row_params,
     row_stats,
+    unfiltered,
 )
 
 # Relative slack on bounded masses: the exponential's error (a few ulp) and fp32 sums of <= NB bins.
@@ -112,10 +114,10 @@ def top_plan_kernel(
     inv_t, k_eff, p_lim, min_p = row_params(
         Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P
     )
-    unfiltered = (k_eff >= vocab) & (p_lim == float("inf")) & (min_p <= 0.0)
+    no_filter = unfiltered(k_eff, p_lim, min_p, vocab)
     if not TARGET:
-        unfiltered = unfiltered & False  # the draft samples every row from its list
-    if unfiltered:
+        no_filter = no_filter & False  # the draft samples every row from its list
+    if no_filter:
         tl.store(Path + row, NOFILTER)
         tl.store(ListN + row, 0)
     else:
@@ -236,7 +238,7 @@ def bracket_plan_kernel(
             j_k = tl.min(tl.where(real & (c_le >= k_eff), bins, w - 1), axis=0)
             p_sure = tl.where(joint, p_lim * tl.max(tl.where(bins == j_k, l_lt, 0.0), axis=0), p_lim)
             p_cut = tl.where(joint, p_lim * tl.max(tl.where(bins == j_k, u_le, 0.0), axis=0), p_lim)
-        floor_d = tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
+        floor_d = floor_depth(min_p)
         sure = ~real | ((c_le <= k_eff) & (u_le < p_sure) & (hi_d * (1.0 + _SLACK) < floor_d))
         sure = sure & (bins < w)  # bins before the stage's first one count as kept (they are above it)
         if RANK:

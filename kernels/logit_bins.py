@@ -101,6 +101,18 @@ def row_params(Temperature, Top_k, Top_p, Min_p, req, vocab, GREEDY_EPS_C: tl.co
 
 
 @triton.jit
+def unfiltered(k_eff, p_lim, min_p, vocab):
+    """Whether a request's row has no filter (no top-k, top-p or min-p; ``row_params``' values): nothing to cut."""
+    return (k_eff >= vocab) & (p_lim == float("inf")) & (min_p <= 0.0)
+
+
+@triton.jit
+def floor_depth(min_p):
+    """The min-p floor as a depth below the row max: a token of d = m - z > -ln(min_p) lies under it (inf: none)."""
+    return tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
+
+
+@triton.jit
 def row_stats(Stats, row, n_chunks, NCH: tl.constexpr):
     """(m, 1 / S, finite count, finite min, argmax) of a row from its chunks' statistics (argmax: the
     lowest id holding the max)."""
@@ -228,7 +240,7 @@ def _hist_kernel(
             inv_t, k_eff, p_lim, min_p = row_params(
                 Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P
             )
-            w = tl.where((k_eff >= vocab) & (p_lim == float("inf")) & (min_p <= 0.0), 0, w)
+            w = tl.where(unfiltered(k_eff, p_lim, min_p, vocab), 0, w)
         if PENDING_ONLY:
             w = tl.where(tl.load(Path + row) == PENDING, w, 0)
     else:

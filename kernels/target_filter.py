@@ -16,10 +16,10 @@ Launches (grid rows x vocabulary chunks unless said; ``logit_bins`` and ``cut_pl
        holds top_k tokens or top_p of the mass, or the first token under it lies below the min-p floor)
        gets its exact threshold over the list (``target_wide``): the peaked rows;
     3. the other rows' bracket stage, from the bin under the list with the list's exact count and mass
-       above it: per level (``levels``, default 3) a plan of the bracket of bins that can hold the cut
-       (bin counts bound its mass), split into the next level's finer bins while it holds more than
-       ``list_cap`` tokens; then its gather (with ``candidates``, level 1's histogram is counted here, for
-       these rows alone);
+       above it where every listed token is surely kept, else from bin 0: per level (``levels``, default
+       3) a plan of the bracket of bins that can hold the cut (bin counts bound its mass), split into the
+       next level's finer bins while it holds more than ``list_cap`` tokens; then its gather (with
+       ``candidates``, level 1's histogram is counted here, for these rows alone);
     4. select: the exact threshold over the bracket's list, with the exact count and mass above it;
        a bracket too large to list is one tied value (decided from its count) or, rarely, the row.
 Each pass reads the logits once at full bandwidth; peaked rows take three reads (two with ``candidates``),

@@ -13,7 +13,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .logit_bins import BIG, FULL, NOFILTER, PENDING, PLAN_F, PLAN_I, TIE, VOCAB, WINDOW, load_z, row_params, row_stats
+from .logit_bins import (
+    BIG,
+    FULL,
+    NOFILTER,
+    PENDING,
+    PLAN_F,
+    PLAN_I,
+    TIE,
+    VOCAB,
+    WINDOW,
+    floor_depth,
+    load_z,
+    row_params,
+    row_stats,
+)
 from .target_wide import above, next_up, tie_cut, wide_cut
 from .top_candidates import candidate_path
 
@@ -186,7 +200,7 @@ def select_top_kernel(
             by_mass = mass > p_lim_eff
         else:
             by_mass = mass >= p_lim_eff
-        floor_d = tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
+        floor_d = floor_depth(min_p)
         by_floor = (hi + 1.0) / r * (1.0 - _SLACK_SELECT) > floor_d
         if whole_row:
             base_l = Logits + row * stride_l

@@ -33,10 +33,12 @@ from .logit_bins import (
     PLAN_F,
     PLAN_I,
     first_resolution,
+    floor_depth,
     level_bin,
     load_z,
     row_params,
     row_stats,
+    unfiltered,
 )
 
 
@@ -56,12 +58,11 @@ def candidate_bins(m, zmin, inv_s, list_cap, NB_C: tl.constexpr, DEPTH_C: tl.con
 
 
 @triton.jit
-def hopeless(inv_s, fin, k_eff, p_lim, min_p, r, j0, list_cap):
+def hopeless(inv_s, fin, k_eff, p_lim, floor_d, r, j0, list_cap):
     """Whether a row's candidates surely cannot decide it, known from its statistics: at most min(list_cap, fin)
     tokens of at most p_max = 1 / S each reach neither top_p's mass nor top_k's count nor every finite token,
-    and the list's last bin lies above any min-p floor. Such a row (a near-uniform one: random weights'
-    logits) skips the candidate pass, so it costs what it did before the candidates."""
-    floor_d = tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
+    and the list's last bin lies above any min-p floor (``floor_depth``). Such a row (a near-uniform one: random
+    weights' logits) skips the candidate pass, so it costs what it did before the candidates."""
     mass_max = tl.minimum(fin, list_cap).to(tl.float32) * inv_s
     return (mass_max < p_lim * (1.0 - _MARGIN)) & (k_eff > list_cap) & (fin > list_cap) & (j0 / r <= floor_d)
 
@@ -95,10 +96,10 @@ def _candidate_kernel(
     inv_t, k_eff, p_lim, min_p = row_params(
         Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P
     )
-    if (k_eff < vocab) | (p_lim < float("inf")) | (min_p > 0.0):  # a row with no filter lists nothing
+    if not unfiltered(k_eff, p_lim, min_p, vocab):  # a row with no filter lists nothing
         m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
         r, j0 = candidate_bins(m, zmin, inv_s, list_cap, NB_C, DEPTH_C)
-        if hopeless(inv_s, fin, k_eff, p_lim, min_p, r, j0, list_cap):
+        if hopeless(inv_s, fin, k_eff, p_lim, floor_depth(min_p), r, j0, list_cap):
             return
         base_l = Logits + row * stride_l
         offs = tl.arange(0, BLOCK_V)
@@ -181,7 +182,7 @@ def candidate_path(
         Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P
     )
     path = tl.full([], PENDING, tl.int32)
-    if (k_eff >= vocab) & (p_lim == float("inf")) & (min_p <= 0.0):
+    if unfiltered(k_eff, p_lim, min_p, vocab):
         path = tl.full([], NOFILTER, tl.int32)
         tl.store(ListN + row, 0)
     else:
@@ -196,9 +197,9 @@ def candidate_path(
             by_mass = mass > p_lim
         else:
             by_mass = mass >= p_lim
-        floor_d = tl.where(min_p > 0.0, -tl.log(tl.maximum(min_p, 1e-30)), float("inf"))
+        floor_d = floor_depth(min_p)
         by_floor = j0.to(tl.float32) / r > floor_d
-        fits = (n_items <= list_cap) & ~hopeless(inv_s, fin, k_eff, p_lim, min_p, r, j0, list_cap)
+        fits = (n_items <= list_cap) & ~hopeless(inv_s, fin, k_eff, p_lim, floor_d, r, j0, list_cap)
         likely = fits & ((n_items >= k_eff) | (n_items >= fin) | by_mass | by_floor)
         if MIN_P and not RANK:  # top_p of the top-k mass: the list must hold the top k
             short = (p_lim < float("inf")) & (k_eff < vocab) & (n_items < k_eff)

@@ -71,7 +71,7 @@ class VocabPasses:
         """Statistics, level 1's histogram, the top list's plan and its gather (``target``: rows with no
         filter are marked NOFILTER and skipped; rows whose bin 0 overflows the list are PENDING)."""
         n = rows.logits.shape[0]
-        _stats_kernel[self._grid(rows)](rows.logits, rows.temperature, self.stats, *self._args(rows), **rows.launch)
+        self._stats(rows)
         self._hist(rows, first=True, skip_unfiltered=target)
         plan_args, plan_consts = self._plan_inputs(rows)
         top_plan_kernel[(n,)](self.hist, *plan_args, **plan_consts, TARGET=target)
@@ -80,7 +80,7 @@ class VocabPasses:
     def candidates(self, rows: PassRows) -> None:
         """Statistics and the candidate list of every filtered row (``top_candidates``); the select that
         follows decides each row's path from it."""
-        _stats_kernel[self._grid(rows)](rows.logits, rows.temperature, self.stats, *self._args(rows), **rows.launch)
+        self._stats(rows)
         _candidate_kernel[self._grid(rows)](
             rows.logits,
             rows.temperature,
@@ -142,6 +142,9 @@ class VocabPasses:
     def _args(self, rows: PassRows) -> tuple[int, int, int, int]:
         """(V, row stride, repeats, chunks): what every vocabulary-parallel kernel takes after its tensors."""
         return rows.logits.shape[1], rows.logits.stride(0), rows.repeats, self.stats.shape[1]
+
+    def _stats(self, rows: PassRows) -> None:
+        _stats_kernel[self._grid(rows)](rows.logits, rows.temperature, self.stats, *self._args(rows), **rows.launch)
 
     def _hist(self, rows: PassRows, first: bool, skip_unfiltered: bool, pending_only: bool = False) -> None:
         _hist_kernel[self._grid(rows)](

@@ -83,10 +83,11 @@ def main() -> None:
         torch.ones(bs),
     )
     ids, q = torch.zeros(bs, k, c, dtype=torch.int64), torch.ones(bs, k, c)
-    for rank_rule in (False, True):
-        for mp in (None, min_p):
-            rows = target_filter_fwd(logits, temp, top_k, top_p, mp, k + 1, rank_rule)
-            print(f"target_filter_fwd rank={rank_rule} min_p={mp is not None}: ok")
+    for candidates in (True, False):  # both first lists; the served one (top bins) last, its rows used below
+        for rank_rule in (False, True):
+            for mp in (None, min_p):
+                rows = target_filter_fwd(logits, temp, top_k, top_p, mp, k + 1, rank_rule, candidates=candidates)
+                print(f"target_filter_fwd candidates={candidates} rank={rank_rule} min_p={mp is not None}: ok")
     rows.dense()
     for drafts in (k, torch.full((bs,), k, dtype=torch.int64)):
         rejection_fwd(rows, tokens, ids, q, q_tok, drafts, coins, final)

@@ -138,9 +138,8 @@ def target_filter_fwd(
     a batch without min-p; rank_rule: the pytorch backend's rule, else flashinfer's. ``list_cap`` sizes
     the per-row list, ``levels`` the histogram levels; ``chunk`` (tokens per program, a multiple of
     ``block_v``), ``block_v`` and ``num_warps`` (of the vocabulary-parallel passes) are launch parameters
-    only; ``candidates``: the first list is ``top_candidates``' instead of level 1's top bins (not yet the
-    server's: measured faster on peaked rows, its handling of the rows it cannot decide not yet timed on a
-    GPU). Shape-static, no host sync.
+    only; ``candidates``: the first list is ``top_candidates``' instead of level 1's top bins
+    (``--pillar-accept-list``; the same thresholds either way). Shape-static, no host sync.
     """
     n, vocab = logits.shape
     bs = n // repeats if repeats >= 1 else -1

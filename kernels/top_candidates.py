@@ -17,7 +17,7 @@ statistics already show that its candidates cannot decide it (``hopeless``: a ne
     ``candidate_path`` (in the select): each row's path, and for the rows it keeps ``sort_list``: the list
         put back in id order, the order every reader of a list expects (ties by lower id, the residual
         draw's scan), so slots taken in any order give one result.
-``target_filter_fwd(candidates=True)`` runs it; the served filter keeps level 1's top bins (its default).
+``target_filter_fwd(candidates=True)`` runs it (a server's with ``--pillar-accept-list candidates``).
 Shape-static and sync-free (CUDA-graph safe).
 """
 

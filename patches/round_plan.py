@@ -82,6 +82,7 @@ def setup_identity(cfg: PillarConfig, server_args, model_runner) -> dict[str, An
         "draft_lm_head": cfg.draft_lm_head.value,  # half the LM head's bytes in every draft step
         "draft_vocab": cfg.draft_vocab,  # the LM head's and the draft sampler's width in every draft step
         "verify_logits": cfg.verify_logits.value,  # the verify's logit copy and the acceptance's reads
+        "accept_list": cfg.accept_list.value,  # the acceptance's reads of each verify row
         "plugin": plugin,
     }
 

@@ -22,6 +22,7 @@ from sglang_sparsespec.adaptive.cost_cache import CostFile
 from sglang_sparsespec.adaptive.dense import DenseChooser
 from sglang_sparsespec.adaptive.policy import SpeculationPolicy
 from sglang_sparsespec.config import (
+    AcceptList,
     PillarConfig,
     PlainPath,
     Prologue,
@@ -32,6 +33,7 @@ from sglang_sparsespec.config import (
     VerifyLogits,
 )
 from sglang_sparsespec.metrics import PillarMetrics
+from sglang_sparsespec.sampling.accept import use_candidates
 from sglang_sparsespec.rounds.clock import make_clock
 from sglang_sparsespec.rounds.timing import format_report
 from sglang_sparsespec.selection.scores import VerifyScoreSink
@@ -73,6 +75,7 @@ class PillarWorker(BaseSpecWorker):
         self.cfg = seeded_config(PillarConfig.from_env(server_args.speculative_num_steps), server_args)
         # Before the target's verify graphs are captured (Scheduler.init_cuda_graphs, after the workers).
         keep_verify_logits(self.cfg.verify_logits is VerifyLogits.HALF)
+        use_candidates(self.cfg.accept_list is AcceptList.CANDIDATES)
         if self.cfg.draft_lm_head is DraftLmHead.FP8:  # before the draft steps' graphs capture its use
             prepare_fp8_lm_head(getattr(self.model_runner.model, "lm_head", None))
         self.topk = 1

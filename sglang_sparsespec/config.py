@@ -128,6 +128,16 @@ class VerifyLogits(str, Enum):
     HALF = "half"
 
 
+class AcceptList(str, Enum):
+    """How the acceptance's target filter builds each verify row's first list (kernels/target_filter.py); the kept
+    tokens and their probabilities are the same either way."""
+
+    # Level 1's top bins: a histogram sizes the list, a scan gathers it.
+    BINS = "bins"
+    # The tokens holding >= 1 / (list cap - 1) of the row's mass, gathered in one read (kernels/top_candidates.py).
+    CANDIDATES = "candidates"
+
+
 # The draft counts "auto" adds below --speculative-num-steps: plain decoding and two short rounds.
 AUTO_STEPS = (0, 2, 4)
 
@@ -183,6 +193,7 @@ class PillarConfig:
     draft_lm_head: DraftLmHead = DraftLmHead.BF16
     draft_vocab: int = 0
     verify_logits: VerifyLogits = VerifyLogits.FP32
+    accept_list: AcceptList = AcceptList.BINS
 
     def __post_init__(self) -> None:
         _parse_steps(self.adaptive_steps, self.num_steps)
@@ -330,8 +341,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ADAPTIVE_STEPS", "adaptive_steps", "draft counts a round may choose besides --speculative-num-steps "
          f"(by expected tokens per ms): auto = {','.join(map(str, AUTO_STEPS))}, a comma list (0 = plain "
          "decoding), or off"),
-    Knob("FORCE_STEPS", "force_steps", "analysis: every round runs this draft count, in tokens per round "
-         "(0 = plain decoding); -1 = the adaptive policy's choice"),
+    Knob("FORCE_STEPS", "force_steps", "analysis: every round drafts this many tokens (0 = plain decoding); "
+         "-1 = the adaptive policy's choice"),
     Knob("FLOOR_QUANTILE", "floor_quantile", "speculate only if the request at this quantile [0, 1) of "
          "expected tokens decodes at least as fast as plainly; 0 = off"),
     Knob("SPEC_PREMIUM", "spec_premium", "speculate only if the round promises this much more throughput "
@@ -352,9 +363,10 @@ KNOBS: tuple[Knob, ...] = (
          "a row (half the bytes; moves acceptance only)"),
     Knob("DRAFT_VOCAB", "draft_vocab", "draft steps score only the N ids the server commits most, in tokens "
          "(0 = all)"),
-    Knob("VERIFY_LOGITS", "verify_logits", "the dtype a sampled verify's logits reach the acceptance in: fp32 = "
-         "SGLang's copy; half = the LM head's (half the bytes; batches whose logits are read or changed otherwise "
-         "still get fp32)"),
+    Knob("VERIFY_LOGITS", "verify_logits", "a sampled verify's logits as the acceptance reads them: fp32 = SGLang's "
+         "copy; half = the LM head's dtype (half the bytes; fp32 where anything else reads or changes them)"),
+    Knob("ACCEPT_LIST", "accept_list", "a verify row's first token list: bins = by a histogram, candidates = p >= "
+         "1/2047 in one read (same tokens)"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

@@ -16,7 +16,8 @@ from sglang_sparsespec.patches.verify_input import PillarVerifyInput, sampling_r
 from triton_env import DEVICE
 from verify_inputs import chain_input
 
-from sglang_sparsespec.sampling.accept import stock_accept
+from sglang_sparsespec.sampling import accept as accept_module
+from sglang_sparsespec.sampling.accept import stock_accept, use_candidates
 from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
@@ -146,9 +147,29 @@ def test_plain_greedy_and_idle_batches_run_sglang_sampling(case, monkeypatch):
     assert verify_input.accept(batch, logits) is sentinel
 
 
+@pytest.mark.parametrize("candidates", [False, True])
+def test_the_acceptance_builds_the_first_list_the_worker_chose(candidates, monkeypatch):
+    """--pillar-accept-list: the PILLAR worker's choice (``use_candidates``) reaches the target filter of every
+    acceptance of the process after it."""
+    seen = []
+    monkeypatch.setattr(accept_module, "_CANDIDATES", accept_module._CANDIDATES)  # restored after the test
+    monkeypatch.setattr(accept_module, "target_filter_fwd", lambda *a, candidates: seen.append(candidates))
+    monkeypatch.setattr(accept_module, "rejection_fwd", lambda *a: "accepted")
+    use_candidates(candidates)
+    logits = SimpleNamespace(is_cuda=True)  # the GPU path, its kernels replaced
+    rows = SamplingRows(
+        torch.ones(BS), torch.ones(BS), torch.zeros(BS, dtype=torch.int32), None, SamplingBackend.PYTORCH
+    )
+    cands = torch.zeros(BS, K, C, dtype=torch.int64)
+    record = DraftRecord(cands[..., 0], cands, torch.full((BS, K, C), 1 / C), torch.full((BS, K), 1 / C))
+    assert stock_accept(logits, rows, record, None, None) == "accepted"
+    assert seen == [candidates]
+
+
+@pytest.mark.parametrize("first_list", ["bins", "candidates"])
 @pytest.mark.parametrize("backend", list(SamplingBackend))
 @pytest.mark.parametrize("min_p", [False, True])
-def test_stock_accept_reads_the_batch_as_sglang_lays_it_out(min_p, backend, monkeypatch):
+def test_stock_accept_reads_the_batch_as_sglang_lays_it_out(min_p, backend, first_list, monkeypatch):
     """sampling_rows reads sampling_info as SGLang lays it out (temperatures [bs, 1], off filters as
     TOP_K_ALL / 1.0, greedy requests as top_k 1 at temperature 1, min_ps only when needed) and the
     backend from the server args; stock_accept then gives the reference's tokens for the same coins
@@ -163,6 +184,7 @@ def test_stock_accept_reads_the_batch_as_sglang_lays_it_out(min_p, backend, monk
     info.min_ps = torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.2], device=DEVICE)
     info.need_min_p_sampling = min_p
     monkeypatch.setattr(verify_input_module, "sampling_backend", lambda: backend)
+    monkeypatch.setattr(accept_module, "_CANDIDATES", first_list == "candidates")  # either list, on the GPU
     raw = (logits.next_token_logits * 2).round().to(DEVICE)  # ties at the cut
     record = DraftRecord(*(t.to(DEVICE) for t in (record.tokens, record.cand_ids, record.cand_q, record.q_tok)))
     gen = torch.Generator().manual_seed(4)

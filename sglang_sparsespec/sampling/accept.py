@@ -21,6 +21,16 @@ from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
+# The target filter's first list in this process (``--pillar-accept-list``): set by the PILLAR worker before its
+# graphs capture the acceptance, so every captured and eager verify of the process reads the same one.
+_CANDIDATES = False
+
+
+def use_candidates(on: bool) -> None:
+    """Whether this process's acceptance builds its first lists from the candidates (``AcceptList.CANDIDATES``)."""
+    global _CANDIDATES
+    _CANDIDATES = on
+
 
 def greedy_accept(
     target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor
@@ -50,7 +60,8 @@ def stock_accept(
     if not logits.is_cuda:
         return rejection_sample(target_probs(logits, rows, k + 1).view(bs, k + 1, -1), record, coins, final_coins)
     rank_rule = rows.backend is SamplingBackend.PYTORCH
-    target = target_filter_fwd(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p, k + 1, rank_rule)
+    params = (rows.temperature, rows.top_k, rows.top_p, rows.min_p)
+    target = target_filter_fwd(logits, *params, k + 1, rank_rule, candidates=_CANDIDATES)
     if k == 0:
         return rejection_sample(target.dense().view(bs, 1, -1), record, coins, final_coins)
     r = record

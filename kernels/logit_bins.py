@@ -130,6 +130,12 @@ def row_stats(Stats, row, n_chunks, NCH: tl.constexpr):
 
 
 @triton.jit
+def chunk_max(Stats, row, n_chunks, ch):
+    """The max of z over one chunk of a row (-3e38 for a chunk of -inf logits), from the statistics."""
+    return tl.load(Stats + (row * n_chunks + ch) * 5)
+
+
+@triton.jit
 def pow2_exponent(x):
     """floor(log2(x)) of a positive normal float, read from its exponent bits (exact)."""
     return ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127

@@ -10,8 +10,9 @@ Launches (grid rows x vocabulary chunks unless said; ``logit_bins`` and ``cut_pl
 ``target_select`` the two selects):
     1. statistics per chunk (max, sum-exp, finite count and min), then the row's first list: level 1's
        histogram of log-mass bins, the plan of its top bins holding at most ``list_cap`` tokens and their
-       gather (default); or, with ``candidates``, the bins whose tokens hold >= 1 / (list_cap - 1) of
-       the mass, at most list_cap tokens by construction, gathered in one read (``top_candidates``);
+       gather; or, with ``candidates`` (the server's), the bins whose tokens hold >= 1 / (list_cap - 1) of
+       the mass, at most list_cap tokens by construction, gathered in one read of the chunks that can hold
+       them (``top_candidates``);
     2. select (one program per row): a row whose cut provably lies inside its list (exact sums: the list
        holds top_k tokens or top_p of the mass, or the first token under it lies below the min-p floor)
        gets its exact threshold over the list (``target_wide``): the peaked rows;
@@ -22,10 +23,11 @@ Launches (grid rows x vocabulary chunks unless said; ``logit_bins`` and ``cut_pl
        ``candidates``, level 1's histogram is counted here, for these rows alone);
     4. select: the exact threshold over the bracket's list, with the exact count and mass above it;
        a bracket too large to list is one tied value (decided from its count) or, rarely, the row.
-Each pass reads the logits once at full bandwidth; peaked rows take three reads (two with ``candidates``),
-near-uniform rows (a nucleus of most of the vocabulary) four or five. Measured on an H200 at 64 x 9 x 151,936
-(``kernels_accept_h200_e7280db.json``), the histogram and the scanned gather take two reads' time each, so
-the candidate list halves the peaked rows' filter.
+Each pass reads the logits once at full bandwidth; peaked rows take three reads (with ``candidates`` the
+statistics' read and the few chunks holding candidates), near-uniform rows (a nucleus of most of the
+vocabulary) four or five. Measured on an H200 at 64 x 9 x 151,936 (``kernels_accept_h200_ce8b8fd.json``), the
+histogram and the scanned gather take two reads' time each, so the candidate list halves the peaked rows'
+filter.
 
 Rules (``RANK`` selects the pytorch backend's): flashinfer keeps x iff #{z > z_x} < top_k and the
 mass of {z > z_x} < top_p (with min-p: top-p judged on the top-k renormalised row, then p >=
@@ -139,7 +141,7 @@ def target_filter_fwd(
     the per-row list, ``levels`` the histogram levels; ``chunk`` (tokens per program, a multiple of
     ``block_v``), ``block_v`` and ``num_warps`` (of the vocabulary-parallel passes) are launch parameters
     only; ``candidates``: the first list is ``top_candidates``' instead of level 1's top bins
-    (``--pillar-accept-list``; the same thresholds either way). Shape-static, no host sync.
+    (the server's unless ``--pillar-accept-list bins``; the same thresholds either way). Shape-static, no host sync.
     """
     n, vocab = logits.shape
     bs = n // repeats if repeats >= 1 else -1

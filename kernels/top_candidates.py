@@ -7,8 +7,10 @@ thousands of near-tied maxima) is not used. On a peaked row (a real model's, at 
 sample with) the list holds the top-p nucleus, the top-k tokens or everything above the min-p floor, and
 the select decides the row from it exactly; the other rows go on to the histogram's bracket stage
 (``cut_plan``) from the bin under the list, with its exact count and mass. One read of the logits after
-the statistics pass instead of a level-1 histogram and a scanned gather (two reads' time each); a row whose
-statistics already show that its candidates cannot decide it (``hopeless``: a near-uniform row) skips it:
+the statistics pass instead of a level-1 histogram and a scanned gather (two reads' time each), and only of
+the chunks whose max (from the statistics) reaches the list: a few of a peaked row's 19 at 151,936 ids. A row
+whose statistics already show that its candidates cannot decide it (``hopeless``: a near-uniform row) skips
+it:
 
     ``_candidate_kernel`` (rows x chunks): the chunk's candidates written at slots taken with one relaxed
         atomic each (only candidates take one; the row's counter is list_n), and the chunk's exact mass
@@ -17,7 +19,7 @@ statistics already show that its candidates cannot decide it (``hopeless``: a ne
     ``candidate_path`` (in the select): each row's path, and for the rows it keeps ``sort_list``: the list
         put back in id order, the order every reader of a list expects (ties by lower id, the residual
         draw's scan), so slots taken in any order give one result.
-``target_filter_fwd(candidates=True)`` runs it (a server's with ``--pillar-accept-list candidates``).
+``target_filter_fwd(candidates=True)`` runs it (the server's unless ``--pillar-accept-list bins``).
 Shape-static and sync-free (CUDA-graph safe).
 """
 
@@ -32,6 +34,7 @@ from .logit_bins import (
     PENDING,
     PLAN_F,
     PLAN_I,
+    chunk_max,
     first_resolution,
     floor_depth,
     level_bin,
@@ -100,6 +103,11 @@ def _candidate_kernel(
         m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
         r, j0 = candidate_bins(m, zmin, inv_s, list_cap, NB_C, DEPTH_C)
         if hopeless(inv_s, fin, k_eff, p_lim, floor_depth(min_p), r, j0, list_cap):
+            return
+        # A chunk whose max lies under the list holds no candidate (a token's bin only grows as z falls): its
+        # mass is 0 without reading it. On a peaked row most chunks are such, on a wide one all but a few.
+        if level_bin(chunk_max(Stats, row, n_chunks, ch), m, r, 0, NB_C - 1, True) >= j0:
+            tl.store(ChunkMass + row * NCH + ch, 0.0)
             return
         base_l = Logits + row * stride_l
         offs = tl.arange(0, BLOCK_V)

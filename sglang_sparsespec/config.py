@@ -132,10 +132,11 @@ class AcceptList(str, Enum):
     """How the acceptance's target filter builds each verify row's first list (kernels/target_filter.py); the kept
     tokens and their probabilities are the same either way."""
 
+    # The tokens holding >= 1 / (list cap - 1) of the row's mass, gathered in one read (kernels/top_candidates.py):
+    # on peaked rows (a real model's) half the accept phase's time of BINS, on others the same.
+    CANDIDATES = "candidates"
     # Level 1's top bins: a histogram sizes the list, a scan gathers it.
     BINS = "bins"
-    # The tokens holding >= 1 / (list cap - 1) of the row's mass, gathered in one read (kernels/top_candidates.py).
-    CANDIDATES = "candidates"
 
 
 # The draft counts "auto" adds below --speculative-num-steps: plain decoding and two short rounds.
@@ -193,7 +194,7 @@ class PillarConfig:
     draft_lm_head: DraftLmHead = DraftLmHead.BF16
     draft_vocab: int = 0
     verify_logits: VerifyLogits = VerifyLogits.FP32
-    accept_list: AcceptList = AcceptList.BINS
+    accept_list: AcceptList = AcceptList.CANDIDATES
 
     def __post_init__(self) -> None:
         _parse_steps(self.adaptive_steps, self.num_steps)
@@ -365,8 +366,8 @@ KNOBS: tuple[Knob, ...] = (
          "(0 = all)"),
     Knob("VERIFY_LOGITS", "verify_logits", "a sampled verify's logits as the acceptance reads them: fp32 = SGLang's "
          "copy; half = the LM head's dtype (half the bytes; fp32 where anything else reads or changes them)"),
-    Knob("ACCEPT_LIST", "accept_list", "a verify row's first token list: bins = by a histogram, candidates = p >= "
-         "1/2047 in one read (same tokens)"),
+    Knob("ACCEPT_LIST", "accept_list", "a verify row's first token list: candidates = p >= 1/2047 in one read, "
+         "bins = by a histogram (same tokens)"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

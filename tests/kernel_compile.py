@@ -83,7 +83,7 @@ def main() -> None:
         torch.ones(bs),
     )
     ids, q = torch.zeros(bs, k, c, dtype=torch.int64), torch.ones(bs, k, c)
-    for candidates in (True, False):  # both first lists; the served one (top bins) last, its rows used below
+    for candidates in (False, True):  # both first lists; the server's default (candidates) last, its rows used below
         for rank_rule in (False, True):
             for mp in (None, min_p):
                 rows = target_filter_fwd(logits, temp, top_k, top_p, mp, k + 1, rank_rule, candidates=candidates)

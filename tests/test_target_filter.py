@@ -26,7 +26,7 @@ BACKENDS = list(SamplingBackend)
 
 @pytest.fixture(autouse=True, params=[False, True], ids=["top_bins", "candidates"])
 def first_list(request, monkeypatch):
-    """Every case with either first list: level 1's top bins (the served one) and ``top_candidates``'."""
+    """Every case with either first list: level 1's top bins and ``top_candidates``' (the server's default)."""
     monkeypatch.setitem(LAUNCH, "candidates", request.param)
     return request.param
 

@@ -134,3 +134,27 @@ def test_near_uniform_rows_skip_the_candidate_pass():
     out = _filter(logits.cpu(), [1.0, 1.0], [1 << 30, 1 << 30], [0.9, 0.9])
     ref = _filter(logits.cpu(), [1.0, 1.0], [1 << 30, 1 << 30], [0.9, 0.9], candidates=False)
     torch.testing.assert_close(out.dense(), ref.dense(), atol=1e-6, rtol=1e-5)
+
+
+def test_chunks_whose_max_lies_under_the_list_are_not_read(monkeypatch):
+    """The pass knows from a chunk's max (the statistics) that it holds no candidate and leaves it unread: a
+    token raised in such a chunk after the statistics is not listed, while the peak's chunk is read."""
+    from sglang_sparsespec.kernels.vocab_passes import PassRows, VocabPasses
+
+    gen = torch.Generator().manual_seed(5)
+    logits = (torch.randn(1, 2000, generator=gen) * 1e-3).to(DEVICE)
+    logits[0, 7] += 9.0
+    one = torch.ones(1, device=DEVICE)
+    rows = PassRows(
+        logits, one, torch.full((1,), 1 << 30, dtype=torch.int32, device=DEVICE), one * 0.9, None, 1, 64, 32, 1
+    )
+    stats = VocabPasses._stats
+
+    def stats_then_raise(self, rows_):
+        stats(self, rows_)
+        rows_.logits[0, 1500] += 9.0  # in chunk 23, whose max the statistics put ~9 under the row's
+
+    monkeypatch.setattr(VocabPasses, "_stats", stats_then_raise)
+    passes = VocabPasses.allocate(1, 2000 // 64 + 1, L, logits.device)
+    passes.candidates(rows)
+    assert passes.list_ids[0, : passes.list_n[0]].tolist() == [7]

@@ -18,12 +18,13 @@ import torch
 from sglang_sparsespec.kernels.target_filter import target_filter_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
+from sglang_sparsespec.config import AcceptList, PillarConfig
 from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 
 # The target filter's first list in this process (``--pillar-accept-list``): set by the PILLAR worker before its
 # graphs capture the acceptance, so every captured and eager verify of the process reads the same one.
-_CANDIDATES = False
+_CANDIDATES = PillarConfig.accept_list is AcceptList.CANDIDATES
 
 
 def use_candidates(on: bool) -> None:

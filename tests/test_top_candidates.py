@@ -116,20 +116,26 @@ def test_a_nucleus_past_the_candidates_is_bracketed_under_them_not_over_the_row(
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+def _candidate_pass(seed: int, peaked: list[bool]):
+    """(logits, VocabPasses after their candidate pass): near-uniform rows of 2,000 tokens at T 1 / top-p 0.9,
+    the peaked ones with token 7 raised by 9, in 64-token chunks."""
+    from sglang_sparsespec.kernels.vocab_passes import PassRows, VocabPasses
+
+    n = len(peaked)
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(n, 2000, generator=gen) * 1e-3).to(DEVICE)
+    logits[:, 7] += 9.0 * torch.tensor(peaked, dtype=torch.float32, device=DEVICE)
+    one = torch.ones(n, device=DEVICE)
+    top_k = torch.full((n,), 1 << 30, dtype=torch.int32, device=DEVICE)
+    passes = VocabPasses.allocate(n, 2000 // 64 + 1, L, logits.device)
+    passes.candidates(PassRows(logits, one, top_k, one * 0.9, None, 1, 64, 32, 1))
+    return logits, passes
+
+
 def test_near_uniform_rows_skip_the_candidate_pass():
     """A near-uniform row (random weights' logits) cannot be decided by 47 tokens of ~1 / 2000 each: the pass
     skips it, listing nothing; a peaked row beside it lists its candidates."""
-    from sglang_sparsespec.kernels.vocab_passes import PassRows, VocabPasses
-
-    gen = torch.Generator().manual_seed(9)
-    logits = (torch.randn(2, 2000, generator=gen) * 1e-3).to(DEVICE)
-    logits[1, 7] += 9.0
-    one = torch.ones(2, device=DEVICE)
-    rows = PassRows(
-        logits, one, torch.full((2,), 1 << 30, dtype=torch.int32, device=DEVICE), one * 0.9, None, 1, 64, 32, 1
-    )
-    passes = VocabPasses.allocate(2, 2000 // 64 + 1, L, logits.device)
-    passes.candidates(rows)
+    logits, passes = _candidate_pass(seed=9, peaked=[False, True])
     assert passes.list_n.tolist()[0] == 0 and passes.list_n.tolist()[1] >= 1
     out = _filter(logits.cpu(), [1.0, 1.0], [1 << 30, 1 << 30], [0.9, 0.9])
     ref = _filter(logits.cpu(), [1.0, 1.0], [1 << 30, 1 << 30], [0.9, 0.9], candidates=False)
@@ -139,15 +145,8 @@ def test_near_uniform_rows_skip_the_candidate_pass():
 def test_chunks_whose_max_lies_under_the_list_are_not_read(monkeypatch):
     """The pass knows from a chunk's max (the statistics) that it holds no candidate and leaves it unread: a
     token raised in such a chunk after the statistics is not listed, while the peak's chunk is read."""
-    from sglang_sparsespec.kernels.vocab_passes import PassRows, VocabPasses
+    from sglang_sparsespec.kernels.vocab_passes import VocabPasses
 
-    gen = torch.Generator().manual_seed(5)
-    logits = (torch.randn(1, 2000, generator=gen) * 1e-3).to(DEVICE)
-    logits[0, 7] += 9.0
-    one = torch.ones(1, device=DEVICE)
-    rows = PassRows(
-        logits, one, torch.full((1,), 1 << 30, dtype=torch.int32, device=DEVICE), one * 0.9, None, 1, 64, 32, 1
-    )
     stats = VocabPasses._stats
 
     def stats_then_raise(self, rows_):
@@ -155,6 +154,5 @@ def test_chunks_whose_max_lies_under_the_list_are_not_read(monkeypatch):
         rows_.logits[0, 1500] += 9.0  # in chunk 23, whose max the statistics put ~9 under the row's
 
     monkeypatch.setattr(VocabPasses, "_stats", stats_then_raise)
-    passes = VocabPasses.allocate(1, 2000 // 64 + 1, L, logits.device)
-    passes.candidates(rows)
+    _, passes = _candidate_pass(seed=5, peaked=[True])
     assert passes.list_ids[0, : passes.list_n[0]].tolist() == [7]

@@ -129,11 +129,9 @@ class VerifyLogits(str, Enum):
 
 
 class AcceptList(str, Enum):
-    """How the acceptance's target filter builds each verify row's first list (kernels/target_filter.py); the kept
-    tokens and their probabilities are the same either way."""
+    """How the target filter builds each verify row's first list (kernels/target_filter.py): same tokens either way."""
 
-    # The tokens holding >= 1 / (list cap - 1) of the row's mass, gathered in one read (kernels/top_candidates.py):
-    # on peaked rows (a real model's) half the accept phase's time of BINS, on others the same.
+    # The tokens of p >= 1 / (list cap - 1), one read (kernels/top_candidates.py): half BINS's time on peaked rows.
     CANDIDATES = "candidates"
     # Level 1's top bins: a histogram sizes the list, a scan gathers it.
     BINS = "bins"

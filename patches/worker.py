@@ -33,9 +33,9 @@ from sglang_sparsespec.config import (
     VerifyLogits,
 )
 from sglang_sparsespec.metrics import PillarMetrics
-from sglang_sparsespec.sampling.accept import use_candidates
 from sglang_sparsespec.rounds.clock import make_clock
 from sglang_sparsespec.rounds.timing import format_report
+from sglang_sparsespec.sampling.accept import use_candidates
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState

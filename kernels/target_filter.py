@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .logit_bins import BLOCK_V, CHUNK, DEPTH, GREEDY_EPS, NB, inv_temperature, load_z
+from .logit_bins import BLOCK_V, CHUNK, GREEDY_EPS, NB, inv_temperature, load_z
 from .target_select import select_kernel, select_top_kernel
 from .vocab_passes import PassRows, VocabPasses
 
@@ -195,8 +195,6 @@ def target_filter_fwd(
             **flags,
             CANDIDATES=candidates,
             CAP_P2=triton.next_power_of_2(list_cap),
-            NB_C=NB,
-            DEPTH_C=DEPTH,
         )
         passes.bracket(rows, rank_rule, levels, level1=candidates)
         select_kernel[(n,)](

@@ -134,8 +134,6 @@ def select_top_kernel(
     MIN_P: tl.constexpr,
     CANDIDATES: tl.constexpr,
     CAP_P2: tl.constexpr,
-    NB_C: tl.constexpr,
-    DEPTH_C: tl.constexpr,
 ):
     """The rows with a complete top list: the exact threshold when the cut provably lies inside it, else the
     row becomes PENDING with the list's exact count and mass as the bracket stage's start. NOFILTER rows
@@ -146,8 +144,8 @@ def select_top_kernel(
     m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
     if CANDIDATES:
         path = candidate_path(
-            Temperature, Top_k, Top_p, Min_p, Path, PlanI, PlanF, ListN, ListIds, ListZ, ChunkMass, row, m, inv_s,
-            fin, zmin, vocab, repeats, n_chunks, list_cap, GREEDY_EPS_C, NB_C, DEPTH_C, NCH, RANK, MIN_P, CAP_P2,
+            Temperature, Top_k, Top_p, Min_p, Path, PlanI, PlanF, ListN, ListIds, ListZ, ChunkMass, row, inv_s, fin,
+            vocab, repeats, n_chunks, list_cap, GREEDY_EPS_C, NCH, RANK, MIN_P, CAP_P2,
         )  # fmt: skip
     else:
         path = tl.load(Path + row)

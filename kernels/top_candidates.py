@@ -82,6 +82,8 @@ def _candidate_kernel(
     ListZ,
     ListN,
     ChunkMass,
+    PlanI,
+    PlanF,
     vocab,
     stride_l,
     repeats,
@@ -102,7 +104,15 @@ def _candidate_kernel(
     if not unfiltered(k_eff, p_lim, min_p, vocab):  # a row with no filter lists nothing
         m, inv_s, fin, zmin, arg = row_stats(Stats, row, n_chunks, NCH)
         r, j0 = candidate_bins(m, zmin, inv_s, list_cap, NB_C, DEPTH_C)
-        if hopeless(inv_s, fin, k_eff, p_lim, floor_depth(min_p), r, j0, list_cap):
+        skip = hopeless(inv_s, fin, k_eff, p_lim, floor_depth(min_p), r, j0, list_cap)
+        # The row's list bounds and its skip are decided here once, where every chunk computes them alike; the
+        # select reads them instead of deriving them from its own sum over the chunks, which may round
+        # differently: a j0 one bin off would claim a bin this pass never listed.
+        if ch == 0:
+            tl.store(PlanI + row * PLAN_I + 5, j0 - 1)
+            tl.store(PlanF + row * PLAN_F + 1, r)
+        if skip:
+            tl.store(ChunkMass + row * NCH + ch, -1.0)  # a skipped row's mass reads negative
             return
         # A chunk whose max lies under the list holds no candidate (a token's bin only grows as z falls): its
         # mass is 0 without reading it. On a peaked row most chunks are such, on a wide one all but a few.
@@ -165,17 +175,13 @@ def candidate_path(
     ListZ,
     ChunkMass,
     row,
-    m,
     inv_s,
     fin,
-    zmin,
     vocab,
     repeats,
     n_chunks,
     list_cap,
     GREEDY_EPS_C: tl.constexpr,
-    NB_C: tl.constexpr,
-    DEPTH_C: tl.constexpr,
     NCH: tl.constexpr,
     RANK: tl.constexpr,
     MIN_P: tl.constexpr,
@@ -184,8 +190,9 @@ def candidate_path(
     """A row's path from its candidate list, stored and returned: NOFILTER (no filter); FULL, the list sorted,
     when its count and mass (the chunks' sums: the same whatever order the slots were taken in) say the cut
     lies inside it (the select then decides on exact sums over the sorted list); else PENDING (so is a list
-    that overflowed). The plan holds the list's last bin and level 1's resolution, and for a PENDING row the
-    count and mass above the bracket stage's first bin, as ``select_top_kernel`` leaves a top list's."""
+    that overflowed, and a row the candidate pass skipped). The plan holds the list's last bin and level 1's
+    resolution (the candidate pass's), and for a PENDING row the count and mass above the bracket stage's first
+    bin, as ``select_top_kernel`` leaves a top list's."""
     inv_t, k_eff, p_lim, min_p = row_params(
         Temperature, Top_k, Top_p, Min_p, row // repeats, vocab, GREEDY_EPS_C, MIN_P
     )
@@ -197,17 +204,16 @@ def candidate_path(
         n_items = tl.load(ListN + row)
         chs = tl.arange(0, NCH)
         mass = tl.sum(tl.load(ChunkMass + row * NCH + chs, mask=chs < n_chunks, other=0.0), axis=0) * inv_s
-        r, j0 = candidate_bins(m, zmin, inv_s, list_cap, NB_C, DEPTH_C)
         plan = PlanI + row * PLAN_I
-        tl.store(plan + 5, j0 - 1)
-        tl.store(PlanF + row * PLAN_F + 1, r)
+        j0 = tl.load(plan + 5) + 1  # the candidate pass's bounds and skip (``_candidate_kernel``)
+        r = tl.load(PlanF + row * PLAN_F + 1)
         if RANK:
             by_mass = mass > p_lim
         else:
             by_mass = mass >= p_lim
         floor_d = floor_depth(min_p)
         by_floor = j0.to(tl.float32) / r > floor_d
-        fits = (n_items <= list_cap) & ~hopeless(inv_s, fin, k_eff, p_lim, floor_d, r, j0, list_cap)
+        fits = (n_items <= list_cap) & (mass >= 0.0)
         likely = fits & ((n_items >= k_eff) | (n_items >= fin) | by_mass | by_floor)
         if MIN_P and not RANK:  # top_p of the top-k mass: the list must hold the top k
             short = (p_lim < float("inf")) & (k_eff < vocab) & (n_items < k_eff)

@@ -90,6 +90,8 @@ class VocabPasses:
             self.list_z,
             self.list_n,
             self.list_mass,
+            self.plan_i,
+            self.plan_f,
             *self._args(rows),
             self.list_ids.shape[1],
             NCH=self.offsets.shape[1],

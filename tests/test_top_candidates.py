@@ -137,6 +137,14 @@ def test_near_uniform_rows_skip_the_candidate_pass():
     skips it, listing nothing; a peaked row beside it lists its candidates."""
     logits, passes = _candidate_pass(seed=9, peaked=[False, True])
     assert passes.list_n.tolist()[0] == 0 and passes.list_n.tolist()[1] >= 1
+    # What the select reads instead of deciding again: the skip (every chunk's mass negative) and the bounds
+    # the pass listed by (level 1's resolution r, the first bin under the list j0).
+    n_chunks = passes.stats.shape[1]
+    assert (passes.list_mass[0, :n_chunks] < 0).all() and (passes.list_mass[1, :n_chunks] >= 0).all()
+    r, j0 = passes.plan_f[1, 1].item(), passes.plan_i[1, 5].item() + 1
+    z = logits[1].cpu()
+    listed = sorted(passes.list_ids[1, : passes.list_n[1]].tolist())
+    assert listed == torch.nonzero(((z.max() - z) * r).floor() < j0).flatten().tolist()
     out = _filter(logits.cpu(), [1.0, 1.0], [1 << 30, 1 << 30], [0.9, 0.9])
     ref = _filter(logits.cpu(), [1.0, 1.0], [1 << 30, 1 << 30], [0.9, 0.9], candidates=False)
     torch.testing.assert_close(out.dense(), ref.dense(), atol=1e-6, rtol=1e-5)

@@ -43,7 +43,7 @@ CHUNK = 8192  # tokens per program
 # the level-1 histogram pass alone at 576 rows in 303 against 386 us (vocab_passes_h200_2021a7f.json).
 BLOCK_V = 2048
 DEPTH = 32.0  # nats below the max resolved at level 1: exp(-32) of the max adds nothing to an fp32 sum
-STATS = 5  # per (row, chunk): max, sum exp(z - max), finite count, finite min, first argmax
+STATS = tl.constexpr(5)  # per (row, chunk): max, sum exp(z - max), finite count, finite min, first argmax
 # Per-row plan state (``cut_plan``), int32 slots: 0 next level's first bin, 1 its bin count (0: no
 # level to run), 2 the bracket stage's first level-1 bin, 3..6 the list's range (level base, lo, hi,
 # level-1 flag), 7 tokens above the list, 8 tokens above the bracket stage's first bin; float32
@@ -118,7 +118,7 @@ def row_stats(Stats, row, n_chunks, NCH: tl.constexpr):
     lowest id holding the max)."""
     chs = tl.arange(0, NCH)
     ok = chs < n_chunks
-    st = Stats + (row * n_chunks + chs) * 5
+    st = Stats + (row * n_chunks + chs) * STATS
     m_c = tl.load(st, mask=ok, other=-3.0e38)
     m = tl.max(m_c, axis=0)
     s = tl.sum(tl.load(st + 1, mask=ok, other=0.0) * tl.exp(m_c - m), axis=0)
@@ -132,7 +132,7 @@ def row_stats(Stats, row, n_chunks, NCH: tl.constexpr):
 @triton.jit
 def chunk_max(Stats, row, n_chunks, ch):
     """The max of z over one chunk of a row (-3e38 for a chunk of -inf logits), from the statistics."""
-    return tl.load(Stats + (row * n_chunks + ch) * 5)
+    return tl.load(Stats + (row * n_chunks + ch) * STATS)
 
 
 @triton.jit
@@ -198,7 +198,7 @@ def _stats_kernel(
         finite = z > -float("inf")
         fin += tl.sum(finite.to(tl.int32), axis=0)
         zmin = tl.minimum(zmin, tl.min(tl.where(finite, z, 3.0e38), axis=0))
-    out = Stats + (row * n_chunks + ch) * 5
+    out = Stats + (row * n_chunks + ch) * STATS
     tl.store(out, m)
     tl.store(out + 1, s)
     tl.store(out + 2, fin.to(tl.float32))

@@ -52,7 +52,7 @@ class VocabPasses:
         )
         floats = torch.zeros(n * (2 * nch + int(PLAN_F)), **f32).split([n * nch, n * nch, n * int(PLAN_F)])
         return cls(
-            torch.empty((n, n_chunks, STATS), **f32),
+            torch.empty((n, n_chunks, int(STATS)), **f32),
             torch.empty((n, n_chunks, NB), **i32),
             ints[0].view(n, nch),
             floats[0].view(n, nch),

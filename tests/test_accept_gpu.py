@@ -1,5 +1,5 @@
 """GPU: the accept phase samples what stock SGLang's own samplers draw from, ties included, and
-captures in a CUDA graph without a host sync.
+captures in a CUDA graph without a host sync, with either first list (the candidates, the top bins).
 
 Needs CUDA with SGLang's sampling kernels (flashinfer, sgl_kernel). On bf16-valued logits (few
 distinct values near the top, so the top-k / top-p cut often falls inside a group of equal tokens,
@@ -83,12 +83,22 @@ def test_target_rows_are_what_stock_samples(case, backend):
         None if min_p is None else one * min_p,
         backend,
     )
-    ours = target_filter_fwd(
-        logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p, 1, backend is SamplingBackend.PYTORCH
-    ).dense()
     ref = target_probs(logits, rows)
-    assert torch.equal(ours > 0, ref > 0)
-    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
+    # Both first lists (the server's candidates, the top bins) must give the reference's rows; the draws below are
+    # checked against the candidates' rows, the server's default.
+    for candidates in (False, True):
+        ours = target_filter_fwd(
+            logits,
+            rows.temperature,
+            rows.top_k,
+            rows.top_p,
+            rows.min_p,
+            1,
+            backend is SamplingBackend.PYTORCH,
+            candidates=candidates,
+        ).dense()
+        assert torch.equal(ours > 0, ref > 0), candidates
+        torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
     probs = torch.softmax(logits / temp, dim=-1)
     for r in range(ROWS):
         want = ours[r].double().cpu()
@@ -111,8 +121,9 @@ def test_target_rows_are_what_stock_samples(case, backend):
             )
 
 
+@pytest.mark.parametrize("candidates", [False, True])
 @pytest.mark.parametrize("rank_rule", [False, True])
-def test_accept_phase_captures_in_a_cuda_graph_without_sync(rank_rule):
+def test_accept_phase_captures_in_a_cuda_graph_without_sync(rank_rule, candidates):
     """target_filter_fwd + rejection_fwd (the mixed runner captures them): no synchronising call,
     and a replay gives the eager tokens for the same coins, wide rows (the fallbacks) included."""
     bs, k, vocab, c = 8, 3, 5000, 16
@@ -131,7 +142,9 @@ def test_accept_phase_captures_in_a_cuda_graph_without_sync(rank_rule):
     coins, final = torch.rand(bs, k, device=dev, generator=gen), torch.rand(bs, device=dev, generator=gen)
 
     def accept():
-        target = target_filter_fwd(logits, temp, top_k, top_p, min_p, k + 1, rank_rule, list_cap=256)
+        target = target_filter_fwd(
+            logits, temp, top_k, top_p, min_p, k + 1, rank_rule, list_cap=256, candidates=candidates
+        )
         return rejection_fwd(target, *record, k, coins, final)
 
     torch.cuda.set_sync_debug_mode("error")

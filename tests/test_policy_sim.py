@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_llama import tiny_llama
 
 from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
 from tools.policy_sim import (
@@ -11,30 +12,13 @@ from tools.policy_sim import (
     SimResult,
     _verify,
     first_divergence_from_greedy,
-    register_attention,
     simulate,
 )
 
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    cfg._attn_implementation = register_attention()
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)  # decisive argmax: no near-ties between 1- and 9-token numerics
-    return model
+    return tiny_llama(head_scale=30)  # decisive argmax: no near-ties between 1- and 9-token numerics
 
 
 PROMPT = list(range(3, 43))
@@ -99,14 +83,14 @@ def test_per_segment_statistics():
 
 
 def test_fp16_scores_round_like_the_gpu_and_ties_go_to_the_lower_position() -> None:
-    from tools.policy_sim import _next_plan
+    from tools.policy_sim import next_plan
 
     # One layer, one KV head, 5 candidate positions below the window (tail_start 5); keep 2. Positions 3
     # and 4 differ by less than fp16 resolves at 1e-6 (subnormal there): fp32 keeps 4, fp16 ties keep 3.
     scores = torch.tensor([[[0.5, 1e-7, 1e-7, 1.000e-6, 1.001e-6, 9.0]]])
     cfg = PillarConfig(num_steps=2)
-    sel32, tail = _next_plan(cfg, scores, (5, 2), 6, 8)
-    sel16, _ = _next_plan(cfg, scores, (5, 2), 6, 8, torch.float16)
+    sel32, tail = next_plan(cfg, scores, (5, 2), 6, 8)
+    sel16, _ = next_plan(cfg, scores, (5, 2), 6, 8, torch.float16)
     assert tail == 5 and sorted(sel32[0, 0].tolist()) == [0, 4] and sorted(sel16[0, 0].tolist()) == [0, 3]
 
 

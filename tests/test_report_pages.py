@@ -43,8 +43,7 @@ def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_pat
     assert "| `stock-flashinfer` | flashinfer | 21,925 | 0.89x | 81.0 | 11.44 | - |" in headline
     assert "| `pillar` | triton | 41,654 | **1.70x** | 39.3 | 5.20 | 5.34 |" in headline
     assert (
-        "`benchmarks/results/throughput/throughput_h200-9afbd3c-7000_{stock,stock-flashinfer,pillar}.json`"
-        in headline
+        "`benchmarks/results/throughput/throughput_h200-9afbd3c-7000_{stock,stock-flashinfer,pillar}.json`" in headline
     )
     assert "](docs/figures/throughput_vs_concurrency.png)" in headline and "runs `sweep-e058028-*`" in headline
     assert "](../docs/figures/throughput_vs_concurrency.png)" in page.read_text()  # the same figure from docs/
@@ -147,7 +146,9 @@ def test_report_writes_one_page_per_kind_and_keeps_the_hand_written_text(tmp_pat
         "step-times.md",
     ]
     assert index[0].endswith("; 1 run.")
-    assert index[1].endswith("; 1 lossless run, 0 acceptance runs, 0 exactness runs, 0 policy_sim runs.")
+    assert index[1].endswith(
+        "; 1 lossless run, 0 acceptance runs, 0 exactness runs, 0 policy_sim runs, 0 draft_fidelity runs."
+    )
     for name in written:
         first, rest = (pages / name).read_text().split("\n", 1)
         assert first == note and "`python -m benchmarks.report --readme docs/results.md`" in first

@@ -63,7 +63,8 @@ class _AttnState:
     probs: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
-_STATE = _AttnState()
+# What the registered attention applies or records now; the round loops (here and tools.draft_fidelity) set it.
+ATTN = _AttnState()
 
 
 def _attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -74,11 +75,11 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout=0.0, 
     q_len, k_len = logits.shape[-2:]
     causal = torch.arange(k_len)[None, :] <= (k_len - q_len + torch.arange(q_len))[:, None]
     logits = logits.masked_fill(~causal, float("-inf"))
-    if _STATE.keep is not None:
-        logits = logits.masked_fill(~_STATE.keep[module.layer_idx][None, :, None, :k_len], float("-inf"))
+    if ATTN.keep is not None:
+        logits = logits.masked_fill(~ATTN.keep[module.layer_idx][None, :, None, :k_len], float("-inf"))
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    if _STATE.record:
-        _STATE.probs[module.layer_idx] = probs[0]
+    if ATTN.record:
+        ATTN.probs[module.layer_idx] = probs[0]
     return torch.matmul(probs.to(value.dtype), value).transpose(1, 2).contiguous(), probs
 
 
@@ -172,7 +173,7 @@ def _verify(
     return int(accepted), int(emitted[0, accepted])
 
 
-def _keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: int) -> torch.Tensor:
+def keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: int) -> torch.Tensor:
     """[layers, H_kv, width] bool from (selected positions [layers, H_kv, n] or [n], tail_start)."""
     sel, tail_start = plan
     keep = torch.zeros(layers, h_kv, width, dtype=torch.bool)
@@ -185,7 +186,20 @@ def _keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: in
     return keep
 
 
-def _next_plan(
+def verify_scores(
+    probs: dict[int, torch.Tensor], rows: ScoreRows, h_kv: int, v: int, group: str = "mean"
+) -> torch.Tensor:
+    """[layers, H_kv, v] scores of the prefix from a verify's recorded softmax rows (layer -> [H_q, Q, K]): each
+    query head's mass averaged over the k + 1 rows (or the last one), then over the GQA group's heads (the worker's
+    ``kernels/score_capture.py``), or their max with ``group="max"``."""
+    picked = slice(-1, None) if rows is ScoreRows.LAST else slice(None)
+    per_head = [probs[i][:, picked, :v].mean(1) for i in range(len(probs))]  # [H_q, v] each
+    if group == "max":
+        return torch.stack([h.view(h_kv, -1, v).amax(1) for h in per_head])
+    return torch.stack([h.view(h_kv, -1, v).mean(1) for h in per_head])
+
+
+def next_plan(
     cfg: PillarConfig,
     scores: torch.Tensor | None,
     window: tuple[int, int] | None,
@@ -245,13 +259,13 @@ def simulate(
         v = len(seq) - 1  # positions with KV; the last committed token is fed by draft step 0
         # Between selections (select_every > 1) the last plan stands; its tail grows by the tokens committed since.
         if plan is None or len(accepts) % cfg.select_every == 0:
-            plan = _next_plan(cfg, scores, window, v, kmax, score_dtype)
-        keep = _keep_mask(plan, v + k, layers, h_kv)
+            plan = next_plan(cfg, scores, window, v, kmax, score_dtype)
+        keep = keep_mask(plan, v + k, layers, h_kv)
         draft_sets.append(float(keep[..., :v].sum(-1, dtype=torch.float64).mean()))
         keep = keep.repeat_interleave(h_q // h_kv, dim=1)
         drafts, qs, token = [], [], seq[-1]
         with torch.no_grad():
-            _STATE.keep = keep
+            ATTN.keep = keep
             try:
                 for _ in range(k):
                     out = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True)
@@ -262,21 +276,18 @@ def simulate(
                         token = _draw(qs[-1], gen)
                     drafts.append(token)
             finally:
-                _STATE.keep = None
+                ATTN.keep = None
             cache.crop(v)
-            _STATE.record, _STATE.probs = True, {}
+            ATTN.record, ATTN.probs = True, {}
             try:
                 out = model(torch.tensor([[seq[-1], *drafts]]), past_key_values=cache, use_cache=True)
             finally:
-                _STATE.record = False
+                ATTN.record = False
         accepted, after = _verify(drafts, out.logits[0], qs, sampling, gen)
         seq += drafts[:accepted] + [after]
         accepts.append(accepted + 1)
         cache.crop(v + accepted + 1)  # exact KV of the last committed token and the accepted drafts
-        rows = slice(-1, None) if cfg.score_rows is ScoreRows.LAST else slice(None)
-        scores = torch.stack(
-            [_STATE.probs[i][:, rows, :v].reshape(h_kv, -1, v).mean(1) for i in range(layers)]
-        )  # [layers, H_kv, v]: mean over the group's heads and the k+1 rows (or the last row)
+        scores = verify_scores(ATTN.probs, cfg.score_rows, h_kv, v)
         tail_start, count = draft_window(cfg, torch.tensor([v]), torch.tensor([v + accepted + 1]), kmax)
         window = (int(tail_start[0]), int(count[0]))
     return SimResult(

@@ -23,6 +23,7 @@ REPORTED_KINDS = (
     "acceptance",
     "kernels",
     "policy_sim",
+    "draft_fidelity",
     "step_times",
     "exactness",
     "offload",

@@ -331,3 +331,62 @@ def policy_sim_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "`lossless` = output equals plain greedy decoding; the last column splits the output into 1024-token "
         "slices (the rounds that started in each).\n\n" + markdown_table(SIM_HEADERS, rows) + "\n"
     )
+
+
+FIDELITY_HEADERS = (
+    "file",
+    "prompt",
+    "answer tokens",
+    "advance",
+    "budget ratio",
+    "min budget",
+    "recent window",
+    "select every",
+    "reference",
+    "p and q at",
+    "rule",
+    "E (tokens a round)",
+    "a_j by draft position",
+    "draft set",
+    "rounds",
+)
+
+
+def draft_fidelity_markdown(docs: Sequence[dict[str, Any]]) -> str:
+    """Teacher-forced draft fidelity (tools/draft_fidelity.py): each rule's acceptance along one reference text."""
+    rows = []
+    for d in sorted((d for d in docs if d.get("kind") == "draft_fidelity"), key=lambda d: d["_file"]):
+        s = d["settings"]
+        for rule, r in d["results"].items():
+            rows.append(
+                [
+                    d["_file"],
+                    s["source"],
+                    len(d["reference_ids"]),
+                    s["advance"],
+                    fmt(s["budget_ratio"]),
+                    s["min_budget"],
+                    s["recent_window"],
+                    s["select_every"],
+                    d["reference_kind"],
+                    f"T {s['temperature']:g} / top-p {s['top_p']:g}",
+                    rule,
+                    fmt(r["mean_expected_tokens"], ".3f"),
+                    " ".join(f"{a:.3f}" for a in r["mean_accept_prob_by_position"]),
+                    fmt(r["mean_draft_set"], ".0f"),
+                    r["rounds"],
+                ]
+            )
+    if not rows:
+        return ""
+    return (
+        "### Draft fidelity along one text (draft_fidelity)\n\n"
+        "Every rule drafts along one reference text after the problem's prompt (teacher-forced, CPU, fp32, scores "
+        "stored in fp16 as on the GPU): the model's own sampled answer (which loops after ~1K tokens) or the "
+        "problem's written solution. a_j = the probability that "
+        "rejection sampling accepts draft j (sum of min(p, q) of its distribution and the verify's), "
+        "E = 1 + a_0 + a_0 a_1 + ..., the tokens a round of k drafts emits on average; each round commits "
+        "`advance` tokens. Rules of one file saw the same positions.\n\n"
+        + markdown_table(FIDELITY_HEADERS, rows)
+        + "\n"
+    )

@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.configs import stream_interval
-from .correctness import acceptance_markdown, exactness_markdown, lossless_markdown, policy_sim_markdown
+from .correctness import (
+    acceptance_markdown,
+    draft_fidelity_markdown,
+    exactness_markdown,
+    lossless_markdown,
+    policy_sim_markdown,
+)
 from .headline import HEADLINE_BEGIN, HEADLINE_END, headline_markdown
 from .kernels import kernels_markdown
 from .serving import offload_markdown, plain_vs_stock_markdown, repeats_markdown, throughput_markdown, throughput_rows
@@ -41,6 +47,7 @@ def summary_markdown(
         acceptance_markdown(docs),
         exactness_markdown(docs),
         policy_sim_markdown(docs),
+        draft_fidelity_markdown(docs),
         kernels_markdown(docs),
         step_times_markdown(docs),
         offload_markdown(docs),
@@ -111,7 +118,7 @@ def results_pages(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, An
     tput = [d for d in docs if d.get("kind") == "throughput" and stream_interval(d["config"].get("flags", [])) > 1]
     swept = [d for d in tput if str(d["meta"]["run_id"]).startswith(SWEEP_RUN_PREFIX)]
     single = [d for d in tput if d not in swept]
-    kinds = ("lossless", "acceptance", "exactness", "policy_sim", "step_times", "kernels", "offload")
+    kinds = ("lossless", "acceptance", "exactness", "policy_sim", "draft_fidelity", "step_times", "kernels", "offload")
     by_kind = {k: [d for d in docs if d.get("kind") == k] for k in kinds}
     sweeps = [d for d in by_kind["kernels"] if "tune" in d]
     accept_parts = [
@@ -119,6 +126,7 @@ def results_pages(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, An
         acceptance_markdown(docs),
         exactness_markdown(docs),
         policy_sim_markdown(docs),
+        draft_fidelity_markdown(docs),
     ]
 
     def throughput_page(file: str, title: str, holds: str, group: list[dict[str, Any]]) -> ResultsPage:
@@ -150,9 +158,11 @@ def results_pages(docs: Sequence[dict[str, Any]], repeats: Sequence[dict[str, An
             "acceptance-and-lossless.md",
             "Acceptance and losslessness",
             "greedy token identity with stock, accept lengths per draft policy, the sampled exactness tests, the "
-            "draft policies in the CPU reference (`tools.policy_sim`)",
+            "draft policies in the CPU reference (`tools.policy_sim`) and their fidelity along one text "
+            "(`tools.draft_fidelity`)",
             ", ".join(
-                _plural(len(by_kind[k]), f"{k} run") for k in ("lossless", "acceptance", "exactness", "policy_sim")
+                _plural(len(by_kind[k]), f"{k} run")
+                for k in ("lossless", "acceptance", "exactness", "policy_sim", "draft_fidelity")
             ),
             "\n".join(p for p in accept_parts if p),
         ),

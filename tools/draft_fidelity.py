@@ -1,0 +1,295 @@
+"""Teacher-forced draft fidelity of the selection rules on real weights (CPU): every rule drafts along one
+reference text, so rules compare position by position, free of the sampling noise and diverging texts that make
+``tools.policy_sim``'s sampled accept lengths differ by ~0.1-1 between runs.
+
+    python -m tools.draft_fidelity --model M --data-dir D --prompt-index 1 --tokens 3000 \\
+        --rules pillar,pillar:group=max,streaming [--advance 6] [--reference F.json] --out F.json
+
+The reference is the model's own sampled answer (stock's filter at --temperature / --top-p, one seed), decoded
+once with full attention; or the problem's written solution from the data file (--solution-reference: long,
+human-written reasoning that does not loop, where a 135M model's own sampled answers fall into repetition loops
+after ~1K tokens, which a recent window follows best); or the ``reference_ids`` of an earlier output (--reference). Each round starts at a
+committed length v and runs what the worker runs: k draft steps whose attention, per layer and KV head, is the
+rule's plan (``tools.policy_sim``), each fed the reference's next token instead of a sampled one; then the full
+verify of the k + 1 reference tokens, whose rows score the prefix for the next plan. With the chain's tokens known,
+the k draft steps run as one forward of k queries under the plan and the causal mask: each draft position's hidden
+states and K/V come from sparse attention over the plan and the draft positions before it, layer by layer, as the
+worker's k steps compute them. Draft j's distribution q_j
+is compared with the verify's row j, p_j (both under stock's filter): rejection sampling accepts a draft from q_j
+with probability a_j = sum_x min(p_j(x), q_j(x)), so a round would emit E = 1 + a_0 + a_0 a_1 + ... tokens on
+average. The round then commits ``--advance`` reference tokens (default 6, about a served round's accept
+length, so plans age as they do in the server) and keeps their verified KV.
+
+Rules: ``pillar`` (the worker's: each head's mass over the k + 1 rows, averaged over its GQA group),
+``pillar:group=max`` (the group's max instead), ``coarse`` and ``streaming``; ``:rows=last`` scores from the last
+verify row only; ``:sinks=N`` ranks the first N positions (attention sinks) above every scored one. The output holds each rule's mean a_j by draft position, mean E, and E per round (paired across
+rules: the same positions and history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
+from sglang_sparsespec.selection.policy import draft_window
+from tools.policy_sim import ATTN, SIM_POLICIES, Sampling, keep_mask, next_plan, register_attention, verify_scores
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A selection rule: the policy, which verify rows score, how a GQA group's heads combine."""
+
+    policy: SelectionPolicy
+    rows: ScoreRows = ScoreRows.ALL
+    group: str = "mean"
+    sinks: int = 0  # positions [0, sinks) ranked first by every top-K (kept whenever the plan selects any)
+
+    @classmethod
+    def parse(cls, text: str) -> Rule:
+        """``pillar``, ``pillar:group=max``, ``pillar:rows=last:group=max``, ``streaming``, ``coarse``."""
+        name, *opts = text.split(":")
+        rule = cls(SelectionPolicy(name))
+        if rule.policy not in SIM_POLICIES:
+            raise ValueError(f"rule {text!r}: the policy must be one of {[p.value for p in SIM_POLICIES]}")
+        for opt in opts:
+            key, _, value = opt.partition("=")
+            if key == "rows":
+                rule = replace(rule, rows=ScoreRows(value))
+            elif key == "group" and value in ("mean", "max"):
+                rule = replace(rule, group=value)
+            elif key == "sinks" and value.isdigit():
+                rule = replace(rule, sinks=int(value))
+            else:
+                raise ValueError(f"rule {text!r}: unknown option {opt!r} (rows=all|last, group=mean|max, sinks=N)")
+        return rule
+
+    @property
+    def name(self) -> str:
+        opts = (
+            ([f"rows={self.rows.value}"] if self.rows is not ScoreRows.ALL else [])
+            + ([f"group={self.group}"] if self.group != "mean" else [])
+            + ([f"sinks={self.sinks}"] if self.sinks else [])
+        )
+        return ":".join([self.policy.value, *opts])
+
+
+@dataclass
+class Fidelity:
+    """One rule's rounds: a_j per round and draft position, and the prefix positions its first draft step reads."""
+
+    rule: str
+    accept_probs: list[list[float]]  # [rounds][k]
+    draft_sets: list[float]
+    wall_s: float
+
+    def expected_tokens(self) -> list[float]:
+        """E per round: 1 + a_0 + a_0 a_1 + ... (the verify's own token included)."""
+        out = []
+        for row in self.accept_probs:
+            total, run = 1.0, 1.0
+            for a in row:
+                run *= a
+                total += run
+            out.append(total)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        rounds = len(self.accept_probs)
+        per_round = self.expected_tokens()
+        k = len(self.accept_probs[0]) if rounds else 0
+        return {
+            "rounds": rounds,
+            "mean_expected_tokens": sum(per_round) / max(rounds, 1),
+            "mean_accept_prob_by_position": [sum(r[j] for r in self.accept_probs) / rounds for j in range(k)],
+            "mean_draft_set": sum(self.draft_sets) / max(len(self.draft_sets), 1),
+            "wall_s": self.wall_s,
+            "expected_tokens_per_round": per_round,
+        }
+
+
+def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """[n] sum_x min(p, q) of [n, V] rows: the probability that rejection sampling accepts a draft from q."""
+    return torch.minimum(p, q).sum(-1)
+
+
+def reference(model, prompt_ids: Sequence[int], tokens: int, sampling: Sampling) -> list[int]:
+    """The model's own answer of ``tokens`` tokens, each drawn from stock's filtered distribution (full attention)."""
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(sampling.seed)
+    cache = DynamicCache()
+    out, ids = [], torch.tensor([list(prompt_ids)])
+    with torch.no_grad():
+        for _ in range(tokens):
+            logits = model(ids, past_key_values=cache, use_cache=True).logits[0, -1:]
+            token = int(torch.multinomial(sampling.probs(logits)[0], 1, generator=gen))
+            out.append(token)
+            ids = torch.tensor([[token]])
+    return out
+
+
+def solution_ids(tokenizer, data_dir: Path, dataset: str, index: int) -> list[int]:
+    """Token ids of problem ``index``'s written solution in ``data_dir/dataset.jsonl`` (the file's order, as the
+    prompts')."""
+    lines = [line for line in (data_dir / f"{dataset}.jsonl").read_text().splitlines() if line.strip()]
+    solution = json.loads(lines[index]).get("solution")
+    if not solution:
+        raise ValueError(f"{dataset} problem {index} has no written solution")
+    return tokenizer.encode(solution, add_special_tokens=False)
+
+
+def fidelity(
+    model,
+    prompt_ids: Sequence[int],
+    ref_ids: Sequence[int],
+    cfg: PillarConfig,
+    rule: Rule,
+    sampling: Sampling,
+    advance: int,
+    score_dtype: torch.dtype = torch.float16,
+) -> Fidelity:
+    """The module docstring's rounds of ``rule`` along ``ref_ids`` (committed after ``prompt_ids``)."""
+    from transformers import DynamicCache
+
+    if not 1 <= advance <= cfg.num_steps + 1:
+        raise ValueError(f"advance must be in [1, k + 1 = {cfg.num_steps + 1}], got {advance}")
+    cfg = replace(cfg, policy=rule.policy, score_rows=rule.rows)
+    mc = model.config
+    layers, h_q, h_kv, k = mc.num_hidden_layers, mc.num_attention_heads, mc.num_key_value_heads, cfg.num_steps
+    seq = [*prompt_ids, *ref_ids]
+    end = len(seq) - k - 1  # the last round's verify must find k + 1 reference tokens
+    kmax = cfg.max_budget(len(seq))
+    started = time.monotonic()
+    cache = DynamicCache()
+    v = len(prompt_ids)  # the first answer token is committed; it is fed by draft step 0
+    with torch.no_grad():
+        model(torch.tensor([seq[:v]]), past_key_values=cache, use_cache=True)
+    scores, window, plan = None, None, None
+    result = Fidelity(rule.name, [], [], 0.0)
+    while v <= end:
+        if plan is None or len(result.accept_probs) % cfg.select_every == 0:
+            plan = next_plan(cfg, scores, window, v, kmax, score_dtype)
+        keep = keep_mask(plan, v + k, layers, h_kv)
+        result.draft_sets.append(float(keep[..., :v].sum(-1, dtype=torch.float64).mean()))
+        chain = seq[v : v + k + 1]  # the tokens at positions v .. v + k
+        with torch.no_grad():
+            ATTN.keep = keep.repeat_interleave(h_q // h_kv, dim=1)
+            try:  # draft step j feeds the token at position v + j and drafts position v + j + 1
+                q = sampling.probs(model(torch.tensor([chain[:k]]), past_key_values=cache, use_cache=True).logits[0])
+            finally:
+                ATTN.keep = None
+            cache.crop(v)
+            ATTN.record, ATTN.probs = True, {}
+            try:
+                p = sampling.probs(model(torch.tensor([chain]), past_key_values=cache, use_cache=True).logits[0, :k])
+            finally:
+                ATTN.record = False
+        result.accept_probs.append(overlap(p, q).tolist())
+        cache.crop(v + advance)  # the verified KV of the committed tokens
+        scores = verify_scores(ATTN.probs, rule.rows, h_kv, v, rule.group)
+        scores[..., : rule.sinks] = float("inf")
+        tail_start, count = draft_window(cfg, torch.tensor([v]), torch.tensor([v + advance]), kmax)
+        window = (int(tail_start[0]), int(count[0]))
+        v += advance
+    result.wall_s = time.monotonic() - started
+    return result
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="HF model folder (python -m sglang_sparsespec.models.smollm2)")
+    p.add_argument("--data-dir", type=Path, required=True)
+    p.add_argument("--dataset", default="aime24")
+    p.add_argument("--prompt-index", type=int, default=1)
+    p.add_argument("--tokens", type=int, default=3000, help="reference answer length (generated ones)")
+    p.add_argument("--reference", type=Path, default=None, help="an earlier output whose reference_ids to reuse")
+    p.add_argument(
+        "--solution-reference", action="store_true", help="the problem's written solution (its first --tokens)"
+    )
+    p.add_argument("--rules", default="pillar,pillar:group=max,streaming")
+    p.add_argument("--advance", type=int, default=6, help="reference tokens each round commits")
+    defaults = PillarConfig()
+    p.add_argument("--num-steps", type=int, default=defaults.num_steps)
+    p.add_argument("--budget-ratio", type=float, default=defaults.budget_ratio)
+    p.add_argument("--min-budget", type=int, default=defaults.min_budget)
+    p.add_argument("--recent-window", type=int, default=defaults.recent_window)
+    p.add_argument("--select-every", type=int, default=defaults.select_every)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0, help="the reference's sampling seed")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    try:
+        args.rules = [Rule.parse(r) for r in args.rules.split(",") if r]
+    except ValueError as e:
+        p.error(str(e))
+    if args.reference is not None and args.solution_reference:
+        p.error("--reference and --solution-reference name two references: pick one")
+    if args.temperature <= 0:
+        p.error("--temperature must be > 0: the fidelity is a distance between sampled distributions")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.meta import new_run_id, run_metadata
+    from benchmarks.workload import build_prompts, load_tokenizer
+
+    tokenizer = load_tokenizer(args.model)
+    prompt = build_prompts(tokenizer, args.data_dir, args.prompt_index + 1, (args.dataset,))[args.prompt_index]
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=torch.float32, attn_implementation=register_attention()
+    ).eval()
+    sampling = Sampling(args.temperature, args.top_p, -1, args.seed)
+    if args.reference is not None:
+        earlier = json.loads(args.reference.read_text())
+        ref_ids, ref_kind = earlier["reference_ids"], earlier["reference_kind"]
+    elif args.solution_reference:
+        ref_ids = solution_ids(tokenizer, args.data_dir, args.dataset, args.prompt_index)[: args.tokens]
+        ref_kind = "written solution"
+    else:
+        ref_ids = reference(model, prompt.input_ids, args.tokens, sampling)
+        ref_kind = f"own answer, T {args.temperature:g} / top-p {args.top_p:g} (seed {args.seed})"
+    cfg = PillarConfig(
+        num_steps=args.num_steps,
+        budget_ratio=args.budget_ratio,
+        min_budget=args.min_budget,
+        recent_window=args.recent_window,
+        select_every=args.select_every,
+    )
+    settings = {**vars(args), "data_dir": str(args.data_dir), "out": None, "source": prompt.source}
+    settings.update(reference=str(args.reference) if args.reference else None, rules=[r.name for r in args.rules])
+    doc: dict[str, Any] = {
+        "kind": "draft_fidelity",
+        "meta": run_metadata(new_run_id()),
+        "settings": settings,
+        "reference_kind": ref_kind,
+        "reference_ids": list(ref_ids),
+        "results": {},
+    }
+    for rule in args.rules:
+        res = fidelity(model, prompt.input_ids, ref_ids, cfg, rule, sampling, args.advance)
+        doc["results"][rule.name] = summary = res.summary()
+        by_pos = " ".join(f"{a:.3f}" for a in summary["mean_accept_prob_by_position"])
+        print(
+            f"{prompt.source} {rule.name}: E {summary['mean_expected_tokens']:.3f} over {summary['rounds']} rounds,"
+            f" a_j {by_pos}, draft set {summary['mean_draft_set']:.1f} ({res.wall_s:.0f} s)",
+            flush=True,
+        )
+        args.out.write_text(json.dumps(doc, indent=1))  # after each rule: a long run keeps what it has
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

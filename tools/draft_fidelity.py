@@ -8,22 +8,23 @@ reference text, so rules compare position by position, free of the sampling nois
 The reference is the model's own sampled answer (stock's filter at --temperature / --top-p, one seed), decoded
 once with full attention; or the problem's written solution from the data file (--solution-reference: long,
 human-written reasoning that does not loop, where a 135M model's own sampled answers fall into repetition loops
-after ~1K tokens, which a recent window follows best); or the ``reference_ids`` of an earlier output (--reference). Each round starts at a
-committed length v and runs what the worker runs: k draft steps whose attention, per layer and KV head, is the
-rule's plan (``tools.policy_sim``), each fed the reference's next token instead of a sampled one; then the full
-verify of the k + 1 reference tokens, whose rows score the prefix for the next plan. With the chain's tokens known,
-the k draft steps run as one forward of k queries under the plan and the causal mask: each draft position's hidden
-states and K/V come from sparse attention over the plan and the draft positions before it, layer by layer, as the
-worker's k steps compute them. Draft j's distribution q_j
-is compared with the verify's row j, p_j (both under stock's filter): rejection sampling accepts a draft from q_j
-with probability a_j = sum_x min(p_j(x), q_j(x)), so a round would emit E = 1 + a_0 + a_0 a_1 + ... tokens on
-average. The round then commits ``--advance`` reference tokens (default 6, about a served round's accept
-length, so plans age as they do in the server) and keeps their verified KV.
+after ~1K tokens, which a recent window follows best); or the ``reference_ids`` of an earlier output (--reference).
+Each round starts at a committed length v and runs what the worker runs: k draft steps whose attention, per layer
+and KV head, is the rule's plan (``tools.policy_sim``), each fed the reference's next token instead of a sampled
+one; then the full verify of the k + 1 reference tokens, whose rows score the prefix for the next plan. With the
+chain's tokens known, the k draft steps run as one forward of k queries under the plan and the causal mask: each
+draft position's hidden states and K/V come from sparse attention over the plan and the draft positions before it,
+layer by layer, as the worker's k steps compute them. Draft j's distribution q_j is compared with the verify's row
+j, p_j (both under stock's filter): rejection sampling accepts a draft from q_j with probability a_j = sum_x
+min(p_j(x), q_j(x)), so a round would emit E = 1 + a_0 + a_0 a_1 + ... tokens on average. The round then commits
+``--advance`` reference tokens (default 6, about a served round's accept length, so plans age as they do in the
+server) and keeps their verified KV.
 
 Rules: ``pillar`` (the worker's: each head's mass over the k + 1 rows, averaged over its GQA group),
 ``pillar:group=max`` (the group's max instead), ``coarse`` and ``streaming``; ``:rows=last`` scores from the last
-verify row only; ``:sinks=N`` ranks the first N positions (attention sinks) above every scored one. The output holds each rule's mean a_j by draft position, mean E, and E per round (paired across
-rules: the same positions and history).
+verify row only; ``:sinks=N`` ranks the first N positions (attention sinks) above every scored one. The output holds
+each rule's mean a_j by draft position, mean E, and E per round (paired across rules: the same positions and
+history).
 """
 
 from __future__ import annotations

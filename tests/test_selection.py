@@ -32,8 +32,10 @@ def _budget_ref(cfg: PillarConfig, length: int) -> int:
 
 
 def _window_ref(cfg: PillarConfig, verify: int, new: int, kmax: int) -> tuple[int, int]:
-    tail = max(0, verify - cfg.recent_window)
-    return tail, max(0, min(_budget_ref(cfg, new) - (new - tail), tail, kmax))
+    budget_ = _budget_ref(cfg, new)
+    # The window starts late enough to leave the selection sink_tokens positions, never past the verify block.
+    tail = min(verify, max(0, verify - cfg.recent_window, new - (budget_ - cfg.sink_tokens)))
+    return tail, max(0, min(budget_ - (new - tail), tail, kmax))
 
 
 def _top_positions(scores: torch.Tensor, count: int) -> list[int]:
@@ -62,6 +64,18 @@ def test_draft_window_matches_reference(seed):
         assert (int(tail[b]), int(count[b])) == _window_ref(cfg, v, n, kmax)
         # Selected + tail never exceeds the budget unless the tail alone does.
         assert int(count[b]) + (n - int(tail[b])) <= max(_budget_ref(cfg, n), n - int(tail[b]))
+
+
+def test_a_window_that_fills_the_budget_leaves_the_sinks_their_room():
+    """A 128-token window at the 128-token minimum budget would select nothing (no attention sink in the plan):
+    the window starts later so that sink_tokens positions stay selectable; the defaults are untouched."""
+    wide = PillarConfig(min_budget=128, recent_window=128, sink_tokens=4)
+    tail, count = draft_window(wide, torch.tensor([1000, 100]), torch.tensor([1006, 106]), kmax=410)
+    assert tail.tolist() == [882, 4] and count.tolist() == [4, 4]
+    default = PillarConfig()
+    tail, count = draft_window(default, torch.tensor([1000, 5000]), torch.tensor([1009, 5009]), kmax=410)
+    assert tail.tolist() == [1000 - default.recent_window, 5000 - default.recent_window]
+    assert count.tolist() == [128 - 73, 251 - 73]
 
 
 def test_streaming_plan_is_sinks_plus_recent():

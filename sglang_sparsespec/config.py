@@ -324,8 +324,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BUDGET_RATIO", "budget_ratio", "draft KV budget per request, as a fraction (0, 1] of its context length"),
     Knob("MIN_BUDGET", "min_budget", "floor of the draft KV budget, in tokens"),
     Knob("RECENT_WINDOW", "recent_window", "latest verified tokens every draft step attends, in tokens"),
-    Knob("SINK_TOKENS", "sink_tokens", "attention sinks: first tokens that streaming plans and a request's "
-         "first round attend, in tokens"),
+    Knob("SINK_TOKENS", "sink_tokens", "attention sinks of streaming and first-round plans, and the fewest a "
+         "scored plan selects, in tokens"),
     Knob("POLICY", "policy", "KV positions a draft step attends: pillar = top-K per layer and KV head by "
          "verify attention, coarse = one set per request, streaming = sinks + recent window, oracle = exact "
          "top-K per draft query (analysis)"),

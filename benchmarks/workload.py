@@ -27,19 +27,23 @@ class Prompt:
     input_ids: list[int]
 
 
+def load_rows(data_dir: Path, name: str) -> list[dict[str, Any]]:
+    """The JSON rows of ``<data_dir>/<name>.jsonl``, blank lines skipped: row i is the source ``<name>:<i>``."""
+    path = Path(data_dir) / f"{name}.jsonl"
+    if not path.is_file():
+        raise ValueError(f"prompt file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def load_problems(data_dir: Path, datasets: Sequence[str] = DEFAULT_DATASETS) -> list[tuple[str, str]]:
     """(source, problem) pairs from ``<data_dir>/<name>.jsonl``, in file order."""
     problems: list[tuple[str, str]] = []
     for name in datasets:
-        path = Path(data_dir) / f"{name}.jsonl"
-        if not path.is_file():
-            raise ValueError(f"prompt file not found: {path}")
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(l for l in f if l.strip()):
-                row = json.loads(line)
-                if not isinstance(row.get("problem"), str) or not row["problem"].strip():
-                    raise ValueError(f"{path} line {i + 1}: no 'problem' string")
-                problems.append((f"{name}:{i}", row["problem"]))
+        for i, row in enumerate(load_rows(data_dir, name)):
+            if not isinstance(row.get("problem"), str) or not row["problem"].strip():
+                raise ValueError(f"{Path(data_dir) / f'{name}.jsonl'} line {i + 1}: no 'problem' string")
+            problems.append((f"{name}:{i}", row["problem"]))
     if not problems:
         raise ValueError(f"no problems in {data_dir} for datasets {list(datasets)}")
     return problems

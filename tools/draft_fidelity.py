@@ -139,10 +139,11 @@ def reference(model, prompt_ids: Sequence[int], tokens: int, sampling: Sampling)
 
 
 def solution_ids(tokenizer, data_dir: Path, dataset: str, index: int) -> list[int]:
-    """Token ids of problem ``index``'s written solution in ``data_dir/dataset.jsonl`` (the file's order, as the
-    prompts')."""
-    lines = [line for line in (data_dir / f"{dataset}.jsonl").read_text().splitlines() if line.strip()]
-    solution = json.loads(lines[index]).get("solution")
+    """Token ids of problem ``index``'s written solution in ``data_dir/dataset.jsonl`` (the rows the prompts come
+    from, ``benchmarks.workload.load_rows``)."""
+    from benchmarks.workload import load_rows
+
+    solution = load_rows(data_dir, dataset)[index].get("solution")
     if not solution:
         raise ValueError(f"{dataset} problem {index} has no written solution")
     return tokenizer.encode(solution, add_special_tokens=False)

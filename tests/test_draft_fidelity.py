@@ -7,7 +7,7 @@ import torch
 from tiny_llama import tiny_llama
 
 from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
-from tools.draft_fidelity import Fidelity, Rule, fidelity, overlap, reference
+from tools.draft_fidelity import Fidelity, Rule, fidelity, overlap, reference, served_tail
 from tools.policy_sim import Sampling
 
 PROMPT = list(range(3, 43))
@@ -77,13 +77,56 @@ def test_expected_tokens_and_overlap():
     assert overlap(p, torch.tensor([[0.25, 0.25, 0.5]])).tolist() == [0.5]
 
 
+def test_the_served_tail_never_feeds_the_next_rounds_tokens():
+    chain = [5, 1, 2, 3, 4]  # k = 4: the reference at positions v .. v + 4
+    q = torch.zeros(4, 8)
+    q[:, 2] = 0.5  # every draft's likeliest token is 2, the reference's own at position v + 2
+    q[:, 6] = 0.3
+    assert served_tail(chain, q, advance=2) == [6, 2, 2]  # positions v + 2 .. v + 4: the rejected draft is not 2
+    assert served_tail(chain, q, advance=4) == [2]  # the reference has 4 at v + 4
+
+
+def test_the_next_plan_scores_rows_fed_the_served_tail(tiny_model, ref_ids, monkeypatch):
+    import tools.draft_fidelity as tool
+
+    fed = []
+    real = tool.served_tail
+    monkeypatch.setattr(tool, "served_tail", lambda *a: fed.append(real(*a)) or fed[-1])
+    res = _run(tiny_model, ref_ids, 0.05)
+    assert len(fed) == len(res.accept_probs) and all(len(t) == 2 for t in fed)  # k + 1 - advance rows each
+    # Each round's tail starts with a token other than the reference's at that position.
+    starts = [len(PROMPT) + 3 * r + 3 for r in range(len(fed))]
+    assert all(t[0] != ([*PROMPT, *ref_ids])[s] for t, s in zip(fed, starts))
+    # Fed the reference instead, the same rows would score the next round's own queries: other plans, other drafts.
+    monkeypatch.setattr(tool, "served_tail", lambda chain, q, advance: list(chain[advance:]))
+    leaky = _run(tiny_model, ref_ids, 0.05)
+    assert leaky.accept_probs[0] == res.accept_probs[0]  # the streaming seed: no scores yet
+    assert leaky.accept_probs != res.accept_probs
+
+
 def test_rules_parse_and_refuse():
     assert Rule.parse("pillar:rows=last:group=max") == Rule(SelectionPolicy.PILLAR, ScoreRows.LAST, "max")
     assert Rule.parse("pillar:group=max").name == "pillar:group=max"
     assert Rule.parse("pillar:sinks=4") == Rule(SelectionPolicy.PILLAR, sinks=4)
-    for bad in ("oracle", "pillar:group=sum", "pillar:depth=2", "pillar:sinks=-1"):
+    assert Rule.parse("pillar:window=128").name == "pillar:window=128"
+    for bad in ("oracle", "pillar:group=sum", "pillar:depth=2", "pillar:sinks=-1", "pillar:window=wide"):
         with pytest.raises(ValueError):
             Rule.parse(bad)
+
+
+def test_a_wider_window_keeps_more_recent_positions(tiny_model, ref_ids, monkeypatch):
+    import tools.draft_fidelity as tool
+
+    plans = []
+    real = tool.next_plan
+    monkeypatch.setattr(tool, "next_plan", lambda *a, **kw: plans.append(real(*a, **kw)) or plans[-1])
+    narrow = _run(tiny_model, ref_ids, 0.3)  # recent_window=2
+    narrow_tails = [tail for _, tail in plans[1:]]  # the first plan is the streaming seed
+    plans.clear()
+    wide = _run(tiny_model, ref_ids, 0.3, "pillar:window=6")
+    wide_tails = [tail for _, tail in plans[1:]]
+    assert all(w <= n for w, n in zip(wide_tails, narrow_tails)) and wide_tails != narrow_tails
+    assert wide.summary()["mean_draft_set"] == pytest.approx(narrow.summary()["mean_draft_set"], rel=0.05)
 
 
 def test_advance_past_the_chain_is_refused(tiny_model, ref_ids):

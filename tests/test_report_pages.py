@@ -189,3 +189,35 @@ def test_the_exactness_table_judges_a_run_without_its_power_check_at_the_parity_
         ["-", "passes", "INCOMPLETE; parity WITHIN"],
         ["-", "rejects", "INCOMPLETE; parity WITHIN"],
     ]
+
+
+def test_the_fidelity_table_says_which_tokens_fed_the_scoring_verify_rows() -> None:
+    """Runs that fed the verify the reference past the committed tokens read 'reference'; the served tail 'served'."""
+    from benchmarks.report.correctness import draft_fidelity_markdown
+
+    settings = {
+        "source": "aime24:1",
+        "advance": 6,
+        "budget_ratio": 0.05,
+        "min_budget": 128,
+        "recent_window": 64,
+        "select_every": 8,
+        "temperature": 0.6,
+        "top_p": 0.95,
+    }
+    result = {"mean_expected_tokens": 6.5, "mean_accept_prob_by_position": [0.9], "mean_draft_set": 160, "rounds": 3}
+    docs = [
+        {
+            "kind": "draft_fidelity",
+            "_file": f"draft_fidelity_{name}.json",
+            "settings": {**settings, **extra},
+            "reference_kind": "written solution",
+            "reference_ids": [1, 2, 3],
+            "results": {"pillar": result},
+        }
+        for name, extra in (("old", {}), ("new", {"verify_tail": "served"}))
+    ]
+    rows = [line for line in draft_fidelity_markdown(docs).splitlines() if line.startswith("| draft_fidelity_")]
+    cells = {c[0]: c for c in ([x.strip() for x in row.strip("|").split("|")] for row in rows)}
+    assert cells["draft_fidelity_old.json"][10:12] == ["reference", "pillar"]
+    assert cells["draft_fidelity_new.json"][10:12] == ["served", "pillar"]

@@ -11,20 +11,22 @@ human-written reasoning that does not loop, where a 135M model's own sampled ans
 after ~1K tokens, which a recent window follows best); or the ``reference_ids`` of an earlier output (--reference).
 Each round starts at a committed length v and runs what the worker runs: k draft steps whose attention, per layer
 and KV head, is the rule's plan (``tools.policy_sim``), each fed the reference's next token instead of a sampled
-one; then the full verify of the k + 1 reference tokens, whose rows score the prefix for the next plan. With the
-chain's tokens known, the k draft steps run as one forward of k queries under the plan and the causal mask: each
-draft position's hidden states and K/V come from sparse attention over the plan and the draft positions before it,
-layer by layer, as the worker's k steps compute them. Draft j's distribution q_j is compared with the verify's row
+one; then the full verify of the k + 1 reference tokens. With the chain's tokens known, the k draft steps run as
+one forward of k queries under the plan and the causal mask: each draft position's hidden states and K/V come from
+sparse attention over the plan and the draft positions before it, layer by layer, as the worker's k steps compute
+them. Draft j's distribution q_j is compared with the verify's row
 j, p_j (both under stock's filter): rejection sampling accepts a draft from q_j with probability a_j = sum_x
 min(p_j(x), q_j(x)), so a round would emit E = 1 + a_0 + a_0 a_1 + ... tokens on average. The round then commits
 ``--advance`` reference tokens (default 6, about a served round's accept length, so plans age as they do in the
-server) and keeps their verified KV.
+server) and keeps their verified KV. The verify rows that score the prefix for the next plan are the served ones:
+the committed tokens' rows, then rows fed a rejected draft and the drafts after it (``served_tail``), never the
+reference tokens the next round's drafts will be fed (their rows would select for those very queries).
 
 Rules: ``pillar`` (the worker's: each head's mass over the k + 1 rows, averaged over its GQA group),
 ``pillar:group=max`` (the group's max instead), ``coarse`` and ``streaming``; ``:rows=last`` scores from the last
-verify row only; ``:sinks=N`` ranks the first N positions (attention sinks) above every scored one. The output holds
-each rule's mean a_j by draft position, mean E, and E per round (paired across rules: the same positions and
-history).
+verify row only; ``:sinks=N`` ranks the first N positions (attention sinks) above every scored one; ``:window=N``
+drafts with an N-token recent window instead of --recent-window. The output holds each rule's mean a_j by draft
+position, mean E, and E per round (paired across rules: the same positions and history).
 """
 
 from __future__ import annotations
@@ -53,10 +55,11 @@ class Rule:
     rows: ScoreRows = ScoreRows.ALL
     group: str = "mean"
     sinks: int = 0  # positions [0, sinks) ranked first by every top-K (kept whenever the plan selects any)
+    window: int | None = None  # the plans' recent window (SPARSESPEC_RECENT_WINDOW); None: --recent-window
 
     @classmethod
     def parse(cls, text: str) -> Rule:
-        """``pillar``, ``pillar:group=max``, ``pillar:rows=last:group=max``, ``streaming``, ``coarse``."""
+        """``pillar``, ``pillar:group=max``, ``pillar:rows=last:group=max``, ``pillar:window=128``, ``streaming``."""
         name, *opts = text.split(":")
         rule = cls(SelectionPolicy(name))
         if rule.policy not in SIM_POLICIES:
@@ -69,8 +72,12 @@ class Rule:
                 rule = replace(rule, group=value)
             elif key == "sinks" and value.isdigit():
                 rule = replace(rule, sinks=int(value))
+            elif key == "window" and value.isdigit():
+                rule = replace(rule, window=int(value))
             else:
-                raise ValueError(f"rule {text!r}: unknown option {opt!r} (rows=all|last, group=mean|max, sinks=N)")
+                raise ValueError(
+                    f"rule {text!r}: unknown option {opt!r} (rows=all|last, group=mean|max, sinks=N, window=N)"
+                )
         return rule
 
     @property
@@ -79,6 +86,7 @@ class Rule:
             ([f"rows={self.rows.value}"] if self.rows is not ScoreRows.ALL else [])
             + ([f"group={self.group}"] if self.group != "mean" else [])
             + ([f"sinks={self.sinks}"] if self.sinks else [])
+            + ([f"window={self.window}"] if self.window is not None else [])
         )
         return ":".join([self.policy.value, *opts])
 
@@ -120,6 +128,19 @@ class Fidelity:
 def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """[n] sum_x min(p, q) of [n, V] rows: the probability that rejection sampling accepts a draft from q."""
     return torch.minimum(p, q).sum(-1)
+
+
+def served_tail(chain: Sequence[int], q: torch.Tensor, advance: int) -> list[int]:
+    """The tokens a served verify feeds after the ``advance`` committed ones, at positions v + advance .. v + k:
+    the rejected draft (never the token committed there: the draft's likeliest other one), then the draft's likeliest
+    tokens. Feeding the reference there instead would score the prefix with the next round's own first queries.
+
+    chain: the k + 1 reference tokens at positions v .. v + k; q: [k, V] the drafts' distributions (row j drafts
+    position v + j + 1); 1 <= advance <= k.
+    """
+    rejected = q[advance - 1].clone()
+    rejected[chain[advance]] = -1.0
+    return [int(rejected.argmax()), *q[advance:].argmax(-1).tolist()]
 
 
 def reference(model, prompt_ids: Sequence[int], tokens: int, sampling: Sampling) -> list[int]:
@@ -165,6 +186,8 @@ def fidelity(
     if not 1 <= advance <= cfg.num_steps + 1:
         raise ValueError(f"advance must be in [1, k + 1 = {cfg.num_steps + 1}], got {advance}")
     cfg = replace(cfg, policy=rule.policy, score_rows=rule.rows)
+    if rule.window is not None:
+        cfg = replace(cfg, recent_window=rule.window)
     mc = model.config
     layers, h_q, h_kv, k = mc.num_hidden_layers, mc.num_attention_heads, mc.num_key_value_heads, cfg.num_steps
     seq = [*prompt_ids, *ref_ids]
@@ -193,11 +216,17 @@ def fidelity(
             ATTN.record, ATTN.probs = True, {}
             try:
                 p = sampling.probs(model(torch.tensor([chain]), past_key_values=cache, use_cache=True).logits[0, :k])
+                rows = ATTN.probs
+                if advance <= k:  # the rows past the committed ones score as the served verify's do
+                    cache.crop(v + advance)
+                    ATTN.probs = {}
+                    model(torch.tensor([served_tail(chain, q, advance)]), past_key_values=cache, use_cache=True)
+                    rows = {i: torch.cat([rows[i][:, :advance], ATTN.probs[i]], 1) for i in rows}
             finally:
                 ATTN.record = False
         result.accept_probs.append(overlap(p, q).tolist())
         cache.crop(v + advance)  # the verified KV of the committed tokens
-        scores = verify_scores(ATTN.probs, rule.rows, h_kv, v, rule.group)
+        scores = verify_scores(rows, rule.rows, h_kv, v, rule.group)
         scores[..., : rule.sinks] = float("inf")
         tail_start, count = draft_window(cfg, torch.tensor([v]), torch.tensor([v + advance]), kmax)
         window = (int(tail_start[0]), int(count[0]))
@@ -272,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     settings = {**vars(args), "data_dir": str(args.data_dir), "out": None, "source": prompt.source}
     settings.update(reference=str(args.reference) if args.reference else None, rules=[r.name for r in args.rules])
+    settings["verify_tail"] = "served"  # the verify rows past the committed tokens: see served_tail
     doc: dict[str, Any] = {
         "kind": "draft_fidelity",
         "meta": run_metadata(new_run_id()),

@@ -170,7 +170,7 @@ class PillarConfig:
     num_steps: int = 8
     budget_ratio: float = 0.05
     min_budget: int = 128
-    recent_window: int = 64
+    recent_window: int = 128
     sink_tokens: int = 4
     policy: SelectionPolicy = SelectionPolicy.PILLAR
     timing_every: int = 0

@@ -68,14 +68,17 @@ def test_draft_window_matches_reference(seed):
 
 def test_a_window_that_fills_the_budget_leaves_the_sinks_their_room():
     """A 128-token window at the 128-token minimum budget would select nothing (no attention sink in the plan):
-    the window starts later so that sink_tokens positions stay selectable; the defaults are untouched."""
+    the window starts later so that sink_tokens positions stay selectable; a window the budget holds is untouched."""
     wide = PillarConfig(min_budget=128, recent_window=128, sink_tokens=4)
     tail, count = draft_window(wide, torch.tensor([1000, 100]), torch.tensor([1006, 106]), kmax=410)
     assert tail.tolist() == [882, 4] and count.tolist() == [4, 4]
+    narrow = PillarConfig(recent_window=64)
+    tail, count = draft_window(narrow, torch.tensor([1000, 5000]), torch.tensor([1009, 5009]), kmax=410)
+    assert tail.tolist() == [1000 - 64, 5000 - 64] and count.tolist() == [128 - 73, 251 - 73]
+    # The default window (128): below ~2.5K tokens the budget holds only it and the sinks' room; past it both.
     default = PillarConfig()
     tail, count = draft_window(default, torch.tensor([1000, 5000]), torch.tensor([1009, 5009]), kmax=410)
-    assert tail.tolist() == [1000 - default.recent_window, 5000 - default.recent_window]
-    assert count.tolist() == [128 - 73, 251 - 73]
+    assert tail.tolist() == [1009 - 124, 5000 - 128] and count.tolist() == [4, 251 - 137]
 
 
 def test_streaming_plan_is_sinks_plus_recent():

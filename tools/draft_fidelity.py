@@ -14,13 +14,13 @@ and KV head, is the rule's plan (``tools.policy_sim``), each fed the reference's
 one; then the full verify of the k + 1 reference tokens. With the chain's tokens known, the k draft steps run as
 one forward of k queries under the plan and the causal mask: each draft position's hidden states and K/V come from
 sparse attention over the plan and the draft positions before it, layer by layer, as the worker's k steps compute
-them. Draft j's distribution q_j is compared with the verify's row
-j, p_j (both under stock's filter): rejection sampling accepts a draft from q_j with probability a_j = sum_x
-min(p_j(x), q_j(x)), so a round would emit E = 1 + a_0 + a_0 a_1 + ... tokens on average. The round then commits
-``--advance`` reference tokens (default 6, about a served round's accept length, so plans age as they do in the
-server) and keeps their verified KV. The verify rows that score the prefix for the next plan are the served ones:
-the committed tokens' rows, then rows fed a rejected draft and the drafts after it (``served_tail``), never the
-reference tokens the next round's drafts will be fed (their rows would select for those very queries).
+them. Draft j's distribution q_j is compared with the verify's row j, p_j (both under stock's filter): rejection
+sampling accepts a draft from q_j with probability a_j = sum_x min(p_j(x), q_j(x)), so a round would emit
+E = 1 + a_0 + a_0 a_1 + ... tokens on average. The round then commits ``--advance`` reference tokens (default 6,
+about a served round's accept length, so plans age as they do in the server) and keeps their verified KV. The
+verify rows that score the prefix for the next plan are the served ones: the committed tokens' rows, then rows fed
+a rejected draft and the drafts after it (``served_tail``), never the reference tokens the next round's drafts will
+be fed (their rows would select for those very queries).
 
 Rules: ``pillar`` (the worker's: each head's mass over the k + 1 rows, averaged over its GQA group),
 ``pillar:group=max`` (the group's max instead), ``coarse`` and ``streaming``; ``:rows=last`` scores from the last

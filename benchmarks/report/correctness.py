@@ -391,6 +391,6 @@ def draft_fidelity_markdown(docs: Sequence[dict[str, Any]]) -> str:
         "`advance` tokens. Rules of one file saw the same positions. The verify rows past the committed tokens score "
         "the prefix as a served verify's do (fed a rejected draft and the drafts after it: `served`), or, in the "
         "runs before that, were fed the reference tokens the next round drafts from (`reference`): rows that scored "
-        "for the next round's own queries, which overstated the scored rules (pillar, coarse) by 0.06-0.23 tokens a "
-        "round on these texts; streaming reads no scores.\n\n" + markdown_table(FIDELITY_HEADERS, rows) + "\n"
+        "for the next round's own queries and overstate the scored rules (pillar, coarse; design.md, Along one "
+        "text); streaming reads no scores.\n\n" + markdown_table(FIDELITY_HEADERS, rows) + "\n"
     )

@@ -7,8 +7,17 @@ import torch
 from tiny_llama import tiny_llama
 
 from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
-from tools.draft_fidelity import Fidelity, Rule, fidelity, overlap, reference, served_tail
-from tools.policy_sim import Sampling
+from tools.draft_fidelity import (
+    Fidelity,
+    Rule,
+    fidelity,
+    overlap,
+    pooled_plan,
+    reference,
+    served_tail,
+    shift_scores,
+)
+from tools.policy_sim import Sampling, oracle_keep
 
 PROMPT = list(range(3, 43))
 SAMPLING = Sampling(temperature=1.0, top_p=1.0, seed=0)
@@ -70,6 +79,81 @@ def test_the_groups_max_selects_other_positions_than_its_mean(tiny_model, ref_id
     assert mean.accept_probs != most.accept_probs
 
 
+def test_the_oracle_keeps_each_querys_own_top_positions():
+    logits = torch.full((1, 4, 2, 6), -5.0)  # [1, H_q, Q, K], GQA groups of two heads
+    logits[0, 0, 0, 1] = logits[0, 1, 0, 1] = 3.0  # KV head 0, query 0: position 1 by both heads
+    logits[0, 0, 1, 2] = 4.0  # KV head 0, query 1: position 2 by one head (the group's mean)
+    logits[0, 2:, :, 0] = 2.0  # KV head 1, both queries: position 0
+    tail = torch.zeros(1, 4, 1, 6, dtype=torch.bool)
+    tail[..., 4:] = True
+    keep = oracle_keep(logits, tail, groups=2, count=1, tail_start=4)
+    assert keep[0, :, :, 4:].all()  # the tail stays
+    picked = [[keep[0, h, q, :4].nonzero().flatten().tolist() for q in range(2)] for h in range(4)]
+    assert picked == [[[1], [2]], [[1], [2]], [[0], [0]], [[0], [0]]]
+
+
+def test_the_oracle_drafts_exactly_at_a_full_budget_and_reads_a_plans_draft_set(tiny_model, ref_ids):
+    oracle, pillar = (_run(tiny_model, ref_ids, 0.05, rule) for rule in ("oracle", "pillar"))
+    assert oracle.summary()["mean_draft_set"] == pytest.approx(pillar.summary()["mean_draft_set"])
+    assert oracle.accept_probs[0] == pillar.accept_probs[0]  # the streaming seed before any verify
+    assert oracle.accept_probs != pillar.accept_probs
+    full = _run(tiny_model, ref_ids, 1.0, "oracle")
+    assert all(abs(a - 1) < 1e-4 for row in full.accept_probs[1:] for a in row)
+
+
+def test_refined_plans_pick_each_querys_own_top_among_the_candidates(tiny_model, ref_ids):
+    oracle, every, two = (_run(tiny_model, ref_ids, 0.05, r) for r in ("oracle", "pillar:refine=99", "pillar:refine=2"))
+    assert every.accept_probs == oracle.accept_probs  # candidates that hold the whole prefix: the oracle itself
+    assert two.accept_probs != oracle.accept_probs
+    assert two.summary()["mean_draft_set"] == pytest.approx(oracle.summary()["mean_draft_set"])
+
+
+def test_own_layers_are_the_oracle_there_and_the_plan_elsewhere(tiny_model, ref_ids):
+    oracle, plan = (_run(tiny_model, ref_ids, 0.05, r) for r in ("oracle", "pillar"))
+    every = _run(tiny_model, ref_ids, 0.05, "pillar:own=0+1")  # the tiny model's two layers
+    one = _run(tiny_model, ref_ids, 0.05, "pillar:own=1")
+    heads = _run(tiny_model, ref_ids, 0.05, "pillar:own=0.0+0.1+1")  # both KV heads of layer 0, and layer 1
+    assert every.accept_probs == oracle.accept_probs == heads.accept_probs
+    assert one.accept_probs not in (oracle.accept_probs, plan.accept_probs)
+
+
+def test_a_dense_layer_reads_the_whole_prefix(tiny_model, ref_ids):
+    sparse, dense = (_run(tiny_model, ref_ids, 0.05, r) for r in ("pillar", "pillar:dense=0"))
+    assert dense.summary()["mean_draft_set"] > sparse.summary()["mean_draft_set"]
+    assert dense.accept_probs != sparse.accept_probs
+    layers = "+".join(map(str, range(tiny_model.config.num_hidden_layers)))
+    every = _run(tiny_model, ref_ids, 0.05, f"pillar:dense={layers}")
+    assert all(abs(a - 1) < 1e-4 for row in every.accept_probs for a in row)
+
+
+def test_shifted_scores_reach_the_positions_after_the_attended_ones(tiny_model, ref_ids):
+    s = torch.tensor([[0.0, 5.0, 1.0, 0.0, 0.0, 2.0, 0.0]])
+    assert shift_scores(s, 2).tolist() == [[0.0, 5.0, 5.0, 5.0, 1.0, 2.0, 2.0]]
+    assert shift_scores(s, 0) is s
+    plain, shifted = (_run(tiny_model, ref_ids, 0.05, rule) for rule in ("pillar", "pillar:shift=2"))
+    assert plain.accept_probs[0] == shifted.accept_probs[0]  # the streaming seed: no scores yet
+    assert plain.accept_probs != shifted.accept_probs
+    assert plain.summary()["mean_draft_set"] == pytest.approx(shifted.summary()["mean_draft_set"])
+
+
+@pytest.mark.parametrize("rule", ["pillar:reduce=max", "pillar:value=norm", "pillar:alloc=layer", "pillar:alloc=all"])
+def test_other_scores_select_other_positions_at_the_same_draft_set(tiny_model, ref_ids, rule):
+    plain, other = (_run(tiny_model, ref_ids, 0.05, r) for r in ("pillar", rule))
+    assert plain.accept_probs[0] == other.accept_probs[0]  # the streaming seed: no scores yet
+    assert plain.accept_probs != other.accept_probs
+    assert plain.summary()["mean_draft_set"] == pytest.approx(other.summary()["mean_draft_set"])
+
+
+def test_a_pooled_budget_goes_to_the_highest_masses_of_the_pool():
+    scores = torch.tensor([[[0.9, 0.8, 0.7, 0.0], [0.1, 0.2, 0.3, 0.0]], [[0.5, 0.0, 0.0, 0.0], [0.4, 0.6, 0.0, 0.0]]])
+    layer, tail_start = pooled_plan(scores, (3, 2), "layer")  # 2 positions a head, 4 a layer, below position 3
+    assert tail_start == 3 and layer.shape == (2, 2, 3)
+    assert layer.sum((1, 2)).tolist() == [4, 4]
+    assert layer[0].tolist() == [[True, True, True], [False, False, True]]
+    every, _ = pooled_plan(scores, (3, 2), "all")  # 8 positions over all four heads
+    assert every.sum() == 8 and every[0, 0].all() and not every[1, 0, 1:].any()
+
+
 def test_expected_tokens_and_overlap():
     res = Fidelity("x", [[0.5, 0.5], [1.0, 0.0]], [1.0, 1.0], 0.0)
     assert res.expected_tokens() == [1.75, 2.0]
@@ -109,7 +193,23 @@ def test_rules_parse_and_refuse():
     assert Rule.parse("pillar:group=max").name == "pillar:group=max"
     assert Rule.parse("pillar:sinks=4") == Rule(SelectionPolicy.PILLAR, sinks=4)
     assert Rule.parse("pillar:window=128").name == "pillar:window=128"
-    for bad in ("oracle", "pillar:group=sum", "pillar:depth=2", "pillar:sinks=-1", "pillar:window=wide"):
+    assert Rule.parse("pillar:shift=4").name == "pillar:shift=4" and Rule.parse("oracle").name == "oracle"
+    assert Rule.parse("pillar:reduce=max:value=norm").name == "pillar:reduce=max:value=norm"
+    assert Rule.parse("pillar:alloc=layer").alloc == "layer" and Rule.parse("pillar:refine=2").refine == 2
+    assert Rule.parse("pillar:own=7+20.1").own == ("7", "20.1")
+    assert Rule.parse("pillar:dense=0+11").dense == (0, 11) and Rule.parse("pillar:dense=0+11").name.endswith("0+11")
+    for bad in (
+        "pillar:alloc=row",
+        "pillar:refine=1",
+        "pillar:dense=a",
+        "pillar:shift=-1",
+        "pillar:reduce=sum",
+        "pillar:value=1",
+        "pillar:group=sum",
+        "pillar:depth=2",
+        "pillar:sinks=-1",
+        "pillar:window=wide",
+    ):
         with pytest.raises(ValueError):
             Rule.parse(bad)
 

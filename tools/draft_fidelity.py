@@ -24,9 +24,16 @@ be fed (their rows would select for those very queries).
 
 Rules: ``pillar`` (the worker's: each head's mass over the k + 1 rows, averaged over its GQA group),
 ``pillar:group=max`` (the group's max instead), ``coarse`` and ``streaming``; ``:rows=last`` scores from the last
-verify row only; ``:sinks=N`` ranks the first N positions (attention sinks) above every scored one; ``:window=N``
-drafts with an N-token recent window instead of --recent-window. The output holds each rule's mean a_j by draft
-position, mean E, and E per round (paired across rules: the same positions and history).
+verify row only, ``:reduce=max`` by the rows' max mass; ``:value=norm`` weighs each position's mass by its value
+vector's norm; ``:shift=N`` lets each position score as the best of its N predecessors (the positions after the
+attended ones); ``:sinks=N`` ranks the first N positions (attention sinks) above every scored one; ``:window=N``
+drafts with an N-token recent window instead of --recent-window. ``oracle`` spends the budget the plan would select
+on each draft query's own top positions by its full attention, per layer and KV head (the bound on any plan);
+``:refine=N`` lets each draft query pick its own top count among the plan's N x count best-scored positions;
+``:alloc=layer`` / ``:alloc=all`` pools the heads' counts per layer / over the model and spends the pool on its
+highest masses; ``:dense=L+L`` drafts those layers over the whole prefix; ``:own=L+L.H`` lets each draft query pick
+its own top count in those layers or layers' KV heads (the oracle there, the plan elsewhere). The output holds each
+rule's mean a_j by draft position, mean E, and E per round (paired across rules: the same positions and history).
 """
 
 from __future__ import annotations
@@ -42,9 +49,11 @@ from typing import Any
 
 import torch
 
-from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig, PlainPath, ScoreRows, SelectionPolicy
 from sglang_sparsespec.selection.policy import draft_window
 from tools.policy_sim import ATTN, SIM_POLICIES, Sampling, keep_mask, next_plan, register_attention, verify_scores
+
+FIDELITY_POLICIES = (*SIM_POLICIES, SelectionPolicy.ORACLE)
 
 
 @dataclass(frozen=True)
@@ -56,14 +65,22 @@ class Rule:
     group: str = "mean"
     sinks: int = 0  # positions [0, sinks) ranked first by every top-K (kept whenever the plan selects any)
     window: int | None = None  # the plans' recent window (SPARSESPEC_RECENT_WINDOW); None: --recent-window
+    shift: int = 0  # each position also scores as the best of its `shift` predecessors (see shift_scores)
+    reduce: str = "mean"  # how the verify rows' masses combine per head: "mean" (the worker's) or "max"
+    value: bool = False  # each position's mass weighed by its value vector's norm (what it adds to the output)
+    alloc: str = "head"  # who shares a budget: each KV head its own count, or a layer's heads / all heads one pool
+    refine: int = 0  # > 0: the plan holds refine x count candidates, each draft query attends its own top count
+    dense: tuple[int, ...] = ()  # layers whose draft attention reads the whole prefix
+    # Layers ("L") or KV heads of a layer ("L.H") where each draft query attends its own top count, not the plan's.
+    own: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> Rule:
         """``pillar``, ``pillar:group=max``, ``pillar:rows=last:group=max``, ``pillar:window=128``, ``streaming``."""
         name, *opts = text.split(":")
         rule = cls(SelectionPolicy(name))
-        if rule.policy not in SIM_POLICIES:
-            raise ValueError(f"rule {text!r}: the policy must be one of {[p.value for p in SIM_POLICIES]}")
+        if rule.policy not in FIDELITY_POLICIES:
+            raise ValueError(f"rule {text!r}: the policy must be one of {[p.value for p in FIDELITY_POLICIES]}")
         for opt in opts:
             key, _, value = opt.partition("=")
             if key == "rows":
@@ -74,9 +91,24 @@ class Rule:
                 rule = replace(rule, sinks=int(value))
             elif key == "window" and value.isdigit():
                 rule = replace(rule, window=int(value))
+            elif key == "shift" and value.isdigit():
+                rule = replace(rule, shift=int(value))
+            elif key == "reduce" and value in ("mean", "max"):
+                rule = replace(rule, reduce=value)
+            elif key == "value" and value == "norm":
+                rule = replace(rule, value=True)
+            elif key == "alloc" and value in ("head", "layer", "all"):
+                rule = replace(rule, alloc=value)
+            elif key == "refine" and value.isdigit() and int(value) > 1:
+                rule = replace(rule, refine=int(value))
+            elif key == "dense" and all(x.isdigit() for x in value.split("+")):
+                rule = replace(rule, dense=tuple(int(x) for x in value.split("+")))
+            elif key == "own" and all(x.replace(".", "", 1).isdigit() for x in value.split("+")):
+                rule = replace(rule, own=tuple(value.split("+")))
             else:
                 raise ValueError(
-                    f"rule {text!r}: unknown option {opt!r} (rows=all|last, group=mean|max, sinks=N, window=N)"
+                    f"rule {text!r}: unknown option {opt!r} (rows=all|last, group=mean|max, sinks=N, window=N,"
+                    " shift=N, reduce=mean|max, value=norm, alloc=head|layer|all, refine=N > 1, dense=L+L, own=L+L.H)"
                 )
         return rule
 
@@ -87,6 +119,13 @@ class Rule:
             + ([f"group={self.group}"] if self.group != "mean" else [])
             + ([f"sinks={self.sinks}"] if self.sinks else [])
             + ([f"window={self.window}"] if self.window is not None else [])
+            + ([f"shift={self.shift}"] if self.shift else [])
+            + ([f"reduce={self.reduce}"] if self.reduce != "mean" else [])
+            + (["value=norm"] if self.value else [])
+            + ([f"alloc={self.alloc}"] if self.alloc != "head" else [])
+            + ([f"refine={self.refine}"] if self.refine else [])
+            + (["dense=" + "+".join(map(str, self.dense))] if self.dense else [])
+            + (["own=" + "+".join(self.own)] if self.own else [])
         )
         return ":".join([self.policy.value, *opts])
 
@@ -123,6 +162,31 @@ class Fidelity:
             "wall_s": self.wall_s,
             "expected_tokens_per_round": per_round,
         }
+
+
+def shift_scores(scores: torch.Tensor, shift: int) -> torch.Tensor:
+    """[..., v] scores where position p scores max(s[p - shift], ..., s[p]): a head that copies the text after an
+    earlier match attends one position further with every committed token, so a plan made from the verify's
+    rows needs the positions after the ones they attended as the plan ages."""
+    if shift <= 0:
+        return scores
+    flat = scores.reshape(-1, 1, scores.shape[-1])
+    padded = torch.nn.functional.pad(flat, (shift, 0), value=float("-inf"))
+    return torch.nn.functional.max_pool1d(padded, shift + 1, stride=1).reshape(scores.shape)
+
+
+def pooled_plan(scores: torch.Tensor, window: tuple[int, int], alloc: str) -> tuple[torch.Tensor, int]:
+    """(bool mask [layers, H_kv, tail_start], tail_start): the budget of ``count`` positions per KV head pooled over
+    each layer's heads (``alloc="layer"``) or over every head (``"all"``) and spent on the pool's highest masses, so
+    a head whose mass spreads takes positions from one whose top few carry it."""
+    tail_start, count = window
+    cand = scores[:, :, :tail_start]
+    layers, h_kv, _ = cand.shape
+    pooled = h_kv if alloc == "layer" else layers * h_kv  # heads per pool
+    flat = cand.reshape(-1, pooled * tail_start)
+    top = flat.topk(min(count, tail_start) * pooled, dim=-1).indices
+    mask = torch.zeros_like(flat, dtype=torch.bool).scatter_(1, top, True)
+    return mask.view(layers, h_kv, tail_start), tail_start
 
 
 def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -185,7 +249,8 @@ def fidelity(
 
     if not 1 <= advance <= cfg.num_steps + 1:
         raise ValueError(f"advance must be in [1, k + 1 = {cfg.num_steps + 1}], got {advance}")
-    cfg = replace(cfg, policy=rule.policy, score_rows=rule.rows)
+    # No plain rounds here; AUTO lets the config resolve the plain path the rule's policy allows.
+    cfg = replace(cfg, policy=rule.policy, score_rows=rule.rows, plain_path=PlainPath.AUTO)
     if rule.window is not None:
         cfg = replace(cfg, recent_window=rule.window)
     mc = model.config
@@ -199,19 +264,35 @@ def fidelity(
     with torch.no_grad():
         model(torch.tensor([seq[:v]]), past_key_values=cache, use_cache=True)
     scores, window, plan = None, None, None
+    oracle: tuple[int, int] | None = None  # (count, tail_start) each draft query picks for itself
+    among: torch.Tensor | None = None  # [layers, H_kv, tail_start] the candidates it picks from (refine)
     result = Fidelity(rule.name, [], [], 0.0)
     while v <= end:
         if plan is None or len(result.accept_probs) % cfg.select_every == 0:
-            plan = next_plan(cfg, scores, window, v, kmax, score_dtype)
+            if rule.policy is SelectionPolicy.ORACLE and window is not None:
+                plan, oracle = (torch.empty(0, dtype=torch.int64), window[0]), (window[1], window[0])
+            elif (rule.refine or rule.own) and window is not None:
+                wide, _ = next_plan(cfg, scores, (window[0], window[1] * max(rule.refine, 1)), v, kmax, score_dtype)
+                among = keep_mask((wide, window[0]), window[0], layers, h_kv)
+                for where in rule.own:  # there the candidates are the whole prefix below the window
+                    layer, _, head = where.partition(".")
+                    among[int(layer), int(head) if head else slice(None)] = True
+                plan, oracle = (torch.empty(0, dtype=torch.int64), window[0]), (window[1], window[0])
+            elif rule.alloc != "head" and scores is not None:
+                plan = pooled_plan(scores, window, rule.alloc)
+            else:
+                plan = next_plan(cfg, scores, window, v, kmax, score_dtype)
         keep = keep_mask(plan, v + k, layers, h_kv)
-        result.draft_sets.append(float(keep[..., :v].sum(-1, dtype=torch.float64).mean()))
+        keep[list(rule.dense)] = True
+        own = oracle[0] if oracle is not None else 0
+        result.draft_sets.append(float(keep[..., :v].sum(-1, dtype=torch.float64).mean()) + own)
         chain = seq[v : v + k + 1]  # the tokens at positions v .. v + k
         with torch.no_grad():
-            ATTN.keep = keep.repeat_interleave(h_q // h_kv, dim=1)
+            ATTN.keep, ATTN.oracle, ATTN.among = keep.repeat_interleave(h_q // h_kv, dim=1), oracle, among
             try:  # draft step j feeds the token at position v + j and drafts position v + j + 1
                 q = sampling.probs(model(torch.tensor([chain[:k]]), past_key_values=cache, use_cache=True).logits[0])
             finally:
-                ATTN.keep = None
+                ATTN.keep, ATTN.oracle, ATTN.among = None, None, None
             cache.crop(v)
             ATTN.record, ATTN.probs = True, {}
             try:
@@ -226,7 +307,10 @@ def fidelity(
                 ATTN.record = False
         result.accept_probs.append(overlap(p, q).tolist())
         cache.crop(v + advance)  # the verified KV of the committed tokens
-        scores = verify_scores(rows, rule.rows, h_kv, v, rule.group)
+        scores = verify_scores(rows, rule.rows, h_kv, v, rule.group, rule.reduce)
+        if rule.value:
+            scores = scores * torch.stack([cache.layers[i].values[0, :, :v].norm(dim=-1) for i in range(layers)])
+        scores = shift_scores(scores, rule.shift)
         scores[..., : rule.sinks] = float("inf")
         tail_start, count = draft_window(cfg, torch.tensor([v]), torch.tensor([v + advance]), kmax)
         window = (int(tail_start[0]), int(count[0]))
@@ -235,12 +319,17 @@ def fidelity(
     return result
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_source_args(p: argparse.ArgumentParser, prompt_index: int) -> None:
+    """The model and the problem whose prompt the text follows (``prompt_and_model``'s arguments)."""
     p.add_argument("--model", required=True, help="HF model folder (python -m sglang_sparsespec.models.smollm2)")
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--dataset", default="aime24")
-    p.add_argument("--prompt-index", type=int, default=1)
+    p.add_argument("--prompt-index", type=int, default=prompt_index)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_source_args(p, prompt_index=1)
     p.add_argument("--tokens", type=int, default=3000, help="reference answer length (generated ones)")
     p.add_argument("--reference", type=Path, default=None, help="an earlier output whose reference_ids to reuse")
     p.add_argument(
@@ -270,18 +359,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def prompt_and_model(model_path: str, data_dir: Path, dataset: str, index: int) -> tuple[Any, Any, Any]:
+    """(tokenizer, the problem's chat prompt, the model in fp32 on the recording attention of ``tools.policy_sim``)."""
     from transformers import AutoModelForCausalLM
 
-    from benchmarks.meta import new_run_id, run_metadata
     from benchmarks.workload import build_prompts, load_tokenizer
 
-    tokenizer = load_tokenizer(args.model)
-    prompt = build_prompts(tokenizer, args.data_dir, args.prompt_index + 1, (args.dataset,))[args.prompt_index]
+    tokenizer = load_tokenizer(model_path)
+    prompt = build_prompts(tokenizer, data_dir, index + 1, (dataset,))[index]
     model = AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=torch.float32, attn_implementation=register_attention()
+        model_path, dtype=torch.float32, attn_implementation=register_attention()
     ).eval()
+    return tokenizer, prompt, model
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from benchmarks.meta import new_run_id, run_metadata
+
+    tokenizer, prompt, model = prompt_and_model(args.model, args.data_dir, args.dataset, args.prompt_index)
     sampling = Sampling(args.temperature, args.top_p, -1, args.seed)
     if args.reference is not None:
         earlier = json.loads(args.reference.read_text())

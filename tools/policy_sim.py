@@ -14,7 +14,8 @@ is written with sparse attention and replaced by the verify, as on the GPU. The 
 own HF implementation on CPU (fp32 unless --dtype bfloat16), so policies and knobs can be compared
 without device time; it matches the GPU's acceptance (AIME24 prompt 1, 1500 tokens, recent window
 16: 5.34 here, 5.93 on the H100 in bf16). Greedy outputs must equal plain greedy decoding
-(--check-lossless verifies it). The ORACLE policy is GPU-only (benchmarks/acceptance.py).
+(--check-lossless verifies it). The ORACLE policy runs here only in ``tools.draft_fidelity``; served, it is
+benchmarks/acceptance.py's.
 
 With ``--temperature`` > 0 the rounds are sampled, as served: each draft token is drawn from its draft
 distribution q (stock's flashinfer rule at the request's temperature, top-p and top-k over the sparse forward's
@@ -56,11 +57,37 @@ class _AttnState:
 
     keep: [num_layers, H_q, K] bool — keys each query head of the (single) draft query may see.
     probs: layer -> [H_q, Q, K] softmax probabilities, filled when ``record`` is set.
+    oracle: (count, tail_start): every query also sees, per layer and KV head, the ``count`` positions below
+        ``tail_start`` its own full attention weighs most (GQA group mean): the bound on what any plan can do.
+    among: [num_layers, H_kv, tail_start] bool — where set, the oracle picks only among these candidates.
     """
 
     keep: torch.Tensor | None = None
     record: bool = False
     probs: dict[int, torch.Tensor] = field(default_factory=dict)
+    oracle: tuple[int, int] | None = None
+    among: torch.Tensor | None = None
+
+
+def oracle_keep(
+    logits: torch.Tensor,
+    keep: torch.Tensor,
+    groups: int,
+    count: int,
+    tail_start: int,
+    among: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[1, H_q, Q, K] ``keep`` plus each query's own top-``count`` positions below ``tail_start`` per KV head (only
+    among the [H_kv, tail_start] candidates ``among`` where given)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)[0, :, :, :tail_start]
+    h_q, q_len, _ = probs.shape
+    mass = probs.view(h_q // groups, groups, q_len, tail_start).mean(1)  # [H_kv, Q, tail_start]
+    if among is not None:
+        mass = mass.masked_fill(~among[:, None, :], -1.0)
+    top = mass.topk(min(count, tail_start), dim=-1).indices.repeat_interleave(groups, dim=0)
+    own = torch.zeros_like(keep[0]).expand(h_q, q_len, keep.shape[-1]).clone()
+    own.scatter_(2, top, True)
+    return keep | own[None]
 
 
 # What the registered attention applies or records now; the round loops (here and tools.draft_fidelity) set it.
@@ -76,7 +103,11 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout=0.0, 
     causal = torch.arange(k_len)[None, :] <= (k_len - q_len + torch.arange(q_len))[:, None]
     logits = logits.masked_fill(~causal, float("-inf"))
     if ATTN.keep is not None:
-        logits = logits.masked_fill(~ATTN.keep[module.layer_idx][None, :, None, :k_len], float("-inf"))
+        keep = ATTN.keep[module.layer_idx][None, :, None, :k_len]
+        if ATTN.oracle is not None:
+            among = ATTN.among[module.layer_idx] if ATTN.among is not None else None
+            keep = oracle_keep(logits, keep, groups, *ATTN.oracle, among=among)
+        logits = logits.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     if ATTN.record:
         ATTN.probs[module.layer_idx] = probs[0]
@@ -174,10 +205,13 @@ def _verify(
 
 
 def keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: int) -> torch.Tensor:
-    """[layers, H_kv, width] bool from (selected positions [layers, H_kv, n] or [n], tail_start)."""
+    """[layers, H_kv, width] bool from (selected positions [layers, H_kv, n] or [n], or a bool mask
+    [layers, H_kv, n] of them; tail_start)."""
     sel, tail_start = plan
     keep = torch.zeros(layers, h_kv, width, dtype=torch.bool)
-    if sel.numel():
+    if sel.dtype == torch.bool:
+        keep[..., : sel.shape[-1]] = sel
+    elif sel.numel():
         if sel.dim() == 1:
             keep[:, :, sel] = True
         else:
@@ -187,13 +221,16 @@ def keep_mask(plan: tuple[torch.Tensor, int], width: int, layers: int, h_kv: int
 
 
 def verify_scores(
-    probs: dict[int, torch.Tensor], rows: ScoreRows, h_kv: int, v: int, group: str = "mean"
+    probs: dict[int, torch.Tensor], rows: ScoreRows, h_kv: int, v: int, group: str = "mean", reduce: str = "mean"
 ) -> torch.Tensor:
     """[layers, H_kv, v] scores of the prefix from a verify's recorded softmax rows (layer -> [H_q, Q, K]): each
-    query head's mass averaged over the k + 1 rows (or the last one), then over the GQA group's heads (the worker's
-    ``kernels/score_capture.py``), or their max with ``group="max"``."""
+    query head's mass averaged over the k + 1 rows (or the last one; their max with ``reduce="max"``), then over the
+    GQA group's heads (the worker's ``kernels/score_capture.py``), or their max with ``group="max"``."""
     picked = slice(-1, None) if rows is ScoreRows.LAST else slice(None)
-    per_head = [probs[i][:, picked, :v].mean(1) for i in range(len(probs))]  # [H_q, v] each
+    per_head = [
+        probs[i][:, picked, :v].amax(1) if reduce == "max" else probs[i][:, picked, :v].mean(1)
+        for i in range(len(probs))
+    ]  # [H_q, v] each
     if group == "max":
         return torch.stack([h.view(h_kv, -1, v).amax(1) for h in per_head])
     return torch.stack([h.view(h_kv, -1, v).mean(1) for h in per_head])

@@ -269,14 +269,15 @@ def fidelity(
     result = Fidelity(rule.name, [], [], 0.0)
     while v <= end:
         if plan is None or len(result.accept_probs) % cfg.select_every == 0:
-            if rule.policy is SelectionPolicy.ORACLE and window is not None:
-                plan, oracle = (torch.empty(0, dtype=torch.int64), window[0]), (window[1], window[0])
-            elif (rule.refine or rule.own) and window is not None:
-                wide, _ = next_plan(cfg, scores, (window[0], window[1] * max(rule.refine, 1)), v, kmax, score_dtype)
-                among = keep_mask((wide, window[0]), window[0], layers, h_kv)
-                for where in rule.own:  # there the candidates are the whole prefix below the window
-                    layer, _, head = where.partition(".")
-                    among[int(layer), int(head) if head else slice(None)] = True
+            if window is not None and (rule.policy is SelectionPolicy.ORACLE or rule.refine or rule.own):
+                # Each draft query picks its own count below the window: among every position (oracle) or the plan's
+                # refine x count best ones, every position in the ``own`` layers and heads.
+                if rule.policy is not SelectionPolicy.ORACLE:
+                    wide, _ = next_plan(cfg, scores, (window[0], window[1] * max(rule.refine, 1)), v, kmax, score_dtype)
+                    among = keep_mask((wide, window[0]), window[0], layers, h_kv)
+                    for where in rule.own:
+                        layer, _, head = where.partition(".")
+                        among[int(layer), int(head) if head else slice(None)] = True
                 plan, oracle = (torch.empty(0, dtype=torch.int64), window[0]), (window[1], window[0])
             elif rule.alloc != "head" and scores is not None:
                 plan = pooled_plan(scores, window, rule.alloc)

@@ -6,10 +6,11 @@ and in the query's own top positions of the same count (what ``tools.draft_fidel
         --positions 2600:4200:200 --out F.json
 
 At each committed length v the plan is the worker's (``pillar``: the verify rows' mass averaged over the k + 1 rows
-and the group, top count below the window of ``selection.policy.draft_window``), scored from a verify of the
-reference's k + 1 tokens at v; the queries are the next round's k draft positions (``--advance`` tokens later), fed
-the reference with full attention. Fed the reference, the verify rows are the next queries' own tokens, so the plan
-knows more than a served one: the gaps read here are lower bounds.
+and the group, stored in fp16, top count below the window of ``selection.policy.draft_window``:
+``tools.policy_sim.next_plan``), scored from a verify of the reference's k + 1 tokens at v; the queries are the next
+round's k draft positions (``--advance`` tokens later), fed the reference with full attention. Fed the reference,
+the verify rows are the next queries' own tokens, so the plan knows more than a served one: the gaps read here are
+lower bounds.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from sglang_sparsespec.config import PillarConfig, ScoreRows
 from sglang_sparsespec.selection.policy import draft_window
 from tools.draft_fidelity import add_source_args, prompt_and_model
-from tools.policy_sim import ATTN, verify_scores
+from tools.policy_sim import ATTN, next_plan, verify_scores
 
 
 def coverage_at(model, seq: Sequence[int], v: int, cfg: PillarConfig, advance: int) -> dict[str, torch.Tensor]:
@@ -50,7 +51,7 @@ def coverage_at(model, seq: Sequence[int], v: int, cfg: PillarConfig, advance: i
         finally:
             ATTN.record, ATTN.probs = False, {}
     tail_start, count = (int(t[0]) for t in draft_window(cfg, torch.tensor([v]), torch.tensor([v + advance]), v))
-    plan = scores[:, :, :tail_start].topk(count, dim=-1).indices  # [layers, H_kv, count]
+    plan, _ = next_plan(cfg, scores, (tail_start, count), v, v, torch.float16)  # [layers, H_kv, count], as served
     out = {name: torch.zeros(layers, h_kv) for name in ("tail", "plan", "own")}
     for layer in range(layers):
         mass = queries[layer].view(h_kv, groups, k, -1).mean(1)  # [H_kv, k, positions]

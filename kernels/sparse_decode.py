@@ -5,7 +5,8 @@ Request b, KV head h attends over the union of
       where 0 <= pos < tail_start[b] (so the union with the tail has no duplicates), and
   (b) the shared tail  tail_start[b] <= pos < seq_lens[b]  (recent verified tokens, this round's
       drafts, and the current token, whose KV is already written),
-and every position is mapped to its KV slot through req_to_token[req_pool_indices[b], pos].
+and every position is mapped to its KV slot through req_to_token[req_pool_indices[b], pos]. A KV head marked in
+``dense_heads`` attends the whole prefix instead (its tail starts at 0, so no selection is read).
 Given the step's own K/V (``new_kv``), the kernel also writes them into their slots, which saves the
 separate store launch of every layer of every draft step: the current token is then attended from the
 step's K/V in registers instead of being read back from the cache, so no program reads a slot this
@@ -66,6 +67,7 @@ def _sparse_decode_stage1(
     Sel_rows,
     Tail_start,
     Seq_lens,
+    Dense_heads,
     K_new,
     V_new,
     Out_loc,
@@ -106,6 +108,7 @@ def _sparse_decode_stage1(
     NUM_SPLITS: tl.constexpr,
     LOGIT_CAP: tl.constexpr,
     HAS_SEL_ROWS: tl.constexpr,
+    HAS_DENSE: tl.constexpr,
     NEW_KV: tl.constexpr,
     ROPE: tl.constexpr,
     NORM: tl.constexpr,
@@ -126,6 +129,8 @@ def _sparse_decode_stage1(
     sel_base = Sel_pos + sel_row * stride_sb + cur_kv_head * stride_sh
     cnt = tl.minimum(tl.maximum(tl.load(Sel_cnt + sel_row).to(tl.int32), 0), KMAX)
     tail_start = tl.load(Tail_start + cur_b).to(tl.int32)
+    if HAS_DENSE:
+        tail_start = tl.where(tl.load(Dense_heads + cur_kv_head) != 0, 0, tail_start)
     # Selections are kept only below tail_start: with the tail at 0 (a request drafting densely)
     # none is, so skip the loop over them.
     cnt = tl.where(tail_start > 0, cnt, 0)
@@ -214,6 +219,7 @@ def sparse_decode_fwd(
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
+    dense_heads: torch.Tensor | None = None,
     num_kv_splits: int | None = None,
     block_n: int = 32,
     num_warps: int = 4,
@@ -233,6 +239,7 @@ def sparse_decode_fwd(
     and the new key are given before their neox rotary embedding, which the kernel applies (the stored key too).
     qk_norm: optional (q weight [D], k weight [D], q eps, k eps), with new_kv only: q and the new key are given
     before their per-head RMS norm too, which the kernel applies first.
+    dense_heads: optional [H_kv] int32, nonzero where a KV head attends every position below seq_lens.
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
@@ -263,7 +270,9 @@ def sparse_decode_fwd(
     check_int_vector("sel_cnt", sel_cnt, sel_pos.shape[0])
     if sel_rows is not None:
         check_int_vector("sel_rows", sel_rows, bs)
-    elif sel_pos.shape[0] < bs:
+    if dense_heads is not None:
+        check_int_vector("dense_heads", dense_heads, h_kv)
+    if sel_rows is None and sel_pos.shape[0] < bs:
         raise ValueError(f"sel_pos has {sel_pos.shape[0]} rows for a batch of {bs}")
     if new_kv is not None:
         k_new, v_new, out_loc = new_kv
@@ -305,15 +314,15 @@ def sparse_decode_fwd(
         mid_lse = torch.empty((bs, h_q, num_kv_splits), dtype=torch.float32, device=q.device)
     _sparse_decode_stage1[(bs, h_kv, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, sel_pos, sel_cnt, sel_rows, tail_start, seq_lens,
-        k_new, v_new, out_loc, cos_sin, rope_pos, q_w, k_w, q_eps, k_eps, mid_o, mid_lse, sm_scale,
+        dense_heads, k_new, v_new, out_loc, cos_sin, rope_pos, q_w, k_w, q_eps, k_eps, mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         cos_sin.stride(0), sel_pos.stride(0), sel_pos.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, KMAX=sel_pos.shape[2], D=d, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,
-        NEW_KV=new_kv is not None, ROPE=rope is not None, NORM=qk_norm is not None, PDL=pdl,
-        num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
+        HAS_DENSE=dense_heads is not None, NEW_KV=new_kv is not None, ROPE=rope is not None,
+        NORM=qk_norm is not None, PDL=pdl, num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
     )  # fmt: skip
     if num_kv_splits == 1:
         return o
@@ -355,6 +364,7 @@ def sparse_decode_ref(
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
+    dense_heads: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain-torch `sparse_decode_fwd` (fp32 math, loops over requests and KV heads; for tests): ``qk_norm`` then
     ``rope`` are applied to q and the new key, ``new_kv`` is written into the cache, then every position is read
@@ -372,7 +382,8 @@ def sparse_decode_ref(
     for b in range(bs):
         row = int(sel_rows[b]) if sel_rows is not None else b
         for h in range(h_kv):
-            pos = sparse_attend_positions(sel_pos, sel_cnt, tail_start, seq_lens, b, row, h)
+            dense = dense_heads is not None and bool(dense_heads[h])
+            pos = sparse_attend_positions(sel_pos, sel_cnt, tail_start * (not dense), seq_lens, b, row, h)
             heads = slice(h * group, (h + 1) * group)
             if pos.numel() == 0:
                 o[b, heads] = 0

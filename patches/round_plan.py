@@ -83,6 +83,7 @@ def setup_identity(cfg: PillarConfig, server_args, model_runner) -> dict[str, An
         "draft_vocab": cfg.draft_vocab,  # the LM head's and the draft sampler's width in every draft step
         "verify_logits": cfg.verify_logits.value,  # the verify's logit copy and the acceptance's reads
         "accept_list": cfg.accept_list.value,  # the acceptance's reads of each verify row
+        "dense_heads": cfg.dense_heads,  # whole prefixes the listed heads read in every draft step
         "plugin": plugin,
     }
 

@@ -14,6 +14,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.sampling.target import SamplingBackend
+from sglang_sparsespec.selection.dense_heads import dense_heads_gap
 
 from .contacts import attention_backends, dp_attention
 from .serve_warmup import add_to_server_args
@@ -284,6 +285,12 @@ def validate_server_args(sa: ServerArgs) -> None:
     if cfg.draft_vocab and sa.tp_size != 1:
         # Each rank holds a slice of the LM head by vocabulary, and the logits are gathered across ranks.
         reject(f"--pillar-draft-vocab runs on one GPU (--tp-size 1), got --tp-size {sa.tp_size}")
+    if cfg.dense_heads and sa.tp_size != 1:
+        # The listed heads are the model's KV head indices, which one rank holds all of.
+        reject(f"--pillar-dense-heads runs on one GPU (--tp-size 1), got --tp-size {sa.tp_size}")
+    gap = dense_heads_gap(cfg.dense_heads, model_config.num_hidden_layers, model_config.get_total_num_kv_heads())
+    if gap is not None:
+        reject(gap)
     if cfg.mixed and sa.tp_size != 1:
         # Its acceptance runs inside the forward's CUDA graph, without rank 0's broadcast of the tokens.
         reject(f"--pillar-batch-phases mixed runs on one GPU (--tp-size 1), got --tp-size {sa.tp_size}")

@@ -38,6 +38,7 @@ from sglang_sparsespec.rounds.timing import format_report
 from sglang_sparsespec.sampling.accept import use_candidates
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
+from sglang_sparsespec.selection.dense_heads import dense_head_mask
 from sglang_sparsespec.selection.state import PlanState
 
 from .contacts import resolved
@@ -141,6 +142,8 @@ class PillarWorker(BaseSpecWorker):
         self.state = PlanState.allocate(
             rows, mc.num_hidden_layers, backend.num_kv_head, per_head, self.kmax, self.device
         )
+        # One GPU only (spec_algo.py), so the model's KV head indices are this rank's.
+        self.state.dense = dense_head_mask(self.cfg.dense_heads, mc.num_hidden_layers, backend.num_kv_head, self.device)
         sink = None
         if self.cfg.policy.uses_verify_scores:
             # The total prefix of one verify batch is bounded by the KV pool and by the

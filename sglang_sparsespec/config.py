@@ -70,7 +70,6 @@ class PlainPath(str, Enum):
 
     # DECODE, except under the oracle policy, whose draft backend has no whole-prefix step: VERIFY.
     AUTO = "auto"
-
     # A TARGET_VERIFY forward of width 1 through SGLang's EAGLE verify path (its zero-step rounds' shape).
     VERIFY = "verify"
     # A DECODE forward: the draft step's graph with every request attending its whole prefix, sampled by
@@ -193,6 +192,7 @@ class PillarConfig:
     draft_vocab: int = 0
     verify_logits: VerifyLogits = VerifyLogits.FP32
     accept_list: AcceptList = AcceptList.CANDIDATES
+    dense_heads: str = ""
 
     def __post_init__(self) -> None:
         _parse_steps(self.adaptive_steps, self.num_steps)
@@ -238,9 +238,7 @@ class PillarConfig:
             # The oracle selects inside each draft step from a batch of draft rows only.
             raise ValueError(f"{ENV_PREFIX}BATCH_PHASES=mixed does not combine with {ENV_PREFIX}POLICY=oracle")
         if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
-            raise ValueError(
-                f"{ENV_PREFIX}RECENT_WINDOW, {ENV_PREFIX}SINK_TOKENS and {ENV_PREFIX}STEP_TIMING must be >= 0"
-            )
+            raise ValueError(f"{ENV_PREFIX}RECENT_WINDOW, SINK_TOKENS and STEP_TIMING must be >= 0")
 
     @property
     def step_candidates(self) -> tuple[int, ...]:
@@ -366,6 +364,8 @@ KNOBS: tuple[Knob, ...] = (
          "copy; half = the LM head's dtype (half the bytes; fp32 where anything else reads or changes them)"),
     Knob("ACCEPT_LIST", "accept_list", "a verify row's first token list: candidates = p >= 1/2047 in one read, "
          "bins = by a histogram (same tokens)"),
+    Knob("DENSE_HEADS", "dense_heads", "KV heads that draft over the whole prefix: LAYER.HEAD+... "
+         "(tools.plan_coverage names them)"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

@@ -19,6 +19,8 @@ END = "<!-- knobs:end -->"
 
 
 def _default(knob: Knob) -> str:
+    if knob.default == "":
+        return "none"
     return f"`{knob.default}`" if isinstance(knob.default, str) else str(knob.default)
 
 

@@ -110,10 +110,12 @@ def test_only_a_plain_mha_pool_takes_the_store_inside_the_sparse_kernel():
     assert not plain_mha_pool(release_without, dcp_size=1)
 
 
-def _draft_step_backend(pool: _Pool, req_to_token: torch.Tensor, sel_pos: torch.Tensor, sel_cnt: torch.Tensor):
+def _draft_step_backend(
+    pool: _Pool, req_to_token: torch.Tensor, sel_pos: torch.Tensor, sel_cnt: torch.Tensor, dense: torch.Tensor | None
+):
     be = _backend(max_bs=4, req_to_token=req_to_token)
     be.token_to_kv_pool = pool
-    be.state = SimpleNamespace(layer=lambda layer_id: sel_pos, sel_cnt=sel_cnt)
+    be.state = SimpleNamespace(layer=lambda layer_id: sel_pos, sel_cnt=sel_cnt, dense_heads=lambda layer_id: dense)
     be.whole_prefix, be.segments = False, None
     be.stores_in_kernel = plain_mha_pool(pool, dcp_size=1)
     return be
@@ -121,11 +123,12 @@ def _draft_step_backend(pool: _Pool, req_to_token: torch.Tensor, sel_pos: torch.
 
 @pytest.mark.parametrize("rope, norm", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("plain_pool", [True, False])
-def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool, rope, norm):
+@pytest.mark.parametrize("dense_head", [False, True])
+def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool, rope, norm, dense_head):
     """forward_decode of a draft step: with SGLang's plain pool the sparse kernel writes the step's K/V (SGLang's
     store is not called), otherwise SGLang's store runs first; the cache and the output are the same either way.
     A q/k norm and rotary embedding the model deferred (``norm``, ``rope``) are applied in the kernel, or by their
-    own calls before the store."""
+    own calls before the store. A dense KV head (``dense_head``: the second) attends its whole prefix."""
     gen = torch.Generator().manual_seed(5)
     rows, width, slots = 3, 48, 160
     req_to_token = torch.randperm(slots, generator=gen)[: rows * width].view(rows, width).to(torch.int32).to(DEVICE)
@@ -135,7 +138,8 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
     sel_pos = torch.full((rows, H_KV, 8), -1, dtype=torch.int32, device=DEVICE)
     sel_pos[:, :, :3] = torch.tensor([1, 4, 9], dtype=torch.int32)
     sel_cnt = torch.full((rows,), 3, dtype=torch.int32, device=DEVICE)
-    be = _draft_step_backend(pool, req_to_token, sel_pos, sel_cnt)
+    dense = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE) if dense_head else None
+    be = _draft_step_backend(pool, req_to_token, sel_pos, sel_cnt, dense)
     assert be.stores_in_kernel is plain_pool
     stored = []
 
@@ -193,6 +197,7 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
         q.view(bs, H_Q, D), ref_k, ref_v, expected, req_to_token, be.inputs.req_pool_indices[:bs], sel_pos, sel_cnt,
         be.inputs.tail_start[:bs], be.inputs.seq_lens[:bs], D**-0.5, sel_rows=be.inputs.req_pool_indices[:bs],
         new_kv=(k.view(bs, H_KV, D), v.view(bs, H_KV, D), loc), rope=kernel_rope, qk_norm=kernel_norm,
+        dense_heads=dense,
     )  # fmt: skip
     # normalized and rotated keys: bf16 rounding after each step, in whatever order the sums ran
     torch.testing.assert_close(pool.k.float(), ref_k.float(), atol=2e-2, rtol=2e-2)

@@ -117,6 +117,24 @@ def test_own_layers_are_the_oracle_there_and_the_plan_elsewhere(tiny_model, ref_
     assert one.accept_probs not in (oracle.accept_probs, plan.accept_probs)
 
 
+def test_the_first_querys_choice_serves_the_rounds_later_drafts(tiny_model, ref_ids):
+    each, first = (_run(tiny_model, ref_ids, 0.05, r) for r in ("oracle", "oracle:pick=first"))
+    # Draft step 0 is the first query itself: its accept probabilities match; later steps attend another choice.
+    assert [row[0] for row in first.accept_probs] == pytest.approx([row[0] for row in each.accept_probs], abs=1e-6)
+    assert [row[1:] for row in first.accept_probs] != [row[1:] for row in each.accept_probs]
+    assert first.summary()["mean_draft_set"] == pytest.approx(each.summary()["mean_draft_set"])
+
+
+def test_a_boosted_head_widens_the_plan_there_only(tiny_model, ref_ids):
+    plan, every = (_run(tiny_model, ref_ids, 0.05, r) for r in ("pillar", "pillar:boost=99@0+1"))
+    # A plan of 99 x count positions holds the whole prefix below the window from the first scored plan on.
+    assert all(abs(a - 1) < 1e-4 for row in every.accept_probs[1:] for a in row)
+    one = _run(tiny_model, ref_ids, 0.05, "pillar:boost=3@1.0")
+    sets = [r.summary()["mean_draft_set"] for r in (plan, one, every)]
+    assert sets[0] < sets[1] < sets[2]
+    assert one.accept_probs not in (plan.accept_probs, every.accept_probs)
+
+
 def test_a_dense_layer_reads_the_whole_prefix(tiny_model, ref_ids):
     sparse, dense = (_run(tiny_model, ref_ids, 0.05, r) for r in ("pillar", "pillar:dense=0"))
     assert dense.summary()["mean_draft_set"] > sparse.summary()["mean_draft_set"]
@@ -124,6 +142,10 @@ def test_a_dense_layer_reads_the_whole_prefix(tiny_model, ref_ids):
     layers = "+".join(map(str, range(tiny_model.config.num_hidden_layers)))
     every = _run(tiny_model, ref_ids, 0.05, f"pillar:dense={layers}")
     assert all(abs(a - 1) < 1e-4 for row in every.accept_probs for a in row)
+    heads = _run(tiny_model, ref_ids, 0.05, "pillar:dense=0.0+0.1+1")  # both KV heads of layer 0, and layer 1
+    assert heads.accept_probs == every.accept_probs
+    one = _run(tiny_model, ref_ids, 0.05, "pillar:dense=1.0")
+    assert sparse.summary()["mean_draft_set"] < one.summary()["mean_draft_set"] < dense.summary()["mean_draft_set"]
 
 
 def test_shifted_scores_reach_the_positions_after_the_attended_ones(tiny_model, ref_ids):
@@ -197,10 +219,19 @@ def test_rules_parse_and_refuse():
     assert Rule.parse("pillar:reduce=max:value=norm").name == "pillar:reduce=max:value=norm"
     assert Rule.parse("pillar:alloc=layer").alloc == "layer" and Rule.parse("pillar:refine=2").refine == 2
     assert Rule.parse("pillar:own=7+20.1").own == ("7", "20.1")
-    assert Rule.parse("pillar:dense=0+11").dense == (0, 11) and Rule.parse("pillar:dense=0+11").name.endswith("0+11")
+    assert Rule.parse("pillar:boost=3@7+20.1").boost == (3, ("7", "20.1"))
+    assert Rule.parse("pillar:boost=3@7+20.1").name == "pillar:boost=3@7+20.1"
+    assert Rule.parse("pillar:own=7:pick=first").name == "pillar:own=7:pick=first"
+    assert Rule.parse("pillar:dense=0+11.2").dense == ("0", "11.2") and Rule.parse("pillar:dense=0+11").name.endswith(
+        "0+11"
+    )
     for bad in (
         "pillar:alloc=row",
         "pillar:refine=1",
+        "pillar:boost=1@7",
+        "pillar:boost=3",
+        "pillar:boost=3@x",
+        "oracle:pick=last",
         "pillar:dense=a",
         "pillar:shift=-1",
         "pillar:reduce=sum",

@@ -8,7 +8,7 @@ import torch
 from tiny_llama import tiny_llama
 
 from sglang_sparsespec.config import PillarConfig
-from tools.plan_coverage import coverage_at
+from tools.plan_coverage import coverage_at, widest_gaps
 
 CFG = PillarConfig(num_steps=4, budget_ratio=0.1, min_budget=8, recent_window=2, sink_tokens=2)
 
@@ -34,3 +34,11 @@ def test_a_plan_of_the_whole_prefix_holds_all_of_it(tiny_model):
     shares = coverage_at(tiny_model, seq, 120, full, advance=3)
     assert torch.allclose(shares["tail"] + shares["plan"], torch.ones_like(shares["tail"]), atol=1e-5)
     assert torch.allclose(shares["plan"], shares["own"], atol=1e-6)
+
+
+def test_the_widest_gaps_are_named_as_the_servers_dense_heads():
+    plan = torch.tensor([[0.5, 0.5, 0.5], [0.1, 0.2, 0.3]])
+    own = plan + torch.tensor([[0.0, 0.3, 0.01], [0.2, 0.0, 0.02]])
+    assert widest_gaps({"plan": plan, "own": own}, 2) == "0.1+1.0"
+    assert widest_gaps({"plan": plan, "own": own}, 3) == "0.1+1.0+1.2"
+    assert widest_gaps({"plan": plan, "own": own}, 99).count("+") == 5

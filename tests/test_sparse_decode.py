@@ -57,6 +57,28 @@ def test_sparse_decode_dense_row_is_full_attention():
     torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("num_kv_splits", [1, 2])
+def test_sparse_decode_dense_heads_attend_the_whole_prefix(num_kv_splits):
+    """A KV head marked dense reads every position below seq_len (its selections ignored); the others keep their
+    plans, so only the marked head's output changes."""
+    torch.manual_seed(47)
+    group, h_kv = 2, 3
+    case = decode_case(group, [(120, 90, 20, 0), (64, 40, 10, 0)], kmax=24, h_kv=h_kv)
+    dense = torch.tensor([0, 1, 0], dtype=torch.int32, device=DEVICE)
+    o, planned = (torch.full_like(case["q"], float("nan")) for _ in range(2))
+    sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, block_n=16, dense_heads=dense, **case)
+    sparse_decode_fwd(o=planned, num_kv_splits=num_kv_splits, block_n=16, **case)
+    every = dict(case, tail_start=torch.zeros_like(case["tail_start"]))
+    full = sparse_decode_ref(o=torch.empty_like(o), **every)
+    head = slice(group, 2 * group)  # KV head 1's query heads
+    torch.testing.assert_close(o[:, head].float(), full[:, head].float(), rtol=2e-2, atol=2e-2)
+    others = [h for h in range(h_kv * group) if not group <= h < 2 * group]
+    assert torch.equal(o[:, others], planned[:, others])
+    assert not torch.allclose(o[:, head].float(), planned[:, head].float(), atol=1e-3)
+    expected = sparse_decode_ref(o=torch.empty_like(o), dense_heads=dense, **case)
+    torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_sparse_decode_softcap_default_rows_and_splits():
     torch.manual_seed(50)
     case = decode_case(2, [(70, 60, 16, 0), (9, 4, 4, 0)], kmax=16)

@@ -31,8 +31,13 @@ drafts with an N-token recent window instead of --recent-window. ``oracle`` spen
 on each draft query's own top positions by its full attention, per layer and KV head (the bound on any plan);
 ``:refine=N`` lets each draft query pick its own top count among the plan's N x count best-scored positions;
 ``:alloc=layer`` / ``:alloc=all`` pools the heads' counts per layer / over the model and spends the pool on its
-highest masses; ``:dense=L+L`` drafts those layers over the whole prefix; ``:own=L+L.H`` lets each draft query pick
-its own top count in those layers or layers' KV heads (the oracle there, the plan elsewhere). The output holds each
+highest masses; ``:dense=L+L.H`` drafts those layers or KV heads over the whole prefix (the server's
+--pillar-dense-heads); ``:own=L+L.H`` lets each draft query pick its own top count in those layers or layers' KV
+heads (the oracle there, the plan elsewhere); ``:boost=N@L+L.H`` gives those layers or KV heads a plan of N x count
+positions (the shared plan, a larger budget where it is sharp);
+``:pick=first`` makes the own choice of ``oracle``, ``refine`` and ``own`` the round's first draft query's, kept
+for the round's later draft steps (one choice a round instead of one a step).
+The output holds each
 rule's mean a_j by draft position, mean E, and E per round (paired across rules: the same positions and history).
 """
 
@@ -70,9 +75,11 @@ class Rule:
     value: bool = False  # each position's mass weighed by its value vector's norm (what it adds to the output)
     alloc: str = "head"  # who shares a budget: each KV head its own count, or a layer's heads / all heads one pool
     refine: int = 0  # > 0: the plan holds refine x count candidates, each draft query attends its own top count
-    dense: tuple[int, ...] = ()  # layers whose draft attention reads the whole prefix
+    dense: tuple[str, ...] = ()  # layers ("L") or KV heads ("L.H") whose draft attention reads the whole prefix
     # Layers ("L") or KV heads of a layer ("L.H") where each draft query attends its own top count, not the plan's.
     own: tuple[str, ...] = ()
+    boost: tuple[int, tuple[str, ...]] = (1, ())  # (N, layers or "L.H" KV heads whose plan holds N x count)
+    pick: str = "each"  # whose own choice a draft query attends: its own ("each") or the round's first query's
 
     @classmethod
     def parse(cls, text: str) -> Rule:
@@ -101,14 +108,19 @@ class Rule:
                 rule = replace(rule, alloc=value)
             elif key == "refine" and value.isdigit() and int(value) > 1:
                 rule = replace(rule, refine=int(value))
-            elif key == "dense" and all(x.isdigit() for x in value.split("+")):
-                rule = replace(rule, dense=tuple(int(x) for x in value.split("+")))
-            elif key == "own" and all(x.replace(".", "", 1).isdigit() for x in value.split("+")):
-                rule = replace(rule, own=tuple(value.split("+")))
+            elif key == "dense" and heads_arg(value) is not None:
+                rule = replace(rule, dense=heads_arg(value))
+            elif key == "own" and heads_arg(value) is not None:
+                rule = replace(rule, own=heads_arg(value))
+            elif key == "pick" and value in ("each", "first"):
+                rule = replace(rule, pick=value)
+            elif key == "boost" and boost_arg(value) is not None:
+                rule = replace(rule, boost=boost_arg(value))
             else:
                 raise ValueError(
                     f"rule {text!r}: unknown option {opt!r} (rows=all|last, group=mean|max, sinks=N, window=N,"
-                    " shift=N, reduce=mean|max, value=norm, alloc=head|layer|all, refine=N > 1, dense=L+L, own=L+L.H)"
+                    " shift=N, reduce=mean|max, value=norm, alloc=head|layer|all, refine=N > 1, dense=L+L.H, own=L+L.H,"
+                    " boost=N@L+L.H, pick=each|first)"
                 )
         return rule
 
@@ -124,8 +136,10 @@ class Rule:
             + (["value=norm"] if self.value else [])
             + ([f"alloc={self.alloc}"] if self.alloc != "head" else [])
             + ([f"refine={self.refine}"] if self.refine else [])
-            + (["dense=" + "+".join(map(str, self.dense))] if self.dense else [])
+            + (["dense=" + "+".join(self.dense)] if self.dense else [])
             + (["own=" + "+".join(self.own)] if self.own else [])
+            + ([f"boost={self.boost[0]}@" + "+".join(self.boost[1])] if self.boost[1] else [])
+            + ([f"pick={self.pick}"] if self.pick != "each" else [])
         )
         return ":".join([self.policy.value, *opts])
 
@@ -162,6 +176,27 @@ class Fidelity:
             "wall_s": self.wall_s,
             "expected_tokens_per_round": per_round,
         }
+
+
+def heads_arg(value: str) -> tuple[str, ...] | None:
+    """``L+L.H`` as ("L", "L.H"), or None when any item is not a layer or a layer's KV head."""
+    items = tuple(value.split("+"))
+    return items if all(x.replace(".", "", 1).isdigit() for x in items) else None
+
+
+def boost_arg(value: str) -> tuple[int, tuple[str, ...]] | None:
+    """``N@L+L.H`` (N > 1) as (N, heads), or None."""
+    factor, _, where = value.partition("@")
+    heads = heads_arg(where)
+    return (int(factor), heads) if factor.isdigit() and int(factor) > 1 and heads else None
+
+
+def mark_heads(mask: torch.Tensor, where: Sequence[str], value: torch.Tensor | bool) -> None:
+    """Set ``mask[layer]`` or ``mask[layer, head]`` for each "L" / "L.H" in ``where`` (from ``value`` alike)."""
+    for item in where:
+        layer, _, head = item.partition(".")
+        at = (int(layer), int(head) if head else slice(None))
+        mask[at] = value if isinstance(value, bool) else value[at]
 
 
 def shift_scores(scores: torch.Tensor, shift: int) -> torch.Tensor:
@@ -275,25 +310,30 @@ def fidelity(
                 if rule.policy is not SelectionPolicy.ORACLE:
                     wide, _ = next_plan(cfg, scores, (window[0], window[1] * max(rule.refine, 1)), v, kmax, score_dtype)
                     among = keep_mask((wide, window[0]), window[0], layers, h_kv)
-                    for where in rule.own:
-                        layer, _, head = where.partition(".")
-                        among[int(layer), int(head) if head else slice(None)] = True
+                    mark_heads(among, rule.own, True)
                 plan, oracle = (torch.empty(0, dtype=torch.int64), window[0]), (window[1], window[0])
             elif rule.alloc != "head" and scores is not None:
                 plan = pooled_plan(scores, window, rule.alloc)
+            elif rule.boost[1] and scores is not None:
+                factor, where = rule.boost
+                wide, tail_start = next_plan(cfg, scores, (window[0], window[1] * factor), v, kmax, score_dtype)
+                base = keep_mask((wide[..., : window[1]], tail_start), tail_start, layers, h_kv)
+                mark_heads(base, where, keep_mask((wide, tail_start), tail_start, layers, h_kv))
+                plan = (base[..., :tail_start], tail_start)
             else:
                 plan = next_plan(cfg, scores, window, v, kmax, score_dtype)
         keep = keep_mask(plan, v + k, layers, h_kv)
-        keep[list(rule.dense)] = True
+        mark_heads(keep, rule.dense, True)
         own = oracle[0] if oracle is not None else 0
         result.draft_sets.append(float(keep[..., :v].sum(-1, dtype=torch.float64).mean()) + own)
         chain = seq[v : v + k + 1]  # the tokens at positions v .. v + k
         with torch.no_grad():
             ATTN.keep, ATTN.oracle, ATTN.among = keep.repeat_interleave(h_q // h_kv, dim=1), oracle, among
+            ATTN.first = rule.pick == "first"
             try:  # draft step j feeds the token at position v + j and drafts position v + j + 1
                 q = sampling.probs(model(torch.tensor([chain[:k]]), past_key_values=cache, use_cache=True).logits[0])
             finally:
-                ATTN.keep, ATTN.oracle, ATTN.among = None, None, None
+                ATTN.keep, ATTN.oracle, ATTN.among, ATTN.first = None, None, None, False
             cache.crop(v)
             ATTN.record, ATTN.probs = True, {}
             try:

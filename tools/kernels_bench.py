@@ -2,7 +2,8 @@
 
     python -m tools.kernels_bench --out benchmarks/results/kernels/kernels_h100.json
 
-(a) sparse decode attention at a 5 % budget + a 16-token tail vs full-context decode with SGLang's
+(a) sparse decode attention at a 5 % budget + a 16-token tail (and with one KV head reading its whole prefix, as
+    ``--pillar-dense-heads`` makes it) vs full-context decode with SGLang's
     Triton kernel and FlashInfer (if importable), plus SGLang's kernel on a head-shared index list of
     the same length (same bytes, no per-head lists), FlashInfer's page-table decode on the same
     per-head selections (each KV head its own row of one-head pages; output checked against ours),
@@ -78,6 +79,13 @@ def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
     )
     n = cnt + TAIL
     row["sparse_GBps"] = gathered / row["sparse_us"] / 1e3
+    # One KV head of the layer reading its whole prefix (--pillar-dense-heads), the others their plans.
+    dense = (torch.arange(shape.h_kv, device=DEVICE) == 0).to(torch.int32)
+    row["sparse_dense1_us"] = bench_us(
+        lambda: sparse_decode_fwd(
+            q, k, v, o, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5, dense_heads=dense
+        )
+    )
 
     full_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * seq_len
     full_indices = req_to_token.flatten().to(torch.int64)

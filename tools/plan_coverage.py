@@ -3,14 +3,15 @@ each query's own full-attention mass (GQA group mean) that lies in the recent ta
 and in the query's own top positions of the same count (what ``tools.draft_fidelity``'s ``oracle`` keeps).
 
     python -m tools.plan_coverage --model M --data-dir D --prompt-index 12 --reference F.json \\
-        --positions 2600:4200:200 --out F.json
+        --positions 2600:4200:200 [--heads 11] --out F.json
 
 At each committed length v the plan is the worker's (``pillar``: the verify rows' mass averaged over the k + 1 rows
 and the group, stored in fp16, top count below the window of ``selection.policy.draft_window``:
 ``tools.policy_sim.next_plan``), scored from a verify of the reference's k + 1 tokens at v; the queries are the next
 round's k draft positions (``--advance`` tokens later), fed the reference with full attention. Fed the reference,
 the verify rows are the next queries' own tokens, so the plan knows more than a served one: the gaps read here are
-lower bounds.
+lower bounds. The ``--heads`` KV heads with the widest gap between a query's own top positions and the plan are
+printed as the server's ``--pillar-dense-heads`` value (the heads that draft over their whole prefix there).
 """
 
 from __future__ import annotations
@@ -62,12 +63,20 @@ def coverage_at(model, seq: Sequence[int], v: int, cfg: PillarConfig, advance: i
     return out
 
 
+def widest_gaps(shares: dict[str, torch.Tensor], heads: int) -> str:
+    """The ``heads`` (layer, KV head) pairs where ``own`` exceeds ``plan`` most, as ``L.H+L.H`` in layer order."""
+    gap = shares["own"] - shares["plan"]
+    top = gap.flatten().topk(min(heads, gap.numel())).indices.tolist()
+    return "+".join(f"{i // gap.shape[1]}.{i % gap.shape[1]}" for i in sorted(top))
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_source_args(p, prompt_index=12)
     p.add_argument("--reference", type=Path, required=True, help="a tools.draft_fidelity output (its reference_ids)")
     p.add_argument("--positions", default="2600:4200:200", help="start:stop:step of committed answer lengths")
     p.add_argument("--advance", type=int, default=6)
+    p.add_argument("--heads", type=int, default=11, help="KV heads of the widest gaps to name (--pillar-dense-heads)")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
 
@@ -93,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "settings": {**vars(args), "data_dir": str(args.data_dir), "reference": str(args.reference), "out": None},
         "source": prompt.source,
         "by_layer_and_head": {name: share.tolist() for name, share in sums.items()},
+        "widest_gap_heads": widest_gaps(sums, args.heads),
     }
     args.out.write_text(json.dumps(doc, indent=1))
     print("layer: tail, plan, own top (mean over KV heads); the largest own - plan gap of a head")
@@ -102,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{layer:3d}: {sums['tail'][layer].mean():.3f} {sums['plan'][layer].mean():.3f}"
             f" {sums['own'][layer].mean():.3f}  {gap:.3f}"
         )
+    print(f"--pillar-dense-heads {doc['widest_gap_heads']}")
     return 0
 
 

@@ -60,6 +60,7 @@ class _AttnState:
     oracle: (count, tail_start): every query also sees, per layer and KV head, the ``count`` positions below
         ``tail_start`` its own full attention weighs most (GQA group mean): the bound on what any plan can do.
     among: [num_layers, H_kv, tail_start] bool — where set, the oracle picks only among these candidates.
+    first: the oracle's positions are the round's first draft query's, for every draft query of the round.
     """
 
     keep: torch.Tensor | None = None
@@ -67,6 +68,7 @@ class _AttnState:
     probs: dict[int, torch.Tensor] = field(default_factory=dict)
     oracle: tuple[int, int] | None = None
     among: torch.Tensor | None = None
+    first: bool = False
 
 
 def oracle_keep(
@@ -76,12 +78,15 @@ def oracle_keep(
     count: int,
     tail_start: int,
     among: torch.Tensor | None = None,
+    first: bool = False,
 ) -> torch.Tensor:
     """[1, H_q, Q, K] ``keep`` plus each query's own top-``count`` positions below ``tail_start`` per KV head (only
-    among the [H_kv, tail_start] candidates ``among`` where given)."""
+    among the [H_kv, tail_start] candidates ``among`` where given); with ``first``, the first query's for all."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)[0, :, :, :tail_start]
     h_q, q_len, _ = probs.shape
     mass = probs.view(h_q // groups, groups, q_len, tail_start).mean(1)  # [H_kv, Q, tail_start]
+    if first:
+        mass = mass[:, :1].expand(-1, q_len, -1)
     if among is not None:
         mass = mass.masked_fill(~among[:, None, :], -1.0)
     top = mass.topk(min(count, tail_start), dim=-1).indices.repeat_interleave(groups, dim=0)
@@ -106,7 +111,7 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout=0.0, 
         keep = ATTN.keep[module.layer_idx][None, :, None, :k_len]
         if ATTN.oracle is not None:
             among = ATTN.among[module.layer_idx] if ATTN.among is not None else None
-            keep = oracle_keep(logits, keep, groups, *ATTN.oracle, among=among)
+            keep = oracle_keep(logits, keep, groups, *ATTN.oracle, among=among, first=ATTN.first)
         logits = logits.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     if ATTN.record:

@@ -27,6 +27,8 @@ class PlanState:
     tail_start: [rows] int32 — first position of the always-attended recent tail;
                 every selected position is < tail_start.
     Row 0 stays empty (count 0, tail_start 0): padded graph rows attend only to themselves.
+    dense:      [num_layers, num_kv_heads] int32 or None — 1 where a KV head drafts over the whole prefix
+                instead of its plan (``selection/dense_heads.py``).
     """
 
     sel_pos: torch.Tensor
@@ -34,6 +36,7 @@ class PlanState:
     tail_start: torch.Tensor
     num_layers: int
     num_kv_heads: int
+    dense: torch.Tensor | None = None
 
     @classmethod
     def allocate(
@@ -52,6 +55,10 @@ class PlanState:
     def kmax(self) -> int:
         return self.sel_pos.shape[2]
 
+    def dense_heads(self, layer_id: int) -> torch.Tensor | None:
+        """[num_kv_heads] int32 of one layer's dense KV heads, or None when no head is dense."""
+        return None if self.dense is None else self.dense[layer_id]
+
     def layer(self, layer_id: int) -> torch.Tensor:
         """[rows, H_kv, kmax] view of one layer's sets (head stride 0 for shared plans)."""
         rows, groups, kmax = self.sel_pos.shape
@@ -59,9 +66,7 @@ class PlanState:
             return self.sel_pos.expand(rows, self.num_kv_heads, kmax)
         return self.sel_pos.view(rows, self.num_layers, self.num_kv_heads, kmax)[:, layer_id]
 
-    def store(
-        self, rows: torch.Tensor, sel_pos: torch.Tensor, sel_cnt: torch.Tensor, tail_start: torch.Tensor
-    ) -> None:
+    def store(self, rows: torch.Tensor, sel_pos: torch.Tensor, sel_cnt: torch.Tensor, tail_start: torch.Tensor) -> None:
         """Write one shared set per request ([bs, kmax] positions) into every set of its row."""
         idx = rows.to(torch.int64)
         self.sel_pos[idx] = sel_pos[:, None, :].to(torch.int32)

@@ -1,0 +1,48 @@
+"""KV heads that draft over the whole prefix (``--pillar-dense-heads``).
+
+In a few KV heads each draft query looks up positions of its own, which no plan shared by a round's queries
+holds (``tools.plan_coverage`` names them: the heads where a query's own top positions hold the most mass past
+the plan's). Listed heads read every position below the current one at every draft step; every other head reads
+its plan. Heads are named ``LAYER.HEAD`` by the model's KV head index, joined by ``+`` (``7.2+20.1``, which a
+benchmark config name can carry: ``pillar:dense_heads=7.2+20.1``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLAG = "--pillar-dense-heads"
+
+
+def parse_dense_heads(text: str) -> tuple[tuple[int, int], ...]:
+    """``"7.2+20.1"`` as ((7, 2), (20, 1)), sorted and unique; ValueError on anything but LAYER.HEAD items."""
+    heads = set()
+    for item in filter(None, (x.strip() for x in text.split("+"))):
+        layer, dot, head = item.partition(".")
+        if not (dot and layer.isdigit() and head.isdigit()):
+            raise ValueError(f"{FLAG} {text!r}: give KV heads as LAYER.HEAD joined by + (e.g. 7.2+20.1)")
+        heads.add((int(layer), int(head)))
+    return tuple(sorted(heads))
+
+
+def dense_heads_gap(text: str, num_layers: int, num_kv_heads: int) -> str | None:
+    """Why ``text`` cannot name KV heads of a model of ``num_layers`` x ``num_kv_heads``, or None."""
+    bad = [f"{layer}.{head}" for layer, head in parse_dense_heads(text) if layer >= num_layers or head >= num_kv_heads]
+    if bad:
+        return f"{FLAG} names {', '.join(bad)}: the model has {num_layers} layers of {num_kv_heads} KV heads"
+    return None
+
+
+def dense_head_mask(text: str, num_layers: int, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
+    """[num_layers, num_kv_heads] int32, 1 at each listed head (the draft kernel's ``dense_heads`` per layer), or
+    None when none is listed."""
+    heads = parse_dense_heads(text)
+    if not heads:
+        return None
+    gap = dense_heads_gap(text, num_layers, num_kv_heads)
+    if gap is not None:
+        raise ValueError(gap)
+    mask = torch.zeros(num_layers, num_kv_heads, dtype=torch.int32)
+    for layer, head in heads:
+        mask[layer, head] = 1
+    return mask.to(device)

@@ -38,6 +38,14 @@ def _args(model_dir, **overrides):
     return resolved(_server_args(model_dir, **overrides))
 
 
+def one_gpu_only(model_dir) -> None:
+    """The launch takes the knobs set now on one GPU and refuses them at --tp-size 2, in one line."""
+    assert _args(model_dir).speculative_algorithm == "PILLAR"
+    with pytest.raises(ValueError, match="--tp-size 1") as err:
+        _args(model_dir, tp_size=2)
+    assert "\n" not in str(err.value)
+
+
 def _call_args(symbol: str, server_args) -> tuple:
     """The arguments a server-args function takes in the installed release: the ServerArgs up to 0.5.17,
     none from 0.5.18 (it reads the published configuration), as its recorded signature says."""

@@ -79,13 +79,14 @@ def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
     )
     n = cnt + TAIL
     row["sparse_GBps"] = gathered / row["sparse_us"] / 1e3
-    # One KV head of the layer reading its whole prefix (--pillar-dense-heads), the others their plans.
+    # One KV head of the layer reading its whole prefix (--pillar-dense-heads), the others their plans: at the
+    # default split count (sized for plans) its programs are the layer's longest, so more splits are timed too.
     dense = (torch.arange(shape.h_kv, device=DEVICE) == 0).to(torch.int32)
-    row["sparse_dense1_us"] = bench_us(
-        lambda: sparse_decode_fwd(
-            q, k, v, o, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5, dense_heads=dense
+    args = (q, k, v, o, req_to_token, rpi, sel, sel_cnt, tail_start, seq_lens, shape.d**-0.5)
+    for splits in (None, 4, 8, 16):
+        row[f"sparse_dense1_s{splits or 'default'}_us"] = bench_us(
+            lambda n=splits: sparse_decode_fwd(*args, dense_heads=dense, num_kv_splits=n)
         )
-    )
 
     full_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * seq_len
     full_indices = req_to_token.flatten().to(torch.int64)

@@ -36,9 +36,9 @@ from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.rounds.clock import make_clock
 from sglang_sparsespec.rounds.timing import format_report
 from sglang_sparsespec.sampling.accept import use_candidates
+from sglang_sparsespec.selection.dense_heads import dense_head_mask
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
-from sglang_sparsespec.selection.dense_heads import dense_head_mask
 from sglang_sparsespec.selection.state import PlanState
 
 from .contacts import resolved

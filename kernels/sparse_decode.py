@@ -382,8 +382,9 @@ def sparse_decode_ref(
     for b in range(bs):
         row = int(sel_rows[b]) if sel_rows is not None else b
         for h in range(h_kv):
-            dense = dense_heads is not None and bool(dense_heads[h])
-            pos = sparse_attend_positions(sel_pos, sel_cnt, tail_start * (not dense), seq_lens, b, row, h)
+            dense = dense_heads is not None and bool(dense_heads[h])  # its tail starts at 0, as in the kernel
+            starts = torch.zeros_like(tail_start) if dense else tail_start
+            pos = sparse_attend_positions(sel_pos, sel_cnt, starts, seq_lens, b, row, h)
             heads = slice(h * group, (h + 1) * group)
             if pos.numel() == 0:
                 o[b, heads] = 0

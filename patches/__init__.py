@@ -9,48 +9,46 @@ contact; ``signatures`` compares the installed SGLang with what was surveyed per
 Besides the hooked symbols, these modules use SGLang code directly: ``worker`` (BaseSpecWorker, the model runner's KV
 cache dtype, the plan stream, the decode graph batch sizes, and for plain rounds a second DecodeCudaGraphRunner built
 under a spec-config override), ``rounds`` (EAGLE's chain verify input builder; on the decode path, ModelRunner.sampler
-(Sampler.forward's signature) on the step's logits wrapped in LogitsProcessorOutput, a GenerationBatchResult as
-SGLang's verify builds it; a prefill batch's input_ids, which rank the draft vocabulary),
-``verify`` (SGLang's verify steps for a topk=1 chain: the slot kernel, ForwardBatch, the
-graph runner's can_run_graph / load_batch / execute, the forward context, the target worker's verify forward, grammar
-masks, the bonus-token kernel, spec logprobs, GenerationBatchResult), ``verify_input`` (EagleVerifyInput, extended,
-with its acceptance: eagle_sample's logit processing, its verify coins and, for plain greedy batches, eagle_sample
-itself; the server's sampling backend; the Sampler's apply_custom_logit_processor), ``request_rounds`` (Req's sampling
-parameters, output ids, retraction count and processor, which say which requests take one token per round, and
-ScheduleBatch / SamplingBatchInfo fields that say which batches the sampler alone serves), ``finish_check`` (Req's
-stop-token sets, vocabulary size and output ids, and the runtime context's server args, around the hooked
-update_finish_state), ``decode_graphs`` (ForwardBatch, forward context, graph_capture(), graph capture mode and the
-capture-time gc freeze, for both runners' DECODE forwards and graphs), ``draft_runner`` (murmur_hash32 for seeded draft
-noise), ``draft_logits`` (the logits processor's vocab_size and final_logit_softcapping, LogitsMetadata's
-forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and LoRA hooks, the logits processor's fp32 and RL
-on-policy flags and caller-owned output), ``draft_mlp`` (the MLP's gate_up_proj weight, down_proj and act_fn, a
-release's DualGemm.can_run),
-``plain_layers`` (the RMSNorm fields and the linear layers' quant_method and bias that say a fused kernel computes the
-layer's call), ``draft_qk`` (the rotary embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag;
-Qwen3's apply_qk_norm; the decoder class names whose attention calls them right before attending), ``draft_attention``
-(a TritonAttnBackend subclass for the draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and
-max_kv_splits, and create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does;
-MHATokenToKVPool's store and its quantization, store dtype and HND layout, to write a draft step's K/V inside the
-sparse kernel only where SGLang's store is a plain row write), ``spec_algo`` (ModelConfig, to refuse unsupported
-attention, mrope and models that are not decoder-only generators at launch), ``triton_verify`` (extend_attention_fwd's
+(Sampler.forward's signature) on the step's logits wrapped in LogitsProcessorOutput, a GenerationBatchResult as SGLang's
+verify builds it; a prefill batch's input_ids, which rank the draft vocabulary), ``verify`` (SGLang's verify steps for a
+topk=1 chain: the slot kernel, ForwardBatch, the graph runner's can_run_graph / load_batch / execute, the forward
+context, the target worker's verify forward, grammar masks, the bonus-token kernel, spec logprobs,
+GenerationBatchResult), ``verify_input`` (EagleVerifyInput, extended, with its acceptance: eagle_sample's logit
+processing, its verify coins and, for plain greedy batches, eagle_sample itself; the server's sampling backend; the
+Sampler's apply_custom_logit_processor), ``request_rounds`` (Req's sampling parameters, output ids, retraction count and
+processor, which say which requests take one token per round, and ScheduleBatch / SamplingBatchInfo fields that say
+which batches the sampler alone serves), ``finish_check`` (Req's stop-token sets, vocabulary size and output ids, and
+the runtime context's server args, around the hooked update_finish_state), ``decode_graphs`` (ForwardBatch, forward
+context, graph_capture(), graph capture mode and the capture-time gc freeze, for both runners' DECODE forwards and
+graphs), ``draft_runner`` (murmur_hash32 for seeded draft noise), ``draft_logits`` (the logits processor's vocab_size
+and final_logit_softcapping, LogitsMetadata's forward_mode), ``draft_lm_head`` (the LM head's weight, quant_method and
+LoRA hooks, the logits processor's fp32 and RL on-policy flags and caller-owned output), ``draft_mlp`` (the MLP's
+gate_up_proj weight, down_proj and act_fn, a release's DualGemm.can_run), ``plain_layers`` (the RMSNorm fields and the
+linear layers' quant_method and bias that say a fused kernel computes the layer's call), ``draft_qk`` (the rotary
+embedding's cos_sin_cache, head and rotary dims, neox style and fallback flag; Qwen3's apply_qk_norm; the decoder class
+names whose attention calls them right before attending), ``draft_attention`` (a TritonAttnBackend subclass for the
+draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and max_kv_splits, and
+create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does; MHATokenToKVPool's store and its
+quantization, store dtype and HND layout, to write a draft step's K/V inside the sparse kernel only where SGLang's store
+is a plain row write), ``spec_algo`` (ModelConfig, to refuse unsupported attention, mrope, models that are not
+decoder-only generators and dense draft heads the model lacks at launch), ``triton_verify`` (extend_attention_fwd's
 signature; HybridAttnBackend's own routing, to find the Triton backend that serves TARGET_VERIFY under
 --attention-backend flashinfer; forward_extend's save_kv_cache and the backend's dcp_size, _translate_kv_loc and KV
 pool, to store the chain's K/V as SGLang would), ``cuda_graph`` (the decode graph runner's capture_forward_mode and
 attn_backend), ``request_guard`` (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to
 check a request before dispatch), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start instead of
 on the first sampled request; FlashInfer's own JIT spec, not an SGLang symbol, compiled on a thread beside the
-captures), ``slot_warmup`` (write_req_to_token_pool_triton's signature as write_cache_indices calls it: both
-alignment variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry,
-``sglang.srt.entrypoints.warmup.warmup``, and GenerateReqInput: real warm-up batches before the server listens;
-``spec_algo`` names it in ``ServerArgs.warmups``), ``tp_agree`` (the TP group's CPU group and rank_in_group, to
-broadcast rank 0's round shape and let rank 0 alone write the cost file), ``openai_guard`` (FastAPI's body fields of
-the HTTP app's routes, whose validation it wraps), ``mixed_runner`` (create_flashinfer_kv_indices_triton for the verify
-segments' prefix slots, and SamplingBatchInfo fields that say which batches a mixed iteration serves), ``offload_kv`` /
-``offload_hooks`` (the MHA host pool and the model runner's KV allocator; the load snapshot's msgspec struct),
-``live_rids`` (the scheduler's request queues and batches, from 0.5.22 its _collect_inflight_batches, in 0.5.21 the
-runtime context's pipeline size, its Rust server, AbortReq and FINISH_ABORT, to find live rids and answer a refused
-one), ``ollama_guard`` (FastAPI's HTTPException and StreamingResponse around the Ollama handlers). Nothing outside this
-package imports SGLang internals.
+captures), ``slot_warmup`` (write_req_to_token_pool_triton's signature as write_cache_indices calls it: both alignment
+variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry, ``sglang.srt.entrypoints.warmup.warmup``,
+and GenerateReqInput: real warm-up batches before the server listens; ``spec_algo`` names it in ``ServerArgs.warmups``),
+``tp_agree`` (the TP group's CPU group and rank_in_group, to broadcast rank 0's round shape and let rank 0 alone write
+the cost file), ``openai_guard`` (FastAPI's body fields of the HTTP app's routes, whose validation it wraps),
+``mixed_runner`` (create_flashinfer_kv_indices_triton for the verify segments' prefix slots, and SamplingBatchInfo
+fields that say which batches a mixed iteration serves), ``offload_kv`` / ``offload_hooks`` (the MHA host pool and the
+model runner's KV allocator; the load snapshot's msgspec struct), ``live_rids`` (the scheduler's request queues and
+batches, from 0.5.22 its _collect_inflight_batches, in 0.5.21 the runtime context's pipeline size, its Rust server,
+AbortReq and FINISH_ABORT, to find live rids and answer a refused one), ``ollama_guard`` (FastAPI's HTTPException and
+StreamingResponse around the Ollama handlers). Nothing outside this package imports SGLang internals.
 """
 
 from __future__ import annotations

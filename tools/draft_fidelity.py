@@ -34,11 +34,10 @@ on each draft query's own top positions by its full attention, per layer and KV 
 highest masses; ``:dense=L+L.H`` drafts those layers or KV heads over the whole prefix (the server's
 --pillar-dense-heads); ``:own=L+L.H`` lets each draft query pick its own top count in those layers or layers' KV
 heads (the oracle there, the plan elsewhere); ``:boost=N@L+L.H`` gives those layers or KV heads a plan of N x count
-positions (the shared plan, a larger budget where it is sharp);
-``:pick=first`` makes the own choice of ``oracle``, ``refine`` and ``own`` the round's first draft query's, kept
-for the round's later draft steps (one choice a round instead of one a step).
-The output holds each
-rule's mean a_j by draft position, mean E, and E per round (paired across rules: the same positions and history).
+positions (the shared plan, a larger budget where it is sharp); ``:pick=first`` makes the own choice of ``oracle``,
+``refine`` and ``own`` the round's first draft query's, kept for the round's later draft steps (one choice a round
+instead of one a step). The output holds each rule's mean a_j by draft position, mean E, and E per round (paired
+across rules: the same positions and history).
 """
 
 from __future__ import annotations

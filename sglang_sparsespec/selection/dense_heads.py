@@ -25,12 +25,16 @@ def parse_dense_heads(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(heads))
 
 
-def dense_heads_gap(text: str, num_layers: int, num_kv_heads: int) -> str | None:
-    """Why ``text`` cannot name KV heads of a model of ``num_layers`` x ``num_kv_heads``, or None."""
-    bad = [f"{layer}.{head}" for layer, head in parse_dense_heads(text) if layer >= num_layers or head >= num_kv_heads]
+def _heads_gap(heads: tuple[tuple[int, int], ...], num_layers: int, num_kv_heads: int) -> str | None:
+    bad = [f"{layer}.{head}" for layer, head in heads if layer >= num_layers or head >= num_kv_heads]
     if bad:
         return f"{FLAG} names {', '.join(bad)}: the model has {num_layers} layers of {num_kv_heads} KV heads"
     return None
+
+
+def dense_heads_gap(text: str, num_layers: int, num_kv_heads: int) -> str | None:
+    """Why ``text`` cannot name KV heads of a model of ``num_layers`` x ``num_kv_heads``, or None."""
+    return _heads_gap(parse_dense_heads(text), num_layers, num_kv_heads)
 
 
 def dense_head_mask(text: str, num_layers: int, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
@@ -39,7 +43,7 @@ def dense_head_mask(text: str, num_layers: int, num_kv_heads: int, device: torch
     heads = parse_dense_heads(text)
     if not heads:
         return None
-    gap = dense_heads_gap(text, num_layers, num_kv_heads)
+    gap = _heads_gap(heads, num_layers, num_kv_heads)
     if gap is not None:
         raise ValueError(gap)
     mask = torch.zeros(num_layers, num_kv_heads, dtype=torch.int32)

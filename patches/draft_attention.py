@@ -29,6 +29,7 @@ from sglang.srt.layers.attention.triton_backend import (
     logit_capping_mod,
 )
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
+from sglang_sparsespec.selection.dense_heads import DENSE_SPLITS
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
 from sglang_sparsespec.selection.oracle import oracle_select
@@ -247,6 +248,7 @@ class PillarDraftBackend(TritonAttnBackend):
             sel_pos, sel_cnt, sel_rows = self.oracle_pos, self.oracle_cnt, None
         else:
             sel_pos, sel_cnt, sel_rows = self.state.layer(layer.layer_id), self.state.sel_cnt, rpi
+        dense = self.state.dense_heads(layer.layer_id)
         sparse_decode_fwd(
             q,
             k_buffer,
@@ -264,7 +266,8 @@ class PillarDraftBackend(TritonAttnBackend):
             new_kv=new_kv,
             rope=rope,
             qk_norm=norm,
-            dense_heads=self.state.dense_heads(layer.layer_id),
+            dense_heads=dense,
+            num_kv_splits=None if dense is None else DENSE_SPLITS,
         )
 
     def _whole_prefix_decode(self, q, k_buffer, v_buffer, layer, logit_cap):

@@ -27,8 +27,8 @@ class PlanState:
     tail_start: [rows] int32 — first position of the always-attended recent tail;
                 every selected position is < tail_start.
     Row 0 stays empty (count 0, tail_start 0): padded graph rows attend only to themselves.
-    dense:      [num_layers, num_kv_heads] int32 or None — 1 where a KV head drafts over the whole prefix
-                instead of its plan (``selection/dense_heads.py``).
+    dense:      per layer [num_kv_heads] int32 (1 where a KV head drafts over the whole prefix instead of its
+                plan) or None where no head of the layer does; None when none at all (``selection/dense_heads.py``).
     """
 
     sel_pos: torch.Tensor
@@ -36,7 +36,7 @@ class PlanState:
     tail_start: torch.Tensor
     num_layers: int
     num_kv_heads: int
-    dense: torch.Tensor | None = None
+    dense: tuple[torch.Tensor | None, ...] | None = None
 
     @classmethod
     def allocate(

@@ -1,0 +1,75 @@
+"""The head probe (sglang_sparsespec/selection/head_probe.py): its repeated sequence, the two lookups it scores
+on planted attention, the flag value it names, and the command end to end on a small random Llama."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from sglang_sparsespec.selection.dense_heads import parse_dense_heads
+from sglang_sparsespec.selection.head_probe import lookup_scores, main, pick_heads, probe_sequence
+
+
+def test_the_sequence_is_random_ids_shown_twice_after_the_bos() -> None:
+    seq = probe_sequence(50, 5000, 1, torch.Generator().manual_seed(3))
+    assert seq.shape == (101,) and seq[0] == 1
+    assert torch.equal(seq[1:51], seq[51:]) and seq[1:].min() >= 1000 and seq[1:].max() < 4000
+    assert len(set(seq[1:51].tolist())) > 40  # random, not one id repeated
+    assert probe_sequence(50, 5000, None, torch.Generator()).shape == (100,)
+    with pytest.raises(ValueError, match="too small"):
+        probe_sequence(50, 2050, 1, torch.Generator())
+
+
+def _causal_uniform(h_q: int, t: int) -> torch.Tensor:
+    probs = torch.tril(torch.ones(t, t))
+    return (probs / probs.sum(-1, keepdim=True)).expand(h_q, t, t).clone()
+
+
+def test_planted_lookups_score_their_kv_head_and_no_other() -> None:
+    """Layer 1 KV head 1 (query heads 2 and 3) looks at the position after the token's first occurrence, layer 0
+    KV head 0 (query heads 0 and 1) at the occurrence itself; every other head attends uniformly."""
+    length, offset = 20, 1
+    t = offset + 2 * length
+    layers = [_causal_uniform(4, t), _causal_uniform(4, t)]
+    for q in range(offset + length, t):
+        first = q - length
+        layers[1][2:4, q] = 0
+        layers[1][2:4, q, first + 1] = 1
+        layers[0][0:2, q] = 0
+        layers[0][0:2, q, first] = 1
+    s = lookup_scores(layers, length, num_kv_heads=2, offset=offset)
+    assert s["induction"][1, 1] == pytest.approx(1.0) and s["duplicate"][0, 0] == pytest.approx(1.0)
+    uniform = (1 / torch.arange(offset + length + 1, t + 1)).mean()  # a uniform query's mass on one position
+    assert s["induction"][0, 0] == 0 and s["duplicate"][1, 1] == 0  # each planted head looks at its target only
+    for layer, head in ((0, 1), (1, 0)):
+        assert s["induction"][layer, head] == pytest.approx(float(uniform))
+        assert s["duplicate"][layer, head] == pytest.approx(float(uniform))
+    with pytest.raises(ValueError, match="do not group"):
+        lookup_scores([_causal_uniform(3, t)], length, num_kv_heads=2, offset=offset)
+
+
+def test_the_highest_scores_are_named_in_layer_order_as_the_flag_reads_them() -> None:
+    score = torch.tensor([[0.1, 0.9, 0.0], [0.5, 0.2, 0.7]])
+    assert pick_heads(score, 3) == "0.1+1.0+1.2"
+    assert parse_dense_heads(pick_heads(score, 3)) == ((0, 1), (1, 0), (1, 2))
+    assert pick_heads(score, 10).count("+") == 5
+
+
+def test_the_command_probes_a_model_folder_and_writes_every_heads_scores(tmp_path, capsys) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=2300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "model")
+    out = tmp_path / "probe.json"
+    argv = ["--model-path", str(tmp_path / "model"), "--heads", "2", "--length", "40", "--trials", "2"]
+    assert main([*argv, "--device", "cpu", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    score = torch.tensor(doc["by_layer_and_head"]["score"])
+    assert score.shape == (2, 2) and (score > 0).all() and (score < 2).all()
+    assert doc["heads"] == pick_heads(score, 2)
+    assert capsys.readouterr().out.strip().endswith(f"--pillar-dense-heads {doc['heads']}")

@@ -11,6 +11,7 @@ from tools.draft_fidelity import (
     Fidelity,
     Rule,
     fidelity,
+    match_keep,
     overlap,
     pooled_plan,
     reference,
@@ -135,6 +136,23 @@ def test_a_boosted_head_widens_the_plan_there_only(tiny_model, ref_ids):
     assert one.accept_probs not in (plan.accept_probs, every.accept_probs)
 
 
+def test_matched_positions_are_each_querys_earlier_occurrences_and_their_successors():
+    seq = [5, 6, 7, 5, 6, 9, 5, 6]  # draft queries at positions 5, 6, 7 feed tokens 9, 5 and 6
+    extra = match_keep(seq, v=5, k=3, latest=1, where=("1.0",), shape=(2, 2))
+    assert not extra[0].any() and not extra[1, 1].any()
+    assert extra[1, 0, 0].nonzero().view(-1).tolist() == []  # token 9 occurs nowhere before
+    assert extra[1, 0, 1].nonzero().view(-1).tolist() == [3, 4]  # token 5: its latest occurrence 3, then 4
+    assert extra[1, 0, 2].nonzero().view(-1).tolist() == [4, 5]
+    both = match_keep(seq, v=5, k=3, latest=2, where=("0",), shape=(2, 2))
+    assert both[0, 1, 1].nonzero().view(-1).tolist() == [0, 1, 3, 4] and not both[1].any()
+
+
+def test_matched_heads_widen_the_draft_set_where_tokens_repeat(tiny_model, ref_ids):
+    plan, match = (_run(tiny_model, ref_ids, 0.05, r) for r in ("pillar", "pillar:match=99@0+1"))
+    assert match.summary()["mean_draft_set"] > plan.summary()["mean_draft_set"]
+    assert match.accept_probs != plan.accept_probs
+
+
 def test_a_dense_layer_reads_the_whole_prefix(tiny_model, ref_ids):
     sparse, dense = (_run(tiny_model, ref_ids, 0.05, r) for r in ("pillar", "pillar:dense=0"))
     assert dense.summary()["mean_draft_set"] > sparse.summary()["mean_draft_set"]
@@ -222,6 +240,8 @@ def test_rules_parse_and_refuse():
     assert Rule.parse("pillar:boost=3@7+20.1").boost == (3, ("7", "20.1"))
     assert Rule.parse("pillar:boost=3@7+20.1").name == "pillar:boost=3@7+20.1"
     assert Rule.parse("pillar:own=7:pick=first").name == "pillar:own=7:pick=first"
+    assert Rule.parse("pillar:match=1@7.2+20").match == (1, ("7.2", "20"))
+    assert Rule.parse("pillar:match=8@7.2").name == "pillar:match=8@7.2"
     assert Rule.parse("pillar:dense=0+11.2").dense == ("0", "11.2") and Rule.parse("pillar:dense=0+11").name.endswith(
         "0+11"
     )
@@ -229,6 +249,7 @@ def test_rules_parse_and_refuse():
         "pillar:alloc=row",
         "pillar:refine=1",
         "pillar:boost=1@7",
+        "pillar:match=0@7",
         "pillar:boost=3",
         "pillar:boost=3@x",
         "oracle:pick=last",

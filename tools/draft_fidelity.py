@@ -36,7 +36,9 @@ highest masses; ``:dense=L+L.H`` drafts those layers or KV heads over the whole 
 heads (the oracle there, the plan elsewhere); ``:boost=N@L+L.H`` gives those layers or KV heads a plan of N x count
 positions (the shared plan, a larger budget where it is sharp); ``:pick=first`` makes the own choice of ``oracle``,
 ``refine`` and ``own`` the round's first draft query's, kept for the round's later draft steps (one choice a round
-instead of one a step). The output holds each rule's mean a_j by draft position, mean E, and E per round (paired
+instead of one a step); ``:match=N@L.H+...`` adds, in those KV heads, each draft query's N latest earlier
+occurrences of its input token and the positions after them (what a duplicate-token and an induction head look
+up, ``sglang_sparsespec.selection.head_probe``). The output holds each rule's mean a_j by draft position, mean E, and E per round (paired
 across rules: the same positions and history).
 """
 
@@ -79,6 +81,9 @@ class Rule:
     own: tuple[str, ...] = ()
     boost: tuple[int, tuple[str, ...]] = (1, ())  # (N, layers or "L.H" KV heads whose plan holds N x count)
     pick: str = "each"  # whose own choice a draft query attends: its own ("each") or the round's first query's
+    # (N, KV heads "L.H"): each draft query also attends, in those heads, its input token's N latest earlier
+    # occurrences and the positions after them (what duplicate-token and induction heads look up).
+    match: tuple[int, tuple[str, ...]] = (0, ())
 
     @classmethod
     def parse(cls, text: str) -> Rule:
@@ -115,11 +120,13 @@ class Rule:
                 rule = replace(rule, pick=value)
             elif key == "boost" and boost_arg(value) is not None:
                 rule = replace(rule, boost=boost_arg(value))
+            elif key == "match" and boost_arg(value, least=1) is not None:
+                rule = replace(rule, match=boost_arg(value, least=1))
             else:
                 raise ValueError(
                     f"rule {text!r}: unknown option {opt!r} (rows=all|last, group=mean|max, sinks=N, window=N,"
                     " shift=N, reduce=mean|max, value=norm, alloc=head|layer|all, refine=N > 1, dense=L+L.H, own=L+L.H,"
-                    " boost=N@L+L.H, pick=each|first)"
+                    " boost=N@L+L.H, pick=each|first, match=N@L.H)"
                 )
         return rule
 
@@ -139,6 +146,7 @@ class Rule:
             + (["own=" + "+".join(self.own)] if self.own else [])
             + ([f"boost={self.boost[0]}@" + "+".join(self.boost[1])] if self.boost[1] else [])
             + ([f"pick={self.pick}"] if self.pick != "each" else [])
+            + ([f"match={self.match[0]}@" + "+".join(self.match[1])] if self.match[1] else [])
         )
         return ":".join([self.policy.value, *opts])
 
@@ -183,11 +191,26 @@ def heads_arg(value: str) -> tuple[str, ...] | None:
     return items if all(x.replace(".", "", 1).isdigit() for x in items) else None
 
 
-def boost_arg(value: str) -> tuple[int, tuple[str, ...]] | None:
-    """``N@L+L.H`` (N > 1) as (N, heads), or None."""
+def boost_arg(value: str, least: int = 2) -> tuple[int, tuple[str, ...]] | None:
+    """``N@L+L.H`` (N >= least) as (N, heads), or None."""
     factor, _, where = value.partition("@")
     heads = heads_arg(where)
-    return (int(factor), heads) if factor.isdigit() and int(factor) > 1 and heads else None
+    return (int(factor), heads) if factor.isdigit() and int(factor) >= least and heads else None
+
+
+def match_keep(
+    seq: Sequence[int], v: int, k: int, latest: int, where: Sequence[str], shape: tuple[int, int]
+) -> torch.Tensor:
+    """[layers, H_kv, k, v + k] bool: for draft query j (input token seq[v + j]), in the layers or KV heads
+    ``where``, the ``latest`` occurrences of that token before position v + j and the position after each."""
+    ids = torch.tensor(seq[: v + k])
+    per_query = torch.zeros(k, v + k, dtype=torch.bool)
+    for j in range(k):
+        occ = (ids[: v + j] == seq[v + j]).nonzero().view(-1)[-latest:]
+        per_query[j, torch.cat([occ, occ + 1])] = True
+    extra = torch.zeros(*shape, k, v + k, dtype=torch.bool)
+    mark_heads(extra, where, per_query.expand(*shape, k, v + k))
+    return extra
 
 
 def mark_heads(mask: torch.Tensor, where: Sequence[str], value: torch.Tensor | bool) -> None:
@@ -324,15 +347,18 @@ def fidelity(
         keep = keep_mask(plan, v + k, layers, h_kv)
         mark_heads(keep, rule.dense, True)
         own = oracle[0] if oracle is not None else 0
-        result.draft_sets.append(float(keep[..., :v].sum(-1, dtype=torch.float64).mean()) + own)
+        extra = match_keep(seq, v, k, rule.match[0], rule.match[1], (layers, h_kv)) if rule.match[1] else None
+        seen = keep[..., None, :v] if extra is None else keep[..., None, :v] | extra[..., :v]
+        result.draft_sets.append(float(seen.sum(-1, dtype=torch.float64).mean()) + own)
         chain = seq[v : v + k + 1]  # the tokens at positions v .. v + k
         with torch.no_grad():
             ATTN.keep, ATTN.oracle, ATTN.among = keep.repeat_interleave(h_q // h_kv, dim=1), oracle, among
             ATTN.first = rule.pick == "first"
+            ATTN.extra = None if extra is None else extra.repeat_interleave(h_q // h_kv, dim=1)
             try:  # draft step j feeds the token at position v + j and drafts position v + j + 1
                 q = sampling.probs(model(torch.tensor([chain[:k]]), past_key_values=cache, use_cache=True).logits[0])
             finally:
-                ATTN.keep, ATTN.oracle, ATTN.among, ATTN.first = None, None, None, False
+                ATTN.keep, ATTN.oracle, ATTN.among, ATTN.first, ATTN.extra = None, None, None, False, None
             cache.crop(v)
             ATTN.record, ATTN.probs = True, {}
             try:

@@ -61,6 +61,7 @@ class _AttnState:
         ``tail_start`` its own full attention weighs most (GQA group mean): the bound on what any plan can do.
     among: [num_layers, H_kv, tail_start] bool — where set, the oracle picks only among these candidates.
     first: the oracle's positions are the round's first draft query's, for every draft query of the round.
+    extra: [num_layers, H_q, Q, K] bool — keys each query of the draft forward may see besides ``keep``.
     """
 
     keep: torch.Tensor | None = None
@@ -69,6 +70,7 @@ class _AttnState:
     oracle: tuple[int, int] | None = None
     among: torch.Tensor | None = None
     first: bool = False
+    extra: torch.Tensor | None = None
 
 
 def oracle_keep(
@@ -112,6 +114,8 @@ def _attention(module, query, key, value, attention_mask, scaling, dropout=0.0, 
         if ATTN.oracle is not None:
             among = ATTN.among[module.layer_idx] if ATTN.among is not None else None
             keep = oracle_keep(logits, keep, groups, *ATTN.oracle, among=among, first=ATTN.first)
+        if ATTN.extra is not None:
+            keep = keep | ATTN.extra[module.layer_idx][None, :, :q_len, :k_len]
         logits = logits.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     if ATTN.record:

@@ -29,9 +29,9 @@ from sglang.srt.layers.attention.triton_backend import (
     logit_capping_mod,
 )
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
-from sglang_sparsespec.selection.dense_heads import DENSE_SPLITS
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
+from sglang_sparsespec.selection.dense_heads import DENSE_SPLITS
 from sglang_sparsespec.selection.oracle import oracle_select
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.state import PlanState

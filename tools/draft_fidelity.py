@@ -36,10 +36,10 @@ highest masses; ``:dense=L+L.H`` drafts those layers or KV heads over the whole 
 heads (the oracle there, the plan elsewhere); ``:boost=N@L+L.H`` gives those layers or KV heads a plan of N x count
 positions (the shared plan, a larger budget where it is sharp); ``:pick=first`` makes the own choice of ``oracle``,
 ``refine`` and ``own`` the round's first draft query's, kept for the round's later draft steps (one choice a round
-instead of one a step); ``:match=N@L.H+...`` adds, in those KV heads, each draft query's N latest earlier
-occurrences of its input token and the positions after them (what a duplicate-token and an induction head look
-up, ``sglang_sparsespec.selection.head_probe``). The output holds each rule's mean a_j by draft position, mean E, and E per round (paired
-across rules: the same positions and history).
+instead of one a step); ``:match=N@L+L.H`` adds, in those layers or KV heads, each draft query's N latest earlier
+occurrences of its input token and the positions after them (what a duplicate-token and an induction head look up,
+``sglang_sparsespec.selection.head_probe``). The output holds each rule's mean a_j by draft position, mean E, and E
+per round (paired across rules: the same positions and history).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Rule:
     own: tuple[str, ...] = ()
     boost: tuple[int, tuple[str, ...]] = (1, ())  # (N, layers or "L.H" KV heads whose plan holds N x count)
     pick: str = "each"  # whose own choice a draft query attends: its own ("each") or the round's first query's
-    # (N, KV heads "L.H"): each draft query also attends, in those heads, its input token's N latest earlier
+    # (N, layers or "L.H" KV heads): each draft query also attends there its input token's N latest earlier
     # occurrences and the positions after them (what duplicate-token and induction heads look up).
     match: tuple[int, tuple[str, ...]] = (0, ())
 
@@ -118,15 +118,15 @@ class Rule:
                 rule = replace(rule, own=heads_arg(value))
             elif key == "pick" and value in ("each", "first"):
                 rule = replace(rule, pick=value)
-            elif key == "boost" and boost_arg(value) is not None:
-                rule = replace(rule, boost=boost_arg(value))
-            elif key == "match" and boost_arg(value, least=1) is not None:
-                rule = replace(rule, match=boost_arg(value, least=1))
+            elif key == "boost" and count_at_heads(value, least=2) is not None:
+                rule = replace(rule, boost=count_at_heads(value, least=2))
+            elif key == "match" and count_at_heads(value, least=1) is not None:
+                rule = replace(rule, match=count_at_heads(value, least=1))
             else:
                 raise ValueError(
                     f"rule {text!r}: unknown option {opt!r} (rows=all|last, group=mean|max, sinks=N, window=N,"
                     " shift=N, reduce=mean|max, value=norm, alloc=head|layer|all, refine=N > 1, dense=L+L.H, own=L+L.H,"
-                    " boost=N@L+L.H, pick=each|first, match=N@L.H)"
+                    " boost=N@L+L.H, pick=each|first, match=N@L+L.H)"
                 )
         return rule
 
@@ -191,7 +191,7 @@ def heads_arg(value: str) -> tuple[str, ...] | None:
     return items if all(x.replace(".", "", 1).isdigit() for x in items) else None
 
 
-def boost_arg(value: str, least: int = 2) -> tuple[int, tuple[str, ...]] | None:
+def count_at_heads(value: str, least: int) -> tuple[int, tuple[str, ...]] | None:
     """``N@L+L.H`` (N >= least) as (N, heads), or None."""
     factor, _, where = value.partition("@")
     heads = heads_arg(where)

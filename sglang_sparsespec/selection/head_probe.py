@@ -18,10 +18,14 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .dense_heads import FLAG
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Token ids drawn for the probe start above the special tokens and stop short of a vocabulary's tail, where
 # added tokens live.
@@ -62,7 +66,7 @@ def pick_heads(score: torch.Tensor, count: int) -> str:
 
 
 @torch.no_grad()
-def probe_model(model, length: int, trials: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def probe_model(model: PreTrainedModel, length: int, trials: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """Mean ``lookup_scores`` of a ``transformers`` causal LM (eager attention, so it returns probabilities) over
     ``trials`` random sequences, plus ``score`` = their sum."""
     cfg = model.config
@@ -81,7 +85,7 @@ def probe_model(model, length: int, trials: int, seed: int = 0) -> dict[str, tor
     return sums
 
 
-def load_model(path: str, device: str):
+def load_model(path: str, device: str) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16

@@ -18,12 +18,11 @@ import torch
 
 from sglang_sparsespec.selection.dense_heads import parse_dense_heads
 from sglang_sparsespec.selection.head_probe import load_model, pick_heads, probe_model
+from tools.plan_coverage import widest_gaps
 
 
-def gap_ranks(coverage: dict, heads: str) -> dict[str, int]:
-    """Rank (0 = widest) of each listed head by its own - plan gap in a ``tools.plan_coverage`` output."""
-    shares = coverage["by_layer_and_head"]
-    gap = torch.tensor(shares["own"]) - torch.tensor(shares["plan"])
+def gap_ranks(gap: torch.Tensor, heads: str) -> dict[str, int]:
+    """Rank (0 = widest) of each listed head by its [layers, H_kv] own - plan gap."""
     order = gap.flatten().argsort(descending=True).tolist()
     return {f"{l}.{h}": order.index(l * gap.shape[1] + h) for l, h in parse_dense_heads(heads)}
 
@@ -43,11 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = {}
     for path in args.coverage:
         cov = json.loads(path.read_text())
-        gap = torch.tensor(cov["by_layer_and_head"]["own"]) - torch.tensor(cov["by_layer_and_head"]["plan"])
-        widest = pick_heads(gap, args.heads)
+        shares = {name: torch.tensor(cov["by_layer_and_head"][name]) for name in ("own", "plan")}
+        widest = widest_gaps(shares, args.heads)
         shared = found & set(parse_dense_heads(widest))
         texts[cov["source"]] = {"widest_gap_heads": widest, "probe_heads_among_them": len(shared),
-                                "probe_heads_gap_rank": gap_ranks(cov, heads)}  # fmt: skip
+                                "probe_heads_gap_rank": gap_ranks(shares["own"] - shares["plan"], heads)}  # fmt: skip
         print(f"{cov['source']}: {len(shared)} of the probe's {len(found)} heads among the {args.heads} widest gaps")
     doc = {
         "kind": "head_probe_check",

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from sglang_sparsespec.config import PillarConfig, ScoreRows
+from sglang_sparsespec.selection.head_probe import pick_heads
 from sglang_sparsespec.selection.policy import draft_window
 from tools.draft_fidelity import add_source_args, prompt_and_model
 from tools.policy_sim import ATTN, next_plan, verify_scores
@@ -65,9 +66,7 @@ def coverage_at(model, seq: Sequence[int], v: int, cfg: PillarConfig, advance: i
 
 def widest_gaps(shares: dict[str, torch.Tensor], heads: int) -> str:
     """The ``heads`` (layer, KV head) pairs where ``own`` exceeds ``plan`` most, as ``L.H+L.H`` in layer order."""
-    gap = shares["own"] - shares["plan"]
-    top = gap.flatten().topk(min(heads, gap.numel())).indices.tolist()
-    return "+".join(f"{i // gap.shape[1]}.{i % gap.shape[1]}" for i in sorted(top))
+    return pick_heads(shares["own"] - shares["plan"], heads)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -1,10 +1,11 @@
 """KV heads that draft over the whole prefix (``--pillar-dense-heads``).
 
-In a few KV heads each draft query looks up positions of its own, which no plan shared by a round's queries
-holds (``tools.plan_coverage`` names them: the heads where a query's own top positions hold the most mass past
-the plan's). Listed heads read every position below the current one at every draft step; every other head reads
-its plan. Heads are named ``LAYER.HEAD`` by the model's KV head index, joined by ``+`` (``7.2+20.1``, which a
-benchmark config name can carry: ``pillar:dense_heads=7.2+20.1``).
+In a few KV heads each draft query looks up positions of its own, which no plan shared by a round's queries holds:
+the model's induction and duplicate-token heads, which ``python -m sglang_sparsespec.selection.head_probe`` names
+from the model alone (``tools.plan_coverage`` measures the same gap on real texts). Listed heads read every position
+below the current one at every draft step; every other head reads its plan. Heads are named ``LAYER.HEAD`` by the
+model's KV head index, joined by ``+`` (``7.2+20.1``, which a benchmark config name can carry:
+``pillar:dense_heads=7.2+20.1``).
 """
 
 from __future__ import annotations

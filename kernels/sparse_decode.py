@@ -6,7 +6,9 @@ Request b, KV head h attends over the union of
   (b) the shared tail  tail_start[b] <= pos < seq_lens[b]  (recent verified tokens, this round's
       drafts, and the current token, whose KV is already written),
 and every position is mapped to its KV slot through req_to_token[req_pool_indices[b], pos]. A KV head marked in
-``dense_heads`` attends the whole prefix instead (its tail starts at 0, so no selection is read).
+``dense_heads`` attends the whole prefix instead (its tail starts at 0, so no selection is read); one marked in
+``match`` attends, besides, request b's token matches (``token_match.py``) below its tail and outside its selection,
+found in the sorted selection by binary search, so no position is attended twice.
 Given the step's own K/V (``new_kv``), the kernel also writes them into their slots, which saves the
 separate store launch of every layer of every draft step: the current token is then attended from the
 step's K/V in registers instead of being read back from the cache, so no program reads a slot this
@@ -38,20 +40,46 @@ import triton.language as tl
 
 from ._common import check_int_vector, default_num_splits
 from ._tiles import attend_tile, finish_partial, load_kv_tile
-from .qk_prologue import prologue_rows, rms_norm_ref, rope_neox_ref
+from .qk_prologue import prologue_rows
 from .sparse_decode_merge import merge_split_partials
 
 
 @triton.jit
-def _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, BLOCK_N: tl.constexpr):
+def _in_sorted(base, n, pos, BLOCK_N: tl.constexpr, STEPS: tl.constexpr):
+    """[BLOCK_N] bool: pos is among base[0:n], ascending then -1s (which compare as above every position)."""
+    lo = tl.zeros([BLOCK_N], dtype=tl.int32)
+    hi = lo + n
+    for _ in tl.static_range(STEPS):
+        open_ = lo < hi
+        mid = (lo + hi) // 2
+        v = tl.load(base + mid, mask=open_, other=0)
+        right = tl.where(v < 0, 2147483647, v) < pos
+        lo = tl.where(open_ & right, mid + 1, lo)
+        hi = tl.where(open_ & ~right, mid, hi)
+    return (lo < n) & (tl.load(base + lo, mask=lo < n, other=-1) == pos)
+
+
+@triton.jit
+def _tile_slots(
+    sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, match_base, match_start,
+    BLOCK_N: tl.constexpr, MATCH: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+):  # fmt: skip
     """(KV slots [BLOCK_N] int64, valid [BLOCK_N]) of virtual indices start_n .. start_n + BLOCK_N - 1: index
-    j < cnt is the j-th selected position (kept below tail_start), j >= cnt tail position tail_start + j - cnt."""
+    j < cnt is the j-th selected position (kept below tail_start), j >= cnt tail position tail_start + j - cnt,
+    and with MATCH, j >= match_start the (j - match_start)-th match (kept below tail_start, outside the selection)."""
     offs_j = start_n + tl.arange(0, BLOCK_N)
     in_range = offs_j < split_end
     in_sel = offs_j < cnt
     sel_pos = tl.load(sel_base + offs_j, mask=in_range & in_sel, other=-1)
     pos = tl.where(in_sel, sel_pos, tail_start + offs_j - cnt)
-    valid = in_range & (pos >= 0) & (pos < tl.where(in_sel, tail_start, seq_len))
+    limit = tl.where(in_sel, tail_start, seq_len)
+    if MATCH:
+        in_match = offs_j >= match_start
+        pos = tl.where(in_match, tl.load(match_base + offs_j - match_start, mask=in_range & in_match, other=-1), pos)
+        valid = in_range & (pos >= 0) & (pos < tl.where(in_match, tail_start, limit))
+        valid = valid & ~(in_match & _in_sorted(sel_base, cnt, pos, BLOCK_N, SEARCH_STEPS))
+    else:
+        valid = in_range & (pos >= 0) & (pos < limit)
     return tl.load(req_row + pos, mask=valid, other=0).to(tl.int64), valid
 
 
@@ -68,6 +96,9 @@ def _sparse_decode_stage1(
     Tail_start,
     Seq_lens,
     Dense_heads,
+    Match_pos,
+    Match_cnt,
+    Match_heads,
     K_new,
     V_new,
     Out_loc,
@@ -94,6 +125,7 @@ def _sparse_decode_stage1(
     stride_cs,
     stride_sb,
     stride_sh,
+    stride_mpb,
     stride_mb,
     stride_mh,
     stride_ms,
@@ -109,6 +141,8 @@ def _sparse_decode_stage1(
     LOGIT_CAP: tl.constexpr,
     HAS_SEL_ROWS: tl.constexpr,
     HAS_DENSE: tl.constexpr,
+    MATCH: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
     NEW_KV: tl.constexpr,
     ROPE: tl.constexpr,
     NORM: tl.constexpr,
@@ -137,7 +171,12 @@ def _sparse_decode_stage1(
     seq_len = tl.load(Seq_lens + cur_b).to(tl.int32)
     # With NEW_KV the current position (seq_len - 1) comes from K_new / V_new: the cache reads stop before it.
     cached_len = seq_len - 1 if NEW_KV else seq_len
-    total = cnt + tl.maximum(cached_len - tail_start, 0)
+    match_start = cnt + tl.maximum(cached_len - tail_start, 0)
+    total = match_start
+    match_base = Match_pos + cur_b * stride_mpb
+    if MATCH:  # a listed head's matches follow its tail (none where the tail starts at 0: nothing lies below it)
+        listed = (tl.load(Match_heads + cur_kv_head) != 0) & (tail_start > 0)
+        total += tl.where(listed, tl.load(Match_cnt + cur_b).to(tl.int32), 0)
 
     # Virtual index j < cnt is the j-th selected position, j >= cnt is tail position tail_start + j - cnt.
     chunk = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -163,7 +202,10 @@ def _sparse_decode_stage1(
         q = prologue_rows(q, q_ptr, offs_d[None, :], q_mask, Q_w, q_eps, cs_row, D, NORM, ROPE)
     if split_end > split_start:
         for start_n in range(split_start, split_end, BLOCK_N):
-            slot, valid = _tile_slots(sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, BLOCK_N)
+            slot, valid = _tile_slots(
+                sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, match_base, match_start,
+                BLOCK_N, MATCH, SEARCH_STEPS,
+            )  # fmt: skip
             k, v = load_kv_tile(
                 K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
                 mask_d,
@@ -220,6 +262,7 @@ def sparse_decode_fwd(
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
     dense_heads: torch.Tensor | None = None,
+    match: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     num_kv_splits: int | None = None,
     block_n: int = 32,
     num_warps: int = 4,
@@ -240,6 +283,8 @@ def sparse_decode_fwd(
     qk_norm: optional (q weight [D], k weight [D], q eps, k eps), with new_kv only: q and the new key are given
     before their per-head RMS norm too, which the kernel applies first.
     dense_heads: optional [H_kv] int32, nonzero where a KV head attends every position below seq_lens.
+    match: optional (match_pos [>= bs, M] int32, match_cnt [>= bs] int32, heads [H_kv] int32): the KV heads nonzero
+    in ``heads`` also attend match_pos[b, :match_cnt[b]] (``token_match.py``), where below the tail and not selected.
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
@@ -272,6 +317,20 @@ def sparse_decode_fwd(
         check_int_vector("sel_rows", sel_rows, bs)
     if dense_heads is not None:
         check_int_vector("dense_heads", dense_heads, h_kv)
+    if match is not None:
+        match_pos, match_cnt, match_heads = match
+        if (
+            match_pos.dim() != 2
+            or match_pos.dtype != torch.int32
+            or match_pos.shape[0] < bs
+            or match_pos.stride(1) != 1
+        ):
+            raise ValueError(f"match_pos must be int32 [>= {bs}, M], got {match_pos.dtype} {tuple(match_pos.shape)}")
+        if match_cnt.dtype != torch.int32 or match_cnt.shape[0] < bs:
+            raise ValueError(f"match_cnt must be int32 [>= {bs}], got {match_cnt.dtype} {tuple(match_cnt.shape)}")
+        check_int_vector("match heads", match_heads, h_kv)
+    else:
+        match_pos = match_cnt = match_heads = sel_cnt  # unused: MATCH is off
     if sel_rows is None and sel_pos.shape[0] < bs:
         raise ValueError(f"sel_pos has {sel_pos.shape[0]} rows for a batch of {bs}")
     if new_kv is not None:
@@ -314,85 +373,18 @@ def sparse_decode_fwd(
         mid_lse = torch.empty((bs, h_q, num_kv_splits), dtype=torch.float32, device=q.device)
     _sparse_decode_stage1[(bs, h_kv, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, sel_pos, sel_cnt, sel_rows, tail_start, seq_lens,
-        dense_heads, k_new, v_new, out_loc, cos_sin, rope_pos, q_w, k_w, q_eps, k_eps, mid_o, mid_lse, sm_scale,
+        dense_heads, match_pos, match_cnt, match_heads, k_new, v_new, out_loc, cos_sin, rope_pos, q_w, k_w, q_eps,
+        k_eps, mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        cos_sin.stride(0), sel_pos.stride(0), sel_pos.stride(1),
+        cos_sin.stride(0), sel_pos.stride(0), sel_pos.stride(1), match_pos.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, KMAX=sel_pos.shape[2], D=d, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,
-        HAS_DENSE=dense_heads is not None, NEW_KV=new_kv is not None, ROPE=rope is not None,
+        HAS_DENSE=dense_heads is not None, MATCH=match is not None, SEARCH_STEPS=sel_pos.shape[2].bit_length(),
+        NEW_KV=new_kv is not None, ROPE=rope is not None,
         NORM=qk_norm is not None, PDL=pdl, num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
     )  # fmt: skip
     if num_kv_splits == 1:
         return o
     return merge_split_partials(mid_o, mid_lse, o)
-
-
-def sparse_attend_positions(
-    sel_pos: torch.Tensor,
-    sel_cnt: torch.Tensor,
-    tail_start: torch.Tensor,
-    seq_lens: torch.Tensor,
-    b: int,
-    row: int,
-    h: int,
-) -> torch.Tensor:
-    """Sorted positions request b / KV head h attends to (the union defined in the module docstring)."""
-    cnt = min(max(int(sel_cnt[row]), 0), sel_pos.shape[2])
-    ts, sl = int(tail_start[b]), int(seq_lens[b])
-    sel = sel_pos[row, h, :cnt].long()
-    sel = sel[(sel >= 0) & (sel < ts)]
-    tail = torch.arange(ts, max(sl, ts), device=sel.device)
-    return torch.cat([sel, tail])
-
-
-def sparse_decode_ref(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    o: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    sel_pos: torch.Tensor,
-    sel_cnt: torch.Tensor,
-    tail_start: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sm_scale: float,
-    logit_cap: float = 0.0,
-    sel_rows: torch.Tensor | None = None,
-    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-    qk_norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
-    dense_heads: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Plain-torch `sparse_decode_fwd` (fp32 math, loops over requests and KV heads; for tests): ``qk_norm`` then
-    ``rope`` are applied to q and the new key, ``new_kv`` is written into the cache, then every position is read
-    from it."""
-    if new_kv is not None:
-        k_new, v_new, out_loc = new_kv
-        if qk_norm is not None:
-            q, k_new = rms_norm_ref(q, qk_norm[0], qk_norm[2]), rms_norm_ref(k_new, qk_norm[1], qk_norm[3])
-        if rope is not None:
-            q, k_new = rope_neox_ref(q, *rope), rope_neox_ref(k_new, *rope)
-        k_buffer[out_loc.long()], v_buffer[out_loc.long()] = k_new, v_new
-    bs, h_q, _ = q.shape
-    h_kv = k_buffer.shape[1]
-    group = h_q // h_kv
-    for b in range(bs):
-        row = int(sel_rows[b]) if sel_rows is not None else b
-        for h in range(h_kv):
-            dense = dense_heads is not None and bool(dense_heads[h])  # its tail starts at 0, as in the kernel
-            starts = torch.zeros_like(tail_start) if dense else tail_start
-            pos = sparse_attend_positions(sel_pos, sel_cnt, starts, seq_lens, b, row, h)
-            heads = slice(h * group, (h + 1) * group)
-            if pos.numel() == 0:
-                o[b, heads] = 0
-                continue
-            slots = req_to_token[int(req_pool_indices[b]), pos].long()
-            k, v = k_buffer[slots, h].float(), v_buffer[slots, h].float()  # [n, D]
-            s = (q[b, heads].to(k_buffer.dtype).float() @ k.T) * sm_scale  # [G, n]
-            if logit_cap > 0:
-                s = logit_cap * torch.tanh(s / logit_cap)
-            o[b, heads] = (torch.softmax(s, dim=-1) @ v).to(o.dtype)
-    return o

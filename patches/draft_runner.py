@@ -33,8 +33,10 @@ from dataclasses import dataclass
 
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
+from sglang_sparsespec.kernels.token_match import token_match_fwd
 
 from sglang_sparsespec.config import DraftMlp, Prologue, PillarConfig, SelectionPolicy
+from sglang_sparsespec.selection.match_heads import parse_match_heads
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord
 
@@ -144,11 +146,14 @@ class PillarDraftRunner:
             self.noise_columns = seeded_columns(self.k, self.num_cand, self.device)
             # 1 = attend the plan, 0 = attend the whole prefix (dense drafting, adaptive/dense.py).
             self.sparse = torch.ones(max_bs, dtype=torch.int32)
+            latest, _ = parse_match_heads(cfg.match_heads)
             self.inputs = DraftStepInputs(
                 req_pool_indices=self.req_pool_indices,
                 tail_start=torch.zeros(max_bs, dtype=torch.int32),
                 sel_cnt=torch.zeros(max_bs, dtype=torch.int32),
                 seq_lens=torch.ones(max_bs, dtype=torch.int64),
+                match_pos=torch.full((max_bs, 2 * latest), -1, dtype=torch.int32) if latest else None,
+                match_cnt=torch.zeros(max_bs, dtype=torch.int32) if latest else None,
             )
             # The step body's state: the index of the next draft step ([1], for index_copy_) and its
             # input token (the bonus token, loaded by run(), then each step's draft).
@@ -215,6 +220,12 @@ class PillarDraftRunner:
         """Draft step ``self.step`` of the round: reads only device buffers and advances them (the
         step index, the input token), so replaying its graph k times runs k steps."""
         tokens = self.tokens[:bs]
+        if self.inputs.match_pos is not None:  # the step's input token, looked up below each plan's tail
+            inputs = self.inputs
+            token_match_fwd(
+                self.state.token_ids.ids, self.req_pool_indices[:bs], tokens, inputs.tail_start[:bs],
+                inputs.match_pos, inputs.match_cnt,
+            )  # fmt: skip
         with (
             draft_step(),
             deferred_qk() if self.qk_in_kernel else nullcontext(),

@@ -33,6 +33,7 @@ from sglang_sparsespec.rounds.clock import NoClock, RoundClock
 from sglang_sparsespec.rounds.launch import RoundShape
 from sglang_sparsespec.rounds.warmup import is_warmup
 from sglang_sparsespec.sampling.rejection import DraftRecord
+from sglang_sparsespec.selection.match_heads import TokenIds
 from sglang_sparsespec.selection.selectors import Selector
 
 from . import verify
@@ -68,8 +69,10 @@ class Rounds:
         plain: VerifyPass | None,
         max_bs: int,
         device: str,
+        token_ids: TokenIds | None = None,
     ) -> None:
         self.cfg, self.pools, self.planner, self.clock, self.metrics = cfg, pools, planner, clock, metrics
+        self.token_ids = token_ids  # with match heads: every token written at its position as it becomes known
         self.selector, self.draft_runner, self.mixed, self.plain = selector, draft_runner, mixed, plain
         self.device = device
         mr = pools.target_worker.model_runner
@@ -98,6 +101,10 @@ class Rounds:
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         self.selector.after_prefill(batch.req_pool_indices, batch.seq_lens)
+        if self.token_ids is not None:  # each request's whole known sequence (a cached prefix's ids included)
+            self.token_ids.write_sequences(
+                [r.req_pool_idx for r in batch.reqs], [[*r.origin_input_ids, *r.output_ids] for r in batch.reqs]
+            )
         if self.draft_runner.vocab is not None and batch.input_ids is not None:  # prompt ids rank it too
             self.draft_runner.vocab.observe(batch.input_ids)
         if self.mixed is not None:
@@ -109,6 +116,8 @@ class Rounds:
     def decode(self, batch, on_publish, grammar_barrier):
         shape = self.planner.shape(batch)
         kind = self._kind(batch, shape)
+        if self.token_ids is not None and batch.seq_lens.shape[0]:  # the pending token, committed at seq_len
+            self.token_ids.write_chain(batch.req_pool_indices, batch.seq_lens, batch.spec_info.bonus_tokens[:, None])
         if self.mixed is not None and kind is not RoundKind.MIXED:
             self.mixed.tracker.invalidate()  # this round rewrites the KV past every committed length
         if not is_warmup(batch.reqs):
@@ -165,6 +174,8 @@ class Rounds:
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
         self.clock.drafted()
+        if self.token_ids is not None:  # the drafts, at the positions they are verified at
+            self.token_ids.write_chain(batch.req_pool_indices, batch.seq_lens + 1, chain.tokens)
         verify_input = build_eagle_verify_input(
             batch,
             draft_input,

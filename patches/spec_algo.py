@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.config import PillarConfig, SelectionPolicy
 from sglang_sparsespec.sampling.target import SamplingBackend
 from sglang_sparsespec.selection.dense_heads import dense_heads_gap
+from sglang_sparsespec.selection.match_heads import match_heads_gap
 
 from .contacts import attention_backends, dp_attention
 from .serve_warmup import add_to_server_args
@@ -288,7 +289,15 @@ def validate_server_args(sa: ServerArgs) -> None:
     if cfg.dense_heads and sa.tp_size != 1:
         # The listed heads are the model's KV head indices, which one rank holds all of.
         reject(f"--pillar-dense-heads runs on one GPU (--tp-size 1), got --tp-size {sa.tp_size}")
-    gap = dense_heads_gap(cfg.dense_heads, model_config.num_hidden_layers, model_config.get_total_num_kv_heads())
+    num_layers, num_kv_heads = model_config.num_hidden_layers, model_config.get_total_num_kv_heads()
+    gap = dense_heads_gap(cfg.dense_heads, num_layers, num_kv_heads)
+    if gap is not None:
+        reject(gap)
+    if cfg.match_heads and (sa.tp_size != 1 or cfg.mixed or cfg.policy is SelectionPolicy.ORACLE):
+        # One rank's heads, as for dense heads; mixed-phase forwards and the oracle's draft steps scan nothing.
+        reject("--pillar-match-heads runs on one GPU (--tp-size 1) with split batch phases and a plan policy other "
+               f"than oracle, got --tp-size {sa.tp_size}, {cfg.batch_phases.value}, {cfg.policy.value}")  # fmt: skip
+    gap = match_heads_gap(cfg.match_heads, num_layers, num_kv_heads, cfg.dense_heads)
     if gap is not None:
         reject(gap)
     if cfg.mixed and sa.tp_size != 1:

@@ -37,6 +37,7 @@ from sglang_sparsespec.rounds.clock import make_clock
 from sglang_sparsespec.rounds.timing import format_report
 from sglang_sparsespec.sampling.accept import use_candidates
 from sglang_sparsespec.selection.dense_heads import dense_head_mask
+from sglang_sparsespec.selection.match_heads import TokenIds, match_head_masks
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
@@ -144,6 +145,11 @@ class PillarWorker(BaseSpecWorker):
         )
         # One GPU only (spec_algo.py), so the model's KV head indices are this rank's.
         self.state.dense = dense_head_mask(self.cfg.dense_heads, mc.num_hidden_layers, backend.num_kv_head, self.device)
+        self.state.match = match_head_masks(
+            self.cfg.match_heads, mc.num_hidden_layers, backend.num_kv_head, self.device
+        )
+        if self.state.match is not None:  # as wide as req_to_token plus a round's chain past the context
+            self.state.token_ids = TokenIds(rows, self.max_context_len + self.speculative_num_draft_tokens, self.device)
         sink = None
         if self.cfg.policy.uses_verify_scores:
             # The total prefix of one verify batch is bounded by the KV pool and by the
@@ -208,7 +214,7 @@ class PillarWorker(BaseSpecWorker):
         pools = Pools(self._target_worker, self.req_to_token_pool, self.plan_stream, self.plan_stream_ctx)
         self.rounds = Rounds(
             self.cfg, pools, self.planner, self.clock, self.metrics, self.selector, self.draft_runner, self.mixed,
-            plain, self.max_bs, self.device,
+            plain, self.max_bs, self.device, token_ids=self.state.token_ids,
         )  # fmt: skip
         # Every capture is over (the target's before this call, PILLAR's above): load and call them here.
         build_sampling_kernels(

@@ -160,11 +160,7 @@ def _parse_steps(raw: str, num_steps: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class PillarConfig:
     """Knobs of one PILLAR server. Every field but ``num_steps`` (``--speculative-num-steps``) is a knob,
-    described once, by its ``Knob`` in ``KNOBS``.
-
-    Invariants: ``num_steps >= 1``; ``0 < budget_ratio <= 1``; ``min_budget >= 1``;
-    ``recent_window >= 0``; ``sink_tokens >= 0``; ``select_every >= 1``.
-    """
+    described once, by its ``Knob`` in ``KNOBS``; ``__post_init__`` checks their ranges."""
 
     num_steps: int = 8
     budget_ratio: float = 0.05
@@ -193,6 +189,7 @@ class PillarConfig:
     verify_logits: VerifyLogits = VerifyLogits.FP32
     accept_list: AcceptList = AcceptList.CANDIDATES
     dense_heads: str = ""
+    match_heads: str = ""
 
     def __post_init__(self) -> None:
         _parse_steps(self.adaptive_steps, self.num_steps)
@@ -366,6 +363,8 @@ KNOBS: tuple[Knob, ...] = (
          "bins = by a histogram (same tokens)"),
     Knob("DENSE_HEADS", "dense_heads", "KV heads that draft over the whole prefix, LAYER.HEAD+...: "
          "python -m sglang_sparsespec.selection.head_probe names them"),
+    Knob("MATCH_HEADS", "match_heads", "N@LAYER.HEAD+...: KV heads that also attend a draft token's N latest "
+         "occurrences and what followed each"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

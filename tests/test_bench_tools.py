@@ -18,7 +18,7 @@ def test_flashinfer_per_head_pages_attend_exactly_the_sparse_kernels_positions()
     (request, KV head) a row of one-head pages; attention over those pages (plain torch, as FlashInfer
     computes it) must equal the sparse kernel's reference, or the timing compares different work."""
     import torch
-    from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
+    from sglang_sparsespec.kernels.sparse_decode_ref import sparse_decode_ref
 
     from tools.kernels_baselines import per_head_pages
     from tools.kernels_setup import TAIL

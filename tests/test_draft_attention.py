@@ -12,7 +12,7 @@ import torch
 from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang_sparsespec.kernels.qk_prologue import rms_norm_ref, rope_neox_ref
-from sglang_sparsespec.kernels.sparse_decode import sparse_decode_ref
+from sglang_sparsespec.kernels.sparse_decode_ref import sparse_decode_ref
 from sglang_sparsespec.patches import draft_qk as dq
 from sglang_sparsespec.patches.draft_attention import (
     DraftStepInputs,
@@ -111,11 +111,21 @@ def test_only_a_plain_mha_pool_takes_the_store_inside_the_sparse_kernel():
 
 
 def _draft_step_backend(
-    pool: _Pool, req_to_token: torch.Tensor, sel_pos: torch.Tensor, sel_cnt: torch.Tensor, dense: torch.Tensor | None
+    pool: _Pool,
+    req_to_token: torch.Tensor,
+    sel_pos: torch.Tensor,
+    sel_cnt: torch.Tensor,
+    dense: torch.Tensor | None,
+    match: torch.Tensor | None = None,
 ):
     be = _backend(max_bs=4, req_to_token=req_to_token)
     be.token_to_kv_pool = pool
-    be.state = SimpleNamespace(layer=lambda layer_id: sel_pos, sel_cnt=sel_cnt, dense_heads=lambda layer_id: dense)
+    be.state = SimpleNamespace(
+        layer=lambda layer_id: sel_pos,
+        sel_cnt=sel_cnt,
+        dense_heads=lambda layer_id: dense,
+        match_heads=lambda layer_id: match,
+    )
     be.whole_prefix, be.segments = False, None
     be.stores_in_kernel = plain_mha_pool(pool, dcp_size=1)
     return be
@@ -123,12 +133,13 @@ def _draft_step_backend(
 
 @pytest.mark.parametrize("rope, norm", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("plain_pool", [True, False])
-@pytest.mark.parametrize("dense_head", [False, True])
-def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool, rope, norm, dense_head):
+@pytest.mark.parametrize("listed", [None, "dense", "match"])
+def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatch, plain_pool, rope, norm, listed):
     """forward_decode of a draft step: with SGLang's plain pool the sparse kernel writes the step's K/V (SGLang's
     store is not called), otherwise SGLang's store runs first; the cache and the output are the same either way.
     A q/k norm and rotary embedding the model deferred (``norm``, ``rope``) are applied in the kernel, or by their
-    own calls before the store. A dense KV head (``dense_head``: the second) attends its whole prefix."""
+    own calls before the store. A dense KV head (``listed``: the second) attends its whole prefix, a match head its
+    plan and the step's token matches."""
     gen = torch.Generator().manual_seed(5)
     rows, width, slots = 3, 48, 160
     req_to_token = torch.randperm(slots, generator=gen)[: rows * width].view(rows, width).to(torch.int32).to(DEVICE)
@@ -138,8 +149,9 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
     sel_pos = torch.full((rows, H_KV, 8), -1, dtype=torch.int32, device=DEVICE)
     sel_pos[:, :, :3] = torch.tensor([1, 4, 9], dtype=torch.int32)
     sel_cnt = torch.full((rows,), 3, dtype=torch.int32, device=DEVICE)
-    dense = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE) if dense_head else None
-    be = _draft_step_backend(pool, req_to_token, sel_pos, sel_cnt, dense)
+    second = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
+    dense, heads = (second if listed == "dense" else None), (second if listed == "match" else None)
+    be = _draft_step_backend(pool, req_to_token, sel_pos, sel_cnt, dense, heads)
     assert be.stores_in_kernel is plain_pool
     stored = []
 
@@ -152,6 +164,11 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
     bs = len(rpi)
     be.inputs.req_pool_indices[:bs], be.inputs.seq_lens[:bs] = torch.tensor(rpi), torch.tensor(lens)
     be.inputs.tail_start[:bs] = torch.tensor(tails, dtype=torch.int32)
+    match = None
+    if heads is not None:  # request 0: two fresh positions, a selected one and one in the tail; request 1: none
+        be.inputs.match_pos = torch.tensor([[20, 4, 33, 7], [-1, -1, -1, -1]], dtype=torch.int32, device=DEVICE)
+        be.inputs.match_cnt = torch.tensor([4, 0], dtype=torch.int32, device=DEVICE)
+        match = (be.inputs.match_pos, be.inputs.match_cnt, heads)
     loc = req_to_token[torch.tensor(rpi), torch.tensor(lens) - 1].long()
     q = torch.randn(bs, H_Q * D, generator=gen).to(torch.bfloat16).to(DEVICE)
     k = torch.randn(bs, H_KV * D, generator=gen).to(torch.bfloat16).to(DEVICE)
@@ -197,7 +214,7 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
         q.view(bs, H_Q, D), ref_k, ref_v, expected, req_to_token, be.inputs.req_pool_indices[:bs], sel_pos, sel_cnt,
         be.inputs.tail_start[:bs], be.inputs.seq_lens[:bs], D**-0.5, sel_rows=be.inputs.req_pool_indices[:bs],
         new_kv=(k.view(bs, H_KV, D), v.view(bs, H_KV, D), loc), rope=kernel_rope, qk_norm=kernel_norm,
-        dense_heads=dense,
+        dense_heads=dense, match=match,
     )  # fmt: skip
     # normalized and rotated keys: bf16 rounding after each step, in whatever order the sums ran
     torch.testing.assert_close(pool.k.float(), ref_k.float(), atol=2e-2, rtol=2e-2)

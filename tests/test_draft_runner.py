@@ -21,6 +21,8 @@ from sglang_sparsespec.patches.decode_graphs import Kind
 from triton_env import DEVICE
 
 from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.kernels.token_match import token_match_ref
+from sglang_sparsespec.selection.match_heads import TokenIds
 from sglang_sparsespec.selection.state import PlanState
 
 V, K, BS = 97, 4, 3
@@ -346,3 +348,37 @@ def test_steps_over_a_draft_vocabulary_draft_and_record_its_token_ids(runner, mo
                 q = out.record.cand_q[b, j]
                 assert set(out.record.cand_ids[b, j][q > 0].tolist()) <= odd and drafted in out.record.cand_ids[b, j]
             tok = drafted
+
+
+def test_each_draft_step_scans_its_own_input_token_below_the_tail(monkeypatch) -> None:
+    """With match heads, every draft step's forward sees the matches of the token it drafts from (the bonus, then
+    each draft) in the request's token ids below its plan's tail, as the reference scan finds them."""
+    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    forward = FakeModel.forward
+    monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
+    runner = make_runner([], match_heads="4@1.2")
+
+    def recording(self, input_ids, positions, fb):
+        seen.append((input_ids.clone(), runner.inputs.match_pos.clone(), runner.inputs.match_cnt.clone()))
+        return forward(self, input_ids, positions, fb)
+
+    monkeypatch.setattr(FakeModel, "forward", recording)
+    runner.state.token_ids = TokenIds(8, 64 + K + 1, DEVICE)  # as the worker makes them with match heads
+    rpi, seq_lens, bonus = (torch.tensor(v, device=DEVICE) for v in ([5, 1, 6], [30, 12, 40], [7, 8, 9]))
+    first = runner.run(rpi, seq_lens, bonus, sampling(True), 3).tokens[:BS, :3].clone()
+    # Each row's ids drawn from its own chain's tokens, so every step finds some; tails at 20, 0 (drafting densely:
+    # nothing scanned) and 33.
+    gen = torch.Generator().manual_seed(3)
+    for b, row in enumerate(rpi.tolist()):
+        chain = torch.cat([bonus[b : b + 1].cpu(), first[b].cpu()])
+        runner.state.token_ids.ids[row, :60] = chain[torch.randint(0, 4, (60,), generator=gen)].to(torch.int32)
+    runner.state.tail_start[rpi] = torch.tensor([20, 0, 33], dtype=torch.int32, device=DEVICE)
+    seen.clear()
+    assert torch.equal(runner.run(rpi, seq_lens, bonus, sampling(True), 3).tokens[:BS, :3], first)
+    tails = torch.tensor([20, 0, 33], dtype=torch.int32)
+    inputs = [bonus.cpu(), *first.cpu().T[:2]]  # step j drafts from the (j - 1)-th draft
+    assert [s[0].cpu().tolist() for s in seen] == [t.tolist() for t in inputs]
+    for (_, match_pos, match_cnt), tokens in zip(seen, inputs):
+        ref = token_match_ref(runner.state.token_ids.ids.cpu(), rpi.cpu(), tokens, tails, 4)
+        assert [match_pos[b, : match_cnt[b]].tolist() for b in range(BS)] == ref
+        assert ref[1] == [] and ref[0] and ref[2]  # the dense row scans nothing, the others find matches

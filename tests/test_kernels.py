@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 from sglang_sparsespec.kernels.score_capture import score_capture, score_capture_ref
-from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
+from sglang_sparsespec.kernels.sparse_decode_ref import sparse_decode_ref
 from sglang_sparsespec.kernels.topk_select import topk_select, topk_select_ref
 from sglang_sparsespec.kernels.verify_attention import (
     verify_attention_fwd,

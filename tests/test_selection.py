@@ -9,7 +9,8 @@ import math
 
 import pytest
 import torch
-from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
+from sglang_sparsespec.kernels.sparse_decode_ref import sparse_decode_ref
 from triton_env import DEVICE
 
 from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 from sglang_sparsespec.kernels.qk_prologue import rms_norm_ref, rope_neox_ref
-from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd, sparse_decode_ref
+from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
+from sglang_sparsespec.kernels.sparse_decode_ref import sparse_decode_ref
 from triton_env import DEVICE
 
 from kernel_cases import D, decode_case
@@ -77,6 +78,51 @@ def test_sparse_decode_dense_heads_attend_the_whole_prefix(num_kv_splits):
     assert not torch.allclose(o[:, head].float(), planned[:, head].float(), atol=1e-3)
     expected = sparse_decode_ref(o=torch.empty_like(o), dense_heads=dense, **case)
     torch.testing.assert_close(o.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 2])
+def test_sparse_decode_match_heads_add_their_matches_once(num_kv_splits):
+    """A KV head listed in ``match`` attends, besides its plan, the request's matches below the tail that it has not
+    selected: the same output as a plan holding those positions too. A match already selected, one in the tail, a
+    -1 and a position past the request's count change nothing; unlisted heads keep their plans exactly."""
+    torch.manual_seed(48)
+    group, h_kv = 2, 3
+    case = decode_case(group, [(120, 90, 20, 0), (64, 40, 10, 0), (30, 0, 0, 0)], kmax=40, h_kv=h_kv)
+    rows, sel = case["sel_rows"], case["sel_pos"]
+    chosen = sel[rows[0], 1, 3].item()  # selected in head 1: listed once only
+    free = sorted(set(range(90)) - set(sel[rows[0], 1, :20].tolist()))[:5]
+    match_pos = torch.full((3, 12), -1, dtype=torch.int32, device=DEVICE)
+    match_pos[0, :9] = torch.tensor([free[0], chosen, 95, free[1], -1, free[2], free[3], free[4], 7], device=DEVICE)
+    match_pos[1, :2] = torch.tensor([2, 3], device=DEVICE)
+    match_pos[2, :2] = torch.tensor([1, 2], device=DEVICE)  # a dense row (tail at 0): nothing below it
+    match_cnt = torch.tensor([8, 2, 2], dtype=torch.int32, device=DEVICE)  # row 0's 7 lies past its count
+    heads = torch.tensor([0, 1, 0], dtype=torch.int32, device=DEVICE)
+    o, planned = (torch.full_like(case["q"], float("nan")) for _ in range(2))
+    match = (match_pos, match_cnt, heads)
+    sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, block_n=16, match=match, **case)
+    sparse_decode_fwd(o=planned, num_kv_splits=num_kv_splits, block_n=16, **case)
+    # The same positions as a plan: head 1's sets of rows 0 and 1 widened by their fresh matches.
+    wide = torch.full((sel.shape[0], h_kv, 48), -1, dtype=torch.int32, device=DEVICE)
+    wide[:, :, :40] = sel
+    cnt = case["sel_cnt"].clone()
+    for b, fresh in ((0, free), (1, [2, 3])):
+        r = rows[b]
+        n = int(cnt[r])
+        for h in range(h_kv):
+            extra = [p for p in fresh if p not in sel[r, h, :n].tolist()] if h == 1 else []
+            pos = torch.tensor(sel[r, h, :n].tolist() + extra, device=DEVICE).sort().values
+            wide[r, h, : pos.numel()] = pos.to(torch.int32)
+            wide[r, h, pos.numel() :] = -1
+        cnt[r] = n + len(fresh)
+    expected = sparse_decode_ref(o=torch.empty_like(o), **dict(case, sel_pos=wide, sel_cnt=cnt))
+    listed = slice(group, 2 * group)
+    torch.testing.assert_close(o[:, listed].float(), expected[:, listed].float(), rtol=2e-2, atol=2e-2)
+    others = [h for h in range(h_kv * group) if not group <= h < 2 * group]
+    assert torch.equal(o[:, others], planned[:, others]) and torch.equal(o[2], planned[2])
+    assert not torch.allclose(o[0, listed].float(), planned[0, listed].float(), atol=1e-3)
+    torch.testing.assert_close(
+        o.float(), sparse_decode_ref(o=torch.empty_like(o), match=match, **case).float(), rtol=2e-2, atol=2e-2
+    )
 
 
 def test_sparse_decode_softcap_default_rows_and_splits():

@@ -28,6 +28,7 @@ from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.draft_vocab import DraftVocab
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.rounds.launch import RoundShape
+from sglang_sparsespec.selection.match_heads import TokenIds
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="a round of CPU tensors: SGLang's kernels in the interpreter")
 
@@ -211,3 +212,25 @@ def test_a_prefill_counts_its_prompt_tokens_for_the_draft_vocabulary(round_parts
     batch = SimpleNamespace(input_ids=prompt, req_pool_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([2, 4]))
     rounds.prefill(batch, None)
     assert {i: int(c) for i, c in enumerate(vocab.counts.tolist()) if c} == {4: 3, 9: 2, 30: 1}
+
+
+def test_match_heads_token_ids_hold_every_committed_token_at_its_position(round_parts):
+    """With match heads, a prefill writes each request's whole known sequence (prompt and, after retraction, its
+    outputs) at positions 0.., a round its pending token at seq_len and its drafts after it; after the round, the
+    positions below each new length hold exactly the tokens committed there, the ones a scan may read."""
+    rounds, batch, _, target, selector, _ = round_parts
+    rounds.token_ids = TokenIds(8, POOL_LEN + K + 1, "cpu")
+    verify_forward = target.forward_batch_generation
+    target.forward_batch_generation = lambda b: SimpleNamespace(next_token_ids=torch.tensor([5, 6]))
+    selector.after_prefill = lambda *a: None
+    reqs = [SimpleNamespace(rid="a", req_pool_idx=5, origin_input_ids=[7] * 10, output_ids=[]),
+            SimpleNamespace(rid="b", req_pool_idx=2, origin_input_ids=[1, 2], output_ids=[3, 4])]  # fmt: skip
+    rounds.prefill(SimpleNamespace(reqs=reqs, input_ids=None, req_pool_indices=None, seq_lens=None), None)
+    ids = rounds.token_ids.ids
+    assert ids[5, :11].tolist() == [7] * 10 + [0] and ids[2, :5].tolist() == [1, 2, 3, 4, 0]
+    target.forward_batch_generation = verify_forward
+    result = rounds.decode(batch, None, None)
+    for b, (row, seq) in enumerate(zip(RPI, SEQ)):
+        committed = [BONUS[b], *expected_run(b)[:-1]]  # the pending token, then the accepted drafts
+        assert int(result.new_seq_lens[b]) == seq + len(committed)
+        assert ids[row, seq : seq + len(committed)].tolist() == committed

@@ -18,27 +18,28 @@ FLAG = "--pillar-dense-heads"
 DENSE_SPLITS = 8
 
 
-def parse_dense_heads(text: str) -> tuple[tuple[int, int], ...]:
+def parse_dense_heads(text: str, flag: str = FLAG) -> tuple[tuple[int, int], ...]:
     """``"7.2+20.1"`` as ((7, 2), (20, 1)), sorted and unique; ValueError on anything but LAYER.HEAD items."""
     heads = set()
     for item in filter(None, (x.strip() for x in text.split("+"))):
         layer, dot, head = item.partition(".")
         if not (dot and layer.isdigit() and head.isdigit()):
-            raise ValueError(f"{FLAG} {text!r}: give KV heads as LAYER.HEAD joined by + (e.g. 7.2+20.1)")
+            raise ValueError(f"{flag} {text!r}: give KV heads as LAYER.HEAD joined by + (e.g. 7.2+20.1)")
         heads.add((int(layer), int(head)))
     return tuple(sorted(heads))
 
 
-def _heads_gap(heads: tuple[tuple[int, int], ...], num_layers: int, num_kv_heads: int) -> str | None:
+def heads_gap(heads: tuple[tuple[int, int], ...], num_layers: int, num_kv_heads: int, flag: str = FLAG) -> str | None:
+    """Why ``heads`` cannot name KV heads of a model of ``num_layers`` x ``num_kv_heads``, or None."""
     bad = [f"{layer}.{head}" for layer, head in heads if layer >= num_layers or head >= num_kv_heads]
     if bad:
-        return f"{FLAG} names {', '.join(bad)}: the model has {num_layers} layers of {num_kv_heads} KV heads"
+        return f"{flag} names {', '.join(bad)}: the model has {num_layers} layers of {num_kv_heads} KV heads"
     return None
 
 
 def dense_heads_gap(text: str, num_layers: int, num_kv_heads: int) -> str | None:
     """Why ``text`` cannot name KV heads of a model of ``num_layers`` x ``num_kv_heads``, or None."""
-    return _heads_gap(parse_dense_heads(text), num_layers, num_kv_heads)
+    return heads_gap(parse_dense_heads(text), num_layers, num_kv_heads)
 
 
 def dense_head_mask(
@@ -46,10 +47,16 @@ def dense_head_mask(
 ) -> tuple[torch.Tensor | None, ...] | None:
     """Per layer, the draft kernel's ``dense_heads``: [num_kv_heads] int32, 1 at each listed head, or None in a
     layer with none listed (its launch compiles the dense path out); None when no head is listed."""
-    heads = parse_dense_heads(text)
+    return head_masks(parse_dense_heads(text), num_layers, num_kv_heads, device)
+
+
+def head_masks(
+    heads: tuple[tuple[int, int], ...], num_layers: int, num_kv_heads: int, device: torch.device, flag: str = FLAG
+) -> tuple[torch.Tensor | None, ...] | None:
+    """Per layer [num_kv_heads] int32, 1 at each of ``heads``, or None in a layer with none; None for no heads."""
     if not heads:
         return None
-    gap = _heads_gap(heads, num_layers, num_kv_heads)
+    gap = heads_gap(heads, num_layers, num_kv_heads, flag)
     if gap is not None:
         raise ValueError(gap)
     mask = torch.zeros(num_layers, num_kv_heads, dtype=torch.int32)

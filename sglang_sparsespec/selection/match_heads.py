@@ -1,0 +1,90 @@
+"""KV heads that also attend each draft query's token matches (``--pillar-match-heads N@LAYER.HEAD+...``).
+
+The heads a shared plan serves worst look positions up by content (``dense_heads.py``; ``head_probe`` names them):
+an induction head attends the position after the current token's earlier occurrences, a duplicate-token head the
+occurrences themselves. Reading such a head's whole prefix keeps those lookups at a cost that grows with the
+context; listing it here adds only what its lookup finds. In every draft step each request's N latest occurrences
+of the step's input token below its plan's tail, and the position after each (``kernels/token_match.py``), join
+the listed heads' plans. The scan reads the requests' token ids on the GPU (``TokenIds``), kept by position as
+req_to_token keeps KV slots: written where tokens become known (a prefill's whole sequence, each round's pending
+token and chain) and read only below the tail, where every position holds a committed token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .dense_heads import FLAG as DENSE_FLAG
+from .dense_heads import head_masks, heads_gap, parse_dense_heads
+
+FLAG = "--pillar-match-heads"
+# Occurrences a step lists at most (twice that many positions): the match buffers' static width.
+MAX_LATEST = 256
+
+
+def parse_match_heads(text: str) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """``"32@7.2+20.1"`` as (32, ((7, 2), (20, 1))); (0, ()) for an empty value; ValueError otherwise."""
+    if not text.strip():
+        return 0, ()
+    latest, at, heads = text.partition("@")
+    if not (at and latest.strip().isdigit() and 1 <= int(latest) <= MAX_LATEST):
+        raise ValueError(
+            f"{FLAG} {text!r}: give N@LAYER.HEAD+... with N in 1..{MAX_LATEST} occurrences (e.g. 32@7.2+20.1)"
+        )
+    parsed = parse_dense_heads(heads, FLAG)
+    if not parsed:
+        raise ValueError(f"{FLAG} {text!r}: name at least one KV head after the @")
+    return int(latest), parsed
+
+
+def match_heads_gap(text: str, num_layers: int, num_kv_heads: int, dense_heads: str = "") -> str | None:
+    """Why ``text`` cannot list match heads of a model of ``num_layers`` x ``num_kv_heads`` beside ``dense_heads``
+    (a dense head already reads every position), or None."""
+    try:
+        _, heads = parse_match_heads(text)
+        both = sorted(set(heads) & set(parse_dense_heads(dense_heads)))
+    except ValueError as exc:
+        return str(exc)
+    if both:
+        named = "+".join(f"{layer}.{head}" for layer, head in both)
+        return f"{FLAG} and {DENSE_FLAG} both name {named}: a dense head reads every position already"
+    return heads_gap(heads, num_layers, num_kv_heads, FLAG)
+
+
+def match_head_masks(
+    text: str, num_layers: int, num_kv_heads: int, device: torch.device
+) -> tuple[torch.Tensor | None, ...] | None:
+    """Per layer, the draft kernel's match heads: [num_kv_heads] int32, 1 at each listed head, or None in a layer
+    with none listed (its launch compiles the match path out); None when no head is listed."""
+    return head_masks(parse_match_heads(text)[1], num_layers, num_kv_heads, device, FLAG)
+
+
+class TokenIds:
+    """Each request row's token id at each position: ``ids`` [rows, width] int32, rows and positions as in
+    SGLang's req_to_token (``width`` covers the context and a round's chain past it)."""
+
+    def __init__(self, rows: int, width: int, device: torch.device | str) -> None:
+        self.ids = torch.zeros((rows, width), dtype=torch.int32, device=device)
+
+    def write_sequences(self, rows: Sequence[int], sequences: Sequence[Sequence[int]]) -> None:
+        """Each row's whole known sequence from position 0 (a prefill's prompt, and the outputs of a request
+        that comes back after retraction): one host-to-device copy for the batch."""
+        if not rows:
+            return
+        lengths = [min(len(s), self.ids.shape[1]) for s in sequences]
+        flat = torch.tensor([t for s, n in zip(sequences, lengths) for t in s[:n]], dtype=torch.int32)
+        row = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), torch.tensor(lengths))
+        col = torch.cat([torch.arange(n) for n in lengths])
+        device = self.ids.device
+        self.ids[row.to(device), col.to(device)] = flat.to(device, non_blocking=True)
+
+    def write_chain(self, rows: torch.Tensor, start: torch.Tensor, tokens: torch.Tensor) -> None:
+        """tokens [bs, n] at positions start[b] .. start[b] + n - 1 of row rows[b], on the device (a round's pending
+        token and drafts; positions whose drafts are rejected are written again by a later round before any scan
+        reads them, since scans read only below the tail)."""
+        if tokens.numel() == 0:
+            return
+        cols = start.to(torch.int64)[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
+        self.ids[rows.to(torch.int64)[:, None], cols] = tokens.to(torch.int32)

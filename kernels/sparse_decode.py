@@ -8,7 +8,7 @@ Request b, KV head h attends over the union of
 and every position is mapped to its KV slot through req_to_token[req_pool_indices[b], pos]. A KV head marked in
 ``dense_heads`` attends the whole prefix instead (its tail starts at 0, so no selection is read); one marked in
 ``match`` attends, besides, request b's token matches (``token_match.py``) below its tail and outside its selection,
-found in the sorted selection by binary search, so no position is attended twice.
+found in the selection by comparison, so no position is attended twice.
 Given the step's own K/V (``new_kv``), the kernel also writes them into their slots, which saves the
 separate store launch of every layer of every draft step: the current token is then attended from the
 step's K/V in registers instead of being read back from the cache, so no program reads a slot this
@@ -45,24 +45,22 @@ from .sparse_decode_merge import merge_split_partials
 
 
 @triton.jit
-def _in_sorted(base, n, pos, BLOCK_N: tl.constexpr, STEPS: tl.constexpr):
-    """[BLOCK_N] bool: pos is among base[0:n], ascending then -1s (which compare as above every position)."""
-    lo = tl.zeros([BLOCK_N], dtype=tl.int32)
-    hi = lo + n
-    for _ in tl.static_range(STEPS):
-        open_ = lo < hi
-        mid = (lo + hi) // 2
-        v = tl.load(base + mid, mask=open_, other=0)
-        right = tl.where(v < 0, 2147483647, v) < pos
-        lo = tl.where(open_ & right, mid + 1, lo)
-        hi = tl.where(open_ & ~right, mid, hi)
-    return (lo < n) & (tl.load(base + lo, mask=lo < n, other=-1) == pos)
+def _in_list(base, n, pos, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
+    """[BLOCK_N] bool: pos is among base[0:n] (a plan's set; its -1 padding equals no position that is kept).
+    Compared a chunk at a time with independent loads: a binary search's chain of dependent loads ran several
+    times slower, and its loop failed to compile at 16-wide tiles (kernels_match_heads_h100_cd04d94.json)."""
+    hits = tl.zeros([BLOCK_N], dtype=tl.int32)
+    offs = tl.arange(0, CHUNK)
+    for c in range(0, n, CHUNK):
+        v = tl.load(base + c + offs, mask=c + offs < n, other=-1)
+        hits += tl.sum((pos[:, None] == v[None, :]).to(tl.int32), axis=1)
+    return hits > 0
 
 
 @triton.jit
 def _tile_slots(
     sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, match_base, match_start,
-    BLOCK_N: tl.constexpr, MATCH: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    BLOCK_N: tl.constexpr, MATCH: tl.constexpr,
 ):  # fmt: skip
     """(KV slots [BLOCK_N] int64, valid [BLOCK_N]) of virtual indices start_n .. start_n + BLOCK_N - 1: index
     j < cnt is the j-th selected position (kept below tail_start), j >= cnt tail position tail_start + j - cnt,
@@ -77,7 +75,7 @@ def _tile_slots(
         in_match = offs_j >= match_start
         pos = tl.where(in_match, tl.load(match_base + offs_j - match_start, mask=in_range & in_match, other=-1), pos)
         valid = in_range & (pos >= 0) & (pos < tl.where(in_match, tail_start, limit))
-        valid = valid & ~(in_match & _in_sorted(sel_base, cnt, pos, BLOCK_N, SEARCH_STEPS))
+        valid = valid & ~(in_match & _in_list(sel_base, cnt, pos, BLOCK_N, 64))
     else:
         valid = in_range & (pos >= 0) & (pos < limit)
     return tl.load(req_row + pos, mask=valid, other=0).to(tl.int64), valid
@@ -142,7 +140,6 @@ def _sparse_decode_stage1(
     HAS_SEL_ROWS: tl.constexpr,
     HAS_DENSE: tl.constexpr,
     MATCH: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
     NEW_KV: tl.constexpr,
     ROPE: tl.constexpr,
     NORM: tl.constexpr,
@@ -204,7 +201,7 @@ def _sparse_decode_stage1(
         for start_n in range(split_start, split_end, BLOCK_N):
             slot, valid = _tile_slots(
                 sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, match_base, match_start,
-                BLOCK_N, MATCH, SEARCH_STEPS,
+                BLOCK_N, MATCH,
             )  # fmt: skip
             k, v = load_kv_tile(
                 K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
@@ -381,7 +378,7 @@ def sparse_decode_fwd(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, KMAX=sel_pos.shape[2], D=d, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,
-        HAS_DENSE=dense_heads is not None, MATCH=match is not None, SEARCH_STEPS=sel_pos.shape[2].bit_length(),
+        HAS_DENSE=dense_heads is not None, MATCH=match is not None,
         NEW_KV=new_kv is not None, ROPE=rope is not None,
         NORM=qk_norm is not None, PDL=pdl, num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
     )  # fmt: skip

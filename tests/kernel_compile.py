@@ -131,6 +131,7 @@ def main() -> None:
             (2, {"block_n": 64, "num_warps": 8}),
             (2, {"block_n": 64, "num_warps": 8, "new_kv": new_kv, "rope": rope, "qk_norm": norm}),
             (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm, "match": match}),
+            (2, {"block_n": 16, "num_warps": 2, "match": match}),  # the CPU test's tiles
             (8, {"new_kv": new_kv, "dense_heads": match[2]}),  # a layer with a dense head (DENSE_SPLITS)
         ):
             sparse_decode_fwd(

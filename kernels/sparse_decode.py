@@ -47,8 +47,8 @@ from .sparse_decode_merge import merge_split_partials
 @triton.jit
 def _in_list(base, n, pos, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
     """[BLOCK_N] bool: pos is among base[0:n] (a plan's set; its -1 padding equals no position that is kept).
-    Compared a chunk at a time with independent loads: a binary search's chain of dependent loads ran several
-    times slower, and its loop failed to compile at 16-wide tiles (kernels_match_heads_h100_cd04d94.json)."""
+    Compared a chunk at a time with independent loads: a binary search's loop of dependent loads failed to compile
+    at 16-wide tiles on an H100 (gpu_tests_match_heads_h100_cd04d94.log)."""
     hits = tl.zeros([BLOCK_N], dtype=tl.int32)
     offs = tl.arange(0, CHUNK)
     for c in range(0, n, CHUNK):
@@ -75,7 +75,10 @@ def _tile_slots(
         in_match = offs_j >= match_start
         pos = tl.where(in_match, tl.load(match_base + offs_j - match_start, mask=in_range & in_match, other=-1), pos)
         valid = in_range & (pos >= 0) & (pos < tl.where(in_match, tail_start, limit))
-        valid = valid & ~(in_match & _in_list(sel_base, cnt, pos, BLOCK_N, 64))
+        # Only a tile that holds matches compares them with the plan: run on every tile (a plan's and the tail's
+        # too, in every head), the comparison took a layer from 28 to 136 us (kernels_match_heads_h200_3446274).
+        if start_n + BLOCK_N > match_start:
+            valid = valid & ~(in_match & _in_list(sel_base, cnt, pos, BLOCK_N, 64))
     else:
         valid = in_range & (pos >= 0) & (pos < limit)
     return tl.load(req_row + pos, mask=valid, other=0).to(tl.int64), valid

@@ -72,4 +72,5 @@ def test_the_command_probes_a_model_folder_and_writes_every_heads_scores(tmp_pat
     score = torch.tensor(doc["by_layer_and_head"]["score"])
     assert score.shape == (2, 2) and (score > 0).all() and (score < 2).all()
     assert doc["heads"] == pick_heads(score, 2)
-    assert capsys.readouterr().out.strip().endswith(f"--pillar-dense-heads {doc['heads']}")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-2:] == [f"--pillar-dense-heads {doc['heads']}", f"--pillar-match-heads 64@{doc['heads']}"]

@@ -6,7 +6,8 @@ query at a token of the second copy finds, in an induction head, the position af
 occurrence, and in a duplicate-token head the occurrence itself. A plan chosen from other queries' attention holds
 neither, whatever the text. The probe scores each KV head by the mass its query heads (GQA group mean) put on those
 two positions, averaged over the second copy's queries and over a few random sequences, and names the highest as
-the value of ``--pillar-dense-heads``. It needs real weights and no data; ``transformers`` runs the model.
+the value of ``--pillar-dense-heads`` and of ``--pillar-match-heads``. It needs real weights and no data;
+``transformers`` runs the model.
 
     python -m sglang_sparsespec.selection.head_probe --model-path M [--heads 11] [--device cuda]
 """
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .dense_heads import FLAG
+from .match_heads import FLAG as MATCH_FLAG
+from .match_heads import SUGGESTED_LATEST
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -121,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dup, ind = scores["duplicate"].flatten()[i], scores["induction"].flatten()[i]
         print(f"  {i // h_kv}.{i % h_kv}: {dup:.3f} + {ind:.3f}")
     print(f"{FLAG} {heads}")
+    print(f"{MATCH_FLAG} {SUGGESTED_LATEST}@{heads}")
     return 0
 
 

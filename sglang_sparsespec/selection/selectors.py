@@ -37,9 +37,7 @@ class Selector(ABC):
         self.state.store(req_pool_indices, plan.sel_pos, plan.sel_cnt, plan.tail_start)
 
     @abstractmethod
-    def after_verify(
-        self, req_pool_indices: torch.Tensor, verify_lens: torch.Tensor, new_lens: torch.Tensor
-    ) -> None:
+    def after_verify(self, req_pool_indices: torch.Tensor, verify_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
         """verify_lens: prefix the verify attended to; new_lens: committed length after it."""
 
 

@@ -10,9 +10,10 @@ Besides the hooked symbols, these modules use SGLang code directly: ``worker`` (
 cache dtype, the plan stream, the decode graph batch sizes, and for plain rounds a second DecodeCudaGraphRunner built
 under a spec-config override), ``rounds`` (EAGLE's chain verify input builder; on the decode path, ModelRunner.sampler
 (Sampler.forward's signature) on the step's logits wrapped in LogitsProcessorOutput, a GenerationBatchResult as SGLang's
-verify builds it; a prefill batch's input_ids, which rank the draft vocabulary), ``verify`` (SGLang's verify steps for a
-topk=1 chain: the slot kernel, ForwardBatch, the graph runner's can_run_graph / load_batch / execute, the forward
-context, the target worker's verify forward, grammar masks, the bonus-token kernel, spec logprobs,
+verify builds it; a prefill batch's input_ids, which rank the draft vocabulary, and its Reqs' req_pool_idx,
+origin_input_ids and output_ids, which the match heads' token ids are written from), ``verify`` (SGLang's verify
+steps for a topk=1 chain: the slot kernel, ForwardBatch, the graph runner's can_run_graph / load_batch / execute, the
+forward context, the target worker's verify forward, grammar masks, the bonus-token kernel, spec logprobs,
 GenerationBatchResult), ``verify_input`` (EagleVerifyInput, extended, with its acceptance: eagle_sample's logit
 processing, its verify coins and, for plain greedy batches, eagle_sample itself; the server's sampling backend; the
 Sampler's apply_custom_logit_processor), ``request_rounds`` (Req's sampling parameters, output ids, retraction count and
@@ -31,7 +32,7 @@ draft steps; for the plain step its decode_attention_fwd, get_num_kv_splits and 
 create_flashinfer_kv_indices_triton's signature, to attend as SGLang's decode does; MHATokenToKVPool's store and its
 quantization, store dtype and HND layout, to write a draft step's K/V inside the sparse kernel only where SGLang's store
 is a plain row write), ``spec_algo`` (ModelConfig, to refuse unsupported attention, mrope, models that are not
-decoder-only generators and dense draft heads the model lacks at launch), ``triton_verify`` (extend_attention_fwd's
+decoder-only generators and dense or match heads the model lacks at launch), ``triton_verify`` (extend_attention_fwd's
 signature; HybridAttnBackend's own routing, to find the Triton backend that serves TARGET_VERIFY under
 --attention-backend flashinfer; forward_extend's save_kv_cache and the backend's dcp_size, _translate_kv_loc and KV
 pool, to store the chain's K/V as SGLang would), ``cuda_graph`` (the decode graph runner's capture_forward_mode and

@@ -6,9 +6,9 @@ Request b, KV head h attends over the union of
   (b) the shared tail  tail_start[b] <= pos < seq_lens[b]  (recent verified tokens, this round's
       drafts, and the current token, whose KV is already written),
 and every position is mapped to its KV slot through req_to_token[req_pool_indices[b], pos]. A KV head marked in
-``dense_heads`` attends the whole prefix instead (its tail starts at 0, so no selection is read); one marked in
-``match`` attends, besides, request b's token matches (``token_match.py``) below its tail and outside its selection,
-found in the selection by comparison, so no position is attended twice.
+``dense_heads`` attends the whole prefix instead (its tail starts at 0, so no selection is read); one given a row
+of ``match`` lists attends, besides, that list's positions of request b below its tail (``token_match.py``: the
+token matches its plan does not hold, so no position is attended twice; -1 entries are skipped).
 Given the step's own K/V (``new_kv``), the kernel also writes them into their slots, which saves the
 separate store launch of every layer of every draft step: the current token is then attended from the
 step's K/V in registers instead of being read back from the cache, so no program reads a slot this
@@ -45,42 +45,24 @@ from .sparse_decode_merge import merge_split_partials
 
 
 @triton.jit
-def _in_list(base, n, pos, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
-    """[BLOCK_N] bool: pos is among base[0:n] (a plan's set; its -1 padding equals no position that is kept).
-    Compared a chunk at a time with independent loads: a binary search's loop of dependent loads failed to compile
-    at 16-wide tiles on an H100 (gpu_tests_match_heads_h100_cd04d94.log)."""
-    hits = tl.zeros([BLOCK_N], dtype=tl.int32)
-    offs = tl.arange(0, CHUNK)
-    for c in range(0, n, CHUNK):
-        v = tl.load(base + c + offs, mask=c + offs < n, other=-1)
-        hits += tl.sum((pos[:, None] == v[None, :]).to(tl.int32), axis=1)
-    return hits > 0
-
-
-@triton.jit
-def _tile_slots(
-    sel_base, req_row, start_n, split_end, cnt, tail_start, seq_len, match_base, match_start,
-    BLOCK_N: tl.constexpr, MATCH: tl.constexpr,
-):  # fmt: skip
-    """(KV slots [BLOCK_N] int64, valid [BLOCK_N]) of virtual indices start_n .. start_n + BLOCK_N - 1: index
-    j < cnt is the j-th selected position (kept below tail_start), j >= cnt tail position tail_start + j - cnt,
-    and with MATCH, j >= match_start the (j - match_start)-th match (kept below tail_start, outside the selection)."""
+def _tile_slots(sel_base, req_row, start_n, end, cnt, tail_start, seq_len, BLOCK_N: tl.constexpr):
+    """(KV slots [BLOCK_N] int64, valid [BLOCK_N]) of virtual indices start_n .. start_n + BLOCK_N - 1 below end:
+    index j < cnt is the j-th selected position (kept below tail_start), j >= cnt tail position tail_start + j - cnt."""
     offs_j = start_n + tl.arange(0, BLOCK_N)
-    in_range = offs_j < split_end
+    in_range = offs_j < end
     in_sel = offs_j < cnt
     sel_pos = tl.load(sel_base + offs_j, mask=in_range & in_sel, other=-1)
     pos = tl.where(in_sel, sel_pos, tail_start + offs_j - cnt)
-    limit = tl.where(in_sel, tail_start, seq_len)
-    if MATCH:
-        in_match = offs_j >= match_start
-        pos = tl.where(in_match, tl.load(match_base + offs_j - match_start, mask=in_range & in_match, other=-1), pos)
-        valid = in_range & (pos >= 0) & (pos < tl.where(in_match, tail_start, limit))
-        # Only a tile that holds matches compares them with the plan: run on every tile (a plan's and the tail's
-        # too, in every head), the comparison took a layer from 28 to 136 us (kernels_match_heads_h200_3446274).
-        if start_n + BLOCK_N > match_start:
-            valid = valid & ~(in_match & _in_list(sel_base, cnt, pos, BLOCK_N, 64))
-    else:
-        valid = in_range & (pos >= 0) & (pos < limit)
+    valid = in_range & (pos >= 0) & (pos < tl.where(in_sel, tail_start, seq_len))
+    return tl.load(req_row + pos, mask=valid, other=0).to(tl.int64), valid
+
+
+@triton.jit
+def _match_slots(list_base, req_row, start_n, end, tail_start, BLOCK_N: tl.constexpr):
+    """(KV slots, valid) of a match list's entries start_n .. start_n + BLOCK_N - 1 below end (kept below the tail)."""
+    offs_j = start_n + tl.arange(0, BLOCK_N)
+    pos = tl.load(list_base + offs_j, mask=offs_j < end, other=-1)
+    valid = (pos >= 0) & (pos < tail_start)
     return tl.load(req_row + pos, mask=valid, other=0).to(tl.int64), valid
 
 
@@ -97,7 +79,7 @@ def _sparse_decode_stage1(
     Tail_start,
     Seq_lens,
     Dense_heads,
-    Match_pos,
+    Match_lists,
     Match_cnt,
     Match_heads,
     K_new,
@@ -126,7 +108,8 @@ def _sparse_decode_stage1(
     stride_cs,
     stride_sb,
     stride_sh,
-    stride_mpb,
+    stride_mll,
+    stride_mlb,
     stride_mb,
     stride_mh,
     stride_ms,
@@ -173,10 +156,12 @@ def _sparse_decode_stage1(
     cached_len = seq_len - 1 if NEW_KV else seq_len
     match_start = cnt + tl.maximum(cached_len - tail_start, 0)
     total = match_start
-    match_base = Match_pos + cur_b * stride_mpb
-    if MATCH:  # a listed head's matches follow its tail (none where the tail starts at 0: nothing lies below it)
-        listed = (tl.load(Match_heads + cur_kv_head) != 0) & (tail_start > 0)
+    match_base = Match_lists
+    if MATCH:  # a listed head's list follows its tail (none where the tail starts at 0: nothing lies below it)
+        list_row = tl.load(Match_heads + cur_kv_head)
+        listed = (list_row >= 0) & (tail_start > 0)
         total += tl.where(listed, tl.load(Match_cnt + cur_b).to(tl.int32), 0)
+        match_base += tl.maximum(list_row, 0).to(tl.int64) * stride_mll + cur_b * stride_mlb
 
     # Virtual index j < cnt is the j-th selected position, j >= cnt is tail position tail_start + j - cnt.
     chunk = tl.cdiv(tl.cdiv(total, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -200,18 +185,30 @@ def _sparse_decode_stage1(
         cs_row += tl.load(Rope_pos + cur_b).to(tl.int64) * stride_cs
     if ROPE or NORM:
         q = prologue_rows(q, q_ptr, offs_d[None, :], q_mask, Q_w, q_eps, cs_row, D, NORM, ROPE)
-    if split_end > split_start:
-        for start_n in range(split_start, split_end, BLOCK_N):
-            slot, valid = _tile_slots(
-                sel_base, req_row, start_n, split_end, cnt, tail_start, cached_len, match_base, match_start,
-                BLOCK_N, MATCH,
-            )  # fmt: skip
+    # The plan and tail's tiles, then a listed head's match tiles in a loop of their own: in one loop, their slot
+    # logic took SmolLM2's draft build from 96 to 113 registers a thread (ptxas, Triton 3.6, sm_90): 4 programs an
+    # SM instead of 5.
+    plan_end = tl.minimum(split_end, match_start)
+    if plan_end > split_start:
+        for start_n in range(split_start, plan_end, BLOCK_N):
+            slot, valid = _tile_slots(sel_base, req_row, start_n, plan_end, cnt, tail_start, cached_len, BLOCK_N)
             k, v = load_kv_tile(
                 K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, offs_d,
                 mask_d,
             )  # fmt: skip
             # A tile can be fully masked (dropped selections); attend_tile keeps the running max finite.
             e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
+    if MATCH:
+        match_from = tl.maximum(split_start, match_start) - match_start
+        match_end = split_end - match_start
+        if match_end > match_from:
+            for start_n in range(match_from, match_end, BLOCK_N):
+                slot, valid = _match_slots(match_base, req_row, start_n, match_end, tail_start, BLOCK_N)
+                k, v = load_kv_tile(
+                    K_Buffer, V_Buffer, slot, valid, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh,
+                    offs_d, mask_d,
+                )  # fmt: skip
+                e_max, e_sum, acc = attend_tile(q, k, v, valid[None, :], e_max, e_sum, acc, sm_scale, LOGIT_CAP)
     if NEW_KV:
         # The new key as a one-row tile, the shape the prologue works on. Loaded before the loop instead, the round
         # took 1.8 ms longer on the H200 (steps_qwen3-1.7b[_sparse_e837f22]_h200_64d2031.json: 36.16 vs 34.34 ms).
@@ -283,8 +280,9 @@ def sparse_decode_fwd(
     qk_norm: optional (q weight [D], k weight [D], q eps, k eps), with new_kv only: q and the new key are given
     before their per-head RMS norm too, which the kernel applies first.
     dense_heads: optional [H_kv] int32, nonzero where a KV head attends every position below seq_lens.
-    match: optional (match_pos [>= bs, M] int32, match_cnt [>= bs] int32, heads [H_kv] int32): the KV heads nonzero
-    in ``heads`` also attend match_pos[b, :match_cnt[b]] (``token_match.py``), where below the tail and not selected.
+    match: optional (lists [n, >= bs, M] int32, match_cnt [>= bs] int32, heads [H_kv] int32): KV head h with
+    heads[h] >= 0 also attends lists[heads[h], b, :match_cnt[b]] where below the tail (``match_lists_fwd``'s lists,
+    which hold no position of the head's plan); heads[h] = -1 leaves head h to its plan.
     sm_scale: logit scale (times any k_scale); logit_cap: tanh soft-cap, 0 = off.
     num_kv_splits: static split count; default fills about two GPU waves for this batch size.
     block_n, num_warps, num_stages: gather tile width, warps per program, pipeline depth (speed only;
@@ -318,19 +316,21 @@ def sparse_decode_fwd(
     if dense_heads is not None:
         check_int_vector("dense_heads", dense_heads, h_kv)
     if match is not None:
-        match_pos, match_cnt, match_heads = match
+        match_lists, match_cnt, match_heads = match
         if (
-            match_pos.dim() != 2
-            or match_pos.dtype != torch.int32
-            or match_pos.shape[0] < bs
-            or match_pos.stride(1) != 1
+            match_lists.dim() != 3
+            or match_lists.dtype != torch.int32
+            or match_lists.shape[1] < bs
+            or match_lists.stride(2) != 1
         ):
-            raise ValueError(f"match_pos must be int32 [>= {bs}, M], got {match_pos.dtype} {tuple(match_pos.shape)}")
+            raise ValueError(
+                f"match lists must be int32 [n, >= {bs}, M], got {match_lists.dtype} {tuple(match_lists.shape)}"
+            )
         if match_cnt.dtype != torch.int32 or match_cnt.shape[0] < bs:
             raise ValueError(f"match_cnt must be int32 [>= {bs}], got {match_cnt.dtype} {tuple(match_cnt.shape)}")
         check_int_vector("match heads", match_heads, h_kv)
     else:
-        match_pos = match_cnt = match_heads = sel_cnt  # unused: MATCH is off
+        match_lists, match_cnt, match_heads = sel_pos, sel_cnt, sel_cnt  # unused: MATCH is off
     if sel_rows is None and sel_pos.shape[0] < bs:
         raise ValueError(f"sel_pos has {sel_pos.shape[0]} rows for a batch of {bs}")
     if new_kv is not None:
@@ -373,11 +373,11 @@ def sparse_decode_fwd(
         mid_lse = torch.empty((bs, h_q, num_kv_splits), dtype=torch.float32, device=q.device)
     _sparse_decode_stage1[(bs, h_kv, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, sel_pos, sel_cnt, sel_rows, tail_start, seq_lens,
-        dense_heads, match_pos, match_cnt, match_heads, k_new, v_new, out_loc, cos_sin, rope_pos, q_w, k_w, q_eps,
+        dense_heads, match_lists, match_cnt, match_heads, k_new, v_new, out_loc, cos_sin, rope_pos, q_w, k_w, q_eps,
         k_eps, mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        cos_sin.stride(0), sel_pos.stride(0), sel_pos.stride(1), match_pos.stride(0),
+        cos_sin.stride(0), sel_pos.stride(0), sel_pos.stride(1), match_lists.stride(0), match_lists.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, KMAX=sel_pos.shape[2], D=d, BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, LOGIT_CAP=logit_cap, HAS_SEL_ROWS=sel_rows is not None,

@@ -19,7 +19,7 @@ def sparse_attend_positions(
     matches: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Positions request b / KV head h attends to (the union defined in the module docstring): the selection and
-    the tail in order, then ``matches`` (request b's match list, for a listed head) below the tail and unselected."""
+    the tail in order, then ``matches`` (the head's list of request b, for a listed head) below the tail."""
     cnt = min(max(int(sel_cnt[row]), 0), sel_pos.shape[2])
     ts, sl = int(tail_start[b]), int(seq_lens[b])
     sel = sel_pos[row, h, :cnt].long()
@@ -28,7 +28,7 @@ def sparse_attend_positions(
     if matches is None:
         return torch.cat([sel, tail])
     m = matches.long()
-    m = m[(m >= 0) & (m < ts) & ~torch.isin(m, sel)]
+    m = m[(m >= 0) & (m < ts)]
     return torch.cat([sel, tail, m])
 
 
@@ -70,8 +70,8 @@ def sparse_decode_ref(
         for h in range(h_kv):
             dense = dense_heads is not None and bool(dense_heads[h])  # its tail starts at 0, as in the kernel
             starts = torch.zeros_like(tail_start) if dense else tail_start
-            listed = match is not None and bool(match[2][h])
-            found = match[0][b, : int(match[1][b])] if listed else None
+            listed = match is not None and int(match[2][h]) >= 0
+            found = match[0][int(match[2][h]), b, : int(match[1][b])] if listed else None
             pos = sparse_attend_positions(sel_pos, sel_cnt, starts, seq_lens, b, row, h, found)
             heads = slice(h * group, (h + 1) * group)
             if pos.numel() == 0:

@@ -47,7 +47,8 @@ class DraftStepInputs:
     req_pool_indices int64; tail_start int32 (the plan's, gathered per round);
     sel_cnt int32 (the plan's, batch order); seq_lens int64 = current position + 1
     (the current token's K/V is written before it attends); with match heads, the step's token matches
-    (``kernels/token_match.py``): match_pos [max_bs, 2 x latest] int32, match_cnt int32.
+    (``kernels/token_match.py``): match_pos [max_bs, 2 x latest] int32, match_cnt int32, and each listed head's
+    copy without its plan's positions, match_lists [listed heads, max_bs, 2 x latest] int32.
     """
 
     req_pool_indices: torch.Tensor
@@ -56,6 +57,7 @@ class DraftStepInputs:
     seq_lens: torch.Tensor
     match_pos: torch.Tensor | None = None
     match_cnt: torch.Tensor | None = None
+    match_lists: torch.Tensor | None = None
 
 
 @dataclass
@@ -253,7 +255,7 @@ class PillarDraftBackend(TritonAttnBackend):
             sel_pos, sel_cnt, sel_rows = self.state.layer(layer.layer_id), self.state.sel_cnt, rpi
         dense = self.state.dense_heads(layer.layer_id)
         heads = self.state.match_heads(layer.layer_id)
-        match = None if heads is None or self.oracle else (inputs.match_pos, inputs.match_cnt, heads)
+        match = None if heads is None or self.oracle else (inputs.match_lists, inputs.match_cnt, heads)
         sparse_decode_fwd(
             q,
             k_buffer,

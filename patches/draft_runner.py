@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
-from sglang_sparsespec.kernels.token_match import token_match_fwd
+from sglang_sparsespec.kernels.token_match import match_lists_fwd, token_match_fwd
 
 from sglang_sparsespec.config import DraftMlp, Prologue, PillarConfig, SelectionPolicy
 from sglang_sparsespec.selection.match_heads import parse_match_heads
@@ -154,6 +154,9 @@ class PillarDraftRunner:
                 seq_lens=torch.ones(max_bs, dtype=torch.int64),
                 match_pos=torch.full((max_bs, 2 * latest), -1, dtype=torch.int32) if latest else None,
                 match_cnt=torch.zeros(max_bs, dtype=torch.int32) if latest else None,
+                match_lists=torch.full((state.match.count, max_bs, 2 * latest), -1, dtype=torch.int32)
+                if latest
+                else None,
             )
             # The step body's state: the index of the next draft step ([1], for index_copy_) and its
             # input token (the bonus token, loaded by run(), then each step's draft).
@@ -221,10 +224,13 @@ class PillarDraftRunner:
         step index, the input token), so replaying its graph k times runs k steps."""
         tokens = self.tokens[:bs]
         if self.inputs.match_pos is not None:  # the step's input token, looked up below each plan's tail
-            inputs = self.inputs
+            inputs, state, rpi = self.inputs, self.state, self.req_pool_indices[:bs]
             token_match_fwd(
-                self.state.token_ids.ids, self.req_pool_indices[:bs], tokens, inputs.tail_start[:bs],
-                inputs.match_pos, inputs.match_cnt,
+                state.token_ids.ids, rpi, tokens, inputs.tail_start[:bs], inputs.match_pos, inputs.match_cnt
+            )
+            match_lists_fwd(
+                inputs.match_pos, inputs.match_cnt, state.sel_pos, state.sel_cnt, rpi, state.match.groups,
+                inputs.match_lists,
             )  # fmt: skip
         with (
             draft_step(),

@@ -37,7 +37,7 @@ from sglang_sparsespec.rounds.clock import make_clock
 from sglang_sparsespec.rounds.timing import format_report
 from sglang_sparsespec.sampling.accept import use_candidates
 from sglang_sparsespec.selection.dense_heads import dense_head_mask
-from sglang_sparsespec.selection.match_heads import TokenIds, match_head_masks
+from sglang_sparsespec.selection.match_heads import TokenIds, match_heads_of
 from sglang_sparsespec.selection.scores import VerifyScoreSink
 from sglang_sparsespec.selection.selectors import Selector, make_selector
 from sglang_sparsespec.selection.state import PlanState
@@ -145,9 +145,7 @@ class PillarWorker(BaseSpecWorker):
         )
         # One GPU only (spec_algo.py), so the model's KV head indices are this rank's.
         self.state.dense = dense_head_mask(self.cfg.dense_heads, mc.num_hidden_layers, backend.num_kv_head, self.device)
-        self.state.match = match_head_masks(
-            self.cfg.match_heads, mc.num_hidden_layers, backend.num_kv_head, self.device
-        )
+        self.state.match = match_heads_of(self.cfg.match_heads, mc.num_hidden_layers, backend.num_kv_head, self.device)
         if self.state.match is not None:  # as wide as req_to_token plus a round's chain past the context
             self.state.token_ids = TokenIds(rows, self.max_context_len + self.speculative_num_draft_tokens, self.device)
         sink = None

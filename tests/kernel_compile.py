@@ -66,7 +66,7 @@ def main() -> None:
     from sglang_sparsespec.kernels.score_capture import score_capture
     from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
     from sglang_sparsespec.kernels.target_filter import target_filter_fwd
-    from sglang_sparsespec.kernels.token_match import token_match_fwd
+    from sglang_sparsespec.kernels.token_match import match_lists_fwd, token_match_fwd
     from sglang_sparsespec.kernels.topk_select import topk_select
     from sglang_sparsespec.kernels.verify_accept import rejection_fwd
     from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
@@ -116,9 +116,11 @@ def main() -> None:
         new_kv = (torch.empty(bs, h_kv, d, dtype=torch.bfloat16),) * 2 + (torch.zeros(bs, dtype=torch.int64),)
         rope = (torch.empty(4096, d), torch.zeros(bs, dtype=torch.int64))  # and rotating q and the new key
         norm = (torch.empty(d, dtype=torch.bfloat16), torch.empty(d, dtype=torch.bfloat16), 1e-6, 1e-6)
-        # a draft step with match heads: the scan (its while loop) and the kernel's match tiles (the sorted search)
-        match = (torch.zeros(bs, 64, dtype=torch.int32), cnt, torch.ones(h_kv, dtype=torch.int32))
-        token_match_fwd(req_to_token, rpi, tokens[:, 0], cnt, match[0], cnt)
+        # a draft step with match heads: the scan (its while loop), each listed head's copy and the match tiles
+        match_pos, lists = torch.zeros(bs, 64, dtype=torch.int32), torch.zeros(2, bs, 64, dtype=torch.int32)
+        token_match_fwd(req_to_token, rpi, tokens[:, 0], cnt, match_pos, cnt)
+        match_lists_fwd(match_pos, cnt, sel, cnt, rpi, torch.zeros(2, dtype=torch.int32), lists)
+        match = (lists, cnt, torch.zeros(h_kv, dtype=torch.int32))
         for splits, launch in (
             (1, {}),
             (2, {}),
@@ -132,7 +134,7 @@ def main() -> None:
             (2, {"block_n": 64, "num_warps": 8, "new_kv": new_kv, "rope": rope, "qk_norm": norm}),
             (1, {"new_kv": new_kv, "rope": rope, "qk_norm": norm, "match": match}),
             (2, {"block_n": 16, "num_warps": 2, "match": match}),  # the CPU test's tiles
-            (8, {"new_kv": new_kv, "dense_heads": match[2]}),  # a layer with a dense head (DENSE_SPLITS)
+            (8, {"new_kv": new_kv, "dense_heads": match[2] + 1}),  # a layer with a dense head (DENSE_SPLITS)
         ):
             sparse_decode_fwd(
                 q1,

@@ -13,6 +13,7 @@ from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang_sparsespec.kernels.qk_prologue import rms_norm_ref, rope_neox_ref
 from sglang_sparsespec.kernels.sparse_decode_ref import sparse_decode_ref
+from sglang_sparsespec.kernels.token_match import match_lists_fwd
 from sglang_sparsespec.patches import draft_qk as dq
 from sglang_sparsespec.patches.draft_attention import (
     DraftStepInputs,
@@ -150,7 +151,8 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
     sel_pos[:, :, :3] = torch.tensor([1, 4, 9], dtype=torch.int32)
     sel_cnt = torch.full((rows,), 3, dtype=torch.int32, device=DEVICE)
     second = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
-    dense, heads = (second if listed == "dense" else None), (second if listed == "match" else None)
+    list_rows = torch.tensor([-1, 0], dtype=torch.int32, device=DEVICE)  # the second head reads the first list
+    dense, heads = (second if listed == "dense" else None), (list_rows if listed == "match" else None)
     be = _draft_step_backend(pool, req_to_token, sel_pos, sel_cnt, dense, heads)
     assert be.stores_in_kernel is plain_pool
     stored = []
@@ -168,7 +170,13 @@ def test_a_draft_step_stores_its_kv_once_and_attends_as_the_reference(monkeypatc
     if heads is not None:  # request 0: two fresh positions, a selected one and one in the tail; request 1: none
         be.inputs.match_pos = torch.tensor([[20, 4, 33, 7], [-1, -1, -1, -1]], dtype=torch.int32, device=DEVICE)
         be.inputs.match_cnt = torch.tensor([4, 0], dtype=torch.int32, device=DEVICE)
-        match = (be.inputs.match_pos, be.inputs.match_cnt, heads)
+        be.inputs.match_lists = torch.full((1, 2, 4), -1, dtype=torch.int32, device=DEVICE)
+        match_lists_fwd(
+            be.inputs.match_pos, be.inputs.match_cnt, sel_pos, sel_cnt, torch.tensor(rpi, device=DEVICE),
+            torch.tensor([1], dtype=torch.int32, device=DEVICE), be.inputs.match_lists,
+        )  # fmt: skip
+        assert be.inputs.match_lists[0, 0].tolist() == [20, -1, 33, 7]  # 4 is in the plan
+        match = (be.inputs.match_lists, be.inputs.match_cnt, heads)
     loc = req_to_token[torch.tensor(rpi), torch.tensor(lens) - 1].long()
     q = torch.randn(bs, H_Q * D, generator=gen).to(torch.bfloat16).to(DEVICE)
     k = torch.randn(bs, H_KV * D, generator=gen).to(torch.bfloat16).to(DEVICE)

@@ -21,8 +21,8 @@ from sglang_sparsespec.patches.decode_graphs import Kind
 from triton_env import DEVICE
 
 from sglang_sparsespec.config import PillarConfig
-from sglang_sparsespec.kernels.token_match import token_match_ref
-from sglang_sparsespec.selection.match_heads import TokenIds
+from sglang_sparsespec.kernels.token_match import match_lists_ref, token_match_ref
+from sglang_sparsespec.selection.match_heads import TokenIds, match_heads_of
 from sglang_sparsespec.selection.state import PlanState
 
 V, K, BS = 97, 4, 3
@@ -73,6 +73,7 @@ def make_runner(
         server_args=SimpleNamespace(enable_cudagraph_gc=False),
     )
     state = PlanState.allocate(8, 2, 3, True, 16, torch.device(DEVICE))
+    state.match = match_heads_of(str(config.get("match_heads", "")), 2, 3, torch.device(DEVICE))
     return dr.PillarDraftRunner(
         mr,
         PillarConfig(num_steps=K, draft_candidates=4, **config),
@@ -352,14 +353,16 @@ def test_steps_over_a_draft_vocabulary_draft_and_record_its_token_ids(runner, mo
 
 def test_each_draft_step_scans_its_own_input_token_below_the_tail(monkeypatch) -> None:
     """With match heads, every draft step's forward sees the matches of the token it drafts from (the bonus, then
-    each draft) in the request's token ids below its plan's tail, as the reference scan finds them."""
-    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    each draft) in the request's token ids below its plan's tail, as the reference scan finds them, and the listed
+    head's copy of them without its plan's positions."""
+    seen: list[tuple[torch.Tensor, ...]] = []
     forward = FakeModel.forward
     monkeypatch.setattr(dr, "PillarDraftBackend", FakeBackend)
     runner = make_runner([], match_heads="4@1.2")
 
     def recording(self, input_ids, positions, fb):
-        seen.append((input_ids.clone(), runner.inputs.match_pos.clone(), runner.inputs.match_cnt.clone()))
+        inputs = runner.inputs
+        seen.append((input_ids.clone(), inputs.match_pos.clone(), inputs.match_cnt.clone(), inputs.match_lists.clone()))
         return forward(self, input_ids, positions, fb)
 
     monkeypatch.setattr(FakeModel, "forward", recording)
@@ -373,12 +376,22 @@ def test_each_draft_step_scans_its_own_input_token_below_the_tail(monkeypatch) -
         chain = torch.cat([bonus[b : b + 1].cpu(), first[b].cpu()])
         runner.state.token_ids.ids[row, :60] = chain[torch.randint(0, 4, (60,), generator=gen)].to(torch.int32)
     runner.state.tail_start[rpi] = torch.tensor([20, 0, 33], dtype=torch.int32, device=DEVICE)
+    # Layer 1's head 2 (group 5) of the first row plans positions 0-9: its list drops those.
+    runner.state.sel_pos[5, 5, :10] = torch.arange(10, dtype=torch.int32)
+    runner.state.sel_cnt[5] = 10
     seen.clear()
     assert torch.equal(runner.run(rpi, seq_lens, bonus, sampling(True), 3).tokens[:BS, :3], first)
     tails = torch.tensor([20, 0, 33], dtype=torch.int32)
     inputs = [bonus.cpu(), *first.cpu().T[:2]]  # step j drafts from the (j - 1)-th draft
     assert [s[0].cpu().tolist() for s in seen] == [t.tolist() for t in inputs]
-    for (_, match_pos, match_cnt), tokens in zip(seen, inputs):
-        ref = token_match_ref(runner.state.token_ids.ids.cpu(), rpi.cpu(), tokens, tails, 4)
+    state, dropped = runner.state, 0
+    for (_, match_pos, match_cnt, lists), tokens in zip(seen, inputs):
+        ref = token_match_ref(state.token_ids.ids.cpu(), rpi.cpu(), tokens, tails, 4)
         assert [match_pos[b, : match_cnt[b]].tolist() for b in range(BS)] == ref
         assert ref[1] == [] and ref[0] and ref[2]  # the dense row scans nothing, the others find matches
+        plan = (state.sel_pos.cpu(), state.sel_cnt.cpu(), rpi.cpu(), state.match.groups.cpu())
+        own = match_lists_ref(match_pos.cpu(), match_cnt.cpu(), *plan)[0]
+        assert [lists[0, b, : match_cnt[b]].tolist() for b in range(BS)] == own
+        assert own[0] == [-1 if 0 <= p < 10 else p for p in ref[0]] and own[2] == ref[2]
+        dropped += own[0].count(-1) - ref[0].count(-1)
+    assert dropped > 0

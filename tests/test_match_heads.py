@@ -1,5 +1,6 @@
 """KV heads that also attend each draft step's token matches (sglang_sparsespec/selection/match_heads.py): the
-flag's grammar, the launch's refusals, the per-layer masks and the token ids the matches are scanned in."""
+flag's grammar, the launch's refusals, the list rows and plan groups per layer, and the token ids the matches are
+scanned in."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from sglang_sparsespec.kernels.token_match import token_match_fwd, token_match_r
 from sglang_sparsespec.selection.match_heads import (
     MAX_LATEST,
     TokenIds,
-    match_head_masks,
+    match_heads_of,
     match_heads_gap,
     parse_match_heads,
 )
@@ -33,14 +34,17 @@ def test_gaps_name_unknown_heads_dense_overlaps_and_bad_values() -> None:
     assert "N@LAYER.HEAD" in match_heads_gap("7.2", 30, 3)
 
 
-def test_the_masks_mark_the_listed_heads_and_the_plan_state_serves_them_per_layer() -> None:
-    assert match_head_masks("", 4, 2, torch.device("cpu")) is None
-    masks = match_head_masks("16@1.0+3.1+1.1", 4, 2, torch.device("cpu"))
-    assert [None if m is None else m.tolist() for m in masks] == [None, [1, 1], None, [0, 1]]
+def test_the_listed_heads_get_list_rows_and_plan_groups_that_the_plan_state_serves_per_layer() -> None:
+    assert match_heads_of("", 4, 2, torch.device("cpu")) is None
+    heads = match_heads_of("16@3.1+1.0+1.1", 4, 2, torch.device("cpu"))
+    assert [None if r is None else r.tolist() for r in heads.rows] == [None, [0, 1], None, [-1, 2]]
+    assert heads.groups.tolist() == [2, 3, 7] and heads.count == 3
+    with pytest.raises(ValueError, match="names 4.0"):
+        match_heads_of("16@4.0", 4, 2, torch.device("cpu"))
     state = PlanState.allocate(3, 4, 2, per_head=True, kmax=8, device=torch.device("cpu"))
     assert state.match_heads(1) is None and state.token_ids is None
-    state.match = masks
-    assert state.match_heads(3).tolist() == [0, 1] and state.match_heads(0) is None
+    state.match = heads
+    assert state.match_heads(3).tolist() == [-1, 2] and state.match_heads(0) is None
 
 
 def test_token_ids_take_whole_sequences_and_chains_that_the_scan_reads() -> None:

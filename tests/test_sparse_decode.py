@@ -11,6 +11,7 @@ import torch
 from sglang_sparsespec.kernels.qk_prologue import rms_norm_ref, rope_neox_ref
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.sparse_decode_ref import sparse_decode_ref
+from sglang_sparsespec.kernels.token_match import match_lists_fwd
 from triton_env import DEVICE
 
 from kernel_cases import D, decode_case
@@ -96,9 +97,11 @@ def test_sparse_decode_match_heads_add_their_matches_once(num_kv_splits):
     match_pos[1, :2] = torch.tensor([2, 3], device=DEVICE)
     match_pos[2, :2] = torch.tensor([1, 2], device=DEVICE)  # a dense row (tail at 0): nothing below it
     match_cnt = torch.tensor([8, 2, 2], dtype=torch.int32, device=DEVICE)  # row 0's 7 lies past its count
-    heads = torch.tensor([0, 1, 0], dtype=torch.int32, device=DEVICE)
+    heads = torch.tensor([-1, 0, -1], dtype=torch.int32, device=DEVICE)  # head 1 reads row 0 of the lists
+    lists = torch.full((1, 3, 12), -5, dtype=torch.int32, device=DEVICE)
+    match_lists_fwd(match_pos, match_cnt, sel, case["sel_cnt"], rows, torch.tensor([1], device=DEVICE), lists)
     o, planned = (torch.full_like(case["q"], float("nan")) for _ in range(2))
-    match = (match_pos, match_cnt, heads)
+    match = (lists, match_cnt, heads)
     sparse_decode_fwd(o=o, num_kv_splits=num_kv_splits, block_n=16, match=match, **case)
     sparse_decode_fwd(o=planned, num_kv_splits=num_kv_splits, block_n=16, **case)
     # The same positions as a plan: head 1's sets of rows 0 and 1 widened by their fresh matches.

@@ -1,4 +1,5 @@
-"""The draft step's token matches (kernels/token_match.py) against their reference and a hand-read case.
+"""The draft step's token matches and each listed head's copy of them (kernels/token_match.py) against their
+references and hand-read cases.
 
 Without a GPU the kernel runs in Triton's CPU interpreter (see triton_env.py); with CUDA it runs compiled.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sglang_sparsespec.kernels.token_match import token_match_fwd, token_match_ref
+from sglang_sparsespec.kernels.token_match import match_lists_fwd, match_lists_ref, token_match_fwd, token_match_ref
 from triton_env import DEVICE
 
 
@@ -58,3 +59,57 @@ def test_token_match_refuses_buffers_it_cannot_fill():
         token_match_fwd(ids, one, one, one, torch.zeros(1, 3, dtype=torch.int32, device=DEVICE), cnt)
     with pytest.raises(ValueError, match="int32"):
         token_match_fwd(ids.long(), one, one, one, torch.zeros(1, 4, dtype=torch.int32, device=DEVICE), cnt)
+
+
+def test_each_listed_head_gets_the_matches_its_plan_lacks():
+    """Row 0 of the plans holds, in layer 1's head 0 (group 2 of 2 x 2), positions 5 and 9: that head's copy of
+    request 0's list drops them, head 1's keeps them; entries past each count stay as they were."""
+    sel_pos = torch.full((2, 4, 6), -1, dtype=torch.int32, device=DEVICE)
+    sel_pos[0, 2, :3] = torch.tensor([5, 9, 30], dtype=torch.int32)
+    sel_pos[0, 3, :2] = torch.tensor([6, 11], dtype=torch.int32)
+    sel_cnt = torch.tensor([3, 0], dtype=torch.int32, device=DEVICE)
+    match_pos = torch.tensor([[9, 10, 5, 6, -1, 3], [4, 5, 0, 0, 0, 0]], dtype=torch.int32, device=DEVICE)
+    match_cnt = torch.tensor([5, 2], dtype=torch.int32, device=DEVICE)
+    lists = torch.full((2, 3, 6), -7, dtype=torch.int32, device=DEVICE)
+    rows, groups = torch.tensor([0, 1], device=DEVICE), torch.tensor([2, 3], dtype=torch.int32, device=DEVICE)
+    match_lists_fwd(match_pos, match_cnt, sel_pos, sel_cnt, rows, groups, lists)
+    assert lists[0, 0].tolist() == [-1, 10, -1, 6, -1, -7] and lists[1, 0].tolist() == [9, 10, 5, -1, -1, -7]
+    assert lists[0, 1].tolist() == lists[1, 1].tolist() == [4, 5, -7, -7, -7, -7]  # row 1's plan is empty
+    assert (lists[:, 2] == -7).all()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_match_lists_equal_their_reference(shared):
+    """Lists longer than a program's block of entries, plans longer than its chunk, padded plans (-1 entries below
+    the count) and counts beyond the plan's width, for per-head plans and one set shared by every head."""
+    g = torch.Generator().manual_seed(7 + shared)
+    rows, groups_n, kmax, width, bs = 5, 1 if shared else 6, 150, 160, 4
+    sel_pos = torch.randint(-1, 200, (rows, groups_n, kmax), generator=g, dtype=torch.int32).to(DEVICE)
+    sel_cnt = torch.tensor([150, 0, 70, 999, 3], dtype=torch.int32, device=DEVICE)  # 999: clamped to kmax
+    match_pos = torch.randint(-1, 200, (bs + 1, width), generator=g, dtype=torch.int32).to(DEVICE)
+    match_cnt = torch.tensor([160, 0, 65, 7, 3], dtype=torch.int32, device=DEVICE)
+    rpi = torch.tensor([3, 0, 2, 4], device=DEVICE)
+    groups = torch.tensor([5, 0, 3], dtype=torch.int32, device=DEVICE)
+    lists = torch.full((3, bs + 1, width), -7, dtype=torch.int32, device=DEVICE)
+    match_lists_fwd(match_pos, match_cnt, sel_pos, sel_cnt, rpi, groups, lists)
+    ref = match_lists_ref(match_pos.cpu(), match_cnt.cpu(), sel_pos.cpu(), sel_cnt.cpu(), rpi.cpu(), groups.cpu())
+    for i in range(3):
+        for b in range(bs):
+            n = int(match_cnt[b])
+            assert lists[i, b, :n].tolist() == ref[i][b]
+            assert (lists[i, b, n:] == -7).all()
+    assert any(-1 in ref[i][0] and ref[i][0] != match_pos[0].tolist() for i in range(3))  # some were dropped
+    assert (lists[:, bs] == -7).all()
+
+
+def test_match_lists_refuse_buffers_that_do_not_fit():
+    pos = torch.zeros(2, 8, dtype=torch.int32, device=DEVICE)
+    cnt = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    sel = torch.zeros(2, 3, 4, dtype=torch.int32, device=DEVICE)
+    rows, groups = torch.zeros(2, dtype=torch.int64, device=DEVICE), torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="lists must be int32"):
+        match_lists_fwd(pos, cnt, sel, cnt, rows, groups, torch.zeros(1, 2, 8, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="contiguous rows"):
+        match_lists_fwd(pos, cnt, sel, cnt, rows, groups, torch.zeros(2, 2, 6, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="sel_pos must be int32"):
+        match_lists_fwd(pos, cnt, sel.long(), cnt, rows, groups, torch.zeros(2, 2, 8, dtype=torch.int32, device=DEVICE))

@@ -38,7 +38,7 @@ import torch
 import triton
 from sglang_sparsespec.kernels.score_capture import score_capture
 from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
-from sglang_sparsespec.kernels.token_match import token_match_fwd
+from sglang_sparsespec.kernels.token_match import match_lists_fwd, token_match_fwd
 from sglang_sparsespec.kernels.topk_select import topk_select
 from sglang_sparsespec.kernels.verify_attention import verify_attention_fwd
 
@@ -88,17 +88,24 @@ def bench_decode(shape: Shape, bs: int, seq_len: int) -> dict:
         row[f"sparse_dense1_s{splits or 'default'}_us"] = bench_us(
             lambda n=splits: sparse_decode_fwd(*args, dense_heads=dense, num_kv_splits=n)
         )
-    # The same head attending 32 token matches and their successors instead (--pillar-match-heads 32@...), and the
+    # The same head attending 32 token matches and their successors instead (--pillar-match-heads 32@...); the
     # draft step's scan that lists them: one program a request over its ids below the tail, none of them a hit
-    # (an id past the vocabulary), so every program reads all of them.
+    # (an id past the vocabulary), so every program reads all of them; and the copies of the list without each
+    # listed head's plan, for 11 listed heads (the head probe's count on SmolLM2).
     match_pos = torch.randint(0, seq_len - TAIL, (bs, 64), dtype=torch.int32, device=DEVICE)
     match_cnt = torch.full((bs,), 64, dtype=torch.int32, device=DEVICE)
-    row["sparse_match1_us"] = bench_us(lambda: sparse_decode_fwd(*args, match=(match_pos, match_cnt, dense)))
+    first = dense - 1  # head 0 reads list 0, the others none
+    row["sparse_match1_us"] = bench_us(
+        lambda: sparse_decode_fwd(*args, match=(match_pos.unsqueeze(0), match_cnt, first))
+    )
     ids = torch.randint(0, 49152, (bs, seq_len), dtype=torch.int32, device=DEVICE)
     token = torch.full((bs,), 49152, dtype=torch.int64, device=DEVICE)
     tails = tail_start.to(torch.int32)
     found = (torch.empty_like(match_pos), torch.empty_like(match_cnt))
     row["token_match_scan_us"] = bench_us(lambda: token_match_fwd(ids, rpi, token, tails, *found))
+    groups = torch.arange(11, dtype=torch.int32, device=DEVICE) % shape.h_kv
+    lists = torch.empty(11, bs, 64, dtype=torch.int32, device=DEVICE)
+    row["match_lists11_us"] = bench_us(lambda: match_lists_fwd(match_pos, match_cnt, sel, sel_cnt, rpi, groups, lists))
 
     full_indptr = torch.arange(0, bs + 1, device=DEVICE, dtype=torch.int32) * seq_len
     full_indices = req_to_token.flatten().to(torch.int64)

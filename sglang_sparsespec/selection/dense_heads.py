@@ -47,16 +47,10 @@ def dense_head_mask(
 ) -> tuple[torch.Tensor | None, ...] | None:
     """Per layer, the draft kernel's ``dense_heads``: [num_kv_heads] int32, 1 at each listed head, or None in a
     layer with none listed (its launch compiles the dense path out); None when no head is listed."""
-    return head_masks(parse_dense_heads(text), num_layers, num_kv_heads, device)
-
-
-def head_masks(
-    heads: tuple[tuple[int, int], ...], num_layers: int, num_kv_heads: int, device: torch.device, flag: str = FLAG
-) -> tuple[torch.Tensor | None, ...] | None:
-    """Per layer [num_kv_heads] int32, 1 at each of ``heads``, or None in a layer with none; None for no heads."""
+    heads = parse_dense_heads(text)
     if not heads:
         return None
-    gap = heads_gap(heads, num_layers, num_kv_heads, flag)
+    gap = heads_gap(heads, num_layers, num_kv_heads)
     if gap is not None:
         raise ValueError(gap)
     mask = torch.zeros(num_layers, num_kv_heads, dtype=torch.int32)

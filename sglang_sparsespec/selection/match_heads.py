@@ -5,19 +5,21 @@ an induction head attends the position after the current token's earlier occurre
 occurrences themselves. Reading such a head's whole prefix keeps those lookups at a cost that grows with the
 context; listing it here adds only what its lookup finds. In every draft step each request's N latest occurrences
 of the step's input token below its plan's tail, and the position after each (``kernels/token_match.py``), join
-the listed heads' plans. The scan reads the requests' token ids on the GPU (``TokenIds``), kept by position as
-req_to_token keeps KV slots: written where tokens become known (a prefill's whole sequence, each round's pending
-token and chain) and read only below the tail, where every position holds a committed token.
+the listed heads' plans, each head's copy without the positions its plan holds. The scan reads the requests' token
+ids on the GPU (``TokenIds``), kept by position as req_to_token keeps KV slots: written where tokens become known (a
+prefill's whole sequence, each round's pending token and chain) and read only below the tail, where every position
+holds a committed token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .dense_heads import FLAG as DENSE_FLAG
-from .dense_heads import head_masks, heads_gap, parse_dense_heads
+from .dense_heads import heads_gap, parse_dense_heads
 
 FLAG = "--pillar-match-heads"
 # Occurrences a step lists at most (twice that many positions): the match buffers' static width.
@@ -56,12 +58,39 @@ def match_heads_gap(text: str, num_layers: int, num_kv_heads: int, dense_heads: 
     return heads_gap(heads, num_layers, num_kv_heads, FLAG)
 
 
-def match_head_masks(
-    text: str, num_layers: int, num_kv_heads: int, device: torch.device
-) -> tuple[torch.Tensor | None, ...] | None:
-    """Per layer, the draft kernel's match heads: [num_kv_heads] int32, 1 at each listed head, or None in a layer
-    with none listed (its launch compiles the match path out); None when no head is listed."""
-    return head_masks(parse_match_heads(text)[1], num_layers, num_kv_heads, device, FLAG)
+@dataclass(frozen=True)
+class MatchHeads:
+    """The listed KV heads as the draft step's kernels index them: listed head i (in layer, head order) gets row i
+    of the step's per-head match lists (``kernels/token_match.py``'s ``match_lists_fwd``).
+
+    rows:   per layer [num_kv_heads] int32, each listed head's row and -1 elsewhere, or None in a layer with none
+            listed (its launch compiles the match path out).
+    groups: [n] int32, listed head i's plan set: layer x num_kv_heads + head (``selection/state.py``'s groups).
+    """
+
+    rows: tuple[torch.Tensor | None, ...]
+    groups: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        return self.groups.shape[0]
+
+
+def match_heads_of(text: str, num_layers: int, num_kv_heads: int, device: torch.device) -> MatchHeads | None:
+    """The heads ``text`` lists, for a model of ``num_layers`` x ``num_kv_heads``; None when it lists none."""
+    _, heads = parse_match_heads(text)
+    if not heads:
+        return None
+    gap = heads_gap(heads, num_layers, num_kv_heads, FLAG)
+    if gap is not None:
+        raise ValueError(gap)
+    rows = torch.full((num_layers, num_kv_heads), -1, dtype=torch.int32)
+    for i, (layer, head) in enumerate(heads):  # parse_match_heads sorts them
+        rows[layer, head] = i
+    groups = torch.tensor([layer * num_kv_heads + head for layer, head in heads], dtype=torch.int32)
+    return MatchHeads(
+        rows=tuple(row.to(device) if (row >= 0).any() else None for row in rows), groups=groups.to(device)
+    )
 
 
 class TokenIds:

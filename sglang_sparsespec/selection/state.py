@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .match_heads import TokenIds
+from .match_heads import MatchHeads, TokenIds
 
 
 @dataclass
@@ -31,7 +31,7 @@ class PlanState:
     Row 0 stays empty (count 0, tail_start 0): padded graph rows attend only to themselves.
     dense:      per layer [num_kv_heads] int32 (1 where a KV head drafts over the whole prefix instead of its
                 plan) or None where no head of the layer does; None when none at all (``selection/dense_heads.py``).
-    match:      the same per layer for the KV heads that also attend each draft step's token matches, and
+    match:      the KV heads that also attend each draft step's token matches, and
     token_ids:  the token ids the matches are scanned in, both None when off (``selection/match_heads.py``).
     """
 
@@ -41,7 +41,7 @@ class PlanState:
     num_layers: int
     num_kv_heads: int
     dense: tuple[torch.Tensor | None, ...] | None = None
-    match: tuple[torch.Tensor | None, ...] | None = None
+    match: MatchHeads | None = None
     token_ids: TokenIds | None = None
 
     @classmethod
@@ -66,8 +66,9 @@ class PlanState:
         return None if self.dense is None else self.dense[layer_id]
 
     def match_heads(self, layer_id: int) -> torch.Tensor | None:
-        """[num_kv_heads] int32 of one layer's match heads, or None when no head of it is listed."""
-        return None if self.match is None else self.match[layer_id]
+        """[num_kv_heads] int32: one layer's match heads' rows in the step's match lists (-1: not listed), or None
+        when no head of it is listed."""
+        return None if self.match is None else self.match.rows[layer_id]
 
     def layer(self, layer_id: int) -> torch.Tensor:
         """[rows, H_kv, kmax] view of one layer's sets (head stride 0 for shared plans)."""

@@ -37,13 +37,13 @@ def test_report_regenerates_the_results_page_from_the_checked_in_results(tmp_pat
     assert front.read_text() == (repo / "README.md").read_text()
     # The README's one results table: the headline point, every stock backend of its run beside PILLAR.
     headline = front.read_text().split(report.HEADLINE_BEGIN)[1].split(report.HEADLINE_END)[0]
-    assert "**SmolLM2-135M-Instruct on one NVIDIA H100 80GB HBM3, commit 87ad7fb**" in headline
-    assert "(run `h100-87ad7fb-dense`" in headline
-    assert "| `stock` | triton | 23,557 | 1.00x | 76.0 | 10.82 | - |" in headline
-    assert "| `stock-flashinfer` | flashinfer | 22,364 | 0.95x | 79.8 | 11.35 | - |" in headline
-    assert "| `pillar` | triton | 50,162 | **2.13x** | 29.6 | 4.09 | 5.62 |" in headline
+    assert "**SmolLM2-135M-Instruct on one NVIDIA H100 80GB HBM3, commit 58858b1**" in headline
+    assert "(run `h100-58858b1-match`" in headline
+    assert "| `stock` | triton | 23,142 | 1.00x | 77.0 | 10.97 | - |" in headline
+    assert "| `stock-flashinfer` | flashinfer | 21,690 | 0.94x | 82.4 | 11.70 | - |" in headline
+    assert "| `pillar` | triton | 50,036 | **2.16x** | 33.3 | 4.53 | 5.75 |" in headline
     assert (
-        "`benchmarks/results/throughput/throughput_h100-87ad7fb-dense_{stock,stock-flashinfer,pillar}.json`" in headline
+        "`benchmarks/results/throughput/throughput_h100-58858b1-match_{stock,stock-flashinfer,pillar}.json`" in headline
     )
     assert "](docs/figures/throughput_vs_concurrency.png)" in headline and "runs `sweep-e058028-*`" in headline
     assert "](../docs/figures/throughput_vs_concurrency.png)" in page.read_text()  # the same figure from docs/

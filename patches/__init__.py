@@ -11,9 +11,9 @@ cache dtype, the plan stream, the decode graph batch sizes, and for plain rounds
 under a spec-config override), ``rounds`` (EAGLE's chain verify input builder; on the decode path, ModelRunner.sampler
 (Sampler.forward's signature) on the step's logits wrapped in LogitsProcessorOutput, a GenerationBatchResult as SGLang's
 verify builds it; a prefill batch's input_ids, which rank the draft vocabulary, and its Reqs' req_pool_idx,
-origin_input_ids and output_ids, which the match heads' token ids are written from), ``verify`` (SGLang's verify
-steps for a topk=1 chain: the slot kernel, ForwardBatch, the graph runner's can_run_graph / load_batch / execute, the
-forward context, the target worker's verify forward, grammar masks, the bonus-token kernel, spec logprobs,
+origin_input_ids and output_ids, which the match heads' token ids are written from), ``verify`` (SGLang's verify steps
+for a topk=1 chain: the slot kernel, ForwardBatch, the graph runner's can_run_graph / load_batch / execute, the forward
+context, the target worker's verify forward, grammar masks, the bonus-token kernel, spec logprobs,
 GenerationBatchResult), ``verify_input`` (EagleVerifyInput, extended, with its acceptance: eagle_sample's logit
 processing, its verify coins and, for plain greedy batches, eagle_sample itself; the server's sampling backend; the
 Sampler's apply_custom_logit_processor), ``request_rounds`` (Req's sampling parameters, output ids, retraction count and
@@ -37,11 +37,13 @@ signature; HybridAttnBackend's own routing, to find the Triton backend that serv
 --attention-backend flashinfer; forward_extend's save_kv_cache and the backend's dcp_size, _translate_kv_loc and KV
 pool, to store the chain's K/V as SGLang would), ``cuda_graph`` (the decode graph runner's capture_forward_mode and
 attn_backend), ``request_guard`` (SamplingParams' and the tokenized request's msgspec schema and SGLang's IPC codec, to
-check a request before dispatch), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start instead of
-on the first sampled request; FlashInfer's own JIT spec, not an SGLang symbol, compiled on a thread beside the
-captures), ``slot_warmup`` (write_req_to_token_pool_triton's signature as write_cache_indices calls it: both alignment
-variants built at start), ``serve_warmup`` (SGLang's custom-warmup registry, ``sglang.srt.entrypoints.warmup.warmup``,
-and GenerateReqInput: real warm-up batches before the server listens; ``spec_algo`` names it in ``ServerArgs.warmups``),
+check a request before dispatch), ``probe_capture`` (the model's RadixAttention modules: their forward's q and k, layer
+id, head counts, head dim, scaling and logit cap, read by a forward pre-hook during the warm-up's probe prefills for
+``N@auto`` match heads), ``sampler_warmup`` (the sampler's FlashInfer entry points, built at start instead of on the
+first sampled request; FlashInfer's own JIT spec, not an SGLang symbol, compiled on a thread beside the captures),
+``slot_warmup`` (write_req_to_token_pool_triton's signature as write_cache_indices calls it: both alignment variants
+built at start), ``serve_warmup`` (SGLang's custom-warmup registry, ``sglang.srt.entrypoints.warmup.warmup``, and
+GenerateReqInput: real warm-up batches before the server listens; ``spec_algo`` names it in ``ServerArgs.warmups``),
 ``tp_agree`` (the TP group's CPU group and rank_in_group, to broadcast rank 0's round shape and let rank 0 alone write
 the cost file), ``openai_guard`` (FastAPI's body fields of the HTTP app's routes, whose validation it wraps),
 ``mixed_runner`` (create_flashinfer_kv_indices_triton for the verify segments' prefix slots, and SamplingBatchInfo

@@ -20,6 +20,7 @@ Everything stays on the GPU without a host synchronisation, so the overlap sched
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from enum import Enum
 
 import torch
@@ -31,7 +32,7 @@ from sglang_sparsespec.config import PillarConfig
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.rounds.clock import NoClock, RoundClock
 from sglang_sparsespec.rounds.launch import RoundShape
-from sglang_sparsespec.rounds.warmup import is_warmup
+from sglang_sparsespec.rounds.warmup import is_probe, is_warmup
 from sglang_sparsespec.sampling.rejection import DraftRecord
 from sglang_sparsespec.selection.match_heads import TokenIds
 from sglang_sparsespec.selection.selectors import Selector
@@ -40,6 +41,7 @@ from . import verify
 from .decode_graphs import host_rows
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner, mixed_serves
+from .probe_capture import HeadProbe
 from .request_rounds import decode_path_serves
 from .round_plan import RoundPlanner
 from .verify import Pools, VerifyPass
@@ -70,9 +72,11 @@ class Rounds:
         max_bs: int,
         device: str,
         token_ids: TokenIds | None = None,
+        probe: HeadProbe | None = None,
     ) -> None:
         self.cfg, self.pools, self.planner, self.clock, self.metrics = cfg, pools, planner, clock, metrics
         self.token_ids = token_ids  # with match heads: every token written at its position as it becomes known
+        self.probe = probe  # with N@auto match heads: scores the heads in the warm-up's probe prefills
         self.selector, self.draft_runner, self.mixed, self.plain = selector, draft_runner, mixed, plain
         self.device = device
         mr = pools.target_worker.model_runner
@@ -95,7 +99,9 @@ class Rounds:
         """SGLang's own prefill forward; each request's plan starts as a streaming plan (sinks + recent
         window), so its first round already drafts sparsely."""
         self.clock.interrupt()
-        result = self.pools.target_worker.forward_batch_generation(batch)
+        probing = self.probe is not None and is_probe(batch.reqs)
+        with self.probe.capture(len(batch.reqs[0].origin_input_ids)) if probing else nullcontext():
+            result = self.pools.target_worker.forward_batch_generation(batch)
         # spec-v2 convention: seq_lens counts tokens with KV; the sampled token has none yet.
         result.new_seq_lens = batch.seq_lens
         if on_publish is not None:

@@ -10,7 +10,9 @@ import logging
 import os
 import time
 
-from sglang_sparsespec.rounds.warmup import WARMUP_NAME, warmup_plan
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.rounds.warmup import WARMUP_NAME, probe_batches, warmup_plan
+from sglang_sparsespec.selection.match_heads import auto_heads
 
 from .contacts import resolved
 
@@ -30,6 +32,13 @@ async def pillar_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
     # Each tokenizer worker (a process of its own) runs the warm-up: its rids carry the process id.
     tag = f"{os.getpid()}-"
     plan = warmup_plan(sa.max_running_requests, mc.vocab_size, sa.chunked_prefill_size, mc.context_len, tag)
+    if auto_heads(PillarConfig.from_env(sa.speculative_num_steps).match_heads) is not None:
+        # First, so the rest of the warm-up already drafts with the heads the probe lists.
+        bos = getattr(getattr(mc, "hf_config", None), "bos_token_id", None)
+        probes = probe_batches(mc.vocab_size, bos, tag, sa.chunked_prefill_size, mc.context_len)
+        if not probes:
+            logger.warning("PILLAR head probe skipped: a chunk, the context or the vocabulary is too small for its ids")
+        plan = [*probes, *plan]
     if not plan:
         logger.info("PILLAR warm-up skipped: a %d-token context holds no warm-up request", mc.context_len)
         return

@@ -15,7 +15,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from sglang_sparsespec.config import PillarConfig, SelectionPolicy
 from sglang_sparsespec.sampling.target import SamplingBackend
 from sglang_sparsespec.selection.dense_heads import dense_heads_gap
-from sglang_sparsespec.selection.match_heads import match_heads_gap
+from sglang_sparsespec.selection.match_heads import auto_heads, match_heads_gap
 
 from .contacts import attention_backends, dp_attention
 from .serve_warmup import add_to_server_args
@@ -300,6 +300,10 @@ def validate_server_args(sa: ServerArgs) -> None:
     gap = match_heads_gap(cfg.match_heads, num_layers, num_kv_heads, cfg.dense_heads)
     if gap is not None:
         reject(gap)
+    if auto_heads(cfg.match_heads) is not None and sa.skip_server_warmup:
+        # The heads are named by probe requests the server's own warm-up sends (patches/probe_capture.py).
+        reject(f"--pillar-match-heads {cfg.match_heads} needs the server's warm-up, which names the heads: drop "
+               "--skip-server-warmup or name the heads (head_probe prints them)")  # fmt: skip
     if cfg.mixed and sa.tp_size != 1:
         # Its acceptance runs inside the forward's CUDA graph, without rank 0's broadcast of the tokens.
         reject(f"--pillar-batch-phases mixed runs on one GPU (--tp-size 1), got --tp-size {sa.tp_size}")

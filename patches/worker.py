@@ -48,6 +48,7 @@ from .draft_logits import keep_verify_logits
 from .draft_qk import QK_IN_KERNEL
 from .draft_runner import PillarDraftRunner
 from .mixed_runner import MixedRunner
+from .probe_capture import HeadProbe
 from .round_plan import RoundPlanner, seeded_config, setup_identity
 from .rounds import Rounds
 from .sampler_warmup import build_sampling_kernels, compile_ahead
@@ -210,9 +211,11 @@ class PillarWorker(BaseSpecWorker):
                 self.mixed.capture()
         plain = self._build_plain_pass() if 0 in self.cfg.step_candidates else None
         pools = Pools(self._target_worker, self.req_to_token_pool, self.plan_stream, self.plan_stream_ctx)
+        match = self.state.match  # with N@auto, named by the warm-up's probe (patches/probe_capture.py)
         self.rounds = Rounds(
             self.cfg, pools, self.planner, self.clock, self.metrics, self.selector, self.draft_runner, self.mixed,
             plain, self.max_bs, self.device, token_ids=self.state.token_ids,
+            probe=None if match is None or match.table is None else HeadProbe(self.model_runner.model, match),
         )  # fmt: skip
         # Every capture is over (the target's before this call, PILLAR's above): load and call them here.
         build_sampling_kernels(

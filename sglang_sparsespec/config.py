@@ -361,10 +361,10 @@ KNOBS: tuple[Knob, ...] = (
          "copy; half = the LM head's dtype (half the bytes; fp32 where anything else reads or changes them)"),
     Knob("ACCEPT_LIST", "accept_list", "a verify row's first token list: candidates = p >= 1/2047 in one read, "
          "bins = by a histogram (same tokens)"),
-    Knob("DENSE_HEADS", "dense_heads", "KV heads that draft over the whole prefix, LAYER.HEAD+...: "
-         "python -m sglang_sparsespec.selection.head_probe names them"),
-    Knob("MATCH_HEADS", "match_heads", "N@LAYER.HEAD+...: KV heads that also attend a draft token's N latest "
-         "occurrences and what followed each"),
+    Knob("DENSE_HEADS", "dense_heads", "KV heads drafting over the whole prefix, LAYER.HEAD+... "
+         "(selection.head_probe names them)"),
+    Knob("MATCH_HEADS", "match_heads", "N@LAYER.HEAD+... or N@auto[:C] (C heads probed at warm-up, 11): KV heads "
+         "also attending a draft token's N latest occurrences and the next positions"),
     Knob("OFFLOAD_HOST_GB", "offload_host_gb", "pinned host GB for parking running requests' KV instead of "
          "retracting them (stock decoding too); 0 = off"),
     Knob("STEP_TIMING", "timing_every", "log the mean GPU ms of each round phase every N rounds (one host "

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from sglang_sparsespec.selection.dense_heads import parse_dense_heads
-from sglang_sparsespec.selection.head_probe import lookup_scores, main, pick_heads, probe_sequence
+from sglang_sparsespec.selection.head_probe import lookup_scores, main, pick_heads, probe_sequence, qk_lookup_scores
 
 
 def test_the_sequence_is_random_ids_shown_twice_after_the_bos() -> None:
@@ -47,6 +47,29 @@ def test_planted_lookups_score_their_kv_head_and_no_other() -> None:
         assert s["duplicate"][layer, head] == pytest.approx(float(uniform))
     with pytest.raises(ValueError, match="do not group"):
         lookup_scores([_causal_uniform(3, t)], length, num_kv_heads=2, offset=offset)
+
+
+@pytest.mark.parametrize("cap", [0.0, 4.0])
+def test_scores_from_q_and_k_are_those_of_their_causal_softmax(cap) -> None:
+    """What the server's probe scores from the q and k a forward hands attention: the same as ``lookup_scores`` on
+    the probabilities built row by row (GQA: query heads 0-1 read KV head 0), and a planted key found."""
+    gen = torch.Generator().manual_seed(9)
+    length, offset, h_q, h_kv, d = 12, 1, 4, 2, 8
+    t = offset + 2 * length
+    q, k = torch.randn(t, h_q, d, generator=gen), torch.randn(t, h_kv, d, generator=gen)
+    k[offset + 3, 1] = 6 * q[offset + length + 3, 2]  # KV head 1's key at a first occurrence, aligned with its query
+    probs = torch.zeros(h_q, t, t)
+    for h in range(h_q):
+        for i in range(t):
+            logits = (k[: i + 1, h // 2] @ q[i, h]) * 0.5
+            probs[h, i, : i + 1] = (cap * torch.tanh(logits / cap) if cap else logits).softmax(-1)
+    expected = lookup_scores([probs], length, h_kv, offset)
+    got = qk_lookup_scores(q, k, length, offset, 0.5, cap)
+    for name in ("duplicate", "induction"):
+        torch.testing.assert_close(got[name], expected[name][0])
+    assert got["duplicate"][1] > got["duplicate"][0]
+    with pytest.raises(ValueError, match="do not group"):
+        qk_lookup_scores(q[:, :3], k, length, offset, 0.5)
 
 
 def test_the_highest_scores_are_named_in_layer_order_as_the_flag_reads_them() -> None:

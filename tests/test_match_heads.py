@@ -8,8 +8,10 @@ import pytest
 import torch
 from sglang_sparsespec.kernels.token_match import token_match_fwd, token_match_ref
 from sglang_sparsespec.selection.match_heads import (
+    AUTO_HEADS,
     MAX_LATEST,
     TokenIds,
+    auto_heads,
     match_heads_of,
     match_heads_gap,
     parse_match_heads,
@@ -20,7 +22,9 @@ from sglang_sparsespec.selection.state import PlanState
 def test_the_flag_parses_a_count_and_heads_and_refuses_the_rest() -> None:
     assert parse_match_heads("32@20.1+7.2+7.2") == (32, ((7, 2), (20, 1)))
     assert parse_match_heads(" ") == (0, ())
-    for bad in ("7.2", "0@7.2", f"{MAX_LATEST + 1}@7.2", "x@7.2", "32@", "32@7", "-1@7.2"):
+    assert parse_match_heads("64@auto") == parse_match_heads("64@auto:5") == (64, ())
+    assert auto_heads("64@auto") == AUTO_HEADS and auto_heads("64@auto:5") == 5 and auto_heads("64@7.2") is None
+    for bad in ("7.2", "0@7.2", f"{MAX_LATEST + 1}@7.2", "x@7.2", "32@", "32@7", "-1@7.2", "64@auto:0", "64@auto:x"):
         with pytest.raises(ValueError, match="--pillar-match-heads"):
             parse_match_heads(bad)
 
@@ -32,6 +36,31 @@ def test_gaps_name_unknown_heads_dense_overlaps_and_bad_values() -> None:
     gap = match_heads_gap("8@7.2+8.0", 30, 3, dense_heads="8.0+9.1")
     assert gap is not None and "both name 8.0" in gap
     assert "N@LAYER.HEAD" in match_heads_gap("7.2", 30, 3)
+    assert match_heads_gap("8@auto:90", 30, 3) is None
+    assert "the model has 90 KV heads" in match_heads_gap("8@auto:91", 30, 3)
+    assert "the probe could list a dense head" in match_heads_gap("8@auto", 30, 3, dense_heads="8.0")
+
+
+def test_auto_heads_list_none_until_a_probe_assigns_the_highest_scores_in_place() -> None:
+    """With N@auto every layer's rows are views of one table (all -1: none listed), so the draft graphs captured at
+    start read what the warm-up's probe writes there later: the C highest-scoring heads, rows in layer order."""
+    heads = match_heads_of("16@auto:3", 4, 2, torch.device("cpu"))
+    assert heads.count == 3 and all(r is not None and r.tolist() == [-1, -1] for r in heads.rows)
+    captured = heads.rows[3]  # as a captured graph holds it
+    scores = torch.tensor([[0.1, 0.9], [0.0, 0.2], [0.5, 0.3], [0.05, 0.8]])
+    assert heads.assign(scores).tolist() == [1, 4, 7]
+    assert [r.tolist() for r in heads.rows] == [[-1, 0], [-1, -1], [1, -1], [-1, 2]]
+    assert captured.tolist() == [-1, 2] and heads.groups.tolist() == [1, 4, 7]
+    heads.assign(torch.tensor([[1.0, 0.0], [0.9, 0.0], [0.0, 0.0], [0.0, 0.8]]))  # a later probe moves them
+    assert [r.tolist() for r in heads.rows] == [[0, -1], [1, -1], [-1, -1], [-1, 2]] and heads.groups.tolist() == [
+        0,
+        2,
+        7,
+    ]
+    with pytest.raises(ValueError, match="score expected"):
+        heads.assign(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="only N@auto"):
+        match_heads_of("16@1.0", 4, 2, torch.device("cpu")).assign(scores)
 
 
 def test_the_listed_heads_get_list_rows_and_plan_groups_that_the_plan_state_serves_per_layer() -> None:
@@ -78,6 +107,11 @@ def test_the_launch_refuses_several_gpus_mixed_phases_the_oracle_and_bad_lists(l
         monkeypatch.setenv("SPARSESPEC_MATCH_HEADS", value)
         with pytest.raises(ValueError, match=message):
             _args(llama_config_dir)
+    monkeypatch.setenv("SPARSESPEC_MATCH_HEADS", "16@auto")
+    _args(llama_config_dir)
+    with pytest.raises(ValueError, match="needs the server's warm-up, which names the heads") as err:
+        _args(llama_config_dir, skip_server_warmup=True)
+    assert "\n" not in str(err.value)
     monkeypatch.setenv("SPARSESPEC_MATCH_HEADS", "16@1.0")
     monkeypatch.setenv("SPARSESPEC_DENSE_HEADS", "1.0")
     with pytest.raises(ValueError, match="both name 1.0"):

@@ -21,9 +21,11 @@ from sglang_sparsespec.rounds.warmup import (
     WARMUP_RID_PREFIX,
     batch_sizes,
     is_warmup,
+    probe_batches,
     warmup_plan,
     warmup_steps,
 )
+from sglang_sparsespec.selection.head_probe import PROBE_TRIALS
 
 
 @pytest.mark.parametrize("cap", [1, 2, 3, 48, 256, 1000])
@@ -172,7 +174,11 @@ class _FakeTokenizerManager:
     GenerateReqInput code, as generate_request does first."""
 
     def __init__(self, max_running_requests: int, vocab_size: int):
-        self.server_args = type("SA", (), {"max_running_requests": max_running_requests, "chunked_prefill_size": 64})()
+        self.server_args = type(
+            "SA",
+            (),
+            {"max_running_requests": max_running_requests, "chunked_prefill_size": 64, "speculative_num_steps": 8},
+        )()
         self.model_config = type("MC", (), {"vocab_size": vocab_size, "context_len": 8192})()
         self.requests = []
 
@@ -194,6 +200,22 @@ def test_pillar_warmup_sends_the_plan_as_sglang_batch_requests():
         assert obj.is_single is False and obj.batch_size == batch.size
         assert obj.rid == batch.rids and obj.input_ids == batch.input_ids
         assert obj.sampling_params == [batch.sampling] * batch.size
+
+
+def test_with_auto_match_heads_the_warmup_probes_first_where_a_chunk_holds_the_probe(monkeypatch):
+    from sglang_sparsespec.patches.serve_warmup import pillar_warmup
+
+    monkeypatch.setenv("SPARSESPEC_MATCH_HEADS", "64@auto")
+    tm = _FakeTokenizerManager(4, 49152)
+    tm.server_args.chunked_prefill_size = 2048
+    asyncio.run(pillar_warmup("null", tm))
+    tag = f"{os.getpid()}-"
+    probes, plan = probe_batches(49152, None, tag), warmup_plan(4, 49152, 2048, 8192, tag)
+    assert len(probes) == PROBE_TRIALS and [r.rid for r in tm.requests] == [b.rids for b in probes + plan]
+    assert tm.requests[0].input_ids == probes[0].input_ids
+    tm = _FakeTokenizerManager(4, 49152)  # 64-token chunks: no probe fits, the plan goes alone
+    asyncio.run(pillar_warmup("null", tm))
+    assert len(tm.requests) == len(warmup_plan(4, 49152, 64, 8192, tag))
 
 
 def test_pillar_warmup_sends_the_whole_plan_to_each_data_parallel_replica():

@@ -33,6 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from ..selection.head_probe import FIRST_ID, PROBE_LENGTH, PROBE_TRIALS, probe_sequence
+
 # SGLang's custom-warmup name (``--warmups``) and the request-id prefix that marks warm-up requests
 # (ids are otherwise random hex; a client's rid with this prefix is a 400, patches/request_guard.py).
 WARMUP_NAME = "pillar"
@@ -47,6 +51,8 @@ PROMPT_TOKENS = 17
 NEW_TOKENS = 48
 # Prompt ids start above the special tokens of common vocabularies.
 FIRST_TOKEN_ID = 100
+# In the rids of the match-head probe's requests, after the prefix and the tag.
+PROBE_RID_MARK = "probe-"
 
 SAMPLING_SHAPES: tuple[dict[str, Any], ...] = (
     {"temperature": 0.0},
@@ -130,6 +136,36 @@ def warmup_plan(
         if fits(prompt_tokens):
             plan.append(batch(max_running_requests, SAMPLING_SHAPES[0], prompt_tokens))
     return plan
+
+
+def probe_batches(
+    vocab_size: int, bos: int | None, tag: str = "", chunk_tokens: int | None = None, context_len: int | None = None
+) -> list[WarmupBatch]:
+    """``--pillar-match-heads N@auto``'s probe: PROBE_TRIALS one-request batches, each ``head_probe``'s random
+    sequence shown twice (seeded, so every start probes the same ids), prefilled and then one greedy token; the
+    worker scores the heads during those prefills (``PROBE_RID_MARK`` in the rid). None where one chunk or half the
+    context cannot hold a sequence (the prefill must see it whole), or the vocabulary is too small for one."""
+    tokens = 2 * PROBE_LENGTH + (bos is not None)
+    too_long = (chunk_tokens is not None and 0 < chunk_tokens < tokens) or (
+        context_len is not None and 2 * tokens > context_len
+    )
+    if too_long or vocab_size <= 2 * FIRST_ID + PROBE_LENGTH:
+        return []
+    gen = torch.Generator().manual_seed(0)
+    return [
+        WarmupBatch(
+            1,
+            {"temperature": 0.0, "max_new_tokens": 1},
+            [f"{WARMUP_RID_PREFIX}{tag}{PROBE_RID_MARK}{i}"],
+            [probe_sequence(PROBE_LENGTH, vocab_size, bos, gen).tolist()],
+        )
+        for i in range(PROBE_TRIALS)
+    ]
+
+
+def is_probe(reqs: Sequence[Any]) -> bool:
+    """Whether a prefill batch is one probe request (``probe_batches``)."""
+    return len(reqs) == 1 and PROBE_RID_MARK in str(reqs[0].rid) and str(reqs[0].rid).startswith(WARMUP_RID_PREFIX)
 
 
 def is_warmup(reqs: Sequence[Any]) -> bool:

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 # Token ids drawn for the probe start above the special tokens and stop short of a vocabulary's tail, where
 # added tokens live.
 FIRST_ID = 1000
+# Random ids in each copy and sequences averaged over (the command's defaults and the server's ``N@auto`` probe).
+PROBE_LENGTH = 200
+PROBE_TRIALS = 4
 
 
 def probe_sequence(length: int, vocab_size: int, bos: int | None, generator: torch.Generator) -> torch.Tensor:
@@ -48,7 +51,7 @@ def lookup_scores(attn: Sequence[torch.Tensor], length: int, num_kv_heads: int, 
     """[layers, num_kv_heads] mean attention of the second copy's queries on their token's first occurrence
     (``duplicate``) and on the position after it (``induction``), from per-layer probabilities [H_q, T, T] of a
     ``probe_sequence`` whose first copy starts at ``offset`` (1 after a BOS)."""
-    queries = torch.arange(offset + length, offset + 2 * length)
+    queries = torch.arange(offset + length, offset + 2 * length, device=attn[0].device if attn else None)
     first = queries - length  # the same token in the first copy
     out = {"duplicate": [], "induction": []}
     for probs in attn:
@@ -59,6 +62,25 @@ def lookup_scores(attn: Sequence[torch.Tensor], length: int, num_kv_heads: int, 
         out["duplicate"].append(group[:, queries, first].mean(-1))
         out["induction"].append(group[:, queries, first + 1].mean(-1))
     return {name: torch.stack(rows) for name, rows in out.items()}
+
+
+def qk_lookup_scores(
+    q: torch.Tensor, k: torch.Tensor, length: int, offset: int, scaling: float, logit_cap: float = 0.0
+) -> dict[str, torch.Tensor]:
+    """``lookup_scores`` of one layer ([num_kv_heads] each) from its queries q [T, H_q, D] and keys k [T, H_kv, D]
+    over a ``probe_sequence`` (as a served forward hands them to attention: normed and rotated), causal softmax of
+    the scaled logits (tanh soft-capped where ``logit_cap`` > 0), fp32."""
+    t, h_q, _ = q.shape
+    h_kv = k.shape[1]
+    if h_q % h_kv:
+        raise ValueError(f"{h_q} query heads do not group into {h_kv} KV heads")
+    keys = k.float().repeat_interleave(h_q // h_kv, dim=1)
+    logits = torch.einsum("qhd,khd->hqk", q.float(), keys) * scaling
+    if logit_cap > 0:
+        logits = logit_cap * torch.tanh(logits / logit_cap)
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    probs = logits.masked_fill(future, float("-inf")).softmax(-1)
+    return {name: s[0] for name, s in lookup_scores([probs], length, h_kv, offset).items()}
 
 
 def pick_heads(score: torch.Tensor, count: int) -> str:
@@ -101,8 +123,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-path", required=True, help="a Hugging Face model folder with real weights")
     p.add_argument("--heads", type=int, default=11, help="KV heads to name (each adds its whole prefix's K and V "
                    "to every draft step's reads)")  # fmt: skip
-    p.add_argument("--length", type=int, default=200, help="random ids in each copy")
-    p.add_argument("--trials", type=int, default=4, help="random sequences to average over")
+    p.add_argument("--length", type=int, default=PROBE_LENGTH, help="random ids in each copy")
+    p.add_argument("--trials", type=int, default=PROBE_TRIALS, help="random sequences to average over")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, help="write every head's scores here (JSON)")
     return p.parse_args(argv)

@@ -27,17 +27,35 @@ MAX_LATEST = 256
 # The count the head probe suggests: on SmolLM2's texts the 64 latest occurrences keep 93-95% of the tokens a round
 # every occurrence adds (tools.draft_fidelity, draft_fidelity_served_*_4096_match64.json against _matchall).
 SUGGESTED_LATEST = 64
+# ``N@auto[:C]``: the server's warm-up probes the model (``head_probe``'s random sequence shown twice, through the
+# served forward) and lists its C highest-scoring heads, by default head_probe's 11: on SmolLM2 those served 1.06x
+# PILLAR at the headline's point (throughput_h100-58858b1-match_*.json).
+AUTO = "auto"
+AUTO_HEADS = 11
+
+
+def auto_heads(text: str) -> int | None:
+    """The head count of an ``N@auto[:C]`` value (C, default AUTO_HEADS); None for any other value."""
+    name, colon, count = text.partition("@")[2].strip().partition(":")
+    if name != AUTO:
+        return None
+    if colon and not (count.isdigit() and int(count) >= 1):
+        raise ValueError(f"{FLAG} {text!r}: give N@auto or N@auto:C with C >= 1 heads (e.g. 64@auto:11)")
+    return int(count) if colon else AUTO_HEADS
 
 
 def parse_match_heads(text: str) -> tuple[int, tuple[tuple[int, int], ...]]:
-    """``"32@7.2+20.1"`` as (32, ((7, 2), (20, 1))); (0, ()) for an empty value; ValueError otherwise."""
+    """``"32@7.2+20.1"`` as (32, ((7, 2), (20, 1))); ``"32@auto"`` as (32, ()) (the probe names the heads); (0, ())
+    for an empty value; ValueError otherwise."""
     if not text.strip():
         return 0, ()
     latest, at, heads = text.partition("@")
     if not (at and latest.strip().isdigit() and 1 <= int(latest) <= MAX_LATEST):
         raise ValueError(
-            f"{FLAG} {text!r}: give N@LAYER.HEAD+... with N in 1..{MAX_LATEST} occurrences (e.g. 32@7.2+20.1)"
+            f"{FLAG} {text!r}: give N@LAYER.HEAD+... or N@auto with N in 1..{MAX_LATEST} occurrences (e.g. 32@7.2+20.1)"
         )
+    if auto_heads(text) is not None:
+        return int(latest), ()
     parsed = parse_dense_heads(heads, FLAG)
     if not parsed:
         raise ValueError(f"{FLAG} {text!r}: name at least one KV head after the @")
@@ -49,9 +67,15 @@ def match_heads_gap(text: str, num_layers: int, num_kv_heads: int, dense_heads: 
     (a dense head already reads every position), or None."""
     try:
         _, heads = parse_match_heads(text)
-        both = sorted(set(heads) & set(parse_dense_heads(dense_heads)))
+        count = auto_heads(text)
+        dense = parse_dense_heads(dense_heads)
+        both = sorted(set(heads) & set(dense))
     except ValueError as exc:
         return str(exc)
+    if count is not None and dense:
+        return f"{FLAG} {text!r} beside {DENSE_FLAG}: the probe could list a dense head; name the match heads instead"
+    if count is not None and count > num_layers * num_kv_heads:
+        return f"{FLAG} {text!r}: the model has {num_layers * num_kv_heads} KV heads"
     if both:
         named = "+".join(f"{layer}.{head}" for layer, head in both)
         return f"{FLAG} and {DENSE_FLAG} both name {named}: a dense head reads every position already"
@@ -66,18 +90,39 @@ class MatchHeads:
     rows:   per layer [num_kv_heads] int32, each listed head's row and -1 elsewhere, or None in a layer with none
             listed (its launch compiles the match path out).
     groups: [n] int32, listed head i's plan set: layer x num_kv_heads + head (``selection/state.py``'s groups).
+    table:  with ``N@auto``, the [layers, num_kv_heads] tensor every layer's rows view (none listed until
+            ``assign``, which the warm-up's probe calls; the captured draft graphs read the same memory).
     """
 
     rows: tuple[torch.Tensor | None, ...]
     groups: torch.Tensor
+    table: torch.Tensor | None = None
 
     @property
     def count(self) -> int:
         return self.groups.shape[0]
 
+    def assign(self, scores: torch.Tensor) -> torch.Tensor:
+        """List the ``count`` highest-scoring heads of a [layers, num_kv_heads] score in place (on the device, no
+        host sync); returns their flat indices (layer x num_kv_heads + head), ascending."""
+        if self.table is None:
+            raise ValueError("only N@auto match heads are assigned by a probe")
+        if scores.shape != self.table.shape:
+            raise ValueError(f"a {tuple(self.table.shape)} score expected, got {tuple(scores.shape)}")
+        top = scores.flatten().topk(self.count).indices.sort().values
+        self.table.fill_(-1)
+        self.table.view(-1)[top] = torch.arange(self.count, dtype=torch.int32, device=self.table.device)
+        self.groups.copy_(top.to(torch.int32))
+        return top
+
 
 def match_heads_of(text: str, num_layers: int, num_kv_heads: int, device: torch.device) -> MatchHeads | None:
     """The heads ``text`` lists, for a model of ``num_layers`` x ``num_kv_heads``; None when it lists none."""
+    count = auto_heads(text)
+    if count is not None:
+        table = torch.full((num_layers, num_kv_heads), -1, dtype=torch.int32, device=device)
+        groups = torch.zeros(count, dtype=torch.int32, device=device)
+        return MatchHeads(rows=tuple(table.unbind(0)), groups=groups, table=table)
     _, heads = parse_match_heads(text)
     if not heads:
         return None

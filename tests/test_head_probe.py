@@ -72,6 +72,39 @@ def test_scores_from_q_and_k_are_those_of_their_causal_softmax(cap) -> None:
         qk_lookup_scores(q[:, :3], k, length, offset, 0.5)
 
 
+def test_a_models_own_q_and_k_score_as_its_eager_attention_probabilities(monkeypatch) -> None:
+    """On a (random) Llama, the scores from the q and k its layers hand attention (normed and rotated, as the
+    server's probe reads them) equal those of the attention probabilities transformers returns."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    cfg = LlamaConfig(
+        vocab_size=2300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(cfg).eval()
+    seen = []
+    eager = modeling_llama.eager_attention_forward
+
+    def capture(module, query, key, value, *args, **kwargs):
+        scaling = kwargs["scaling"] if "scaling" in kwargs else args[1]  # (attention_mask, scaling, ...)
+        seen.append((query[0].transpose(0, 1), key[0].transpose(0, 1), scaling))
+        return eager(module, query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", capture)
+    length = 30
+    seq = probe_sequence(length, cfg.vocab_size, 1, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = model(seq[None], output_attentions=True, use_cache=False)
+    expected = lookup_scores([a[0] for a in out.attentions], length, num_kv_heads=2, offset=1)
+    assert len(seen) == cfg.num_hidden_layers
+    for layer, (q, k, scaling) in enumerate(seen):
+        got = qk_lookup_scores(q, k, length, 1, scaling)
+        for name in ("duplicate", "induction"):
+            torch.testing.assert_close(got[name], expected[name][layer], rtol=1e-4, atol=1e-6)
+
+
 def test_the_highest_scores_are_named_in_layer_order_as_the_flag_reads_them() -> None:
     score = torch.tensor([[0.1, 0.9, 0.0], [0.5, 0.2, 0.7]])
     assert pick_heads(score, 3) == "0.1+1.0+1.2"

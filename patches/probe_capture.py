@@ -46,7 +46,7 @@ class HeadProbe:
         """Around the prefill forward of one probe request of ``input_len`` tokens (a BOS, then the sequence)."""
         offset = input_len - 2 * PROBE_LENGTH
         scored_before = self.scored
-        handles = [m.register_forward_pre_hook(self._hook(offset, input_len)) for m in self.modules]
+        handles = [m.register_forward_pre_hook(self._hook(offset, input_len), with_kwargs=True) for m in self.modules]
         try:
             yield
         finally:
@@ -64,9 +64,11 @@ class HeadProbe:
             logger.warning("PILLAR head probe: %d layer calls held other tokens and were not scored", self.missed)
 
     def _hook(self, offset: int, input_len: int):
-        def score(module: Any, args: tuple) -> None:
-            q, k = args[0], args[1] if len(args) > 1 else None  # RadixAttention.forward(q, k, v, forward_batch)
-            if k is None or q.shape[0] != input_len or offset not in (0, 1):
+        def score(module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+            # RadixAttention.forward(q, k, v, forward_batch, ...), the models' calls positional
+            q = args[0] if args else kwargs.get("q")
+            k = args[1] if len(args) > 1 else kwargs.get("k")
+            if q is None or k is None or q.shape[0] != input_len or offset not in (0, 1):
                 self.missed += 1
                 return
             q = q.reshape(input_len, module.tp_q_head_num, module.qk_head_dim)

@@ -48,7 +48,10 @@ class Model(torch.nn.Module):
             if layer.layer_id == 2 and offset >= 0:
                 second = torch.arange(offset + PROBE_LENGTH, tokens)
                 k[second - PROBE_LENGTH, 1] = 4 * q.view(tokens, H_Q, D)[second, 2]  # a duplicate-token head
-            layer(q, k.view(tokens, -1), None, None)
+            if layer.layer_id == 1:  # by keyword, as a model may call it
+                layer(q=q, k=k.view(tokens, -1), v=None, forward_batch=None)
+            else:
+                layer(q, k.view(tokens, -1), None, None)
 
 
 def test_probe_prefills_list_the_heads_that_look_their_tokens_up_and_no_other_forward_is_hooked() -> None:

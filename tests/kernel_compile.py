@@ -7,6 +7,8 @@ interpreter accepts (a module global that is not a ``tl.constexpr``, a name give
 every launch into a compile-only warm-up, then calls each kernel's host function at serving shapes
 (Qwen3's 151,936-token vocabulary, batch 64, k = 8), so the constexpr variants that ship are the
 ones compiled. Prints one line per kernel variant; exits non-zero on the first compile error.
+Compilers differ by release: CI also runs it with the GPU nodes' Triton 3.6 ahead of the venv's on PYTHONPATH
+(``.ci/run``), which refused, where 3.8 compiled it, a binary search of dependent loads at 16-wide tiles.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 os.environ["TRITON_INTERPRET"] = "0"
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 import triton.runtime.jit as jit  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
@@ -232,7 +235,8 @@ def main() -> None:
     for name in ("bins_only", "hist1", "gather1", "gather2", *(n for n in calls if n.startswith("hist1_nb"))):
         calls[name]()
     print("vocabulary pass probe: ok")
-    print(f"compiled {len(compiled)} launches of {len(set(compiled))} kernels for sm_90")
+    kernels = len(set(compiled))
+    print(f"compiled {len(compiled)} launches of {kernels} kernels for sm_90 with Triton {triton.__version__}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from sglang_sparsespec.selection.head_probe import PROBE_LENGTH, qk_lookup_scores
+from sglang_sparsespec.selection.head_probe import PROBE_LENGTH, pick_heads, qk_lookup_scores
 from sglang_sparsespec.selection.match_heads import FLAG, MatchHeads
 
 logger = logging.getLogger(__name__)
@@ -56,9 +56,8 @@ class HeadProbe:
             logger.warning("PILLAR head probe: no layer was scored in this probe's prefill; the heads stay as they are")
             return
         self.probes += 1
-        top = self.heads.assign(self.scores)
-        h_kv = self.scores.shape[1]
-        named = "+".join(f"{i // h_kv}.{i % h_kv}" for i in top.tolist())  # a host sync, once a probe at warm-up
+        self.heads.assign(self.scores)
+        named = pick_heads(self.scores.cpu(), self.heads.count)  # a host sync, once a probe at warm-up
         logger.info("PILLAR match heads after probe %d: %s %s", self.probes, FLAG, named)
         if self.missed:
             logger.warning("PILLAR head probe: %d layer calls held other tokens and were not scored", self.missed)

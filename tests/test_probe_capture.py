@@ -3,6 +3,7 @@ through the q and k the model hands attention, and the highest are listed in pla
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -54,7 +55,8 @@ class Model(torch.nn.Module):
                 layer(q, k.view(tokens, -1), None, None)
 
 
-def test_probe_prefills_list_the_heads_that_look_their_tokens_up_and_no_other_forward_is_hooked() -> None:
+def test_probe_prefills_list_the_heads_that_look_their_tokens_up_and_no_other_forward_is_hooked(caplog) -> None:
+    caplog.set_level(logging.INFO)
     model, heads = Model(), match_heads_of("8@auto:2", LAYERS, H_KV, torch.device("cpu"))
     probe = HeadProbe(model, heads)
     assert len(probe.modules) == LAYERS
@@ -63,6 +65,7 @@ def test_probe_prefills_list_the_heads_that_look_their_tokens_up_and_no_other_fo
         model(tokens)
     assert probe.probes == 1 and probe.missed == 0
     assert heads.rows[2].tolist()[1] >= 0 and 5 in heads.groups.tolist()  # layer 2, head 1 = group 5
+    assert "PILLAR match heads after probe 1: --pillar-match-heads " in caplog.text and "2.1" in caplog.text
     scores = probe.scores.clone()
     model(tokens)  # not a probe: nothing is scored
     assert torch.equal(probe.scores, scores)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..selection.head_probe import FIRST_ID, PROBE_LENGTH, PROBE_TRIALS, probe_sequence
+from ..selection.head_probe import PROBE_LENGTH, PROBE_TRIALS, probe_sequence, vocab_fits
 
 # SGLang's custom-warmup name (``--warmups``) and the request-id prefix that marks warm-up requests
 # (ids are otherwise random hex; a client's rid with this prefix is a 400, patches/request_guard.py).
@@ -149,7 +149,7 @@ def probe_batches(
     too_long = (chunk_tokens is not None and 0 < chunk_tokens < tokens) or (
         context_len is not None and 2 * tokens > context_len
     )
-    if too_long or vocab_size <= 2 * FIRST_ID + PROBE_LENGTH:
+    if too_long or not vocab_fits(PROBE_LENGTH, vocab_size):
         return []
     gen = torch.Generator().manual_seed(0)
     return [

@@ -38,9 +38,14 @@ PROBE_LENGTH = 200
 PROBE_TRIALS = 4
 
 
+def vocab_fits(length: int, vocab_size: int) -> bool:
+    """Whether a vocabulary has ``length`` ids for a probe between the special tokens and its tail."""
+    return vocab_size > 2 * FIRST_ID + length
+
+
 def probe_sequence(length: int, vocab_size: int, bos: int | None, generator: torch.Generator) -> torch.Tensor:
     """[1 + 2 * length] (or [2 * length] without a BOS) int64: ``length`` random ids, then the same ids again."""
-    if vocab_size <= 2 * FIRST_ID + length:
+    if not vocab_fits(length, vocab_size):
         raise ValueError(f"a vocabulary of {vocab_size} ids is too small for a probe of {length} random ids")
     ids = torch.randint(FIRST_ID, vocab_size - FIRST_ID, (length,), generator=generator)
     head = [] if bos is None else [bos]

@@ -42,18 +42,33 @@ def dense_heads_gap(text: str, num_layers: int, num_kv_heads: int) -> str | None
     return heads_gap(parse_dense_heads(text), num_layers, num_kv_heads)
 
 
+def head_table(
+    heads: tuple[tuple[int, int], ...], num_layers: int, num_kv_heads: int, flag: str = FLAG
+) -> torch.Tensor:
+    """[num_layers, num_kv_heads] int32 on the host: listed head i (in ``heads``' order) holds i, every other -1;
+    ValueError where ``heads`` names a head the model lacks."""
+    gap = heads_gap(heads, num_layers, num_kv_heads, flag)
+    if gap is not None:
+        raise ValueError(gap)
+    table = torch.full((num_layers, num_kv_heads), -1, dtype=torch.int32)
+    for i, (layer, head) in enumerate(heads):
+        table[layer, head] = i
+    return table
+
+
+def layer_rows(table: torch.Tensor, device: torch.device) -> tuple[torch.Tensor | None, ...]:
+    """Each layer's row of a ``head_table`` on ``device``, or None in a layer that lists no head (its draft launch
+    compiles that head path out)."""
+    return tuple(row.to(device) if (row >= 0).any() else None for row in table)
+
+
 def dense_head_mask(
     text: str, num_layers: int, num_kv_heads: int, device: torch.device
 ) -> tuple[torch.Tensor | None, ...] | None:
     """Per layer, the draft kernel's ``dense_heads``: [num_kv_heads] int32, 1 at each listed head, or None in a
-    layer with none listed (its launch compiles the dense path out); None when no head is listed."""
+    layer with none listed; None when no head is listed."""
     heads = parse_dense_heads(text)
     if not heads:
         return None
-    gap = heads_gap(heads, num_layers, num_kv_heads)
-    if gap is not None:
-        raise ValueError(gap)
-    mask = torch.zeros(num_layers, num_kv_heads, dtype=torch.int32)
-    for layer, head in heads:
-        mask[layer, head] = 1
-    return tuple(row.to(device) if row.any() else None for row in mask)
+    rows = layer_rows(head_table(heads, num_layers, num_kv_heads), device)
+    return tuple(None if row is None else (row >= 0).to(torch.int32) for row in rows)

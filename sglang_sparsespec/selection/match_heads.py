@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .dense_heads import FLAG as DENSE_FLAG
-from .dense_heads import heads_gap, parse_dense_heads
+from .dense_heads import head_table, heads_gap, layer_rows, parse_dense_heads
 
 FLAG = "--pillar-match-heads"
 # Occurrences a step lists at most (twice that many positions): the match buffers' static width.
@@ -126,16 +126,9 @@ def match_heads_of(text: str, num_layers: int, num_kv_heads: int, device: torch.
     _, heads = parse_match_heads(text)
     if not heads:
         return None
-    gap = heads_gap(heads, num_layers, num_kv_heads, FLAG)
-    if gap is not None:
-        raise ValueError(gap)
-    rows = torch.full((num_layers, num_kv_heads), -1, dtype=torch.int32)
-    for i, (layer, head) in enumerate(heads):  # parse_match_heads sorts them
-        rows[layer, head] = i
+    table = head_table(heads, num_layers, num_kv_heads, FLAG)  # parse_match_heads sorts them: rows in that order
     groups = torch.tensor([layer * num_kv_heads + head for layer, head in heads], dtype=torch.int32)
-    return MatchHeads(
-        rows=tuple(row.to(device) if (row >= 0).any() else None for row in rows), groups=groups.to(device)
-    )
+    return MatchHeads(rows=layer_rows(table, device), groups=groups.to(device))
 
 
 class TokenIds:

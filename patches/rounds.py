@@ -122,7 +122,8 @@ class Rounds:
     def decode(self, batch, on_publish, grammar_barrier):
         shape = self.planner.shape(batch)
         kind = self._kind(batch, shape)
-        if self.token_ids is not None and batch.seq_lens.shape[0]:  # the pending token, committed at seq_len
+        if self.token_ids is not None and kind is not RoundKind.SPECULATIVE and batch.seq_lens.shape[0]:
+            # The pending token, committed at seq_len (a speculative round writes it with its drafts).
             self.token_ids.write_chain(batch.req_pool_indices, batch.seq_lens, batch.spec_info.bonus_tokens[:, None])
         if self.mixed is not None and kind is not RoundKind.MIXED:
             self.mixed.tracker.invalidate()  # this round rewrites the KV past every committed length
@@ -180,8 +181,10 @@ class Rounds:
             batch.req_pool_indices, batch.seq_lens, draft_input.bonus_tokens, batch.sampling_info, steps, dense
         )
         self.clock.drafted()
-        if self.token_ids is not None:  # the drafts, at the positions they are verified at
-            self.token_ids.write_chain(batch.req_pool_indices, batch.seq_lens + 1, chain.tokens)
+        if self.token_ids is not None:  # the pending token at seq_len, its drafts at the positions they are verified
+            # at: one write after the draft steps, whose scans read only below the tail (seq_len is in it).
+            pending = torch.cat([draft_input.bonus_tokens[:, None].to(chain.tokens.dtype), chain.tokens], dim=1)
+            self.token_ids.write_chain(batch.req_pool_indices, batch.seq_lens, pending)
         verify_input = build_eagle_verify_input(
             batch,
             draft_input,

@@ -45,6 +45,10 @@ class HeadProbe:
     def capture(self, input_len: int) -> Iterator[None]:
         """Around the prefill forward of one probe request of ``input_len`` tokens (a BOS, then the sequence)."""
         offset = input_len - 2 * PROBE_LENGTH
+        if offset not in (0, 1):  # not a probe sequence shown twice, with or without a BOS: nothing to score
+            logger.warning("PILLAR head probe: a %d-token prefill is no probe; the heads stay as they are", input_len)
+            yield
+            return
         scored_before = self.scored
         handles = [m.register_forward_pre_hook(self._hook(offset, input_len), with_kwargs=True) for m in self.modules]
         try:
@@ -67,7 +71,7 @@ class HeadProbe:
             # RadixAttention.forward(q, k, v, forward_batch, ...), the models' calls positional
             q = args[0] if args else kwargs.get("q")
             k = args[1] if len(args) > 1 else kwargs.get("k")
-            if q is None or k is None or q.shape[0] != input_len or offset not in (0, 1):
+            if q is None or k is None or q.shape[0] != input_len:
                 self.missed += 1
                 return
             q = q.reshape(input_len, module.tp_q_head_num, module.qk_head_dim)

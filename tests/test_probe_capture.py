@@ -76,6 +76,9 @@ def test_probe_prefills_list_the_heads_that_look_their_tokens_up_and_no_other_fo
     with probe.capture(tokens):
         pass  # a prefill whose attention ran where no hook reaches: nothing scored, nothing assigned
     assert probe.probes == 1 and probe.scored == LAYERS and torch.equal(heads.table, table)
+    with probe.capture(tokens + 5):
+        model(tokens + 5)  # not a probe sequence shown twice: no hook is installed, so no call is even counted
+    assert probe.probes == 1 and probe.scored == LAYERS and probe.missed == LAYERS and "is no probe" in caplog.text
     with pytest.raises(ValueError, match="N@auto"):
         HeadProbe(model, match_heads_of("8@1.0", LAYERS, H_KV, torch.device("cpu")))
 

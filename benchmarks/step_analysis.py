@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.qwen3_shapes import SHAPES
-from sglang_sparsespec.config import ENV_PREFIX, PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import ENV_PREFIX, PillarConfig
+from sglang_sparsespec.modes import SelectionPolicy
 from sglang_sparsespec.rounds.timing import GAP, PHASES
 
 

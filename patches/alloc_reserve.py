@@ -9,7 +9,8 @@ with, so with the lag 3k + 2 past the host's: ``--pillar-batch-phases mixed`` re
 
 from __future__ import annotations
 
-from sglang_sparsespec.config import BatchPhases, batch_phases
+from sglang_sparsespec.config import batch_phases
+from sglang_sparsespec.modes import BatchPhases
 
 from .contacts import call_server_args
 from .spec_algo import serves_pillar

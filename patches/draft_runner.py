@@ -35,7 +35,8 @@ import torch
 from sglang_sparsespec.kernels.draft_sample import DraftSampleInputs, draft_sample_fwd
 from sglang_sparsespec.kernels.token_match import match_lists_fwd, token_match_fwd
 
-from sglang_sparsespec.config import DraftMlp, Prologue, PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import DraftMlp, Prologue, SelectionPolicy
 from sglang_sparsespec.selection.match_heads import parse_match_heads
 from sglang_sparsespec.selection.state import PlanState
 from sglang_sparsespec.sampling.rejection import DraftRecord

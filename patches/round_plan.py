@@ -29,7 +29,8 @@ from typing import Any
 from sglang_sparsespec.adaptive.cost_cache import CostFile
 from sglang_sparsespec.adaptive.dense import DenseChooser
 from sglang_sparsespec.adaptive.policy import SpeculationPolicy
-from sglang_sparsespec.config import PillarConfig, PlainPath
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import PlainPath
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.rounds.clock import NoClock, RoundClock
 from sglang_sparsespec.rounds.launch import AdaptiveRound, LaunchedRounds, RoundShape

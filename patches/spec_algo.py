@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import SelectionPolicy
 from sglang_sparsespec.sampling.target import SamplingBackend
 from sglang_sparsespec.selection.dense_heads import dense_heads_gap
 from sglang_sparsespec.selection.match_heads import auto_heads, match_heads_gap

@@ -21,9 +21,9 @@ from sglang_sparsespec.kernels._common import default_num_splits
 from sglang_sparsespec.adaptive.cost_cache import CostFile
 from sglang_sparsespec.adaptive.dense import DenseChooser
 from sglang_sparsespec.adaptive.policy import SpeculationPolicy
-from sglang_sparsespec.config import (
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import (
     AcceptList,
-    PillarConfig,
     PlainPath,
     Prologue,
     ScoreRows,

@@ -6,7 +6,8 @@ import pytest
 import torch
 from tiny_llama import tiny_llama
 
-from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import ScoreRows, SelectionPolicy
 from tools.draft_fidelity import (
     Fidelity,
     Rule,

@@ -18,7 +18,7 @@ from sglang.srt.models.llama import LlamaMLP
 from sglang.srt.models.qwen2 import Qwen2MLP
 from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
-from sglang_sparsespec.config import DraftMlp
+from sglang_sparsespec.modes import DraftMlp
 from sglang_sparsespec.kernels.glu_gemm import GLU_MAX_ROWS, glu_gemm
 from sglang_sparsespec.patches import draft_mlp as dm
 from sglang_sparsespec.patches.contacts import resolve

@@ -154,7 +154,7 @@ def test_the_draft_runner_defers_qk_calls_in_draft_steps_of_listed_models_only(m
 @pytest.mark.parametrize("prologue, fused", [("fused", True), ("sglang", False)])
 def test_the_draft_prologue_knob_reaches_the_draft_backend(monkeypatch, prologue, fused):
     """--pillar-draft-prologue sglang keeps SGLang's own store, q/k norm and rotary kernels in draft steps."""
-    from sglang_sparsespec.config import Prologue
+    from sglang_sparsespec.modes import Prologue
     from sglang_sparsespec.patches import draft_runner
     from test_draft_runner import FakeBackend, make_runner
 

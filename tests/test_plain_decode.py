@@ -12,7 +12,8 @@ from sglang_sparsespec.patches.request_rounds import decode_path_serves
 from sglang_sparsespec.patches.rounds import Rounds
 from sglang_sparsespec.patches.verify import Pools
 
-from sglang_sparsespec.config import PillarConfig, PlainPath, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import PlainPath, SelectionPolicy
 from sglang_sparsespec.metrics import PillarMetrics
 from sglang_sparsespec.rounds.launch import RoundShape
 

@@ -13,7 +13,8 @@ from sglang_sparsespec.kernels.sparse_decode import sparse_decode_fwd
 from sglang_sparsespec.kernels.sparse_decode_ref import sparse_decode_ref
 from triton_env import DEVICE
 
-from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import ScoreRows, SelectionPolicy
 from sglang_sparsespec.selection.oracle import oracle_select
 from sglang_sparsespec.selection.policy import budget, draft_window, streaming_plan
 from sglang_sparsespec.selection.scores import VerifyScoreSink

@@ -55,7 +55,8 @@ from typing import Any
 
 import torch
 
-from sglang_sparsespec.config import PillarConfig, PlainPath, ScoreRows, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import PlainPath, ScoreRows, SelectionPolicy
 from sglang_sparsespec.selection.policy import draft_window
 from tools.policy_sim import ATTN, SIM_POLICIES, Sampling, keep_mask, next_plan, register_attention, verify_scores
 

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from sglang_sparsespec.config import PillarConfig, ScoreRows
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import ScoreRows
 from sglang_sparsespec.selection.head_probe import pick_heads
 from sglang_sparsespec.selection.policy import draft_window
 from tools.draft_fidelity import add_source_args, prompt_and_model

@@ -41,7 +41,8 @@ from typing import Any
 
 import torch
 
-from sglang_sparsespec.config import PillarConfig, ScoreRows, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import ScoreRows, SelectionPolicy
 from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.sampling.target import SamplingRows, target_probs
 from sglang_sparsespec.selection.policy import draft_window, streaming_plan

@@ -18,7 +18,8 @@ import torch
 from sglang_sparsespec.kernels.target_filter import target_filter_fwd
 from sglang_sparsespec.kernels.verify_accept import rejection_fwd
 
-from sglang_sparsespec.config import AcceptList, PillarConfig
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import AcceptList
 from sglang_sparsespec.sampling.rejection import DraftRecord, rejection_sample
 from sglang_sparsespec.sampling.target import SamplingBackend, SamplingRows, target_probs
 

@@ -17,7 +17,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from sglang_sparsespec.config import PillarConfig, SelectionPolicy
+from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.modes import SelectionPolicy
 from sglang_sparsespec.kernels.topk_select import topk_select
 
 from .policy import draft_window, streaming_plan

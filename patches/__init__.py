@@ -58,6 +58,8 @@ from __future__ import annotations
 
 import logging
 
+from sglang_sparsespec.config import ALGORITHM_NAME
+
 from . import (
     alloc_reserve,
     client_parity,
@@ -80,7 +82,7 @@ from .hook import Hook
 from .hooks_boundary import BOUNDARY_HOOKS
 from .hooks_offload import OFFLOAD_HOOKS
 from .hooks_startup import STARTUP_HOOKS
-from .spec_algo import ALGORITHM_NAME, PillarSpecAlgo, validate_server_args
+from .spec_algo import PillarSpecAlgo, validate_server_args
 from .versions import out_of_range, releases
 
 logger = logging.getLogger(__name__)

@@ -12,13 +12,19 @@ from sglang_sparsespec.config import offload_host_gb
 
 from . import offload, offload_capacity
 from .contacts import resolved
-from .offload_kv import CudaKVMover, offload_refusal
+from .offload_kv import CudaKVMover, host_memory_gap, offload_refusal
+from .server_args_flags import with_flags
 from .tp_agree import min_over_tp_group
 
 
 def validate_offload_flag(result, server_args, *args, **kwargs):
-    """ServerArgs: a bad budget or an unsupported combination fails at launch, in one line."""
-    if offload_host_gb() > 0 and (reason := offload_refusal(resolved(server_args))) is not None:
+    """ServerArgs: a bad budget, one this host cannot pin, or an unsupported combination fails at launch, in one
+    line."""
+    try:
+        gb = offload_host_gb()
+    except ValueError as exc:
+        raise ValueError(with_flags(str(exc))) from None
+    if gb > 0 and (reason := offload_refusal(resolved(server_args)) or host_memory_gap(gb, resolved(server_args))):
         raise ValueError(reason)
     return result
 

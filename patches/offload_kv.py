@@ -10,11 +10,12 @@ recorded after it.
 
 from __future__ import annotations
 
+import psutil
 import torch
+from sglang_sparsespec.config import ALGORITHM_NAME
 
 from . import versions
 from .contacts import OFFLOAD_RELEASES
-from .spec_algo import ALGORITHM_NAME
 
 
 def offload_refusal(server_args) -> str | None:
@@ -43,6 +44,19 @@ def offload_refusal(server_args) -> str | None:
     return None if not reasons else f"--pillar-offload-host-gb does not support {'; '.join(reasons)}"
 
 
+def host_memory_gap(host_gb: float, server_args) -> str | None:
+    """Why this host cannot pin ``host_gb`` for each of its scheduler processes (one line), or None: SGLang's host
+    pool checks only once the model is loaded, and names its own hierarchical cache's flag."""
+    per_node = max(1, server_args.dp_size // max(1, server_args.nnodes))  # one offload pool a replica
+    free_gb = psutil.virtual_memory().available / 1e9
+    if host_gb * per_node <= free_gb:
+        return None
+    return (
+        f"--pillar-offload-host-gb {host_gb:g} x {per_node} scheduler process(es) asks for more pinned host memory "
+        f"than this host has free ({free_gb:.1f} GB)"
+    )
+
+
 class CudaKVMover:
     """Copies token KV between the device pool and a pinned ``MHATokenToKVPoolHost``."""
 
@@ -56,9 +70,12 @@ class CudaKVMover:
                 "MLA, hybrid or sliding-window models are not supported)"
             )
         self.device_pool = device_pool
-        self.host_pool = get_mha_host_pool_cls(device_pool)(
-            device_pool, 0.0, host_gb, 1, "layer_first", pin_memory=True, device="cpu", pool_label="offload"
-        )
+        try:
+            self.host_pool = get_mha_host_pool_cls(device_pool)(
+                device_pool, 0.0, host_gb, 1, "layer_first", pin_memory=True, device="cpu", pool_label="offload"
+            )
+        except ValueError as exc:  # SGLang's free-memory check, whose hint names its hierarchical cache
+            raise ValueError(f"--pillar-offload-host-gb {host_gb:g}: {exc} (lower --pillar-offload-host-gb)") from None
         self.bytes_per_token = self.host_pool.size_per_token
         self.stream = torch.cuda.Stream()
         self._forward_stream_of = forward_stream_of  # () -> the stream forwards run on

@@ -16,6 +16,8 @@ from typing import Any
 
 from sglang_sparsespec.limits import RequestLimits, over_cap, request_limits
 
+from .server_args_flags import with_flags
+
 
 def _entries(value: Any) -> int:
     """How many strings a ``stop`` / ``stop_regex`` value holds (one string, a list, or none)."""
@@ -50,8 +52,11 @@ def clamp_stop_regex_window(sampling_params: Any, limits: RequestLimits) -> None
 # ---- hooks (registered in patches/hooks_boundary.py) -----------------------------------------------
 def validate_limit_flags(result, server_args, *args, **kwargs):
     """ServerArgs' resolution (AFTER ``__post_init__``, from 0.5.19 ``resolve_once``): a bad cap fails at
-    launch, in one line."""
-    request_limits()
+    launch, in one line, naming its flag."""
+    try:
+        request_limits()
+    except ValueError as exc:
+        raise ValueError(with_flags(str(exc))) from None
     return result
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_sparsespec.config import PillarConfig
+from sglang_sparsespec.config import ALGORITHM_NAME, PillarConfig
 from sglang_sparsespec.modes import SelectionPolicy
 from sglang_sparsespec.sampling.target import SamplingBackend
 from sglang_sparsespec.selection.dense_heads import dense_heads_gap
@@ -20,12 +21,12 @@ from sglang_sparsespec.selection.match_heads import auto_heads, match_heads_gap
 
 from .contacts import attention_backends, dp_attention
 from .serve_warmup import add_to_server_args
+from .server_args_flags import with_flags
 from .signatures import launch_refusal
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
-ALGORITHM_NAME = "PILLAR"
 DEFAULT_NUM_STEPS = 8
 DEFAULT_MAX_RUNNING_REQUESTS = 256
 SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
@@ -156,6 +157,13 @@ NEIGHBOUR_FLAGS: tuple[tuple[str, str, object], ...] = (
     ("--speculative-draft-sink-size", "speculative_draft_sink_size", None),  # 0.5.21
     ("--speculative-use-block-verification", "speculative_use_block_verification", False),  # 0.5.22
     ("--enable-watermark", "enable_watermark", False),  # 0.5.22: stock's verify watermarks, PILLAR's does not
+    # A draft model's settings (PILLAR's drafter is the target itself, so none would apply). SGLang fills the draft
+    # quantization and load format in from the target's itself, so those two are not listed.
+    ("--speculative-draft-model-revision", "speculative_draft_model_revision", None),
+    ("--speculative-token-map", "speculative_token_map", None),  # --pillar-draft-vocab is PILLAR's reduced vocabulary
+    ("--speculative-draft-attention-backend", "speculative_draft_attention_backend", None),
+    ("--speculative-adaptive-config", "speculative_adaptive_config", None),
+    ("--enable-draft-weights-cpu-backup", "enable_draft_weights_cpu_backup", False),
 )
 
 
@@ -271,19 +279,29 @@ def validate_server_args(sa: ServerArgs) -> None:
     gap = unsupported_attention(model_config)
     if gap is not None:
         reject(f"cannot serve a model with {gap}: its draft and verify kernels need full causal attention")
+    if model_config.dtype not in (torch.bfloat16, torch.float16):
+        # Its kernels multiply bf16 / fp16 q and K/V; --kv-cache-dtype auto follows the model's dtype.
+        reject(f"serves bf16 / fp16 models; this one runs in {model_config.dtype}: pass --dtype bfloat16")
     if model_config.model_is_mrope:
         reject(
             "cannot serve a model with multimodal rotary positions (mrope, Qwen-VL-style): "
             "its draft steps run without mrope_positions"
         )
 
-    num_steps = sa.speculative_num_steps or DEFAULT_NUM_STEPS
+    num_steps = DEFAULT_NUM_STEPS if sa.speculative_num_steps is None else sa.speculative_num_steps
     if sa.speculative_num_draft_tokens not in (None, num_steps + 1):
         reject(
             f"verifies k+1 tokens: --speculative-num-draft-tokens must be {num_steps + 1} "
             f"for --speculative-num-steps {num_steps}, got {sa.speculative_num_draft_tokens}"
         )
-    cfg = PillarConfig.from_env(num_steps)  # fail here, in the launcher, on bad SPARSESPEC_* values
+    try:  # fail here, in the launcher, on bad --pillar-* / SPARSESPEC_* values
+        cfg = PillarConfig.from_env(num_steps)
+    except ValueError as exc:
+        reject(with_flags(str(exc)))
+    if cfg.draft_vocab >= model_config.vocab_size:
+        reject(
+            f"--pillar-draft-vocab {cfg.draft_vocab} is not below the model's vocabulary ({model_config.vocab_size})"
+        )
     if cfg.draft_vocab and sa.tp_size != 1:
         # Each rank holds a slice of the LM head by vocabulary, and the logits are gathered across ranks.
         reject(f"--pillar-draft-vocab runs on one GPU (--tp-size 1), got --tp-size {sa.tp_size}")

@@ -31,6 +31,8 @@ from .modes import (
     VerifyLogits,
 )
 
+# The name the plugin registers its algorithm under: --speculative-algorithm PILLAR.
+ALGORITHM_NAME = "PILLAR"
 ENV_PREFIX = "SPARSESPEC_"
 # The folder of everything the package caches on disk (the built test model, measured round costs).
 CACHE_ENV = "SPARSESPEC_CACHE"
@@ -120,26 +122,32 @@ class PillarConfig:
             )
         if not 0.0 <= self.offload_host_gb < float("inf"):
             raise ValueError(f"{ENV_PREFIX}OFFLOAD_HOST_GB must be a finite number >= 0, got {self.offload_host_gb}")
-        if not self.cost_cache.strip():
-            raise ValueError(f"{ENV_PREFIX}COST_CACHE must be 'auto', 'off' or a file path")
+        cache = self.cost_cache.strip()
+        if cache.lower() in ("auto", "off"):
+            object.__setattr__(self, "cost_cache", cache.lower())
+        elif not Path(cache).name or Path(cache).expanduser().is_dir():
+            raise ValueError(f"{ENV_PREFIX}COST_CACHE must be 'auto', 'off' or a file's path, got {self.cost_cache!r}")
         if self.plain_path is PlainPath.AUTO:
             oracle = self.policy is SelectionPolicy.ORACLE
             object.__setattr__(self, "plain_path", PlainPath.VERIFY if oracle else PlainPath.DECODE)
         elif self.plain_path is PlainPath.DECODE and self.policy is SelectionPolicy.ORACLE:
             # The oracle's draft backend selects from each query itself; it has no whole-prefix step.
             raise ValueError(f"{ENV_PREFIX}PLAIN_PATH=decode does not combine with {ENV_PREFIX}POLICY=oracle")
-        bf16_head = self.draft_lm_head is DraftLmHead.BF16
-        if self.draft_vocab and (self.draft_vocab < MIN_DRAFT_VOCAB or self.mixed or not bf16_head):
+        if self.draft_vocab and self.draft_vocab < MIN_DRAFT_VOCAB:
+            raise ValueError(f"{ENV_PREFIX}DRAFT_VOCAB must be 0 (off) or >= {MIN_DRAFT_VOCAB}, got {self.draft_vocab}")
+        if self.draft_vocab and (self.mixed or self.draft_lm_head is not DraftLmHead.BF16):
             # Mixed forwards score draft and verify rows with one LM head call; the fp8 copy is another draft head.
             raise ValueError(
-                f"{ENV_PREFIX}DRAFT_VOCAB must be 0 or >= {MIN_DRAFT_VOCAB}, with split batch phases and the bf16 "
-                f"draft LM head; got {self.draft_vocab}"
+                f"{ENV_PREFIX}DRAFT_VOCAB runs with {ENV_PREFIX}BATCH_PHASES=split and {ENV_PREFIX}DRAFT_LM_HEAD=bf16, "
+                f"got {self.batch_phases.value} and {self.draft_lm_head.value}"
             )
         if self.batch_phases is BatchPhases.MIXED and self.policy is SelectionPolicy.ORACLE:
             # The oracle selects inside each draft step from a batch of draft rows only.
             raise ValueError(f"{ENV_PREFIX}BATCH_PHASES=mixed does not combine with {ENV_PREFIX}POLICY=oracle")
-        if self.recent_window < 0 or self.sink_tokens < 0 or self.timing_every < 0:
-            raise ValueError(f"{ENV_PREFIX}RECENT_WINDOW, SINK_TOKENS and STEP_TIMING must be >= 0")
+        for name, value in (("RECENT_WINDOW", self.recent_window), ("SINK_TOKENS", self.sink_tokens),
+                            ("STEP_TIMING", self.timing_every)):  # fmt: skip
+            if value < 0:
+                raise ValueError(f"{ENV_PREFIX}{name} must be >= 0, got {value}")
 
     @property
     def step_candidates(self) -> tuple[int, ...]:

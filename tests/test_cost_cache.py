@@ -77,11 +77,22 @@ def test_the_cost_file_belongs_to_one_setup(tmp_path: Path):
     assert auto.load() is None
 
 
-def test_the_knob():
+def test_the_knob(tmp_path: Path):
     assert PillarConfig().cost_cache == "auto"
     assert PillarConfig.from_env(8, {"SPARSESPEC_COST_CACHE": "off"}).cost_cache == "off"
-    with pytest.raises(ValueError, match="COST_CACHE"):
-        PillarConfig(cost_cache=" ")
+    assert PillarConfig(cost_cache=" OFF").cost_cache == "off" and PillarConfig(cost_cache="Auto").cost_cache == "auto"
+    assert CostFile.resolve("OFF", IDENTITY) is None  # any case, as the enumerated knobs take theirs
+    for bad in (" ", ".", "/", "..", str(tmp_path)):  # no file name, or a folder: refused at launch
+        with pytest.raises(ValueError, match="COST_CACHE must be 'auto', 'off' or a file's path"):
+            PillarConfig(cost_cache=bad)
+
+
+def test_a_failed_save_leaves_no_temporary_file(tmp_path: Path):
+    file = CostFile(tmp_path / "costs.json", IDENTITY)
+    file.path.mkdir()  # the path became a folder after launch
+    with pytest.raises(OSError):
+        file.save({})
+    assert [p.name for p in tmp_path.iterdir()] == ["costs.json"]
 
 
 def _planner(policy, file, agreement) -> RoundPlanner:

@@ -12,7 +12,7 @@ from sglang_sparsespec.selection.state import PlanState
 def test_the_list_parses_sorted_and_unique_and_refuses_other_items() -> None:
     assert parse_dense_heads("20.1+ 7.2+7.2+") == ((7, 2), (20, 1))
     assert parse_dense_heads("") == ()
-    for bad in ("7", "7.x", "a.1", "7.2.1", "-1.0", "7:2", "7.2,8.0"):
+    for bad in ("7", "7.x", "a.1", "7.2.1", "-1.0", "7:2", "7.2,8.0", "1.\u00b2"):  # a superscript is a digit, no int
         with pytest.raises(ValueError, match="LAYER.HEAD"):
             parse_dense_heads(bad)
 

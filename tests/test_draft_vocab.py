@@ -54,5 +54,16 @@ def test_the_launch_takes_a_draft_vocabulary_on_one_gpu_only(llama_config_dir, m
     monkeypatch.setenv("SPARSESPEC_DRAFT_VOCAB", "24576")
     one_gpu_only(llama_config_dir)
     monkeypatch.setenv("SPARSESPEC_DRAFT_VOCAB", "100")
-    with pytest.raises(ValueError, match="DRAFT_VOCAB must be 0 or >= 1024"):
+    with pytest.raises(ValueError, match=r"DRAFT_VOCAB must be 0 \(off\) or >= 1024"):
         _args(llama_config_dir)
+
+
+def test_a_draft_vocabulary_refused_beside_mixed_phases_or_the_fp8_head_says_which() -> None:
+    from sglang_sparsespec.config import PillarConfig
+
+    with pytest.raises(ValueError, match="BATCH_PHASES=split and .*DRAFT_LM_HEAD=bf16, got mixed and bf16"):
+        PillarConfig.from_env(8, {"SPARSESPEC_DRAFT_VOCAB": "24576", "SPARSESPEC_BATCH_PHASES": "mixed"})
+    with pytest.raises(ValueError, match="got split and fp8"):
+        PillarConfig.from_env(8, {"SPARSESPEC_DRAFT_VOCAB": "24576", "SPARSESPEC_DRAFT_LM_HEAD": "fp8"})
+    with pytest.raises(ValueError, match="SPARSESPEC_SINK_TOKENS must be >= 0, got -1"):
+        PillarConfig.from_env(8, {"SPARSESPEC_SINK_TOKENS": "-1"})

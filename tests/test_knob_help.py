@@ -67,3 +67,48 @@ def test_docs_name_only_real_flags():
     for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
         for flag in re.findall(r"--pillar-[a-z][a-z-]*[a-z]", page.read_text(encoding="utf-8")):
             assert flag in flags, f"{page.relative_to(REPO)} names {flag}, which is no knob's flag"
+
+
+def _exported(monkeypatch, argv: list[str]) -> dict[str, str]:
+    """The variables the launcher exports for ``argv`` (SGLang's own flags reduced to the algorithm)."""
+    import os
+
+    from patches.server_args_flags import export_pillar_flags
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--speculative-algorithm", default=None)
+    add_pillar_flags(None, parser)
+    env: dict[str, str] = {}
+    monkeypatch.setattr(os, "environ", env)
+    assert export_pillar_flags(lambda namespace: "parsed", parser.parse_args(argv)) == "parsed"
+    return env
+
+
+def test_flags_reach_the_variables_and_choices_take_any_case(monkeypatch):
+    argv = ["--speculative-algorithm", "pillar", "--pillar-policy", "STREAMING", "--pillar-budget-ratio", "0.1"]
+    assert _exported(monkeypatch, argv) == {"SPARSESPEC_POLICY": "streaming", "SPARSESPEC_BUDGET_RATIO": "0.1"}
+
+
+def test_a_pillar_flag_without_pillar_or_an_empty_flag_fails_at_launch(monkeypatch):
+    """Either would leave the server on its defaults without a word; the offload pool and the request caps serve
+    stock decoding too."""
+    stock = ["--pillar-offload-host-gb", "4", "--pillar-max-fanout", "64"]
+    assert _exported(monkeypatch, stock) == {"SPARSESPEC_OFFLOAD_HOST_GB": "4", "SPARSESPEC_MAX_FANOUT": "64"}
+    for argv, named in (
+        (["--pillar-budget-ratio", "0.1"], "--speculative-algorithm none"),
+        (["--speculative-algorithm", "NGRAM", "--pillar-policy", "oracle"], "--speculative-algorithm NGRAM"),
+    ):
+        with pytest.raises(ValueError, match=f"configures --speculative-algorithm PILLAR, .*{named}"):
+            _exported(monkeypatch, argv)
+    with pytest.raises(ValueError, match="--pillar-budget-ratio was given an empty value; give one"):
+        _exported(monkeypatch, ["--speculative-algorithm", "PILLAR", "--pillar-budget-ratio", " "])
+
+
+def test_a_knobs_error_names_its_flag_beside_its_variable():
+    from patches.server_args_flags import with_flags
+
+    text = "SPARSESPEC_BUDGET_RATIO must be in (0, 1]; SPARSESPEC_MAX_FANOUT too; SPARSESPEC_CACHE is no knob"
+    assert with_flags(text) == (
+        "--pillar-budget-ratio / SPARSESPEC_BUDGET_RATIO must be in (0, 1]; --pillar-max-fanout / SPARSESPEC_MAX_FANOUT"
+        " too; SPARSESPEC_CACHE is no knob"
+    )

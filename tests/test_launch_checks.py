@@ -95,3 +95,44 @@ def test_a_checkpoint_that_makes_the_kv_cache_fp8_stops_the_worker(llama_config_
     target = SimpleNamespace(model_runner=SimpleNamespace(kv_cache_dtype=torch.float8_e4m3fn))
     with pytest.raises(ValueError, match="needs a 16-bit KV cache"):
         PillarWorker(sa, 0, 0, target)
+
+
+@pytest.mark.parametrize(
+    "flags, env, named",
+    [
+        ({"speculative_num_steps": 0}, {}, "--speculative-num-steps >= 1, got 0"),
+        ({"dtype": "float32"}, {}, "serves bf16 / fp16 models; this one runs in torch.float32: pass --dtype bfloat16"),
+        ({}, {"SPARSESPEC_DRAFT_VOCAB": "49152"}, "--pillar-draft-vocab 49152 is not below the model's vocabulary"),
+        ({}, {"SPARSESPEC_BUDGET_RATIO": "2"}, "--pillar-budget-ratio / SPARSESPEC_BUDGET_RATIO must be in (0, 1]"),
+        ({"speculative_token_map": "/tmp/map.pt"}, {}, "--speculative-token-map is not supported"),
+        ({"speculative_draft_attention_backend": "fa3"}, {}, "--speculative-draft-attention-backend is not supported"),
+        ({"speculative_draft_model_revision": "main"}, {}, "--speculative-draft-model-revision is not supported"),
+    ],
+)
+def test_values_that_would_be_ignored_or_fail_later_are_refused_at_launch(llama_config_dir, monkeypatch, flags, env,
+                                                                         named):  # fmt: skip
+    """k = 0 is not k = 8, a float32 model is not a bf16 one, a draft vocabulary must be smaller than the model's, a
+    knob's error names the flag beside its variable, and a draft model's settings have no draft model to apply to."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as err:
+        _args(llama_config_dir, speculative_algorithm="pillar", **flags)
+    text = str(err.value)
+    assert text.startswith("--speculative-algorithm PILLAR") and named in text and "\n" not in text
+
+
+def test_the_offload_pool_must_fit_the_hosts_free_memory(llama_config_dir, monkeypatch):
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "1e9")
+    with pytest.raises(ValueError, match=r"--pillar-offload-host-gb 1e\+09 x 1 scheduler process\(es\) asks for more"):
+        _args(llama_config_dir)
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "-1")
+    with pytest.raises(ValueError, match="--pillar-offload-host-gb / SPARSESPEC_OFFLOAD_HOST_GB must be a finite"):
+        _args(llama_config_dir)
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "0.001")
+    assert _args(llama_config_dir).speculative_algorithm is None  # stock decoding with a pool this host can pin

@@ -24,7 +24,19 @@ def test_the_flag_parses_a_count_and_heads_and_refuses_the_rest() -> None:
     assert parse_match_heads(" ") == (0, ())
     assert parse_match_heads("64@auto") == parse_match_heads("64@auto:5") == (64, ())
     assert auto_heads("64@auto") == AUTO_HEADS and auto_heads("64@auto:5") == 5 and auto_heads("64@7.2") is None
-    for bad in ("7.2", "0@7.2", f"{MAX_LATEST + 1}@7.2", "x@7.2", "32@", "32@7", "-1@7.2", "64@auto:0", "64@auto:x"):
+    for bad in (
+        "7.2",
+        "0@7.2",
+        f"{MAX_LATEST + 1}@7.2",
+        "x@7.2",
+        "32@",
+        "32@7",
+        "-1@7.2",
+        "64@auto:0",
+        "64@auto:x",
+        "\u00b2@7.2",
+        "64@auto:\u00b2",
+    ):
         with pytest.raises(ValueError, match="--pillar-match-heads"):
             parse_match_heads(bad)
 

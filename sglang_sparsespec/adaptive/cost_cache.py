@@ -46,9 +46,9 @@ class CostFile:
         """``setting`` is SPARSESPEC_COST_CACHE: ``off`` -> None; ``auto`` -> a file under ``<cache
         root>/costs`` named after the identity; anything else is the file's path."""
         ident = dict(identity)
-        if setting == "off":
+        if setting.strip().lower() == "off":
             return None
-        if setting != "auto":
+        if setting.strip().lower() != "auto":
             return cls(Path(setting).expanduser(), ident)
         digest = hashlib.sha256(_canonical(ident).encode()).hexdigest()[:16]
         gpu = "".join(ch if ch.isalnum() else "-" for ch in str(ident.get("gpu", "gpu")))[:40]
@@ -68,10 +68,14 @@ class CostFile:
         return cells if isinstance(cells, dict) else None
 
     def save(self, cells: Mapping[str, Any]) -> None:
-        """Write atomically (a reader never sees half a file); OSError when the folder is not writable."""
+        """Write atomically (a reader never sees half a file, and a failed write leaves no temporary file behind);
+        OSError when the folder is not writable or the path is a folder."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(
-            json.dumps({"schema": SCHEMA, "identity": self.identity, "cells": dict(cells)}, indent=1), encoding="utf-8"
-        )
-        os.replace(tmp, self.path)
+        try:
+            doc = {"schema": SCHEMA, "identity": self.identity, "cells": dict(cells)}
+            tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise

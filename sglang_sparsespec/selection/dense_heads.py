@@ -23,7 +23,7 @@ def parse_dense_heads(text: str, flag: str = FLAG) -> tuple[tuple[int, int], ...
     heads = set()
     for item in filter(None, (x.strip() for x in text.split("+"))):
         layer, dot, head = item.partition(".")
-        if not (dot and layer.isdigit() and head.isdigit()):
+        if not (dot and layer.isdecimal() and head.isdecimal()):
             raise ValueError(f"{flag} {text!r}: give KV heads as LAYER.HEAD joined by + (e.g. 7.2+20.1)")
         heads.add((int(layer), int(head)))
     return tuple(sorted(heads))

@@ -39,7 +39,7 @@ def auto_heads(text: str) -> int | None:
     name, colon, count = text.partition("@")[2].strip().partition(":")
     if name != AUTO:
         return None
-    if colon and not (count.isdigit() and int(count) >= 1):
+    if colon and not (count.isdecimal() and int(count) >= 1):
         raise ValueError(f"{FLAG} {text!r}: give N@auto or N@auto:C with C >= 1 heads (e.g. 64@auto:11)")
     return int(count) if colon else AUTO_HEADS
 
@@ -50,7 +50,7 @@ def parse_match_heads(text: str) -> tuple[int, tuple[tuple[int, int], ...]]:
     if not text.strip():
         return 0, ()
     latest, at, heads = text.partition("@")
-    if not (at and latest.strip().isdigit() and 1 <= int(latest) <= MAX_LATEST):
+    if not (at and latest.strip().isdecimal() and 1 <= int(latest) <= MAX_LATEST):
         raise ValueError(
             f"{FLAG} {text!r}: give N@LAYER.HEAD+... or N@auto with N in 1..{MAX_LATEST} occurrences (e.g. 32@7.2+20.1)"
         )

@@ -63,8 +63,11 @@ def test_flag_validated_at_launch_for_stock_and_pillar(llama_config_dir, monkeyp
         with pytest.raises(ValueError, match="--pillar-offload-host-gb does not support") as err:
             _args(llama_config_dir, **overrides)
         assert message in str(err.value) and "\n" not in str(err.value)
-    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "-2")
-    with pytest.raises(ValueError, match="OFFLOAD_HOST_GB"):
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "-2")  # the error names the flag beside its variable
+    with pytest.raises(ValueError, match="--pillar-offload-host-gb / SPARSESPEC_OFFLOAD_HOST_GB must be a finite"):
+        _args(llama_config_dir)
+    monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "1e9")  # more than the host can pin: refused before loading
+    with pytest.raises(ValueError, match=r"--pillar-offload-host-gb 1e\+09 x 1 scheduler process\(es\) asks for more"):
         _args(llama_config_dir)
     monkeypatch.setenv("SPARSESPEC_OFFLOAD_HOST_GB", "0")
     _args(llama_config_dir, page_size=16)  # off: nothing to refuse

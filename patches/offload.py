@@ -176,7 +176,9 @@ class KVOffloader:
         try:
             fence = self.mover.to_host(device_slots, host_slots)
         except BaseException:
-            self.ledger.host.free(host_slots)  # nothing was recorded: the reservation goes back
+            # Nothing was recorded: the reservation goes back, once no copy that reached the stream still writes it.
+            self.mover.drain()
+            self.ledger.host.free(host_slots)
             raise
         self.ledger.park(id(req), start, end, device_slots, host_slots, fence)
         self.rows[id(req)] = row
@@ -244,7 +246,9 @@ class KVOffloader:
             try:
                 fence = self.mover.to_device(rec.host, slots)
             except BaseException:
-                allocator.free(slots)  # the request stays parked on host; the slots go back
+                # The request stays parked on host; the slots go back once no layer's copy already queued writes them.
+                self.mover.drain()
+                allocator.free(slots)
                 raise
             sched.req_to_token_pool.write((row.req.req_pool_idx, slice(rec.start, rec.end)), slots.to(torch.int32))
             self.ledger.begin_restore(rec.key, fence)

@@ -39,6 +39,17 @@ def offload_refusal(server_args) -> str | None:
         # but parking under tensor parallelism has not been measured on several GPUs yet.
         (server_args.tp_size > 1, "--tp-size > 1 (refused until measured on several GPUs)"),
         (server_args.disaggregation_mode != "null", "--disaggregation-mode (PD has its own KV offload)"),
+        # Its event loop never asks for the next batch, where parked requests are restored: they would stay on host.
+        (getattr(server_args, "enable_pdmux", False), "--enable-pdmux"),
+        (
+            getattr(server_args, "enable_page_major_kv_layout", False)
+            or getattr(server_args, "enable_unified_memory", False),
+            "--enable-page-major-kv-layout / --enable-unified-memory (the host copies read one layer's rows a slot)",
+        ),
+        (
+            server_args.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "fp16", "float16"),
+            f"--kv-cache-dtype {server_args.kv_cache_dtype} (the host copies move unscaled 16-bit rows)",
+        ),
     )
     reasons = [why for bad, why in checks if bad]
     return None if not reasons else f"--pillar-offload-host-gb does not support {'; '.join(reasons)}"
@@ -64,10 +75,12 @@ class CudaKVMover:
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
         from sglang.srt.mem_cache.pool_host.mha import get_mha_host_pool_cls
 
-        if not isinstance(device_pool, MHATokenToKVPool):
+        # Exactly SGLang's plain pool: its subclasses lay a slot out otherwise (page-major: every layer's K and V in one
+        # slot; FP4 / MXFP8: packed rows and scale buffers) than the host pool's per-layer copy kernels read it.
+        if type(device_pool) is not MHATokenToKVPool:
             raise TypeError(
-                f"--pillar-offload-host-gb needs a plain MHA KV pool (got {type(device_pool).__name__}: "
-                "MLA, hybrid or sliding-window models are not supported)"
+                f"--pillar-offload-host-gb needs SGLang's plain 16-bit MHA KV pool (got {type(device_pool).__name__}: "
+                "MLA, hybrid, sliding-window models, page-major layouts and quantized KV caches are not supported)"
             )
         self.device_pool = device_pool
         try:
@@ -79,6 +92,10 @@ class CudaKVMover:
         self.bytes_per_token = self.host_pool.size_per_token
         self.stream = torch.cuda.Stream()
         self._forward_stream_of = forward_stream_of  # () -> the stream forwards run on
+
+    def drain(self) -> None:
+        """Wait for every copy queued so far (a failed copy's slots are returned only after its queued part ran)."""
+        self.stream.synchronize()
 
     def _begin(self) -> None:
         self.stream.wait_stream(torch.cuda.current_stream())

@@ -59,6 +59,9 @@ def test_flag_validated_at_launch_for_stock_and_pillar(llama_config_dir, monkeyp
         ({"page_size": 16}, "--page-size"),
         ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache"),
         ({"tp_size": 2}, "--tp-size > 1 (refused until measured on several GPUs)"),
+        ({"enable_pdmux": True}, "--enable-pdmux"),  # its loop never restores: parked requests would stay on host
+        ({"enable_page_major_kv_layout": True}, "--enable-page-major-kv-layout"),  # another slot layout
+        ({"kv_cache_dtype": "fp8_e4m3"}, "--kv-cache-dtype fp8_e4m3"),  # scaled rows the host copies do not move
     ):
         with pytest.raises(ValueError, match="--pillar-offload-host-gb does not support") as err:
             _args(llama_config_dir, **overrides)
@@ -111,6 +114,10 @@ class Mover:
 
     def to_device(self, host, dev):
         return self._fence(lambda: self.kv.index_copy_(0, dev, self.host[host]))
+
+    def drain(self):
+        for fence in self.fences:
+            fence.synchronize()
 
 
 class Batch:
@@ -357,3 +364,18 @@ def test_restored_batch_merges_and_filters_with_sglang_batches(monkeypatch):
     assert restored.multimodal_inputs == [None] * 3 and restored.seq_lens.tolist() == [9, 5, 7]
     restored.filter_batch(keep_indices=[2])
     assert [r.rid for r in restored.reqs] == ["restored"] and restored.multimodal_inputs == [None]
+
+
+@SERVED
+def test_the_mover_takes_only_the_plain_mha_pool():
+    """A subclass of SGLang's MHA pool (page-major, FP4, MXFP8) lays its slots out otherwise than the host pool's
+    per-layer copy kernels read them: refused before any copy, not parked as garbage."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from sglang_sparsespec.patches.offload_kv import CudaKVMover
+
+    class PackedPool(MHATokenToKVPool):
+        pass
+
+    with pytest.raises(TypeError, match="needs SGLang's plain 16-bit MHA KV pool \\(got PackedPool"):
+        CudaKVMover(object.__new__(PackedPool), 1.0, lambda: None)

@@ -276,10 +276,14 @@ def test_pause_with_retract_retracts_parked_requests_and_frees_their_host_slots(
 
 
 class RaisingMover(Mover):
+    """Fails part-way: one layer's copy is queued (pending) when the next one raises."""
+
     def to_host(self, dev, host):
+        self._fence(lambda: None)
         raise RuntimeError("copy failed")
 
     def to_device(self, host, dev):
+        self._fence(lambda: None)
         raise RuntimeError("copy failed")
 
 
@@ -293,6 +297,7 @@ def test_a_copy_that_raises_leaks_no_reserved_slot():
     batch = Batch([old, new], w.pool, w.allocator)
     with pytest.raises(RuntimeError, match="copy failed"):
         w.off.park_if_needed(batch)
+    assert all(f.done for f in bad.fences)  # the queued part ran before its slots went back
     assert w.off.ledger.host_free() == 64 and len(w.off.ledger) == 0 and not w.off.has_parked
     assert batch.reqs == [old, new] and w.allocator.available_size() == 0
     w.off.mover = good
@@ -300,8 +305,10 @@ def test_a_copy_that_raises_leaks_no_reserved_slot():
     finish(w, new)
     held = w.allocator.available_size() + w.tree.evictable_size()  # free, or freed by eviction on demand
     w.off.mover = bad
+    bad.fences.clear()
     with pytest.raises(RuntimeError, match="copy failed"):
         w.off.before_schedule(Batch([], w.pool, w.allocator))
+    assert len(bad.fences) == 1 and bad.fences[0].done
     assert w.allocator.available_size() + w.tree.evictable_size() == held
     assert w.off.ledger.where(id(old)) is Where.PARKED and w.off.ledger.host_free() == 45
     w.off.mover = good

@@ -25,11 +25,14 @@ async def _no_chunks() -> AsyncIterator[bytes]:
 
 # ---- hooks (registered in patches/hooks_boundary.py) -----------------------------------------------
 async def client_errors_are_400(original, serving, request, raw_request, *args, **kwargs):
-    """OllamaServing.handle_generate / handle_chat (AROUND): ValueError and template errors -> 400."""
+    """OllamaServing.handle_generate / handle_chat (AROUND): ValueError, template errors and an empty
+    conversation -> 400."""
     import jinja2
     from fastapi import HTTPException
     from fastapi.responses import StreamingResponse
 
+    if getattr(request, "messages", None) == []:  # /api/chat: chat templates index the conversation (IndexError)
+        raise HTTPException(status_code=400, detail="messages is empty: a chat needs at least one message")
     try:
         response = await original(serving, request, raw_request, *args, **kwargs)
         if isinstance(response, StreamingResponse):

@@ -8,7 +8,8 @@ objects: ``ChatCompletionRequest.set_json_schema`` on the body and on ``response
 on the body. A body ``[1, 2]`` or ``"response_format": "json"`` raises AttributeError there, which
 FastAPI does not catch: a 500 with a traceback. ``guard_routes`` wraps the validation of every
 route's body so that any exception in it is answered as the validation errors are, with a message
-naming the part of the body that is wrong (found by validating the body without each field in turn).
+naming the part of the body that is wrong (found by validating the body without each field in turn). A body
+nested deeper than its cap (``limits.RequestLimits.max_json_depth``) is refused before any validator walks it.
 
 Past validation, ``OpenAIServingChat`` drops the final assistant message of a
 ``continue_final_message`` request; with no message left the chat template gets an empty
@@ -30,6 +31,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sglang_sparsespec.json_depth import value_depth
 from sglang_sparsespec.limits import flag_of, request_limits
 
 HTTP_SERVER = "sglang.srt.entrypoints.http_server"
@@ -126,6 +128,11 @@ def guarded_validate(validate: Callable, model: type) -> Callable:
 
     @functools.wraps(validate)
     def wrapper(value: Any, values: dict[str, Any] | None = None, *, loc: tuple[Any, ...] = ()) -> Any:
+        depth, cap = value_depth(value), request_limits().max_json_depth
+        if depth > cap:  # before SGLang's recursive validators and schema conversion (RecursionError: a 500)
+            flag = flag_of("max_json_depth")
+            msg = f"the request body nests {depth} levels deep, above this server's cap of {cap} ({flag})"
+            return None, [{"type": "value_error", "loc": loc, "msg": msg, "input": None}]
         before = snapshot(value)
         try:
             return validate(value, values if values is not None else {}, loc=loc)

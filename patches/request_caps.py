@@ -5,8 +5,11 @@ a request above one is a 400 naming the cap and its flag: per-token log-probabil
 (``top_logprobs_num``, OpenAI's ``logprobs`` / ``top_logprobs``; ``token_ids_logprob``), stop strings
 and patterns, ``logit_bias`` entries (``check_request_caps``, per prompt), and the requests one body
 fans out to, prompts x n (``bounded_fanout``, before SGLang expands the batch by n). A stop_regex is
-searched in the latest ``stop_regex_window`` tokens of the output only (``clamp_stop_regex_window``):
-SGLang decodes the whole output at every step for a pattern of unbounded length.
+searched in the latest ``stop_regex_window`` tokens of the output only, and a stop string is at most
+``max_stop_tokens`` tokens (``bound_stop_search``): SGLang decodes and searches as many of the output's last
+tokens as its longest stop string or pattern may span, at every step (the whole output for a pattern of unbounded
+length). The sizes of grammars and stop patterns are checked with the other sampling parameters
+(``request_guard.check_sampling_params``), before anything compiles them.
 """
 
 from __future__ import annotations
@@ -42,9 +45,14 @@ def check_request_caps(obj: Any, limits: RequestLimits) -> None:
             raise error
 
 
-def clamp_stop_regex_window(sampling_params: Any, limits: RequestLimits) -> None:
-    """SamplingParams after ``normalize``: the output tail searched for a stop_regex (SGLang's
-    ``stop_regex_max_len``, 2^30 for any ``+`` or ``*``) is at most the window."""
+def bound_stop_search(sampling_params: Any, limits: RequestLimits) -> None:
+    """SamplingParams after ``normalize``: ValueError for a stop string longer than its cap (SGLang's
+    ``stop_str_max_len``, in tokens), and the output tail searched for a stop_regex (its ``stop_regex_max_len``, 2^30
+    for any ``+`` or ``*``) at most the window."""
+    error = over_cap("the longest stop string's length in tokens", sampling_params.stop_str_max_len,
+                     limits.max_stop_tokens, "max_stop_tokens")  # fmt: skip
+    if error is not None:
+        raise error
     if sampling_params.stop_regex_max_len > limits.stop_regex_window:
         sampling_params.stop_regex_max_len = limits.stop_regex_window
 

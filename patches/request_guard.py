@@ -36,10 +36,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sglang_sparsespec.limits import request_limits
-from sglang_sparsespec.stop_regex import nested_repetition
+from sglang_sparsespec.json_depth import text_depth
+from sglang_sparsespec.limits import flag_of, request_limits
+from sglang_sparsespec.stop_regex import MAX_VARIABLE_REPEATS, nested_repetition, variable_repeats
 
-from .request_caps import check_request_caps, clamp_stop_regex_window
+from .request_caps import bound_stop_search, check_request_caps
 
 # OpenAI's limit for n. SGLang expands a request n times in the HTTP process before anything is
 # checked, so an unbounded n (say 10**6) blocks that process for everyone.
@@ -47,6 +48,9 @@ MAX_PARALLEL_SAMPLES = 128
 I32_MAX = 2**31 - 1
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 FP32_MAX = 3.4028234663852886e38
+# Grammars the scheduler's grammar thread compiles; the JSON ones are checked for nesting as well.
+GRAMMARS = ("json_schema", "regex", "ebnf", "structural_tag")
+JSON_GRAMMARS = ("json_schema", "structural_tag")
 # SamplingParams fields that SGLang fills itself (its "Internal fields" block); not request parameters.
 INTERNAL_FIELDS = frozenset({"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len", "is_normalized"})
 # GenerateReqInput attributes that __getitem__ indexes per prompt and that a client may send as lists.
@@ -138,18 +142,63 @@ def check_sampling_params(params: Any, vocab_size: int) -> None:
     seed = params.get("sampling_seed")
     if seed is not None and not I64_MIN <= seed <= I64_MAX:
         raise ValueError(f"sampling_params.sampling_seed must fit in int64, got {seed}")
+    temperature = params.get("temperature")
+    if temperature is not None and temperature > FP32_MAX:  # inf in the fp32 batch tensor: NaN probabilities
+        raise ValueError(f"sampling_params.temperature must be a finite fp32 number, got {temperature}")
+    stop = params.get("stop")
+    if stop == "" or (isinstance(stop, list) and "" in stop):  # it matches at once: an empty answer, no error
+        raise ValueError("sampling_params.stop contains an empty string, which every output matches at once")
+    limits = request_limits()
+    check_grammars(params, limits)
     stop_regex = params.get("stop_regex")
     for pattern in [stop_regex] if isinstance(stop_regex, str) else stop_regex or ():
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise ValueError(f"sampling_params.stop_regex {pattern!r} is not a valid regular expression: {e}") from None
-        if nested_repetition(pattern):
+        check_stop_regex(pattern, limits)
+
+
+def check_grammars(params: Mapping[str, Any], limits: Any) -> None:
+    """ValueError for a grammar longer than the cap, or a JSON one nested deeper than the cap: its compile runs on
+    the scheduler's grammar thread, where 100,000 levels of json_schema crashed the process."""
+    for name in GRAMMARS:
+        grammar = params.get(name)
+        if not isinstance(grammar, str):
+            continue
+        if len(grammar) > limits.max_grammar_chars:
             raise ValueError(
-                f"sampling_params.stop_regex {pattern!r} repeats a group that can itself match in several ways "
-                "(a quantifier or alternatives inside a repeated group, as in (a+)+): its matching time can grow "
-                "exponentially with the text; write it without the nesting"
+                f"sampling_params.{name} has {len(grammar)} characters, above this server's cap of "
+                f"{limits.max_grammar_chars} ({flag_of('max_grammar_chars')})"
             )
+        depth = text_depth(grammar) if name in JSON_GRAMMARS else 0
+        if depth > limits.max_json_depth:
+            raise ValueError(
+                f"sampling_params.{name} nests {depth} levels deep, above this server's cap of "
+                f"{limits.max_json_depth} ({flag_of('max_json_depth')})"
+            )
+
+
+def check_stop_regex(pattern: str, limits: Any) -> None:
+    """ValueError for a stop pattern the scheduler could not search in bounded time at every step."""
+    label = f"sampling_params.stop_regex {pattern[:64]!r}{'...' if len(pattern) > 64 else ''}"
+    if len(pattern) > limits.max_stop_regex_chars:  # before compiling it, in this event loop
+        raise ValueError(
+            f"{label} has {len(pattern)} characters, above this server's cap of {limits.max_stop_regex_chars} "
+            f"({flag_of('max_stop_regex_chars')})"
+        )
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"{label} is not a valid regular expression: {e}") from None
+    if nested_repetition(pattern):
+        raise ValueError(
+            f"{label} repeats a group that can itself match in several ways "
+            "(a quantifier or alternatives inside a repeated group, as in (a+)+): its matching time can grow "
+            "exponentially with the text; write it without the nesting"
+        )
+    repeats = variable_repeats(pattern)
+    if repeats > MAX_VARIABLE_REPEATS:
+        raise ValueError(
+            f"{label} holds {repeats} open-ended repeats (*, +, {{m,}}), at most {MAX_VARIABLE_REPEATS}: its search "
+            f"time grows as the text's length to the power {repeats + 1}, at every step of the scheduler"
+        )
 
 
 def check_parallel_samples(sampling_params: Mapping[str, Any] | Sequence[Any] | None) -> None:
@@ -185,10 +234,12 @@ def check_batch_shape(obj: Any) -> None:
 
 
 def check_client_rids(rid: Any) -> None:
-    """ValueError if a client's rid (one string or a list of them) starts with the warm-up prefix."""
+    """ValueError if a client's rid (one string or a list of them) is empty or starts with the warm-up prefix."""
     from sglang_sparsespec.rounds.warmup import WARMUP_RID_PREFIX
 
     for r in rid if isinstance(rid, list) else [rid]:
+        if r == "":  # SGLang's abort ignores an empty rid: a client's disconnect could not stop its request
+            raise ValueError("rid must be a non-empty string (or left out)")
         if isinstance(r, str) and r.startswith(WARMUP_RID_PREFIX):
             raise ValueError(
                 f"rid {r!r}: ids starting with {WARMUP_RID_PREFIX!r} are reserved for the server's warm-up"
@@ -220,6 +271,10 @@ def guard_normalize(original, obj, *args, **kwargs):
     """GenerateReqInput.normalize_batch_and_arguments: ``n``, an empty ``text`` batch (answered 200 with
     no outputs) and empty input_embeds are checked before SGLang expands the request (an IndexError, a
     500, on ``"input_embeds": []``); the batch shape after."""
+    if type(obj.input_ids).__name__ == "BatchEncoding":
+        # SGLang's Ollama chat handler tokenizes with transformers' apply_chat_template, which returns a
+        # BatchEncoding from transformers 5 on (its OpenAI handler passes return_dict=False): the ids, not a 400.
+        obj.input_ids = list(obj.input_ids["input_ids"])
     try:
         check_parallel_samples(obj.sampling_params)
         if isinstance(obj.text, list) and not obj.text:
@@ -313,12 +368,13 @@ def _field_path(struct: type, path: str) -> str:
 
 def check_tokenized(original, manager, obj, *args, **kwargs):
     """TokenizerManager._create_tokenized_object: the built message must fit SGLang's schema; errors
-    (ours and SamplingParams.verify's) name the prompt of a batch; a stop_regex sees the latest window."""
+    (ours and SamplingParams.verify's) name the prompt of a batch; stop strings stay within their cap, and a
+    stop_regex sees the latest window."""
     with _naming_prompt(obj):
         tokenized = original(manager, obj, *args, **kwargs)
         check_message_schema(tokenized)
         if tokenized.sampling_params is not None:
-            clamp_stop_regex_window(tokenized.sampling_params, request_limits())
+            bound_stop_search(tokenized.sampling_params, request_limits())
         return tokenized
 
 

@@ -40,6 +40,17 @@ class RequestLimits:
     # The tail of the output, in tokens, a stop_regex is searched in at each step (SGLang decodes the
     # whole output for a pattern of unbounded length: quadratic in the output).
     stop_regex_window: int = 32
+    # A stop string's tokens: SGLang decodes that many of the output's last tokens at every step (a stop_regex
+    # searches them too) and matches each string's prefixes against them while streaming (quadratic in it).
+    max_stop_tokens: int = 64
+    # A stop_regex pattern's characters: each is compiled in the HTTP process and again, once Python's cache of 512
+    # patterns is exceeded, at every step in the scheduler.
+    max_stop_regex_chars: int = 512
+    # A grammar's characters (json_schema, regex, ebnf, structural_tag), compiled on the scheduler's grammar thread.
+    max_grammar_chars: int = 65536
+    # Nesting of an OpenAI request body and of a JSON schema in any request: 3,000 levels of schema took the
+    # grammar compiler past 2.9 GB in 30 s, 100,000 crashed it; ~500 raise RecursionError in SGLang's conversion.
+    max_json_depth: int = 64
     # A client's own Jinja chat template renders in the HTTP process with no time limit.
     allow_client_chat_template: bool = False
 
@@ -48,7 +59,6 @@ class RequestLimits:
             value = getattr(self, f.name)
             if f.type != "bool" and (type(value) is not int or value < 1):
                 raise ValueError(f"{ENV_PREFIX}{f.name.upper()} must be an integer >= 1, got {value!r}")
-
 
 
 class LimitKnob(Knob):
@@ -82,6 +92,13 @@ LIMIT_KNOBS: tuple[LimitKnob, ...] = (
     LimitKnob("MAX_LOGIT_BIAS", "max_logit_bias", "most logit_bias entries of a request, in tokens"),
     LimitKnob("STOP_REGEX_WINDOW", "stop_regex_window", "the latest output a stop_regex is searched in at "
               "each step, in tokens"),
+    LimitKnob("MAX_STOP_TOKENS", "max_stop_tokens", "the longest stop string of a request, in tokens"),
+    LimitKnob("MAX_STOP_REGEX_CHARS", "max_stop_regex_chars", "the longest stop_regex pattern of a request, in "
+              "characters"),
+    LimitKnob("MAX_GRAMMAR_CHARS", "max_grammar_chars", "the longest grammar of a request (json_schema, regex, "
+              "ebnf, structural_tag), in characters"),
+    LimitKnob("MAX_JSON_DEPTH", "max_json_depth", "the deepest nesting of an OpenAI request body and of a JSON "
+              "schema in any request, in levels"),
     LimitKnob("ALLOW_CLIENT_CHAT_TEMPLATE", "allow_client_chat_template", "let a request bring its own "
               "Jinja chat template (chat_template_kwargs.chat_template); it renders in the HTTP process"),
 )  # fmt: skip

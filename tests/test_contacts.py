@@ -181,9 +181,7 @@ def test_retract_all_takes_server_args_up_to_0_5_18_only(release, monkeypatch):
     symbol = "sglang.srt.managers.schedule_batch.retract_all"
     assert changes_at(symbol, "server_args") == ["0.5.17", "0.5.18"]
     stock, calls = stand_in(symbol, release), []
-    monkeypatch.setattr(
-        "sglang.srt.managers.schedule_batch.retract_all", lambda **kw: calls.append(stock(**kw))
-    )
+    monkeypatch.setattr("sglang.srt.managers.schedule_batch.retract_all", lambda **kw: calls.append(stock(**kw)))
     contacts.retract_all(server_args="sa", **{n: n for n in inspect.signature(stock).parameters if n != "server_args"})
     assert calls[0].get("server_args") == ("sa" if release == SUPPORTED[0] else None)
 
@@ -275,7 +273,8 @@ def test_offload_serves_its_releases_and_is_refused_on_the_rest(release):
     from sglang_sparsespec.patches.offload_kv import offload_refusal
 
     sa = SimpleNamespace(speculative_algorithm="PILLAR", page_size=1, enable_hierarchical_cache=False,
-                         enable_dp_attention=False, pp_size=1, tp_size=1, disaggregation_mode="null")  # fmt: skip
+                         enable_dp_attention=False, pp_size=1, tp_size=1, disaggregation_mode="null",
+                         kv_cache_dtype="auto")  # fmt: skip
     refusal = offload_refusal(sa)
     if release in contacts.OFFLOAD_RELEASES:
         assert refusal is None

@@ -16,7 +16,7 @@ from patches.server_args_flags import add_pillar_flags
 
 REPO = Path(__file__).resolve().parents[1]
 # What a number-valued knob is counted in; its description must name one of them.
-UNITS = re.compile(r"\b(fraction|tokens|rounds|verify passes|quantile|GB|ms|requests|strings)\b")
+UNITS = re.compile(r"\b(fraction|tokens|rounds|verify passes|quantile|GB|ms|requests|strings|characters|levels)\b")
 
 
 def test_every_knob_has_a_one_line_description_with_its_unit():

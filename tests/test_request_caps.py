@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from boundary import make_boundary, write_model_dir  # noqa: E402
 from conftest import SMOLLM2_CONFIG  # noqa: E402
 from sglang_sparsespec.limits import LIMIT_KNOBS, RequestLimits, request_limits  # noqa: E402
-from sglang_sparsespec.stop_regex import nested_repetition  # noqa: E402
+from sglang_sparsespec.json_depth import text_depth, value_depth  # noqa: E402
+from sglang_sparsespec.stop_regex import nested_repetition, variable_repeats  # noqa: E402
 
 from benchmarks.checks.bad_inputs import CHAT, GENERATE, TEXT  # noqa: E402
 
@@ -68,6 +69,28 @@ def test_nested_repetition_is_found(pattern):
 )
 def test_patterns_without_nested_repetition_pass(pattern):
     assert not nested_repetition(pattern)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "count"),
+    [(".*.*.*Z", 3), (".*.*Z", 2), (r"\w+\s*\w+x", 3), (r"Answer:\s*\d+", 2), ("a{0,100}b{2,}", 2), ("(a+)+", 2),
+     ("a?b{1,3}c{4}", 0), ("x*+(?>y+)", 0), ("(?:x++)*y", 1)],
+)  # fmt: skip
+def test_open_ended_repeats_are_counted(pattern, count):
+    """Each repeat that can take a run of the text is a factor of its length in the search time; ? and narrow
+    {m,n} are constants, possessive and atomic bodies never backtrack."""
+    assert variable_repeats(pattern) == count
+
+
+def test_json_nesting_is_counted_without_recursion():
+    deep = '{"type": "array", "items": ' * 100_000 + '{"type": "string"}' + "}" * 100_000
+    assert text_depth(deep) == 100_001  # a recursive walk would stop at Python's recursion limit
+    assert text_depth('{"a": "[[{\\"[", "b": [1, {"c": 2}]}') == 3  # brackets inside strings do not count
+    assert text_depth('"x"') == 0 and text_depth("[]") == 1
+    nested: list = []
+    for _ in range(5000):
+        nested = [nested]
+    assert value_depth({"a": nested}) == 5002 and value_depth(3) == 0 and value_depth({"a": [1, {"b": 2}]}) == 3
 
 
 def test_every_cap_is_a_flag_with_its_default_and_bad_values_fail_in_one_line():

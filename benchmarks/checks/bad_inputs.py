@@ -19,7 +19,7 @@ from sglang_sparsespec.limits import RequestLimits
 
 
 GENERATE, COMPLETIONS, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
-OLLAMA_GENERATE, ABORT = "/api/generate", "/abort_request"
+OLLAMA_GENERATE, OLLAMA_CHAT, ABORT = "/api/generate", "/api/chat", "/abort_request"
 TEXT = "Count from one to five."
 HUGE_ID = 1_000_000_000
 
@@ -229,6 +229,13 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
         ),
         Probe("chat_n_two", CHAT, {"model": "default", "messages": msgs, "max_tokens": 8, "n": 2}, 200),
         sp("stop_regex_unbounded", 200, stop_regex=r"\n\s*\n"),
+        sp("stop_regex_two_open_repeats", 200, stop_regex=r"Answer:\s*\d+"),
+        Probe(
+            "ollama_chat",
+            OLLAMA_CHAT,
+            {"model": "default", "messages": msgs, "stream": False, "options": {"num_predict": 8}},
+            200,
+        ),
         gen(
             "top_logprobs_at_cap",
             200,
@@ -242,8 +249,11 @@ def hand_list(vocab_size: int, context_len: int) -> list[Probe]:
 
 def _costs_and_templates(msgs: list[dict[str, Any]], sp: Any, gen: Any) -> list[Probe]:
     """Requests above a cap of ``sglang_sparsespec.limits`` (its defaults), stop patterns that backtrack
-    exponentially, and chat template arguments a client may not set: 400 each."""
+    exponentially or polynomially past the cubic, grammars nested past the cap, and chat template arguments a client
+    may not set: 400 each."""
     caps = RequestLimits()
+    deep = caps.max_json_depth + 36
+    schema = '{"type": "array", "items": ' * deep + '{"type": "string"}' + "}" * deep
     over = caps.max_top_logprobs + 1
     prompts = [TEXT] * (caps.max_fanout // 128 + 1)  # x n = 128 (OpenAI's limit): one request past the cap
 
@@ -279,6 +289,18 @@ def _costs_and_templates(msgs: list[dict[str, Any]], sp: Any, gen: Any) -> list[
         gen("n_times_prompts", text=prompts, sampling_params={"max_new_tokens": 8, "n": 128}),
         Probe("n_times_prompts_completions", COMPLETIONS, {"model": "default", "prompt": prompts, "n": 128}, 400),
         sp("stop_strings_over_cap", stop=[f"stop{i}" for i in range(caps.max_stop_strings + 1)]),
+        sp("stop_string_too_long", stop=" ".join(["stop"] * (caps.max_stop_tokens + 1))),
+        sp("stop_empty", stop=["x", ""]),
+        sp("stop_regex_open_repeats", stop_regex=".*.*.*Z"),
+        sp("stop_regex_too_long", stop_regex="a" * (caps.max_stop_regex_chars + 1)),
+        sp("json_schema_too_deep", json_schema=schema),
+        sp("regex_too_long", regex="a" * (caps.max_grammar_chars + 1)),
+        chat(
+            "chat_response_format_too_deep",
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": json.loads(schema)}},
+        ),
+        sp("temperature_past_fp32", temperature=1e39),
+        gen("rid_empty", rid=""),
         sp("logit_bias_over_cap", logit_bias={str(i): 0.5 for i in range(caps.max_logit_bias + 1)}),
     ]
 
@@ -295,6 +317,7 @@ def _ollama() -> list[Probe]:
         ollama("ollama_generate_top_k_overflow", top_k=2**40),
         ollama("ollama_generate_temperature_string", temperature="hot"),
         ollama("ollama_generate_stream_temperature_string", stream=True, temperature="hot"),
+        Probe("ollama_chat_no_messages", OLLAMA_CHAT, {"model": "default", "messages": [], "stream": False}, 400),
     ]
 
 

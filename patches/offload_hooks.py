@@ -24,8 +24,11 @@ def validate_offload_flag(result, server_args, *args, **kwargs):
         gb = offload_host_gb()
     except ValueError as exc:
         raise ValueError(with_flags(str(exc))) from None
-    if gb > 0 and (reason := offload_refusal(resolved(server_args)) or host_memory_gap(gb, resolved(server_args))):
-        raise ValueError(reason)
+    if gb > 0:
+        sa = resolved(server_args)
+        reason = offload_refusal(sa) or host_memory_gap(gb, sa)
+        if reason is not None:
+            raise ValueError(reason)
     return result
 
 

@@ -16,6 +16,7 @@ from sglang_sparsespec.config import ALGORITHM_NAME
 
 from . import versions
 from .contacts import OFFLOAD_RELEASES
+from .spec_algo import HALF_KV_CACHE_DTYPES, LAYOUT_FLAGS, first_set
 
 
 def offload_refusal(server_args) -> str | None:
@@ -26,6 +27,7 @@ def offload_refusal(server_args) -> str | None:
             f"installed {versions.INSTALLED}: 0.5.21 reworked the request KV bookkeeping it parks and restores"
         )
     algo = (server_args.speculative_algorithm or "").upper()
+    layout = first_set(LAYOUT_FLAGS, server_args)
     checks = (
         (
             algo not in ("", ALGORITHM_NAME),
@@ -41,13 +43,9 @@ def offload_refusal(server_args) -> str | None:
         (server_args.disaggregation_mode != "null", "--disaggregation-mode (PD has its own KV offload)"),
         # Its event loop never asks for the next batch, where parked requests are restored: they would stay on host.
         (getattr(server_args, "enable_pdmux", False), "--enable-pdmux"),
+        (layout is not None, f"{layout} (the host copies read one layer's rows a slot)"),
         (
-            getattr(server_args, "enable_page_major_kv_layout", False)
-            or getattr(server_args, "enable_unified_memory", False),
-            "--enable-page-major-kv-layout / --enable-unified-memory (the host copies read one layer's rows a slot)",
-        ),
-        (
-            server_args.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "fp16", "float16"),
+            server_args.kv_cache_dtype not in HALF_KV_CACHE_DTYPES,
             f"--kv-cache-dtype {server_args.kv_cache_dtype} (the host copies move unscaled 16-bit rows)",
         ),
     )

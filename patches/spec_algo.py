@@ -190,6 +190,16 @@ LAYOUT_FLAGS: tuple[tuple[str, str, object], ...] = (
 )
 
 
+# The --kv-cache-dtype values of an unscaled 16-bit cache ("auto": the model's dtype, unless its checkpoint asks for
+# an fp8 cache, which the worker finds).
+HALF_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
+
+
+def first_set(flags: tuple[tuple[str, str, object], ...], sa: ServerArgs) -> str | None:
+    """The first flag of ``flags`` (flag, field, off value) set in ``sa``; None when none is."""
+    return next((flag for flag, field, off in flags if getattr(sa, field, off) not in (off, None)), None)
+
+
 def unsupported_flag(sa: ServerArgs) -> str | None:
     """The first of ``NEIGHBOUR_FLAGS``, ``RUNNER_FLAGS`` and ``LAYOUT_FLAGS`` that is set, as one line; None when
     none is."""
@@ -198,9 +208,9 @@ def unsupported_flag(sa: ServerArgs) -> str | None:
         (RUNNER_FLAGS, "runs its draft and plain steps outside the model-runner paths that set it up"),
         (LAYOUT_FLAGS, "reads the KV cache as one [slot, head, dim] tensor per layer"),
     ):
-        for flag, field, off in flags:
-            if getattr(sa, field, off) not in (off, None):
-                return f"{why}; {flag} is not supported"
+        flag = first_set(flags, sa)
+        if flag is not None:
+            return f"{why}; {flag} is not supported"
     return None
 
 
@@ -245,7 +255,7 @@ def validate_server_args(sa: ServerArgs) -> None:
         reject("does not support --speculative-adaptive")
     if sa.speculative_accept_threshold_single != 1.0 or sa.speculative_accept_threshold_acc != 1.0:
         reject("is lossless; --speculative-accept-threshold-* must stay 1.0")
-    if sa.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "fp16", "float16"):
+    if sa.kv_cache_dtype not in HALF_KV_CACHE_DTYPES:
         reject(
             f"needs a 16-bit KV cache (its Triton kernels read K/V unscaled), got --kv-cache-dtype {sa.kv_cache_dtype}"
         )
